@@ -1,0 +1,317 @@
+"""Train the classic small CNN on MNIST: gputui's shipped example job.
+
+Two conv layers and two linear layers, Adam and cross-entropy, on torchvision's MNIST
+loader. Per-epoch results go to stdout as one parse-friendly line each::
+
+    Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s
+
+A progress bar goes to stderr. The out dir receives ``model.pt`` (checkpoint) and
+``summary.json``. Ctrl-C saves what is done, then re-raises KeyboardInterrupt.
+
+Offline: build a stand-in data set with ``python examples/mnist_from_digits.py DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import AbstractContextManager, nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision import datasets, transforms
+
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+RAW_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+EXIT_NO_DATA = 2
+
+
+class Net(nn.Module):
+    """The classic PyTorch MNIST CNN: conv(32) -> conv(64) -> maxpool -> fc(128) -> fc(10)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.dropout1 = nn.Dropout(0.25)
+        self.dropout2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return self.fc2(x)  # logits
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    p = argparse.ArgumentParser(description="Train a small CNN on MNIST (gputui example job).")
+    p.add_argument(
+        "--data-dir", default="./data", help="dataset root; files in DATA_DIR/MNIST/raw (default ./data)"
+    )
+    p.add_argument("--epochs", type=int, default=3, help="number of epochs (default 3)")
+    p.add_argument("--batch-size", type=int, default=64, help="training batch size (default 64)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    p.add_argument(
+        "--amp", action="store_true", help="mixed precision: bf16 on cpu, fp16 + GradScaler on cuda"
+    )
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default 2)")
+    p.add_argument(
+        "--device", choices=("cuda", "cpu"), default=default_device, help=f"default {default_device}"
+    )
+    p.add_argument("--out", default=None, help="output dir (default ./runs/mnist-<timestamp>)")
+    p.add_argument(
+        "--limit-train", type=int, default=None, metavar="N", help="use only the first N train images"
+    )
+    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = f"./runs/mnist-{datetime.now():%Y%m%d-%H%M%S}"
+    return args
+
+
+class Progress:
+    """A progress bar on stderr: tqdm when importable, else a self-drawn ``\\r`` percentage bar."""
+
+    def __init__(self, total: int, desc: str) -> None:
+        self.total, self.desc, self.done, self._shown = max(total, 1), desc, 0, -1
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._tqdm = None
+        else:
+            self._tqdm = tqdm(total=total, desc=desc, unit="batch", file=sys.stderr, leave=False)
+
+    def update(self, n: int = 1, loss: float | None = None) -> None:
+        self.done += n
+        if self._tqdm is not None:
+            self._tqdm.update(n)
+            if loss is not None:
+                self._tqdm.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            return
+        pct = 100 * self.done // self.total
+        if pct == self._shown:  # redraw only when the percentage changes
+            return
+        self._shown = pct
+        filled = pct * 30 // 100
+        tail = f" loss={loss:.4f}" if loss is not None else ""
+        sys.stderr.write(f"\r{self.desc} [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}%{tail}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+        elif self._shown >= 0:
+            sys.stderr.write("\r\033[K")  # clear the line so stdout lines stay clean on a terminal
+            sys.stderr.flush()
+
+
+def load_mnist(data_dir: str) -> tuple[Dataset, Dataset]:
+    """Load MNIST with torchvision; download only when missing. Exit 2 with a hint when that fails."""
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
+    raw = Path(data_dir) / "MNIST" / "raw"
+    present = all((raw / name).is_file() for name in RAW_FILES)
+    if not present:
+        print(f"MNIST not found in {raw}; downloading ...", flush=True)
+    try:
+        train = datasets.MNIST(data_dir, train=True, download=not present, transform=tf)
+        test = datasets.MNIST(data_dir, train=False, download=False, transform=tf)
+    except Exception as exc:  # URLError, RuntimeError from torchvision, OSError, ...
+        print(
+            f"error: could not {'load' if present else 'download'} MNIST into {raw}: {exc}\n"
+            "Provide the data yourself, either:\n"
+            f"  * copy the four files {', '.join(RAW_FILES)}\n"
+            f"    (unpacked, or the .gz from a mirror) into {raw}/, or\n"
+            f"  * build an offline stand-in: python examples/mnist_from_digits.py {data_dir}\n"
+            "and run again with --data-dir pointing at that directory.",
+            file=sys.stderr,
+        )
+        sys.exit(EXIT_NO_DATA)
+    return train, test
+
+
+def autocast(device: torch.device, enabled: bool) -> AbstractContextManager[Any]:
+    """bf16 autocast on cpu, fp16 on cuda; a no-op when disabled."""
+    if not enabled:
+        return nullcontext()
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_epoch(
+    model: nn.Module,
+    loader: DataLoader,
+    opt: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    device: torch.device,
+    amp: bool,
+    desc: str,
+) -> float:
+    """One pass over ``loader``; returns the mean training loss."""
+    model.train()
+    total, count = 0.0, 0
+    bar = Progress(len(loader), desc)
+    try:
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            with autocast(device, amp):
+                loss = F.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            total += loss.item() * len(y)
+            count += len(y)
+            bar.update(1, loss.item())
+    finally:
+        bar.close()
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, amp: bool) -> tuple[float, float]:
+    """Returns (mean loss, accuracy) on ``loader``."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, amp):
+            logits = model(x)
+        loss_sum += F.cross_entropy(logits.float(), y, reduction="sum").item()
+        correct += (logits.argmax(1) == y).sum().item()
+        count += len(y)
+    return loss_sum / max(count, 1), correct / max(count, 1)
+
+
+def save(
+    out: Path,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    args: argparse.Namespace,
+    device: torch.device,
+    history: list[dict[str, float]],
+    started: float,
+    status: str,
+) -> dict[str, Any]:
+    """Write ``model.pt`` and ``summary.json`` into ``out``; returns the summary."""
+    out.mkdir(parents=True, exist_ok=True)
+    last = history[-1] if history else {}
+    summary: dict[str, Any] = {
+        "status": status,  # "completed" or "interrupted"
+        "epochs": len(history),  # epochs completed
+        "epochs_planned": args.epochs,
+        "test_acc": last.get("test_acc"),
+        "test_loss": last.get("test_loss"),
+        "best_acc": max((h["test_acc"] for h in history), default=None),
+        "history": history,
+        "device": str(device),
+        "amp": args.amp,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seconds": round(time.time() - started, 2),
+        "torch_version": str(torch.__version__),
+        "torchvision_version": str(torchvision.__version__),
+    }
+    checkpoint = {
+        "model_state": model.state_dict(),
+        "optimizer_state": opt.state_dict(),
+        "epoch": len(history),
+        "status": status,
+        "test_acc": summary["test_acc"],
+        "args": dict(vars(args)),
+        "torch_version": str(torch.__version__),
+    }
+    torch.save(checkpoint, out / "model.pt")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda requested but CUDA is not available (use --device cpu)", file=sys.stderr)
+        return EXIT_NO_DATA
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    out = Path(args.out)
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"gputui MNIST example: torch {torch.__version__}, torchvision {torchvision.__version__}")
+    print(
+        f"Device: {device} ({name}){' amp=' + ('fp16' if device.type == 'cuda' else 'bf16') if args.amp else ''}"
+    )
+
+    train_set, test_set = load_mnist(args.data_dir)
+    if args.limit_train is not None:
+        train_set = Subset(train_set, range(min(args.limit_train, len(train_set))))
+    pin = device.type == "cuda"
+    train_loader = DataLoader(
+        train_set, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=pin
+    )
+    test_loader = DataLoader(test_set, batch_size=1000, num_workers=args.workers, pin_memory=pin)
+    print(
+        f"Data: {len(train_set)} train / {len(test_set)} test images from {args.data_dir}; "
+        f"epochs={args.epochs} batch_size={args.batch_size} lr={args.lr:g} out={out}",
+        flush=True,
+    )
+
+    model = Net().to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp and device.type == "cuda")
+    history: list[dict[str, float]] = []
+    started = time.time()
+    try:
+        for epoch in range(1, args.epochs + 1):
+            t0 = time.time()
+            train_loss = train_epoch(
+                model, train_loader, opt, scaler, device, args.amp, f"Epoch {epoch}/{args.epochs}"
+            )
+            test_loss, test_acc = evaluate(model, test_loader, device, args.amp)
+            lr = opt.param_groups[0]["lr"]
+            secs = time.time() - t0
+            history.append(
+                {
+                    "epoch": epoch,
+                    "train_loss": train_loss,
+                    "test_loss": test_loss,
+                    "test_acc": test_acc,
+                    "lr": lr,
+                    "seconds": round(secs, 2),
+                }
+            )
+            print(
+                f"Epoch {epoch}/{args.epochs} train_loss={train_loss:.4f} test_loss={test_loss:.4f} "
+                f"test_acc={test_acc:.4f} lr={lr:g} time={secs:.1f}s",
+                flush=True,
+            )
+    except KeyboardInterrupt:
+        save(out, model, opt, args, device, history, started, "interrupted")
+        print(
+            f"\nInterrupted after {len(history)} epoch(s); checkpoint saved to {out / 'model.pt'}", flush=True
+        )
+        raise
+
+    summary = save(out, model, opt, args, device, history, started, "completed")
+    acc = f"test_acc={summary['test_acc']:.4f} best_acc={summary['best_acc']:.4f} " if history else ""
+    print(f"Done: {acc}time={summary['seconds']:.1f}s out={out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

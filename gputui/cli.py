@@ -1,0 +1,324 @@
+"""The gputui command line: the same core as the TUI, without the UI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .core import config as cfg
+from .core import model as M
+from .core.fleet import Fleet
+from .core.link import AgentError, LinkClosed
+from .core.session import HostSession
+from .core.transport import HostError, HostUnavailable
+
+# Exit statuses (documented in README.md).
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
+CONNECT_CONCURRENCY = 8  # sshd's MaxStartups punishes bursts of new connections
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = EXIT_FAIL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--env {item!r}: expected KEY=VALUE", EXIT_USAGE)
+        env[key] = value
+    return env
+
+
+async def _session(args: argparse.Namespace, host: str) -> HostSession:
+    fleet = Fleet(cfg.load(args.config))
+    session = fleet.session(host)
+    await session.start()
+    return session
+
+
+async def _with_session(
+    args: argparse.Namespace, host: str, body: Callable[[HostSession], Awaitable[int]]
+) -> int:
+    session = await _session(args, host)
+    try:
+        return await body(session)
+    finally:
+        await session.close()
+
+
+def _job_exit(info: dict[str, Any]) -> int:
+    code = info.get("exit_code")
+    if isinstance(code, int):
+        return code
+    print(f"gputui: job ended as {info.get('job_state', 'unknown')} with no exit status", file=sys.stderr)
+    return EXIT_FAIL
+
+
+# --- commands -------------------------------------------------------------------------------------------------
+async def cmd_run(args: argparse.Namespace) -> int:
+    argv = args.command
+    if not argv:
+        raise CliError(
+            "nothing to run: give the command after --, e.g. gputui run local -- python train.py", EXIT_USAGE
+        )
+    host_cfg = cfg.load(args.config).host(args.host)
+    cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
+
+    async def body(s: HostSession) -> int:
+        job = await s.start_job(argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus)
+        print(job.id)
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    config = cfg.load(args.config)
+    names = [args.host] if args.host else list(config.hosts)
+    for name in names:
+        config.host(name)
+    fleet = Fleet(config)
+    results = await _gather_hosts(fleet, names, lambda s: s.list_jobs())
+    jobs: list[M.Job] = []
+    failed = False
+    for name, res in results.items():
+        if isinstance(res, Exception):
+            failed = True
+            print(f"gputui: {name}: {res}", file=sys.stderr)
+        else:
+            jobs.extend(res)
+    await fleet.close()
+    if args.json:
+        print(json.dumps([j.to_json() for j in jobs], indent=2))
+    else:
+        _print_jobs(jobs)
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    async def body(s: HostSession) -> int:
+        if args.tail is not None:
+            offset, _, _ = await s.read_log(args.job, tail_lines=args.tail)
+        else:
+            offset = 0
+        if not args.follow:
+            while True:
+                offset, data, size = await s.read_log(args.job, offset)
+                write(data)
+                offset += len(data)
+                if not data or offset >= size:
+                    return EXIT_OK
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        s.run_in_background()  # survive link drops: the follow resumes from its cursor
+
+        def gap(message: str) -> None:
+            print(f"\ngputui: --- {message} ---", file=sys.stderr)
+
+        await s.follow_log(args.job, offset, write, lambda info: done.done() or done.set_result(info), gap)
+        return _job_exit(await done)
+
+    return await _with_session(args, args.host, body)
+
+
+async def cmd_kill(args: argparse.Namespace) -> int:
+    if not args.yes and sys.stdin.isatty():
+        answer = input(
+            f"Kill job {args.job} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] "
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CliError("not killed", EXIT_FAIL)
+
+    async def body(s: HostSession) -> int:
+        job = await s.kill_job(args.job, args.grace)
+        print(f"job {job.id} on {args.host}: {job.state} (exit {job.exit_code})")
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    fleet = Fleet(cfg.load(args.config))
+
+    async def probe(s: HostSession) -> None:
+        await s.sample()
+        await s.list_jobs()
+
+    results = await _gather_hosts(fleet, list(fleet.sessions), probe)
+    snaps = [fleet.sessions[name].snapshot for name in results]
+    for name, res in results.items():
+        if isinstance(res, Exception) and not args.json:
+            print(f"gputui: {name}: {res}", file=sys.stderr)
+    await fleet.close()
+    if args.json:
+        print(json.dumps({"hosts": [_status_json(s) for s in snaps]}, indent=2))
+    else:
+        _print_status(snaps)
+    return EXIT_OK
+
+
+def _status_json(snap: M.HostSnapshot) -> dict[str, Any]:
+    d = snap.to_json()
+    if d["state"] == M.CLOSED:  # the CLI closed it after reading; report what it found
+        d["state"] = M.CONNECTED if snap.error is None else M.ERROR
+    return d
+
+
+async def _gather_hosts(
+    fleet: Fleet, names: list[str], action: Callable[[HostSession], Awaitable[Any]]
+) -> dict[str, Any]:
+    """Connect to each host (bounded concurrency), run ``action``; exceptions are returned, not raised."""
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def one(name: str) -> Any:
+        session = fleet.sessions[name]
+        async with gate:
+            try:
+                await session.start()
+                return await action(session)
+            except (HostError, HostUnavailable, LinkClosed, AgentError, OSError) as exc:
+                return exc
+
+    values = await asyncio.gather(*(one(n) for n in names))
+    return dict(zip(names, values, strict=False))
+
+
+# --- printing -------------------------------------------------------------------------------------------------
+def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _ago(t: float | None) -> str:
+    if t is None:
+        return "-"
+    s = int(time.time() - t)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _print_jobs(jobs: list[M.Job]) -> None:
+    print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'AGE':>7}  NAME")
+    for j in jobs:
+        print(
+            f"{j.host:<12} {j.id:>4} {j.state:<10} {_fmt(j.exit_code):>4} {_ago(j.started_at):>7}  {j.name[:60]}"
+        )
+
+
+def _print_status(snaps: list[M.HostSnapshot]) -> None:
+    for s in snaps:
+        state = M.CONNECTED if s.error is None else M.ERROR
+        print(f"{s.name}: {state}" + (f" ({s.error})" if s.error else ""))
+        m = s.metrics
+        if m is None:
+            continue
+        h = m.host
+        mem = f"{_fmt(h.mem_used_mib, digits=0)}/{_fmt(h.mem_total_mib, ' MiB')}"
+        print(
+            f"  host  cpu {_fmt(h.cpu_percent, '%')}  mem {mem}  disk free {_fmt(h.disk_free_gib, ' GiB', 1)}"
+        )
+        if not m.gpus:
+            print(f"  gpus  none ({m.gpu_error or 'no GPU found'})")
+        for g in m.gpus:
+            gmem = f"{_fmt(g.mem_used_mib)}/{_fmt(g.mem_total_mib, ' MiB')}"
+            print(
+                f"  gpu{g.index} {g.name or '?'}  {_fmt(g.util_percent, '%')}  {gmem}  {_fmt(g.temp_c, 'C')}  {_fmt(g.power_w, 'W')}"
+            )
+        running = [j for j in s.jobs if j.running]
+        print(f"  jobs  {len(running)} running, {len(s.jobs)} total")
+
+
+# --- entry ----------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gputui", description="Watch, run and release jobs on GPU hosts.")
+    p.add_argument(
+        "--config", help="config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
+    )
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="start a job in tmux on a host; prints its id")
+    r.add_argument("host")
+    r.add_argument("--name", help="display name (free text)")
+    r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1")
+    r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
+    r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
+    r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
+    r.set_defaults(func=cmd_run)
+
+    j = sub.add_parser("jobs", help="list jobs")
+    j.add_argument("host", nargs="?")
+    j.add_argument("--json", action="store_true")
+    j.set_defaults(func=cmd_jobs)
+
+    lg = sub.add_parser("logs", help="print a job's output")
+    lg.add_argument("host")
+    lg.add_argument("job")
+    lg.add_argument(
+        "-f", "--follow", action="store_true", help="follow until the job ends; exit with its status"
+    )
+    lg.add_argument("--tail", type=int, metavar="N", help="start at the last N lines")
+    lg.set_defaults(func=cmd_logs)
+
+    k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
+    k.add_argument("host")
+    k.add_argument("job")
+    k.add_argument("--grace", type=float, default=10.0, help="seconds between signals (default 10)")
+    k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    k.set_defaults(func=cmd_kill)
+
+    st = sub.add_parser("status", help="hosts, GPUs and jobs")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    command: list[str] | None = None
+    if "--" in argv:  # the job's argv: never let argparse look at it
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if command is not None:
+        if args.cmd != "run":
+            parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")
+        args.command = command
+    if args.cmd is None:
+        args = parser.parse_args([*argv, "status"])
+    try:
+        code = asyncio.run(args.func(args))
+    except KeyboardInterrupt:
+        code = 130
+    except cfg.ConfigError as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except CliError as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        code = exc.code
+    except HostError as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        code = EXIT_HOST
+    except (HostUnavailable, LinkClosed) as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        code = EXIT_UNREACHABLE
+    except AgentError as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        code = EXIT_NOT_FOUND if exc.code == "not_found" else EXIT_FAIL
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+    sys.exit(code)

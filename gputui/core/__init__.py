@@ -1,0 +1,1 @@
+"""Headless core of gputui: transports, sessions, state. Never imports textual."""

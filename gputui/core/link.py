@@ -1,0 +1,144 @@
+"""Link: the client's end of the agent protocol over any pair of byte streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from remote_agent import protocol as P
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[[str, Any], None]
+
+
+class LinkClosed(ConnectionError):
+    """The agent channel ended (link loss, agent exit); pending requests fail with this."""
+
+
+class AgentError(RuntimeError):
+    """The agent answered a request with an error."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ByteReader(Protocol):
+    async def readline(self) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    def write(self, data: bytes) -> Any: ...
+
+
+class Link:
+    """Sends requests, matches replies by id, hands pushed events to ``on_event``.
+
+    A frame cut short by a dying link (no trailing newline) is discarded, never parsed.
+    """
+
+    def __init__(self, reader: ByteReader, writer: ByteWriter, on_event: EventHandler) -> None:
+        self._reader, self._writer, self._on_event = reader, writer, on_event
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        self.close_reason = "link not started"
+        self.last_rx = asyncio.get_running_loop().time()
+
+    async def start(self, timeout: float = 20.0) -> dict[str, Any]:
+        """Start reading; return the agent's hello once it arrives."""
+        self._task = asyncio.create_task(self._read_loop())
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+        except asyncio.TimeoutError:
+            self._finish(f"no hello from the agent within {timeout:.0f} s")
+            raise LinkClosed(self.close_reason) from None
+
+    async def request(self, op: str, timeout: float | None = 30.0, **args: Any) -> Any:
+        if self.closed.is_set():
+            raise LinkClosed(self.close_reason)
+        req_id = next(self._ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        try:
+            self._writer.write(P.encode(P.request(req_id, op, args)))
+            drain = getattr(self._writer, "drain", None)
+            if drain is not None:
+                await drain()
+            return await asyncio.wait_for(fut, timeout)
+        except (OSError, EOFError) as exc:
+            self._finish(f"write failed: {exc}")
+            raise LinkClosed(self.close_reason) from exc
+        except asyncio.TimeoutError:
+            raise LinkClosed(f"agent did not answer {op} within {timeout:.0f} s") from None
+        finally:
+            self._pending.pop(req_id, None)
+
+    async def _read_loop(self) -> None:
+        reason = "agent closed the channel"
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line or not line.endswith(b"\n"):
+                    break  # EOF, or a partial frame cut by link loss
+                self.last_rx = asyncio.get_running_loop().time()
+                try:
+                    frame = P.decode(line)
+                except P.ProtocolError as exc:
+                    log.warning("dropping malformed frame from agent: %s", exc)
+                    continue
+                self._dispatch(frame)
+        except asyncio.CancelledError:
+            reason = "link closed"
+        except Exception as exc:  # OSError, asyncssh errors, ConnectionResetError, ValueError (limit)
+            reason = f"link lost: {exc or type(exc).__name__}"
+        self._finish(reason)
+
+    def _dispatch(self, frame: dict[str, Any]) -> None:
+        if "event" in frame:
+            if frame["event"] == P.EV_HELLO and not self._hello.done():
+                self._hello.set_result(frame.get("data") or {})
+                return
+            try:
+                self._on_event(frame["event"], frame.get("data"))
+            except Exception:
+                log.exception("event handler failed for %s", frame["event"])
+            return
+        fut = self._pending.get(frame.get("id"))  # type: ignore[arg-type]
+        if fut is None or fut.done():
+            if not frame.get("ok", True):
+                log.warning("agent error: %s", frame.get("error"))
+            return
+        if frame.get("ok"):
+            fut.set_result(frame.get("result"))
+        else:
+            err = frame.get("error") or {}
+            fut.set_exception(
+                AgentError(str(err.get("code", "failed")), str(err.get("message", "agent error")))
+            )
+
+    def _finish(self, reason: str) -> None:
+        if self.closed.is_set():
+            return
+        self.close_reason = reason
+        self.closed.set()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(LinkClosed(reason))
+        if not self._hello.done():
+            self._hello.set_exception(LinkClosed(reason))
+            self._hello.exception()  # mark retrieved
+
+    async def close(self) -> None:
+        self._finish("link closed")
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task

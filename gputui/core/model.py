@@ -1,0 +1,184 @@
+"""Immutable snapshots of what the client knows about its hosts.
+
+A HostSession turns agent frames into these frozen dataclasses; the CLI prints them and the UI swaps
+them in. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Connection states of a host.
+CONNECTING = "connecting"
+CONNECTED = "connected"
+RECONNECTING = "reconnecting"
+ERROR = "error"
+CLOSED = "closed"
+
+# Job states (as the agent reports them).
+JOB_RUNNING = "running"
+JOB_SUCCEEDED = "succeeded"
+JOB_FAILED = "failed"
+JOB_KILLED = "killed"
+JOB_LOST = "lost"
+JOB_ENDED_STATES = frozenset({JOB_SUCCEEDED, JOB_FAILED, JOB_KILLED, JOB_LOST})
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    mem_mib: float | None = None
+    job: str | None = None  # id of the gputui job owning the pid, if any
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    util_percent: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    fan_percent: float | None = None
+    sm_clock_mhz: float | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> GpuSample:
+        known = {k: d.get(k) for k in cls.__dataclass_fields__ if k not in ("processes", "extra")}
+        procs = tuple(
+            GpuProcess(pid=int(p["pid"]), mem_mib=p.get("mem_mib"), job=p.get("job"), name=p.get("name"))
+            for p in d.get("processes") or ()
+        )
+        extra = {k: v for k, v in d.items() if k not in cls.__dataclass_fields__}
+        known["index"] = int(d.get("index", 0))
+        return cls(**known, processes=procs, extra=extra)
+
+
+@dataclass(frozen=True)
+class HostStats:
+    cpu_percent: float | None = None
+    cpu_count: int | None = None
+    load1: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    disk_free_gib: float | None = None
+    disk_total_gib: float | None = None
+    uptime_s: float | None = None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any] | None) -> HostStats:
+        d = d or {}
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One metrics sample of a host: ``seq`` increases by one per sample on the agent."""
+
+    seq: int
+    t: float
+    host: HostStats
+    gpus: tuple[GpuSample, ...]
+    gpu_source: str | None = None  # "nvml", "nvidia-smi" or None
+    gpu_error: str | None = None  # why there are no GPU readings, e.g. "no NVIDIA driver"
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> MetricsSample:
+        return cls(
+            seq=int(d.get("seq", 0)),
+            t=float(d.get("t", 0.0)),
+            host=HostStats.from_wire(d.get("host")),
+            gpus=tuple(GpuSample.from_wire(g) for g in d.get("gpus") or ()),
+            gpu_source=d.get("gpu_source"),
+            gpu_error=d.get("gpu_error"),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    host: str
+    id: str
+    name: str
+    state: str
+    command: tuple[str, ...]
+    cwd: str | None = None
+    gpus: str | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    log_size: int = 0
+    tmux_session: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == JOB_RUNNING
+
+    @classmethod
+    def from_wire(cls, host: str, d: dict[str, Any]) -> Job:
+        return cls(
+            host=host,
+            id=str(d["id"]),
+            name=str(d.get("name") or d["id"]),
+            state=str(d.get("state", JOB_LOST)),
+            command=tuple(d.get("argv") or ()),
+            cwd=d.get("cwd"),
+            gpus=d.get("gpus"),
+            exit_code=d.get("exit_code"),
+            started_at=d.get("started_at"),
+            ended_at=d.get("ended_at"),
+            log_size=int(d.get("log_size") or 0),
+            tmux_session=d.get("tmux_session"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        return d
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """Everything the client knows about one host at one moment."""
+
+    name: str
+    state: str = CONNECTING
+    error: str | None = None
+    detail: str | None = None  # e.g. "attempt 3, next try in 2.0 s"
+    facts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # from the agent's hello
+    metrics: MetricsSample | None = None
+    jobs: tuple[Job, ...] = ()
+    updated_at: float = 0.0
+    history: tuple[MetricsSample, ...] = field(default=(), compare=False, repr=False)  # oldest first
+
+    @property
+    def gpus(self) -> tuple[GpuSample, ...]:
+        return self.metrics.gpus if self.metrics else ()
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.metrics
+        return {
+            "name": self.name,
+            "state": self.state,
+            "error": self.error,
+            "detail": self.detail,
+            "hostname": self.facts.get("hostname"),
+            "gpu_source": m.gpu_source if m else None,
+            "gpu_error": m.gpu_error if m else None,
+            "gpus": [_gpu_json(g) for g in self.gpus],
+            "host": asdict(m.host) if m else {},
+            "jobs": [j.to_json() for j in self.jobs],
+        }
+
+
+def _gpu_json(g: GpuSample) -> dict[str, Any]:
+    d = asdict(g)
+    d.pop("extra")
+    d.update(g.extra)
+    return d

@@ -1,0 +1,325 @@
+"""HostSession: one host's connection, state and subscriptions, kept alive across link drops."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from remote_agent import protocol as P
+
+from . import model as M
+from .link import AgentError, Link, LinkClosed
+from .transport import AgentChannel, HostError, HostUnavailable, Transport
+
+log = logging.getLogger(__name__)
+
+HISTORY_SAMPLES = 600  # ten minutes at 1 Hz
+PING_EVERY_S = 5.0
+
+
+@dataclass
+class LogFollow:
+    """A followed log. ``cursor`` counts the bytes received from complete frames: reconnects resume there."""
+
+    job: str
+    cursor: int
+    on_data: Callable[[bytes], None]
+    on_gap: Callable[[str], None]
+    on_end: Callable[[dict[str, Any]], None]
+    ended: bool = False
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next_delay(self) -> float:
+        self.attempt += 1
+        ceiling = min(self.cap, self.base * 2 ** (self.attempt - 1))
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class HostSession:
+    """Owns the Link to one host's agent and turns its frames into HostSnapshots.
+
+    ``start()`` connects once (raising on failure); ``run()`` keeps the host connected, reconnecting with
+    backoff, re-subscribing metrics and resuming every followed log from its cursor.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        transport: Transport,
+        on_change: Callable[[M.HostSnapshot], None] | None = None,
+        metrics_interval: float | None = None,
+    ) -> None:
+        self.name, self.transport = name, transport
+        self.on_change = on_change
+        self.metrics_interval = metrics_interval
+        self.link: Link | None = None
+        self._channel: AgentChannel | None = None
+        self._snapshot = M.HostSnapshot(name=name)
+        self._jobs: dict[str, M.Job] = {}
+        self._history: collections.deque[M.MetricsSample] = collections.deque(maxlen=HISTORY_SAMPLES)
+        self._follows: dict[str, LogFollow] = {}
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._runner: asyncio.Task[None] | None = None
+        self._pinger: asyncio.Task[None] | None = None
+
+    # --- state ------------------------------------------------------------------------------------------------
+    @property
+    def snapshot(self) -> M.HostSnapshot:
+        return self._snapshot
+
+    @property
+    def history(self) -> tuple[M.MetricsSample, ...]:
+        return tuple(self._history)
+
+    def _publish(self, **changes: Any) -> None:
+        if "jobs" not in changes:
+            changes["jobs"] = tuple(
+                sorted(self._jobs.values(), key=lambda j: int(j.id) if j.id.isdigit() else 0)
+            )
+        self._snapshot = replace(self._snapshot, updated_at=time.time(), **changes)
+        if self.on_change is not None:
+            self.on_change(self._snapshot)
+
+    def _set_job(self, data: dict[str, Any]) -> None:
+        job = M.Job.from_wire(self.name, data)
+        self._jobs[job.id] = job
+
+    def _on_event(self, name: str, data: Any) -> None:
+        if name == P.EV_METRICS and isinstance(data, dict) and data.get("seq") is not None:
+            self._add_sample(data)
+            self._publish()
+        elif name == P.EV_JOB and isinstance(data, dict):
+            self._set_job(data)
+            self._publish()
+        elif name == P.EV_LOG and isinstance(data, dict):
+            self._on_log(data)
+        elif name == P.EV_LOG_END and isinstance(data, dict):
+            follow = self._follows.get(str(data.get("job")))
+            if follow is not None and int(data.get("offset", -1)) == follow.cursor:
+                follow.ended = True
+                self._follows.pop(follow.job, None)
+                follow.on_end(data)
+
+    def _add_sample(self, data: dict[str, Any]) -> None:
+        sample = M.MetricsSample.from_wire(data)
+        if self._history and sample.seq <= self._history[-1].seq and sample.t <= self._history[-1].t:
+            return  # already have it (backlog overlap)
+        self._history.append(sample)
+        self._snapshot = replace(self._snapshot, metrics=sample, history=tuple(self._history))
+
+    def _on_log(self, data: dict[str, Any]) -> None:
+        follow = self._follows.get(str(data.get("job")))
+        if follow is None:
+            return
+        offset = int(data["offset"])
+        if data.get("reset"):
+            follow.on_gap(
+                f"log {data['reset']}: bytes from {data.get('lost_from')} on are gone; restarting at 0"
+            )
+            follow.cursor = offset
+            return
+        chunk = P.unb64(data.get("b64", ""))
+        if offset > follow.cursor:
+            follow.on_gap(f"{offset - follow.cursor} bytes missing before offset {offset}")
+        elif offset < follow.cursor:  # overlap after a resume: drop what we already have
+            chunk = chunk[follow.cursor - offset :]
+            offset = follow.cursor
+        if chunk:
+            follow.cursor = offset + len(chunk)
+            follow.on_data(chunk)
+
+    # --- connection -------------------------------------------------------------------------------------------
+    async def _connect(self) -> None:
+        channel = await self.transport.open_agent()
+        link = Link(channel.reader, channel.writer, self._on_event)
+        try:
+            hello = await link.start()
+        except LinkClosed as exc:
+            await channel.close()
+            detail = channel.stderr_text()
+            raise HostUnavailable(f"agent did not start: {detail or exc}") from None
+        if hello.get("protocol") != P.PROTOCOL_VERSION:
+            await link.close()
+            await channel.close()
+            raise HostError(
+                f"agent speaks protocol {hello.get('protocol')}, client {P.PROTOCOL_VERSION}", "protocol"
+            )
+        self.link, self._channel = link, channel
+        self._publish(state=M.CONNECTED, error=None, detail=None, facts=hello.get("host") or {})
+        for job in await link.request(P.OP_JOBS_LIST):
+            self._set_job(job)
+        if self.metrics_interval is not None:
+            since = self._history[-1].seq if self._history else None
+            res = await link.request(P.OP_METRICS_SUBSCRIBE, interval=self.metrics_interval, since_seq=since)
+            for sample in res.get("backlog") or ():
+                self._add_sample(sample)
+        for follow in list(self._follows.values()):
+            await link.request(P.OP_LOGS_FOLLOW, job=follow.job, offset=follow.cursor)
+        self._publish()
+        self._connected.set()
+        self._pinger = asyncio.create_task(self._ping_loop(link))
+
+    async def _ping_loop(self, link: Link) -> None:
+        """Keep the agent from timing out, and notice a link that has gone silent."""
+        with contextlib.suppress(LinkClosed, AgentError):
+            while not link.closed.is_set():
+                await asyncio.sleep(PING_EVERY_S)
+                await link.request(P.OP_PING, timeout=15.0)
+
+    async def _drop_link(self) -> None:
+        self._connected.clear()
+        if self._pinger is not None:
+            self._pinger.cancel()
+        if self.link is not None:
+            await self.link.close()
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+        self.link = self._channel = None
+
+    async def start(self) -> None:
+        """Connect once; raise HostError / HostUnavailable with a user-facing message on failure."""
+        self._publish(state=M.CONNECTING)
+        try:
+            await self._connect()
+        except (HostError, HostUnavailable) as exc:
+            self._publish(state=M.ERROR, error=str(exc))
+            raise
+
+    def run_in_background(self) -> asyncio.Task[None]:
+        """Keep the host connected until close(): reconnect with backoff after any drop."""
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run())
+        return self._runner
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while not self._closing:
+            if self.link is None:
+                try:
+                    self._publish(state=M.CONNECTING if backoff.attempt == 0 else M.RECONNECTING)
+                    await self._connect()
+                    backoff.reset()
+                except HostError as exc:
+                    self._publish(state=M.ERROR, error=str(exc), detail=None)
+                    return  # auth / host key / missing python: retrying would only hammer the host
+                except (HostUnavailable, LinkClosed, AgentError, OSError) as exc:
+                    await self._drop_link()
+                    delay = backoff.next_delay()
+                    self._publish(
+                        state=M.RECONNECTING,
+                        error=str(exc),
+                        detail=f"attempt {backoff.attempt}, next in {delay:.1f} s",
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+            assert self.link is not None
+            await self.link.closed.wait()
+            if self._closing:
+                return
+            reason = self.link.close_reason
+            await self._drop_link()
+            delay = backoff.next_delay()
+            self._publish(
+                state=M.RECONNECTING, error=reason, detail=f"attempt {backoff.attempt}, next in {delay:.1f} s"
+            )
+            await asyncio.sleep(delay)
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._runner
+        await self._drop_link()
+        with contextlib.suppress(Exception):
+            await self.transport.close()
+        self._publish(state=M.CLOSED)
+
+    # --- commands ---------------------------------------------------------------------------------------------
+    async def request(self, op: str, timeout: float | None = 30.0, **args: Any) -> Any:
+        """Send one request, waiting for a connection first when the session is reconnecting."""
+        if self.link is None or self.link.closed.is_set():
+            if self._runner is None:
+                raise LinkClosed(self._snapshot.error or "not connected")
+            await self.wait_connected(timeout)
+        assert self.link is not None
+        return await self.link.request(op, timeout=timeout, **args)
+
+    async def start_job(
+        self,
+        argv: list[str],
+        *,
+        name: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        gpus: str | None = None,
+    ) -> M.Job:
+        data = await self.request(P.OP_JOBS_START, argv=argv, name=name, cwd=cwd, env=env or {}, gpus=gpus)
+        self._set_job(data)
+        self._publish()
+        return self._jobs[str(data["id"])]
+
+    async def list_jobs(self) -> list[M.Job]:
+        for data in await self.request(P.OP_JOBS_LIST):
+            self._set_job(data)
+        self._publish()
+        return list(self._snapshot.jobs)
+
+    async def kill_job(self, job: str, grace_s: float = 10.0) -> M.Job:
+        data = await self.request(P.OP_JOBS_KILL, timeout=3 * grace_s + 30, job=job, grace_s=grace_s)
+        self._set_job(data)
+        self._publish()
+        return self._jobs[str(data["id"])]
+
+    async def sample(self) -> M.MetricsSample:
+        data = await self.request(P.OP_METRICS_SAMPLE)
+        self._add_sample(data)
+        self._publish()
+        return M.MetricsSample.from_wire(data)
+
+    async def read_log(
+        self, job: str, offset: int = 0, tail_lines: int | None = None
+    ) -> tuple[int, bytes, int]:
+        """(offset, data, size) of at most one chunk; ``tail_lines`` starts at the last N lines."""
+        res = await self.request(P.OP_LOGS_READ, job=job, offset=offset, tail_lines=tail_lines)
+        return int(res["offset"]), P.unb64(res["b64"]), int(res["size"])
+
+    async def follow_log(
+        self,
+        job: str,
+        offset: int,
+        on_data: Callable[[bytes], None],
+        on_end: Callable[[dict[str, Any]], None],
+        on_gap: Callable[[str], None] = lambda _msg: None,
+    ) -> LogFollow:
+        """Stream the job's log from ``offset``; resumes from the cursor after every reconnect."""
+        follow = LogFollow(job, offset, on_data, on_gap, on_end)
+        self._follows[job] = follow
+        await self.request(P.OP_LOGS_FOLLOW, job=job, offset=offset)
+        return follow
+
+    async def unfollow_log(self, job: str) -> None:
+        if self._follows.pop(job, None) is not None and self.link is not None:
+            with contextlib.suppress(LinkClosed, AgentError):
+                await self.link.request(P.OP_LOGS_UNFOLLOW, job=job)

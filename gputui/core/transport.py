@@ -1,0 +1,122 @@
+"""Transports open the agent's channel on a host; the local one runs the agent as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remote_agent.protocol import MAX_FRAME_BYTES
+
+from .bundle import ensure_local_build
+from .link import ByteReader, ByteWriter
+
+
+class HostUnavailable(ConnectionError):
+    """The host cannot be reached right now; trying again later may work (refused, timeout, link loss)."""
+
+
+class HostError(RuntimeError):
+    """A failure that retrying will not fix (auth, unknown host key, missing python3): the user must act."""
+
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind  # e.g. "auth", "host_key", "missing_python", "config"
+
+
+@dataclass
+class AgentChannel:
+    """The agent's stdin/stdout as byte streams, and how to close them."""
+
+    reader: ByteReader
+    writer: ByteWriter
+    close: Callable[[], Awaitable[None]]
+    stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
+
+    def stderr_text(self) -> str:
+        return "\n".join(self.stderr).strip()
+
+
+async def collect_lines(stream: asyncio.StreamReader | object, sink: collections.deque[str]) -> None:
+    """Keep the last lines of an agent's stderr for error messages."""
+    with contextlib.suppress(Exception):
+        while True:
+            line = await stream.readline()  # type: ignore[attr-defined]
+            if not line:
+                return
+            sink.append(
+                line.decode("utf-8", "replace").rstrip() if isinstance(line, bytes) else line.rstrip()
+            )
+
+
+class Transport(ABC):
+    """Opens agent channels to one host."""
+
+    #: argv prefix that runs a command on the host with a terminal (for tmux attach), e.g. ["ssh", "-t", host]
+    @abstractmethod
+    def terminal_prefix(self) -> list[str]: ...
+
+    @abstractmethod
+    async def open_agent(self) -> AgentChannel: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
+        """Release whatever the transport holds (SSH connection); the local one holds nothing."""
+
+
+class LocalTransport(Transport):
+    """The zero-config default: the agent runs as a child process on this machine."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        cache_dir: Path,
+        python: str | None = None,
+        idle_timeout: float = 30.0,
+        nvidia_smi: str = "nvidia-smi",
+    ) -> None:
+        self.state_dir, self.cache_dir = state_dir, cache_dir
+        self.python = python or sys.executable
+        self.idle_timeout, self.nvidia_smi = idle_timeout, nvidia_smi
+
+    def terminal_prefix(self) -> list[str]:
+        return []
+
+    async def open_agent(self) -> AgentChannel:
+        pyz = ensure_local_build(self.cache_dir)
+        argv = [self.python, str(pyz), "serve", "--state-dir", self.state_dir]
+        argv += ["--idle-timeout", str(self.idle_timeout), "--nvidia-smi", self.nvidia_smi]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                limit=2 * MAX_FRAME_BYTES,
+                start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
+            )
+        except OSError as exc:
+            raise HostError(
+                f"cannot start the local agent with {self.python}: {exc}", "missing_python"
+            ) from exc
+        assert proc.stdin and proc.stdout and proc.stderr
+        channel = AgentChannel(proc.stdout, proc.stdin, lambda: _stop_process(proc))
+        channel._stderr_task = asyncio.create_task(collect_lines(proc.stderr, channel.stderr))  # type: ignore[attr-defined]
+        return channel
+
+
+async def _stop_process(proc: asyncio.subprocess.Process) -> None:
+    """Close the agent's stdin (it exits on EOF); kill it if it does not go within a few seconds."""
+    if proc.stdin is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), 5)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()

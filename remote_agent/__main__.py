@@ -1,0 +1,52 @@
+"""Entry point: ``python3 gputui-agent-<hash>.pyz serve|runner ...`` (or ``python3 -m remote_agent``)."""
+
+import argparse
+import os
+import sys
+from typing import List, Optional
+
+DEFAULT_STATE_DIR = "~/.gputui"
+
+
+def launcher() -> List[str]:
+    """argv that starts this same agent build again (used for the runner inside tmux)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)  # the .pyz file itself, or the folder holding the package
+    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_agent.__main__ import main; main()"
+    return [sys.executable, "-c", code, root]
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="gputui-agent", description="gputui's agent on a GPU host")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    serve = sub.add_parser("serve", help="speak JSON lines on stdin/stdout")
+    serve.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
+    serve.add_argument("--idle-timeout", type=float, default=30.0, help="exit after this long without input")
+    serve.add_argument("--heartbeat", type=float, default=2.0)
+    serve.add_argument("--nvidia-smi", default="nvidia-smi")
+    runner = sub.add_parser("runner", help="run one job inside its tmux pane")
+    runner.add_argument("job_dir")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "runner":
+        from .runner import run
+
+        sys.exit(run(args.job_dir))
+    from .server import Agent
+
+    agent = Agent(
+        os.path.expanduser(args.state_dir),
+        launcher(),
+        sys.stdin.buffer,
+        sys.stdout.buffer,
+        idle_timeout=args.idle_timeout,
+        heartbeat_s=args.heartbeat,
+        nvidia_smi=args.nvidia_smi,
+    )
+    code = agent.serve()
+    sys.stdout.flush()
+    os._exit(code)  # a reader thread may still sit in stdin.readline(); do not wait for it
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The wire protocol between the gputui client and the remote agent (one source of truth for both sides).
+
+Frames are single lines of JSON (UTF-8, ``\\n`` terminated) over the agent's stdin/stdout:
+
+* request  ``{"id": 7, "op": "jobs.start", "args": {...}}``   (client -> agent)
+* reply    ``{"id": 7, "ok": true, "result": ...}`` or ``{"id": 7, "ok": false, "error": {"code", "message"}}``
+* event    ``{"event": "metrics", "data": {...}}``             (agent -> client, unsolicited)
+
+The first frame the agent sends is the ``hello`` event. Raw log bytes travel base64-encoded so that
+non-UTF-8 output survives byte for byte. This module must stay stdlib-only and Python 3.8 compatible.
+"""
+
+import base64
+import json
+from typing import Any, Dict, Optional
+
+PROTOCOL_VERSION = 1
+
+#: Longest frame either side accepts; longer input is rejected as malformed, never buffered unbounded.
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+#: Largest raw log chunk the agent puts in one frame (base64 grows it by 4/3).
+LOG_CHUNK_BYTES = 256 * 1024
+
+# Operations the agent answers.
+OP_PING = "ping"
+OP_HOST_INFO = "host.info"
+OP_JOBS_START = "jobs.start"
+OP_JOBS_LIST = "jobs.list"
+OP_JOBS_KILL = "jobs.kill"
+OP_LOGS_READ = "logs.read"
+OP_LOGS_FOLLOW = "logs.follow"
+OP_LOGS_UNFOLLOW = "logs.unfollow"
+OP_METRICS_SUBSCRIBE = "metrics.subscribe"
+OP_METRICS_SAMPLE = "metrics.sample"
+OP_SHUTDOWN = "shutdown"
+
+# Events the agent pushes.
+EV_HELLO = "hello"
+EV_HEARTBEAT = "heartbeat"
+EV_METRICS = "metrics"
+EV_LOG = "log"  # data: {"job", "offset", "b64"}
+EV_LOG_END = "log_end"  # data: {"job", "offset", "job_state"}; the follow is over
+EV_JOB = "job"  # data: a job record whose state changed
+
+# Error codes in replies.
+E_MALFORMED = "malformed"
+E_UNKNOWN_OP = "unknown_op"
+E_BAD_ARGS = "bad_args"
+E_NOT_FOUND = "not_found"
+E_FAILED = "failed"
+
+
+class ProtocolError(ValueError):
+    """A frame that does not follow the protocol."""
+
+
+def encode(frame: Dict[str, Any]) -> bytes:
+    """Serialise one frame to a newline-terminated line."""
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+
+
+def decode(line: bytes) -> Dict[str, Any]:
+    """Parse one line into a frame dict, raising ProtocolError with a readable reason."""
+    if len(line) > MAX_FRAME_BYTES:
+        raise ProtocolError("frame of %d bytes exceeds the %d byte limit" % (len(line), MAX_FRAME_BYTES))
+    try:
+        frame = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError("not a JSON line: %s" % exc) from None
+    if not isinstance(frame, dict):
+        raise ProtocolError("frame is %s, not an object" % type(frame).__name__)
+    return frame
+
+
+def request(req_id: int, op: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    return {"id": req_id, "op": op, "args": args or {}}
+
+
+def reply_ok(req_id: Any, result: Any = None) -> Dict[str, Any]:
+    return {"id": req_id, "ok": True, "result": result}
+
+
+def reply_error(req_id: Any, code: str, message: str) -> Dict[str, Any]:
+    return {"id": req_id, "ok": False, "error": {"code": code, "message": message}}
+
+
+def event(name: str, data: Any = None) -> Dict[str, Any]:
+    return {"event": name, "data": data}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)

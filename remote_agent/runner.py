@@ -1,0 +1,152 @@
+"""The tiny runner that lives inside a job's tmux pane.
+
+It starts the job's argv on a fresh pty (so colours and tqdm behave), copies every byte the job prints to
+``output.log`` and to the pane (so ``tmux attach`` shows it), forwards keystrokes from the pane to the job,
+and writes ``status.json`` atomically when the job ends, whoever was connected at the time.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import sys
+import termios
+import time
+import tty
+from typing import Dict, List, Optional
+
+from .fsutil import write_json
+
+READ_SIZE = 65536
+
+
+def _exit_code(wait_status: int) -> "tuple[int, Optional[int]]":
+    """(exit code, signal): a signalled job reports 128 + signal like a shell does."""
+    if os.WIFSIGNALED(wait_status):
+        sig = os.WTERMSIG(wait_status)
+        return 128 + sig, sig
+    return os.WEXITSTATUS(wait_status), None
+
+
+def _copy_winsize(src_fd: int, dst_fd: int) -> None:
+    try:
+        size = fcntl.ioctl(src_fd, termios.TIOCGWINSZ, struct.pack("HHHH", 0, 0, 0, 0))
+        fcntl.ioctl(dst_fd, termios.TIOCSWINSZ, size)
+    except OSError:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> "tuple[int, int]":
+    """Fork the job on a new pty (it becomes a session and process-group leader); return (pid, master fd)."""
+    pid, master = pty.fork()
+    if pid == 0:  # child
+        try:
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            os.write(2, ("gputui: cannot start %r: %s\n" % (argv[0], exc.strerror)).encode())
+        os._exit(127)
+    return pid, master
+
+
+def run(job_dir: str) -> int:
+    with open(os.path.join(job_dir, "job.json"), "rb") as f:
+        job = json.loads(f.read().decode("utf-8"))
+    with open(os.path.join(job_dir, "env.json"), "rb") as f:
+        env = json.loads(f.read().decode("utf-8"))
+
+    log_fd = os.open(os.path.join(job_dir, "output.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    pid, master = _spawn(job["argv"], job["cwd"], env)
+    write_json(
+        os.path.join(job_dir, "pid.json"), {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time()}
+    )
+
+    # Signals aimed at the runner go to the job instead, so the runner survives to write the status.
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.killpg(pid, signum)
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+
+    stdin_fd: Optional[int] = sys.stdin.fileno() if sys.stdin.isatty() else None
+    saved_tty = None
+    if stdin_fd is not None:
+        _copy_winsize(stdin_fd, master)
+        signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
+        saved_tty = termios.tcgetattr(stdin_fd)
+        tty.setraw(stdin_fd)  # keystrokes (Ctrl-C too) reach the job through its pty, untouched
+    out_fd = sys.stdout.fileno()
+    pane_ok = True
+    status: Optional[int] = None
+    try:
+        while True:
+            fds = [master] + ([stdin_fd] if stdin_fd is not None else [])
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.5)
+            except InterruptedError:
+                continue
+            if master in ready:
+                try:
+                    data = os.read(master, READ_SIZE)
+                except OSError as exc:  # EIO: every holder of the pty's slave side has gone
+                    if exc.errno != errno.EIO:
+                        raise
+                    data = b""
+                if not data:
+                    break
+                _write_all(log_fd, data)
+                if pane_ok:
+                    try:
+                        _write_all(out_fd, data)
+                    except OSError:
+                        pane_ok = False
+            if stdin_fd is not None and stdin_fd in ready:
+                try:
+                    keys = os.read(stdin_fd, 1024)
+                except OSError:
+                    keys = b""
+                if keys:
+                    _write_all(master, keys)
+                else:
+                    stdin_fd = None
+            if not ready and status is None:
+                done, st = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = st
+                    # The job is gone; leftover background children may hold the pty: drain briefly, then stop.
+                    while select.select([master], [], [], 0.2)[0]:
+                        try:
+                            data = os.read(master, READ_SIZE)
+                        except OSError:
+                            break
+                        if not data:
+                            break
+                        _write_all(log_fd, data)
+                    break
+    finally:
+        if saved_tty is not None and stdin_fd is not None:
+            try:
+                termios.tcsetattr(stdin_fd, termios.TCSAFLUSH, saved_tty)
+            except termios.error:
+                pass
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    code, sig = _exit_code(status)
+    os.close(log_fd)
+    write_json(
+        os.path.join(job_dir, "status.json"), {"exit_code": code, "signal": sig, "ended_at": time.time()}
+    )
+    return code

@@ -1,0 +1,278 @@
+"""The agent's serve loop: JSON lines on stdin/stdout, requests answered, events pushed.
+
+The agent opens no port. It exits when stdin closes or the client stays silent for ``idle_timeout`` seconds;
+jobs keep running in tmux either way.
+"""
+
+import collections
+import getpass
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, BinaryIO, Callable, Dict, List, Optional
+
+from . import protocol as P
+from .jobs import RUNNING, JobError, JobStore
+from .logs import Follow, read_chunk, tail_offset
+
+
+def _read_first(path: str, default: str = "") -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def _boot_time() -> Optional[float]:
+    for line in _read_first("/proc/stat").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return None
+
+
+def _tmux_version() -> Optional[str]:
+    try:
+        out = subprocess.run(["tmux", "-V"], capture_output=True, timeout=5).stdout.decode().strip()
+        return out.split(" ", 1)[1] if " " in out else out or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_id() -> str:
+    """The content hash carried in the zipapp's name (``gputui-agent-<hash>.pyz``), or ``dev`` from source."""
+    name = os.path.basename(sys.argv[0] if sys.argv else "")
+    if name.startswith("gputui-agent-") and name.endswith(".pyz"):
+        return name[len("gputui-agent-") : -len(".pyz")]
+    return "dev"
+
+
+class Agent:
+    def __init__(
+        self,
+        state_dir: str,
+        launcher: List[str],
+        inp: BinaryIO,
+        out: BinaryIO,
+        idle_timeout: float = 30.0,
+        heartbeat_s: float = 2.0,
+        nvidia_smi: str = "nvidia-smi",
+    ) -> None:
+        from .metrics import MetricsSampler
+
+        self.jobs = JobStore(state_dir, launcher)
+        self.inp, self.out = inp, out
+        self.idle_timeout, self.heartbeat_s = idle_timeout, heartbeat_s
+        self.sampler = MetricsSampler(self.jobs.state_dir, nvidia_smi=nvidia_smi)
+        self._out_lock = threading.Lock()
+        self._last_rx = time.monotonic()
+        self._follows: Dict[str, Follow] = {}
+        self._ring: "collections.deque[Dict[str, Any]]" = collections.deque(maxlen=600)
+        self._seq = 0
+        self._metrics_interval: Optional[float] = None
+        self._metrics_wake = threading.Event()
+        self._stopping = threading.Event()
+        self.handlers: Dict[str, Callable[[Dict[str, Any]], Any]] = {
+            P.OP_PING: lambda a: {"t": time.time()},
+            P.OP_HOST_INFO: lambda a: self.facts(),
+            P.OP_JOBS_START: self.op_start,
+            P.OP_JOBS_LIST: lambda a: self.jobs.list(),
+            P.OP_JOBS_KILL: self.op_kill,
+            P.OP_LOGS_READ: self.op_read,
+            P.OP_LOGS_FOLLOW: self.op_follow,
+            P.OP_LOGS_UNFOLLOW: self.op_unfollow,
+            P.OP_METRICS_SUBSCRIBE: self.op_subscribe,
+            P.OP_METRICS_SAMPLE: lambda a: self._sample(),
+            P.OP_SHUTDOWN: self.op_shutdown,
+        }
+
+    # --- output -----------------------------------------------------------------------------------------------
+    def send(self, frame: Dict[str, Any]) -> None:
+        data = P.encode(frame)
+        with self._out_lock:
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):
+                self._stop()
+
+    def emit(self, name: str, data: Any = None) -> None:
+        self.send(P.event(name, data))
+
+    def facts(self) -> Dict[str, Any]:
+        facts = {
+            "hostname": socket.gethostname(),
+            "boot_id": _read_first("/proc/sys/kernel/random/boot_id") or None,
+            "boot_time": _boot_time(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "python_executable": sys.executable,
+            "tmux_version": _tmux_version(),
+            "tmux_socket": self.jobs.socket,
+            "state_dir": self.jobs.state_dir,
+            "user": getpass.getuser(),
+            "agent_pid": os.getpid(),
+        }
+        facts.update(self.sampler.facts())
+        return facts
+
+    # --- handlers ---------------------------------------------------------------------------------------------
+    def op_start(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"))
+        self.emit(P.EV_JOB, job)
+        return job
+
+    def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        job = self.jobs.kill(str(a.get("job")), float(a.get("grace_s", 10.0)))
+        self.emit(P.EV_JOB, job)
+        return job
+
+    def op_read(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        path = self.jobs.log_path(str(a.get("job")))
+        offset = int(a.get("offset", 0))
+        if a.get("tail_lines") is not None:
+            offset = tail_offset(path, int(a["tail_lines"]))
+        data, size = read_chunk(
+            path, offset, min(int(a.get("max_bytes", P.LOG_CHUNK_BYTES)), P.LOG_CHUNK_BYTES)
+        )
+        return {"offset": offset, "b64": P.b64(data), "size": size}
+
+    def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
+        job = self.jobs.describe(job_id)
+        if job["state"] == RUNNING:
+            return None
+        return {"job_state": job["state"], "exit_code": job["exit_code"]}
+
+    def op_follow(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        job_id = str(a.get("job"))
+        path = self.jobs.log_path(job_id)
+        self.op_unfollow({"job": job_id})
+        follow = Follow(job_id, path, int(a.get("offset", 0)), self.emit, lambda: self._ended(job_id))
+        self._follows[job_id] = follow
+        follow.start()
+        return {"job": job_id, "offset": follow.offset}
+
+    def op_unfollow(self, a: Dict[str, Any]) -> None:
+        follow = self._follows.pop(str(a.get("job")), None)
+        if follow is not None:
+            follow.stop()
+
+    def op_subscribe(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        """Start (or retune) pushed metrics; samples newer than ``since_seq`` still in the ring are resent."""
+        interval = a.get("interval", 1.0)
+        self._metrics_interval = None if interval is None else max(0.1, float(interval))
+        since = a.get("since_seq")
+        backlog = [s for s in list(self._ring) if since is not None and s["seq"] > int(since)]
+        self._metrics_wake.set()
+        return {"interval": self._metrics_interval, "backlog": backlog}
+
+    def op_shutdown(self, a: Dict[str, Any]) -> None:
+        threading.Timer(0.05, self._stop).start()
+
+    # --- loops ------------------------------------------------------------------------------------------------
+    def _sample(self) -> Dict[str, Any]:
+        sample = self.sampler.sample(self.jobs.owner_map().get)
+        self._seq += 1
+        sample["seq"] = self._seq
+        self._ring.append(sample)
+        return sample
+
+    def _metrics_loop(self) -> None:
+        while not self._stopping.is_set():
+            interval = self._metrics_interval
+            if interval is None:
+                self._metrics_wake.wait(1.0)
+                self._metrics_wake.clear()
+                continue
+            start = time.monotonic()
+            try:
+                self.emit(P.EV_METRICS, self._sample())
+            except Exception as exc:  # a sampling bug must not kill the agent; say so instead
+                self.emit(P.EV_METRICS, {"seq": None, "t": time.time(), "error": "sampling failed: %r" % exc})
+            self._metrics_wake.wait(max(0.0, interval - (time.monotonic() - start)))
+            self._metrics_wake.clear()
+
+    def _watch_loop(self) -> None:
+        """Heartbeats, job state changes, and the silence timeout."""
+        states: Dict[str, str] = {}
+        next_jobs = 0.0
+        while not self._stopping.wait(min(self.heartbeat_s, 1.0)):
+            now = time.monotonic()
+            if now - self._last_rx > self.idle_timeout:
+                sys.stderr.write("gputui-agent: client silent for %.0f s, exiting\n" % self.idle_timeout)
+                self._stop()
+                return
+            self.emit(P.EV_HEARTBEAT, {"t": time.time()})
+            if now >= next_jobs:
+                next_jobs = now + 1.0
+                for job in self.jobs.list():
+                    if states.get(job["id"], job["state"]) != job["state"]:
+                        self.emit(P.EV_JOB, job)
+                    states[job["id"]] = job["state"]
+
+    def _handle(self, frame: Dict[str, Any]) -> None:
+        req_id = frame.get("id")
+        op = frame.get("op")
+        args = frame.get("args") or {}
+        handler = self.handlers.get(op) if isinstance(op, str) else None
+        if handler is None:
+            self.send(P.reply_error(req_id, P.E_UNKNOWN_OP, "unknown operation %r" % (op,)))
+            return
+        if not isinstance(args, dict):
+            self.send(P.reply_error(req_id, P.E_BAD_ARGS, "args must be an object"))
+            return
+        try:
+            self.send(P.reply_ok(req_id, handler(args)))
+        except JobError as exc:
+            self.send(P.reply_error(req_id, exc.code, str(exc)))
+        except (TypeError, ValueError, KeyError) as exc:
+            self.send(P.reply_error(req_id, P.E_BAD_ARGS, "bad arguments for %s: %s" % (op, exc)))
+        except Exception as exc:  # the agent must answer, not die
+            self.send(P.reply_error(req_id, P.E_FAILED, "%s failed: %r" % (op, exc)))
+
+    def _read_frames(self) -> None:
+        while not self._stopping.is_set():
+            line = self.inp.readline(P.MAX_FRAME_BYTES + 1)
+            if not line:
+                return  # stdin closed: the client is gone
+            self._last_rx = time.monotonic()
+            if not line.endswith(b"\n") and len(line) > P.MAX_FRAME_BYTES:
+                while line and not line.endswith(b"\n"):  # skip the rest of the oversized frame
+                    line = self.inp.readline(P.MAX_FRAME_BYTES)
+                self.send(P.reply_error(None, P.E_MALFORMED, "frame exceeds %d bytes" % P.MAX_FRAME_BYTES))
+                continue
+            if not line.strip():
+                continue
+            try:
+                frame = P.decode(line)
+            except P.ProtocolError as exc:
+                self.send(P.reply_error(None, P.E_MALFORMED, str(exc)))
+                continue
+            if frame.get("op") == P.OP_PING:
+                self._handle(frame)
+            else:
+                threading.Thread(target=self._handle, args=(frame,), daemon=True).start()
+
+    def _stop(self) -> None:
+        self._stopping.set()
+        for follow in list(self._follows.values()):
+            follow.stop()
+
+    def serve(self) -> int:
+        self.emit(P.EV_HELLO, {"protocol": P.PROTOCOL_VERSION, "build": build_id(), "host": self.facts()})
+        for target in (self._metrics_loop, self._watch_loop):
+            threading.Thread(target=target, daemon=True).start()
+        reader = threading.Thread(target=self._read_frames, daemon=True)
+        reader.start()
+        while reader.is_alive() and not self._stopping.is_set():
+            reader.join(0.2)
+        self._stop()
+        try:
+            self.sampler.close()
+        except Exception:
+            pass
+        return 0

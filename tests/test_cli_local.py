@@ -1,0 +1,167 @@
+"""The CLI end to end on the zero-config local host (real agent subprocess, real tmux)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from conftest import ROOT, Home, wait_for
+
+
+def run_job(home: Home, *cmd: str, extra: tuple[str, ...] = ()) -> str:
+    res = home.cli("run", "local", *extra, "--", *cmd, check=True)
+    job_id = res.stdout.strip()
+    assert job_id.isdigit(), res.stdout
+    return job_id
+
+
+def test_run_then_follow_prints_hi_and_exits_zero(home: Home) -> None:
+    job_id = run_job(home, "python3", "-c", "print('hi')")
+    res = home.cli("logs", "-f", "local", job_id)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.replace("\r\n", "\n") == "hi\n"
+
+
+def test_follow_exits_with_the_jobs_status(home: Home) -> None:
+    job_id = run_job(home, sys.executable, "-c", "import sys; print('bye'); sys.exit(7)")
+    res = home.cli("logs", "--follow", "local", job_id)
+    assert res.returncode == 7 and "bye" in res.stdout
+
+
+def test_jobs_json_shape(home: Home, tmp_path) -> None:
+    job_id = run_job(
+        home, sys.executable, "-c", "print(1)", extra=("--name", "my run", "--cwd", str(tmp_path))
+    )
+    home.cli("logs", "-f", "local", job_id, check=True)
+    jobs = json.loads(home.cli("jobs", "--json", check=True).stdout)
+    [job] = jobs
+    assert {"host", "id", "name", "state", "exit_code", "command", "started_at", "ended_at"} <= job.keys()
+    assert (job["host"], job["id"], job["name"], job["state"], job["exit_code"]) == (
+        "local",
+        job_id,
+        "my run",
+        "succeeded",
+        0,
+    )
+    assert job["command"] == [sys.executable, "-c", "print(1)"] and job["cwd"] == str(tmp_path)
+
+
+def test_local_run_defaults_to_the_callers_directory(home: Home, tmp_path) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "gputui", "run", "local", "--", "pwd"], env=home.env, cwd=tmp_path,
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    out = home.cli("logs", "-f", "local", res.stdout.strip(), check=True).stdout
+    assert out.strip() == str(tmp_path)
+
+
+def test_job_survives_client_killed_and_keeps_full_log(home: Home, tmp_path) -> None:
+    go = tmp_path / "go"
+    code = (
+        "import pathlib, time\n"
+        "for i in range(5): print('line', i, flush=True)\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+        "for i in range(5, 10): print('line', i, flush=True)\n"
+    )
+    job_id = run_job(home, sys.executable, "-c", code)
+    client = subprocess.Popen(
+        [sys.executable, "-m", "gputui", "logs", "-f", "local", job_id],
+        env=home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert client.stdout
+    first = client.stdout.readline()
+    assert first.startswith(b"line 0")
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    go.touch()
+    res = home.cli("logs", "-f", "local", job_id)
+    assert res.returncode == 0
+    assert res.stdout.replace("\r\n", "\n") == "".join(f"line {i}\n" for i in range(10))
+    [job] = json.loads(home.cli("jobs", "local", "--json", check=True).stdout)
+    assert job["state"] == "succeeded"
+
+
+def test_status_json_reports_local_host(home: Home) -> None:
+    res = home.cli("status", "--json", check=True)
+    [host] = json.loads(res.stdout)["hosts"]
+    assert host["name"] == "local" and host["state"] == "connected" and host["error"] is None
+    assert host["host"]["cpu_count"] == os.cpu_count() and host["host"]["mem_total_mib"] > 0
+    assert isinstance(host["gpus"], list) and isinstance(host["jobs"], list)
+    if not host["gpus"]:  # CI: no GPU, and it says why
+        assert host["gpu_error"]
+    for gpu in host["gpus"]:
+        assert {
+            "index",
+            "name",
+            "util_percent",
+            "mem_used_mib",
+            "mem_total_mib",
+            "temp_c",
+            "power_w",
+        } <= gpu.keys()
+
+
+def test_plain_status_and_tail(home: Home) -> None:
+    job_id = run_job(home, sys.executable, "-c", "for i in range(50): print(i)")
+    home.cli("logs", "-f", "local", job_id, check=True)
+    tail = home.cli("logs", "local", job_id, "--tail", "2", check=True).stdout
+    assert tail.split() == ["48", "49"]
+    out = home.cli("status", check=True).stdout
+    assert out.startswith("local: connected") and "1 total" in out
+
+
+def test_kill_from_cli(home: Home, tmp_path) -> None:
+    marker = tmp_path / "ready"
+    code = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"
+    job_id = run_job(home, sys.executable, "-c", code)
+    wait_for(marker.exists, what="job start")
+    res = home.cli("kill", "local", job_id, "--grace", "2", check=True)
+    assert "killed" in res.stdout
+    [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
+    assert job["state"] == "killed" and job["exit_code"] == 130
+
+
+def test_errors_are_clear_and_nonzero(home: Home) -> None:
+    res = home.cli("logs", "local", "42")
+    assert res.returncode == 5 and "no job '42'" in res.stderr
+    res = home.cli("run", "nowhere", "--", "true")
+    assert res.returncode == 2 and "unknown host 'nowhere'" in res.stderr and "local" in res.stderr
+    res = home.cli("run", "local")
+    assert res.returncode == 2 and "nothing to run" in res.stderr
+    res = home.cli("run", "local", "--cwd", "/no/such", "--", "true")
+    assert res.returncode == 1 and "/no/such does not exist" in res.stderr
+    res = home.cli("run", "local", "--env", "NOVALUE", "--", "true")
+    assert res.returncode == 2 and "KEY=VALUE" in res.stderr
+
+
+def test_broken_config_names_file_line_and_field(home: Home) -> None:
+    path = home.write_config('[hosts.gpu1]\nhost = "10.0.0.1"\nprot = 22\n')
+    res = home.cli("status")
+    assert res.returncode == 2
+    assert f"{path}:3: hosts.gpu1.prot: unknown setting" in res.stderr
+    path = home.write_config('[hosts.gpu1]\nport = "22"\n')
+    res = home.cli("jobs")
+    assert res.returncode == 2 and f"{path}:2: hosts.gpu1.port: must be a int" in res.stderr
+    home.write_config("[hosts.gpu1\n")
+    res = home.cli("jobs")
+    assert res.returncode == 2 and "invalid TOML" in res.stderr and "line 1" in res.stderr
+
+
+def test_help_lists_every_command(home: Home) -> None:
+    out = home.cli("--help", check=True).stdout
+    for cmd in ("run", "jobs", "logs", "kill", "status"):
+        assert cmd in out
+
+
+def test_core_does_not_import_textual() -> None:
+    code = (
+        "import sys, pkgutil, importlib, gputui.core as c\n"
+        "for m in pkgutil.iter_modules(c.__path__):\n"
+        "    importlib.import_module('gputui.core.' + m.name)\n"
+        "import gputui.cli\n"
+        "assert 'textual' not in sys.modules, [m for m in sys.modules if m.startswith('textual')]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
