@@ -1,0 +1,210 @@
+"""GPU readings through NVML (pynvml), one long-lived context per sampler.
+
+Every field is queried on its own: NotSupported (fan speed on H100/T4) or any other NVML error makes that
+one field None. Fast fields are read on every call; slow ones at most every ``slow_interval`` seconds.
+Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
+"""
+
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+MIB = 1024 * 1024
+
+# NVML return codes (nvml.h); read from the module when it has them.
+_ERR_NO_PERMISSION = 4
+_ERR_DRIVER_NOT_LOADED = 9
+_ERR_LIBRARY_NOT_FOUND = 12
+_ERR_LIB_RM_VERSION_MISMATCH = 18
+
+# Clock event ("throttle") reason bits (nvml.h nvmlClocksEventReason*), short names.
+THROTTLE_BITS = (
+    (0x1, "gpu_idle"),
+    (0x2, "app_clocks"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks"),
+)
+
+SLOW_FIELDS = (
+    "fan_percent",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "pstate",
+    "ecc_errors_uncorrected",
+    "throttle_reasons",
+    "persistence_mode",
+)
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used; the message is meant for a human."""
+
+
+def throttle_names(mask: Optional[int]) -> Optional[List[str]]:
+    if mask is None:
+        return None
+    return [name for bit, name in THROTTLE_BITS if mask & bit]
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def init_error_message(nvml: Any, err: BaseException) -> str:
+    """A clear message for an nvmlInit failure."""
+    code = getattr(err, "value", None)
+    if code == getattr(nvml, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", _ERR_LIB_RM_VERSION_MISMATCH):
+        return "NVIDIA driver/library version mismatch: reboot the host or reload the nvidia kernel module"
+    if code == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", _ERR_DRIVER_NOT_LOADED):
+        return "NVIDIA driver not loaded: the nvidia kernel module is missing (modprobe nvidia, or reinstall the driver)"
+    if code == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", _ERR_LIBRARY_NOT_FOUND):
+        return "NVML library (libnvidia-ml.so.1) not found: is the NVIDIA driver installed?"
+    if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", _ERR_NO_PERMISSION):
+        return "no permission to use the NVIDIA driver (check access to /dev/nvidia*)"
+    return "NVML init failed: {}".format(err)
+
+
+def load_nvml(nvml: Any = None) -> Any:
+    """The given pynvml-like module, or pynvml imported now."""
+    if nvml is not None:
+        return nvml
+    try:
+        import pynvml  # optional at run time
+    except Exception as e:  # ImportError, or a broken install
+        raise NvmlUnavailable("pynvml (nvidia-ml-py) is not importable: {}".format(e)) from None
+    return pynvml
+
+
+class NvmlSource:
+    """Reads every GPU through one NVML context; call close() to shut it down."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None, slow_interval: float = 5.0) -> None:
+        self.nvml = load_nvml(nvml)
+        self.slow_interval = slow_interval
+        try:
+            self.nvml.nvmlInit()
+        except Exception as e:
+            raise NvmlUnavailable(init_error_message(self.nvml, e)) from None
+        self._open = True
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+            self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except Exception as e:
+            self.close()
+            raise NvmlUnavailable("NVML could not list the GPUs: {}".format(e)) from None
+        # pynvml >= 12.535 names it "event reasons"; older ones only "throttle reasons".
+        self._reasons_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        if getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) is not None:
+            self._reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
+        self._slow: List[Dict[str, Any]] = [{} for _ in self.handles]
+        self._slow_at: List[Optional[float]] = [None for _ in self.handles]
+        self._facts: Optional[Dict[str, Any]] = None
+
+    def _get(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args), or None on any NVML error (NotSupported included)."""
+        try:
+            return fn(*args)
+        except Exception:
+            return None
+
+    def _call(self, name: str, *args: Any) -> Any:
+        fn = getattr(self.nvml, name, None)
+        return None if fn is None else self._get(fn, *args)
+
+    def facts(self) -> Dict[str, Any]:
+        if self._facts is None:
+            cuda = self._call("nvmlSystemGetCudaDriverVersion")
+            driver = self._call("nvmlSystemGetDriverVersion")
+            nvml_version = self._call("nvmlSystemGetNVMLVersion")
+            gpus = []
+            for i, h in enumerate(self.handles):
+                mem = self._call("nvmlDeviceGetMemoryInfo", h)
+                gpus.append(
+                    {
+                        "index": i,
+                        "uuid": self._str("nvmlDeviceGetUUID", h),
+                        "name": self._str("nvmlDeviceGetName", h),
+                        "mem_total_mib": mem.total // MIB if mem is not None else None,
+                    }
+                )
+            self._facts = {
+                "driver_version": _text(driver) if driver is not None else None,
+                "cuda_version": "{}.{}".format(cuda // 1000, cuda % 1000 // 10) if cuda else None,
+                "nvml_version": _text(nvml_version) if nvml_version is not None else None,
+                "gpus": gpus,
+            }
+        return self._facts
+
+    def _str(self, name: str, *args: Any) -> Optional[str]:
+        value = self._call(name, *args)
+        return _text(value) if value is not None else None
+
+    def _read_slow(self, h: Any) -> Dict[str, Any]:
+        nv = self.nvml
+        pstate = self._call("nvmlDeviceGetPerformanceState", h)
+        persistence = self._call("nvmlDeviceGetPersistenceMode", h)
+        return {
+            "fan_percent": self._call("nvmlDeviceGetFanSpeed", h),
+            "sm_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
+            "mem_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2)),
+            "pstate": "P{}".format(pstate) if pstate is not None and 0 <= pstate <= 15 else None,
+            "ecc_errors_uncorrected": self._call(
+                "nvmlDeviceGetTotalEccErrors",
+                h,
+                getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                getattr(nv, "NVML_VOLATILE_ECC", 0),
+            ),
+            "throttle_reasons": throttle_names(self._call(self._reasons_fn, h)),
+            "persistence_mode": bool(persistence) if persistence is not None else None,
+        }
+
+    def sample(self) -> List[Dict[str, Any]]:
+        """One dict per GPU; processes carry pid and mem_mib only (the sampler adds job and name)."""
+        facts = self.facts()["gpus"]
+        now = time.monotonic()
+        out = []
+        for i, h in enumerate(self.handles):
+            util = self._call("nvmlDeviceGetUtilizationRates", h)
+            mem = self._call("nvmlDeviceGetMemoryInfo", h)
+            power = self._call("nvmlDeviceGetPowerUsage", h)
+            limit = self._call("nvmlDeviceGetEnforcedPowerLimit", h)
+            last = self._slow_at[i]
+            if last is None or now - last >= self.slow_interval:
+                self._slow[i] = self._read_slow(h)
+                self._slow_at[i] = now
+            gpu = {
+                "index": i,
+                "uuid": facts[i]["uuid"],
+                "name": facts[i]["name"],
+                "util_percent": util.gpu if util is not None else None,
+                "mem_used_mib": mem.used // MIB if mem is not None else None,
+                "mem_total_mib": mem.total // MIB if mem is not None else None,
+                "temp_c": self._call(
+                    "nvmlDeviceGetTemperature", h, getattr(self.nvml, "NVML_TEMPERATURE_GPU", 0)
+                ),
+                "power_w": power / 1000.0 if power is not None else None,
+                "power_limit_w": limit / 1000.0 if limit is not None else None,
+                "processes": self._processes(h),
+            }
+            gpu.update(self._slow[i])
+            out.append(gpu)
+        return out
+
+    def _processes(self, h: Any) -> List[Dict[str, Any]]:
+        procs = self._call("nvmlDeviceGetComputeRunningProcesses", h) or []
+        out = []
+        for p in procs:
+            used = getattr(p, "usedGpuMemory", None)
+            out.append({"pid": p.pid, "mem_mib": used // MIB if used is not None else None})
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_open", False):
+            self._open = False
+            self._get(self.nvml.nvmlShutdown)

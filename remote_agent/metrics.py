@@ -1,0 +1,104 @@
+"""The agent's metrics sampler: host readings plus GPUs from the best source that works.
+
+Sources in order: NVML (one long-lived context) -> ``nvidia-smi`` CSV -> host only. Why a better source is not
+used is reported as ``gpu_error`` in a sentence a human can act on; nothing here raises.
+Stdlib only (pynvml optional, imported lazily), Python 3.8+.
+
+    s = MetricsSampler(state_dir="~/.gputui", nvidia_smi="nvidia-smi")
+    s.facts()            # static: driver, CUDA, the GPU list
+    s.sample(owner_of)   # one reading; owner_of(pid) -> gputui job id or None
+    s.close()
+"""
+
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from . import gpu_nvml, gpu_smi
+from .hoststats import HostStats, process_name
+
+OwnerOf = Callable[[int], Optional[str]]
+
+
+class MetricsSampler:
+    """Host + GPU sampler. ``nvml=None`` imports pynvml lazily; tests pass a pynvml-like double."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        nvidia_smi: str = "nvidia-smi",
+        nvml: Any = None,
+        slow_interval: float = 5.0,
+        smi_timeout: float = 10.0,
+    ) -> None:
+        self.host = HostStats(state_dir)
+        self.source: Any = None
+        self.gpu_error: Optional[str] = None
+        self._facts: Optional[Dict[str, Any]] = None
+        try:
+            self.source = gpu_nvml.NvmlSource(nvml, slow_interval)
+            return
+        except gpu_nvml.NvmlUnavailable as e:
+            nvml_error = str(e)
+        except Exception as e:  # a broken pynvml must not take the agent down
+            nvml_error = "NVML unusable: {}".format(e)
+        try:
+            self.source = gpu_smi.SmiSource(nvidia_smi, smi_timeout)
+            self.gpu_error = nvml_error + "; using nvidia-smi"
+        except gpu_smi.SmiNotFound:
+            self.gpu_error = "no NVIDIA driver: nvidia-smi not found and NVML unavailable ({})".format(
+                nvml_error
+            )
+        except Exception as e:
+            self.gpu_error = "{}; {}".format(nvml_error, e)
+
+    @property
+    def gpu_source(self) -> Optional[str]:
+        return self.source.name if self.source is not None else None
+
+    def facts(self) -> Dict[str, Any]:
+        """Static facts, computed on the first call."""
+        if self._facts is None:
+            gpu = {"driver_version": None, "cuda_version": None, "nvml_version": None, "gpus": []}
+            if self.source is not None:
+                try:
+                    gpu = self.source.facts()
+                except Exception as e:
+                    self.gpu_error = "GPU facts unreadable: {}".format(e)
+            self._facts = dict(gpu, gpu_source=self.gpu_source, gpu_error=self.gpu_error)
+        return dict(self._facts, gpus=[dict(g) for g in self._facts["gpus"]])
+
+    def sample(self, owner_of: OwnerOf) -> Dict[str, Any]:
+        """One JSON-serialisable reading of the host and every GPU."""
+        t = time.time()
+        host = self.host.sample()
+        gpus: List[Dict[str, Any]] = []
+        error = self.gpu_error
+        if self.source is not None:
+            try:
+                gpus = self.source.sample()
+            except Exception as e:
+                error = "GPU sample failed: {}".format(e)
+        for g in gpus:
+            g["processes"] = [self._process(p, owner_of) for p in g.get("processes") or []]
+        return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
+
+    @staticmethod
+    def _process(p: Dict[str, Any], owner_of: OwnerOf) -> Dict[str, Any]:
+        pid = p["pid"]
+        try:
+            job = owner_of(pid)
+        except Exception:
+            job = None
+        return {
+            "pid": pid,
+            "mem_mib": p.get("mem_mib"),
+            "job": job,
+            "name": process_name(pid) or p.get("smi_name"),
+        }
+
+    def close(self) -> None:
+        if self.source is not None:
+            try:
+                self.source.close()
+            except Exception:
+                pass
