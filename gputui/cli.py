@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import sys
@@ -12,10 +13,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from remote_agent import protocol as P
+
 from .core import config as cfg
 from .core import model as M
+from .core.cost import budget_alerts
 from .core.fleet import Fleet
 from .core.link import AgentError, LinkClosed
+from .core.release import ReleaseError, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
 
@@ -153,31 +158,127 @@ async def cmd_kill(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
-async def cmd_status(args: argparse.Namespace) -> int:
-    fleet = Fleet(cfg.load(args.config))
+async def _probe_fleet(fleet: Fleet, names: list[str] | None = None) -> dict[str, M.HostSnapshot]:
+    """Connect to each host, take one sample and the job list; snapshots (with cost) taken before closing."""
 
     async def probe(s: HostSession) -> None:
         await s.sample()
         await s.list_jobs()
 
-    results = await _gather_hosts(fleet, list(fleet.sessions), probe)
-    snaps = [fleet.sessions[name].snapshot for name in results]
-    for name, res in results.items():
-        if isinstance(res, Exception) and not args.json:
-            print(f"gputui: {name}: {res}", file=sys.stderr)
+    names = list(fleet.sessions) if names is None else names
+    await _gather_hosts(fleet, names, probe)
+    snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in names}
     await fleet.close()
+    return snaps
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    snaps = list((await _probe_fleet(Fleet(cfg.load(args.config)))).values())
     if args.json:
-        print(json.dumps({"hosts": [_status_json(s) for s in snaps]}, indent=2))
+        print(json.dumps({"hosts": [s.to_json() for s in snaps]}, indent=2))
     else:
+        for s in snaps:
+            if s.error:
+                print(f"gputui: {s.name}: {s.error}", file=sys.stderr)
         _print_status(snaps)
     return EXIT_OK
 
 
-def _status_json(snap: M.HostSnapshot) -> dict[str, Any]:
-    d = snap.to_json()
-    if d["state"] == M.CLOSED:  # the CLI closed it after reading; report what it found
-        d["state"] = M.CONNECTED if snap.error is None else M.ERROR
-    return d
+async def cmd_cost(args: argparse.Namespace) -> int:
+    config = cfg.load(args.config)
+    since = 0.0
+    if args.since:
+        try:
+            since = datetime.datetime.fromisoformat(args.since).timestamp()
+        except ValueError:
+            raise CliError(f"--since {args.since!r}: expected a date like 2026-11-01", EXIT_USAGE) from None
+    fleet = Fleet(config)
+    snaps = await _probe_fleet(fleet)
+    now = time.time()
+    hosts = []
+    for name, snap in snaps.items():
+        c = snap.cost or M.CostInfo()
+        live = snap.state == M.CONNECTED
+        hosts.append(
+            {
+                "name": name,
+                "state": snap.state,
+                **c.to_json(),
+                "accrued": fleet.ledger.spent(name, now, live, since=since),
+                "by_day": fleet.ledger.by_day(name, now, live, since=since),
+            }
+        )
+    currencies = {h["currency"] for h in hosts}
+    currency = currencies.pop() if len(currencies) == 1 else config.currency
+    total = sum(h["accrued"] for h in hosts)
+    today = sum(h["today"] for h in hosts)
+    month = sum(h["month"] for h in hosts)
+    alerts = budget_alerts(config.budget, today, month, currency)
+    burn = sum(h["price_per_hour"] or 0.0 for h in hosts if h["state"] == M.CONNECTED and not h["released"])
+    if args.json:
+        out = {"currency": currency, "hosts": hosts, "total": total, "today": today, "month": month,
+               "burn_per_hour": burn, "budget": [a.to_json() for a in alerts]}  # fmt: skip
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+    print(f"{'HOST':<14} {'$/H':>8} {'TODAY':>10} {'MONTH':>10} {'TOTAL':>10}  IDLE")
+    for h in hosts:
+        price = "-" if h["price_per_hour"] is None else f"{h['price_per_hour']:.2f}"
+        idle = "released" if h["released"] else (_dur(h["idle_seconds"]) if h["idle"] else "busy")
+        print(
+            f"{h['name']:<14} {price:>8} {h['today']:>10.2f} {h['month']:>10.2f} {h['accrued']:>10.2f}  {idle}"
+        )
+    print(f"{'total ' + currency:<14} {burn:>8.2f} {today:>10.2f} {month:>10.2f} {total:>10.2f}")
+    for alert in alerts:
+        print(f"budget: {alert.message}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_release(args: argparse.Namespace) -> int:
+    config = cfg.load(args.config)
+    host = config.host(args.host)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError(
+                f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", EXIT_USAGE
+            )
+        answer = input(
+            f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CliError("not released", EXIT_FAIL)
+    fleet = Fleet(config)
+    session = fleet.session(args.host)
+    try:
+        await session.start()
+        result = await release_host(session, host, fleet.ledger, force=args.force)
+    except ReleaseError as exc:
+        raise CliError(str(exc), EXIT_FAIL) from None
+    finally:
+        await fleet.close()
+    for step in result.steps:
+        print(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
+        if step.output:
+            print("  " + step.output.replace("\n", "\n  "))
+    print(f"{args.host}: released")
+    return EXIT_OK
+
+
+async def cmd_autostop(args: argparse.Namespace) -> int:
+    async def body(s: HostSession) -> int:
+        if args.cancel:
+            await s.request(P.OP_WATCHDOG_CANCEL)
+            print(f"{args.host}: autostop cancelled until the host reboots or its settings change")
+        else:
+            await s.request(P.OP_WATCHDOG_SNOOZE, minutes=args.snooze)
+            print(f"{args.host}: autostop snoozed for {args.snooze:g} min")
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
+def _dur(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 async def _gather_hosts(
@@ -205,10 +306,7 @@ def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
 
 
 def _ago(t: float | None) -> str:
-    if t is None:
-        return "-"
-    s = int(time.time() - t)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+    return "-" if t is None else _dur(time.time() - t)
 
 
 def _print_jobs(jobs: list[M.Job]) -> None:
@@ -221,8 +319,7 @@ def _print_jobs(jobs: list[M.Job]) -> None:
 
 def _print_status(snaps: list[M.HostSnapshot]) -> None:
     for s in snaps:
-        state = M.CONNECTED if s.error is None else M.ERROR
-        print(f"{s.name}: {state}" + (f" ({s.error})" if s.error else ""))
+        print(f"{s.name}: {s.state}" + (f" ({s.error})" if s.error else ""))
         m = s.metrics
         if m is None:
             continue
@@ -240,6 +337,17 @@ def _print_status(snaps: list[M.HostSnapshot]) -> None:
             )
         running = [j for j in s.jobs if j.running]
         print(f"  jobs  {len(running)} running, {len(s.jobs)} total")
+        c = s.cost
+        if c is not None:
+            price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"
+            idle = (
+                f"idle {_dur(c.idle_seconds)}"
+                if c.idle
+                else "busy: " + "; ".join(c.reasons[:3])
+                if c.reasons
+                else "not idle yet"
+            )
+            print(f"  cost  {price}, accrued {c.accrued:.2f}; {idle}")
 
 
 # --- entry ----------------------------------------------------------------------------------------------------
@@ -283,6 +391,24 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="hosts, GPUs and jobs")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
+
+    co = sub.add_parser("cost", help="hourly price, accrued cost per host and day, budgets")
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--since", metavar="DATE", help="count from this date (YYYY-MM-DD) on")
+    co.set_defaults(func=cmd_cost)
+
+    rl = sub.add_parser("release", help="stop paying for a host: run its release commands (asks first)")
+    rl.add_argument("host")
+    rl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    rl.add_argument("--force", action="store_true", help="release even while jobs run")
+    rl.set_defaults(func=cmd_release)
+
+    au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
+    au.add_argument("host")
+    g = au.add_mutually_exclusive_group(required=True)
+    g.add_argument("--snooze", type=float, metavar="MIN", help="postpone autostop by MIN minutes")
+    g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
+    au.set_defaults(func=cmd_autostop)
     return p
 
 

@@ -26,7 +26,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     serve.add_argument("--nvidia-smi", default="nvidia-smi")
     runner = sub.add_parser("runner", help="run one job inside its tmux pane")
     runner.add_argument("job_dir")
+    watchdog = sub.add_parser("watchdog", help="autostop/deadline watchdog (started detached by the agent)")
+    watchdog.add_argument("state_dir")
     args = parser.parse_args(argv)
+
+    if args.cmd == "watchdog":
+        from .watchdog import run as run_watchdog
+
+        sys.exit(run_watchdog(os.path.abspath(os.path.expanduser(args.state_dir))))
 
     if args.cmd == "runner":
         from .runner import run

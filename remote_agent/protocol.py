@@ -33,6 +33,10 @@ OP_LOGS_UNFOLLOW = "logs.unfollow"
 OP_METRICS_SUBSCRIBE = "metrics.subscribe"
 OP_METRICS_SAMPLE = "metrics.sample"
 OP_SHUTDOWN = "shutdown"
+OP_EXEC = "host.exec"  # run an argv on the host with a timeout (release_remote)
+OP_WATCHDOG_CONFIGURE = "watchdog.configure"
+OP_WATCHDOG_SNOOZE = "watchdog.snooze"
+OP_WATCHDOG_CANCEL = "watchdog.cancel"
 
 # Events the agent pushes.
 EV_HELLO = "hello"

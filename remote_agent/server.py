@@ -16,6 +16,9 @@ import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 from . import protocol as P
+from . import watchdog as W
+from .activity import ActivityLog, idle_status
+from .fsutil import read_json, write_json
 from .jobs import RUNNING, JobError, JobStore
 from .logs import Follow, read_chunk, tail_offset
 
@@ -65,6 +68,9 @@ class Agent:
         from .metrics import MetricsSampler
 
         self.jobs = JobStore(state_dir, launcher)
+        self.launcher = launcher
+        self.activity = ActivityLog(self.jobs.state_dir)
+        self.idle_rule: Dict[str, Any] = {"idle_util_percent": 5.0, "count_sessions": True}
         self.inp, self.out = inp, out
         self.idle_timeout, self.heartbeat_s = idle_timeout, heartbeat_s
         self.sampler = MetricsSampler(self.jobs.state_dir, nvidia_smi=nvidia_smi)
@@ -86,9 +92,14 @@ class Agent:
             P.OP_LOGS_FOLLOW: self.op_follow,
             P.OP_LOGS_UNFOLLOW: self.op_unfollow,
             P.OP_METRICS_SUBSCRIBE: self.op_subscribe,
-            P.OP_METRICS_SAMPLE: lambda a: self._sample(),
+            P.OP_METRICS_SAMPLE: self.op_sample,
             P.OP_SHUTDOWN: self.op_shutdown,
+            P.OP_EXEC: self.op_exec,
+            P.OP_WATCHDOG_CONFIGURE: self.op_watchdog_configure,
+            P.OP_WATCHDOG_SNOOZE: self.op_watchdog_snooze,
+            P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
         }
+        self._facts: Optional[Dict[str, Any]] = None
 
     # --- output -----------------------------------------------------------------------------------------------
     def send(self, frame: Dict[str, Any]) -> None:
@@ -104,6 +115,8 @@ class Agent:
         self.send(P.event(name, data))
 
     def facts(self) -> Dict[str, Any]:
+        if self._facts is not None:
+            return self._facts
         facts = {
             "hostname": socket.gethostname(),
             "boot_id": _read_first("/proc/sys/kernel/random/boot_id") or None,
@@ -118,6 +131,7 @@ class Agent:
             "agent_pid": os.getpid(),
         }
         facts.update(self.sampler.facts())
+        self._facts = facts
         return facts
 
     # --- handlers ---------------------------------------------------------------------------------------------
@@ -161,8 +175,18 @@ class Agent:
         if follow is not None:
             follow.stop()
 
+    def _set_idle_rule(self, a: Dict[str, Any]) -> None:
+        for key in self.idle_rule:
+            if a.get(key) is not None:
+                self.idle_rule[key] = type(self.idle_rule[key])(a[key])
+
+    def op_sample(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        self._set_idle_rule(a)
+        return self._sample()
+
     def op_subscribe(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """Start (or retune) pushed metrics; samples newer than ``since_seq`` still in the ring are resent."""
+        self._set_idle_rule(a)
         interval = a.get("interval", 1.0)
         self._metrics_interval = None if interval is None else max(0.1, float(interval))
         since = a.get("since_seq")
@@ -173,9 +197,66 @@ class Agent:
     def op_shutdown(self, a: Dict[str, Any]) -> None:
         threading.Timer(0.05, self._stop).start()
 
+    def op_exec(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        """Run an argv (never a shell string) with a timeout; output is capped, exit status reported."""
+        argv = a.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
+            raise ValueError("argv must be a non-empty list of strings")
+        timeout = float(a.get("timeout_s", 60))
+        try:
+            res = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise JobError("%s did not finish within %.0f s" % (argv[0], timeout)) from None
+        except OSError as exc:
+            raise JobError("cannot run %s: %s" % (argv[0], exc.strerror or exc)) from None
+        cap = lambda b: b[-65536:].decode("utf-8", "replace")  # noqa: E731
+        return {"exit_code": res.returncode, "stdout": cap(res.stdout), "stderr": cap(res.stderr)}
+
+    def _watchdog_path(self, name: str) -> str:
+        return os.path.join(self.jobs.state_dir, name)
+
+    def op_watchdog_configure(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        """Arm (or disarm, with no autostop/deadline) the detached watchdog; keeps snooze/cancel of this boot."""
+        config = dict(a.get("config") or {})
+        config["boot_id"] = self.facts()["boot_id"]
+        old = read_json(self._watchdog_path(W.CONFIG)) or {}
+        settings = lambda c: {k: v for k, v in c.items() if k not in ("snoozed_until", "cancelled")}  # noqa: E731
+        if old.get("boot_id") == config["boot_id"] and settings(old) == settings(config):
+            config["snoozed_until"] = old.get("snoozed_until")
+            config["cancelled"] = old.get("cancelled", False)
+        armed = bool(config.get("autostop_minutes") or config.get("release_at") is not None)
+        write_json(self._watchdog_path(W.CONFIG), config)
+        started = W.ensure_running(self.jobs.state_dir, self.launcher) if armed else False
+        return {"armed": armed, "started": started, "config": config}
+
+    def _update_watchdog(self, **changes: Any) -> Dict[str, Any]:
+        config = read_json(self._watchdog_path(W.CONFIG))
+        if not config:
+            raise JobError("no watchdog is configured on this host", P.E_NOT_FOUND)
+        config.update(changes)
+        write_json(self._watchdog_path(W.CONFIG), config)
+        return config
+
+    def op_watchdog_snooze(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        return self._update_watchdog(
+            snoozed_until=time.time() + 60.0 * float(a.get("minutes", 60)), cancelled=False
+        )
+
+    def op_watchdog_cancel(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        return self._update_watchdog(cancelled=True)
+
     # --- loops ------------------------------------------------------------------------------------------------
     def _sample(self) -> Dict[str, Any]:
         sample = self.sampler.sample(self.jobs.owner_map().get)
+        try:
+            sample["activity"] = idle_status(
+                sample, self.jobs.list(), self.activity, self.facts(),
+                self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
+            )  # fmt: skip
+        except Exception as exc:  # doubt counts as activity
+            sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}
+        if os.path.exists(self._watchdog_path(W.CONFIG)):
+            sample["activity"]["watchdog"] = read_json(self._watchdog_path(W.STATE))
         self._seq += 1
         sample["seq"] = self._seq
         self._ring.append(sample)

@@ -6,8 +6,10 @@ Search order: ``--config PATH``, ``$GPUTUI_CONFIG``, ``$XDG_CONFIG_HOME/gputui/c
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -44,10 +46,33 @@ class HostConfig:
     connect_timeout: float = 10.0
     keepalive_interval: float = 1.0
     keepalive_count_max: int = 2
+    # money (see gputui.core.cost)
+    price_per_hour: float | None = None
+    currency: str | None = None  # default: the global currency
+    billing_start: dt.datetime | None = None  # default: the host's boot time
+    idle_minutes: float = 30.0
+    idle_util_percent: float = 5.0
+    count_ssh_sessions: bool = True
+    release: tuple[str, ...] | None = None  # argv run on this machine, e.g. a provider CLI
+    release_remote: tuple[str, ...] | None = None  # argv run on the host, e.g. sudo shutdown -h now
+    release_timeout: float = 120.0
+    autostop_minutes: float | None = None
+    pre_stop: tuple[str, ...] | None = None
+    pre_stop_timeout: float = 300.0
+    release_after_hours: float | None = None
+    release_at: dt.datetime | None = None
 
     @property
     def address(self) -> str:
         return self.host or self.name
+
+
+@dataclass(frozen=True)
+class Budget:
+    daily: float | None = None
+    monthly: float | None = None
+    warn_fraction: float = 0.8
+    on_exceed: str = "warn"  # or "release-idle"
 
 
 @dataclass(frozen=True)
@@ -56,7 +81,9 @@ class Config:
     hosts: dict[str, HostConfig]
     ssh_config: str | None = None
     theme: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    currency: str = "USD"
+    prices: dict[str, float] = field(default_factory=dict)  # per GPU-hour, by GPU model name
+    budget: Budget = field(default_factory=Budget)
 
     def host(self, name: str) -> HostConfig:
         try:
@@ -67,21 +94,27 @@ class Config:
             raise ConfigError(f"unknown host {name!r}{where}; known hosts: {known}") from None
 
 
-# Types each key accepts (int is accepted where float is).
-HOST_FIELDS: dict[str, tuple[type, ...]] = {
-    f.name: {
-        "str | None": (str,),
-        "int | None": (int,),
-        "str": (str,),
-        "bool": (bool,),
-        "float": (float, int),
-        "int": (int,),
-    }[str(f.type)]
-    for f in fields(HostConfig)
-    if f.name != "name"
+ARGV = "argv"  # a list of strings, or one string split like a shell would (never run through a shell)
+DATETIME = "datetime"
+_TYPES: dict[str, Any] = {
+    "str": (str,), "str | None": (str,), "int | None": (int,), "int": (int,), "bool": (bool,),
+    "float": (float, int), "float | None": (float, int),
+    "tuple[str, ...] | None": ARGV, "dt.datetime | None": DATETIME,
+}  # fmt: skip
+# What each key accepts (int is accepted where float is).
+HOST_FIELDS: dict[str, Any] = {f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name != "name"}
+GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,)}
+GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget")
+BUDGET_FIELDS = {
+    "daily": (float, int),
+    "monthly": (float, int),
+    "warn_fraction": (float, int),
+    "on_exceed": (str,),
 }
-GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,)}
-GLOBAL_TABLES = ("hosts", "defaults")
+ON_EXCEED = ("warn", "release-idle")
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+_NON_NEGATIVE = ("price_per_hour", "idle_minutes", "idle_util_percent", "release_timeout", "autostop_minutes",
+                 "pre_stop_timeout", "release_after_hours", "connect_timeout", "keepalive_interval")  # fmt: skip
 
 
 def default_path() -> Path:
@@ -157,6 +190,14 @@ def parse(text: str, path: Path) -> Config:
                 None, key, f"unknown setting (known: {', '.join(sorted([*GLOBAL_FIELDS, *GLOBAL_TABLES]))})"
             )
 
+    currency = data.get("currency", "USD")
+    if not _CURRENCY.match(currency):
+        raise fail(None, "currency", f"{currency!r} is not an ISO 4217 code like USD or EUR")
+    prices = data.get("prices", {})
+    for model, price in prices.items():
+        if not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0:
+            raise fail("prices", model, f"must be a non-negative number (price per GPU-hour), not {price!r}")
+    budget = _check_budget(data.get("budget", {}), fail)
     defaults = _check_fields(data.get("defaults", {}), "defaults", fail)
     hosts: dict[str, HostConfig] = {}
     for name, table in data.get("hosts", {}).items():
@@ -169,17 +210,67 @@ def parse(text: str, path: Path) -> Config:
             raise fail(f"hosts.{name}", "transport", f"must be one of {', '.join(TRANSPORTS)}")
         if "port" in values and not 0 < values["port"] < 65536:
             raise fail(f"hosts.{name}", "port", "must be between 1 and 65535")
+        if values.get("currency") is not None and not _CURRENCY.match(values["currency"]):
+            raise fail(
+                f"hosts.{name}", "currency", f"{values['currency']!r} is not an ISO 4217 code like USD"
+            )
+        if values.get("autostop_minutes") and not values.get("release_remote"):
+            raise fail(
+                f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host"
+            )
         hosts[name] = HostConfig(name=name, **values)
     if not hosts:
         hosts = {LOCAL: default_local()}
-    return Config(path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"))
+    return Config(
+        path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"),
+        currency=currency, prices={str(k): float(v) for k, v in prices.items()}, budget=budget,
+    )  # fmt: skip
+
+
+def _check_budget(table: dict[str, Any], fail: Any) -> Budget:
+    for key, value in table.items():
+        if key not in BUDGET_FIELDS:
+            raise fail("budget", key, f"unknown setting (known: {', '.join(BUDGET_FIELDS)})")
+        if not isinstance(value, BUDGET_FIELDS[key]) or isinstance(value, bool):
+            raise fail("budget", key, f"must be a {BUDGET_FIELDS[key][0].__name__}, not {value!r}")
+        if key != "on_exceed" and value < 0:
+            raise fail("budget", key, f"must not be negative, not {value!r}")
+    if table.get("on_exceed", "warn") not in ON_EXCEED:
+        raise fail("budget", "on_exceed", f"must be one of {', '.join(ON_EXCEED)}")
+    return Budget(**table)
 
 
 def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any]:
+    out = {}
     for key, value in table.items():
         if key not in HOST_FIELDS:
             raise fail(where, key, f"unknown setting (known: {', '.join(sorted(HOST_FIELDS))})")
-        types = HOST_FIELDS[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise fail(where, key, f"must be a {types[0].__name__}, not {type(value).__name__} {value!r}")
-    return dict(table)
+        kind = HOST_FIELDS[key]
+        if kind == ARGV:
+            value = _argv(value)
+            if value is None:
+                raise fail(where, key, "must be a command: a list of strings, or a string split like a shell")
+        elif kind == DATETIME:
+            if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+                value = dt.datetime.combine(value, dt.time())
+            if not isinstance(value, dt.datetime):
+                raise fail(where, key, f"must be a TOML date-time like 2026-12-01T18:00:00Z, not {value!r}")
+            if value.tzinfo is None:
+                value = value.astimezone()  # a local date-time means this machine's zone
+        elif not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
+            raise fail(where, key, f"must be a {kind[0].__name__}, not {type(value).__name__} {value!r}")
+        if key in _NON_NEGATIVE and value < 0:
+            raise fail(where, key, f"must not be negative, not {value!r}")
+        out[key] = value
+    return out
+
+
+def _argv(value: Any) -> tuple[str, ...] | None:
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError:
+            return None
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None

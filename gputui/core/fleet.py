@@ -1,14 +1,19 @@
-"""Fleet: the HostSessions of every configured host."""
+"""Fleet: the HostSessions of every configured host, with money and autostop wired in."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+
+from remote_agent import protocol as P
 
 from . import model as M
 from .config import Config, HostConfig
+from .cost import Ledger, cost_info
+from .release import watchdog_config
 from .session import HostSession
 from .transport import LocalTransport, Transport
 
@@ -26,8 +31,14 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
     return SSHTransport(host, ssh_config=config.ssh_config)
 
 
+async def arm_watchdog(session: HostSession, host: HostConfig) -> None:
+    """Tell the host's agent the autostop/deadline rules (this also disarms a watchdog whose rules were removed)."""
+    config = watchdog_config(host, session.snapshot.facts.get("boot_time"))
+    await session.request(P.OP_WATCHDOG_CONFIGURE, config=config)
+
+
 class Fleet:
-    """All hosts of a config, each with its own session."""
+    """All hosts of a config, each with its own session; snapshots come out with their CostInfo."""
 
     def __init__(
         self,
@@ -35,19 +46,41 @@ class Fleet:
         on_change: Callable[[M.HostSnapshot], None] | None = None,
         metrics_interval: float | None = None,
         transport_factory: Callable[[HostConfig, Config], Transport] = make_transport,
+        ledger: Ledger | None = None,
     ) -> None:
         self.config = config
-        self.sessions: dict[str, HostSession] = {
-            name: HostSession(name, transport_factory(host, config), on_change, metrics_interval)
-            for name, host in config.hosts.items()
-        }
+        self.ledger = ledger if ledger is not None else Ledger()
+        self._on_change = on_change
+        self.sessions: dict[str, HostSession] = {}
+        for name, host in config.hosts.items():
+            self.sessions[name] = HostSession(
+                name,
+                transport_factory(host, config),
+                self._changed,
+                metrics_interval,
+                sample_args={
+                    "idle_util_percent": host.idle_util_percent,
+                    "count_sessions": host.count_ssh_sessions,
+                },
+                on_connect=(lambda s, h=host: arm_watchdog(s, h)) if host.release_remote else None,
+            )
+
+    def _changed(self, snap: M.HostSnapshot) -> None:
+        enriched = self.with_cost(snap)
+        self.ledger.save()
+        if self._on_change is not None:
+            self._on_change(enriched)
+
+    def with_cost(self, snap: M.HostSnapshot) -> M.HostSnapshot:
+        host = self.config.hosts[snap.name]
+        return replace(snap, cost=cost_info(snap, host, self.config, self.ledger))
 
     def session(self, name: str) -> HostSession:
         self.config.host(name)  # raises a ConfigError naming the known hosts
         return self.sessions[name]
 
     def snapshots(self) -> list[M.HostSnapshot]:
-        return [s.snapshot for s in self.sessions.values()]
+        return [self.with_cost(s.snapshot) for s in self.sessions.values()]
 
     def run_in_background(self) -> None:
         for session in self.sessions.values():
@@ -55,3 +88,4 @@ class Fleet:
 
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self.sessions.values()), return_exceptions=True)
+        self.ledger.save(force=True)

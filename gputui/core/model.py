@@ -7,7 +7,10 @@ them in. Nothing here does I/O.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .insights import JobInsights
 
 # Connection states of a host.
 CONNECTING = "connecting"
@@ -88,6 +91,8 @@ class MetricsSample:
     gpus: tuple[GpuSample, ...]
     gpu_source: str | None = None  # "nvml", "nvidia-smi" or None
     gpu_error: str | None = None  # why there are no GPU readings, e.g. "no NVIDIA driver"
+    # idleness as the agent sees it: reasons (why not idle), idle_seconds, watchdog state
+    activity: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> MetricsSample:
@@ -98,6 +103,7 @@ class MetricsSample:
             gpus=tuple(GpuSample.from_wire(g) for g in d.get("gpus") or ()),
             gpu_source=d.get("gpu_source"),
             gpu_error=d.get("gpu_error"),
+            activity=d.get("activity") or {},
         )
 
 
@@ -115,6 +121,7 @@ class Job:
     ended_at: float | None = None
     log_size: int = 0
     tmux_session: str | None = None
+    insights: JobInsights | None = field(default=None, compare=False)  # progress, metrics, hints from the log
 
     @property
     def running(self) -> bool:
@@ -138,8 +145,32 @@ class Job:
         )
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "insights"}
         d["command"] = list(self.command)
+        d["insights"] = self.insights.to_json() if self.insights is not None else None
+        return d
+
+
+@dataclass(frozen=True)
+class CostInfo:
+    """Money and idleness of one host (see gputui.core.cost)."""
+
+    currency: str = "USD"
+    price_per_hour: float | None = None  # None: no price configured or derivable
+    accrued: float = 0.0  # since billing start
+    today: float = 0.0
+    month: float = 0.0
+    idle: bool = False
+    idle_seconds: float = 0.0
+    idle_cost: float = 0.0
+    reasons: tuple[str, ...] = ()  # why the host is NOT idle, e.g. "job 7 running", "GPU 2 at 43%"
+    released: bool = False
+    autostop_in_s: float | None = None  # watchdog countdown, when autostop is armed
+    deadline_in_s: float | None = None  # hard release deadline, when set
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reasons"] = list(self.reasons)
         return d
 
 
@@ -156,6 +187,7 @@ class HostSnapshot:
     jobs: tuple[Job, ...] = ()
     updated_at: float = 0.0
     history: tuple[MetricsSample, ...] = field(default=(), compare=False, repr=False)  # oldest first
+    cost: CostInfo | None = None
 
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
@@ -174,6 +206,7 @@ class HostSnapshot:
             "gpus": [_gpu_json(g) for g in self.gpus],
             "host": asdict(m.host) if m else {},
             "jobs": [j.to_json() for j in self.jobs],
+            "cost": self.cost.to_json() if self.cost is not None else None,
         }
 
 

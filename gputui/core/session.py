@@ -8,7 +8,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,10 +64,14 @@ class HostSession:
         transport: Transport,
         on_change: Callable[[M.HostSnapshot], None] | None = None,
         metrics_interval: float | None = None,
+        sample_args: dict[str, Any] | None = None,
+        on_connect: Callable[[HostSession], Awaitable[None]] | None = None,
     ) -> None:
         self.name, self.transport = name, transport
         self.on_change = on_change
         self.metrics_interval = metrics_interval
+        self.sample_args = sample_args or {}  # the idle rule: idle_util_percent, count_sessions
+        self.on_connect = on_connect  # e.g. arm the autostop watchdog after every (re)connect
         self.link: Link | None = None
         self._channel: AgentChannel | None = None
         self._snapshot = M.HostSnapshot(name=name)
@@ -167,11 +171,15 @@ class HostSession:
             self._set_job(job)
         if self.metrics_interval is not None:
             since = self._history[-1].seq if self._history else None
-            res = await link.request(P.OP_METRICS_SUBSCRIBE, interval=self.metrics_interval, since_seq=since)
+            res = await link.request(
+                P.OP_METRICS_SUBSCRIBE, interval=self.metrics_interval, since_seq=since, **self.sample_args
+            )
             for sample in res.get("backlog") or ():
                 self._add_sample(sample)
         for follow in list(self._follows.values()):
             await link.request(P.OP_LOGS_FOLLOW, job=follow.job, offset=follow.cursor)
+        if self.on_connect is not None:
+            await self.on_connect(self)
         self._publish()
         self._connected.set()
         self._pinger = asyncio.create_task(self._ping_loop(link))
@@ -293,7 +301,7 @@ class HostSession:
         return self._jobs[str(data["id"])]
 
     async def sample(self) -> M.MetricsSample:
-        data = await self.request(P.OP_METRICS_SAMPLE)
+        data = await self.request(P.OP_METRICS_SAMPLE, **self.sample_args)
         self._add_sample(data)
         self._publish()
         return M.MetricsSample.from_wire(data)

@@ -1,0 +1,268 @@
+"""Money: prices, the local ledger of billed intervals, idle cost and budgets. Pure, except Ledger.save().
+
+The ledger holds, per host, intervals ``[start, end)`` billed at a price. An open interval (``end`` None)
+starts at the host's boot time (or ``billing_start``) and is kept alive by observations; a reboot or a new
+instance (another boot id) closes it at the last time the host was seen and opens a new one; a price change
+closes it now; a release closes it for good. So totals survive client restarts and cover the time the client
+was closed, bounded by what the host itself reports.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import model as M
+from .config import Budget, Config, HostConfig
+
+SAVE_EVERY_S = 60.0
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "gputui"
+
+
+def price_per_hour(host: HostConfig, gpus: tuple[M.GpuSample, ...], prices: dict[str, float]) -> float | None:
+    """The host's explicit price, else the sum of its GPUs' per-GPU-hour prices (None if any is unknown)."""
+    if host.price_per_hour is not None:
+        return float(host.price_per_hour)
+    if not prices or not gpus:
+        return None
+    total = 0.0
+    for gpu in gpus:
+        price = gpu_price(gpu.name or "", prices)
+        if price is None:
+            return None
+        total += price
+    return total
+
+
+def gpu_price(name: str, prices: dict[str, float]) -> float | None:
+    """Exact (case-insensitive) model match, else the longest key contained in the name ("H100" in "NVIDIA H100 ...")."""
+    lowered = {k.lower(): v for k, v in prices.items()}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    hits = [k for k in lowered if k and k in name.lower()]
+    return lowered[max(hits, key=len)] if hits else None
+
+
+@dataclass
+class Interval:
+    start: float
+    end: float | None
+    price: float
+    boot_id: str | None
+    last_seen: float
+
+    def until(self, now: float, live: bool) -> float:
+        if self.end is not None:
+            return self.end
+        return now if live else max(self.last_seen, self.start)
+
+
+class Ledger:
+    """Billed intervals per host, persisted atomically as JSON."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or state_dir() / "ledger.json"
+        self.hosts: dict[str, dict[str, Any]] = {}
+        self._saved_at = 0.0
+        self._dirty = False
+        try:
+            data = json.loads(self.path.read_text())
+            for name, h in data.get("hosts", {}).items():
+                self.hosts[name] = {
+                    "intervals": [Interval(**i) for i in h.get("intervals", [])],
+                    "released_at": h.get("released_at"),
+                    "released_boot_id": h.get("released_boot_id"),
+                }
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(
+                f"{self.path}: unreadable ledger ({exc}); move it aside to start a new one"
+            ) from None
+
+    def _host(self, name: str) -> dict[str, Any]:
+        return self.hosts.setdefault(name, {"intervals": [], "released_at": None, "released_boot_id": None})
+
+    def intervals(self, name: str) -> list[Interval]:
+        return list(self._host(name)["intervals"])
+
+    def released(self, name: str) -> bool:
+        return self._host(name)["released_at"] is not None
+
+    def observe(
+        self, name: str, now: float, price: float | None, boot_id: str | None, start: float | None
+    ) -> None:
+        """The host is up now, billed at ``price`` since ``start`` (boot time or billing_start)."""
+        if price is None:
+            return
+        h = self._host(name)
+        if h["released_at"] is not None:
+            if boot_id == h["released_boot_id"]:
+                return  # still shutting down after a release: not billed any more
+            h["released_at"] = h["released_boot_id"] = None  # a new instance under the same name
+        ivs: list[Interval] = h["intervals"]
+        open_iv = ivs[-1] if ivs and ivs[-1].end is None else None
+        floor = max((iv.end for iv in ivs if iv.end is not None), default=0.0)
+        if open_iv is not None and open_iv.boot_id == boot_id and open_iv.price == price:
+            open_iv.last_seen = now
+        else:
+            if open_iv is not None:
+                # another boot: it ended when we last saw it; a new price: it changes now
+                open_iv.end = open_iv.last_seen if open_iv.boot_id != boot_id else now
+                floor = open_iv.end
+                start = now if open_iv.boot_id == boot_id else start
+            begin = max(start if start is not None else now, floor)
+            ivs.append(Interval(min(begin, now), None, price, boot_id, now))
+        self._dirty = True
+
+    def close(self, name: str, now: float, boot_id: str | None = None, released: bool = True) -> None:
+        h = self._host(name)
+        ivs: list[Interval] = h["intervals"]
+        if ivs and ivs[-1].end is None:
+            ivs[-1].end = now
+            boot_id = boot_id or ivs[-1].boot_id
+        if released:
+            h["released_at"], h["released_boot_id"] = now, boot_id
+        self._dirty = True
+
+    def spent(
+        self, name: str, now: float, live: bool, since: float = 0.0, until: float | None = None
+    ) -> float:
+        """Money billed for ``name`` within ``[since, until)`` (until defaults to now)."""
+        until = now if until is None else until
+        total = 0.0
+        for iv in self._host(name)["intervals"]:
+            a, b = max(iv.start, since), min(iv.until(now, live), until)
+            if b > a:
+                total += (b - a) / 3600.0 * iv.price
+        return total
+
+    def by_day(self, name: str, now: float, live: bool, since: float = 0.0) -> dict[str, float]:
+        """Local calendar day (YYYY-MM-DD) -> money, from ``since`` on."""
+        days: dict[str, float] = {}
+        ivs = self._host(name)["intervals"]
+        first = max(min((iv.start for iv in ivs), default=now), since)
+        day = dt.datetime.fromtimestamp(first).replace(hour=0, minute=0, second=0, microsecond=0)
+        while day.timestamp() < now:
+            nxt = day + dt.timedelta(days=1)
+            amount = self.spent(name, now, live, max(since, day.timestamp()), nxt.timestamp())
+            if amount:
+                days[day.date().isoformat()] = amount
+            day = nxt
+        return days
+
+    def save(self, force: bool = False) -> None:
+        """Write atomically; between forced saves at most once a minute."""
+        now = time.time()
+        if not self._dirty or (not force and now - self._saved_at < SAVE_EVERY_S):
+            return
+        data = {
+            "hosts": {
+                name: {
+                    "intervals": [iv.__dict__ for iv in h["intervals"]],
+                    "released_at": h["released_at"],
+                    "released_boot_id": h["released_boot_id"],
+                }
+                for name, h in self.hosts.items()
+            }
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, self.path)
+        self._saved_at, self._dirty = now, False
+
+
+def day_start(now: float) -> float:
+    return dt.datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def month_start(now: float) -> float:
+    return (
+        dt.datetime.fromtimestamp(now).replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+    )
+
+
+def deadline(host: HostConfig, boot_time: float | None) -> float | None:
+    """When the host must be released: ``release_at``, or ``release_after_hours`` after billing start."""
+    candidates = []
+    if host.release_at is not None:
+        candidates.append(host.release_at.timestamp())
+    if host.release_after_hours is not None:
+        start = host.billing_start.timestamp() if host.billing_start else boot_time
+        if start is not None:
+            candidates.append(start + host.release_after_hours * 3600.0)
+    return min(candidates) if candidates else None
+
+
+def cost_info(
+    snap: M.HostSnapshot, host: HostConfig, config: Config, ledger: Ledger, now: float | None = None
+) -> M.CostInfo:
+    """Observe the host in the ledger and compute what the UI and ``status --json`` show."""
+    now = time.time() if now is None else now
+    live = snap.state == M.CONNECTED and snap.error is None
+    price = price_per_hour(host, snap.gpus, config.prices)
+    boot_time = snap.facts.get("boot_time")
+    if live and snap.metrics is not None:
+        start = host.billing_start.timestamp() if host.billing_start else boot_time
+        ledger.observe(host.name, now, price, snap.facts.get("boot_id"), start)
+    activity = snap.metrics.activity if snap.metrics is not None else {}
+    reasons = tuple(activity.get("reasons") or ())
+    idle_seconds = float(activity.get("idle_seconds") or 0.0) if not reasons else 0.0
+    idle = bool(snap.metrics) and not reasons and idle_seconds >= host.idle_minutes * 60.0
+    watchdog = activity.get("watchdog") or {}
+    autostop_at = watchdog.get("autostop_at")
+    limit = deadline(host, boot_time)
+    return M.CostInfo(
+        currency=host.currency or config.currency,
+        price_per_hour=price,
+        accrued=ledger.spent(host.name, now, live),
+        today=ledger.spent(host.name, now, live, since=day_start(now)),
+        month=ledger.spent(host.name, now, live, since=month_start(now)),
+        idle=idle,
+        idle_seconds=idle_seconds,
+        idle_cost=(price or 0.0) * idle_seconds / 3600.0,
+        reasons=reasons,
+        released=ledger.released(host.name),
+        autostop_in_s=None if autostop_at is None else max(0.0, autostop_at - now),
+        deadline_in_s=None if limit is None else max(0.0, limit - now),
+    )
+
+
+@dataclass(frozen=True)
+class BudgetAlert:
+    period: str  # "daily" or "monthly"
+    level: str  # "warn" or "exceeded"
+    spent: float
+    limit: float
+    currency: str
+
+    @property
+    def message(self) -> str:
+        pct = 100.0 * self.spent / self.limit if self.limit else 100.0
+        verb = "exceeded" if self.level == "exceeded" else "at"
+        return f"{self.period} budget {verb} {pct:.0f}%: {self.spent:.2f} of {self.limit:.2f} {self.currency}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "message": self.message}
+
+
+def budget_alerts(budget: Budget, today: float, month: float, currency: str) -> list[BudgetAlert]:
+    alerts = []
+    for period, limit, spent in (("daily", budget.daily, today), ("monthly", budget.monthly, month)):
+        if limit is None:
+            continue
+        if spent >= limit:
+            alerts.append(BudgetAlert(period, "exceeded", spent, limit, currency))
+        elif spent >= budget.warn_fraction * limit:
+            alerts.append(BudgetAlert(period, "warn", spent, limit, currency))
+    return alerts

@@ -1,0 +1,114 @@
+"""Releasing a host: run the configured commands, close its ledger interval, mark it released."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from remote_agent import protocol as P
+
+from .config import HostConfig
+from .cost import Ledger, deadline
+from .link import AgentError, LinkClosed
+from .session import HostSession
+
+
+class ReleaseError(RuntimeError):
+    """The host was not released; the message says why and what to do."""
+
+
+@dataclass
+class Step:
+    where: str  # "client" or "host"
+    argv: tuple[str, ...]
+    exit_code: int | None
+    output: str
+
+
+@dataclass
+class ReleaseResult:
+    host: str
+    steps: list[Step] = field(default_factory=list)
+
+
+async def run_client_command(argv: tuple[str, ...], timeout: float) -> Step:
+    """Run ``argv`` here (no shell); a hang is killed after ``timeout`` and reported."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    except OSError as exc:
+        raise ReleaseError(f"cannot run release command {argv[0]!r}: {exc.strerror or exc}") from None
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    except asyncio.TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise ReleaseError(
+            f"release command {argv[0]!r} did not finish within {timeout:.0f} s; killed it"
+        ) from None
+    return Step("client", argv, proc.returncode, out.decode("utf-8", "replace")[-4000:].strip())
+
+
+async def release_host(
+    session: HostSession, host: HostConfig, ledger: Ledger, force: bool = False
+) -> ReleaseResult:
+    """Refuse while jobs run (unless ``force``); run ``release_remote`` on the host, then ``release`` here."""
+    if not host.release and not host.release_remote:
+        raise ReleaseError(
+            f"no release command for {host.name}: set release (run here, e.g. a provider CLI) "
+            "or release_remote (run on the host, e.g. sudo shutdown -h now) in its [hosts.NAME] table"
+        )
+    running = [j for j in await session.list_jobs() if j.running]
+    if running and not force:
+        names = ", ".join(f"{j.id} ({j.name[:30]})" for j in running)
+        raise ReleaseError(f"{host.name} has running jobs: {names}; kill them first or use --force")
+    result = ReleaseResult(host.name)
+    boot_id = session.snapshot.facts.get("boot_id")
+    if host.release_remote:
+        try:
+            res = await session.request(P.OP_EXEC, timeout=host.release_timeout + 10, argv=list(host.release_remote),
+                                        timeout_s=host.release_timeout)  # fmt: skip
+            step = Step(
+                "host", host.release_remote, res["exit_code"], (res["stdout"] + res["stderr"]).strip()
+            )
+        except LinkClosed:  # a shutdown may take the link with it before the reply
+            step = Step("host", host.release_remote, None, "the host closed the connection (shutting down)")
+        except AgentError as exc:
+            raise ReleaseError(f"release_remote on {host.name} failed: {exc}") from None
+        result.steps.append(step)
+        if step.exit_code not in (0, None):
+            raise ReleaseError(
+                f"release_remote on {host.name} exited {step.exit_code}: {step.output or 'no output'}"
+            )
+    if host.release:
+        step = await run_client_command(host.release, host.release_timeout)
+        result.steps.append(step)
+        if step.exit_code != 0:
+            raise ReleaseError(
+                f"release command for {host.name} exited {step.exit_code}: {step.output or 'no output'}"
+            )
+    ledger.close(host.name, time.time(), boot_id=boot_id)
+    ledger.save(force=True)
+    return result
+
+
+def watchdog_config(host: HostConfig, boot_time: float | None) -> dict:
+    """What the host's autostop/deadline watchdog is told (empty autostop and deadline: disarmed)."""
+    return {
+        "autostop_minutes": host.autostop_minutes,
+        "release_at": deadline(host, boot_time),
+        "idle_util_percent": host.idle_util_percent,
+        "count_sessions": host.count_ssh_sessions,
+        "release_remote": list(host.release_remote or ()),
+        "release_timeout": host.release_timeout,
+        "pre_stop": list(host.pre_stop) if host.pre_stop else None,
+        "pre_stop_timeout": host.pre_stop_timeout,
+        "interval": max(0.5, min(15.0, (host.autostop_minutes or 60.0) * 6.0)),  # a tenth of the window
+    }

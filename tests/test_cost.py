@@ -1,0 +1,186 @@
+"""Money arithmetic and the idle rule, on sample sequences (pure functions, no I/O beyond a temp ledger)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from gputui.core import config as cfg
+from gputui.core import cost
+from gputui.core import model as M
+from remote_agent.activity import ActivityLog, busy_reasons, idle_status
+
+H = 3600.0
+
+
+def host(**kw) -> cfg.HostConfig:
+    return cfg.HostConfig(name="a100", **kw)
+
+
+def test_ledger_accrues_from_boot_and_survives_restart(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.json"
+    led = cost.Ledger(path)
+    led.observe("a100", now=10 * H, price=2.0, boot_id="b1", start=8 * H)  # booted 2 h before first seen
+    assert led.spent("a100", now=10 * H, live=True) == pytest.approx(4.0)
+    led.save(force=True)
+    # client closed for 5 hours, then a new client process sees the same boot
+    led2 = cost.Ledger(path)
+    assert led2.spent("a100", now=15 * H, live=False) == pytest.approx(4.0)  # not seen since: bounded
+    led2.observe("a100", now=15 * H, price=2.0, boot_id="b1", start=8 * H)
+    assert led2.spent("a100", now=15 * H, live=True) == pytest.approx(14.0)  # the closed-laptop hours count
+
+
+def test_reboot_closes_at_last_seen_and_restarts_at_new_boot(tmp_path: Path) -> None:
+    led = cost.Ledger(tmp_path / "l.json")
+    led.observe("h", 0.0, 1.0, "b1", 0.0)
+    led.observe("h", 1 * H, 1.0, "b1", 0.0)
+    # unseen for a while, then the host comes back with a new boot id 3 h later, booted at 3.5 h
+    led.observe("h", 4 * H, 1.0, "b2", 3.5 * H)
+    ivs = led.intervals("h")
+    assert [(iv.start, iv.end) for iv in ivs] == [(0.0, 1 * H), (3.5 * H, None)]
+    assert led.spent("h", 4 * H, live=True) == pytest.approx(1.5)  # the gap between is not billed
+
+
+def test_price_change_splits_the_interval(tmp_path: Path) -> None:
+    led = cost.Ledger(tmp_path / "l.json")
+    led.observe("h", 0.0, 2.0, "b", 0.0)
+    led.observe("h", 1 * H, 4.0, "b", 0.0)
+    assert led.spent("h", 2 * H, live=True) == pytest.approx(2.0 + 4.0)
+
+
+def test_release_closes_the_interval_until_a_new_instance(tmp_path: Path) -> None:
+    led = cost.Ledger(tmp_path / "l.json")
+    led.observe("h", 0.0, 2.0, "b", 0.0)
+    led.close("h", 1 * H)
+    assert led.released("h")
+    led.observe("h", 1.1 * H, 2.0, "b", 0.0)  # still shutting down: ignored
+    assert led.spent("h", 5 * H, live=True) == pytest.approx(2.0)
+    led.observe("h", 6 * H, 2.0, "b2", 5.5 * H)  # a new instance under the same name
+    assert not led.released("h") and led.spent("h", 6 * H, live=True) == pytest.approx(3.0)
+
+
+def test_gap_in_observation_is_bounded_by_last_seen(tmp_path: Path) -> None:
+    led = cost.Ledger(tmp_path / "l.json")
+    led.observe("h", 0.0, 1.0, "b", 0.0)
+    assert led.spent("h", 10 * H, live=False) == 0.0  # seen once at boot: nothing known beyond
+
+
+def test_by_day_splits_at_local_midnight(tmp_path: Path) -> None:
+    led = cost.Ledger(tmp_path / "l.json")
+    start = dt.datetime(2026, 11, 28, 22, 0).timestamp()
+    led.observe("h", start, 1.0, "b", start)
+    now = start + 4 * H
+    days = led.by_day("h", now, live=True)
+    assert days == {"2026-11-28": pytest.approx(2.0), "2026-11-29": pytest.approx(2.0)}
+    assert led.spent("h", now, True, since=cost.day_start(now)) == pytest.approx(2.0)
+
+
+def test_unreadable_ledger_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "l.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="move it aside"):
+        cost.Ledger(path)
+
+
+def test_price_from_gpu_models() -> None:
+    gpus = tuple(M.GpuSample(index=i, name="NVIDIA H100 80GB HBM3") for i in range(8))
+    prices = {"H100": 2.0, "H100 80GB HBM3": 2.49}
+    assert cost.price_per_hour(host(), gpus, prices) == pytest.approx(8 * 2.49)  # the most specific key
+    assert cost.price_per_hour(host(), gpus, {"A100": 1.0}) is None  # unknown model: no guess
+    assert cost.price_per_hour(host(price_per_hour=30.0), gpus, prices) == 30.0  # explicit wins
+
+
+def test_budget_thresholds() -> None:
+    budget = cfg.Budget(daily=100.0, monthly=1000.0, warn_fraction=0.8)
+    assert cost.budget_alerts(budget, 79.0, 500.0, "USD") == []
+    [warn] = cost.budget_alerts(budget, 80.0, 500.0, "USD")
+    assert (warn.period, warn.level) == ("daily", "warn") and "80%" in warn.message
+    alerts = cost.budget_alerts(budget, 120.0, 1000.0, "USD")
+    assert [(a.period, a.level) for a in alerts] == [("daily", "exceeded"), ("monthly", "exceeded")]
+
+
+def test_deadline_from_release_after_hours() -> None:
+    h = host(release_after_hours=10.0)
+    assert cost.deadline(h, boot_time=1000.0) == 1000.0 + 10 * H
+    at = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+    assert cost.deadline(host(release_at=at, release_after_hours=10.0), 1000.0) == 1000.0 + 10 * H
+    assert cost.deadline(host(release_at=at), None) == at.timestamp()
+
+
+GPU_BUSY = {"index": 2, "util_percent": 43.0, "processes": [{"pid": 4411, "job": "7", "name": "python"}]}
+GPU_FOREIGN = {"index": 0, "util_percent": 0.0, "processes": [{"pid": 4411, "job": None, "name": "jupyter"}]}
+
+
+def test_reasons_text() -> None:
+    jobs = [{"id": "7", "state": "running"}, {"id": "6", "state": "succeeded"}]
+    sample = {"gpus": [GPU_FOREIGN, GPU_BUSY]}
+    sessions = [{"user": "ana", "tty": "pts/0", "from": "10.1.2.3"}]
+    assert busy_reasons(sample, jobs, 5.0, sessions) == [
+        "job 7 running",
+        "pid 4411 (jupyter) uses GPU 0",
+        "GPU 2 at 43%",
+        "login ana on pts/0 from 10.1.2.3",
+    ]
+    assert busy_reasons({"gpus": [{"index": 0, "util_percent": 4.9, "processes": []}]}, [], 5.0) == []
+
+
+def test_idle_window_from_sample_sequence(tmp_path: Path) -> None:
+    log = ActivityLog(str(tmp_path))
+    facts = {"boot_id": "b", "boot_time": 0.0}
+    idle_gpu = {"gpus": [{"index": 0, "util_percent": 1.0, "processes": []}]}
+    busy_gpu = {"gpus": [{"index": 0, "util_percent": 90.0, "processes": []}]}
+    seq = [(100.0, idle_gpu), (200.0, idle_gpu), (300.0, busy_gpu), (400.0, idle_gpu), (1000.0, idle_gpu)]
+    out = [idle_status(s, [], log, facts, 5.0, False, now=t) for t, s in seq]
+    assert [o["idle_seconds"] for o in out] == [100.0, 200.0, 0.0, 100.0, 700.0]  # one busy sample resets
+    assert out[2]["reasons"] == ["GPU 0 at 90%"]
+    # the last busy time survives an agent restart
+    assert ActivityLog(str(tmp_path)).last_busy == 300.0
+
+
+def test_job_end_and_reboot_bound_the_idle_stretch(tmp_path: Path) -> None:
+    log = ActivityLog(str(tmp_path))
+    quiet = {"gpus": []}
+    jobs = [{"id": "1", "state": "succeeded", "ended_at": 500.0}]
+    out = idle_status(quiet, jobs, log, {"boot_id": "b", "boot_time": 0.0}, 5.0, False, now=800.0)
+    assert out["idle_seconds"] == 300.0
+    out = idle_status(quiet, [], log, {"boot_id": "b2", "boot_time": 790.0}, 5.0, False, now=800.0)
+    assert out["idle_seconds"] == 10.0
+
+
+def test_cost_info_combines_price_ledger_and_idle(tmp_path: Path) -> None:
+    config = cfg.Config(path=None, hosts={"a100": host(price_per_hour=2.0, idle_minutes=10)})
+    led = cost.Ledger(tmp_path / "l.json")
+    sample = M.MetricsSample(
+        seq=1, t=0, host=M.HostStats(), gpus=(), activity={"reasons": [], "idle_seconds": 900.0}
+    )
+    snap = M.HostSnapshot(
+        name="a100", state=M.CONNECTED, facts={"boot_id": "b", "boot_time": 0.0}, metrics=sample
+    )
+    info = cost.cost_info(snap, config.hosts["a100"], config, led, now=2 * H)
+    assert info.price_per_hour == 2.0 and info.accrued == pytest.approx(4.0)
+    assert info.idle and info.idle_seconds == 900.0 and info.idle_cost == pytest.approx(0.5)
+    busy = M.MetricsSample(seq=2, t=0, host=M.HostStats(), gpus=(), activity={"reasons": ["job 1 running"]})
+    info = cost.cost_info(
+        M.HostSnapshot(name="a100", state=M.CONNECTED, metrics=busy), config.hosts["a100"], config, led
+    )
+    assert not info.idle and info.reasons == ("job 1 running",)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[hosts.a]\nprice_per_hour = -2\n", "hosts.a.price_per_hour: must not be negative"),
+        ('[hosts.a]\nprice_per_hour = "2.49"\n', "hosts.a.price_per_hour: must be a float"),
+        ('currency = "dollars"\n', "currency: 'dollars' is not an ISO 4217 code"),
+        ('[prices]\n"H100" = "cheap"\n', "prices.H100: must be a non-negative number"),
+        ("[budget]\ndaily = -1\n", "budget.daily: must not be negative"),
+        ("[hosts.a]\nrelease = 5\n", "hosts.a.release: must be a command"),
+        ("[hosts.a]\nautostop_minutes = 30\n", "hosts.a.autostop_minutes: needs release_remote"),
+        ('[hosts.a]\nrelease_at = "tomorrow"\n', "hosts.a.release_at: must be a TOML date-time"),
+    ],
+)
+def test_bad_money_config(text: str, message: str) -> None:
+    with pytest.raises(cfg.ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        cfg.parse(text, Path("c.toml"))

@@ -1,0 +1,163 @@
+"""Release and autostop on the real local host: real agent, real detached watchdog, harmless commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Home, wait_for
+
+
+def local_config(home: Home, extra: str = "") -> None:
+    home.write_config(
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+        f"price_per_hour = 3.6\ncount_ssh_sessions = false\n{extra}"
+    )
+
+
+def cost_of(home: Home) -> dict:
+    [host] = json.loads(home.cli("cost", "--json", check=True).stdout)["hosts"]
+    return host
+
+
+@pytest.fixture
+def watched(home: Home) -> Iterator[Home]:
+    yield home
+    state = (
+        json.loads((home.state_dir / "watchdog_state.json").read_text() or "{}")
+        if (home.state_dir / "watchdog_state.json").exists()
+        else {}
+    )
+    if state.get("pid"):
+        try:
+            os.kill(state["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_sleeper(home: Home, tmp_path: Path, seconds: float) -> str:
+    marker = tmp_path / "job-ready"
+    code = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep({seconds})"
+    job_id = home.cli("run", "local", "--", sys.executable, "-c", code, check=True).stdout.strip()
+    wait_for(marker.exists, what="job start")
+    return job_id
+
+
+def test_release_runs_both_commands_and_closes_the_ledger(home: Home, tmp_path: Path) -> None:
+    here, there = tmp_path / "released-here", tmp_path / "released-there"
+    local_config(home, f'release = ["touch", "{here}"]\nrelease_remote = ["touch", "{there}"]\n')
+    assert cost_of(home)["released"] is False
+    res = home.cli("release", "local", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert here.exists() and there.exists()
+    assert "[host] touch" in res.stdout and "[client] touch" in res.stdout and "local: released" in res.stdout
+    host = cost_of(home)
+    assert host["released"] is True and host["price_per_hour"] == 3.6
+
+
+def test_release_needs_confirmation_or_yes(home: Home, tmp_path: Path) -> None:
+    local_config(home, f'release = ["touch", "{tmp_path / "x"}"]\n')
+    res = home.cli("release", "local")
+    assert res.returncode == 2 and "--yes" in res.stderr and not (tmp_path / "x").exists()
+
+
+def test_release_refuses_while_jobs_run(home: Home, tmp_path: Path) -> None:
+    local_config(home, f'release = ["touch", "{tmp_path / "gone"}"]\n')
+    job_id = start_sleeper(home, tmp_path, 60)
+    res = home.cli("release", "local", "--yes")
+    assert res.returncode == 1 and f"running jobs: {job_id}" in res.stderr and "--force" in res.stderr
+    assert not (tmp_path / "gone").exists()
+    res = home.cli("release", "local", "--yes", "--force")
+    assert res.returncode == 0 and (tmp_path / "gone").exists()
+    home.cli("kill", "local", job_id, "--grace", "1", check=True)
+
+
+def test_failing_release_command_is_reported_and_not_released(home: Home) -> None:
+    local_config(home, 'release = ["sh", "-c", "echo quota exceeded >&2; exit 3"]\n')
+    res = home.cli("release", "local", "--yes")
+    assert res.returncode == 1 and "exited 3: quota exceeded" in res.stderr
+    assert cost_of(home)["released"] is False
+
+
+def test_hanging_release_command_times_out(home: Home) -> None:
+    local_config(home, 'release = ["sleep", "60"]\nrelease_timeout = 1\n')
+    res = home.cli("release", "local", "--yes")
+    assert res.returncode == 1 and "did not finish within 1 s" in res.stderr
+    assert cost_of(home)["released"] is False
+
+
+def test_missing_release_command_says_what_to_set(home: Home) -> None:
+    local_config(home)
+    res = home.cli("release", "local", "--yes")
+    assert res.returncode == 1 and "set release" in res.stderr and "release_remote" in res.stderr
+
+
+def test_status_json_carries_idle_and_cost(home: Home, tmp_path: Path) -> None:
+    local_config(home, "idle_minutes = 0\n")
+    job_id = start_sleeper(home, tmp_path, 60)
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    c = host["cost"]
+    assert c["price_per_hour"] == 3.6 and c["currency"] == "USD" and c["accrued"] > 0
+    assert c["idle"] is False and f"job {job_id} running" in c["reasons"]
+    home.cli("kill", "local", job_id, "--grace", "1", check=True)
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    assert (
+        host["cost"]["idle"] is True and host["cost"]["reasons"] == [] and host["cost"]["idle_seconds"] >= 0
+    )
+
+
+def test_autostop_releases_an_idle_host_with_no_client(watched: Home, tmp_path: Path) -> None:
+    home = watched
+    stopped = tmp_path / "stopped"
+    hook = tmp_path / "checkpoint-synced"
+    local_config(
+        home,
+        f'autostop_minutes = 0.05\nrelease_remote = ["touch", "{stopped}"]\npre_stop = ["touch", "{hook}"]\n',
+    )
+    home.cli("status", check=True)  # connecting arms the watchdog; then the client goes away
+    wait_for(stopped.exists, timeout=60, what="autostop to run release_remote")
+    assert hook.exists() and hook.stat().st_mtime <= stopped.stat().st_mtime
+    log = (home.state_dir / "watchdog.log").read_text()
+    assert "releasing: idle for" in log and "pre_stop: exit 0" in log and "release_remote: exit 0" in log
+
+
+def test_autostop_waits_while_a_job_runs(watched: Home, tmp_path: Path) -> None:
+    home = watched
+    stopped = tmp_path / "stopped"
+    local_config(home, f'autostop_minutes = 0.1\nrelease_remote = ["touch", "{stopped}"]\n')
+    job_id = start_sleeper(home, tmp_path, 8)  # longer than the 6 s window
+    home.cli("status", check=True)
+    state_file = home.state_dir / "watchdog_state.json"
+    wait_for(
+        lambda: state_file.exists() and f"job {job_id} running" in state_file.read_text(),
+        what="watchdog sees job",
+    )
+    assert home.cli("logs", "-f", "local", job_id).returncode == 0
+    ended = json.loads(home.cli("jobs", "--json", check=True).stdout)[0]["ended_at"]
+    assert not stopped.exists()  # never while the job ran
+    wait_for(stopped.exists, timeout=60, what="autostop after the job ended")
+    assert stopped.stat().st_mtime >= ended + 6 - 0.5  # the window restarted when the job ended
+
+
+def test_autostop_snooze_and_cancel(watched: Home, tmp_path: Path) -> None:
+    home = watched
+    stopped = tmp_path / "stopped"
+    local_config(home, f'autostop_minutes = 0.05\nrelease_remote = ["touch", "{stopped}"]\n')
+    job_id = start_sleeper(home, tmp_path, 60)  # keep it busy while we cancel
+    home.cli("status", check=True)
+    res = home.cli("autostop", "local", "--cancel", check=True)
+    assert "cancelled" in res.stdout
+    config = json.loads((home.state_dir / "watchdog.json").read_text())
+    assert config["cancelled"] is True
+    home.cli("status", check=True)  # reconnecting with the same settings keeps the cancel
+    assert json.loads((home.state_dir / "watchdog.json").read_text())["cancelled"] is True
+    res = home.cli("autostop", "local", "--snooze", "30", check=True)
+    config = json.loads((home.state_dir / "watchdog.json").read_text())
+    assert config["cancelled"] is False and config["snoozed_until"] > time.time() + 29 * 60
+    home.cli("kill", "local", job_id, "--grace", "1", check=True)
