@@ -11,15 +11,17 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from remote_agent import protocol as P
 
 from .core import config as cfg
 from .core import model as M
-from .core.cost import budget_alerts
+from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
 from .core.link import AgentError, LinkClosed
+from .core.records import job_insights, run_record
 from .core.release import ReleaseError, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
@@ -77,24 +79,32 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             "nothing to run: give the command after --, e.g. gputui run local -- python train.py", EXIT_USAGE
         )
-    host_cfg = cfg.load(args.config).host(args.host)
+    config = cfg.load(args.config)
+    host_cfg = config.host(args.host)
     cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
 
     async def body(s: HostSession) -> int:
-        job = await s.start_job(argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus)
+        inventory = tuple(M.GpuSample.from_wire(g) for g in s.snapshot.facts.get("gpus") or ())
+        price = price_per_hour(host_cfg, inventory, config.prices)
+        job = await s.start_job(
+            argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price
+        )
         print(job.id)
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
 
 
-async def cmd_jobs(args: argparse.Namespace) -> int:
-    config = cfg.load(args.config)
-    names = [args.host] if args.host else list(config.hosts)
-    for name in names:
-        config.host(name)
-    fleet = Fleet(config)
-    results = await _gather_hosts(fleet, names, lambda s: s.list_jobs())
+async def _jobs_with_insights(
+    fleet: Fleet, names: list[str], ended_only: bool = False
+) -> tuple[list[M.Job], bool]:
+    """Every job of the named hosts, each with insights from its log tail; (jobs, whether a host failed)."""
+
+    async def collect(s: HostSession) -> list[M.Job]:
+        jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
+        return [replace(j, insights=await job_insights(s, j)) for j in jobs]
+
+    results = await _gather_hosts(fleet, names, collect)
     jobs: list[M.Job] = []
     failed = False
     for name, res in results.items():
@@ -104,10 +114,43 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         else:
             jobs.extend(res)
     await fleet.close()
+    return jobs, failed
+
+
+def _host_names(config: cfg.Config, host: str | None) -> list[str]:
+    if host:
+        config.host(host)
+        return [host]
+    return list(config.hosts)
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    config = cfg.load(args.config)
+    names = _host_names(config, args.host)
+    jobs, failed = await _jobs_with_insights(Fleet(config), names)
     if args.json:
         print(json.dumps([j.to_json() for j in jobs], indent=2))
     else:
         _print_jobs(jobs)
+    return EXIT_UNREACHABLE if failed else EXIT_OK
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    config = cfg.load(args.config)
+    names = _host_names(config, args.host)
+    jobs, failed = await _jobs_with_insights(Fleet(config), names, ended_only=True)
+    records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
+    records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_UNREACHABLE if failed else EXIT_OK
+    print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'TIME':>8} {'COST':>8}  {'METRICS':<32} NAME")
+    for r in records:
+        shown = [f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3]]
+        cost = "-" if r["cost"] is None else f"{r['cost']:.2f}"
+        dur = "-" if r["duration_s"] is None else _dur(r["duration_s"])
+        print(f"{r['host']:<12} {r['id']:>4} {r['state']:<10} {_fmt(r['exit_code']):>4} {dur:>8} {cost:>8}  "
+              f"{' '.join(shown)[:32]:<32} {r['name'][:40]}")  # fmt: skip
     return EXIT_UNREACHABLE if failed else EXIT_OK
 
 
@@ -371,6 +414,13 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("host", nargs="?")
     j.add_argument("--json", action="store_true")
     j.set_defaults(func=cmd_jobs)
+
+    hi = sub.add_parser(
+        "history", help="finished runs with their records: git, GPUs, usage, cost, final metrics"
+    )
+    hi.add_argument("host", nargs="?")
+    hi.add_argument("--json", action="store_true")
+    hi.set_defaults(func=cmd_history)
 
     lg = sub.add_parser("logs", help="print a job's output")
     lg.add_argument("host")

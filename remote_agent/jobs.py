@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .fsutil import ensure_private_dir, read_json, write_json
+from .usage import _parent
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = "running", "succeeded", "failed", "killed", "lost"
 #: A job whose runner has not yet written pid.json is still "starting" for this long.
@@ -54,10 +55,28 @@ def _pid_alive(pid: Optional[int]) -> bool:
         return True
 
 
+def git_info(cwd: str) -> Optional[Dict[str, Any]]:
+    """Commit, branch and dirty flag when ``cwd`` is inside a git work tree (None otherwise)."""
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            res = subprocess.run(["git", "-C", cwd] + list(args), capture_output=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return res.stdout.decode("utf-8", "replace").strip() if res.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "branch": git("rev-parse", "--abbrev-ref", "HEAD"), "dirty": bool(status)}
+
+
 class JobStore:
     """Starts, lists and kills jobs under ``state_dir``; ``launcher`` is the argv prefix that runs this agent."""
 
-    def __init__(self, state_dir: str, launcher: List[str]) -> None:
+    def __init__(self, state_dir: str, launcher: List[str], nvidia_smi: str = "nvidia-smi") -> None:
+        self.nvidia_smi = nvidia_smi
         self.state_dir = ensure_private_dir(state_dir)
         self.jobs_dir = ensure_private_dir(os.path.join(self.state_dir, "jobs"))
         self.launcher = launcher
@@ -108,7 +127,9 @@ class JobStore:
         env: Optional[Dict[str, str]] = None,
         name: Optional[str] = None,
         gpus: Optional[str] = None,
+        extra: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
+        """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show)."""
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise JobError("command must be a non-empty list of strings", "bad_args")
         if any("\x00" in a for a in argv):
@@ -145,7 +166,10 @@ class JobStore:
             "created_at": time.time(),
             "tmux_session": self.session_name(job_id),
             "tmux_socket": self.socket,
+            "git": git_info(cwd),
+            "nvidia_smi": self.nvidia_smi,
         }
+        record.update(extra or {})
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
         res = self._tmux(
@@ -179,6 +203,7 @@ class JobStore:
         path = self.job_dir(job_id)
         record = read_json(os.path.join(path, "job.json")) or {}
         record.pop("env", None)
+        record["usage"] = read_json(os.path.join(path, "usage.json"))
         status = read_json(os.path.join(path, "status.json"))
         pids = read_json(os.path.join(path, "pid.json")) or {}
         killed = os.path.exists(os.path.join(path, "kill.json"))
@@ -223,6 +248,21 @@ class JobStore:
             except JobError:
                 continue  # a half-created dir from a crashed start
         return out
+
+    def owner_lookup(self) -> Callable[[int], Optional[str]]:
+        """pid -> id of the running job whose process tree holds it (walking up the parents), or None."""
+        owners = self.owner_map()
+
+        def owner_of(pid: int) -> Optional[str]:
+            for _ in range(64):
+                if pid in owners:
+                    return owners[pid]
+                pid = _parent(pid)
+                if pid <= 1:
+                    return None
+            return None
+
+        return owner_of
 
     def owner_map(self) -> Dict[int, str]:
         """pid of each running job's main process -> job id."""

@@ -20,6 +20,7 @@ import tty
 from typing import Dict, List, Optional
 
 from .fsutil import write_json
+from .usage import UsageRecorder
 
 READ_SIZE = 65536
 
@@ -70,6 +71,8 @@ def run(job_dir: str) -> int:
     write_json(
         os.path.join(job_dir, "pid.json"), {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time()}
     )
+    usage = UsageRecorder(job_dir, pid, job.get("gpus"), job.get("nvidia_smi") or "nvidia-smi")
+    usage.start()
 
     # Signals aimed at the runner go to the job instead, so the runner survives to write the status.
     def forward(signum: int, _frame: object) -> None:
@@ -146,6 +149,7 @@ def run(job_dir: str) -> int:
         _, status = os.waitpid(pid, 0)
     code, sig = _exit_code(status)
     os.close(log_fd)
+    usage.stopped.set()
     write_json(
         os.path.join(job_dir, "status.json"), {"exit_code": code, "signal": sig, "ended_at": time.time()}
     )

@@ -126,7 +126,7 @@ def _loop(state_dir: str) -> int:
     dog.log("started (pid %d)" % os.getpid())
 
     def sample_fn() -> Any:
-        return sampler.sample(jobs.owner_map().get), jobs.list()
+        return sampler.sample(jobs.owner_lookup()), jobs.list()
 
     try:
         while True:

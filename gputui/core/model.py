@@ -122,6 +122,8 @@ class Job:
     log_size: int = 0
     tmux_session: str | None = None
     insights: JobInsights | None = field(default=None, compare=False)  # progress, metrics, hints from the log
+    # the rest of the host's run record: git, gpu_inventory, price_per_hour, usage (peak memory, mean util)
+    record: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def running(self) -> bool:
@@ -142,10 +144,11 @@ class Job:
             ended_at=d.get("ended_at"),
             log_size=int(d.get("log_size") or 0),
             tmux_session=d.get("tmux_session"),
+            record={k: d.get(k) for k in ("git", "gpu_inventory", "price_per_hour", "usage", "error")},
         )
 
     def to_json(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "insights"}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("insights", "record")}
         d["command"] = list(self.command)
         d["insights"] = self.insights.to_json() if self.insights is not None else None
         return d

@@ -282,8 +282,11 @@ class HostSession:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         gpus: str | None = None,
+        price_per_hour: float | None = None,
     ) -> M.Job:
-        data = await self.request(P.OP_JOBS_START, argv=argv, name=name, cwd=cwd, env=env or {}, gpus=gpus)
+        data = await self.request(
+            P.OP_JOBS_START, argv=argv, name=name, cwd=cwd, env=env or {}, gpus=gpus, price_per_hour=price_per_hour
+        )
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]

@@ -1,0 +1,87 @@
+"""GPU usage of one job, sampled by its runner for the job's whole life (no client needed).
+
+Written to ``usage.json`` in the job dir: peak GPU memory held by the job's process tree, and the mean
+utilisation of the GPUs the job was given (all of them when it was not restricted).
+"""
+
+import os
+import threading
+from typing import Any, Dict, List, Optional
+
+from .fsutil import write_json
+
+EVERY_S = 5.0
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def in_tree(pid: int, root: int) -> bool:
+    for _ in range(64):
+        if pid == root:
+            return True
+        pid = _parent(pid)
+        if pid <= 1:
+            return False
+    return False
+
+
+def visible_indices(spec: Optional[str]) -> Optional[List[str]]:
+    """GPU indices/UUIDs the job may use, or None for all of them."""
+    if not spec or spec == "all":
+        return None
+    return [] if spec == "none" else spec.split(",")
+
+
+class UsageRecorder(threading.Thread):
+    """Samples GPUs every ``every_s`` seconds while the job runs; does nothing on a host without GPUs."""
+
+    def __init__(
+        self, job_dir: str, job_pid: int, gpus: Optional[str], nvidia_smi: str, every_s: float = EVERY_S
+    ):
+        super().__init__(name="usage", daemon=True)
+        self.job_dir, self.job_pid, self.every_s = job_dir, job_pid, every_s
+        self.visible = visible_indices(gpus)
+        self.nvidia_smi = nvidia_smi
+        self.stopped = threading.Event()
+        self.usage = {"samples": 0, "gpu_peak_mem_mib": 0.0, "gpu_mean_util": None}  # type: Dict[str, Any]
+        self._util_sum = 0.0
+        self._util_n = 0
+
+    def _mine(self, gpu: Dict[str, Any]) -> bool:
+        return (
+            self.visible is None or str(gpu.get("index")) in self.visible or gpu.get("uuid") in self.visible
+        )
+
+    def add(self, sample: Dict[str, Any]) -> None:
+        mem = 0.0
+        for gpu in sample.get("gpus") or []:
+            mem += sum(p.get("mem_mib") or 0.0 for p in gpu.get("processes") or [] if p.get("job"))
+            if self._mine(gpu) and gpu.get("util_percent") is not None:
+                self._util_sum += gpu["util_percent"]
+                self._util_n += 1
+        u = self.usage
+        u["samples"] += 1
+        u["gpu_peak_mem_mib"] = max(u["gpu_peak_mem_mib"], mem)
+        u["gpu_mean_util"] = self._util_sum / self._util_n if self._util_n else None
+
+    def run(self) -> None:
+        from .metrics import MetricsSampler
+
+        sampler = MetricsSampler(self.job_dir, nvidia_smi=self.nvidia_smi)
+        try:
+            if sampler.gpu_source is None:
+                return
+            owner = lambda pid: "job" if in_tree(pid, self.job_pid) else None  # noqa: E731
+            while True:
+                self.add(sampler.sample(owner))
+                write_json(os.path.join(self.job_dir, "usage.json"), self.usage)
+                if self.stopped.wait(self.every_s):
+                    return
+        finally:
+            sampler.close()

@@ -1,0 +1,70 @@
+"""Run records and log insights through the real CLI: the MNIST example really trains under gputui."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, AgentProc, Home, kill_tmux
+from test_metrics_smi import H100, fake_smi
+
+from remote_agent.metrics import MetricsSampler
+
+
+def test_mnist_example_trains_under_gputui_and_is_recorded(home: Home, tmp_path: Path) -> None:
+    pytest.importorskip("torchvision")
+    pytest.importorskip("sklearn")
+    data, out = tmp_path / "data", tmp_path / "run"
+    subprocess.run([sys.executable, str(ROOT / "examples" / "mnist_from_digits.py"), str(data)], check=True)
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\nprice_per_hour = 1.8\n')
+    cmd = [sys.executable, "examples/train_mnist.py", "--data-dir", str(data), "--epochs", "3", "--batch-size", "32"]
+    cmd += ["--device", "cpu", "--workers", "0", "--out", str(out)]
+    job_id = home.cli("run", "local", "--name", "mnist", "--cwd", str(ROOT), "--", *cmd, check=True).stdout.strip()
+    follow = home.cli("logs", "-f", "local", job_id, timeout=300)
+    assert follow.returncode == 0, follow.stdout[-2000:]
+    assert "Epoch 3/3" in follow.stdout
+
+    [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
+    ins = job["insights"]
+    assert (ins["epoch"], ins["total_epochs"]) == (3, 3) and ins["progress"] == pytest.approx(1.0)
+    assert ins["metrics"]["test_acc"]["last"] > 0.90 and ins["hints"] == []
+    summary = json.loads((out / "summary.json").read_text())
+    assert ins["metrics"]["test_acc"]["last"] == pytest.approx(summary["test_acc"], abs=1e-4)
+
+    [rec] = json.loads(home.cli("history", "--json", check=True).stdout)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert rec["git"]["commit"] == head.stdout.strip()
+    assert (rec["state"], rec["exit_code"], rec["name"]) == ("succeeded", 0, "mnist")
+    assert rec["duration_s"] > 0 and rec["cost"] == pytest.approx(1.8 * rec["duration_s"] / 3600)
+    assert rec["metrics"]["test_acc"]["best"] >= rec["metrics"]["test_acc"]["last"] > 0.90
+    assert "history" not in home.cli("history", check=True).stderr
+
+
+def test_exit_137_gets_the_oom_killer_hint(home: Home) -> None:
+    code = "import os, signal; print('allocating', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    job_id = home.cli("run", "local", "--", sys.executable, "-c", code, check=True).stdout.strip()
+    assert home.cli("logs", "-f", "local", job_id).returncode == 137
+    [rec] = json.loads(home.cli("history", "--json", check=True).stdout)
+    assert rec["exit_code"] == 137 and any("137" in h["title"] or "OOM" in h["title"] for h in rec["hints"])
+
+
+def test_runner_records_gpu_usage_from_recorded_readings(tmp_path: Path) -> None:
+    smi = fake_smi(tmp_path, H100, "load")
+    expected = MetricsSampler(str(tmp_path), nvidia_smi=smi).sample(lambda pid: None)["gpus"][0]["util_percent"]
+    state = tmp_path / "state"
+    agent = AgentProc(state, "--nvidia-smi", smi)
+    try:
+        rep = agent.call("jobs.start", argv=[sys.executable, "-c", "import time; time.sleep(1)"], gpus="0")
+        job_id = rep["result"]["id"]
+        agent.call("logs.follow", job=job_id, offset=0)
+        agent.wait_event("log_end", job=job_id)
+        [job] = agent.call("jobs.list")["result"]
+        assert job["usage"]["samples"] >= 1 and job["usage"]["gpu_mean_util"] == expected
+        assert job["gpu_inventory"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    finally:
+        agent.close()
+        kill_tmux(state)
