@@ -184,3 +184,25 @@ def test_cost_info_combines_price_ledger_and_idle(tmp_path: Path) -> None:
 def test_bad_money_config(text: str, message: str) -> None:
     with pytest.raises(cfg.ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         cfg.parse(text, Path("c.toml"))
+
+
+def test_release_idle_on_budget_exceeded_picks_only_idle_releasable_hosts() -> None:
+    hosts = {
+        "idle": host(release=("true",)),
+        "busy": host(release=("true",)),
+        "norelease": host(),
+        "gone": host(release=("true",)),
+    }
+    hosts = {k: cfg.HostConfig(name=k, release=v.release) for k, v in hosts.items()}
+    config = cfg.Config(path=None, hosts=hosts, budget=cfg.Budget(daily=10.0, on_exceed="release-idle"))
+    job = M.Job(host="busy", id="1", name="x", state=M.JOB_RUNNING, command=("x",))
+
+    def snap(name: str, idle: bool, released: bool = False, jobs: tuple = ()) -> M.HostSnapshot:
+        return M.HostSnapshot(name=name, jobs=jobs, cost=M.CostInfo(today=4.0, idle=idle, released=released))
+
+    snaps = [snap("idle", True), snap("busy", False, jobs=(job,)), snap("norelease", True), snap("gone", True, True)]
+    alerts = cost.fleet_alerts(snaps, config)
+    assert [(a.period, a.level, a.spent) for a in alerts] == [("daily", "exceeded", 16.0)]
+    assert cost.idle_release_candidates(snaps, config, alerts) == ["idle"]
+    warn_only = cfg.Config(path=None, hosts=hosts, budget=cfg.Budget(daily=10.0))
+    assert cost.idle_release_candidates(snaps, warn_only, alerts) == []

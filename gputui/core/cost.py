@@ -266,3 +266,25 @@ def budget_alerts(budget: Budget, today: float, month: float, currency: str) -> 
         elif spent >= budget.warn_fraction * limit:
             alerts.append(BudgetAlert(period, "warn", spent, limit, currency))
     return alerts
+
+
+def fleet_alerts(snaps: list[M.HostSnapshot], config: Config) -> list[BudgetAlert]:
+    """Budget alerts over the whole fleet's spend today and this month."""
+    today = sum(s.cost.today for s in snaps if s.cost)
+    month = sum(s.cost.month for s in snaps if s.cost)
+    return budget_alerts(config.budget, today, month, config.currency)
+
+
+def idle_release_candidates(snaps: list[M.HostSnapshot], config: Config, alerts: list[BudgetAlert]) -> list[str]:
+    """Hosts to release because a budget is exceeded and ``on_exceed = "release-idle"``: idle ones only,
+    with a release command, nothing running, not released yet."""
+    if config.budget.on_exceed != "release-idle" or not any(a.level == "exceeded" for a in alerts):
+        return []
+    out = []
+    for s in snaps:
+        host = config.hosts.get(s.name)
+        if host is None or s.cost is None or not s.cost.idle or s.cost.released:
+            continue
+        if (host.release or host.release_remote) and not any(j.running for j in s.jobs):
+            out.append(s.name)
+    return out
