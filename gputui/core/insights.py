@@ -40,6 +40,7 @@ MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
 MAX_HINT_LINE = 300  # chars of the triggering log line kept in a Hint
 MAX_BARS = 4  # progress bars (by total) remembered at once
+BURST_S = 0.2  # progress changes closer together than this (a log replay) do not start the ETA clock
 
 LOW_UTIL_PCT = 30.0
 LOW_UTIL_MIN_SAMPLES = 10
@@ -665,10 +666,11 @@ _BAR_STATE = (
 
 
 class LogInsights:
-    """Incremental parser of one job's log. ``feed`` raw bytes, read ``snapshot()``.
+    """Incremental parser of one job's log: ``feed()`` raw bytes, read ``snapshot()``; call
+    ``flush()`` when the output has ended so an unterminated last line is read too.
 
-    ``clock`` (seconds, monotonic) is read once per ``feed`` call and only serves the ETA fallback
-    from elapsed progress rate; inject a fake one for deterministic tests.
+    ``clock`` (seconds, monotonic) is read at most once per ``feed`` call and only serves the ETA
+    fallback from the elapsed progress rate; inject a fake one for deterministic tests.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -1010,11 +1012,18 @@ class LogInsights:
         return (idx + frac) / n_ep, eta
 
     def _track_rate(self) -> None:
+        """Remember when progress changed, for the ETA from elapsed rate.
+
+        The anchor (first point) follows progress while it moves in a burst (a replayed log arrives
+        all at once), so only progress made in real time counts towards the rate.
+        """
         progress, _ = self._progress()
-        if progress is None:
+        last = self._last_point
+        if progress is None or (last is not None and progress == last[1]):
             return
         now = self._clock()
-        if self._first_point is None or progress < self._first_point[1]:
+        first = self._first_point
+        if first is None or progress < first[1] or (first == last and now - first[0] < BURST_S):
             self._first_point = (now, progress)
         self._last_point = (now, progress)
 

@@ -23,6 +23,8 @@ async def job_insights(session: HostSession, job: Job) -> JobInsights:
         offset += len(data)
         if not data or offset >= size:
             break
+    if job.state != JOB_RUNNING:
+        parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()
     exit_hint = hint_for_exit(job.exit_code) if job.state != JOB_RUNNING else None
     if exit_hint is not None and all(h.code != exit_hint.code for h in snap.hints):

@@ -1,0 +1,636 @@
+"""LogInsights on real log excerpts (tests/fixtures/logs, see SOURCES.md) and on edge cases."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import tracemalloc
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gputui.core.insights import (
+    LOSS_HISTORY,
+    MAX_LINE,
+    MAX_METRICS,
+    Hint,
+    JobInsights,
+    LogInsights,
+    hint_for_exit,
+    hints_from_metrics,
+)
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+HINT_FIXTURES = {
+    "cuda_oom_torch2.log": "cuda_oom",
+    "cuda_oom_exception.log": "cuda_oom",
+    "cuda_oom_legacy.log": "cuda_oom",
+    "no_kernel_image.log": "no_kernel_image",
+    "sm120_unsupported.log": "no_kernel_image",
+    "driver_too_old.log": "cuda_driver_too_old",
+    "driver_insufficient.log": "cuda_driver_too_old",
+    "cuda_init_warning.log": "cuda_unavailable",
+    "nccl_error.log": "nccl_error",
+    "dataloader_bus_error.log": "dataloader_worker",
+    "dataloader_shm_mmf.log": "dataloader_worker",
+    "no_space.log": "disk_full",
+    "killed_tqdm.log": "host_oom",
+    "killed_plain.log": "host_oom",
+}
+CLEAN_FIXTURES = [
+    "nccl_info_clean.log",
+    "hf_trainer_tf.log",
+    "hf_trainer_eval.log",
+    "hf_eval_metrics.log",
+    "paddlenlp_tqdm_mixed.log",
+    "lightning_progress.log",
+    "lightning_colab.log",
+    "detectron2_events.log",
+    "graphstorm_epochs.log",
+    "keras_fit.log",
+    "mmengine_epochs.log",
+    "mmdet_epochs.log",
+]
+MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
+
+
+def parse(data: bytes, chunk: int | None = None) -> JobInsights:
+    ins = LogInsights(clock=lambda: 0.0)
+    if chunk is None:
+        ins.feed(data)
+    else:
+        for i in range(0, len(data), chunk):
+            ins.feed(data[i : i + chunk])
+    return ins.snapshot()
+
+
+def read(name: str) -> bytes:
+    return (LOGS / name).read_bytes()
+
+
+def codes(snap: JobInsights) -> list[str]:
+    return [h.code for h in snap.hints]
+
+
+# ---- hints on real excerpts ------------------------------------------------------------------
+
+
+def test_every_fixture_is_listed_in_sources() -> None:
+    sources = (LOGS / "SOURCES.md").read_text()
+    names = {p.name for p in LOGS.glob("*.log")}
+    assert names == set(HINT_FIXTURES) | set(CLEAN_FIXTURES)
+    for name in names:
+        assert f"`{name}`" in sources
+
+
+@pytest.mark.parametrize(("name", "code"), sorted(HINT_FIXTURES.items()))
+def test_hint_fires_on_real_excerpt(name: str, code: str) -> None:
+    snap = parse(read(name))
+    assert codes(snap) == [code]
+    hint = snap.hints[0]
+    assert hint.title and len(hint.title) < 60
+    assert 40 < len(hint.fix) < 420
+    assert hint.line and len(hint.line) <= 300
+    assert hint.line in read(name).decode() or hint.line.endswith("…")
+
+
+@pytest.mark.parametrize("name", CLEAN_FIXTURES)
+def test_no_hint_on_clean_training_output(name: str) -> None:
+    assert parse(read(name)).hints == ()
+
+
+def test_no_hint_on_mnist_example_run() -> None:
+    assert parse(mnist_run()).hints == ()
+
+
+def test_hint_fixes_are_specific() -> None:
+    fixes = {h.code: h.fix for name in HINT_FIXTURES for h in parse(read(name)).hints}
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in fixes["cuda_oom"]
+    assert "batch size" in fixes["cuda_oom"] and "bf16" in fixes["cuda_oom"]
+    assert "NCCL_DEBUG=INFO" in fixes["nccl_error"] and "NCCL_SOCKET_IFNAME" in fixes["nccl_error"]
+    assert "--shm-size" in fixes["dataloader_worker"] and "num_workers" in fixes["dataloader_worker"]
+    assert "get_arch_list" in fixes["no_kernel_image"]
+    assert "dmesg" in fixes["host_oom"]
+
+
+def test_oom_hint_names_the_allocation() -> None:
+    hint = parse(read("cuda_oom_torch2.log")).hints[0]
+    assert "30.29 GiB" in hint.fix
+
+
+def test_arch_hint_names_the_gpu_arch() -> None:
+    hint = parse(read("sm120_unsupported.log")).hints[0]
+    assert "sm_120" in hint.fix
+    assert "sm_120" in hint.line
+
+
+def test_dataloader_hint_tells_shm_from_ram() -> None:
+    shm = parse(read("dataloader_bus_error.log")).hints[0]
+    assert "shared memory" in shm.title
+    ram = parse(b"RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.\n").hints[0]
+    assert ram.code == "dataloader_worker" and "RAM" in ram.fix
+
+
+def test_hints_are_deduplicated_by_code() -> None:
+    data = read("cuda_oom_legacy.log") * 3 + read("cuda_oom_exception.log")
+    snap = parse(data)
+    assert codes(snap) == ["cuda_oom"]
+    assert "1006.00 MiB" in snap.hints[0].line  # the first occurrence is kept
+
+
+def test_hints_from_several_failures_keep_their_order() -> None:
+    snap = parse(read("no_space.log") + read("killed_plain.log"))
+    assert codes(snap) == ["disk_full", "host_oom"]
+
+
+# ---- progress --------------------------------------------------------------------------------
+
+
+def test_tqdm_carriage_return_redraws_latest_state_wins() -> None:
+    lines = read("lightning_progress.log").splitlines()
+    snap = parse(b"".join(b"\r" + line for line in lines))  # tqdm writes "\r<bar>"
+    assert snap.step == 5 and snap.total_steps == 18
+    assert snap.progress == pytest.approx(5 / 18)
+    assert snap.eta_s == 53.0
+    assert snap.rate == "4.14s/it"
+    assert snap.epoch == 0
+    # the newest redraw has no line end yet: it counts for progress, last_line is the previous one
+    assert snap.last_line == lines[-2].decode().strip()
+    assert snap.metrics["loss"]["last"] == 9.926
+
+
+def test_unfinished_redraw_counts_only_when_complete() -> None:
+    done = " 40%|████      | 400/1000 [00:10<00:15, 40.0it/s]\r".encode()
+    cut = " 45%|████▌     | 450/1000 [00:12<00:1".encode()
+    assert parse(done + cut).progress == 0.4  # the cut redraw is not read yet
+    assert parse(done + cut + b"5, 36.1it/s]").progress == 0.45
+
+
+def test_tqdm_postfix_loss_counts_each_new_value_once() -> None:
+    snap = parse(read("lightning_progress.log"))
+    assert snap.metrics["loss"] == {"last": 9.847, "best": 9.847, "count": 5}
+    assert snap.loss_history == (10.473, 10.224, 10.047, 9.926, 9.847)
+    assert "v_num" not in snap.metrics
+
+
+def test_tqdm_without_description_and_rates() -> None:
+    bar = " 45%|████▌     | 450/1000 [00:12<00:15, 36.1it/s]".encode()
+    for data in (bar, b"\r" + bar, bar + b"\r", bar + b"\n"):
+        snap = parse(data)
+        assert (snap.progress, snap.eta_s, snap.rate) == (0.45, 15.0, "36.1it/s")
+        assert (snap.step, snap.total_steps) == (450, 1000)
+
+
+def test_tqdm_unknown_total() -> None:
+    snap = parse(b"Training: 0it [00:00, ?it/s]\r123it [00:05, 24.1it/s]\n")
+    assert snap.progress is None and snap.eta_s is None
+    assert snap.step == 123 and snap.total_steps is None
+    assert snap.rate == "24.1it/s"
+
+
+def test_tqdm_colab_style_without_bar_glyphs() -> None:
+    snap = parse(read("lightning_colab.log"))
+    assert snap.progress == pytest.approx(1658 / 1702)
+    assert snap.eta_s == 20.0
+    assert snap.metrics["train_loss"]["last"] == 0.149
+
+
+def test_bar_followed_by_a_glued_log_line() -> None:
+    snap = parse(read("paddlenlp_tqdm_mixed.log"))
+    assert (snap.step, snap.total_steps) == (200, 600)
+    assert snap.progress == pytest.approx(1 / 3)
+    assert snap.eta_s == 118.0
+
+
+def test_text_glued_after_a_bar_is_read() -> None:
+    log = " 100%|██████████| 10/10 [00:01<00:00,  9.0it/s]Epoch 1/5 train_loss=0.3000 test_acc=0.9\n"
+    snap = parse(log.encode())
+    assert snap.metrics["train_loss"]["last"] == 0.3 and snap.metrics["test_acc"]["last"] == 0.9
+    assert (snap.epoch, snap.total_epochs) == (1, 5)
+    assert snap.progress == pytest.approx(0.2)
+
+
+def test_eval_bar_does_not_take_over_the_training_bar() -> None:
+    log = (
+        " 33%|███▎      | 500/1500 [01:00<02:00,  8.3it/s]\r"
+        "\n 20%|██        | 10/50 [00:01<00:04,  9.9it/s]\r"
+        "Validation DataLoader 0: 100%|██████████| 50/50 [00:05<00:00,  9.5it/s]\n"
+    )
+    snap = parse(log.encode())
+    assert snap.progress == pytest.approx(1 / 3)
+    assert snap.rate == "8.3it/s"
+
+
+def test_download_bars_are_ignored() -> None:
+    snap = parse(b"Downloading model.safetensors:  10%|#         | 52.4M/524M [00:02<00:18, 26.2MB/s]\n")
+    assert snap.progress is None
+
+
+def test_epoch_i_of_n_and_ansi() -> None:
+    snap = parse(b"\x1b[32mepoch 3 of 10\x1b[0m\n")
+    assert (snap.epoch, snap.total_epochs) == (3, 10)
+    assert snap.progress == pytest.approx(0.2)  # epoch 3 has just started
+    assert snap.last_line == "epoch 3 of 10"
+
+
+def test_mnist_example_line() -> None:
+    snap = parse(MNIST_LINE)
+    assert (snap.epoch, snap.total_epochs) == (2, 5)
+    assert snap.progress == pytest.approx(0.4)  # the line summarises a finished epoch
+    assert snap.eta_s == pytest.approx(3 * 12.3)  # from the per-epoch time
+    m = snap.metrics
+    assert m["train_loss"]["last"] == 0.1234
+    assert m["test_loss"]["last"] == 0.0567
+    assert m["test_acc"]["last"] == 0.9812
+    assert m["lr"]["last"] == 0.001
+    assert m["time"]["last"] == 12.3
+    assert snap.loss_history == (0.1234,)
+
+
+def mnist_run() -> bytes:
+    """What examples/train_mnist.py prints: header, a tqdm bar per epoch (leave=False), summary."""
+    out = [
+        b"gputui MNIST example: torch 2.4.1, torchvision 0.19.1\n",
+        b"Device: cuda (NVIDIA H100 80GB HBM3) amp=fp16\n",
+        b"Data: 60000 train / 10000 test images from data; epochs=5 batch_size=128 lr=0.001 out=runs/m\n",
+    ]
+    for epoch in (1, 2):
+        for n in (0, 117, 235, 469):
+            pct = n * 100 // 469
+            bar = "█" * (pct // 10) + " " * (10 - pct // 10)
+            post = f", loss={0.5 / epoch - n / 10000:.4f}" if n else ""
+            rate = "?batch/s" if n == 0 else "60.1batch/s"
+            out.append(
+                f"\rEpoch {epoch}/5: {pct:3d}%|{bar}| {n}/469 [00:{n // 60:02d}<00:{(469 - n) // 60:02d}, {rate}{post}]".encode()
+            )
+        out.append(b"\r\x1b[K")
+        out.append(
+            f"Epoch {epoch}/5 train_loss={0.3 / epoch:.4f} test_loss={0.1 / epoch:.4f} "
+            f"test_acc={0.95 + epoch / 100:.4f} lr=0.001 time=8.0s\n".encode()
+        )
+    return b"".join(out)
+
+
+def test_mnist_example_run_overall_progress() -> None:
+    data = mnist_run()
+    cut = data.index(b"\rEpoch 2/5: 100%")
+    mid = parse(data[:cut])  # the 235/469 redraw is the newest, still without a line end
+    assert mid.epoch == 2 and mid.total_epochs == 5
+    assert mid.progress == pytest.approx((1 + 235 / 469) / 5)  # (epoch-1 + inner fraction) / N
+    assert mid.eta_s == pytest.approx(3 + 3 * (3 + 3))  # rest of this epoch + 3 epochs of 3+3 s
+    end = parse(data)
+    assert end.progress == pytest.approx(2 / 5)
+    assert end.eta_s == pytest.approx(3 * 8.0)
+    assert end.metrics["test_acc"] == {"last": 0.97, "best": 0.97, "count": 2}
+    assert end.metrics["train_loss"]["best"] == 0.15
+
+
+def test_mnist_fallback_ascii_bar() -> None:
+    snap = parse(b"\rEpoch 2/5 [#########.....................]  30% loss=0.1234\r")
+    assert (snap.epoch, snap.total_epochs) == (2, 5)
+    assert snap.progress == pytest.approx((1 + 0.3) / 5)
+    assert snap.metrics["loss"]["last"] == 0.1234
+
+
+def test_inner_count_next_to_epoch() -> None:
+    snap = parse(read("no_space.log"))
+    assert (snap.epoch, snap.total_epochs) == (55, 167)
+    assert snap.progress == pytest.approx((54 + 996 / 1926) / 167)
+    assert snap.metrics["loss"] == {"last": 0.2907, "best": 0.2836, "count": 5}
+
+
+def test_keras_fit_lines() -> None:
+    snap = parse(read("keras_fit.log"))
+    assert (snap.epoch, snap.total_epochs) == (3, 10)
+    assert snap.progress == pytest.approx(0.3)  # epoch 3's bar is complete
+    assert snap.metrics["loss"] == {"last": 0.5045, "best": 0.5045, "count": 3}
+    assert snap.metrics["val_top_k_categorical_accuracy"]["best"] == 1.0
+    assert snap.loss_history == (0.6284, 0.5469, 0.5045)
+
+
+def test_keras_bar_in_progress() -> None:
+    snap = parse(
+        b"Epoch 2/5\n 61/82 [=====================>........] - ETA: 37s - loss: 0.6016 - accuracy: 0.9260\r"
+    )
+    assert snap.progress == pytest.approx((1 + 61 / 82) / 5)
+    assert snap.eta_s == 37.0
+    assert snap.metrics["accuracy"]["last"] == 0.926
+
+
+def test_mmengine_and_mmdet_lines() -> None:
+    snap = parse(read("mmengine_epochs.log"))
+    assert snap.epoch == 1 and (snap.step, snap.total_steps) == (30, 90)
+    assert snap.progress == pytest.approx(30 / 90)
+    assert snap.eta_s == 9.0
+    assert snap.metrics["loss"]["best"] == -6.0185
+    snap = parse(read("mmdet_epochs.log"))
+    assert snap.eta_s == 86400 + 16 * 3600 + 52 * 60 + 19  # "eta: 1 day, 16:52:19"
+    assert snap.metrics["s0.acc"] == {"last": 80.6641, "best": 92.1875, "count": 2}
+    assert snap.loss_history == (3.013, 2.8716)  # the total "loss", not loss_rpn_cls
+    assert "memory" not in snap.metrics
+
+
+def test_classic_epoch_step_loss_line() -> None:
+    snap = parse(b"Epoch [2/10], Step [100/600], Loss: 0.2345\n")
+    assert (snap.epoch, snap.total_epochs) == (2, 10)
+    assert (snap.step, snap.total_steps) == (100, 600)
+    assert snap.progress == pytest.approx((1 + 100 / 600) / 10)
+    assert snap.metrics["loss"]["last"] == 0.2345
+
+
+def test_flush_reads_the_unfinished_last_line() -> None:
+    ins = LogInsights(clock=lambda: 0.0)
+    ins.feed(b"Epoch 0/1\nKilled")
+    assert ins.snapshot().hints == ()
+    ins.flush()
+    assert codes(ins.snapshot()) == ["host_oom"]
+    assert ins.snapshot().last_line == "Killed"
+
+
+def test_log_eta_without_progress() -> None:
+    snap = parse(read("detectron2_events.log"))
+    assert snap.progress is None
+    assert snap.eta_s == 19 * 3600 + 46 * 60 + 57
+    assert snap.metrics["total_loss"] == {"last": 9.924, "best": 9.924, "count": 2}
+    assert "max_mem" not in snap.metrics
+    assert snap.loss_history == (10.31, 9.924)
+
+
+def test_eta_from_elapsed_rate() -> None:
+    now = [0.0]
+    ins = LogInsights(clock=lambda: now[0])
+    ins.feed(b"Epoch 1/4 loss=1.0\n")
+    now[0] = 10.0
+    ins.feed(b"Epoch 2/4 loss=0.8\n")
+    snap = ins.snapshot()
+    assert snap.progress == 0.5
+    assert snap.eta_s == pytest.approx(20.0)  # 0.25 per 10 s, 0.5 left
+
+
+def test_eta_rate_ignores_a_replayed_log() -> None:
+    now = [100.0]
+    ins = LogInsights(clock=lambda: now[0])
+    for epoch in (1, 2):  # catching up on an existing log: lines arrive in one burst
+        ins.feed(f"Epoch {epoch}/4 loss=0.5\n".encode())
+        now[0] += 0.01
+    now[0] = 130.0
+    ins.feed(b"Epoch 3/4 loss=0.4\n")
+    assert ins.snapshot().eta_s == pytest.approx(30.0, abs=0.1)  # one epoch took 30 s in real time
+
+
+# ---- HF Trainer dicts, JSON lines, metrics -----------------------------------------------------
+
+
+def test_hf_trainer_dict_lines() -> None:
+    snap = parse(read("hf_trainer_tf.log"))
+    assert snap.total_epochs == 3
+    assert (snap.step, snap.total_steps) == (100, 564)
+    assert snap.progress == pytest.approx(100 / 564)
+    assert snap.epoch == 1  # 'epoch': 0.537 is inside the first epoch
+    assert snap.metrics["loss"] == {"last": 6.226298, "best": 6.226298, "count": 10}
+    assert snap.metrics["learning_rate"]["last"] == 4.113475e-05
+    assert len(snap.loss_history) == 10 and snap.loss_history[0] == 18.6387
+
+
+def test_hf_eval_dicts_stay_out_of_the_loss_sparkline() -> None:
+    snap = parse(read("hf_trainer_eval.log"))
+    assert snap.loss_history == (2.3911, 2.2272)
+    assert snap.metrics["eval_loss"] == {"last": 2.098778247833252, "best": 2.098778247833252, "count": 2}
+    eval_only = parse(read("hf_eval_metrics.log"))
+    assert eval_only.loss_history == ()
+    assert eval_only.metrics["mrpc_en_eval_accuracy"]["count"] == 2
+    assert "mrpc_en_eval_f1" in eval_only.metrics
+
+
+def test_hf_eval_accuracy_best_is_max() -> None:
+    lines = [
+        "{'eval_loss': 0.52, 'eval_accuracy': 0.81, 'eval_runtime': 3.1, 'epoch': 1.0}",
+        "{'eval_loss': 0.41, 'eval_accuracy': 0.88, 'eval_runtime': 3.0, 'epoch': 2.0}",
+        "{'eval_loss': 0.45, 'eval_accuracy': 0.86, 'eval_runtime': 3.2, 'epoch': 3.0}",
+    ]
+    snap = parse("\n".join(lines).encode() + b"\n")
+    assert snap.metrics["eval_accuracy"] == {"last": 0.86, "best": 0.88, "count": 3}
+    assert snap.metrics["eval_loss"] == {"last": 0.45, "best": 0.41, "count": 3}
+    assert snap.epoch == 3
+
+
+def test_json_lines() -> None:
+    data = b'{"epoch": 1, "num_epochs": 4, "loss": 0.9, "val_acc": 0.7}\n{"epoch": 2, "loss": 0.3, "val_acc": 0.91}\n'
+    snap = parse(data)
+    assert (snap.epoch, snap.total_epochs) == (2, 4)
+    assert snap.progress == 0.5
+    assert snap.metrics["loss"] == {"last": 0.3, "best": 0.3, "count": 2}
+    assert snap.metrics["val_acc"] == {"last": 0.91, "best": 0.91, "count": 2}
+
+
+def test_metric_best_and_last() -> None:
+    log = b"loss: 0.5\nloss=0.3\nLoss 0.4\nacc: 97.5%\nacc: 98.1%\nacc: 96.0%\nval_loss=0.2\n"
+    m = parse(log).metrics
+    assert m["loss"] == {"last": 0.4, "best": 0.3, "count": 3}
+    assert m["acc"] == {"last": 96.0, "best": 98.1, "count": 3}
+    assert m["val_loss"]["count"] == 1
+
+
+def test_config_prints_are_not_metrics() -> None:
+    snap = parse(read("cuda_init_warning.log"))
+    assert "batch_size" not in snap.metrics and "lr_warmup_steps" not in snap.metrics
+    assert snap.total_epochs == 10
+
+
+def test_nan_loss_hint_and_json() -> None:
+    snap = parse(b"step 10/100 loss=0.7\nstep 20/100 loss=nan\n")
+    assert codes(snap) == ["loss_nan"]
+    doc = json.loads(json.dumps(snap.to_json()))
+    assert doc["loss_history"] == [0.7, None]
+    assert doc["metrics"]["loss"]["best"] == 0.7
+    assert doc["progress"] == 0.2
+
+
+def test_bounded_metrics_and_history() -> None:
+    many = "".join(f"m{i}_loss={i}\n" for i in range(MAX_METRICS + 10)).encode()
+    assert len(parse(many).metrics) == MAX_METRICS
+    losses = "".join(f"loss={i}\n" for i in range(LOSS_HISTORY * 3)).encode()
+    snap = parse(losses)
+    assert len(snap.loss_history) == LOSS_HISTORY
+    assert snap.loss_history[-1] == LOSS_HISTORY * 3 - 1
+    assert snap.metrics["loss"]["count"] == LOSS_HISTORY * 3
+
+
+def test_snapshot_is_frozen_and_json_able() -> None:
+    snap = parse(read("lightning_progress.log") + read("nccl_error.log"))
+    with pytest.raises(AttributeError):
+        snap.progress = 1.0  # type: ignore[misc]
+    doc = json.loads(json.dumps(snap.to_json()))
+    assert doc["hints"][0]["code"] == "nccl_error"
+    assert doc["step"] == 5 and doc["rate"] == "4.14s/it"
+    assert isinstance(snap.hints[0], Hint)
+
+
+def test_snapshot_is_cached_until_the_next_feed() -> None:
+    ins = LogInsights(clock=lambda: 0.0)
+    ins.feed(MNIST_LINE)
+    first = ins.snapshot()
+    assert ins.snapshot() is first
+    ins.feed(b"partial line without end")
+    second = ins.snapshot()
+    assert second == first and ins.snapshot() is second
+    ins.feed(b"\n")
+    assert ins.snapshot().last_line == "partial line without end"
+
+
+# ---- chunking, encoding, bounds ----------------------------------------------------------------
+
+
+def all_fixtures() -> bytes:
+    return b"".join(read(p.name) for p in sorted(LOGS.glob("*.log"))) + mnist_run()
+
+
+@pytest.mark.parametrize("name", sorted(HINT_FIXTURES) + CLEAN_FIXTURES)
+def test_byte_by_byte_equals_one_shot(name: str) -> None:
+    data = read(name).replace(b"\n", b"\r\n") if name.startswith("lightning") else read(name)
+    assert parse(data, chunk=1).to_json() == parse(data).to_json()
+
+
+def test_random_chunking_equals_one_shot() -> None:
+    data = all_fixtures()
+    whole = parse(data).to_json()
+    rnd = random.Random(7)
+    for _ in range(5):
+        ins = LogInsights(clock=lambda: 0.0)
+        i = 0
+        while i < len(data):
+            n = rnd.randint(1, 300)
+            ins.feed(data[i : i + n])
+            i += n
+        assert ins.snapshot().to_json() == whole
+
+
+def test_utf8_split_across_chunks_and_invalid_bytes() -> None:
+    bar = " 45%|████▌     | 450/1000 [00:12<00:15, 36.1it/s]\n".encode()
+    cut = bar.index("█".encode()) + 1  # inside the 3-byte sequence
+    ins = LogInsights(clock=lambda: 0.0)
+    ins.feed(b"\xff\xfe\x80 garbage \xc3(\n")
+    ins.feed(bar[:cut])
+    ins.feed(bar[cut:])
+    ins.feed(b"\xf0\x9f loss=0.25 \xe2\x82\n")
+    snap = ins.snapshot()
+    assert snap.progress == 0.45
+    assert snap.metrics["loss"]["last"] == 0.25
+    assert "\ufffd" in snap.last_line
+    json.dumps(snap.to_json())
+
+
+def test_ten_megabyte_line_is_bounded_and_fast() -> None:
+    junk = b"0123456789 loss=1 [00:01<00:02, " * (10 * 1024 * 1024 // 32)
+    tail = " 50%|█████     | 5/10 [00:01<00:01,  5.0it/s]\n".encode()
+    for chunk in (None, 64 * 1024):
+        tracemalloc.start()
+        ins = LogInsights(clock=lambda: 0.0)
+        t0 = time.perf_counter()
+        if chunk is None:
+            ins.feed(junk)
+        else:
+            for i in range(0, len(junk), chunk):
+                ins.feed(junk[i : i + chunk])
+        kept, _peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert len(ins._partial) <= 2 * MAX_LINE
+        assert kept < 256 * 1024  # only a bounded tail of the unfinished line stays
+        ins.feed(tail)
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 5.0
+        snap = ins.snapshot()
+        assert len(snap.last_line) <= MAX_LINE
+        assert snap.progress == 0.5  # the bar glued to the huge line's tail is still read
+
+
+def test_many_short_lines_do_not_blow_up() -> None:
+    data = b"x\r" * 200_000 + MNIST_LINE
+    t0 = time.perf_counter()
+    snap = parse(data, chunk=65536)
+    assert time.perf_counter() - t0 < 5.0
+    assert snap.epoch == 2
+
+
+# ---- hints from telemetry and exit codes -------------------------------------------------------
+
+
+def test_low_gpu_util_hint() -> None:
+    low = [5.0, 12.0, 8.0, 20.0] * 5
+    (hint,) = hints_from_metrics(True, low, [])
+    assert hint.code == "low_gpu_util" and "num_workers" in hint.fix and "pin_memory" in hint.fix
+    assert hints_from_metrics(False, low, []) == []  # job not running
+    assert hints_from_metrics(True, low[:5], []) == []  # too few samples
+    assert hints_from_metrics(True, [95.0] * 20 + [0.0] * 5, []) == []  # median is high
+
+
+def test_throttle_hints() -> None:
+    gpus = [
+        {"index": 0, "name": "NVIDIA H100", "temp_c": 88.0, "throttle_reasons": []},
+        {"index": 1, "name": "NVIDIA H100", "temp_c": 60.0, "throttle_reasons": ["sw_power_cap"]},
+        {"index": 2, "name": "NVIDIA H100", "temp_c": 70.0, "throttle_reasons": ["hw_slowdown"]},
+    ]
+    hints = {h.code: h for h in hints_from_metrics(True, [], gpus)}
+    assert set(hints) == {"gpu_thermal_throttle", "gpu_power_cap"}
+    assert "GPU 0" in hints["gpu_thermal_throttle"].line and "GPU 2" in hints["gpu_thermal_throttle"].line
+    assert "GPU 1" in hints["gpu_power_cap"].line
+    cool = [{"index": 0, "temp_c": 60.0, "throttle_reasons": ["gpu_idle"]}]
+    assert hints_from_metrics(True, [], cool) == []
+
+
+def test_oom_names_other_processes_holding_memory() -> None:
+    gpus = [
+        {
+            "index": 0,
+            "name": "NVIDIA A100",
+            "processes": [
+                {"pid": 4242, "mem_mib": 30720.0, "job": None, "name": "python3"},
+                {"pid": 5151, "mem_mib": 2048.0, "job": "j-other", "name": "python"},
+                {"pid": 6161, "mem_mib": 9000.0, "job": "j-me", "name": "python"},
+            ],
+        }
+    ]
+    (hint,) = hints_from_metrics(True, [], gpus, job="j-me", oom=True)
+    assert hint.code == "gpu_memory_others"
+    assert "pid 4242" in hint.fix and "pid 5151" in hint.fix and "job j-other" in hint.fix
+    assert "6161" not in hint.fix
+    assert hints_from_metrics(True, [], gpus, job="j-me") == []  # only after an OOM
+
+
+def test_metrics_hints_accept_sample_objects() -> None:
+    gpu = SimpleNamespace(index=3, name="L4", temp_c=90.0, processes=(), extra={"throttle_reasons": []})
+    assert [h.code for h in hints_from_metrics(True, [], [gpu])] == ["gpu_thermal_throttle"]
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (137, "exit_sigkill"),
+        (-9, "exit_sigkill"),
+        (139, "exit_segfault"),
+        (134, "exit_abort"),
+        (0, None),
+        (1, None),
+    ],
+)
+def test_hint_for_exit(code: int, expected: str | None) -> None:
+    hint = hint_for_exit(code)
+    assert (hint.code if hint else None) == expected
+    if hint:
+        assert str(code) in hint.line and hint.fix
+
+
+def test_hint_for_exit_none() -> None:
+    assert hint_for_exit(None) is None
+
+
+def test_hint_line_is_capped() -> None:
+    snap = parse(b"RuntimeError: CUDA out of memory. " + b"x" * 3000 + b"\n")
+    assert len(snap.hints[0].line) == 300 and snap.hints[0].line.endswith("…")
+    # a longer line keeps its tail only (MAX_LINE bytes), before any regex sees it
+    snap = parse(b"y" * 10_000 + b" RuntimeError: CUDA out of memory.\n")
+    assert codes(snap) == ["cuda_oom"]
+    assert len(snap.last_line) == MAX_LINE
