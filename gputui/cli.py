@@ -17,6 +17,7 @@ from typing import Any
 from remote_agent import protocol as P
 
 from .core import config as cfg
+from .core import doctor as D
 from .core import model as M
 from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
@@ -319,6 +320,28 @@ async def cmd_autostop(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
+async def cmd_doctor(args: argparse.Namespace) -> int:
+    if not 0 < args.timeout <= 600:
+        raise CliError("--timeout must be between 0 and 600 seconds", EXIT_USAGE)
+    config = cfg.load(args.config)
+    names = _host_names(config, args.host)
+    fleet = Fleet(config)
+    results = await _gather_hosts(fleet, names, lambda s: D.run_doctor(s, args.python, args.timeout))
+    await fleet.close()
+    reports = [
+        D.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
+        for name, res in results.items()
+    ]
+    if args.json:
+        print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
+    else:
+        print("\n\n".join(D.format_report(r) for r in reports))
+    for r in reports:
+        if r.error is not None:
+            print(f"gputui: {r.host}: {r.error}", file=sys.stderr)
+    return D.exit_code(reports, unreachable=EXIT_UNREACHABLE, failed=EXIT_FAIL)
+
+
 def _dur(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -393,6 +416,41 @@ def _print_status(snaps: list[M.HostSnapshot]) -> None:
             print(f"  cost  {price}, accrued {c.accrued:.2f}; {idle}")
 
 
+async def cmd_trust(args: argparse.Namespace) -> int:
+    """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
+    from .core import known_hosts as kh
+    from .core.ssh_transport import SSHTransport, fetch_host_key
+
+    config = cfg.load(args.config)
+    host = config.host(args.host)
+    if host.transport == "local":
+        raise CliError(f"{args.host} is this machine (transport = local): there is no host key", EXIT_USAGE)
+    target, key = await fetch_host_key(SSHTransport(host, ssh_config=config.ssh_config))
+    print(f"{args.host} ({target.pattern}) presents {kh.describe(key)}")
+    for path in target.known_hosts:
+        known = kh.trusted_keys([path], target.key_name, "", target.port)
+        if key in known:
+            print(f"already trusted in {path}")
+            return EXIT_OK
+        if known:
+            raise HostError(
+                f"{path} trusts a different key for {target.pattern} "
+                f"({', '.join(kh.describe(k) for k in known)}): the host key CHANGED. If that is expected "
+                f"(host reinstalled), remove the old one first: ssh-keygen -R '{target.pattern}' -f {path}",
+                "host_key",
+            )
+    path = target.known_hosts[0]
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("not trusted: confirm on a terminal, or pass --yes", EXIT_FAIL)
+        print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
+        if input(f"Trust this key and add it to {path}? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise CliError("not trusted", EXIT_FAIL)
+    kh.append(path, target.key_name, target.port, key, hashed=args.hash)
+    print(f"added {target.pattern} to {path}")
+    return EXIT_OK
+
+
 # --- entry ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gputui", description="Watch, run and release jobs on GPU hosts.")
@@ -442,6 +500,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=cmd_status)
 
+    tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")
+    tr.add_argument("host")
+    tr.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    tr.add_argument("--hash", action="store_true", help="store the host name hashed (HashKnownHosts)")
+    tr.set_defaults(func=cmd_trust)
+
     co = sub.add_parser("cost", help="hourly price, accrued cost per host and day, budgets")
     co.add_argument("--json", action="store_true")
     co.add_argument("--since", metavar="DATE", help="count from this date (YYYY-MM-DD) on")
@@ -459,7 +523,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--snooze", type=float, metavar="MIN", help="postpone autostop by MIN minutes")
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
+
+    dr = sub.add_parser("doctor", help="check driver, CUDA, torch, tmux, disk: ok/warn/fail with the fix")
+    dr.add_argument("host", nargs="?", help="one host (default: every host)")
+    dr.add_argument("--json", action="store_true")
+    dr.add_argument(
+        "--python", help="the jobs' interpreter on the host (default: python, else python3, on PATH)"
+    )
+    dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
+                    help="seconds the torch probe may take (default 60)")  # fmt: skip
+    dr.set_defaults(func=cmd_doctor)
     return p
+
+
+def _run_app(args: argparse.Namespace) -> int:
+    """The Textual app; textual is imported only here, so the CLI and the core never load it."""
+    try:
+        config = cfg.load(args.config)
+    except cfg.ConfigError as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from .ui import run
+
+    return run(config)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -475,7 +561,9 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")
         args.command = command
     if args.cmd is None:
-        args = parser.parse_args([*argv, "status"])
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            sys.exit(_run_app(args))
+        args = parser.parse_args([*argv, "status"])  # not a terminal: print the status instead
     try:
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:
@@ -488,7 +576,7 @@ def main(argv: list[str] | None = None) -> None:
         code = exc.code
     except HostError as exc:
         print(f"gputui: {exc}", file=sys.stderr)
-        code = EXIT_HOST
+        code = EXIT_USAGE if exc.kind == "config" else EXIT_HOST
     except (HostUnavailable, LinkClosed) as exc:
         print(f"gputui: {exc}", file=sys.stderr)
         code = EXIT_UNREACHABLE

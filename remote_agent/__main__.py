@@ -24,6 +24,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     serve.add_argument("--idle-timeout", type=float, default=30.0, help="exit after this long without input")
     serve.add_argument("--heartbeat", type=float, default=2.0)
     serve.add_argument("--nvidia-smi", default="nvidia-smi")
+    serve.add_argument(
+        "--linger", type=float, default=60.0, help="keep sampling metrics this long after the client went"
+    )
     runner = sub.add_parser("runner", help="run one job inside its tmux pane")
     runner.add_argument("job_dir")
     watchdog = sub.add_parser("watchdog", help="autostop/deadline watchdog (started detached by the agent)")
@@ -49,10 +52,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         idle_timeout=args.idle_timeout,
         heartbeat_s=args.heartbeat,
         nvidia_smi=args.nvidia_smi,
+        linger_s=args.linger,
     )
     code = agent.serve()
-    sys.stdout.flush()
-    os._exit(code)  # a reader thread may still sit in stdin.readline(); do not wait for it
+    # No sys.stdout.flush(): every frame is flushed when sent, and a write stuck on a dead link holds the
+    # buffer's lock. os._exit: a reader thread may still sit in stdin.readline(); do not wait for it.
+    os._exit(code)
 
 
 if __name__ == "__main__":

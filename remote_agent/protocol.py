@@ -37,6 +37,7 @@ OP_EXEC = "host.exec"  # run an argv on the host with a timeout (release_remote)
 OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
+OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/doctor.py)
 
 # Events the agent pushes.
 EV_HELLO = "hello"

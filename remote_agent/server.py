@@ -4,7 +4,6 @@ The agent opens no port. It exits when stdin closes or the client stays silent f
 jobs keep running in tmux either way.
 """
 
-import collections
 import getpass
 import os
 import platform
@@ -18,9 +17,11 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional
 from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
+from .doctor import run_doctor
 from .fsutil import read_json, write_json
 from .jobs import RUNNING, JobError, JobStore
 from .logs import Follow, read_chunk, tail_offset
+from .mring import MetricsRing
 
 
 def _read_first(path: str, default: str = "") -> str:
@@ -64,10 +65,11 @@ class Agent:
         idle_timeout: float = 30.0,
         heartbeat_s: float = 2.0,
         nvidia_smi: str = "nvidia-smi",
+        linger_s: float = 60.0,
     ) -> None:
         from .metrics import MetricsSampler
 
-        self.jobs = JobStore(state_dir, launcher)
+        self.jobs = JobStore(state_dir, launcher, nvidia_smi)
         self.launcher = launcher
         self.activity = ActivityLog(self.jobs.state_dir)
         self.idle_rule: Dict[str, Any] = {"idle_util_percent": 5.0, "count_sessions": True}
@@ -77,8 +79,15 @@ class Agent:
         self._out_lock = threading.Lock()
         self._last_rx = time.monotonic()
         self._follows: Dict[str, Follow] = {}
-        self._ring: "collections.deque[Dict[str, Any]]" = collections.deque(maxlen=600)
-        self._seq = 0
+        # Metrics: one agent per state dir samples into the on-disk ring; each agent pushes its client what
+        # the ring holds past the client's last seq. That keeps history whole across agent restarts.
+        self.ring = MetricsRing(self.jobs.state_dir)
+        self.linger_s = linger_s
+        self._pushed_seq: Optional[int] = None  # newest seq sent to this client; None: not subscribed
+        self._push_lock = threading.Lock()
+        self._ring_lock = threading.Lock()
+        self._push_wake = threading.Event()
+        self._client_gone = threading.Event()  # stdin closed, output broken, or the client went silent
         self._metrics_interval: Optional[float] = None
         self._metrics_wake = threading.Event()
         self._stopping = threading.Event()
@@ -98,18 +107,21 @@ class Agent:
             P.OP_WATCHDOG_CONFIGURE: self.op_watchdog_configure,
             P.OP_WATCHDOG_SNOOZE: self.op_watchdog_snooze,
             P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
+            P.OP_DOCTOR: lambda a: run_doctor(self.sampler, self.jobs.state_dir, a),
         }
         self._facts: Optional[Dict[str, Any]] = None
 
     # --- output -----------------------------------------------------------------------------------------------
     def send(self, frame: Dict[str, Any]) -> None:
+        if self._client_gone.is_set():
+            return
         data = P.encode(frame)
         with self._out_lock:
             try:
                 self.out.write(data)
                 self.out.flush()
             except (OSError, ValueError):
-                self._stop()
+                self._client_gone.set()
 
     def emit(self, name: str, data: Any = None) -> None:
         self.send(P.event(name, data))
@@ -136,7 +148,8 @@ class Agent:
 
     # --- handlers ---------------------------------------------------------------------------------------------
     def op_start(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"))
+        extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": a.get("price_per_hour")}
+        job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job
 
@@ -181,8 +194,15 @@ class Agent:
                 self.idle_rule[key] = type(self.idle_rule[key])(a[key])
 
     def op_sample(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        """A fresh sample; it joins the ring only if this agent is the sampler (else it carries the ring's seq)."""
         self._set_idle_rule(a)
-        return self._sample()
+        sample = self._sample()
+        with self._ring_lock:
+            if self.ring.owner:
+                return self.ring.append(sample)
+        with self._push_lock:
+            sample["seq"] = self.ring.last_seq()
+        return sample
 
     def op_subscribe(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """Start (or retune) pushed metrics; samples newer than ``since_seq`` still in the ring are resent."""
@@ -190,9 +210,19 @@ class Agent:
         interval = a.get("interval", 1.0)
         self._metrics_interval = None if interval is None else max(0.1, float(interval))
         since = a.get("since_seq")
-        backlog = [s for s in list(self._ring) if since is not None and s["seq"] > int(since)]
+        with self._push_lock:
+            if self._metrics_interval is None:
+                self._pushed_seq = None
+            else:
+                last = self.ring.last_seq()
+                start = last if since is None or int(since) > last else int(since)
+                # The backlog goes out as events, in order and before anything newer can be pushed.
+                for sample in self.ring.since(start):
+                    self.emit(P.EV_METRICS, sample)
+                    start = sample["seq"]
+                self._pushed_seq = start
         self._metrics_wake.set()
-        return {"interval": self._metrics_interval, "backlog": backlog}
+        return {"interval": self._metrics_interval, "backlog": []}
 
     def op_shutdown(self, a: Dict[str, Any]) -> None:
         threading.Timer(0.05, self._stop).start()
@@ -247,7 +277,7 @@ class Agent:
 
     # --- loops ------------------------------------------------------------------------------------------------
     def _sample(self) -> Dict[str, Any]:
-        sample = self.sampler.sample(self.jobs.owner_map().get)
+        sample = self.sampler.sample(self.jobs.owner_lookup())
         try:
             sample["activity"] = idle_status(
                 sample, self.jobs.list(), self.activity, self.facts(),
@@ -257,25 +287,38 @@ class Agent:
             sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}
         if os.path.exists(self._watchdog_path(W.CONFIG)):
             sample["activity"]["watchdog"] = read_json(self._watchdog_path(W.STATE))
-        self._seq += 1
-        sample["seq"] = self._seq
-        self._ring.append(sample)
         return sample
 
-    def _metrics_loop(self) -> None:
+    def _sample_loop(self) -> None:
+        """Sample into the ring while a client wants metrics and this agent holds the sampler lock.
+
+        It never writes to the client: output may be stuck on a dead link, sampling must go on regardless.
+        """
         while not self._stopping.is_set():
             interval = self._metrics_interval
-            if interval is None:
-                self._metrics_wake.wait(1.0)
-                self._metrics_wake.clear()
-                continue
             start = time.monotonic()
-            try:
-                self.emit(P.EV_METRICS, self._sample())
-            except Exception as exc:  # a sampling bug must not kill the agent; say so instead
-                self.emit(P.EV_METRICS, {"seq": None, "t": time.time(), "error": "sampling failed: %r" % exc})
-            self._metrics_wake.wait(max(0.0, interval - (time.monotonic() - start)))
+            if interval is not None and self.ring.try_own():
+                try:
+                    sample = self._sample()
+                    with self._ring_lock:
+                        self.ring.append(sample)
+                    self._push_wake.set()
+                except Exception:  # a sampling bug must not kill the agent; metrics.py reports its errors
+                    pass
+            self._metrics_wake.wait(max(0.0, (interval or 1.0) - (time.monotonic() - start)))
             self._metrics_wake.clear()
+
+    def _push_loop(self) -> None:
+        """Send this client every ring sample past the last one it got, whichever agent sampled it."""
+        while not self._stopping.is_set():
+            self._push_wake.wait(self._metrics_interval or 1.0)
+            self._push_wake.clear()
+            with self._push_lock:
+                if self._pushed_seq is None or self._client_gone.is_set():
+                    continue
+                for sample in self.ring.since(self._pushed_seq):
+                    self.emit(P.EV_METRICS, sample)
+                    self._pushed_seq = sample["seq"]
 
     def _watch_loop(self) -> None:
         """Heartbeats, job state changes, and the silence timeout."""
@@ -283,10 +326,6 @@ class Agent:
         next_jobs = 0.0
         while not self._stopping.wait(min(self.heartbeat_s, 1.0)):
             now = time.monotonic()
-            if now - self._last_rx > self.idle_timeout:
-                sys.stderr.write("gputui-agent: client silent for %.0f s, exiting\n" % self.idle_timeout)
-                self._stop()
-                return
             self.emit(P.EV_HEARTBEAT, {"t": time.time()})
             if now >= next_jobs:
                 next_jobs = now + 1.0
@@ -338,6 +377,15 @@ class Agent:
             else:
                 threading.Thread(target=self._handle, args=(frame,), daemon=True).start()
 
+    def _linger(self) -> None:
+        """If this agent is the metrics sampler, keep sampling a while after its client went: the agent the
+        client starts after reconnecting then finds the ring without a hole (it takes over the lock later)."""
+        if self._stopping.is_set() or self._metrics_interval is None or not self.ring.owner:
+            return
+        for follow in list(self._follows.values()):
+            follow.stop()
+        self._stopping.wait(self.linger_s)
+
     def _stop(self) -> None:
         self._stopping.set()
         for follow in list(self._follows.values()):
@@ -345,12 +393,18 @@ class Agent:
 
     def serve(self) -> int:
         self.emit(P.EV_HELLO, {"protocol": P.PROTOCOL_VERSION, "build": build_id(), "host": self.facts()})
-        for target in (self._metrics_loop, self._watch_loop):
+        for target in (self._sample_loop, self._push_loop, self._watch_loop):
             threading.Thread(target=target, daemon=True).start()
         reader = threading.Thread(target=self._read_frames, daemon=True)
         reader.start()
-        while reader.is_alive() and not self._stopping.is_set():
+        # This thread never writes to the client, so the silence check works even when a write hangs on a
+        # dead link (a blackholed connection fills every buffer and blocks the writer for good).
+        while reader.is_alive() and not self._stopping.is_set() and not self._client_gone.is_set():
+            if time.monotonic() - self._last_rx > self.idle_timeout:
+                break
             reader.join(0.2)
+        self._client_gone.set()
+        self._linger()
         self._stop()
         try:
             self.sampler.close()

@@ -176,3 +176,64 @@ def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.05, what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)
+
+
+# --- SSH hosts: a real OpenSSH sshd on 127.0.0.1 (tests/sshd.py) ----------------------------------------------
+from sshd import Sshd, restricted_bin, ssh_available  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """One sshd for the session; keys ``ok``, ``notmux``, ``nopython`` (restricted PATH), ``stranger``."""
+    why = ssh_available()
+    if why:
+        pytest.skip(why)
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    server.client_key("ok")
+    server.client_key("notmux", str(restricted_bin(server.root / "bin-notmux", ("tmux",))))
+    server.client_key("nopython", str(restricted_bin(server.root / "bin-nopython", ("python",))))
+    server.client_key("stranger", authorize=False)
+    server.start()
+    yield server
+    server.stop()
+
+
+class SshHome(Home):
+    """A client HOME whose config names the test sshd as host ``box``; the host's state dir is its own."""
+
+    def __init__(self, root: Path, server: Sshd) -> None:
+        super().__init__(root)
+        self.sshd = server
+        self.remote_dir = root.parent / "remote-state"
+        self.known_hosts = root / "known_hosts"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.known_hosts.write_text(server.host_key_line())
+        self.configure()
+
+    def host_settings(self, key: str = "ok", port: int | None = None, **extra: Any) -> dict[str, Any]:
+        settings: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": port or self.sshd.port,
+            "user": self.sshd.user,
+            "identity_file": str(self.sshd.keys[key]),
+            "known_hosts": str(self.known_hosts),
+            "remote_dir": str(self.remote_dir),
+        }
+        settings.update(extra)
+        return {k: v for k, v in settings.items() if v is not None}
+
+    def configure(self, key: str = "ok", port: int | None = None, **extra: Any) -> Path:
+        """Write a config with one host, ``box``; ``extra`` overrides settings (None drops one)."""
+        settings = self.host_settings(key, port, **extra)
+        lines = ["[hosts.box]"] + [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
+        return self.write_config("\n".join(lines) + "\n")
+
+    def remote_job_dir(self, job_id: str) -> Path:
+        return self.remote_dir / "jobs" / job_id
+
+
+@pytest.fixture
+def ssh_home(tmp_path: Path, sshd: Sshd) -> Iterator[SshHome]:
+    h = SshHome(tmp_path / "home", sshd)
+    yield h
+    kill_tmux(h.remote_dir)

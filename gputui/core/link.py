@@ -136,8 +136,8 @@ class Link:
             self._hello.set_exception(LinkClosed(reason))
             self._hello.exception()  # mark retrieved
 
-    async def close(self) -> None:
-        self._finish("link closed")
+    async def close(self, reason: str = "link closed") -> None:
+        self._finish(reason)
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 600  # ten minutes at 1 Hz
 PING_EVERY_S = 5.0
+#: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
+RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
 
 
 @dataclass
@@ -189,7 +191,11 @@ class HostSession:
         with contextlib.suppress(LinkClosed, AgentError):
             while not link.closed.is_set():
                 await asyncio.sleep(PING_EVERY_S)
-                await link.request(P.OP_PING, timeout=15.0)
+                try:
+                    await link.request(P.OP_PING, timeout=15.0)
+                except LinkClosed as exc:
+                    await link.close(str(exc))  # a hung agent or a dead link: reconnect
+                    raise
 
     async def _drop_link(self) -> None:
         self._connected.clear()
@@ -228,7 +234,9 @@ class HostSession:
                 except HostError as exc:
                     self._publish(state=M.ERROR, error=str(exc), detail=None)
                     return  # auth / host key / missing python: retrying would only hammer the host
-                except (HostUnavailable, LinkClosed, AgentError, OSError) as exc:
+                except Exception as exc:
+                    if not isinstance(exc, RETRYABLE):  # a bug must not end reconnecting silently
+                        log.exception("%s: unexpected error while connecting; retrying", self.name)
                     await self._drop_link()
                     delay = backoff.next_delay()
                     self._publish(
@@ -259,6 +267,9 @@ class HostSession:
             self._runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
+        if self.metrics_interval is not None and self.link is not None and not self.link.closed.is_set():
+            with contextlib.suppress(LinkClosed, AgentError):  # a deliberate close: no lingering sampler
+                await self.link.request(P.OP_SHUTDOWN, timeout=2.0)
         await self._drop_link()
         with contextlib.suppress(Exception):
             await self.transport.close()
@@ -327,7 +338,13 @@ class HostSession:
         """Stream the job's log from ``offset``; resumes from the cursor after every reconnect."""
         follow = LogFollow(job, offset, on_data, on_gap, on_end)
         self._follows[job] = follow
-        await self.request(P.OP_LOGS_FOLLOW, job=job, offset=offset)
+        try:
+            await self.request(P.OP_LOGS_FOLLOW, job=job, offset=offset)
+        except LinkClosed:
+            if self._runner is None:
+                self._follows.pop(job, None)
+                raise
+            # the link dropped under the request: the reconnect resumes every follow from its cursor
         return follow
 
     async def unfollow_log(self, job: str) -> None:

@@ -1,0 +1,117 @@
+"""Doctor on the client side: the report types, the request, and the plain-text rendering (no UI imports).
+
+The checks themselves run on the host (``remote_agent/doctor.py``, op ``doctor``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from remote_agent import protocol as P
+
+if TYPE_CHECKING:
+    from .session import HostSession
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+STATUSES = (OK, WARN, FAIL, SKIP)
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    status: str
+    detail: str = ""
+    fix: str = ""
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Check:
+        status = str(d.get("status", FAIL))
+        return cls(
+            id=str(d.get("id", "?")),
+            title=str(d.get("title", "")),
+            status=status if status in STATUSES else FAIL,
+            detail=str(d.get("detail") or ""),
+            fix=str(d.get("fix") or ""),
+        )
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True)
+class DoctorReport:
+    """One host's checks, or the error that kept us from running them."""
+
+    host: str
+    checks: tuple[Check, ...] = ()
+    error: str | None = None
+    python: str | None = None  # the interpreter the torch probe ran (the jobs' python)
+    state_dir: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_result(cls, host: str, result: dict[str, Any]) -> DoctorReport:
+        checks = tuple(Check.from_json(c) for c in result.get("checks") or [])
+        return cls(
+            host=host,
+            checks=checks,
+            python=result.get("python"),
+            state_dir=result.get("state_dir"),
+            counts={s: sum(c.status == s for c in checks) for s in STATUSES},
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or any(c.status == FAIL for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.host,
+            "error": self.error,
+            "python": self.python,
+            "state_dir": self.state_dir,
+            "summary": self.counts,
+            "checks": [c.to_json() for c in self.checks],
+        }
+
+
+async def run_doctor(
+    session: HostSession, python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> DoctorReport:
+    """Ask the host's agent for its checks; the torch probe may take ``timeout_s``, the reply a bit more."""
+    args: dict[str, Any] = {"timeout_s": timeout_s}
+    if python:
+        args["python"] = python
+    result = await session.request(P.OP_DOCTOR, timeout=timeout_s + 30.0, **args)
+    return DoctorReport.from_result(session.name, result or {})
+
+
+def format_report(report: DoctorReport) -> str:
+    """Plain text: one line per check, the fix indented under each one that is not ok."""
+    if report.error is not None:
+        return f"{report.host}: not checked ({report.error})"
+    c = report.counts
+    head = f"{report.host}: {c.get(FAIL, 0)} fail, {c.get(WARN, 0)} warn, {c.get(OK, 0)} ok, {c.get(SKIP, 0)} skipped"
+    lines = [head]
+    width = max((len(ch.title) for ch in report.checks), default=0)
+    for ch in report.checks:
+        lines.append(f"  {ch.status.upper():<4}  {ch.title:<{width}}  {ch.detail}")
+        if ch.fix and ch.status != OK:
+            lines.append(f"  {'':<4}  {'':<{width}}  fix: {ch.fix}")
+    return "\n".join(lines)
+
+
+def exit_code(reports: list[DoctorReport], unreachable: int = 3, failed: int = 1) -> int:
+    """``unreachable`` when a host could not be checked, else ``failed`` when any check failed, else 0."""
+    if any(r.error is not None for r in reports):
+        return unreachable
+    return failed if any(r.failed for r in reports) else 0

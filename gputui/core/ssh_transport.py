@@ -1,0 +1,412 @@
+"""SSHTransport: the agent on a remote host over ONE asyncssh connection, deployed when the host lacks it.
+
+Every remote command is a shell string by nature (sshd hands it to the user's login shell), so each one is
+``sh -c '<script>'`` with every value inside the script passed through ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import shlex
+import socket
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import asyncssh
+
+from remote_agent.protocol import MAX_FRAME_BYTES
+
+from . import known_hosts as kh
+from .bundle import agent_build
+from .config import HostConfig
+from .transport import AgentChannel, HostError, HostUnavailable, Transport, collect_lines
+
+log = logging.getLogger(__name__)
+
+#: asyncssh's readline() returns a partial line once a line outgrows the channel's receive window.
+AGENT_WINDOW = 2 * MAX_FRAME_BYTES
+#: The agent's exit status when its build vanished from the host (re-probe and upload again).
+EXIT_NO_AGENT = 97
+COMMAND_TIMEOUT_S = 60.0
+CONNECT_CONCURRENCY = 8  # sshd's MaxStartups (10:30:100 by default) drops bursts of new connections
+
+_SHA256_PY = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
+
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _connect_gate() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if loop not in _gates:
+        _gates[loop] = asyncio.Semaphore(CONNECT_CONCURRENCY)
+    return _gates[loop]
+
+
+def sh(script: str) -> str:
+    """A remote command that runs ``script`` under sh whatever the login shell is (bash, zsh, fish)."""
+    return "sh -c " + shlex.quote(script)
+
+
+def shell_path(path: str) -> str:
+    """``path`` quoted for sh, keeping a leading ``~`` meaning the remote user's home."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a host really is once ssh_config is applied: what host key checks and ``trust`` need."""
+
+    alias: str  # the name in gputui's config (``host`` setting or the table name)
+    host: str  # HostName after ssh_config
+    port: int
+    user: str
+    key_name: str  # the name in known_hosts: HostKeyAlias, else host
+    known_hosts: tuple[str, ...]
+
+    @property
+    def pattern(self) -> str:
+        return kh.host_pattern(self.key_name, self.port)
+
+
+@dataclass(frozen=True)
+class RemoteAgent:
+    python: str  # absolute path of the interpreter on the host
+    state_dir: str  # absolute
+    pyz: str  # absolute path of this client's agent build on the host
+
+
+class _Client(asyncssh.SSHClient):
+    """Remembers the host key the server presented when known_hosts did not trust it (for the message)."""
+
+    def __init__(self) -> None:
+        self.presented: tuple[str, str, int, asyncssh.SSHKey] | None = None
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        self.presented = (host, addr, port, key)
+        return False  # only known_hosts decides
+
+
+class _Writer:
+    """The agent's stdin; asyncssh errors become OSErrors, which Link treats as a lost link."""
+
+    def __init__(self, stdin: asyncssh.SSHWriter[bytes]) -> None:
+        self._stdin = stdin
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._stdin.write(data)
+        except asyncssh.Error as exc:
+            raise BrokenPipeError(str(exc)) from exc
+
+    async def drain(self) -> None:
+        try:
+            await self._stdin.drain()
+        except asyncssh.Error as exc:
+            raise BrokenPipeError(str(exc)) from exc
+
+
+class SSHTransport(Transport):
+    """One host over SSH: one connection, one agent channel on it, the agent uploaded when missing."""
+
+    def __init__(self, host: HostConfig, ssh_config: str | None = None, idle_timeout: float = 30.0) -> None:
+        self.cfg = host
+        self.ssh_config = ssh_config
+        self.idle_timeout = idle_timeout
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._agent: RemoteAgent | None = None
+        self._warned_unverified = False
+
+    # --- config -----------------------------------------------------------------------------------------------
+    def _config_paths(self) -> list[str] | None:
+        if self.ssh_config is None:
+            default = os.path.expanduser("~/.ssh/config")
+            return [default] if os.path.isfile(default) else None
+        path = os.path.expanduser(self.ssh_config)
+        if not os.path.isfile(path):
+            raise HostError(f"ssh_config {path}: no such file", "config")
+        return [path]
+
+    def _options(self) -> dict[str, Any]:
+        cfg = self.cfg
+        kw: dict[str, Any] = {
+            "config": self._config_paths(),
+            "connect_timeout": cfg.connect_timeout,
+            "keepalive_interval": cfg.keepalive_interval,
+            "keepalive_count_max": cfg.keepalive_count_max,
+            "agent_forwarding": False,
+        }
+        if cfg.port is not None:
+            kw["port"] = cfg.port
+        if cfg.user is not None:
+            kw["username"] = cfg.user
+        if cfg.identity_file is not None:
+            path = os.path.expanduser(cfg.identity_file)
+            if not os.path.isfile(path):
+                raise HostError(f"identity_file {path}: no such file", "config")
+            kw["client_keys"] = [path]
+        return kw
+
+    async def resolve(self) -> tuple[Target, dict[str, Any]]:
+        """The host as ssh_config describes it, and the keyword arguments for asyncssh.connect()."""
+        kw = self._options()
+        try:
+            opts = await asyncssh.SSHClientConnectionOptions.construct(host=self.cfg.address, **kw)
+        except asyncssh.KeyImportError as exc:
+            raise HostError(
+                f"cannot load the identity file: {exc} (an encrypted key must be loaded into ssh-agent: ssh-add)",
+                "auth",
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise HostError(f"ssh settings for {self.cfg.address}: {exc}", "config") from None
+        configured = opts.known_hosts if isinstance(opts.known_hosts, list) else None
+        target = Target(
+            alias=self.cfg.address,
+            host=opts.host,
+            port=opts.port,
+            user=opts.username,
+            key_name=opts.host_key_alias or opts.host,
+            known_hosts=tuple(kh.files_for(self.cfg.known_hosts, configured)),
+        )
+        return target, kw
+
+    def terminal_prefix(self) -> list[str]:
+        argv = ["ssh", "-t"]
+        if self.ssh_config:
+            argv += ["-F", os.path.expanduser(self.ssh_config)]
+        if self.cfg.port is not None:
+            argv += ["-p", str(self.cfg.port)]
+        if self.cfg.user:
+            argv += ["-l", self.cfg.user]
+        if self.cfg.identity_file:
+            argv += ["-i", os.path.expanduser(self.cfg.identity_file)]
+        if self.cfg.known_hosts:
+            argv += ["-o", f"UserKnownHostsFile={os.path.expanduser(self.cfg.known_hosts)}"]
+        return [*argv, "--", self.cfg.address]
+
+    # --- connection -------------------------------------------------------------------------------------------
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        self._conn = None
+        target, kw = await self.resolve()
+        client = _Client()
+        if self.cfg.verify_host_key:
+            known: Any = kh.load(target.known_hosts)
+        else:
+            known = None
+            if not self._warned_unverified:
+                self._warned_unverified = True
+                log.warning(
+                    "%s: verify_host_key = false: NOT checking the host key of %s (anyone in between can "
+                    "pose as the host)",
+                    self.cfg.name,
+                    target.pattern,
+                )
+        where = f"{target.user}@{kh.host_pattern(target.host, target.port)}"
+        async with _connect_gate():
+            try:
+                self._conn = await asyncssh.connect(
+                    self.cfg.address, known_hosts=known, client_factory=lambda: client, **kw
+                )
+            except asyncssh.HostKeyNotVerifiable as exc:
+                raise self._host_key_error(target, client, str(exc)) from None
+            except asyncssh.PermissionDenied:
+                keys = f" with {kw['client_keys'][0]}" if "client_keys" in kw else ""
+                raise HostError(
+                    f"authentication failed for {where}{keys}: the server accepted none of our keys. "
+                    f"Check user/identity_file for this host, or add your public key to "
+                    f"~/.ssh/authorized_keys on the host",
+                    "auth",
+                ) from None
+            except asyncssh.KeyExchangeFailed as exc:
+                raise HostError(f"{where}: key exchange failed: {exc}", "host_key") from None
+            except ConnectionRefusedError:
+                raise HostUnavailable(
+                    f"connection refused by {kh.host_pattern(target.host, target.port)}: "
+                    "no sshd listens there (wrong port, or sshd is down)"
+                ) from None
+            except socket.gaierror as exc:
+                raise HostUnavailable(f"cannot resolve host name {target.host!r}: {exc.strerror}") from None
+            except asyncio.TimeoutError:
+                raise HostUnavailable(
+                    f"no SSH answer from {where} within {self.cfg.connect_timeout:g} s (host down, "
+                    "firewall, or the link is dead)"
+                ) from None
+            except (OSError, asyncssh.Error) as exc:
+                raise HostUnavailable(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+        return self._conn
+
+    def _host_key_error(self, target: Target, client: _Client, reason: str) -> HostError:
+        fix = f"gputui trust {self.cfg.name}"
+        if client.presented is None:  # e.g. a revoked key: asyncssh refused it before asking us
+            return HostError(f"host key of {target.pattern} rejected: {reason}", "host_key")
+        name, addr, port, key = client.presented
+        for path in target.known_hosts:
+            old = kh.trusted_keys([path], name, addr, port)
+            if old:
+                return HostError(
+                    f"HOST KEY CHANGED for {target.pattern}: {path} trusts "
+                    f"{', '.join(kh.describe(k) for k in old)}, but the server now presents {kh.describe(key)}. "
+                    "Someone may be intercepting the connection, or the host was reinstalled; not connecting. "
+                    f"If the change is expected: ssh-keygen -R {shlex.quote(target.pattern)} -f "
+                    f"{shlex.quote(path)} && {fix}",
+                    "host_key",
+                )
+        return HostError(
+            f"unknown host key for {target.pattern}: the server presents {kh.describe(key)}, which is not in "
+            f"{' or '.join(target.known_hosts)}. If that is the host's key, run: {fix}",
+            "host_key",
+        )
+
+    async def _run(
+        self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None
+    ) -> asyncssh.SSHCompletedProcess:
+        try:
+            res = await asyncio.wait_for(
+                conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
+            )
+        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+            conn.abort()
+            raise HostUnavailable(
+                f"link lost while preparing the agent: {exc or type(exc).__name__}"
+            ) from None
+        if res.exit_status is None:  # the connection died under the command
+            raise HostUnavailable("link lost while preparing the agent")
+        return res
+
+    # --- deploy -----------------------------------------------------------------------------------------------
+    async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
+        """Find python3 and tmux on the host; upload this agent build unless the host has it already."""
+        name, data = agent_build()
+        python = self.cfg.python or "python3"
+        probe = (
+            f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
+            'command -v "$py" >/dev/null 2>&1 || { echo missing-python; exit 0; }\n'
+            'py=$(command -v "$py")\n'
+            '"$py" -c "import sys; sys.exit(sys.version_info < (3, 8))" >/dev/null 2>&1 '
+            '|| { echo "old-python $("$py" -V 2>&1 | head -n 1)"; exit 0; }\n'
+            "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
+            'mkdir -p "$dir" && cd "$dir" || { echo bad-dir; exit 0; }\n'
+            'echo "python $py"; echo "dir $(pwd -P)"\n'
+            f'[ -f agent/{shlex.quote(name)} ] && echo agent-present\n'
+            "exit 0\n"
+        )  # fmt: skip
+        res = await self._run(conn, probe)
+        facts: dict[str, str] = {}
+        for line in res.stdout.decode("utf-8", "replace").splitlines():
+            key, _, value = line.partition(" ")
+            facts[key] = value
+        host = self.cfg.name
+        if "missing-python" in facts:
+            raise HostError(
+                f"{python} not found on {host} (looked in the login PATH). The agent needs Python >= 3.8: "
+                f'install it (e.g. apt install python3) or set python = "/path/to/python3" for this host',
+                "missing_python",
+            )
+        if "old-python" in facts:
+            raise HostError(
+                f"{python} on {host} is {facts['old-python'] or 'too old'}; the agent needs Python >= 3.8: "
+                'install a newer one or set python = "/path/to/python3" for this host',
+                "missing_python",
+            )
+        if "missing-tmux" in facts:
+            raise HostError(
+                f"tmux not found on {host} (looked in the login PATH). Jobs run in tmux so that they survive "
+                "a dropped link: install it (e.g. apt install tmux)",
+                "missing_tmux",
+            )
+        if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
+            detail = (res.stderr.decode("utf-8", "replace").strip() or "no output")[-500:]
+            raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
+        agent = RemoteAgent(facts["python"], facts["dir"], f"{facts['dir']}/agent/{name}")
+        if "agent-present" not in facts:
+            await self._upload(conn, agent, name, data)
+        return agent
+
+    async def _upload(
+        self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes
+    ) -> None:
+        """``cat > tmp``, check sha256 on the host, then ``mv``: hosts without sftp/scp work too."""
+        agent_dir = shlex.quote(f"{agent.state_dir}/agent")
+        tmp = f"{agent_dir}/.{shlex.quote(name)}.$$"
+        sha = f"{shlex.quote(agent.python)} -c {shlex.quote(_SHA256_PY)}"
+        script = (
+            f'umask 077; mkdir -p {agent_dir} && tmp={tmp} && cat > "$tmp" && sum=$({sha} "$tmp") || exit 1\n'
+            f'if [ "$sum" = {hashlib.sha256(data).hexdigest()} ]; then mv -f "$tmp" {shlex.quote(agent.pyz)}\n'
+            'else rm -f "$tmp"; echo "sha256 mismatch after upload: $sum" >&2; exit 1; fi\n'
+        )
+        res = await self._run(conn, script, data)
+        if res.exit_status != 0:
+            err = res.stderr.decode("utf-8", "replace").strip()[-500:]
+            raise HostError(f"uploading the agent to {self.cfg.name} failed: {err}", "deploy")
+        log.info("%s: uploaded agent %s (%d bytes)", self.cfg.name, name, len(data))
+
+    # --- agent ------------------------------------------------------------------------------------------------
+    async def open_agent(self) -> AgentChannel:
+        conn = await self._connection()
+        if self._agent is None:
+            self._agent = await self._deploy(conn)
+        agent = self._agent
+        argv = [agent.python, agent.pyz, "serve", "--state-dir", agent.state_dir]
+        argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
+        script = f"test -f {shlex.quote(agent.pyz)} || exit {EXIT_NO_AGENT}; exec {shlex.join(argv)}"
+        try:
+            proc = await asyncio.wait_for(
+                conn.create_process(sh(script), encoding=None, window=AGENT_WINDOW),
+                self.cfg.connect_timeout,
+            )
+        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+            conn.abort()
+            raise HostUnavailable(f"cannot start the agent: {exc or type(exc).__name__}") from None
+        channel = AgentChannel(proc.stdout, _Writer(proc.stdin), lambda: self._stop_agent(proc))
+        channel._stderr_task = asyncio.create_task(collect_lines(proc.stderr, channel.stderr))  # type: ignore[attr-defined]
+        return channel
+
+    async def _stop_agent(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+        """EOF on the agent's stdin (it exits then); close the channel if it lingers."""
+        with contextlib.suppress(Exception):
+            proc.stdin.write_eof()
+        try:
+            await asyncio.wait_for(proc.wait_closed(), 5)
+        except (asyncio.TimeoutError, Exception):
+            proc.close()
+        if proc.exit_status in (EXIT_NO_AGENT, 126, 127):
+            self._agent = None  # the build or the interpreter vanished: probe and upload again
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.wait_closed(), 5)
+
+
+async def fetch_host_key(transport: SSHTransport) -> tuple[Target, asyncssh.SSHKey]:
+    """The key the host presents (no authentication, nothing trusted): for ``gputui trust``."""
+    target, kw = await transport.resolve()
+    where = kh.host_pattern(target.host, target.port)
+    try:
+        opts = await asyncssh.SSHClientConnectionOptions.construct(
+            connect_timeout=transport.cfg.connect_timeout, config=kw["config"]
+        )
+        key = await asyncssh.get_server_host_key(
+            transport.cfg.address, kw.get("port", ()), config=kw["config"], options=opts
+        )
+    except ConnectionRefusedError:
+        raise HostUnavailable(f"connection refused by {where}: no sshd listens there") from None
+    except asyncio.TimeoutError:
+        raise HostUnavailable(f"no SSH answer from {where}") from None
+    except (OSError, asyncssh.Error) as exc:
+        raise HostUnavailable(f"cannot fetch the host key of {where}: {exc}") from None
+    if key is None:
+        raise HostError(f"{where} presented no host key", "host_key")
+    return target, key
