@@ -98,8 +98,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 async def _jobs_with_insights(
     fleet: Fleet, names: list[str], ended_only: bool = False
-) -> tuple[list[M.Job], bool]:
-    """Every job of the named hosts, each with insights from its log tail; (jobs, whether a host failed)."""
+) -> tuple[list[M.Job], int]:
+    """Every job of the named hosts, each with insights from its log tail; (jobs, exit status)."""
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
@@ -107,15 +107,15 @@ async def _jobs_with_insights(
 
     results = await _gather_hosts(fleet, names, collect)
     jobs: list[M.Job] = []
-    failed = False
+    status = EXIT_OK
     for name, res in results.items():
         if isinstance(res, Exception):
-            failed = True
+            status = max(status, EXIT_HOST if isinstance(res, HostError) else EXIT_UNREACHABLE)
             print(f"gputui: {name}: {res}", file=sys.stderr)
         else:
             jobs.extend(res)
     await fleet.close()
-    return jobs, failed
+    return jobs, status
 
 
 def _host_names(config: cfg.Config, host: str | None) -> list[str]:
@@ -128,23 +128,23 @@ def _host_names(config: cfg.Config, host: str | None) -> list[str]:
 async def cmd_jobs(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, failed = await _jobs_with_insights(Fleet(config), names)
+    jobs, status = await _jobs_with_insights(Fleet(config), names)
     if args.json:
         print(json.dumps([j.to_json() for j in jobs], indent=2))
     else:
         _print_jobs(jobs)
-    return EXIT_UNREACHABLE if failed else EXIT_OK
+    return status
 
 
 async def cmd_history(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, failed = await _jobs_with_insights(Fleet(config), names, ended_only=True)
+    jobs, status = await _jobs_with_insights(Fleet(config), names, ended_only=True)
     records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
     records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
     if args.json:
         print(json.dumps(records, indent=2))
-        return EXIT_UNREACHABLE if failed else EXIT_OK
+        return status
     print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'TIME':>8} {'COST':>8}  {'METRICS':<32} NAME")
     for r in records:
         shown = [f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3]]
@@ -152,7 +152,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
         dur = "-" if r["duration_s"] is None else _dur(r["duration_s"])
         print(f"{r['host']:<12} {r['id']:>4} {r['state']:<10} {_fmt(r['exit_code']):>4} {dur:>8} {cost:>8}  "
               f"{' '.join(shown)[:32]:<32} {r['name'][:40]}")  # fmt: skip
-    return EXIT_UNREACHABLE if failed else EXIT_OK
+    return status
 
 
 async def cmd_logs(args: argparse.Namespace) -> int:
