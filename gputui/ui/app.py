@@ -1,0 +1,631 @@
+"""The gputui app: the fleet, the selected host, its jobs and the selected job's log on one screen.
+
+Data flows one way. The core publishes frozen HostSnapshots through ``on_change``; the app keeps only
+the newest per host (coalescing) and applies them, with queued log output, in one batch at most
+``FLUSH_S`` apart. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.theme import Theme
+from textual.timer import Timer
+from textual.widgets import DataTable, Footer
+
+from gputui.core import config as cfg
+from gputui.core import model as M
+from gputui.core.cost import budget_alerts
+from gputui.core.insights import Hint, JobInsights, hint_for_exit, hints_from_metrics
+
+from . import notices
+from . import themes as T
+from .attach import Runner, attach_argv, run_in_terminal
+from .logstream import LogStream
+from .palette import Palette
+from .screens.confirm import ConfirmScreen
+from .screens.help import HelpScreen, Section, key_label
+from .screens.new_job import JobSpec, NewJobScreen
+from .source import FleetSource, SourceFactory, fleet_factory
+from .widgets.fleet import FleetTable, fleet_summary, host_row
+from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
+from .widgets.log import LOG_KEYS, LogPane, LogView
+from .widgets.textbox import TextBox, set_class
+
+FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
+FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (state changes at once)
+JOB_SELECT_DELAY_S = 0.15  # a job's log opens once the cursor rests on it this long
+KILL_GRACE_S = 10.0
+NOTIFY_S = 8.0
+
+ReleaseHook = Callable[[str], Awaitable[None]]
+
+APP_KEYS = [
+    Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
+    Binding("k", "kill_job", "Kill", tooltip="Kill the selected job (asks first)"),
+    Binding(
+        "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
+    ),
+    Binding("r", "release", "Release", tooltip="Release the selected host (asks first)"),
+    Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
+    Binding("slash", "search", "Search", tooltip="Search the log"),
+    Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
+    Binding("question_mark", "help", "Help", key_display="?", tooltip="Every key"),
+    Binding("q", "quit", "Quit"),
+    Binding("1", "focus_pane('hosts')", "Hosts", show=False),
+    Binding("2", "focus_pane('jobs')", "Jobs", show=False),
+    Binding("3", "focus_pane('log-view')", "Log view", show=False),
+    Binding("4", "focus_pane('procs')", "GPU processes", show=False),
+]
+
+NAV_KEYS: list[tuple[str, str]] = [
+    ("↑ ↓ / click", "move in a table (hosts: pick the host; jobs: pick the job whose log shows)"),
+    ("enter", "hosts: go to its jobs; jobs: full-screen log"),
+    ("pgup pgdn home end", "page / jump in tables and the log (scrolling up stops following)"),
+    ("← →", "scroll long log lines sideways"),
+    ("tab shift+tab", "next / previous pane"),
+    ("ctrl+p", "command palette: every action, themes"),
+    ("ctrl+q", "quit"),
+]
+DIALOG_KEYS: list[tuple[str, str]] = [
+    ("enter", "new job: start it (from any field)"),
+    ("tab", "next field"),
+    ("y / n", "confirm / cancel a kill or release"),
+    ("esc", "cancel, close"),
+]
+
+
+async def release_not_configured(app: GpuTuiApp, host: str) -> None:
+    app.notify(
+        f"release is not configured for {host} in the app; run: gputui release {host}",
+        severity="warning",
+        timeout=NOTIFY_S,
+    )
+
+
+class GpuTuiApp(App[None]):
+    """The fleet, the selected host and the selected job's log; see ``?`` for the keys."""
+
+    CSS_PATH = "gputui.tcss"
+    TITLE = "gputui"
+    BINDINGS = APP_KEYS
+
+    def __init__(
+        self,
+        config: cfg.Config | None = None,
+        *,
+        source_factory: SourceFactory | None = None,
+        clock: Callable[[], float] = time.time,
+        attach_runner: Runner = run_in_terminal,
+        release_host: ReleaseHook | None = None,
+        state_path: Path | None = None,
+        theme_dirs: Iterable[Path] | None = None,
+        kill_grace_s: float = KILL_GRACE_S,
+        log_max_lines: int = 5000,
+    ) -> None:
+        super().__init__()
+        self.config = config if config is not None else cfg.Config(path=None, hosts={})
+        self.clock = clock
+        self.attach_runner = attach_runner
+        self.release_host: ReleaseHook = release_host or (lambda host: release_not_configured(self, host))
+        self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
+        self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
+        self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
+        self.host_order: list[str] = list(self.hosts)
+        self.selected_host: str | None = self.host_order[0] if self.host_order else None
+        self.selected_job: str | None = None
+        self.stream: LogStream | None = None
+        self.palette = Palette()
+        self._pending: dict[str, M.HostSnapshot] = {}
+        self._flush_timer: Timer | None = None
+        self._job_timer: Timer | None = None
+        self._last_flush = 0.0
+        self._started: set[tuple[str, str]] = set()
+        self._stream_lost = False
+        self._shutting_down = False
+        self._keys_sig: tuple[object, ...] = ()
+        self._fleet_dirty, self._last_fleet = False, 0.0
+        self._budget_seen: set[tuple[str, str]] = set()
+        self._rows: dict[str, tuple[object, ...]] = {}
+        self._state_path = state_path or T.state_path()
+        self._ui_state = T.UiState.load(self._state_path)
+        self._theme_errors = self._load_themes(theme_dirs)
+
+    # --- themes -----------------------------------------------------------------------------------------------
+    def _load_themes(self, dirs: Iterable[Path] | None) -> list[str]:
+        found, errors = T.load_themes(*(dirs or ()))
+        for theme in found:
+            self.register_theme(theme)
+        self.theme = T.pick_theme(self.config.theme, self._ui_state, set(self.available_themes))
+        self.palette = Palette.from_theme(self.current_theme)
+        return errors
+
+    def _on_theme_changed(self, theme: Theme) -> None:
+        self.palette = Palette.from_theme(theme)
+        self.query_one(LogView).palette = self.palette
+        self._rows.clear()
+        self._render_all()
+        if theme.name != self._ui_state.theme:
+            self._ui_state = T.UiState(theme=theme.name, config_theme=self.config.theme)
+            self._ui_state.save(self._state_path)
+
+    # --- layout -----------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield TextBox(id="summary")
+        yield FleetTable(id="hosts")
+        with Vertical(id="host-pane"):
+            yield TextBox(id="host-info")
+            yield GpuGrid(id="gpus")
+            with Horizontal(id="lists"):
+                yield JobsTable(id="jobs")
+                yield ProcsTable(id="procs")
+        yield LogPane(id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#hosts").border_title = "Hosts"
+        self.query_one("#jobs").border_title = "Jobs"
+        self.query_one("#procs").border_title = "GPU processes"
+        self.query_one("#log").border_title = "Log"
+        self.query_one(LogView).palette = self.palette
+        self.theme_changed_signal.subscribe(self, self._on_theme_changed)
+        for error in self._theme_errors:
+            self.notify(error, title="theme not loaded", severity="warning", timeout=NOTIFY_S)
+        self._render_all()
+        self.query_one(FleetTable).focus()
+        self.source.run_in_background()
+
+    async def on_unmount(self) -> None:
+        self._shutting_down = True
+        await self.source.close()
+
+    # --- the snapshot path ------------------------------------------------------------------------------------
+    def _on_snapshot(self, snap: M.HostSnapshot) -> None:
+        """Called by the core for every change; a newer snapshot replaces an unapplied older one."""
+        if self._shutting_down:
+            return
+        self._pending[snap.name] = snap
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._flush_timer is None and not self._shutting_down and not self._exit:
+            delay = max(0.01, self._last_flush + FLUSH_S - time.monotonic())
+            self._flush_timer = self.set_timer(delay, self._flush, name="flush")
+
+    def _flush(self) -> None:
+        """Apply pending snapshots and log output in one batch."""
+        if self._flush_timer is not None:
+            self._flush_timer.stop()
+        self._flush_timer = None
+        if self._shutting_down or self._exit:
+            return
+        self._last_flush = time.monotonic()
+        snaps, self._pending = self._pending, {}
+        with self.batch_update():
+            if snaps:
+                self._apply(snaps)
+            if self._fleet_dirty and time.monotonic() - self._last_fleet >= FLEET_EVERY_S:
+                self._render_fleet()
+            stream = self.stream
+            if stream is not None and (stream.drain() or snaps):
+                self.query_one(LogView).sync()
+                self._render_log_info()
+                if stream.job.host == self.selected_host and not snaps:  # progress/ETA cells of its row
+                    self._render_jobs()
+                if stream.ended is not None and not stream.end_seen:
+                    stream.end_seen = True
+                    self._check_ended(stream)
+        if self._fleet_dirty and self._flush_timer is None:
+            due = max(0.01, self._last_fleet + FLEET_EVERY_S - time.monotonic())
+            self._flush_timer = self.set_timer(due, self._flush, name="flush")
+
+    def _check_ended(self, stream: LogStream) -> None:
+        """The log ended: if the job list still says running, ask the host for the jobs again."""
+        snap = self.hosts.get(stream.job.host)
+        job = next((j for j in snap.jobs if j.id == stream.job.id), None) if snap else None
+        if job is not None and job.running:
+            self.run_worker(self._refresh_jobs(stream.job.host), group="command")
+
+    async def _refresh_jobs(self, host: str) -> None:
+        try:
+            await self.source.session(host).list_jobs()
+        except Exception:  # reconnecting: the next connect lists the jobs anyway
+            pass
+
+    def _apply(self, snaps: dict[str, M.HostSnapshot]) -> None:
+        started = frozenset(i for h, i in self._started)
+        urgent = False
+        for name, snap in snaps.items():
+            old = self.hosts.get(name)
+            urgent = urgent or old is None or old.state != snap.state or old.jobs != snap.jobs
+            self.hosts[name] = snap
+            self._rows.pop(name, None)
+            if name not in self.host_order:
+                self.host_order.append(name)
+            if old is not None and not self._shutting_down:
+                for n in notices.diff(
+                    old, snap, started if any(h == name for h, _ in self._started) else frozenset()
+                ):
+                    self.notify(n.message, severity=n.severity, timeout=NOTIFY_S)  # type: ignore[arg-type]
+            self._mark_stream(old, snap)
+        if self.selected_host is None and self.host_order:
+            self.selected_host = self.host_order[0]
+        self._fleet_dirty = True
+        if urgent:
+            self._render_fleet()
+        self._check_budget()
+        if self.selected_host in snaps:
+            self._render_host()
+        self._refresh_keys()
+
+    def _check_budget(self) -> None:
+        """Notify once per budget alert (warn, then exceeded) as the fleet's spending crosses it."""
+        budget = getattr(self.config, "budget", None)
+        costs = [s.cost for s in self.hosts.values() if s.cost is not None]
+        if budget is None or not costs or (budget.daily is None and budget.monthly is None):
+            return
+        today, month = sum(c.today for c in costs), sum(c.month for c in costs)
+        alerts = budget_alerts(budget, today, month, costs[0].currency)
+        for alert in alerts:
+            if (alert.period, alert.level) not in self._budget_seen:
+                level = "error" if alert.level == "exceeded" else "warning"
+                self.notify(alert.message, title="budget", severity=level, timeout=2 * NOTIFY_S)
+        self._budget_seen = {(a.period, a.level) for a in alerts}
+
+    def _mark_stream(self, old: M.HostSnapshot | None, new: M.HostSnapshot) -> None:
+        """Markers in the open log when its host drops and comes back (the core resumes the follow)."""
+        stream = self.stream
+        if stream is None or stream.job.host != new.name or old is None:
+            return
+        if old.state == M.CONNECTED and new.state != M.CONNECTED and not self._stream_lost:
+            self._stream_lost = True
+            at = f"; will resume at byte {stream.cursor}" if stream.cursor is not None else ""
+            stream.mark(f"connection lost ({new.error or new.state}){at}")
+        elif new.state == M.CONNECTED and self._stream_lost:
+            self._stream_lost = False
+            stream.mark("reconnected; output resumes where it stopped")
+
+    # --- rendering --------------------------------------------------------------------------------------------
+    def _render_all(self) -> None:
+        with self.batch_update():
+            self._render_fleet()
+            self._render_host()
+            self._render_log_info()
+
+    def _render_fleet(self) -> None:
+        self._fleet_dirty, self._last_fleet = False, time.monotonic()
+        pal = self.palette
+        snaps = [self.hosts[n] for n in self.host_order]
+        self.query_one("#summary", TextBox).show(fleet_summary(snaps, pal))
+        rows = []
+        for snap in snaps:
+            cells = self._rows.get(snap.name)
+            if cells is None:
+                cells = self._rows[snap.name] = host_row(snap, pal)
+            rows.append((snap.name, cells))
+        self.query_one(FleetTable).show(rows)
+
+    def _render_host(self) -> None:
+        snap = self.hosts.get(self.selected_host or "")
+        pal = self.palette
+        self.query_one("#host-info", TextBox).show(host_info(snap, pal) if snap else "")
+        set_class(self.query_one("#host-pane"), snap is not None and snap.state != M.CONNECTED, "-stale")
+        self.query_one(GpuGrid).show(snap, pal)
+        jobs = self._render_jobs()
+        self.query_one(ProcsTable).show(snap, pal)
+        if self.selected_job is None or (snap and self.selected_job not in {j.id for j in snap.jobs}):
+            self._select_job(jobs.cursor_key)
+
+    def _render_jobs(self) -> JobsTable:
+        jobs = self.query_one(JobsTable)
+        jobs.show(self.hosts.get(self.selected_host or ""), self._insights_for, self.clock(), self.palette)
+        return jobs
+
+    def _insights_for(self, job: M.Job) -> JobInsights | None:
+        stream = self.stream
+        if stream is not None and stream.key == (job.host, job.id):
+            return stream.snapshot()
+        return job.insights
+
+    def current_job(self) -> M.Job | None:
+        snap = self.hosts.get(self.selected_host or "")
+        if snap is None or self.selected_job is None:
+            return None
+        return next((j for j in snap.jobs if j.id == self.selected_job), None)
+
+    def _render_log_info(self) -> None:
+        pane = self.query_one(LogPane)
+        stream = self.stream
+        job = self.current_job()
+        if stream is not None and job is not None and stream.key != (job.host, job.id):
+            job = None
+        if stream is not None and job is None:
+            job = stream.job
+        ins = self._insights_for(job) if job is not None else None
+        pane.show_info(job, ins, self._hints(job, ins), self.palette)
+
+    def _hints(self, job: M.Job | None, ins: JobInsights | None) -> list[Hint]:
+        if job is None:
+            return []
+        hints = list(ins.hints) if ins else []
+        exit_hint = hint_for_exit(job.exit_code)
+        if exit_hint is not None:
+            hints.append(exit_hint)
+        snap = self.hosts.get(job.host)
+        if snap is not None and snap.gpus:
+            mine = [g for g in snap.gpus if any(p.job == job.id for p in g.processes)]
+            if mine:
+                idx = {g.index for g in mine}
+                util = [
+                    sum(g.util_percent or 0 for g in s.gpus if g.index in idx) / len(idx)
+                    for s in snap.history[-120:]
+                ]
+                oom = any(h.code == "cuda_oom" for h in hints)
+                hints += hints_from_metrics(job.running, util, mine, job=job.id, oom=oom)
+        return hints
+
+    # --- selection --------------------------------------------------------------------------------------------
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value
+        if isinstance(event.data_table, FleetTable) and key:
+            self.select_host(key)
+        elif isinstance(event.data_table, JobsTable) and key:
+            if self._job_timer is not None:
+                self._job_timer.stop()
+                self._job_timer = None
+            if key != self.selected_job:
+                self._job_timer = self.set_timer(JOB_SELECT_DELAY_S, lambda: self._select_job(key))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if isinstance(event.data_table, FleetTable):
+            self.query_one(JobsTable).focus()
+        elif isinstance(event.data_table, JobsTable):
+            self._select_job(event.row_key.value)
+            self.action_toggle_log()
+
+    def select_host(self, name: str) -> None:
+        if name == self.selected_host or name not in self.hosts:
+            return
+        self.selected_host = name
+        self.selected_job = None
+        with self.batch_update():
+            self._render_host()
+            self._render_log_info()
+        self._refresh_keys()
+
+    def _select_job(self, job_id: str | None) -> None:
+        self.selected_job = job_id
+        job = self.current_job()
+        if job is not None:
+            self._open_log(job)
+        else:
+            self._close_log()
+        self._refresh_keys()
+
+    def _close_log(self) -> None:
+        if self.stream is not None:
+            self.run_worker(self.stream.stop(), group="log-stop")
+            self.stream = None
+            self.query_one(LogView).show_buffer(None)
+        self._render_log_info()
+
+    def select_job(self, host: str, job_id: str) -> None:
+        """Make ``job_id`` on ``host`` the selected job (applying pending snapshots first)."""
+        if self._pending:
+            self._flush()
+        self.query_one(FleetTable).select_key(host)
+        self.select_host(host)
+        self.query_one(JobsTable).select_key(job_id)
+        self._select_job(job_id)
+
+    def _open_log(self, job: M.Job) -> None:
+        if self.stream is not None and self.stream.key == (job.host, job.id):
+            return
+        old = self.stream
+        if old is not None:
+            self.run_worker(old.stop(), group="log-stop")
+        stream = LogStream(self.source.session(job.host), job, self.log_max_lines, wake=self._wake)
+        self.stream, self._stream_lost = stream, False
+        self.query_one(LogView).show_buffer(stream.buffer)
+        self._render_log_info()
+        self.run_worker(stream.start(), group="log", exclusive=False)
+
+    # --- events from the log pane ------------------------------------------------------------------------------
+    def on_log_view_state_changed(self, _event: LogView.StateChanged) -> None:
+        self._render_log_info()
+
+    def on_log_view_search_requested(self, _event: LogView.SearchRequested) -> None:
+        self.action_search()
+
+    # --- actions ----------------------------------------------------------------------------------------------
+    def _refresh_keys(self) -> None:
+        """Footer and palette follow what is possible now; recomputed only when that changed."""
+        job = self.current_job()
+        sig = (
+            bool(self.host_order),
+            self.selected_host,
+            job is not None and job.running,
+            self.stream is not None,
+        )
+        if sig != self._keys_sig:
+            self._keys_sig = sig
+            self.refresh_bindings()
+
+    def _can_suspend(self) -> bool:
+        return self._driver is not None and self._driver.can_suspend
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        job = self.current_job()
+        running = job is not None and job.running
+        if action == "attach":
+            return (True if running else None) if self._can_suspend() else False
+        if action == "kill_job":
+            return True if running else None
+        if action == "release":
+            return True if self.selected_host else None
+        if action == "new_job":
+            return True if self.host_order else None
+        if action == "search":
+            return True if self.stream is not None else None
+        return True
+
+    def action_focus_pane(self, pane_id: str) -> None:
+        self.query_one(f"#{pane_id}").focus()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.key_sections()))
+
+    def key_sections(self) -> list[Section]:
+        return [
+            ("Everywhere", [(key_label(b), b.tooltip or b.description) for b in APP_KEYS]),
+            ("Log pane", [(key_label(b), b.tooltip or b.description) for b in LOG_KEYS]),
+            ("Moving around", NAV_KEYS),
+            ("Dialogs", DIALOG_KEYS),
+        ]
+
+    @property
+    def log_full(self) -> bool:
+        return not self.query_one(FleetTable).display
+
+    def action_toggle_log(self) -> None:
+        """Full-screen log on/off (display flips on three panes: cheaper than restyling the app)."""
+        full = not self.log_full
+        for pane in ("#summary", "#hosts", "#host-pane"):
+            self.query_one(pane).display = not full
+        if full:
+            self.query_one(LogView).focus()
+
+    def action_search(self) -> None:
+        if self.stream is None:
+            self.notify("open a job's log first (pick a job in the jobs table)", timeout=NOTIFY_S)
+            return
+        self.query_one(LogPane).open_search()
+
+    def action_new_job(self) -> None:
+        if not self.host_order:
+            return
+        local = frozenset(n for n, h in self.config.hosts.items() if h.transport == "local")
+        screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
+        self.push_screen(screen, self._on_job_spec)
+
+    def _on_job_spec(self, spec: JobSpec | None) -> None:
+        if spec is not None:
+            self.run_worker(self._start_job(spec), group="command")
+
+    async def _start_job(self, spec: JobSpec) -> None:
+        try:
+            job = await self.source.session(spec.host).start_job(
+                spec.argv, name=spec.name, cwd=spec.cwd, env=spec.env, gpus=spec.gpus
+            )
+        except Exception as exc:
+            self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
+            return
+        self._started.add((spec.host, job.id))
+        self.notify(f"started job {job.id} ({job.name}) on {spec.host}", timeout=NOTIFY_S)
+        self.select_job(spec.host, job.id)
+
+    def action_kill_job(self) -> None:
+        job = self.current_job()
+        if job is None or not job.running:
+            self.notify("no running job selected", timeout=NOTIFY_S)
+            return
+        g = self.kill_grace_s
+        body = (
+            f"Kill job {job.id} ({job.name}) on {job.host}?\n\n"
+            f"SIGINT goes to the job's process group now; if it is still running after {g:g} s it gets "
+            f"SIGTERM, and {g:g} s after that SIGKILL. Its log and exit status stay on the host."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._kill(job), group="command")
+
+        self.push_screen(ConfirmScreen("Kill job", body, "Kill"), answered)
+
+    async def _kill(self, job: M.Job) -> None:
+        self.notify(f"killing job {job.id} on {job.host}…", timeout=NOTIFY_S)
+        try:
+            done = await self.source.session(job.host).kill_job(job.id, self.kill_grace_s)
+        except Exception as exc:
+            self.notify(f"could not kill job {job.id}: {exc}", severity="error", timeout=NOTIFY_S)
+            return
+        self.notify(f"job {done.id} on {job.host}: {done.state} (exit {done.exit_code})", timeout=NOTIFY_S)
+
+    def action_release(self) -> None:
+        host = self.selected_host
+        if host is None:
+            return
+        snap = self.hosts.get(host)
+        running = sum(1 for j in snap.jobs if j.running) if snap else 0
+        body = f"Release {host}?\n\nThe machine goes back to its provider and billing stops."
+        if running:
+            body += f" {running} running job{'s' if running != 1 else ''} and everything on its disk will be lost."
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._release(host), group="command")
+
+        self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
+
+    async def _release(self, host: str) -> None:
+        try:
+            await self.release_host(host)
+        except Exception as exc:
+            self.notify(f"release of {host} failed: {exc}", severity="error", timeout=NOTIFY_S)
+
+    async def action_attach(self) -> None:
+        job = self.current_job()
+        snap = self.hosts.get(job.host) if job else None
+        if job is None or snap is None:
+            self.notify("select a running job to attach to", timeout=NOTIFY_S)
+            return
+        try:
+            argv = attach_argv(self.source.session(job.host).transport.terminal_prefix(), snap, job)
+        except ValueError as exc:
+            self.notify(str(exc), timeout=NOTIFY_S)
+            return
+        if not self._can_suspend():
+            self.notify(
+                "this terminal cannot hand itself over; attach with: " + " ".join(argv), timeout=NOTIFY_S
+            )
+            return
+        with self.suspend(), self.batch_update():  # the loop keeps links alive; nothing is painted meanwhile
+            code = await asyncio.to_thread(self.attach_runner, argv)
+        if code:
+            self.notify(f"attach ended with exit status {code}", severity="warning", timeout=NOTIFY_S)
+
+    # --- command palette --------------------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for b in APP_KEYS:
+            if b.action in ("quit", "change_theme") or self.check_action(b.action.split("(")[0], ()) is False:
+                continue
+            yield SystemCommand(
+                f"{b.description} ({key_label(b)})",
+                b.tooltip or b.description,
+                self._palette_action(b.action),
+            )
+        yield SystemCommand("Follow log (f)", "Jump to the end of the log and keep following", self._follow)
+        for name in sorted(self.available_themes):
+            yield SystemCommand(f"Theme: {name}", "Use this theme (remembered)", self._palette_theme(name))
+
+    def _palette_action(self, action: str) -> Callable[[], Any]:
+        return lambda: self.run_action(action)
+
+    def _palette_theme(self, name: str) -> Callable[[], None]:
+        def use() -> None:
+            self.theme = name
+
+        return use
+
+    def _follow(self) -> None:
+        self.query_one(LogView).action_follow()

@@ -1,0 +1,57 @@
+"""What changed between two snapshots of a host that deserves a notification (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gputui.core import model as M
+
+from . import fmt
+
+
+@dataclass(frozen=True)
+class Notice:
+    message: str
+    severity: str = "information"  # "information", "warning" or "error" (Textual's notify severities)
+
+
+def job_end_notice(host: str, job: M.Job) -> Notice:
+    label = f"job {job.id} ({job.name}) on {host}"
+    if job.state == M.JOB_SUCCEEDED:
+        return Notice(f"{label} succeeded")
+    if job.state == M.JOB_FAILED:
+        return Notice(f"{label} failed (exit {job.exit_code})", "error")
+    if job.state == M.JOB_KILLED:
+        return Notice(f"{label} was killed (exit {job.exit_code})", "warning")
+    return Notice(f"{label} was lost (its tmux session vanished)", "warning")
+
+
+def diff(
+    old: M.HostSnapshot | None, new: M.HostSnapshot, started: frozenset[str] = frozenset()
+) -> list[Notice]:
+    """Host drops/returns, jobs that ended, a host turning idle. ``started``: job ids this client started
+    (their end is reported even when the job never showed up as running)."""
+    if old is None:
+        return []
+    out: list[Notice] = []
+    was, now = old.state, new.state
+    if was != now:
+        if now == M.CONNECTED and was in (M.RECONNECTING, M.ERROR):
+            out.append(Notice(f"{new.name} is back"))
+        elif now == M.RECONNECTING and was == M.CONNECTED:
+            out.append(Notice(f"{new.name} dropped: {new.error or 'link lost'}; reconnecting", "warning"))
+        elif now == M.ERROR:
+            out.append(Notice(f"{new.name}: {new.error or 'error'}", "error"))
+    before = {j.id: j for j in old.jobs}
+    for job in new.jobs:
+        prev = before.get(job.id)
+        if job.state in M.JOB_ENDED_STATES and (
+            (prev is not None and prev.running) or (prev is None and job.id in started)
+        ):
+            out.append(job_end_notice(new.name, job))
+    oc, nc = old.cost, new.cost
+    paid = nc is not None and nc.price_per_hour is not None
+    if paid and nc.idle and not (oc is not None and oc.idle) and now == M.CONNECTED:
+        burn = fmt.money(nc.price_per_hour, nc.currency, per_hour=True)
+        out.append(Notice(f"{new.name} is idle ({burn}); release it if you are done", "warning"))
+    return out

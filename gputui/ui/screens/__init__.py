@@ -1,0 +1,1 @@
+"""Modal screens: new job, confirmations, help."""

@@ -1,0 +1,167 @@
+"""The new-job dialog: host, command (split like a shell would, never run through one), and options."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from gputui.core import model as M
+
+FREE_UTIL_PCT = 10.0
+FREE_MEM_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    host: str
+    argv: list[str]
+    cwd: str | None = None
+    gpus: str | None = None
+    name: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def free_gpus(snap: M.HostSnapshot | None) -> list[int]:
+    """GPUs with no processes, low utilisation and little memory in use."""
+    out = []
+    for g in snap.gpus if snap else ():
+        mem = (g.mem_used_mib or 0) / g.mem_total_mib if g.mem_total_mib else 0.0
+        if not g.processes and (g.util_percent or 0) < FREE_UTIL_PCT and mem < FREE_MEM_FRACTION:
+            out.append(g.index)
+    return out
+
+
+def gpu_hint(snap: M.HostSnapshot | None) -> tuple[str, str]:
+    """(suggested value, explanation) for the GPUs field."""
+    gpus = snap.gpus if snap else ()
+    if not gpus:
+        return "", "no GPUs reported on this host"
+    free = free_gpus(snap)
+    busy = [g.index for g in gpus if g.index not in free]
+    if not busy:
+        return "", f"all {len(gpus)} free (empty = all)"
+    if not free:
+        return "", "none free (empty = all)"
+    return ",".join(map(str, free)), f"free: {', '.join(map(str, free))} · busy: {', '.join(map(str, busy))}"
+
+
+def parse_env(text: str) -> dict[str, str]:
+    env = {}
+    for item in shlex.split(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+class NewJobScreen(ModalScreen[JobSpec | None]):
+    """Enter in any field starts the job; Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "submit", "Start")]
+    AUTO_FOCUS = "#command"  # typing goes to the command from the first frame on
+
+    def __init__(
+        self,
+        hosts: list[str],
+        host: str | None,
+        snapshots: dict[str, M.HostSnapshot],
+        local_cwd: str,
+        local_hosts: frozenset[str] = frozenset({"local"}),
+    ) -> None:
+        super().__init__(classes="dialog-screen")
+        self.hosts, self.snapshots, self.local_cwd = hosts, snapshots, local_cwd
+        self.local_hosts = local_hosts
+        self.host = host if host in hosts else (hosts[0] if hosts else None)
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Static("New job", classes="dialog-title")
+            yield Label("Host")
+            yield Select([(h, h) for h in self.hosts], value=self.host, allow_blank=False, id="host")
+            yield Label("Command (split like a shell, run without one)")
+            yield Input(placeholder="python train.py --epochs 10", id="command")
+            yield Label("Working directory")
+            yield Input(id="cwd")
+            with Horizontal(classes="row"):
+                with Vertical():
+                    yield Label("GPUs (CUDA_VISIBLE_DEVICES)")
+                    yield Input(placeholder="all", id="gpus")
+                with Vertical():
+                    yield Label("Name")
+                    yield Input(placeholder="optional", id="name")
+            yield Static("", id="gpu-hint", classes="hint")
+            yield Label("Environment")
+            yield Input(placeholder="KEY=VALUE OTHER='with spaces'", id="env")
+            yield Static("", id="error", classes="error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Cancel (esc)", id="cancel")
+                yield Button("Start (enter)", id="start", variant="primary")
+
+    def on_mount(self) -> None:
+        self._fill_for_host(self.host)
+        self.query_one("#command", Input).focus()
+
+    def _fill_for_host(self, host: str | None) -> None:
+        snap = self.snapshots.get(host or "")
+        local = host in self.local_hosts
+        self.query_one("#cwd", Input).value = self.local_cwd if local else ""
+        self.query_one("#cwd", Input).placeholder = "" if local else "~ (home on the host)"
+        value, hint = gpu_hint(snap)
+        self.query_one("#gpus", Input).value = value
+        self.query_one("#gpu-hint", Static).update(hint)
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if isinstance(event.value, str) and event.value != self.host:
+            self.host = event.value
+            self._fill_for_host(self.host)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_submit()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "start":
+            self.action_submit()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def action_submit(self) -> None:
+        try:
+            spec = self.spec()
+        except ValueError as exc:
+            self.query_one("#error", Static).update(str(exc))
+            return
+        self.dismiss(spec)
+
+    def spec(self) -> JobSpec:
+        if self.host is None:
+            raise ValueError("no host to run on")
+        value = lambda key: self.query_one(f"#{key}", Input).value.strip()  # noqa: E731
+        try:
+            argv = shlex.split(value("command"))
+        except ValueError as exc:
+            raise ValueError(f"command: {exc}") from None
+        if not argv:
+            raise ValueError("command: what should run? e.g. python train.py")
+        try:
+            env = parse_env(value("env"))
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        return JobSpec(
+            host=self.host,
+            argv=argv,
+            cwd=value("cwd") or None,
+            gpus=value("gpus") or None,
+            name=value("name") or None,
+            env=env,
+        )

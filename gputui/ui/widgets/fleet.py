@@ -1,0 +1,114 @@
+"""The fleet: one row per host, and the one-line summary above it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from statistics import fmean
+
+from rich.text import Text
+
+from gputui.core import model as M
+
+from .. import fmt
+from ..palette import Palette
+from .keyed_table import KeyedTable, Row
+
+
+def state_text(snap: M.HostSnapshot, pal: Palette) -> Text:
+    s = snap.state
+    if s == M.CONNECTED:
+        idle = snap.cost is not None and snap.cost.idle
+        return Text("● idle" if idle else "● up", style=pal.warm if idle else pal.ok)
+    if s == M.RECONNECTING:
+        detail = f" · {snap.detail}" if snap.detail else ""
+        return Text(f"◌ reconnecting{detail}", style=pal.warm, no_wrap=True, overflow="ellipsis")
+    if s == M.CONNECTING:
+        return Text("◌ connecting", style=pal.muted)
+    if s == M.ERROR:
+        return Text(f"✖ {snap.error or 'error'}", style=pal.hot, no_wrap=True, overflow="ellipsis")
+    return Text("○ closed", style=pal.muted)
+
+
+def gpu_summary(snap: M.HostSnapshot) -> str:
+    gpus = snap.gpus
+    if not gpus:
+        return "none" if snap.metrics is not None else "-"
+    names = {fmt.short_gpu_name(g.name) for g in gpus}
+    return f"{len(gpus)}× {names.pop() if len(names) == 1 else 'mixed'}"
+
+
+def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
+    gpus = snap.gpus
+    utils = [g.util_percent for g in gpus if g.util_percent is not None]
+    util = fmean(utils) if utils else None
+    used = sum(g.mem_used_mib or 0 for g in gpus) if gpus else None
+    total = sum(g.mem_total_mib or 0 for g in gpus) if gpus else None
+    temps = [g.temp_c for g in gpus if g.temp_c is not None]
+    hottest = max(temps) if temps else None
+    running = sum(1 for j in snap.jobs if j.running)
+    cost = snap.cost
+    priced = cost is not None and (cost.price_per_hour is not None or cost.accrued > 0)
+    stale = snap.state != M.CONNECTED
+    dim = pal.muted if stale else None
+    return (
+        Text(snap.name, style="bold"),
+        state_text(snap, pal),
+        Text(gpu_summary(snap), style=dim or ""),
+        Text(fmt.pct(util), style=dim or pal.util(util), justify="right"),
+        Text(fmt.mem_pair(used, total), style=dim or pal.mem(fmt.ratio(used, total)), justify="right"),
+        Text("-" if hottest is None else f"{hottest:.0f}°C", style=dim or pal.temp(hottest), justify="right"),
+        Text(str(running) if snap.metrics or snap.jobs else "-", justify="right"),
+        Text(fmt.money(cost.price_per_hour, cost.currency) if cost else "-", justify="right"),
+        Text(fmt.money(cost.accrued, cost.currency) if priced else "-", justify="right"),
+        Text(fmt.duration(cost.idle_seconds) if cost and cost.idle else "-", justify="right"),
+    )
+
+
+class FleetTable(KeyedTable):
+    """Hosts in config order; the cursor row is the selected host."""
+
+    COLUMNS = (
+        ("host", "Host", 14),
+        ("state", "State", 34),
+        ("gpus", "GPUs", 18),
+        ("util", "Util", 5),
+        ("mem", "GPU mem", 15),
+        ("temp", "Temp", 5),
+        ("jobs", "Jobs", 4),
+        ("price", "$/h", 8),
+        ("accrued", "Accrued", 9),
+        ("idle", "Idle", 7),
+    )
+
+    def show(self, rows: Sequence[Row]) -> None:
+        self.sync(rows)
+
+
+def fleet_summary(snaps: Sequence[M.HostSnapshot], pal: Palette) -> Text:
+    """``3 hosts: 2 up · 1 idle · 1 down · burn $4.20/h · accrued $31.10``."""
+    if not snaps:
+        return Text("No hosts. Add [hosts.NAME] tables to ~/.config/gputui/config.toml.", style=pal.muted)
+    up = [s for s in snaps if s.state == M.CONNECTED]
+    idle = [s for s in up if s.cost is not None and s.cost.idle]
+    down = len(snaps) - len(up)
+    priced = [
+        s.cost for s in up if s.cost is not None and s.cost.price_per_hour is not None and not s.cost.released
+    ]
+    currency = priced[0].currency if priced else "USD"
+    out = Text()
+    out.append(f"{len(snaps)} host{'s' if len(snaps) != 1 else ''}: ", style="bold")
+    out.append(f"{len(up)} up", style=pal.ok if up else pal.muted)
+    out.append(" · ")
+    out.append(f"{len(idle)} idle", style=pal.warm if idle else pal.muted)
+    out.append(" · ")
+    out.append(f"{down} down", style=pal.hot if down else pal.muted)
+    out.append("   burn ")
+    out.append(
+        fmt.money(sum(c.price_per_hour or 0.0 for c in priced), currency, per_hour=True) if priced else "-",
+        style="bold",
+    )
+    accrued = [s.cost.accrued for s in snaps if s.cost is not None and s.cost.accrued > 0]
+    if accrued:
+        out.append("   accrued ")
+        out.append(fmt.money(sum(accrued), currency), style="bold")
+    return out

@@ -1,0 +1,259 @@
+"""The selected host: its summary lines, one card per GPU, its jobs and its GPU processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from rich.text import Text
+from textual.containers import Container, Vertical
+
+from gputui.core import model as M
+from gputui.core.insights import JobInsights
+
+from .. import fmt
+from ..logstream import progress_text
+from ..palette import Palette
+from .keyed_table import KeyedTable
+from .textbox import TextBox, set_display
+
+CARD_WIDTH = 40  # outer width of a GPU card, border included
+BAR_WIDTH = 10
+SPARK_WIDTH = 15
+HISTORY_WINDOW = 300  # samples (seconds at 1 Hz) the sparklines summarise
+
+
+def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
+    """Two or three lines: identity and host resources; connection trouble; money."""
+    out = Text()
+    out.append(snap.name, style="bold")
+    hostname = snap.facts.get("hostname")
+    if hostname and hostname != snap.name:
+        out.append(f" ({hostname})", style=pal.muted)
+    m = snap.metrics
+    if m is not None:
+        h = m.host
+        parts = [
+            f"cpu {fmt.pct(h.cpu_percent)}" + (f" of {h.cpu_count}" if h.cpu_count else ""),
+            f"load {h.load1:.2f}" if h.load1 is not None else None,
+            f"mem {fmt.mem_pair(h.mem_used_mib, h.mem_total_mib)}",
+            f"disk {h.disk_free_gib:.0f} GiB free" if h.disk_free_gib is not None else None,
+            f"up {fmt.duration(h.uptime_s)}" if h.uptime_s is not None else None,
+            f"gpu via {m.gpu_source}" if m.gpu_source else None,
+        ]
+        out.append("   " + " · ".join(p for p in parts if p))
+    if snap.state == M.RECONNECTING:
+        out.append("\n")
+        out.append(f"reconnecting ({snap.detail or 'waiting'})", style=f"bold {pal.warm}")
+        out.append(f": {snap.error}" if snap.error else "", style=pal.warm)
+        out.append(" — last known data shown", style=pal.muted)
+    elif snap.state == M.ERROR:
+        out.append("\n")
+        out.append(f"error: {snap.error or 'unknown'}", style=f"bold {pal.hot}")
+    elif snap.state == M.CONNECTING:
+        out.append("\n")
+        out.append("connecting…", style=pal.muted)
+    c = snap.cost
+    if c is not None:
+        parts = Text()
+        if c.price_per_hour is not None or c.accrued:
+            parts.append(fmt.money(c.price_per_hour, c.currency, per_hour=True), style="bold")
+            parts.append(
+                f" · accrued {fmt.money(c.accrued, c.currency)} · today {fmt.money(c.today, c.currency)}"
+            )
+        if c.idle:
+            money = f" ({fmt.money(c.idle_cost, c.currency)})" if c.price_per_hour is not None else ""
+            parts.append(
+                f"{' · ' if parts else ''}idle {fmt.duration(c.idle_seconds)}{money}", style=pal.warm
+            )
+        elif c.reasons:
+            parts.append(f"{' · ' if parts else ''}busy: {', '.join(c.reasons[:3])}", style=pal.muted)
+        if c.autostop_in_s is not None:
+            parts.append(f" · autostop in {fmt.duration(c.autostop_in_s)}", style=pal.warm)
+        if c.deadline_in_s is not None:
+            parts.append(f" · release deadline in {fmt.duration(c.deadline_in_s)}", style=pal.hot)
+        if c.released:
+            parts.append(" · released", style=pal.muted)
+        if parts:
+            out.append("\n")
+            out.append_text(parts)
+    return out
+
+
+Series = dict[int, tuple[list[float | None], list[float | None], list[float | None]]]
+
+
+def gpu_series(history: Sequence[M.MetricsSample], window: int = HISTORY_WINDOW) -> Series:
+    """Per GPU index: (util %, memory fraction, temperature) over the last ``window`` samples."""
+    out: Series = {}
+    for sample in history[-window:]:
+        for g in sample.gpus:
+            util, mem, temp = out.setdefault(g.index, ([], [], []))
+            util.append(g.util_percent)
+            mem.append(fmt.ratio(g.mem_used_mib, g.mem_total_mib))
+            temp.append(g.temp_c)
+    return out
+
+
+def _bar(text: Text, fraction: float | None, color: str, pal: Palette) -> None:
+    filled = fmt.bar(fraction, BAR_WIDTH)
+    text.append(filled, style=f"{color} on {pal.empty}")
+
+
+def gpu_card(g: M.GpuSample, series: tuple[list, list, list] | None, pal: Palette) -> Text:
+    """Three lines: utilisation, memory, temperature/power, each with its sparkline."""
+    util_h, mem_h, temp_h = series or ([], [], [])
+    memf = fmt.ratio(g.mem_used_mib, g.mem_total_mib)
+    t = Text(no_wrap=True, overflow="crop")
+    t.append("util ", style=pal.muted)
+    _bar(t, None if g.util_percent is None else g.util_percent / 100, pal.util(g.util_percent), pal)
+    t.append(f" {fmt.pct(g.util_percent):>4} ")
+    t.append(fmt.spark(util_h, SPARK_WIDTH, 0, 100), style=pal.spark)
+    t.append("\nmem  ", style=pal.muted)
+    _bar(t, memf, pal.mem(memf), pal)
+    t.append(f" {fmt.pct(None if memf is None else memf * 100):>4} ")
+    t.append(fmt.spark(mem_h, SPARK_WIDTH, 0, 1), style=pal.spark)
+    t.append("\ntemp ", style=pal.muted)
+    t.append(f"{'-' if g.temp_c is None else f'{g.temp_c:.0f}°C':<5}", style=f"bold {pal.temp(g.temp_c)}")
+    power = "-" if g.power_w is None else f"{g.power_w:.0f}"
+    limit = f"/{g.power_limit_w:.0f}" if g.power_limit_w else ""
+    t.append(f" {power + limit + 'W':>9} ")
+    t.append(fmt.spark(temp_h, SPARK_WIDTH, 20, 95), style=pal.temp(g.temp_c))
+    return t
+
+
+class GpuCard(TextBox):
+    """One GPU; title and subtitle sit in its border."""
+
+    def show_gpu(self, g: M.GpuSample, series: tuple[list, list, list] | None, pal: Palette) -> None:
+        title = f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}"
+        subtitle = fmt.mem_pair(g.mem_used_mib, g.mem_total_mib)
+        if title != self.border_title:
+            self.border_title = title
+        if subtitle != self.border_subtitle:
+            self.border_subtitle = subtitle
+        self.show(gpu_card(g, series, pal))
+
+
+class GpuGrid(Vertical):
+    """Cards in as many columns as fit; a line of text when the host has no GPU readings."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._cards: list[GpuCard] = []
+        self._note = TextBox(classes="gpu-note")
+        self._grid = Container(classes="cards")
+
+    def compose(self):
+        yield self._note
+        yield self._grid
+
+    def on_resize(self) -> None:
+        self._grid.styles.grid_size_columns = max(1, self.size.width // CARD_WIDTH)
+
+    def show(self, snap: M.HostSnapshot | None, pal: Palette) -> None:
+        gpus = snap.gpus if snap else ()
+        if len(gpus) != len(self._cards):
+            for card in self._cards[len(gpus) :]:
+                card.remove()
+            del self._cards[len(gpus) :]
+            new = [GpuCard(classes="gpu-card") for _ in range(len(gpus) - len(self._cards))]
+            if new:
+                self._grid.mount_all(new)
+                self._cards.extend(new)
+        note = ""
+        if snap is not None and not gpus:
+            m = snap.metrics
+            if m is None:
+                note = "no metrics yet" if snap.state in (M.CONNECTING, M.CONNECTED) else "no data"
+            else:
+                note = f"no GPUs: {m.gpu_error or 'none found'} (host metrics only)"
+        self._note.show(Text(note, style=pal.muted))
+        set_display(self._note, bool(note))
+        set_display(self._grid, bool(gpus))
+        series = gpu_series(snap.history) if gpus and snap else {}
+        for card, g in zip(self._cards, gpus, strict=False):
+            card.show_gpu(g, series.get(g.index), pal)
+
+
+def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tuple[object, ...]:
+    progress, eta = progress_text(ins)
+    state_style = {
+        M.JOB_RUNNING: pal.ok,
+        M.JOB_SUCCEEDED: pal.muted,
+        M.JOB_FAILED: pal.hot,
+        M.JOB_KILLED: pal.warm,
+        M.JOB_LOST: pal.warm,
+    }.get(job.state, "")
+    runtime = None
+    if job.started_at is not None:
+        runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
+    exit_style = pal.hot if job.exit_code not in (None, 0) else ""
+    return (
+        Text(job.id, justify="right"),
+        Text(job.name, no_wrap=True, overflow="ellipsis"),
+        Text(job.state, style=state_style),
+        Text(fmt.duration(runtime), justify="right"),
+        Text(job.gpus or "all"),
+        Text(progress, justify="right"),
+        Text(eta, justify="right"),
+        Text("" if job.exit_code is None else str(job.exit_code), style=exit_style, justify="right"),
+    )
+
+
+class JobsTable(KeyedTable):
+    """Jobs of the selected host, newest first; the cursor row is the selected job."""
+
+    COLUMNS = (
+        ("id", "ID", 4),
+        ("name", "Name", 30),
+        ("state", "State", 9),
+        ("runtime", "Runtime", 7),
+        ("gpus", "GPUs", 5),
+        ("progress", "Prog", 4),
+        ("eta", "ETA", 6),
+        ("exit", "Exit", 4),
+    )
+
+    def show(
+        self,
+        snap: M.HostSnapshot | None,
+        insights: Callable[[M.Job], JobInsights | None],
+        now: float,
+        pal: Palette,
+    ) -> None:
+        jobs = reversed(snap.jobs) if snap else ()
+        self.sync([(j.id, job_row(j, insights(j), now, pal)) for j in jobs])
+
+
+class ProcsTable(KeyedTable):
+    """Processes on the selected host's GPUs, with the gputui job that owns each."""
+
+    COLUMNS = (
+        ("gpu", "GPU", 3),
+        ("pid", "PID", 7),
+        ("job", "Job", 14),
+        ("mem", "Mem", 8),
+        ("name", "Process", 18),
+    )
+
+    def show(self, snap: M.HostSnapshot | None, pal: Palette) -> None:
+        rows = []
+        names = {j.id: j.name for j in snap.jobs} if snap else {}
+        for g in snap.gpus if snap else ():
+            for p in g.processes:
+                job = f"{p.job} {names.get(p.job, '')}".strip() if p.job else ""
+                rows.append(
+                    (
+                        f"{g.index}:{p.pid}",
+                        (
+                            Text(str(g.index), justify="right"),
+                            Text(str(p.pid), justify="right"),
+                            Text(job, style="" if job else pal.muted, no_wrap=True, overflow="ellipsis"),
+                            Text(
+                                fmt.gib(p.mem_mib) + " GiB" if p.mem_mib is not None else "-", justify="right"
+                            ),
+                            Text(p.name or "-", no_wrap=True, overflow="ellipsis"),
+                        ),
+                    )
+                )
+        self.sync(rows)
