@@ -322,7 +322,9 @@ class Agent:
 
     def _watch_loop(self) -> None:
         """Heartbeats, job state changes, and the silence timeout."""
-        states: Dict[str, str] = {}
+        # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
+        # another client, even one that already ended) or whose state changed is pushed.
+        states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
         next_jobs = 0.0
         while not self._stopping.wait(min(self.heartbeat_s, 1.0)):
             now = time.monotonic()
@@ -330,7 +332,7 @@ class Agent:
             if now >= next_jobs:
                 next_jobs = now + 1.0
                 for job in self.jobs.list():
-                    if states.get(job["id"], job["state"]) != job["state"]:
+                    if states.get(job["id"]) != job["state"]:
                         self.emit(P.EV_JOB, job)
                     states[job["id"]] = job["state"]
 

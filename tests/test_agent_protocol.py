@@ -78,3 +78,9 @@ def test_metrics_subscription_pushes_samples(agent: AgentProc) -> None:
     sample = agent.wait_event("metrics")["data"]
     assert sample["host"]["cpu_count"] >= 1 and "activity" in sample
     assert json.dumps(sample)  # plain JSON all the way
+
+
+def test_a_job_that_ends_at_once_still_gets_its_end_event(agent: AgentProc) -> None:
+    job = agent.call("jobs.start", argv=[sys.executable, "-c", "pass"])["result"]
+    ended = agent.wait_event("job", id=job["id"], state="succeeded")
+    assert ended["data"]["exit_code"] == 0
