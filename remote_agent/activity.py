@@ -83,9 +83,11 @@ class ActivityLog:
         self, reasons: List[str], boot_id: Optional[str], boot_time: Optional[float], now: float
     ) -> float:
         """Record one sample; return the start of the current idle stretch (== now while busy)."""
-        if boot_id != self.boot_id:  # a reboot: activity before it says nothing about now
+        if boot_id != self.boot_id:
+            # First sight of this boot: what happened before now is unknown, so the idle clock starts now
+            # (never count unobserved time as idle: autostop must not release on doubt).
             self.boot_id = boot_id
-            self.last_busy = boot_time if boot_time is not None else now
+            self.last_busy = now
             self._written = 0.0
         if reasons:
             self.last_busy = now
@@ -95,7 +97,7 @@ class ActivityLog:
         return self.last_busy
 
     def idle_since(self, jobs: List[Dict[str, Any]], boot_time: Optional[float]) -> float:
-        """Start of the idle stretch as known on disk: last busy sample, last job end, or boot."""
+        """Start of the idle stretch as known on disk: the last busy (or first) sample, or the last job end."""
         candidates = [self.last_busy, boot_time if boot_time is not None else 0.0]
         candidates += [float(j["ended_at"]) for j in jobs if j.get("ended_at")]
         return max(candidates)

@@ -250,10 +250,11 @@ class Agent:
         config = dict(a.get("config") or {})
         config["boot_id"] = self.facts()["boot_id"]
         old = read_json(self._watchdog_path(W.CONFIG)) or {}
-        settings = lambda c: {k: v for k, v in c.items() if k not in ("snoozed_until", "cancelled")}  # noqa: E731
+        kept = ("snoozed_until", "cancelled", "armed_at")  # state of this boot, not settings
+        settings = lambda c: {k: v for k, v in c.items() if k not in kept}  # noqa: E731
+        config["armed_at"] = time.time()  # the idle window cannot start before autostop was armed
         if old.get("boot_id") == config["boot_id"] and settings(old) == settings(config):
-            config["snoozed_until"] = old.get("snoozed_until")
-            config["cancelled"] = old.get("cancelled", False)
+            config.update({k: old.get(k) for k in kept if k in old})
         armed = bool(config.get("autostop_minutes") or config.get("release_at") is not None)
         write_json(self._watchdog_path(W.CONFIG), config)
         started = W.ensure_running(self.jobs.state_dir, self.launcher) if armed else False

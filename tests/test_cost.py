@@ -133,7 +133,8 @@ def test_idle_window_from_sample_sequence(tmp_path: Path) -> None:
     busy_gpu = {"gpus": [{"index": 0, "util_percent": 90.0, "processes": []}]}
     seq = [(100.0, idle_gpu), (200.0, idle_gpu), (300.0, busy_gpu), (400.0, idle_gpu), (1000.0, idle_gpu)]
     out = [idle_status(s, [], log, facts, 5.0, False, now=t) for t, s in seq]
-    assert [o["idle_seconds"] for o in out] == [100.0, 200.0, 0.0, 100.0, 700.0]  # one busy sample resets
+    # the clock starts at the first sample (time before it is unknown); one busy sample resets it
+    assert [o["idle_seconds"] for o in out] == [0.0, 100.0, 0.0, 100.0, 700.0]
     assert out[2]["reasons"] == ["GPU 0 at 90%"]
     # the last busy time survives an agent restart
     assert ActivityLog(str(tmp_path)).last_busy == 300.0
@@ -142,11 +143,12 @@ def test_idle_window_from_sample_sequence(tmp_path: Path) -> None:
 def test_job_end_and_reboot_bound_the_idle_stretch(tmp_path: Path) -> None:
     log = ActivityLog(str(tmp_path))
     quiet = {"gpus": []}
+    idle_status(quiet, [], log, {"boot_id": "b", "boot_time": 0.0}, 5.0, False, now=100.0)  # first sight
     jobs = [{"id": "1", "state": "succeeded", "ended_at": 500.0}]
     out = idle_status(quiet, jobs, log, {"boot_id": "b", "boot_time": 0.0}, 5.0, False, now=800.0)
-    assert out["idle_seconds"] == 300.0
+    assert out["idle_seconds"] == 300.0  # since the job ended, not since the first sample
     out = idle_status(quiet, [], log, {"boot_id": "b2", "boot_time": 790.0}, 5.0, False, now=800.0)
-    assert out["idle_seconds"] == 10.0
+    assert out["idle_seconds"] == 0.0  # a reboot: nothing known about the new boot yet
 
 
 def test_cost_info_combines_price_ledger_and_idle(tmp_path: Path) -> None:

@@ -24,8 +24,12 @@ from textual.widgets import DataTable, Footer
 
 from gputui.core import config as cfg
 from gputui.core import model as M
-from gputui.core.cost import budget_alerts
+from gputui.core import records
+from gputui.core.cost import budget_alerts, idle_release_candidates
+from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, hint_for_exit, hints_from_metrics
+from gputui.core.release import ReleaseError, release_host
+from remote_agent import protocol as P
 
 from . import notices
 from . import themes as T
@@ -35,6 +39,7 @@ from .palette import Palette
 from .screens.confirm import ConfirmScreen
 from .screens.help import HelpScreen, Section, key_label
 from .screens.new_job import JobSpec, NewJobScreen
+from .screens.reports import ReportScreen, doctor_table, history_table
 from .source import FleetSource, SourceFactory, fleet_factory
 from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
@@ -56,6 +61,14 @@ APP_KEYS = [
         "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
     ),
     Binding("r", "release", "Release", tooltip="Release the selected host (asks first)"),
+    Binding(
+        "z", "snooze_autostop", "Snooze autostop", tooltip="Postpone the host's idle autostop by an hour"
+    ),
+    Binding(
+        "x", "cancel_autostop", "Cancel autostop", show=False, tooltip="No autostop until the host reboots"
+    ),
+    Binding("d", "doctor", "Doctor", show=False, tooltip="Check the host: driver, CUDA, torch, tmux, disk"),
+    Binding("h", "history", "History", show=False, tooltip="Finished runs with their records and cost"),
     Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
     Binding("slash", "search", "Search", tooltip="Search the log"),
     Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
@@ -86,10 +99,27 @@ DIALOG_KEYS: list[tuple[str, str]] = [
 
 async def release_not_configured(app: GpuTuiApp, host: str) -> None:
     app.notify(
-        f"release is not configured for {host} in the app; run: gputui release {host}",
+        f"release is not configured for {host}: set release or release_remote in its [hosts.{host}] table",
         severity="warning",
         timeout=NOTIFY_S,
     )
+
+
+async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
+    """Run the host's configured release (the confirm dialog already asked; running jobs were named there)."""
+    conf = app.config.hosts.get(host)
+    ledger = getattr(app.source, "ledger", None)
+    if conf is None or ledger is None or not (conf.release or conf.release_remote):
+        await release_not_configured(app, host)
+        return
+    app.notify(f"releasing {host}…", timeout=NOTIFY_S)
+    try:
+        result = await release_host(app.source.session(host), conf, ledger, force=True)
+    except ReleaseError as exc:
+        app.notify(str(exc), title="not released", severity="error", timeout=2 * NOTIFY_S)
+        return
+    steps = "; ".join(f"{' '.join(s.argv)} -> exit {s.exit_code}" for s in result.steps)
+    app.notify(f"{host} released ({steps})", timeout=2 * NOTIFY_S)
 
 
 class GpuTuiApp(App[None]):
@@ -116,7 +146,7 @@ class GpuTuiApp(App[None]):
         self.config = config if config is not None else cfg.Config(path=None, hosts={})
         self.clock = clock
         self.attach_runner = attach_runner
-        self.release_host: ReleaseHook = release_host or (lambda host: release_not_configured(self, host))
+        self.release_host: ReleaseHook = release_host or (lambda host: release_with_fleet(self, host))
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
         self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
@@ -135,6 +165,7 @@ class GpuTuiApp(App[None]):
         self._keys_sig: tuple[object, ...] = ()
         self._fleet_dirty, self._last_fleet = False, 0.0
         self._budget_seen: set[tuple[str, str]] = set()
+        self._auto_released: set[str] = set()
         self._rows: dict[str, tuple[object, ...]] = {}
         self._state_path = state_path or T.state_path()
         self._ui_state = T.UiState.load(self._state_path)
@@ -280,6 +311,13 @@ class GpuTuiApp(App[None]):
                 level = "error" if alert.level == "exceeded" else "warning"
                 self.notify(alert.message, title="budget", severity=level, timeout=2 * NOTIFY_S)
         self._budget_seen = {(a.period, a.level) for a in alerts}
+        for host in idle_release_candidates(list(self.hosts.values()), self.config, alerts):
+            if host not in self._auto_released:  # on_exceed = "release-idle": idle hosts only, once
+                self._auto_released.add(host)
+                self.notify(
+                    f"budget exceeded: releasing idle host {host}", severity="warning", timeout=NOTIFY_S
+                )
+                self.run_worker(self._release(host), group="command")
 
     def _mark_stream(self, old: M.HostSnapshot | None, new: M.HostSnapshot) -> None:
         """Markers in the open log when its host drops and comes back (the core resumes the follow)."""
@@ -472,6 +510,11 @@ class GpuTuiApp(App[None]):
             return True if running else None
         if action == "release":
             return True if self.selected_host else None
+        if action in ("snooze_autostop", "cancel_autostop"):
+            snap = self.hosts.get(self.selected_host or "")
+            return snap is not None and snap.cost is not None and snap.cost.autostop_in_s is not None
+        if action == "doctor":
+            return True if self.selected_host else None
         if action == "new_job":
             return True if self.host_order else None
         if action == "search":
@@ -567,6 +610,11 @@ class GpuTuiApp(App[None]):
         snap = self.hosts.get(host)
         running = sum(1 for j in snap.jobs if j.running) if snap else 0
         body = f"Release {host}?\n\nThe machine goes back to its provider and billing stops."
+        conf = self.config.hosts.get(host)
+        if conf is not None:
+            for where, argv in (("on the host", conf.release_remote), ("here", conf.release)):
+                if argv:
+                    body += f"\nRuns {where}: {' '.join(argv)}"
         if running:
             body += f" {running} running job{'s' if running != 1 else ''} and everything on its disk will be lost."
 
@@ -581,6 +629,59 @@ class GpuTuiApp(App[None]):
             await self.release_host(host)
         except Exception as exc:
             self.notify(f"release of {host} failed: {exc}", severity="error", timeout=NOTIFY_S)
+
+    def action_snooze_autostop(self) -> None:
+        self._autostop(P.OP_WATCHDOG_SNOOZE, "autostop snoozed for 60 min", minutes=60)
+
+    def action_cancel_autostop(self) -> None:
+        self._autostop(P.OP_WATCHDOG_CANCEL, "autostop cancelled until the host reboots")
+
+    def _autostop(self, op: str, done: str, **args: Any) -> None:
+        host = self.selected_host
+        if host is None:
+            return
+
+        async def send() -> None:
+            try:
+                await self.source.session(host).request(op, **args)
+            except Exception as exc:
+                self.notify(f"{host}: {exc}", severity="error", timeout=NOTIFY_S)
+                return
+            self.notify(f"{host}: {done}", timeout=NOTIFY_S)
+
+        self.run_worker(send(), group="command")
+
+    def action_doctor(self) -> None:
+        host = self.selected_host
+        if host is None:
+            return
+
+        async def load() -> Any:
+            return doctor_table(await run_doctor(self.source.session(host)))
+
+        self.push_screen(ReportScreen(f"Doctor: {host}", load))
+
+    def action_history(self) -> None:
+        async def load() -> Any:
+            recs = []
+            for name in self.host_order:
+                session = self.source.session(name)
+                cur = (
+                    self.config.hosts[name].currency or self.config.currency
+                    if name in self.config.hosts
+                    else "USD"
+                )
+                try:
+                    jobs = await session.list_jobs()
+                except Exception:  # an unreachable host has no history to show right now
+                    continue
+                for job in jobs:
+                    if not job.running:
+                        recs.append(records.run_record(job, await records.job_insights(session, job), cur))
+            recs.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+            return history_table(recs, self.clock())
+
+        self.push_screen(ReportScreen("History: finished runs", load))
 
     async def action_attach(self) -> None:
         job = self.current_job()

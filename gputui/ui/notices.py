@@ -8,6 +8,8 @@ from gputui.core import model as M
 
 from . import fmt
 
+DEADLINE_WARN_S = 3600.0  # a release deadline is announced this long before
+
 
 @dataclass(frozen=True)
 class Notice:
@@ -50,6 +52,10 @@ def diff(
         ):
             out.append(job_end_notice(new.name, job))
     oc, nc = old.cost, new.cost
+    near = nc is not None and nc.deadline_in_s is not None and nc.deadline_in_s <= DEADLINE_WARN_S
+    if near and (oc is None or oc.deadline_in_s is None or oc.deadline_in_s > DEADLINE_WARN_S):
+        left = fmt.duration(nc.deadline_in_s)
+        out.append(Notice(f"{new.name} will be released in {left} (its deadline); save your work", "warning"))
     paid = nc is not None and nc.price_per_hour is not None
     if paid and nc.idle and not (oc is not None and oc.idle) and now == M.CONNECTED:
         burn = fmt.money(nc.price_per_hour, nc.currency, per_hour=True)

@@ -1,0 +1,86 @@
+"""Doctor and history views: modal screens that load a report in a worker and show it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from gputui.core.doctor import FAIL, OK, SKIP, WARN, DoctorReport
+
+from .. import fmt
+
+STATUS_STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
+
+
+def doctor_table(report: DoctorReport) -> Table | Text:
+    if report.error is not None:
+        return Text(f"{report.host}: not checked ({report.error})", style="bold red")
+    table = Table.grid(padding=(0, 2))
+    table.add_column(min_width=4)
+    table.add_column(style="bold")
+    table.add_column()
+    for ch in report.checks:
+        detail = Text(ch.detail)
+        if ch.fix and ch.status != OK:
+            detail.append(f"\nfix: {ch.fix}", style="italic")
+        table.add_row(Text(ch.status.upper(), style=STATUS_STYLE.get(ch.status, "")), ch.title, detail)
+    return table
+
+
+def history_table(records: list[dict[str, Any]], now: float | None = None) -> Table | Text:
+    if not records:
+        return Text("No finished runs yet.", style="dim")
+    now = time.time() if now is None else now
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    for col in ("host", "id", "state", "exit", "ended", "time", "cost", "GPU mem", "util", "metrics", "name"):
+        table.add_column(col, no_wrap=col != "metrics")
+    for r in records:
+        metrics = " ".join(f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3])
+        cost = "-" if r["cost"] is None else fmt.money(r["cost"], r["currency"])
+        mem = "-" if not r["gpu_peak_mem_mib"] else f"{r['gpu_peak_mem_mib'] / 1024:.1f}G"
+        util = "-" if r["gpu_mean_util"] is None else f"{r['gpu_mean_util']:.0f}%"
+        ended = "-" if r["ended_at"] is None else fmt.duration(now - r["ended_at"]) + " ago"
+        dur = "-" if r["duration_s"] is None else fmt.duration(r["duration_s"])
+        table.add_row(
+            r["host"], r["id"], r["state"], "-" if r["exit_code"] is None else str(r["exit_code"]),
+            ended, dur, cost, mem, util, metrics, fmt.clip(r["name"], 40),
+        )  # fmt: skip
+    return table
+
+
+class ReportScreen(ModalScreen[None]):
+    """Shows ``loading`` until ``load()`` returns something rich can render (or raises: the error shows)."""
+
+    BINDINGS = [Binding("escape,q", "dismiss", "Close")]
+
+    def __init__(self, title: str, load: Callable[[], Awaitable[Any]]) -> None:
+        super().__init__(classes="dialog-screen")
+        self.title_text, self.load = title, load
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="dialog wide report"):
+            yield Static(self.title_text, classes="dialog-title")
+            yield Static(Text("loading…", style="dim"), id="report-body")
+            yield Static("Esc or q closes this.", classes="hint")
+
+    def on_mount(self) -> None:
+        self.run_worker(self._load(), exclusive=True)
+
+    async def _load(self) -> None:
+        try:
+            body = await self.load()
+        except Exception as exc:  # shown, not raised: a report is information
+            body = Text(f"could not load: {exc}", style="bold red")
+        self.query_one("#report-body", Static).update(body)
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
