@@ -19,6 +19,7 @@ from textual.widgets import Input
 
 from gputui.core import model as M
 from gputui.ui.app import GpuTuiApp
+from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.widgets.fleet import FleetTable
 
 SIZE = (160, 48)
@@ -99,8 +100,16 @@ def select(
 ) -> Callable[[Pilot], Awaitable[None]]:
     async def run(pilot: Pilot) -> None:
         await settle(pilot)
-        pilot.app.query_one(FleetTable).select_key(host)
-        await settle(pilot, lambda: pilot.app.selected_host == host)
+        app: GpuTuiApp = pilot.app  # type: ignore[assignment]
+        app.query_one(FleetTable).select_key(host)
+
+        def ready() -> bool:  # the host shows, and its newest job's log is open (the job timer has fired)
+            jobs = app.hosts[host].jobs
+            return app.selected_host == host and (
+                not jobs or (app.stream is not None and app.stream.job.host == host)
+            )
+
+        await settle(pilot, ready)
         if then is not None:
             await then(pilot)
 
@@ -174,8 +183,12 @@ def test_new_job_dialog(snap_compare: Any, tmp_path: Path) -> None:
     async def run(pilot: Pilot) -> None:
         await select("a100-busy")(pilot)
         await pilot.press("n")
-        await pilot.pause(0.3)
+        for _ in range(400):  # readiness, not a fixed pause: the dialog is up and has its fields
+            if isinstance(pilot.app.screen, NewJobScreen) and pilot.app.screen.query("#command"):
+                break
+            await pilot.pause(0.05)
         pilot.app.screen.query_one("#command", Input).value = "python train.py --lr 3e-4"
+        await pilot.pause()
 
     assert snap_compare(make_app(tmp_path), terminal_size=SIZE, run_before=run)
 
