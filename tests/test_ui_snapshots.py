@@ -187,7 +187,9 @@ def test_new_job_dialog(snap_compare: Any, tmp_path: Path) -> None:
             if isinstance(pilot.app.screen, NewJobScreen) and pilot.app.screen.query("#command"):
                 break
             await pilot.pause(0.05)
-        pilot.app.screen.query_one("#command", Input).value = "python train.py --lr 3e-4"
+        command = pilot.app.screen.query_one("#command", Input)
+        command.cursor_blink = False  # a blinking cursor makes the picture depend on timing
+        command.value = "python train.py --lr 3e-4"
         await pilot.pause()
 
     assert snap_compare(make_app(tmp_path), terminal_size=SIZE, run_before=run)
