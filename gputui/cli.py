@@ -26,6 +26,7 @@ from .core.records import job_insights, run_record
 from .core.release import ReleaseError, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
+from .tables import print_cost, print_history, print_jobs, print_status
 
 # Exit statuses (documented in README.md).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
@@ -132,7 +133,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([j.to_json() for j in jobs], indent=2))
     else:
-        _print_jobs(jobs)
+        print_jobs(jobs)
     return status
 
 
@@ -145,13 +146,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(records, indent=2))
         return status
-    print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'TIME':>8} {'COST':>8}  {'METRICS':<32} NAME")
-    for r in records:
-        shown = [f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3]]
-        cost = "-" if r["cost"] is None else f"{r['cost']:.2f}"
-        dur = "-" if r["duration_s"] is None else _dur(r["duration_s"])
-        print(f"{r['host']:<12} {r['id']:>4} {r['state']:<10} {_fmt(r['exit_code']):>4} {dur:>8} {cost:>8}  "
-              f"{' '.join(shown)[:32]:<32} {r['name'][:40]}")  # fmt: skip
+    print_history(records)
     return status
 
 
@@ -224,7 +219,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
         for s in snaps:
             if s.error:
                 print(f"gputui: {s.name}: {s.error}", file=sys.stderr)
-        _print_status(snaps)
+        print_status(snaps)
     return EXIT_OK
 
 
@@ -264,14 +259,7 @@ async def cmd_cost(args: argparse.Namespace) -> int:
                "burn_per_hour": burn, "budget": [a.to_json() for a in alerts]}  # fmt: skip
         print(json.dumps(out, indent=2))
         return EXIT_OK
-    print(f"{'HOST':<14} {'$/H':>8} {'TODAY':>10} {'MONTH':>10} {'TOTAL':>10}  IDLE")
-    for h in hosts:
-        price = "-" if h["price_per_hour"] is None else f"{h['price_per_hour']:.2f}"
-        idle = "released" if h["released"] else (_dur(h["idle_seconds"]) if h["idle"] else "busy")
-        print(
-            f"{h['name']:<14} {price:>8} {h['today']:>10.2f} {h['month']:>10.2f} {h['accrued']:>10.2f}  {idle}"
-        )
-    print(f"{'total ' + currency:<14} {burn:>8.2f} {today:>10.2f} {month:>10.2f} {total:>10.2f}")
+    print_cost(hosts, currency, burn, today, month, total)
     for alert in alerts:
         print(f"budget: {alert.message}", file=sys.stderr)
     return EXIT_OK
@@ -342,11 +330,6 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     return D.exit_code(reports, unreachable=EXIT_UNREACHABLE, failed=EXIT_FAIL)
 
 
-def _dur(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 async def _gather_hosts(
     fleet: Fleet, names: list[str], action: Callable[[HostSession], Awaitable[Any]]
 ) -> dict[str, Any]:
@@ -364,56 +347,6 @@ async def _gather_hosts(
 
     values = await asyncio.gather(*(one(n) for n in names))
     return dict(zip(names, values, strict=False))
-
-
-# --- printing -------------------------------------------------------------------------------------------------
-def _fmt(value: Any, unit: str = "", digits: int = 0) -> str:
-    return "-" if value is None else f"{value:.{digits}f}{unit}"
-
-
-def _ago(t: float | None) -> str:
-    return "-" if t is None else _dur(time.time() - t)
-
-
-def _print_jobs(jobs: list[M.Job]) -> None:
-    print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'AGE':>7}  NAME")
-    for j in jobs:
-        print(
-            f"{j.host:<12} {j.id:>4} {j.state:<10} {_fmt(j.exit_code):>4} {_ago(j.started_at):>7}  {j.name[:60]}"
-        )
-
-
-def _print_status(snaps: list[M.HostSnapshot]) -> None:
-    for s in snaps:
-        print(f"{s.name}: {s.state}" + (f" ({s.error})" if s.error else ""))
-        m = s.metrics
-        if m is None:
-            continue
-        h = m.host
-        mem = f"{_fmt(h.mem_used_mib, digits=0)}/{_fmt(h.mem_total_mib, ' MiB')}"
-        print(
-            f"  host  cpu {_fmt(h.cpu_percent, '%')}  mem {mem}  disk free {_fmt(h.disk_free_gib, ' GiB', 1)}"
-        )
-        if not m.gpus:
-            print(f"  gpus  none ({m.gpu_error or 'no GPU found'})")
-        for g in m.gpus:
-            gmem = f"{_fmt(g.mem_used_mib)}/{_fmt(g.mem_total_mib, ' MiB')}"
-            print(
-                f"  gpu{g.index} {g.name or '?'}  {_fmt(g.util_percent, '%')}  {gmem}  {_fmt(g.temp_c, 'C')}  {_fmt(g.power_w, 'W')}"
-            )
-        running = [j for j in s.jobs if j.running]
-        print(f"  jobs  {len(running)} running, {len(s.jobs)} total")
-        c = s.cost
-        if c is not None:
-            price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"
-            idle = (
-                f"idle {_dur(c.idle_seconds)}"
-                if c.idle
-                else "busy: " + "; ".join(c.reasons[:3])
-                if c.reasons
-                else "not idle yet"
-            )
-            print(f"  cost  {price}, accrued {c.accrued:.2f}; {idle}")
 
 
 async def cmd_trust(args: argparse.Namespace) -> int:
