@@ -71,13 +71,16 @@ def test_start_watch_attach_and_kill_by_keyboard(terminal: Terminal) -> None:
     terminal.keys("n")
     terminal.wait("Command (split like a shell")
     terminal.keys(
-        "python3 -c \"import time; print('still-here', flush=True); time.sleep(600)\"", literal=True
+        "python3 -c \"import time; print('still-' + 'here', flush=True); time.sleep(600)\"", literal=True
     )
     terminal.keys("Enter")
-    terminal.wait("still-here")
+    terminal.wait("still-here")  # the job's output: the command line itself says 'still-' + 'here'
 
     terminal.keys("a")  # attach: the pane now shows the job's own tmux session
-    wait_for(lambda: "Hosts" not in terminal.screen(), 30, 0.1, "the app to hand over the terminal")
+    try:
+        wait_for(lambda: "Hosts" not in terminal.screen(), 30, 0.1, "the app to hand over the terminal")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the screen:\n{terminal.screen()}") from None
     terminal.wait("still-here")
     terminal.keys("C-b", "d")  # detach from the job's tmux: back in the app
     terminal.wait("Hosts")

@@ -124,7 +124,8 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.action_submit()
+        # The field's value as it was on Enter: keys typed right after it must not leak into the command.
+        self.action_submit({event.input.id: event.value} if event.input.id else None)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":
@@ -135,18 +136,19 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
     def action_cancel(self) -> None:
         self.dismiss(None)
 
-    def action_submit(self) -> None:
+    def action_submit(self, at_enter: dict[str, str] | None = None) -> None:
         try:
-            spec = self.spec()
+            spec = self.spec(at_enter)
         except ValueError as exc:
             self.query_one("#error", Static).update(str(exc))
             return
         self.dismiss(spec)
 
-    def spec(self) -> JobSpec:
+    def spec(self, at_enter: dict[str, str] | None = None) -> JobSpec:
         if self.host is None:
             raise ValueError("no host to run on")
-        value = lambda key: self.query_one(f"#{key}", Input).value.strip()  # noqa: E731
+        fixed = at_enter or {}
+        value = lambda key: fixed.get(key, self.query_one(f"#{key}", Input).value).strip()  # noqa: E731
         try:
             argv = shlex.split(value("command"))
         except ValueError as exc:
