@@ -25,6 +25,7 @@ from test_ui_fixtures import (
     snapshot,
     static_factory,
 )
+from textual.command import CommandList, CommandPalette
 from textual.containers import VerticalScroll
 from textual.drivers.headless_driver import HeadlessDriver
 from textual.pilot import Pilot
@@ -97,6 +98,23 @@ async def start_from_dialog(pilot: Pilot, command: str, name: str = "") -> M.Job
     )
     await until(pilot, lambda: app.stream is not None and app.stream.job.id == new[0].id, what="log open")
     return new[0]
+
+
+async def palette_pick(pilot: Pilot, query: str) -> None:
+    """Type ``query`` into the open command palette and run the match, once it is the highlighted one."""
+    app = pilot.app
+    await until(pilot, lambda: isinstance(app.screen, CommandPalette), what="command palette")
+    await pilot.press(*query)
+
+    def matched() -> bool:
+        options = app.screen.query_one(CommandList)
+        if options.highlighted is None:
+            return False
+        prompt = options.get_option_at_index(options.highlighted).prompt
+        return query.lower() in str(getattr(prompt, "plain", prompt)).lower()
+
+    await until(pilot, matched, what=f"palette match for {query!r}")
+    await pilot.press("enter")
 
 
 def log_lines(app: GpuTuiApp) -> list[str]:
@@ -412,10 +430,7 @@ async def test_theme_switch_from_the_picker_is_remembered(tmp_path: Path) -> Non
     async with app.run_test(size=SIZE) as pilot:
         assert app.theme == "gputui-dark"
         await pilot.press("t")
-        await pilot.pause(0.2)
-        await pilot.press(*"gputui-light")
-        await pilot.pause(0.3)
-        await pilot.press("enter")
+        await palette_pick(pilot, "gputui-light")
         await until(pilot, lambda: app.theme == "gputui-light", what="theme applied")
         await until(pilot, lambda: (tmp_path / "ui.json").exists(), what="choice saved")
         assert app.palette.ok == "#2E7D32"  # level colours come from the theme's variables
@@ -466,10 +481,7 @@ async def test_palette_offers_every_action(tmp_path: Path) -> None:
                 assert any(t.startswith(b.description) for t in titles), b.action
         assert {"Theme", "Quit", "Theme: gputui-light", "Theme: gputui-contrast"} <= set(titles)
         await pilot.press("ctrl+p")
-        await pilot.pause(0.2)
-        await pilot.press(*"help")
-        await pilot.pause(0.3)
-        await pilot.press("enter")
+        await palette_pick(pilot, "help")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen), what="help from the palette")
 
 
