@@ -386,7 +386,11 @@ async def cmd_trust(args: argparse.Namespace) -> int:
 
 # --- entry ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gputui", description="Watch, run and release jobs on GPU hosts.")
+    p = argparse.ArgumentParser(
+        prog="gputui",
+        description="Watch, run and release jobs on GPU hosts.",
+        epilog="Without a command gputui opens the app (on a terminal) or prints `gputui status` (when piped).",
+    )
     p.add_argument(
         "--config", help="config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
     )
