@@ -97,13 +97,15 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
-async def _jobs_with_insights(
-    fleet: Fleet, names: list[str], ended_only: bool = False
+async def _collect_jobs(
+    fleet: Fleet, names: list[str], ended_only: bool = False, insights: bool = True
 ) -> tuple[list[M.Job], int]:
-    """Every job of the named hosts, each with insights from its log tail; (jobs, exit status)."""
+    """Every job of the named hosts, with insights from its log tail when asked; (jobs, exit status)."""
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
+        if not insights:
+            return jobs
         return [replace(j, insights=await job_insights(s, j)) for j in jobs]
 
     results = await _gather_hosts(fleet, names, collect)
@@ -129,7 +131,7 @@ def _host_names(config: cfg.Config, host: str | None) -> list[str]:
 async def cmd_jobs(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _jobs_with_insights(Fleet(config), names)
+    jobs, status = await _collect_jobs(Fleet(config), names, insights=args.json)  # the table shows none
     if args.json:
         print(json.dumps([j.to_json() for j in jobs], indent=2))
     else:
@@ -140,7 +142,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
 async def cmd_history(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _jobs_with_insights(Fleet(config), names, ended_only=True)
+    jobs, status = await _collect_jobs(Fleet(config), names, ended_only=True)
     records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
     records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
     if args.json:

@@ -4,7 +4,7 @@ Stdlib only, Python 3.8+. Every reading may be None when unreadable; nothing her
 """
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -129,3 +129,16 @@ class HostStats:
             "disk_total_gib": total_gib,
             "uptime_s": self.uptime(),
         }
+
+
+def ancestors(pid: int, limit: int = 64, proc: str = "/proc") -> Iterator[int]:
+    """``pid``, its parent, grandparent, ... up to (not including) init, at most ``limit`` of them."""
+    for _ in range(limit):
+        if pid <= 1:
+            return
+        yield pid
+        try:
+            with open("%s/%d/stat" % (proc, pid), "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .fsutil import ensure_private_dir, read_json, write_json
-from .usage import _parent
+from .hoststats import ancestors
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = "running", "succeeded", "failed", "killed", "lost"
 #: A job whose runner has not yet written pid.json is still "starting" for this long.
@@ -77,6 +77,7 @@ class JobStore:
 
     def __init__(self, state_dir: str, launcher: List[str], nvidia_smi: str = "nvidia-smi") -> None:
         self.nvidia_smi = nvidia_smi
+        self._ended: Dict[str, Dict[str, Any]] = {}  # records of jobs with a status.json: they never change
         self.state_dir = ensure_private_dir(state_dir)
         self.jobs_dir = ensure_private_dir(os.path.join(self.state_dir, "jobs"))
         self.launcher = launcher
@@ -200,6 +201,8 @@ class JobStore:
 
     def describe(self, job_id: str, sessions: Optional[set] = None) -> Dict[str, Any]:
         """The job's record plus its current state, exit code and log size."""
+        if str(job_id) in self._ended:
+            return dict(self._ended[str(job_id)])
         path = self.job_dir(job_id)
         record = read_json(os.path.join(path, "job.json")) or {}
         record.pop("env", None)
@@ -219,7 +222,9 @@ class JobStore:
             record["state"] = KILLED if killed else (SUCCEEDED if code == 0 else FAILED)
             if status.get("error"):
                 record["error"] = status["error"]
+            ended = True
         else:
+            ended = False
             record["exit_code"] = None
             record["ended_at"] = None
             record["state"] = live
@@ -227,6 +232,8 @@ class JobStore:
             record["log_size"] = os.path.getsize(os.path.join(path, "output.log"))
         except OSError:
             record["log_size"] = 0
+        if ended:  # the runner wrote its last log byte and usage before the status: final
+            self._ended[record["id"]] = dict(record)
         return record
 
     def _live_state(self, record: Dict[str, Any], pids: Dict[str, Any], sessions: Optional[set]) -> str:
@@ -254,13 +261,7 @@ class JobStore:
         owners = self.owner_map()
 
         def owner_of(pid: int) -> Optional[str]:
-            for _ in range(64):
-                if pid in owners:
-                    return owners[pid]
-                pid = _parent(pid)
-                if pid <= 1:
-                    return None
-            return None
+            return next((owners[p] for p in ancestors(pid) if p in owners), None)
 
         return owner_of
 

@@ -150,6 +150,7 @@ def run(job_dir: str) -> int:
     code, sig = _exit_code(status)
     os.close(log_fd)
     usage.stopped.set()
+    usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
     write_json(
         os.path.join(job_dir, "status.json"), {"exit_code": code, "signal": sig, "ended_at": time.time()}
     )

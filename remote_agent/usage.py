@@ -9,26 +9,13 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from .fsutil import write_json
+from .hoststats import ancestors
 
 EVERY_S = 5.0
 
 
-def _parent(pid: int) -> int:
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def in_tree(pid: int, root: int) -> bool:
-    for _ in range(64):
-        if pid == root:
-            return True
-        pid = _parent(pid)
-        if pid <= 1:
-            return False
-    return False
+    return root in ancestors(pid)
 
 
 def visible_indices(spec: Optional[str]) -> Optional[List[str]]:

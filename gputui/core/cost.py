@@ -275,7 +275,9 @@ def fleet_alerts(snaps: list[M.HostSnapshot], config: Config) -> list[BudgetAler
     return budget_alerts(config.budget, today, month, config.currency)
 
 
-def idle_release_candidates(snaps: list[M.HostSnapshot], config: Config, alerts: list[BudgetAlert]) -> list[str]:
+def idle_release_candidates(
+    snaps: list[M.HostSnapshot], config: Config, alerts: list[BudgetAlert]
+) -> list[str]:
     """Hosts to release because a budget is exceeded and ``on_exceed = "release-idle"``: idle ones only,
     with a release command, nothing running, not released yet."""
     if config.budget.on_exceed != "release-idle" or not any(a.level == "exceeded" for a in alerts):

@@ -204,6 +204,7 @@ class HostSnapshot:
             "error": self.error,
             "detail": self.detail,
             "hostname": self.facts.get("hostname"),
+            "tmux_socket": self.facts.get("tmux_socket"),  # tmux -L SOCKET attach -t =gputui-ID
             "gpu_source": m.gpu_source if m else None,
             "gpu_error": m.gpu_error if m else None,
             "gpus": [_gpu_json(g) for g in self.gpus],

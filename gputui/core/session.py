@@ -78,6 +78,7 @@ class HostSession:
         self._channel: AgentChannel | None = None
         self._snapshot = M.HostSnapshot(name=name)
         self._jobs: dict[str, M.Job] = {}
+        self._jobs_changed = False  # the snapshot's sorted jobs tuple is rebuilt only after a job changed
         self._history: collections.deque[M.MetricsSample] = collections.deque(maxlen=HISTORY_SAMPLES)
         self._follows: dict[str, LogFollow] = {}
         self._connected = asyncio.Event()
@@ -95,7 +96,8 @@ class HostSession:
         return tuple(self._history)
 
     def _publish(self, **changes: Any) -> None:
-        if "jobs" not in changes:
+        if self._jobs_changed:
+            self._jobs_changed = False
             changes["jobs"] = tuple(
                 sorted(self._jobs.values(), key=lambda j: int(j.id) if j.id.isdigit() else 0)
             )
@@ -106,6 +108,7 @@ class HostSession:
     def _set_job(self, data: dict[str, Any]) -> None:
         job = M.Job.from_wire(self.name, data)
         self._jobs[job.id] = job
+        self._jobs_changed = True
 
     def _on_event(self, name: str, data: Any) -> None:
         if name == P.EV_METRICS and isinstance(data, dict) and data.get("seq") is not None:
@@ -123,12 +126,13 @@ class HostSession:
                 self._follows.pop(follow.job, None)
                 follow.on_end(data)
 
-    def _add_sample(self, data: dict[str, Any]) -> None:
+    def _add_sample(self, data: dict[str, Any]) -> M.MetricsSample:
         sample = M.MetricsSample.from_wire(data)
         if self._history and sample.seq <= self._history[-1].seq and sample.t <= self._history[-1].t:
-            return  # already have it (backlog overlap)
+            return sample  # already have it (backlog overlap)
         self._history.append(sample)
         self._snapshot = replace(self._snapshot, metrics=sample, history=tuple(self._history))
+        return sample
 
     def _on_log(self, data: dict[str, Any]) -> None:
         follow = self._follows.get(str(data.get("job")))
@@ -296,7 +300,13 @@ class HostSession:
         price_per_hour: float | None = None,
     ) -> M.Job:
         data = await self.request(
-            P.OP_JOBS_START, argv=argv, name=name, cwd=cwd, env=env or {}, gpus=gpus, price_per_hour=price_per_hour
+            P.OP_JOBS_START,
+            argv=argv,
+            name=name,
+            cwd=cwd,
+            env=env or {},
+            gpus=gpus,
+            price_per_hour=price_per_hour,
         )
         self._set_job(data)
         self._publish()
@@ -315,10 +325,9 @@ class HostSession:
         return self._jobs[str(data["id"])]
 
     async def sample(self) -> M.MetricsSample:
-        data = await self.request(P.OP_METRICS_SAMPLE, **self.sample_args)
-        self._add_sample(data)
+        sample = self._add_sample(await self.request(P.OP_METRICS_SAMPLE, **self.sample_args))
         self._publish()
-        return M.MetricsSample.from_wire(data)
+        return sample
 
     async def read_log(
         self, job: str, offset: int = 0, tail_lines: int | None = None

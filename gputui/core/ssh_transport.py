@@ -24,7 +24,7 @@ from remote_agent.protocol import MAX_FRAME_BYTES
 from . import known_hosts as kh
 from .bundle import agent_build
 from .config import HostConfig
-from .transport import AgentChannel, HostError, HostUnavailable, Transport, collect_lines
+from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +368,7 @@ class SSHTransport(Transport):
             conn.abort()
             raise HostUnavailable(f"cannot start the agent: {exc or type(exc).__name__}") from None
         channel = AgentChannel(proc.stdout, _Writer(proc.stdin), lambda: self._stop_agent(proc))
-        channel._stderr_task = asyncio.create_task(collect_lines(proc.stderr, channel.stderr))  # type: ignore[attr-defined]
+        channel.collect_stderr(proc.stderr)
         return channel
 
     async def _stop_agent(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:

@@ -37,21 +37,20 @@ class AgentChannel:
     writer: ByteWriter
     close: Callable[[], Awaitable[None]]
     stderr: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
+    _stderr_task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def stderr_text(self) -> str:
         return "\n".join(self.stderr).strip()
 
+    def collect_stderr(self, stream: ByteReader) -> None:
+        """Keep the last lines the agent writes to stderr, for error messages."""
+        self._stderr_task = asyncio.create_task(self._collect(stream))
 
-async def collect_lines(stream: asyncio.StreamReader | object, sink: collections.deque[str]) -> None:
-    """Keep the last lines of an agent's stderr for error messages."""
-    with contextlib.suppress(Exception):
-        while True:
-            line = await stream.readline()  # type: ignore[attr-defined]
-            if not line:
-                return
-            sink.append(
-                line.decode("utf-8", "replace").rstrip() if isinstance(line, bytes) else line.rstrip()
-            )
+    async def _collect(self, stream: ByteReader) -> None:
+        with contextlib.suppress(Exception):
+            while line := await stream.readline():
+                text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+                self.stderr.append(text.rstrip())
 
 
 class Transport(ABC):
@@ -105,7 +104,7 @@ class LocalTransport(Transport):
             ) from exc
         assert proc.stdin and proc.stdout and proc.stderr
         channel = AgentChannel(proc.stdout, proc.stdin, lambda: _stop_process(proc))
-        channel._stderr_task = asyncio.create_task(collect_lines(proc.stderr, channel.stderr))  # type: ignore[attr-defined]
+        channel.collect_stderr(proc.stderr)
         return channel
 
 
