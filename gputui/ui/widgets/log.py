@@ -141,6 +141,22 @@ class LogView(ScrollView, can_focus=True):
         return out
 
     # --- actions ----------------------------------------------------------------------------------------------
+    # Moving up is the user's "stop following", even when the view cannot move (e.g. before its first layout).
+    def action_scroll_up(self) -> None:
+        self.follow = False
+        super().action_scroll_up()
+
+    def action_page_up(self) -> None:
+        self.follow = False
+        super().action_page_up()
+
+    def action_scroll_home(self) -> None:
+        self.follow = False
+        super().action_scroll_home()
+
+    def on_mouse_scroll_up(self) -> None:
+        self.follow = False
+
     def action_follow(self) -> None:
         self.follow = True
         self._move(lambda: self.scroll_end(animate=False, immediate=True, x_axis=False, force=True))
