@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from typing import Any
@@ -71,7 +72,7 @@ def _progress(ins: JobInsights | None) -> str:
     epoch = (
         "" if ins.epoch is None else f"ep {ins.epoch}" + (f"/{ins.total_epochs}" if ins.total_epochs else "")
     )
-    pct = "" if ins.progress is None else f"{ins.progress * 100:.0f}%"
+    pct = "" if ins.progress is None or not math.isfinite(ins.progress) else f"{ins.progress * 100:.0f}%"
     return f"{epoch} {pct}".strip() or "-"
 
 
@@ -85,7 +86,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
     rows = []
     for j in jobs:
         ins = j.insights
-        eta = ins.eta_s if ins is not None and j.running else None
+        eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
         rows.append([
             j.host, j.id, j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
             "-" if eta is None else dur(eta), _headline(ins.metrics if ins else None), [j.name],

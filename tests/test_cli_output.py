@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from conftest import Home, wait_for
+
+from gputui.core.insights import JobInsights
+from gputui.core.model import Job
+from gputui.tables import print_jobs
 
 #: Lines as train_mnist.py prints them: each epoch's summary, then epoch 3's tqdm bar half way.
 EPOCHS = (
@@ -63,3 +70,12 @@ def test_doctor_with_a_missing_python_does_not_suggest_passing_it(home: Home) ->
         lines[at + 1]
         == "fix: Pass an interpreter that exists on the host (`command -v python3` there shows one)."
     )
+
+
+def test_jobs_table_survives_non_finite_readings(capsys: pytest.CaptureFixture[str]) -> None:
+    ins = JobInsights(
+        progress=math.nan, eta_s=math.inf, metrics={"loss": {"last": math.nan, "best": 1, "count": 2}}
+    )
+    print_jobs([Job("h", "1", "train", "running", ("python",), started_at=time.time(), insights=ins)])
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[5:] == ["-", "-", "loss=nan", "train"]
