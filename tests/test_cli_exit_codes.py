@@ -32,7 +32,7 @@ USAGE_CASES = {
     "jobs": (["jobs", "nosuch"], "unknown host 'nosuch'"),
     "history": (["history", "nosuch"], "unknown host 'nosuch'"),
     "logs": (["logs", "box"], "the following arguments are required: job"),
-    "kill": (["kill", "box", "1", "--grace", "soon"], "argument --grace: invalid"),
+    "kill": (["kill", "box", "1", "--grace", "soon"], "argument --grace: "),
     "status": (["status", "box"], "unrecognized arguments: box"),
     "trust": (["trust"], "the following arguments are required: host"),
     "cost": (["cost", "--since", "yesterday"], "--since 'yesterday': expected a date like 2026-11-01"),
