@@ -387,7 +387,7 @@ def exit_status(exc: BaseException) -> int:
     """The README's exit status for an error (the one rule for single- and multi-host commands)."""
     if isinstance(exc, CliError):
         return exc.code
-    if isinstance(exc, cfg.ConfigError) or isinstance(exc, HostError) and exc.kind == "config":
+    if isinstance(exc, cfg.ConfigError) or (isinstance(exc, HostError) and exc.kind == "config"):
         return EXIT_USAGE
     if isinstance(exc, HostError):
         return EXIT_HOST
