@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
 from .core.link import AgentError, LinkClosed
 from .core.records import job_insights, run_record
-from .core.release import ReleaseError, release_host
+from .core.release import ReleaseError, check_configured, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
 from .tables import print_cost, print_history, print_jobs, print_status
@@ -47,6 +48,38 @@ def _parse_env(items: list[str]) -> dict[str, str]:
             raise CliError(f"--env {item!r}: expected KEY=VALUE", EXIT_USAGE)
         env[key] = value
     return env
+
+
+_GPU_ITEM = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")  # an index or a (MIG) UUID, as CUDA takes them
+
+
+def _gpu_items(spec: str | None) -> list[str]:
+    """The GPUs ``--gpus`` names (none for all/none); a usage error unless it is all, none or a comma list."""
+    if spec is None or spec in ("all", "none"):
+        return []
+    items = spec.split(",")
+    if not all(_GPU_ITEM.fullmatch(item) for item in items):
+        raise CliError(
+            f"--gpus {spec!r}: expected all, none, or a comma list of GPU indices or UUIDs (e.g. 0,1)",
+            EXIT_USAGE,
+        )
+    return items
+
+
+def _check_gpus_on_host(spec: str, items: list[str], host: str, facts: dict[str, Any]) -> None:
+    """A usage error naming the host's GPUs when ``items`` names one it lacks (MIG UUIDs are not listed)."""
+    gpus = [M.GpuSample.from_wire(g) for g in facts.get("gpus") or ()]
+    missing = [
+        item for item in items
+        if not item.startswith("MIG-")
+        and not any(item == str(g.index) or (g.uuid or "").startswith(item) for g in gpus)
+    ]  # fmt: skip
+    if missing:
+        has = ", ".join(f"{g.index} ({g.name or '?'}, {g.uuid or 'no UUID'})" for g in gpus)
+        has = has or f"none: {facts.get('gpu_error') or 'no NVIDIA GPU found'}"
+        raise CliError(
+            f"--gpus {spec!r}: {host} has no GPU {', '.join(missing)}; its GPUs: {has}", EXIT_USAGE
+        )
 
 
 async def _session(args: argparse.Namespace, host: str) -> HostSession:
@@ -81,11 +114,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             "nothing to run: give the command after --, e.g. gputui run local -- python train.py", EXIT_USAGE
         )
+    gpu_items = _gpu_items(args.gpus)
     config = cfg.load(args.config)
     host_cfg = config.host(args.host)
     cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
 
     async def body(s: HostSession) -> int:
+        _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
         inventory = tuple(M.GpuSample.from_wire(g) for g in s.snapshot.facts.get("gpus") or ())
         price = price_per_hour(host_cfg, inventory, config.prices)
         job = await s.start_job(
@@ -97,28 +132,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
-async def _collect_jobs(
-    fleet: Fleet, names: list[str], ended_only: bool = False, insights: bool = True
-) -> tuple[list[M.Job], int]:
-    """Every job of the named hosts, with insights from its log tail when asked; (jobs, exit status)."""
+async def _collect_jobs(fleet: Fleet, names: list[str], ended_only: bool = False) -> tuple[list[M.Job], int]:
+    """Every job of the named hosts, with insights from its log tail; (jobs, exit status)."""
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
-        if not insights:
-            return jobs
         return [replace(j, insights=await job_insights(s, j)) for j in jobs]
 
     results = await _gather_hosts(fleet, names, collect)
-    jobs: list[M.Job] = []
-    status = EXIT_OK
-    for name, res in results.items():
-        if isinstance(res, Exception):
-            status = max(status, EXIT_HOST if isinstance(res, HostError) else EXIT_UNREACHABLE)
-            print(f"gputui: {name}: {res}", file=sys.stderr)
-        else:
-            jobs.extend(res)
     await fleet.close()
-    return jobs, status
+    jobs = [job for res in results.values() if not isinstance(res, Exception) for job in res]
+    return jobs, _hosts_status(results)
 
 
 def _host_names(config: cfg.Config, host: str | None) -> list[str]:
@@ -131,7 +155,7 @@ def _host_names(config: cfg.Config, host: str | None) -> list[str]:
 async def cmd_jobs(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _collect_jobs(Fleet(config), names, insights=args.json)  # the table shows none
+    jobs, status = await _collect_jobs(Fleet(config), names)
     if args.json:
         print(json.dumps([j.to_json() for j in jobs], indent=2))
     else:
@@ -199,30 +223,26 @@ async def cmd_kill(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
-async def _probe_fleet(fleet: Fleet, names: list[str] | None = None) -> dict[str, M.HostSnapshot]:
-    """Connect to each host, take one sample and the job list; snapshots (with cost) taken before closing."""
+async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
+    """Connect to each host, take one sample and the job list; (snapshots with cost, exit status)."""
 
     async def probe(s: HostSession) -> None:
         await s.sample()
         await s.list_jobs()
 
-    names = list(fleet.sessions) if names is None else names
-    await _gather_hosts(fleet, names, probe)
-    snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in names}
+    results = await _gather_hosts(fleet, list(fleet.sessions), probe)
+    snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
     await fleet.close()
-    return snaps
+    return snaps, _hosts_status(results)
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    snaps = list((await _probe_fleet(Fleet(cfg.load(args.config)))).values())
+    snaps, status = await _probe_fleet(Fleet(cfg.load(args.config)))
     if args.json:
-        print(json.dumps({"hosts": [s.to_json() for s in snaps]}, indent=2))
+        print(json.dumps({"hosts": [s.to_json() for s in snaps.values()]}, indent=2))
     else:
-        for s in snaps:
-            if s.error:
-                print(f"gputui: {s.name}: {s.error}", file=sys.stderr)
-        print_status(snaps)
-    return EXIT_OK
+        print_status(list(snaps.values()))
+    return status
 
 
 async def cmd_cost(args: argparse.Namespace) -> int:
@@ -234,7 +254,7 @@ async def cmd_cost(args: argparse.Namespace) -> int:
         except ValueError:
             raise CliError(f"--since {args.since!r}: expected a date like 2026-11-01", EXIT_USAGE) from None
     fleet = Fleet(config)
-    snaps = await _probe_fleet(fleet)
+    snaps, status = await _probe_fleet(fleet)
     now = time.time()
     hosts = []
     for name, snap in snaps.items():
@@ -260,16 +280,20 @@ async def cmd_cost(args: argparse.Namespace) -> int:
         out = {"currency": currency, "hosts": hosts, "total": total, "today": today, "month": month,
                "burn_per_hour": burn, "budget": [a.to_json() for a in alerts]}  # fmt: skip
         print(json.dumps(out, indent=2))
-        return EXIT_OK
+        return status
     print_cost(hosts, currency, burn, today, month, total)
     for alert in alerts:
         print(f"budget: {alert.message}", file=sys.stderr)
-    return EXIT_OK
+    return status
 
 
 async def cmd_release(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     host = config.host(args.host)
+    try:
+        check_configured(host)
+    except ReleaseError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     if not args.yes:
         if not sys.stdin.isatty():
             raise CliError(
@@ -299,11 +323,22 @@ async def cmd_release(args: argparse.Namespace) -> int:
 
 async def cmd_autostop(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
+        try:
+            if args.cancel:
+                await s.request(P.OP_WATCHDOG_CANCEL)
+            else:
+                await s.request(P.OP_WATCHDOG_SNOOZE, minutes=args.snooze)
+        except AgentError as exc:
+            if exc.code != P.E_NOT_FOUND:
+                raise
+            raise CliError(
+                f"{args.host} has no autostop to {'cancel' if args.cancel else 'snooze'}: set autostop_minutes "
+                "(with release_remote) or a deadline for it in the config",
+                EXIT_USAGE,
+            ) from None
         if args.cancel:
-            await s.request(P.OP_WATCHDOG_CANCEL)
             print(f"{args.host}: autostop cancelled until the host reboots or its settings change")
         else:
-            await s.request(P.OP_WATCHDOG_SNOOZE, minutes=args.snooze)
             print(f"{args.host}: autostop snoozed for {args.snooze:g} min")
         return EXIT_OK
 
@@ -326,10 +361,7 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
         print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
     else:
         print("\n\n".join(D.format_report(r) for r in reports))
-    for r in reports:
-        if r.error is not None:
-            print(f"gputui: {r.host}: {r.error}", file=sys.stderr)
-    return D.exit_code(reports, unreachable=EXIT_UNREACHABLE, failed=EXIT_FAIL)
+    return _hosts_status(results) or (EXIT_FAIL if any(r.failed for r in reports) else EXIT_OK)
 
 
 async def _gather_hosts(
@@ -349,6 +381,32 @@ async def _gather_hosts(
 
     values = await asyncio.gather(*(one(n) for n in names))
     return dict(zip(names, values, strict=False))
+
+
+def exit_status(exc: BaseException) -> int:
+    """The README's exit status for an error (the one rule for single- and multi-host commands)."""
+    if isinstance(exc, CliError):
+        return exc.code
+    if isinstance(exc, cfg.ConfigError) or (isinstance(exc, HostError) and exc.kind == "config"):
+        return EXIT_USAGE
+    if isinstance(exc, HostError):
+        return EXIT_HOST
+    if isinstance(exc, AgentError):
+        return EXIT_NOT_FOUND if exc.code == "not_found" else EXIT_FAIL
+    return EXIT_UNREACHABLE  # HostUnavailable, LinkClosed, OSError: no answer
+
+
+def _hosts_status(results: dict[str, Any]) -> int:
+    """Report each host that gave an error on stderr; 0 when none did, else the highest of their statuses.
+
+    The hosts that answered are still shown: a multi-host command is a report, its status says what is missing.
+    """
+    status = EXIT_OK
+    for name, res in results.items():
+        if isinstance(res, Exception):
+            print(f"gputui: {name}: {res}", file=sys.stderr)
+            status = max(status, exit_status(res))
+    return status
 
 
 async def cmd_trust(args: argparse.Namespace) -> int:
@@ -377,7 +435,7 @@ async def cmd_trust(args: argparse.Namespace) -> int:
     path = target.known_hosts[0]
     if not args.yes:
         if not sys.stdin.isatty():
-            raise CliError("not trusted: confirm on a terminal, or pass --yes", EXIT_FAIL)
+            raise CliError("not trusted: confirm on a terminal, or pass --yes", EXIT_USAGE)
         print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
         if input(f"Trust this key and add it to {path}? [y/N] ").strip().lower() not in ("y", "yes"):
             raise CliError("not trusted", EXIT_FAIL)
@@ -507,21 +565,9 @@ def main(argv: list[str] | None = None) -> None:
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:
         code = 130
-    except cfg.ConfigError as exc:
+    except (cfg.ConfigError, CliError, HostError, HostUnavailable, LinkClosed, AgentError) as exc:
         print(f"gputui: {exc}", file=sys.stderr)
-        code = EXIT_USAGE
-    except CliError as exc:
-        print(f"gputui: {exc}", file=sys.stderr)
-        code = exc.code
-    except HostError as exc:
-        print(f"gputui: {exc}", file=sys.stderr)
-        code = EXIT_USAGE if exc.kind == "config" else EXIT_HOST
-    except (HostUnavailable, LinkClosed) as exc:
-        print(f"gputui: {exc}", file=sys.stderr)
-        code = EXIT_UNREACHABLE
-    except AgentError as exc:
-        print(f"gputui: {exc}", file=sys.stderr)
-        code = EXIT_NOT_FOUND if exc.code == "not_found" else EXIT_FAIL
+        code = exit_status(exc)
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
     sys.exit(code)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import shutil
 import time
 from typing import Any
 
 from .core import model as M
+from .core.headline import headline, ranked
+from .core.insights import JobInsights
 
 
 def fmt(value: Any, unit: str = "", digits: int = 0) -> str:
@@ -21,12 +25,74 @@ def ago(t: float | None) -> str:
     return "-" if t is None else dur(time.time() - t)
 
 
+def _fit(items: list[str], room: int) -> str:
+    """As many whole ``items`` as fit in ``room`` characters (then "…"); a lone first item is clipped instead."""
+    out = ""
+    for i, item in enumerate(items):
+        more = " …" if i + 1 < len(items) else ""
+        candidate = f"{out} {item}" if out else item
+        if len(candidate) + len(more) > room:
+            if not out:
+                return item[: max(room - 1, 0)] + "…"
+            return out + " …"
+        out = candidate
+    return out
+
+
+def _columns() -> int:
+    """The terminal's width ($COLUMNS first; 80 when piped)."""
+    return shutil.get_terminal_size().columns
+
+
+def _table(header: list[str], rows: list[list[Any]], right: str, caps: dict[int, int] | None = None) -> None:
+    """Print aligned columns; ``right`` marks right-aligned ones ("r"/"l" per column but the last).
+
+    Each column is as wide as its widest cell (at most ``caps[i]``, clipped with …); the last column holds a
+    list of items and gets what the terminal width leaves (at least 16), filled with whole items.
+    """
+    caps = caps or {}
+    cells = [[_fit([str(c)], caps.get(i, 1 << 30)) for i, c in enumerate(r[:-1])] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(header[:-1], *cells, strict=False)]
+    room = max(16, _columns() - sum(widths) - len(widths) - 1)
+
+    def line(values: list[str], last: str) -> str:
+        cols = [
+            v.rjust(w) if a == "r" else v.ljust(w) for v, w, a in zip(values, widths, right, strict=False)
+        ]
+        return " ".join([*cols, last]).rstrip()
+
+    print(line(header[:-1], header[-1]))
+    for r, c in zip(rows, cells, strict=False):
+        print(line(c, _fit(r[-1], room)))
+
+
+def _progress(ins: JobInsights | None) -> str:
+    if ins is None:
+        return "-"
+    epoch = (
+        "" if ins.epoch is None else f"ep {ins.epoch}" + (f"/{ins.total_epochs}" if ins.total_epochs else "")
+    )
+    pct = "" if ins.progress is None or not math.isfinite(ins.progress) else f"{ins.progress * 100:.0f}%"
+    return f"{epoch} {pct}".strip() or "-"
+
+
+def _headline(metrics: Any) -> str:
+    best = headline(metrics or {})
+    return "-" if best is None else f"{best[0]}={best[1]:.4g}"
+
+
 def print_jobs(jobs: list[M.Job]) -> None:
-    print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'AGE':>7}  NAME")
+    """One line per job: progress (epoch and percent), ETA and the headline metric parsed from its log."""
+    rows = []
     for j in jobs:
-        print(
-            f"{j.host:<12} {j.id:>4} {j.state:<10} {fmt(j.exit_code):>4} {ago(j.started_at):>7}  {j.name[:60]}"
-        )
+        ins = j.insights
+        eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
+        rows.append([
+            j.host, j.id, j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
+            "-" if eta is None else dur(eta), _headline(ins.metrics if ins else None), [j.name],
+        ])  # fmt: skip
+    header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
+    _table(header, rows, "lrlrrlrl", caps={0: 16, 7: 24})
 
 
 def _idle_text(c: M.CostInfo) -> str:
@@ -79,10 +145,14 @@ def print_cost(
 
 
 def print_history(records: list[dict[str, Any]]) -> None:
-    print(f"{'HOST':<12} {'ID':>4} {'STATE':<10} {'EXIT':>4} {'TIME':>8} {'COST':>8}  {'METRICS':<32} NAME")
+    """One line per run; its final metrics, most important first (``core.headline``), as many as fit."""
+    rows = []
     for r in records:
-        shown = " ".join(f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3])
-        cost = "-" if r["cost"] is None else f"{r['cost']:.2f}"
-        time_s = "-" if r["duration_s"] is None else dur(r["duration_s"])
-        print(f"{r['host']:<12} {r['id']:>4} {r['state']:<10} {fmt(r['exit_code']):>4} {time_s:>8} {cost:>8}  "
-              f"{shown[:32]:<32} {r['name'][:40]}")  # fmt: skip
+        metrics = [f"{k}={r['metrics'][k]['last']:.4g}" for k in ranked(r["metrics"])]
+        rows.append([
+            r["host"], r["id"], r["state"], fmt(r["exit_code"]),
+            "-" if r["duration_s"] is None else dur(r["duration_s"]),
+            "-" if r["cost"] is None else f"{r['cost']:.2f}", r["name"], metrics or ["-"],
+        ])  # fmt: skip
+    header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "NAME", "METRICS"]
+    _table(header, rows, "lrlrrrl", caps={0: 16, 6: max(20, _columns() // 4)})

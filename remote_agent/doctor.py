@@ -387,17 +387,15 @@ def probe_torch(python: str, timeout_s: float) -> Dict[str, Any]:
 
 
 def _python_check(
-    python: Optional[str], note: str, probe: Dict[str, Any], timeout_s: float
+    python: Optional[str], note: str, probe: Dict[str, Any], timeout_s: float, explicit: Optional[str] = None
 ) -> Dict[str, str]:
     title = "python of the jobs"
     if python is None:
-        return check(
-            "python",
-            title,
-            FAIL,
-            note,
-            "Install Python 3 (`sudo apt install python3 python-is-python3`) or pass --python.",
-        )
+        if explicit:
+            fix = "Pass an interpreter that exists on the host (`command -v python3` there shows one)."
+        else:
+            fix = "Install Python 3 (`sudo apt install python3 python-is-python3`) or pass --python."
+        return check("python", title, FAIL, note, fix)
     version = probe.get("python")
     if version is None:
         why = "did not answer within %g s" % timeout_s if probe.get("timed_out") else probe.get("error", "?")
@@ -726,7 +724,7 @@ def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = No
     driver_ok = checks[0]["status"] != FAIL and bool(sample.get("gpus"))
     python, note = job_python(explicit)
     probe = probe_torch(python, timeout_s) if python else {}
-    checks.append(_python_check(python, note, probe, timeout_s))
+    checks.append(_python_check(python, note, probe, timeout_s, explicit))
     checks.extend(torch_checks(probe, python, facts, has_gpu, driver_ok, timeout_s))
     checks.append(tmux_check())
     host = sample.get("host") or {}

@@ -11,6 +11,7 @@ import pytest
 from conftest import ROOT, AgentProc, Home, kill_tmux
 from test_metrics_smi import H100, fake_smi
 
+from gputui.core.headline import headline, ranked
 from remote_agent.metrics import MetricsSampler
 
 
@@ -41,7 +42,10 @@ def test_mnist_example_trains_under_gputui_and_is_recorded(home: Home, tmp_path:
     assert (rec["state"], rec["exit_code"], rec["name"]) == ("succeeded", 0, "mnist")
     assert rec["duration_s"] > 0 and rec["cost"] == pytest.approx(1.8 * rec["duration_s"] / 3600)
     assert rec["metrics"]["test_acc"]["best"] >= rec["metrics"]["test_acc"]["last"] > 0.90
-    assert "history" not in home.cli("history", check=True).stderr
+    table = home.cli("history", check=True)
+    assert "history" not in table.stderr
+    assert table.stdout.splitlines()[1].split()[7].startswith("test_acc=0.9")  # what the run is judged by
+    assert "test_acc=0.9" in home.cli("jobs", check=True).stdout
 
 
 def test_exit_137_gets_the_oom_killer_hint(home: Home) -> None:
@@ -68,3 +72,39 @@ def test_runner_records_gpu_usage_from_recorded_readings(tmp_path: Path) -> None
     finally:
         agent.close()
         kill_tmux(state)
+
+def test_metrics_that_matter_come_first() -> None:
+    names = ["lr", "time", "loss", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time", "val/top1"]
+    assert ranked(dict.fromkeys(names)) == [
+        "test_acc", "val/top1", "test_loss", "train_acc", "loss", "train_loss", "lr", "time", "epoch_time"
+    ]  # fmt: skip
+    assert ranked(dict.fromkeys(["eval_f1", "eval_loss", "grad_norm", "reward"])) == [
+        "eval_f1", "eval_loss", "reward", "grad_norm"
+    ]  # fmt: skip
+    assert headline({"lr": {"last": 0.1}, "val_loss": {"last": None}, "loss": {"last": 2}}) == ("loss", 2.0)
+    assert headline({}) is None
+
+
+def test_history_table_leads_with_final_accuracy_in_80_columns(home: Home) -> None:
+    lines = [
+        "step 10 loss=2.5 lr=0.1 grad_norm=3.2 time=0.5 throughput=1234.5 samples_per_second=99.9",
+        "Epoch 1/1 train_loss=0.4 train_acc=0.8 test_loss=0.061 test_acc=0.9812",
+    ]
+    code = "".join(f"print({line!r});" for line in lines)
+    name = "a long run name that does not fit in the table"
+    job_id = home.cli(
+        "run", "local", "--name", name, "--", sys.executable, "-c", code, check=True
+    ).stdout.strip()
+    assert home.cli("logs", "-f", "local", job_id).returncode == 0
+    home.env["COLUMNS"] = "80"
+    out = home.cli("history", check=True).stdout.splitlines()
+    assert out[0].split() == ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "NAME", "METRICS"]
+    assert all(len(line) <= 80 for line in out), out
+    metrics = out[1].split("…", 1)[1].split()  # after the clipped name
+    assert metrics[0] == "test_acc=0.9812" and metrics[-1] == "…"  # the rest did not fit
+    home.env["COLUMNS"] = "200"
+    wide = home.cli("history", check=True).stdout.splitlines()[1]
+    assert name in wide and wide.split(name)[1].split() == [
+        "test_acc=0.9812", "test_loss=0.061", "train_acc=0.8", "loss=2.5", "train_loss=0.4", "lr=0.1",
+        "grad_norm=3.2", "time=0.5",
+    ]  # fmt: skip

@@ -95,7 +95,7 @@ def test_hanging_release_command_times_out(home: Home) -> None:
 def test_missing_release_command_says_what_to_set(home: Home) -> None:
     local_config(home)
     res = home.cli("release", "local", "--yes")
-    assert res.returncode == 1 and "set release" in res.stderr and "release_remote" in res.stderr
+    assert res.returncode == 2 and "set release" in res.stderr and "release_remote" in res.stderr
 
 
 def test_status_json_carries_idle_and_cost(home: Home, tmp_path: Path) -> None:

@@ -152,7 +152,7 @@ def test_trust_adds_the_key_then_connects(ssh_home: SshHome) -> None:
     assert ssh_home.cli("run", "box", "--", "true").returncode == REFUSED
 
     res = ssh_home.cli("trust", "box")  # no terminal to ask on, no --yes: nothing written
-    assert res.returncode == 1 and "--yes" in res.stderr and not default.exists()
+    assert res.returncode == USAGE and "--yes" in res.stderr and not default.exists()
 
     res = ssh_home.cli("trust", "box", "--yes", check=True)
     assert ssh_home.sshd.fingerprint() in res.stdout and str(default) in res.stdout

@@ -109,9 +109,3 @@ def format_report(report: DoctorReport) -> str:
             lines.append(f"  {'':<4}  {'':<{width}}  fix: {ch.fix}")
     return "\n".join(lines)
 
-
-def exit_code(reports: list[DoctorReport], unreachable: int = 3, failed: int = 1) -> int:
-    """``unreachable`` when a host could not be checked, else ``failed`` when any check failed, else 0."""
-    if any(r.error is not None for r in reports):
-        return unreachable
-    return failed if any(r.failed for r in reports) else 0

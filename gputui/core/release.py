@@ -56,15 +56,20 @@ async def run_client_command(argv: tuple[str, ...], timeout: float) -> Step:
     return Step("client", argv, proc.returncode, out.decode("utf-8", "replace")[-4000:].strip())
 
 
-async def release_host(
-    session: HostSession, host: HostConfig, ledger: Ledger, force: bool = False
-) -> ReleaseResult:
-    """Refuse while jobs run (unless ``force``); run ``release_remote`` on the host, then ``release`` here."""
+def check_configured(host: HostConfig) -> None:
+    """A ReleaseError saying how to set one up when the host has no release command (ask nothing before it)."""
     if not host.release and not host.release_remote:
         raise ReleaseError(
             f"no release command for {host.name}: set release (run here, e.g. a provider CLI) "
             "or release_remote (run on the host, e.g. sudo shutdown -h now) in its [hosts.NAME] table"
         )
+
+
+async def release_host(
+    session: HostSession, host: HostConfig, ledger: Ledger, force: bool = False
+) -> ReleaseResult:
+    """Refuse while jobs run (unless ``force``); run ``release_remote`` on the host, then ``release`` here."""
+    check_configured(host)
     running = [j for j in await session.list_jobs() if j.running]
     if running and not force:
         names = ", ".join(f"{j.id} ({j.name[:30]})" for j in running)

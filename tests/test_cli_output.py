@@ -1,0 +1,81 @@
+"""What the plain CLI prints: the jobs table (progress, ETA, headline metric at 80 columns), doctor's fixes."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Home, wait_for
+
+from gputui.core.insights import JobInsights
+from gputui.core.model import Job
+from gputui.tables import print_jobs
+
+#: Lines as train_mnist.py prints them: each epoch's summary, then epoch 3's tqdm bar half way.
+EPOCHS = (
+    "".join(
+        f"print('Epoch {e}/4 train_loss=0.{9 - e}2 test_loss=0.0{9 - e}7 test_acc=0.9{e}12 lr=0.001 time=1.5s');"
+        for e in (1, 2)
+    )
+    + "print('Epoch 3/4:  50%|#####     | 50/100 [00:10<00:12, 5.00it/s, loss=0.3]')"
+)
+
+
+def run(home: Home, name: str, code: str) -> str:
+    return home.cli(
+        "run", "local", "--name", name, "--", sys.executable, "-c", code, check=True
+    ).stdout.strip()
+
+
+def test_jobs_table_shows_progress_eta_and_the_headline_metric_in_80_columns(
+    home: Home, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    wait = f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+    running = run(home, "a run whose name is much longer than the table has room for", f"{EPOCHS}\n{wait}")
+    done = run(home, "done", "print('Epoch 3/3 loss=0.25 val_acc=0.875')")
+    home.env["COLUMNS"] = "80"
+
+    def table() -> str | None:
+        out = home.cli("jobs", check=True).stdout
+        return out if "ep 3/4" in out and "succeeded" in out else None
+
+    try:
+        out = wait_for(table, what="both jobs' progress in the table")
+    finally:
+        go.touch()
+    lines = out.splitlines()
+    assert lines[0].split() == ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
+    assert all(len(line) <= 80 for line in lines), out
+    rows = {line.split()[1]: line for line in lines[1:]}
+    state, exit_, _age, ep, epochs, pct, eta = rows[running].split()[2:9]
+    assert (state, exit_, ep, epochs, pct) == ("running", "-", "ep", "3/4", "62%")
+    assert re.fullmatch(r"0m[0-5]\ds", eta), eta  # from tqdm's remaining time and the epochs left
+    assert "test_acc=0.9212" in rows[running]  # the metric that matters, not loss, lr or time
+    assert rows[running].endswith("…")  # the name is clipped, not the row
+    assert "ep 3/3 100%" in rows[done] and "val_acc=0.875" in rows[done] and rows[done].endswith("done")
+
+
+def test_doctor_with_a_missing_python_does_not_suggest_passing_it(home: Home) -> None:
+    res = home.cli("doctor", "local", "--python", "/nope/python", "--timeout", "5")
+    assert res.returncode == 1, res.stderr
+    lines = [line.strip() for line in res.stdout.splitlines()]
+    at = next(i for i, line in enumerate(lines) if line.startswith("FAIL  python of the jobs"))
+    assert lines[at].endswith("/nope/python not found") and "pass --python" not in res.stdout
+    assert (
+        lines[at + 1]
+        == "fix: Pass an interpreter that exists on the host (`command -v python3` there shows one)."
+    )
+
+
+def test_jobs_table_survives_non_finite_readings(capsys: pytest.CaptureFixture[str]) -> None:
+    ins = JobInsights(
+        progress=math.nan, eta_s=math.inf, metrics={"loss": {"last": math.nan, "best": 1, "count": 2}}
+    )
+    print_jobs([Job("h", "1", "train", "running", ("python",), started_at=time.time(), insights=ins)])
+    row = capsys.readouterr().out.splitlines()[1].split()
+    assert row[5:] == ["-", "-", "loss=nan", "train"]
