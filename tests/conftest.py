@@ -1,14 +1,23 @@
-"""Shared fixtures: an isolated HOME per test, the real CLI as a subprocess, the real agent on pipes."""
+"""Shared fixtures: an isolated HOME per test, the real CLI as a subprocess, the real agent on pipes.
+
+Every test runs away from the user's files and servers (``isolated``): its own HOME, no XDG_*, GPUTUI_*,
+SSH_AUTH_SOCK or TMUX variables of the user, and the suite's own TMUX_TMPDIR. Everything the suite starts
+carries ``RUN_MARK`` in its environment; at the end of the session ``suite_sandbox`` checks that nothing
+marked still runs (and kills what does, and nothing else).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +25,71 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Set to a token unique to this run in the environment of every process the suite starts.
+RUN_MARK = "PYTEST_GPUTUI_RUN"
+#: The user's variables no test may see (prefixes); TMUX_TMPDIR is then set to the suite's own dir.
+USER_VARS = ("HOME", "XDG_", "GPUTUI_", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMUX")
+#: How long the suite's processes may take to exit after the last test (agents notice a gone client).
+EXIT_GRACE_S = 30.0
+
+
+def suite_env() -> dict[str, str]:
+    """The variables a test must pass on when it builds a child's environment from scratch (``env -i``)."""
+    return {k: os.environ[k] for k in ("TMUX_TMPDIR", RUN_MARK)}
+
+
+def suite_processes() -> list[tuple[int, str]]:
+    """(pid, command line) of every process but this one whose environment carries this run's mark."""
+    mark = f"{RUN_MARK}={os.environ[RUN_MARK]}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        found.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace").strip()))
+    return found
+
+
+def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
+    for key in list(os.environ):
+        if key.startswith(USER_VARS) and key != "TMUX_TMPDIR":
+            mp.delenv(key)
+    home.mkdir(parents=True, exist_ok=True)
+    mp.setenv("HOME", str(home))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The run's sandbox; at its end no process of the suite (tmux server, job, agent, sshd) may be left."""
+    root = tmp_path_factory.mktemp("suite")
+    tmux_dir = root / "tmux"
+    tmux_dir.mkdir(mode=0o700)
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, root / "home")
+        mp.setenv("TMUX_TMPDIR", str(tmux_dir))
+        mp.setenv(RUN_MARK, uuid.uuid4().hex)
+        yield root
+        left: list[tuple[int, str]] = []
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while (left := suite_processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid, _ in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, "processes of the test suite outlived it (killed now):\n" + "\n".join(
+        f"  {pid} {cmd}" for pid, cmd in left
+    )
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each test: a HOME of its own, none of the user's variables (set up first, so restored last)."""
+    _isolate(monkeypatch, tmp_path_factory.mktemp("userhome"))
 
 
 def tmux_socket(state_dir: Path) -> str:
@@ -33,7 +107,7 @@ class Home:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.state_dir = root / ".gputui"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "GPUTUI_", "TMUX"))}
+        self.env = dict(os.environ)  # already isolated (see ``isolated``)
         self.env.update(HOME=str(root), PYTHONPATH=str(ROOT))
 
     def cli(

@@ -64,7 +64,7 @@ def local(home: Home, monkeypatch: pytest.MonkeyPatch) -> cfg.Config:
     """A config with only the local host, its state dir and everything else inside a throwaway HOME."""
     monkeypatch.setenv("HOME", str(home.root))
     for key in list(os.environ):
-        if key.startswith(("XDG_", "GPUTUI_", "TMUX")):
+        if key.startswith(("XDG_", "GPUTUI_")):
             monkeypatch.delenv(key)
     host = cfg.HostConfig(name="local", transport="local", remote_dir=str(home.state_dir))
     return cfg.Config(path=None, hosts={"local": host})
