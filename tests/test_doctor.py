@@ -110,7 +110,10 @@ def test_cli_plain_text_shows_the_fix_for_missing_torch(home: Home, tmp_path: Pa
         "for the driver's CUDA at https://pytorch.org/get-started/locally/)."
     )
     assert any(line.split()[:2] == ["OK", "tmux"] for line in lines)
-    assert res.returncode in (0, 1)
+    # A missing torch is a warning: the exit status is 1 exactly when a check failed, as the summary counts.
+    fails = sum(line.split()[:1] == ["FAIL"] for line in lines)
+    assert lines[0].startswith(f"local: {fails} fail, ")
+    assert res.returncode == (1 if fails else 0), res.stdout
 
 
 def test_cli_unknown_host_is_a_usage_error(home: Home) -> None:

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 from conftest import Home, tmux_socket
-from test_ui_fixtures import (
+from textual.command import CommandList, CommandPalette
+from textual.containers import VerticalScroll
+from textual.drivers.headless_driver import HeadlessDriver
+from textual.pilot import Pilot
+from textual.widgets import Input
+from ui_fixtures import (
     T0,
     ReplaySession,
     job,
@@ -25,11 +30,6 @@ from test_ui_fixtures import (
     snapshot,
     static_factory,
 )
-from textual.command import CommandList, CommandPalette
-from textual.containers import VerticalScroll
-from textual.drivers.headless_driver import HeadlessDriver
-from textual.pilot import Pilot
-from textual.widgets import Input
 
 from gputui.core import config as cfg
 from gputui.core import model as M
