@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -38,8 +39,8 @@ def suite_env() -> dict[str, str]:
     return {k: os.environ[k] for k in ("TMUX_TMPDIR", RUN_MARK)}
 
 
-def suite_processes() -> list[tuple[int, str]]:
-    """(pid, command line) of every process but this one whose environment carries this run's mark."""
+def suite_processes() -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process but this one whose environment carries this run's mark."""
     mark = f"{RUN_MARK}={os.environ[RUN_MARK]}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -51,8 +52,18 @@ def suite_processes() -> list[tuple[int, str]]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        found.append((int(entry.name), cmdline.replace(b"\0", b" ").decode(errors="replace").strip()))
+        found.append((int(entry.name), [a.decode(errors="replace") for a in cmdline.split(b"\0")[:-1]]))
     return found
+
+
+def stop_host(state_dir: Path) -> None:
+    """End what the suite started for one state dir: its tmux server (with the jobs), and the agents and the
+    watchdog serving it (an agent whose link dropped keeps sampling for a while, by design)."""
+    kill_tmux(state_dir)
+    for pid, argv in suite_processes():
+        if str(state_dir) in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
@@ -82,7 +93,7 @@ def suite_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert not left, "processes of the test suite outlived it (killed now):\n" + "\n".join(
-        f"  {pid} {cmd}" for pid, cmd in left
+        f"  {pid} {shlex.join(argv)}" for pid, argv in left
     )
 
 
@@ -147,7 +158,7 @@ def home(tmp_path: Path) -> Iterator[Home]:
     h = Home(tmp_path / "home")
     h.root.mkdir()
     yield h
-    kill_tmux(h.state_dir)
+    stop_host(h.state_dir)
 
 
 class AgentProc:
@@ -237,7 +248,7 @@ def agent(tmp_path: Path) -> Iterator[AgentProc]:
     a = AgentProc(state)
     yield a
     a.close()
-    kill_tmux(state)
+    stop_host(state)
 
 
 def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
@@ -310,4 +321,4 @@ class SshHome(Home):
 def ssh_home(tmp_path: Path, sshd: Sshd) -> Iterator[SshHome]:
     h = SshHome(tmp_path / "home", sshd)
     yield h
-    kill_tmux(h.remote_dir)
+    stop_host(h.remote_dir)

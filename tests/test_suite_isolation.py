@@ -23,12 +23,13 @@ def test_every_test_runs_in_a_home_and_tmux_dir_of_its_own(tmp_path: Path) -> No
 def test_the_suite_finds_what_it_started(tmp_path: Path) -> None:
     """The session-end check's finder sees a tmux server, its job and a plain child started here."""
     state = tmp_path / "state"
-    server = f"tmux -L {tmux_socket(state)} new-session -d -s probe sleep 600"
-    subprocess.run(server.split(), check=True)
+    server = ["tmux", "-L", tmux_socket(state), "new-session", "-d", "-s", "probe", "sleep 600"]
+    subprocess.run(server, check=True)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         wait_for(
-            lambda: {server, "sleep 600", child.pid} <= {x for p, c in suite_processes() for x in (p, c)},
+            lambda: {" ".join(server), "sleep 600", child.pid}
+            <= {x for pid, argv in suite_processes() for x in (pid, " ".join(argv))},
             what="the tmux server, its job and the child among the suite's processes",
         )
         assert os.getpid() not in [pid for pid, _ in suite_processes()]
@@ -36,4 +37,7 @@ def test_the_suite_finds_what_it_started(tmp_path: Path) -> None:
         kill_tmux(state)
         child.kill()
         child.wait()
-    wait_for(lambda: not {server, "sleep 600"} & {c for _, c in suite_processes()}, what="the probe to end")
+    wait_for(
+        lambda: not {" ".join(server), "sleep 600"} & {" ".join(argv) for _, argv in suite_processes()},
+        what="the probe to end",
+    )
