@@ -28,8 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: Set to a token unique to this run in the environment of every process the suite starts.
 RUN_MARK = "PYTEST_GPUTUI_RUN"
-#: The user's variables no test may see (prefixes); TMUX_TMPDIR is then set to the suite's own dir.
-USER_VARS = ("HOME", "XDG_", "GPUTUI_", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMUX")
+#: The user's variables no test may see (prefixes); HOME and TMUX_TMPDIR are set to the suite's own.
+USER_VARS = ("XDG_", "GPUTUI_", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMUX")
 #: How long the suite's processes may take to exit after the last test (agents notice a gone client).
 EXIT_GRACE_S = 30.0
 
@@ -85,7 +85,7 @@ def suite_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         mp.setenv("TMUX_TMPDIR", str(tmux_dir))
         mp.setenv(RUN_MARK, uuid.uuid4().hex)
         yield root
-        left: list[tuple[int, str]] = []
+        left: list[tuple[int, list[str]]] = []
         deadline = time.monotonic() + EXIT_GRACE_S
         while (left := suite_processes()) and time.monotonic() < deadline:
             time.sleep(0.2)
