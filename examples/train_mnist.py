@@ -1,22 +1,26 @@
 """Train the classic small CNN on MNIST: gputui's shipped example job.
 
-Two conv layers and two linear layers, Adam and cross-entropy, on torchvision's MNIST
-loader. Per-epoch results go to stdout as one parse-friendly line each::
+Two conv layers and two linear layers, Adam and cross-entropy, on MNIST read from its idx files
+(downloaded when missing). Per-epoch results go to stdout as one parse-friendly line each::
 
     Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s
 
 A progress bar goes to stderr. The out dir receives ``model.pt`` (checkpoint) and
 ``summary.json``. Ctrl-C saves what is done, then re-raises KeyboardInterrupt.
 
-Offline: build a stand-in data set with ``python examples/mnist_from_digits.py DATA_DIR``.
+Offline: when MNIST can't be downloaded, the script says so and trains on the stand-in that
+``mnist_from_digits.py`` builds from scikit-learn's bundled handwritten digits.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import struct
 import sys
 import time
+import urllib.request
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -24,10 +28,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
-from torchvision import datasets, transforms
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 RAW_FILES = (
@@ -37,6 +39,9 @@ RAW_FILES = (
     "t10k-labels-idx1-ubyte",
 )
 EXIT_NO_DATA = 2
+MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
+DOWNLOAD_TIMEOUT_S = 30
+IDX_UBYTE = 0x08  # the idx type code of unsigned bytes, the only one MNIST uses
 
 
 class Net(nn.Module):
@@ -80,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--limit-train", type=int, default=None, metavar="N", help="use only the first N train images"
     )
     p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    p.add_argument(
+        "--mirror", action="append", metavar="URL", help="download MNIST from this base URL (repeatable)"
+    )
     args = p.parse_args(argv)
     if args.out is None:
         args.out = f"./runs/mnist-{datetime.now():%Y%m%d-%H%M%S}"
@@ -122,28 +130,101 @@ class Progress:
             sys.stderr.flush()
 
 
-def load_mnist(data_dir: str) -> tuple[Dataset, Dataset]:
-    """Load MNIST with torchvision; download only when missing. Exit 2 with a hint when that fails."""
-    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((MNIST_MEAN,), (MNIST_STD,))])
-    raw = Path(data_dir) / "MNIST" / "raw"
-    present = all((raw / name).is_file() for name in RAW_FILES)
-    if not present:
-        print(f"MNIST not found in {raw}; downloading ...", flush=True)
-    try:
-        train = datasets.MNIST(data_dir, train=True, download=not present, transform=tf)
-        test = datasets.MNIST(data_dir, train=False, download=False, transform=tf)
-    except Exception as exc:  # URLError, RuntimeError from torchvision, OSError, ...
-        print(
-            f"error: could not {'load' if present else 'download'} MNIST into {raw}: {exc}\n"
-            "Provide the data yourself, either:\n"
-            f"  * copy the four files {', '.join(RAW_FILES)}\n"
-            f"    (unpacked, or the .gz from a mirror) into {raw}/, or\n"
-            f"  * build an offline stand-in: python examples/mnist_from_digits.py {data_dir}\n"
-            "and run again with --data-dir pointing at that directory.",
-            file=sys.stderr,
+def read_idx(path: Path) -> torch.Tensor:
+    """An idx file of unsigned bytes (plain or gzipped) as a uint8 tensor: (N, rows, cols) or (N,)."""
+    data = (gzip.decompress if path.suffix == ".gz" else bytes)(path.read_bytes())
+    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != IDX_UBYTE:
+        raise ValueError(f"{path}: not an idx file of unsigned bytes")
+    ndim = data[3]
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
+    body = data[4 + 4 * ndim :]
+    if len(body) != int(torch.Size(dims).numel()):
+        raise ValueError(f"{path}: {len(body)} bytes of data for dimensions {dims}")
+    return torch.frombuffer(bytearray(body), dtype=torch.uint8).reshape(dims)
+
+
+def raw_file(raw: Path, name: str) -> Path | None:
+    """``raw/name`` or ``raw/name.gz``, whichever exists."""
+    return next((p for p in (raw / name, raw / f"{name}.gz") if p.is_file()), None)
+
+
+def download(raw: Path, mirrors: tuple[str, ...]) -> None:
+    """Fetch the missing ``.gz`` files into ``raw``, trying each mirror in turn; raises OSError when all fail."""
+    raw.mkdir(parents=True, exist_ok=True)
+    for name in RAW_FILES:
+        if raw_file(raw, name):
+            continue
+        errors = []
+        for mirror in mirrors:
+            url = f"{mirror.rstrip('/')}/{name}.gz"
+            try:
+                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+                    data = resp.read()
+                gzip.decompress(data)  # a proxy's error page is no data set
+            except (OSError, EOFError, ValueError) as exc:
+                errors.append(f"{url}: {exc}")
+                continue
+            part = raw / f"{name}.gz.part"
+            part.write_bytes(data)
+            part.replace(raw / f"{name}.gz")
+            break
+        else:
+            raise OSError("; ".join(errors))
+
+
+def as_dataset(raw: Path, split: str) -> TensorDataset:
+    """The split's images normalised like MNIST (N, 1, 28, 28) with their labels."""
+    images, labels = (
+        read_idx(raw_file(raw, n) or raw / n)
+        for n in (f"{split}-images-idx3-ubyte", f"{split}-labels-idx1-ubyte")
+    )
+    if images.dim() != 3 or labels.dim() != 1 or len(images) != len(labels):
+        raise ValueError(
+            f"{raw}: {split} images {tuple(images.shape)} do not match labels {tuple(labels.shape)}"
         )
+    x = (images.float() / 255.0 - MNIST_MEAN) / MNIST_STD
+    return TensorDataset(x.unsqueeze(1), labels.long())
+
+
+def offline_digits(data_dir: str) -> Path:
+    """Build (once) the stand-in from scikit-learn's digits under ``data_dir/digits``; its raw dir."""
+    target = Path(data_dir) / "digits"
+    raw = target / "MNIST" / "raw"
+    if not all(raw_file(raw, name) for name in RAW_FILES):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from mnist_from_digits import build
+
+        build(target)
+    return raw
+
+
+def load_mnist(data_dir: str, mirrors: tuple[str, ...]) -> tuple[Dataset, Dataset, str]:
+    """MNIST from ``data_dir/MNIST/raw``, downloaded when missing; when that is impossible, the offline
+    stand-in (with a message saying so). Returns (train, test, name of the data set)."""
+    raw = Path(data_dir) / "MNIST" / "raw"
+    name = "mnist"
+    if not all(raw_file(raw, f) for f in RAW_FILES):
+        print(f"MNIST not found in {raw}; downloading ...", flush=True)
+        try:
+            download(raw, mirrors)
+        except OSError as exc:
+            print(
+                f"MNIST could not be downloaded ({exc}).\n"
+                "Training offline on the stand-in built from scikit-learn's handwritten digits instead "
+                f"(1437 train / 360 test images, in {Path(data_dir) / 'digits'}). For the real MNIST, copy "
+                f"the four files {', '.join(RAW_FILES)} (or their .gz) into {raw}/ and run again.",
+                flush=True,
+            )
+            try:
+                raw, name = offline_digits(data_dir), "digits"
+            except ImportError as err:
+                print(f"error: no offline data set either: {err} (pip install scikit-learn)", file=sys.stderr)
+                sys.exit(EXIT_NO_DATA)
+    try:
+        return as_dataset(raw, "train"), as_dataset(raw, "t10k"), name
+    except (OSError, ValueError) as exc:
+        print(f"error: could not load MNIST from {raw}: {exc}", file=sys.stderr)
         sys.exit(EXIT_NO_DATA)
-    return train, test
 
 
 def autocast(device: torch.device, enabled: bool) -> AbstractContextManager[Any]:
@@ -226,7 +307,7 @@ def save(
         "lr": args.lr,
         "seconds": round(time.time() - started, 2),
         "torch_version": str(torch.__version__),
-        "torchvision_version": str(torchvision.__version__),
+        "dataset": args.dataset,
     }
     checkpoint = {
         "model_state": model.state_dict(),
@@ -252,12 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"gputui MNIST example: torch {torch.__version__}, torchvision {torchvision.__version__}")
+    print(f"gputui MNIST example: torch {torch.__version__}")
     print(
         f"Device: {device} ({name}){' amp=' + ('fp16' if device.type == 'cuda' else 'bf16') if args.amp else ''}"
     )
 
-    train_set, test_set = load_mnist(args.data_dir)
+    train_set, test_set, args.dataset = load_mnist(args.data_dir, tuple(args.mirror or MIRRORS))
     if args.limit_train is not None:
         train_set = Subset(train_set, range(min(args.limit_train, len(train_set))))
     pin = device.type == "cuda"
@@ -266,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     test_loader = DataLoader(test_set, batch_size=1000, num_workers=args.workers, pin_memory=pin)
     print(
-        f"Data: {len(train_set)} train / {len(test_set)} test images from {args.data_dir}; "
+        f"Data: {len(train_set)} train / {len(test_set)} test images ({args.dataset}) from {args.data_dir}; "
         f"epochs={args.epochs} batch_size={args.batch_size} lr={args.lr:g} out={out}",
         flush=True,
     )

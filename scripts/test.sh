@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Install everything the test suite needs (Debian packages when root, pip extras), then run it all.
+# Install everything the test suite needs, then run it all: Debian packages when root (tmux, sshd, venv),
+# a virtualenv in .venv (so a PEP 668 "externally managed" system python is never touched) with gputui
+# installed editable and the extras .[test,train], a CPU build of torch when the package index offers one.
+# Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+venv=.venv
 
 need=()
 command -v tmux >/dev/null || need+=(tmux)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null || need+=(openssh-client)
+[ -x "$venv/bin/python" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
@@ -17,6 +22,22 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e '.[test,train]'
-python3 -m ruff check .
-python3 -m pytest "$@"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+py="$venv/bin/python"
+pip=("$py" -m pip install -q --disable-pip-version-check)
+# The tests train MNIST on the CPU only: a CPU build of torch is a few hundred MB where the default
+# (CUDA) build pulls about 5 GB of CUDA wheels. Take the newest one the configured index offers, if any.
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  cpu_torch=$("$py" -m pip index versions torch 2>/dev/null | sed -n 's/^Available versions: //p' \
+    | tr ',' '\n' | tr -d ' ' | grep -m1 '+cpu$' || true)
+  if [ -n "$cpu_torch" ]; then
+    "${pip[@]}" "torch==$cpu_torch"
+  else
+    echo "no CPU build of torch on the package index: installing the default build" >&2
+  fi
+fi
+"${pip[@]}" -e '.[test,train]'
+
+export PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv"
+python -m ruff check .
+python -m pytest "$@"

@@ -1,14 +1,24 @@
-"""Shared fixtures: an isolated HOME per test, the real CLI as a subprocess, the real agent on pipes."""
+"""Shared fixtures: an isolated HOME per test, the real CLI as a subprocess, the real agent on pipes.
+
+Every test runs away from the user's files and servers (``isolated``): its own HOME, no XDG_*, GPUTUI_*,
+SSH_AUTH_SOCK or TMUX variables of the user, and the suite's own TMUX_TMPDIR. Everything the suite starts
+carries ``RUN_MARK`` in its environment; at the end of the session ``suite_sandbox`` checks that nothing
+marked still runs (and kills what does, and nothing else).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import select
+import shlex
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +26,81 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Set to a token unique to this run in the environment of every process the suite starts.
+RUN_MARK = "PYTEST_GPUTUI_RUN"
+#: The user's variables no test may see (prefixes); HOME and TMUX_TMPDIR are set to the suite's own.
+USER_VARS = ("XDG_", "GPUTUI_", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMUX")
+#: How long the suite's processes may take to exit after the last test (agents notice a gone client).
+EXIT_GRACE_S = 30.0
+
+
+def suite_env() -> dict[str, str]:
+    """The variables a test must pass on when it builds a child's environment from scratch (``env -i``)."""
+    return {k: os.environ[k] for k in ("TMUX_TMPDIR", RUN_MARK)}
+
+
+def suite_processes() -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process but this one whose environment carries this run's mark."""
+    mark = f"{RUN_MARK}={os.environ[RUN_MARK]}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        found.append((int(entry.name), [a.decode(errors="replace") for a in cmdline.split(b"\0")[:-1]]))
+    return found
+
+
+def stop_host(state_dir: Path) -> None:
+    """End what the suite started for one state dir: its tmux server (with the jobs), and the agents and the
+    watchdog serving it (an agent whose link dropped keeps sampling for a while, by design)."""
+    kill_tmux(state_dir)
+    for pid, argv in suite_processes():
+        if str(state_dir) in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
+    for key in list(os.environ):
+        if key.startswith(USER_VARS) and key != "TMUX_TMPDIR":
+            mp.delenv(key)
+    home.mkdir(parents=True, exist_ok=True)
+    mp.setenv("HOME", str(home))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The run's sandbox; at its end no process of the suite (tmux server, job, agent, sshd) may be left."""
+    root = tmp_path_factory.mktemp("suite")
+    tmux_dir = root / "tmux"
+    tmux_dir.mkdir(mode=0o700)
+    with pytest.MonkeyPatch.context() as mp:
+        _isolate(mp, root / "home")
+        mp.setenv("TMUX_TMPDIR", str(tmux_dir))
+        mp.setenv(RUN_MARK, uuid.uuid4().hex)
+        yield root
+        left: list[tuple[int, list[str]]] = []
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while (left := suite_processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid, _ in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert not left, "processes of the test suite outlived it (killed now):\n" + "\n".join(
+        f"  {pid} {shlex.join(argv)}" for pid, argv in left
+    )
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each test: a HOME of its own, none of the user's variables (set up first, so restored last)."""
+    _isolate(monkeypatch, tmp_path_factory.mktemp("userhome"))
 
 
 def tmux_socket(state_dir: Path) -> str:
@@ -33,7 +118,7 @@ class Home:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.state_dir = root / ".gputui"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "GPUTUI_", "TMUX"))}
+        self.env = dict(os.environ)  # already isolated (see ``isolated``)
         self.env.update(HOME=str(root), PYTHONPATH=str(ROOT))
 
     def cli(
@@ -73,7 +158,7 @@ def home(tmp_path: Path) -> Iterator[Home]:
     h = Home(tmp_path / "home")
     h.root.mkdir()
     yield h
-    kill_tmux(h.state_dir)
+    stop_host(h.state_dir)
 
 
 class AgentProc:
@@ -163,7 +248,7 @@ def agent(tmp_path: Path) -> Iterator[AgentProc]:
     a = AgentProc(state)
     yield a
     a.close()
-    kill_tmux(state)
+    stop_host(state)
 
 
 def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
@@ -236,4 +321,4 @@ class SshHome(Home):
 def ssh_home(tmp_path: Path, sshd: Sshd) -> Iterator[SshHome]:
     h = SshHome(tmp_path / "home", sshd)
     yield h
-    kill_tmux(h.remote_dir)
+    stop_host(h.remote_dir)

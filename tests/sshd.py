@@ -1,8 +1,9 @@
 """A real OpenSSH sshd on 127.0.0.1 for tests: keys, authorized_keys and the remote user's environment.
 
 The ssh user is whoever runs the tests (root in CI). Each client key gets its own forced environment through
-``environment="..."`` in authorized_keys (``PermitUserEnvironment HOME,PATH``), so one sshd serves a normal
-host, a host without tmux and a host without python3: the test picks the key.
+``environment="..."`` in authorized_keys (``PermitUserEnvironment``), so one sshd serves a normal
+host, a host without tmux and a host without python3: the test picks the key. The suite's own variables
+(``FORWARDED``: its tmux dir and run mark) reach the sessions too, so nothing they start escapes the suite.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"  # sshd insists on an absolute path
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+FORWARDED = ("TMUX_TMPDIR", "PYTEST_GPUTUI_RUN")  # from the test process's environment, when set
 
 
 def free_port() -> int:
@@ -65,7 +67,8 @@ class Sshd:
             f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.host_key}\nPidFile {root / 'sshd.pid'}\n"
             f"AuthorizedKeysFile {self.authorized}\n"
             "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nPermitUserEnvironment HOME,PATH\n"
+            "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
+            f"PermitUserEnvironment HOME,PATH,{','.join(FORWARDED)}\n"
             "AllowAgentForwarding no\nAllowTcpForwarding no\nX11Forwarding no\nPrintMotd no\n"
             "MaxStartups 50:30:100\nLogLevel INFO\n"
         )
@@ -76,7 +79,9 @@ class Sshd:
         key = self.keys[name] = keygen(self.root / f"id_{name}")
         if authorize:
             pub = key.with_name(key.name + ".pub").read_text().strip()
-            env = f'environment="HOME={self.remote_home}",environment="PATH={path}"'
+            forwarded = {k: os.environ[k] for k in FORWARDED if k in os.environ}
+            settings = {"HOME": str(self.remote_home), "PATH": path, **forwarded}
+            env = ",".join(f'environment="{k}={v}"' for k, v in settings.items())
             with self.authorized.open("a") as f:
                 f.write(f"{env} {pub}\n")
         return key

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import AgentProc, kill_tmux, tmux_socket, wait_for
@@ -215,4 +217,11 @@ def test_tmux_session_is_exact_and_private(agent: AgentProc, tmp_path) -> None:
         ["tmux", "-L", sock, "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True
     )
     assert names.stdout.split() == [f"gputui-{job['id']}"]
+    # Private: on the agent's own server, whose socket only this user can reach (tmux's per-user dir is 0700,
+    # the socket itself 0660 at most); the user's default server has no job.
+    server = Path(os.environ["TMUX_TMPDIR"]) / f"tmux-{os.getuid()}"
+    assert (server / sock).is_socket() and (server / sock).stat().st_mode & 0o007 == 0
+    assert server.stat().st_mode & 0o777 == 0o700
+    default = subprocess.run(["tmux", "list-sessions", "-F", "#{session_name}"], capture_output=True, text=True)
+    assert f"gputui-{job['id']}" not in default.stdout
     agent.call("jobs.kill", job=job["id"], grace_s=2)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, Home, wait_for
 
 
@@ -150,10 +153,25 @@ def test_broken_config_names_file_line_and_field(home: Home) -> None:
     assert res.returncode == 2 and "invalid TOML" in res.stderr and "line 1" in res.stderr
 
 
-def test_help_lists_every_command(home: Home) -> None:
+def test_help_lists_every_command(home: Home, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every subcommand the parser has is one entry with a description in --help and in the README's table,
+    and answers its own --help."""
+    from gputui.cli import build_parser
+
+    [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    commands = list(sub.choices)
+    assert len(commands) == 11, commands
     out = home.cli("--help", check=True).stdout
-    for cmd in ("run", "jobs", "logs", "kill", "status"):
-        assert cmd in out
+    listed = re.findall(r"^    ([a-z]+) {2,}\S", out, re.MULTILINE)
+    assert listed == commands, out
+    readme = (ROOT / "README.md").read_text()
+    in_table = re.findall(r"^\| `gputui ([a-z]+)[ `]", readme, re.MULTILINE)
+    assert sorted(in_table) == sorted(commands), in_table
+    for cmd in commands:
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args([cmd, "--help"])
+        usage = capsys.readouterr().out
+        assert exit_.value.code == 0 and usage.startswith(f"usage: gputui {cmd} "), (cmd, usage)
 
 
 def test_core_does_not_import_textual() -> None:

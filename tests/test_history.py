@@ -16,7 +16,7 @@ from remote_agent.metrics import MetricsSampler
 
 
 def test_mnist_example_trains_under_gputui_and_is_recorded(home: Home, tmp_path: Path) -> None:
-    pytest.importorskip("torchvision")
+    pytest.importorskip("torch")
     pytest.importorskip("sklearn")
     data, out = tmp_path / "data", tmp_path / "run"
     subprocess.run([sys.executable, str(ROOT / "examples" / "mnist_from_digits.py"), str(data)], check=True)

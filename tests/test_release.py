@@ -161,3 +161,24 @@ def test_autostop_snooze_and_cancel(watched: Home, tmp_path: Path) -> None:
     config = json.loads((home.state_dir / "watchdog.json").read_text())
     assert config["cancelled"] is False and config["snoozed_until"] > time.time() + 29 * 60
     home.cli("kill", "local", job_id, "--grace", "1", check=True)
+
+
+def test_a_cancelled_autostop_never_releases_the_idle_host(watched: Home, tmp_path: Path) -> None:
+    home = watched
+    stopped = tmp_path / "stopped"
+    window_s = 3.0
+    local_config(home, f'autostop_minutes = {window_s / 60}\nrelease_remote = ["touch", "{stopped}"]\n')
+    job_id = start_sleeper(home, tmp_path, 60)  # busy while we cancel: nothing is due yet
+    home.cli("status", check=True)  # arms the watchdog
+    home.cli("autostop", "local", "--cancel", check=True)
+    home.cli("kill", "local", job_id, "--grace", "1", check=True)  # now idle, and it stays idle
+    state_file = home.state_dir / "watchdog_state.json"
+
+    def idle_for() -> float:
+        state = json.loads(state_file.read_text() or "{}") if state_file.exists() else {}
+        return state.get("idle_seconds", 0.0) if state.get("autostop_at") is None else -1.0
+
+    # The watchdog keeps checking: wait until the host has been idle for three windows by its own reckoning.
+    wait_for(lambda: stopped.exists() or idle_for() >= 3 * window_s, timeout=60, what="three idle windows")
+    assert not stopped.exists()
+    assert "releasing" not in (home.state_dir / "watchdog.log").read_text()

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 from conftest import Home, tmux_socket
-from test_ui_fixtures import (
+from textual.command import CommandList, CommandPalette
+from textual.containers import VerticalScroll
+from textual.drivers.headless_driver import HeadlessDriver
+from textual.pilot import Pilot
+from textual.widgets import Input
+from ui_fixtures import (
     T0,
     ReplaySession,
     job,
@@ -25,11 +30,6 @@ from test_ui_fixtures import (
     snapshot,
     static_factory,
 )
-from textual.command import CommandList, CommandPalette
-from textual.containers import VerticalScroll
-from textual.drivers.headless_driver import HeadlessDriver
-from textual.pilot import Pilot
-from textual.widgets import Input
 
 from gputui.core import config as cfg
 from gputui.core import model as M
@@ -64,7 +64,7 @@ def local(home: Home, monkeypatch: pytest.MonkeyPatch) -> cfg.Config:
     """A config with only the local host, its state dir and everything else inside a throwaway HOME."""
     monkeypatch.setenv("HOME", str(home.root))
     for key in list(os.environ):
-        if key.startswith(("XDG_", "GPUTUI_", "TMUX")):
+        if key.startswith(("XDG_", "GPUTUI_")):
             monkeypatch.delenv(key)
     host = cfg.HostConfig(name="local", transport="local", remote_dir=str(home.state_dir))
     return cfg.Config(path=None, hosts={"local": host})

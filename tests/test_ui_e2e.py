@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import ROOT, Home, wait_for
+from conftest import ROOT, Home, suite_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
@@ -49,6 +49,7 @@ def terminal(home: Home) -> Iterator[Terminal]:
         "PYTHONPATH": str(ROOT),
         "TERM": "xterm-256color",
         "LANG": "C.UTF-8",
+        **suite_env(),
     }
     term = Terminal(f"gputui-e2e-{os.getpid()}", ["env", "-i", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "gputui"])  # fmt: skip
     try:

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_ui_fixtures import job, price, recorded_gpus, snapshot
+from ui_fixtures import job, price, recorded_gpus, snapshot
 
 from gputui.core import model as M
 from gputui.ui import fmt, notices

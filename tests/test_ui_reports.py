@@ -23,7 +23,7 @@ def local_cfg(home: Home, monkeypatch: pytest.MonkeyPatch):
     """Build a local-host config with extra settings, HOME isolated (the ledger lives there too)."""
     monkeypatch.setenv("HOME", str(home.root))
     for key in list(os.environ):
-        if key.startswith(("XDG_", "GPUTUI_", "TMUX")):
+        if key.startswith(("XDG_", "GPUTUI_")):
             monkeypatch.delenv(key)
 
     def make(**kw) -> cfg.Config:

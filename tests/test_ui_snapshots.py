@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, static_factory
 from textual.pilot import Pilot
 from textual.widgets import Input
+from ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, static_factory
 
 from gputui.core import model as M
 from gputui.ui.app import GpuTuiApp

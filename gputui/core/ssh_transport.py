@@ -34,6 +34,7 @@ AGENT_WINDOW = 2 * MAX_FRAME_BYTES
 EXIT_NO_AGENT = 97
 COMMAND_TIMEOUT_S = 60.0
 CONNECT_CONCURRENCY = 8  # sshd's MaxStartups (10:30:100 by default) drops bursts of new connections
+DEFAULT_SSH_CONFIG = "~/.ssh/config"  # honoured when present, like OpenSSH
 
 _SHA256_PY = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
 
@@ -127,13 +128,15 @@ class SSHTransport(Transport):
 
     # --- config -----------------------------------------------------------------------------------------------
     def _config_paths(self) -> list[str] | None:
-        if self.ssh_config is None:
-            default = os.path.expanduser("~/.ssh/config")
-            return [default] if os.path.isfile(default) else None
-        path = os.path.expanduser(self.ssh_config)
-        if not os.path.isfile(path):
-            raise HostError(f"ssh_config {path}: no such file", "config")
-        return [path]
+        """The ssh_config to honour: ~/.ssh/config (by default or by name) only when present, as OpenSSH
+        does; any other named file must exist."""
+        default = os.path.expanduser(DEFAULT_SSH_CONFIG)
+        path = os.path.expanduser(self.ssh_config or DEFAULT_SSH_CONFIG)
+        if os.path.isfile(path):
+            return [path]
+        if path == default:
+            return None
+        raise HostError(f"ssh_config {path}: no such file", "config")
 
     def _options(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -180,8 +183,9 @@ class SSHTransport(Transport):
 
     def terminal_prefix(self) -> list[str]:
         argv = ["ssh", "-t"]
-        if self.ssh_config:
-            argv += ["-F", os.path.expanduser(self.ssh_config)]
+        config = self._config_paths()
+        if self.ssh_config and config:
+            argv += ["-F", config[0]]
         if self.cfg.port is not None:
             argv += ["-p", str(self.cfg.port)]
         if self.cfg.user:
