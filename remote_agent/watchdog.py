@@ -5,6 +5,11 @@ It reads ``watchdog.json`` (written by the agent from the client's config), appl
 runs the optional ``pre_stop`` hook and then ``release_remote``. Every decision goes to ``watchdog.log``;
 its view of the world goes to ``watchdog_state.json``. Any error while checking activity counts as
 activity: it never releases on doubt. The config is keyed to the boot id, so a reboot disarms it.
+
+The idle window starts no earlier than the moment autostop was armed (``armed_at``, renewed when the settings
+change) nor than the end of a snooze, and it must also have been watched by this process for the whole window
+on the monotonic clock, so a wall-clock jump or a watchdog restart never shortens it. The config is read again
+just before acting: a disarm, snooze or cancel that lands meanwhile wins.
 """
 
 import fcntl
@@ -19,6 +24,7 @@ from .fsutil import read_json, write_json
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
+MAX_SNOOZE_MIN = 7 * 24 * 60
 
 
 def boot_id() -> Optional[str]:
@@ -29,21 +35,61 @@ def boot_id() -> Optional[str]:
         return None
 
 
-def plan(config: Dict[str, Any], idle: Dict[str, Any], now: float) -> Dict[str, Any]:
-    """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``."""
+def is_armed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> bool:
+    """Whether ``config`` asks for anything on this boot (a deadline or autostop, and a release command)."""
+    return bool(
+        config
+        and (config.get("autostop_minutes") or config.get("release_at") is not None)
+        and config.get("boot_id") == boot
+        and config.get("release_remote")
+    )
+
+
+def window_start(config: Dict[str, Any], idle_since: float) -> float:
+    """The idle window starts at the idle stretch, but never before arming nor before a snooze ends."""
+    return max(idle_since, float(config.get("armed_at") or 0.0), float(config.get("snoozed_until") or 0.0))
+
+
+def plan(
+    config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None
+) -> Dict[str, Any]:
+    """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``.
+
+    ``watched``: for how long (monotonic seconds) the watchdog itself has seen the host idle; the window
+    must be covered by that too.
+    """
     autostop_at = None
     minutes = config.get("autostop_minutes")
     if minutes and not config.get("cancelled") and not idle["reasons"]:
-        autostop_at = max(
-            idle["idle_since"] + float(minutes) * 60.0, float(config.get("snoozed_until") or 0.0)
-        )
+        window = float(minutes) * 60.0
+        autostop_at = window_start(config, idle["idle_since"]) + window
+        if watched is not None:
+            autostop_at = max(autostop_at, now + window - watched)
     release_at = config.get("release_at")
     due = None
     if release_at is not None and now >= float(release_at):
         due = "deadline reached"
     elif autostop_at is not None and now >= autostop_at:
-        due = "idle for %.0f min" % ((now - idle["idle_since"]) / 60.0)
+        due = "idle for %.1f min" % ((now - idle["idle_since"]) / 60.0)
     return {"autostop_at": autostop_at, "release_at": release_at, "due": due}
+
+
+def view(state_dir: str, idle: Dict[str, Any], boot: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The watchdog as the agent reports it: its last state, with the plan of the settings in force now
+    (so a countdown shows as soon as autostop is armed, and never one from settings since removed)."""
+    config = read_json(os.path.join(state_dir, CONFIG))
+    if not is_armed(config, boot):
+        return None
+    now = time.time()
+    state = read_json(os.path.join(state_dir, STATE)) or {}
+    current = plan(config, dict(idle, idle_since=idle.get("idle_since", now)), now)
+    try:
+        fresh = float(state.get("t") or 0.0) >= os.path.getmtime(os.path.join(state_dir, CONFIG))
+    except OSError:
+        fresh = False
+    if fresh and state.get("autostop_at") is not None and current["autostop_at"] is not None:
+        current["autostop_at"] = max(current["autostop_at"], float(state["autostop_at"]))
+    return dict(state, **current)
 
 
 class Watchdog:
@@ -51,6 +97,7 @@ class Watchdog:
         self.state_dir = state_dir
         self.activity = ActivityLog(state_dir)
         self.retry_at = 0.0
+        self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
 
     def path(self, name: str) -> str:
         return os.path.join(self.state_dir, name)
@@ -74,9 +121,19 @@ class Watchdog:
         self.log("%s: exit %d%s" % (what, res.returncode, ": " + out if out else ""))
         return res.returncode == 0
 
-    def check(self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any) -> Dict[str, Any]:
-        """One pass: measure, decide, maybe act. Returns the state written to disk."""
-        now = time.time()
+    def read_config(self) -> Optional[Dict[str, Any]]:
+        return read_json(self.path(CONFIG))
+
+    def check(
+        self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any,
+        now: Optional[float] = None, mono: Optional[float] = None,
+    ) -> Dict[str, Any]:  # fmt: skip
+        """One pass: measure, decide, maybe act. Returns the state written to disk.
+
+        ``now`` (wall clock) and ``mono`` (monotonic clock) default to the real clocks.
+        """
+        now = time.time() if now is None else now
+        mono = time.monotonic() if mono is None else mono
         try:
             sample, jobs = sample_fn()
             idle = idle_status(
@@ -85,23 +142,32 @@ class Watchdog:
             )  # fmt: skip
         except Exception as exc:  # never release on doubt
             idle = {"reasons": ["activity check failed: %r" % exc], "idle_since": now, "idle_seconds": 0.0}
-        decision = plan(config, idle, now)
+        if idle["reasons"]:
+            self.watched_since = None
+        elif self.watched_since is None:
+            self.watched_since = mono
+        watched = 0.0 if self.watched_since is None else mono - self.watched_since
+        decision = plan(config, idle, now, watched)
         state = dict(idle, **decision)
         state.update(t=now, pid=os.getpid(), action=None)
         if decision["due"] and now >= self.retry_at:
-            self.log("releasing: %s" % decision["due"])
-            hook = config.get("pre_stop")
-            if hook:
-                self._run_hook("pre_stop", hook, float(config.get("pre_stop_timeout", 300)))
-            if self._run_hook(
-                "release_remote", config["release_remote"], float(config.get("release_timeout", 120))
-            ):
-                state["action"] = "released"
+            if self.read_config() != config:
+                self.log("not releasing: the config changed meanwhile (%s)" % decision["due"])
             else:
-                state["action"] = "release failed"
-                self.retry_at = now + RETRY_AFTER_FAILURE_S
+                self._release(config, decision["due"], state, now)
         write_json(self.path(STATE), state)
         return state
+
+    def _release(self, config: Dict[str, Any], why: str, state: Dict[str, Any], now: float) -> None:
+        self.log("releasing: %s" % why)
+        hook = config.get("pre_stop")
+        if hook:
+            self._run_hook("pre_stop", hook, float(config.get("pre_stop_timeout", 300)))
+        if self._run_hook("release_remote", config["release_remote"], float(config.get("release_timeout", 120))):
+            state["action"] = "released"
+        else:
+            state["action"] = "release failed"
+            self.retry_at = now + RETRY_AFTER_FAILURE_S
 
 
 def run(state_dir: str) -> int:
@@ -130,15 +196,9 @@ def _loop(state_dir: str) -> int:
 
     try:
         while True:
-            config = read_json(dog.path(CONFIG))
-            if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
-                dog.log("disarmed: nothing to watch")
-                return 0
-            if config.get("boot_id") != facts["boot_id"]:
-                dog.log("disarmed: config is from another boot")
-                return 0
-            if not config.get("release_remote"):
-                dog.log("disarmed: no release_remote command configured")
+            config = dog.read_config()
+            if not is_armed(config, facts["boot_id"]):
+                dog.log("disarmed: %s" % _why_disarmed(config, facts["boot_id"]))
                 return 0
             state = dog.check(config, facts, sample_fn)
             if state["action"] == "released":
@@ -146,6 +206,14 @@ def _loop(state_dir: str) -> int:
             time.sleep(float(config.get("interval", 15.0)))
     finally:
         sampler.close()
+
+
+def _why_disarmed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> str:
+    if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
+        return "nothing to watch"
+    if config.get("boot_id") != boot:
+        return "config is from another boot"
+    return "no release_remote command configured"
 
 
 def ensure_running(state_dir: str, launcher: List[str]) -> bool:

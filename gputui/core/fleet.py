@@ -32,7 +32,7 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
 
 
 async def arm_watchdog(session: HostSession, host: HostConfig) -> None:
-    """Tell the host's agent the autostop/deadline rules (this also disarms a watchdog whose rules were removed)."""
+    """Tell the host's agent the autostop/deadline rules now in the config; with none, this disarms its watchdog."""
     config = watchdog_config(host, session.snapshot.facts.get("boot_time"))
     await session.request(P.OP_WATCHDOG_CONFIGURE, config=config)
 
@@ -62,7 +62,7 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                on_connect=(lambda s, h=host: arm_watchdog(s, h)) if host.release_remote else None,
+                on_connect=lambda s, h=host: arm_watchdog(s, h),  # every host: settings removed must disarm
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:
