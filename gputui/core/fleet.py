@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,10 @@ from .transport import LocalTransport, Transport
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gputui"
+
+
+def say(message: str) -> None:
+    print(f"gputui: {message}", file=sys.stderr)
 
 
 def make_transport(host: HostConfig, config: Config) -> Transport:
@@ -47,9 +52,12 @@ class Fleet:
         metrics_interval: float | None = None,
         transport_factory: Callable[[HostConfig, Config], Transport] = make_transport,
         ledger: Ledger | None = None,
+        warn: Callable[[str], None] = say,
     ) -> None:
         self.config = config
         self.ledger = ledger if ledger is not None else Ledger()
+        if self.ledger.notice:
+            warn(self.ledger.notice)  # once: the bad file is set aside
         self._on_change = on_change
         self.sessions: dict[str, HostSession] = {}
         for name, host in config.hosts.items():
