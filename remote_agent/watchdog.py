@@ -8,7 +8,8 @@ activity: it never releases on doubt. The config is keyed to the boot id, so a r
 
 The idle window starts no earlier than the moment autostop was armed (``armed_at``, renewed when the settings
 change) nor than the end of a snooze, and it must also have been watched by this process for the whole window
-on the monotonic clock, so a wall-clock jump or a watchdog restart never shortens it. The config is read again
+on the monotonic clock, so a wall-clock jump or a watchdog restart never shortens it; a deadline, likewise, must
+also have come on the monotonic clock. The config is read again
 just before acting: a disarm, snooze or cancel that lands meanwhile wins.
 """
 
@@ -17,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .activity import ActivityLog, idle_status
 from .fsutil import read_json, write_json
@@ -51,12 +52,13 @@ def window_start(config: Dict[str, Any], idle_since: float) -> float:
 
 
 def plan(
-    config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None
-) -> Dict[str, Any]:
+    config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None,
+    deadline_held: bool = False,
+) -> Dict[str, Any]:  # fmt: skip
     """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``.
 
     ``watched``: for how long (monotonic seconds) the watchdog itself has seen the host idle; the window
-    must be covered by that too.
+    must be covered by that too. ``deadline_held``: the monotonic clock says the deadline has not come yet.
     """
     autostop_at = None
     minutes = config.get("autostop_minutes")
@@ -67,7 +69,7 @@ def plan(
             autostop_at = max(autostop_at, now + window - watched)
     release_at = config.get("release_at")
     due = None
-    if release_at is not None and now >= float(release_at):
+    if release_at is not None and now >= float(release_at) and not deadline_held:
         due = "deadline reached"
     elif autostop_at is not None and now >= autostop_at:
         due = "idle for %.1f min" % ((now - idle["idle_since"]) / 60.0)
@@ -98,6 +100,7 @@ class Watchdog:
         self.activity = ActivityLog(state_dir)
         self.retry_at = 0.0
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
+        self._deadline: Optional[Tuple[float, float]] = None  # (release_at, when it comes on the monotonic clock)
 
     def path(self, name: str) -> str:
         return os.path.join(self.state_dir, name)
@@ -147,7 +150,7 @@ class Watchdog:
         elif self.watched_since is None:
             self.watched_since = mono
         watched = 0.0 if self.watched_since is None else mono - self.watched_since
-        decision = plan(config, idle, now, watched)
+        decision = plan(config, idle, now, watched, self._deadline_held(config.get("release_at"), now, mono))
         state = dict(idle, **decision)
         state.update(t=now, pid=os.getpid(), action=None)
         if decision["due"] and now >= self.retry_at:
@@ -157,6 +160,14 @@ class Watchdog:
                 self._release(config, decision["due"], state, now)
         write_json(self.path(STATE), state)
         return state
+
+    def _deadline_held(self, release_at: Optional[float], now: float, mono: float) -> bool:
+        """A deadline must also have come on the monotonic clock, counted from when this process first saw it."""
+        if release_at is None:
+            return False
+        if self._deadline is None or self._deadline[0] != release_at:
+            self._deadline = (release_at, mono + max(0.0, float(release_at) - now))
+        return mono < self._deadline[1]
 
     def _release(self, config: Dict[str, Any], why: str, state: Dict[str, Any], now: float) -> None:
         self.log("releasing: %s" % why)

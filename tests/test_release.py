@@ -268,6 +268,21 @@ def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) 
     assert dog.check(config, facts, idle, now=t + 3660, mono=65.0)["action"] == "released" and stopped.exists()
 
 
+def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> None:
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped, t = tmp_path / "stopped", 1_000_000.0
+    config = {"release_at": t + 3600, "boot_id": "b", "count_sessions": False, "release_remote": ["touch", str(stopped)]}
+    write_json(str(tmp_path / W.CONFIG), config)
+    dog, facts, idle = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
+    assert dog.check(config, facts, idle, now=t, mono=0.0)["due"] is None
+    assert dog.check(config, facts, idle, now=t + 3601, mono=1.0)["due"] is None  # the wall clock leapt an hour
+    assert not stopped.exists()
+    state = dog.check(config, facts, idle, now=t + 7200, mono=3600.0)
+    assert state["due"] == "deadline reached" and state["action"] == "released"
+
+
 def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
     from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
