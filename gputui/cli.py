@@ -16,7 +16,6 @@ from dataclasses import replace
 from typing import Any
 
 from remote_agent import protocol as P
-from remote_agent.watchdog import MAX_SNOOZE_MIN
 
 from .core import config as cfg
 from .core import doctor as D
@@ -34,7 +33,6 @@ from .tables import print_cost, print_history, print_jobs, print_status
 # Exit statuses (documented in README.md).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
 EXIT_PIPE = 141  # the reader closed stdout: what a shell reports for a coreutils tool killed by SIGPIPE
-MAX_GRACE_S = 3600.0  # kill --grace: an hour between signals is already more than any job needs
 CONNECT_CONCURRENCY = 8  # sshd's MaxStartups punishes bursts of new connections
 
 
@@ -454,8 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
     k.add_argument("host")
     k.add_argument("job")
-    k.add_argument("--grace", type=_bounded(0, MAX_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
-                   help=f"seconds between signals, 0 to {MAX_GRACE_S:g} (default 10)")  # fmt: skip
+    k.add_argument("--grace", type=_bounded(0, P.MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
+                   help=f"seconds between signals, 0 to {P.MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     k.set_defaults(func=cmd_kill)
 
@@ -483,8 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
     au.add_argument("host")
     g = au.add_mutually_exclusive_group(required=True)
-    g.add_argument("--snooze", type=_bounded(0, MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
-                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {MAX_SNOOZE_MIN})")  # fmt: skip
+    g.add_argument("--snooze", type=_bounded(0, P.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
+                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
 

@@ -55,6 +55,21 @@ def build_id() -> str:
     return "dev"
 
 
+_WATCHDOG_NUMBERS = {
+    "autostop_minutes": (0.0, 1e9), "release_at": (0.0, 1e12), "interval": (0.5, 3600.0),
+    "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
+}  # fmt: skip
+
+
+def bounded(value: Any, name: str, low: float, high: float, low_ok: bool = True) -> float:
+    """``value`` as a finite number within its bounds, else ValueError (answered as bad arguments)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        low <= value <= high and (low_ok or value > low)
+    ):
+        raise ValueError("%s must be a number %s %g and at most %g, not %r"
+                         % (name, "from" if low_ok else "above", low, high, value))
+    return float(value)
+
 class Agent:
     def __init__(
         self,
@@ -154,7 +169,7 @@ class Agent:
         return job
 
     def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        job = self.jobs.kill(str(a.get("job")), float(a.get("grace_s", 10.0)))
+        job = self.jobs.kill(str(a.get("job")), bounded(a.get("grace_s", 10.0), "grace_s", 0, P.MAX_KILL_GRACE_S))
         self.emit(P.EV_JOB, job)
         return job
 
@@ -253,6 +268,9 @@ class Agent:
         settings and the boot stay the same.
         """
         config = dict(a.get("config") or {})
+        for key, (low, high) in _WATCHDOG_NUMBERS.items():
+            if config.get(key) is not None:
+                config[key] = bounded(config[key], key, low, high)
         config["boot_id"] = self.facts()["boot_id"]
         path = self._watchdog_path(W.CONFIG)
         if not W.is_armed(config, config["boot_id"]):
@@ -280,9 +298,7 @@ class Agent:
 
     def op_watchdog_snooze(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """Postpone autostop: the idle window restarts when the snooze ends."""
-        minutes = a.get("minutes", 60)
-        if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 < minutes <= W.MAX_SNOOZE_MIN:
-            raise ValueError("minutes must be a number above 0 and at most %d" % W.MAX_SNOOZE_MIN)
+        minutes = bounded(a.get("minutes", 60), "minutes", 0, P.MAX_SNOOZE_MIN, low_ok=False)
         return self._update_watchdog(snoozed_until=time.time() + 60.0 * minutes, cancelled=False)
 
     def op_watchdog_cancel(self, a: Dict[str, Any]) -> Dict[str, Any]:

@@ -25,7 +25,6 @@ from .fsutil import read_json, write_json
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
-MAX_SNOOZE_MIN = 7 * 24 * 60
 
 
 def boot_id() -> Optional[str]:
