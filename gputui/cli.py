@@ -198,7 +198,14 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         def gap(message: str) -> None:
             print(f"\ngputui: --- {message} ---", file=sys.stderr)
 
-        await s.follow_log(args.job, offset, write, lambda info: done.done() or done.set_result(info), gap)
+        def follow(data: bytes) -> None:  # called from the link's event handler: hand errors to the command
+            try:
+                write(data)
+            except BrokenPipeError as exc:
+                if not done.done():
+                    done.set_exception(exc)
+
+        await s.follow_log(args.job, offset, follow, lambda info: done.done() or done.set_result(info), gap)
         return _job_exit(await done)
 
     return await _with_session(args, args.host, body)

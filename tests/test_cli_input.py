@@ -75,6 +75,21 @@ def test_a_closed_pipe_ends_quietly(home: Home, args: list[str]) -> None:
     assert res.stderr == b"" and res.returncode in (0, 141)
 
 
+def test_following_logs_into_a_closed_pipe_ends_quietly(home: Home) -> None:
+    local_config(home)
+    code = "import time\nwhile True: print('x' * 100, flush=True); time.sleep(0.01)"
+    job = home.cli("run", "local", "--", sys.executable, "-c", code, check=True).stdout.strip()
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        res = subprocess.run([sys.executable, "-m", "gputui", "logs", "-f", "local", job], env=home.env,
+                             stdout=write, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+    finally:
+        os.close(write)
+        home.cli("kill", "local", job, "--grace", "1", "--yes")
+    assert res.stderr == b"" and res.returncode == 141
+
+
 def test_json_output_is_strict_even_when_a_log_says_nan(home: Home) -> None:
     local_config(home)
     code = "for i in range(3): print(f'step {i} loss: nan acc: inf', flush=True)"
