@@ -56,7 +56,7 @@ def build_id() -> str:
 
 
 _WATCHDOG_NUMBERS = {
-    "autostop_minutes": (0.0, 1e9), "release_at": (0.0, 1e12), "interval": (0.5, 3600.0),
+    "autostop_minutes": (0.0, 1e9), "release_at": (-1e12, 1e12), "interval": (0.5, 3600.0),
     "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
 }  # fmt: skip
 

@@ -39,6 +39,7 @@ def test_non_finite_numbers_are_rejected_with_file_line_and_field(table: str, ke
         ("idle_util_percent = 150", "idle_util_percent: must be at most 100"),
         ("keepalive_count_max = -1", "keepalive_count_max: must not be negative"),
         ("idle_minutes = -1", "idle_minutes: must not be negative"),
+        ("release_after_hours = 1e300", "release_after_hours: must be at most 100000"),
     ],
 )
 def test_numbers_out_of_range(setting: str, message: str) -> None:

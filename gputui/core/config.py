@@ -118,9 +118,9 @@ _CURRENCY = re.compile(r"^[A-Z]{3}$")
 # Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
 DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
-    "price_per_hour": (0, None, True), "idle_minutes": (0, None, True), "idle_util_percent": (0, 100, True),
+    "price_per_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
     "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
-    "autostop_minutes": (0, None, True), "release_after_hours": (0, None, True),
+    "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True),
     "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),
     "daily": (0, None, True), "monthly": (0, None, True), "warn_fraction": (0, 1, True),
 }  # fmt: skip
