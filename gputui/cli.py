@@ -42,7 +42,9 @@ class CliError(Exception):
         self.code = code
 
 
-def _bounded(low: float, high: float, low_ok: bool = True, unit: str = "", integer: bool = False) -> Callable[[str], float]:
+def _bounded(
+    low: float, high: float, low_ok: bool = True, unit: str = "", integer: bool = False
+) -> Callable[[str], float]:
     """An argparse type: a finite number within [low, high] (or (low, high]), else a usage error (exit 2)."""
 
     def parse(text: str) -> float:
@@ -53,7 +55,11 @@ def _bounded(low: float, high: float, low_ok: bool = True, unit: str = "", integ
         if not (low <= value <= high and (low_ok or value > low)):
             kind = "a whole number" if integer else "a number"
             show = (lambda x: f"{int(x):,}") if integer else (lambda x: f"{x:g}")  # noqa: E731
-            span = f"from {show(low)} to {show(high)}" if low_ok else f"above {show(low)} and at most {show(high)}"
+            span = (
+                f"from {show(low)} to {show(high)}"
+                if low_ok
+                else f"above {show(low)} and at most {show(high)}"
+            )
             raise argparse.ArgumentTypeError(f"must be {kind} {span}{unit}, not {text!r}")
         return value
 
@@ -453,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument(
         "-f", "--follow", action="store_true", help="follow until the job ends; exit with its status"
     )
-    lg.add_argument("--tail", type=_bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines")
+    lg.add_argument(
+        "--tail", type=_bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
+    )
     lg.set_defaults(func=cmd_logs)
 
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")

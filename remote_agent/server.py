@@ -63,12 +63,17 @@ _WATCHDOG_NUMBERS = {
 
 def bounded(value: Any, name: str, low: float, high: float, low_ok: bool = True) -> float:
     """``value`` as a finite number within its bounds, else ValueError (answered as bad arguments)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        low <= value <= high and (low_ok or value > low)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (low <= value <= high and (low_ok or value > low))
     ):
-        raise ValueError("%s must be a number %s %g and at most %g, not %r"
-                         % (name, "from" if low_ok else "above", low, high, value))
+        raise ValueError(
+            "%s must be a number %s %g and at most %g, not %r"
+            % (name, "from" if low_ok else "above", low, high, value)
+        )
     return float(value)
+
 
 class Agent:
     def __init__(
@@ -169,7 +174,9 @@ class Agent:
         return job
 
     def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        job = self.jobs.kill(str(a.get("job")), bounded(a.get("grace_s", 10.0), "grace_s", 0, P.MAX_KILL_GRACE_S))
+        job = self.jobs.kill(
+            str(a.get("job")), bounded(a.get("grace_s", 10.0), "grace_s", 0, P.MAX_KILL_GRACE_S)
+        )
         self.emit(P.EV_JOB, job)
         return job
 
@@ -286,7 +293,11 @@ class Agent:
         if old.get("boot_id") == config["boot_id"] and settings(old) == settings(config):
             config.update({k: old.get(k) for k in kept if k in old})
         write_json(path, config)
-        return {"armed": True, "started": W.ensure_running(self.jobs.state_dir, self.launcher), "config": config}
+        return {
+            "armed": True,
+            "started": W.ensure_running(self.jobs.state_dir, self.launcher),
+            "config": config,
+        }
 
     def _update_watchdog(self, **changes: Any) -> Dict[str, Any]:
         config = read_json(self._watchdog_path(W.CONFIG))

@@ -9,8 +9,8 @@ activity: it never releases on doubt. The config is keyed to the boot id, so a r
 The idle window starts no earlier than the moment autostop was armed (``armed_at``, renewed when the settings
 change) nor than the end of a snooze, and it must also have been watched by this process for the whole window
 on the monotonic clock, so a wall-clock jump or a watchdog restart never shortens it; a deadline, likewise, must
-also have come on the monotonic clock. The config is read again
-just before acting: a disarm, snooze or cancel that lands meanwhile wins.
+also have come on the monotonic clock. The config is read again just before acting: a disarm, snooze or cancel
+that lands meanwhile wins.
 """
 
 import fcntl
@@ -35,14 +35,19 @@ def boot_id() -> Optional[str]:
         return None
 
 
+def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
+    """Why ``config`` asks for nothing on this boot, or None when it is armed."""
+    if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
+        return "nothing to watch"
+    if config.get("boot_id") != boot:
+        return "config is from another boot"
+    if not config.get("release_remote"):
+        return "no release_remote command configured"
+    return None
+
+
 def is_armed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> bool:
-    """Whether ``config`` asks for anything on this boot (a deadline or autostop, and a release command)."""
-    return bool(
-        config
-        and (config.get("autostop_minutes") or config.get("release_at") is not None)
-        and config.get("boot_id") == boot
-        and config.get("release_remote")
-    )
+    return disarmed_because(config, boot) is None
 
 
 def window_start(config: Dict[str, Any], idle_since: float) -> float:
@@ -99,7 +104,9 @@ class Watchdog:
         self.activity = ActivityLog(state_dir)
         self.retry_at = 0.0
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
-        self._deadline: Optional[Tuple[float, float]] = None  # (release_at, when it comes on the monotonic clock)
+        self._deadline: Optional[Tuple[float, float]] = (
+            None  # (release_at, when it comes on the monotonic clock)
+        )
 
     def path(self, name: str) -> str:
         return os.path.join(self.state_dir, name)
@@ -173,7 +180,9 @@ class Watchdog:
         hook = config.get("pre_stop")
         if hook:
             self._run_hook("pre_stop", hook, float(config.get("pre_stop_timeout", 300)))
-        if self._run_hook("release_remote", config["release_remote"], float(config.get("release_timeout", 120))):
+        if self._run_hook(
+            "release_remote", config["release_remote"], float(config.get("release_timeout", 120))
+        ):
             state["action"] = "released"
         else:
             state["action"] = "release failed"
@@ -207,8 +216,9 @@ def _loop(state_dir: str) -> int:
     try:
         while True:
             config = dog.read_config()
-            if not is_armed(config, facts["boot_id"]):
-                dog.log("disarmed: %s" % _why_disarmed(config, facts["boot_id"]))
+            why = disarmed_because(config, facts["boot_id"])
+            if why is not None:
+                dog.log("disarmed: %s" % why)
                 return 0
             state = dog.check(config, facts, sample_fn)
             if state["action"] == "released":
@@ -216,14 +226,6 @@ def _loop(state_dir: str) -> int:
             time.sleep(float(config.get("interval", 15.0)))
     finally:
         sampler.close()
-
-
-def _why_disarmed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> str:
-    if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
-        return "nothing to watch"
-    if config.get("boot_id") != boot:
-        return "config is from another boot"
-    return "no release_remote command configured"
 
 
 def ensure_running(state_dir: str, launcher: List[str]) -> bool:

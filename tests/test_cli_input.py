@@ -34,7 +34,10 @@ def test_kill_grace_must_be_a_sane_number(home: Home, grace: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["autostop", "local", "--snooze=nan"], "--snooze: must be a number above 0 and at most 10080 minutes"),
+        (
+            ["autostop", "local", "--snooze=nan"],
+            "--snooze: must be a number above 0 and at most 10080 minutes",
+        ),
         (["autostop", "local", "--snooze=0"], "--snooze: must be a number above 0"),
         (["autostop", "local", "--snooze=1e9"], "--snooze: must be a number above 0"),
         (["autostop", "local", "--snooze=-inf"], "--snooze: must be a number above 0"),
@@ -61,7 +64,9 @@ def test_a_corrupt_ledger_is_set_aside_said_once_and_not_fatal(home: Home) -> No
     assert res.returncode == 0 and "ledger" not in res.stderr
 
 
-@pytest.mark.parametrize("args", [["status", "--json"], ["history", "--json"], ["jobs", "--json"], ["--help"]])
+@pytest.mark.parametrize(
+    "args", [["status", "--json"], ["history", "--json"], ["jobs", "--json"], ["--help"]]
+)
 def test_a_closed_pipe_ends_quietly(home: Home, args: list[str]) -> None:
     local_config(home)
     home.cli("run", "local", "--", "true", check=True)  # something to list
@@ -100,7 +105,9 @@ def test_json_output_is_strict_even_when_a_log_says_nan(home: Home) -> None:
 
 
 def test_a_bad_dns_name_is_that_hosts_error_only(home: Home) -> None:
-    local_config(home, '[hosts.bad]\nhost = "gpu..example.com"\n[hosts.long]\nhost = "' + "a" * 64 + '.example.com"\n')
+    local_config(
+        home, '[hosts.bad]\nhost = "gpu..example.com"\n[hosts.long]\nhost = "' + "a" * 64 + '.example.com"\n'
+    )
     res = home.cli("status", "--json")
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     hosts = {h["name"]: h for h in json.loads(res.stdout)["hosts"]}

@@ -26,7 +26,9 @@ def test_non_finite_numbers_are_rejected_with_file_line_and_field(table: str, ke
     extra = 'release_remote = "true"\n' if key == "autostop_minutes" else ""
     message = error_of(f"[{table}]\n{extra}{key} = {number}\n")
     line = 3 if extra else 2
-    assert message.startswith(f"c.toml:{line}: {table}.{key.strip(chr(34))}: ") and number.lstrip("+") in message
+    assert (
+        message.startswith(f"c.toml:{line}: {table}.{key.strip(chr(34))}: ") and number.lstrip("+") in message
+    )
 
 
 @pytest.mark.parametrize(
@@ -61,14 +63,18 @@ def test_control_characters_in_strings_are_rejected(key: str, value: str) -> Non
 
 
 def test_control_characters_in_commands_and_global_strings() -> None:
-    assert "c.toml:2: hosts.a.release: must not contain control" in error_of('[hosts.a]\nrelease = ["a", "b\\nc"]\n')
+    assert "c.toml:2: hosts.a.release: must not contain control" in error_of(
+        '[hosts.a]\nrelease = ["a", "b\\nc"]\n'
+    )
     assert "c.toml:1: ssh_config: must not contain control" in error_of('ssh_config = "x\\u001bx"\n')
     assert "budget.on_exceed: must not contain" in error_of('[budget]\non_exceed = "warn\\n"\n')
 
 
 def test_a_bom_at_the_start_is_accepted(home: Home) -> None:
     path = home.write_config("")
-    path.write_bytes(b"\xef\xbb\xbf" + f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'.encode())
+    path.write_bytes(
+        b"\xef\xbb\xbf" + f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'.encode()
+    )
     assert list(cfg.load(str(path)).hosts) == ["local"]
     res = home.cli("jobs")
     assert res.returncode == 0, res.stderr

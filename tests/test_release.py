@@ -265,7 +265,8 @@ def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) 
     jumped = dog.check(config, facts, idle, now=t + 3600, mono=6.0)  # the wall clock leapt an hour
     assert jumped["due"] is None and jumped["autostop_at"] == pytest.approx(t + 3600 + 59)
     assert not stopped.exists()
-    assert dog.check(config, facts, idle, now=t + 3660, mono=65.0)["action"] == "released" and stopped.exists()
+    released = dog.check(config, facts, idle, now=t + 3660, mono=65.0)
+    assert released["action"] == "released" and stopped.exists()
 
 
 def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> None:
@@ -273,11 +274,17 @@ def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> Non
     from remote_agent.fsutil import write_json
 
     stopped, t = tmp_path / "stopped", 1_000_000.0
-    config = {"release_at": t + 3600, "boot_id": "b", "count_sessions": False, "release_remote": ["touch", str(stopped)]}
+    config = {
+        "release_at": t + 3600,
+        "boot_id": "b",
+        "count_sessions": False,
+        "release_remote": ["touch", str(stopped)],
+    }
     write_json(str(tmp_path / W.CONFIG), config)
     dog, facts, idle = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
     assert dog.check(config, facts, idle, now=t, mono=0.0)["due"] is None
-    assert dog.check(config, facts, idle, now=t + 3601, mono=1.0)["due"] is None  # the wall clock leapt an hour
+    # the wall clock leaps an hour: the deadline has not come on the monotonic clock
+    assert dog.check(config, facts, idle, now=t + 3601, mono=1.0)["due"] is None
     assert not stopped.exists()
     state = dog.check(config, facts, idle, now=t + 7200, mono=3600.0)
     assert state["due"] == "deadline reached" and state["action"] == "released"
@@ -288,7 +295,12 @@ def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
     from remote_agent.fsutil import write_json
 
     stopped = tmp_path / "stopped"
-    config = {"release_at": 0.0, "boot_id": "b", "count_sessions": False, "release_remote": ["touch", str(stopped)]}
+    config = {
+        "release_at": 0.0,
+        "boot_id": "b",
+        "count_sessions": False,
+        "release_remote": ["touch", str(stopped)],
+    }
     write_json(str(tmp_path / W.CONFIG), dict(config, cancelled=True, release_at=None))  # changed meanwhile
     state = W.Watchdog(str(tmp_path)).check(config, {"boot_id": "b"}, lambda: ({"gpus": []}, []))
     assert state["action"] is None and not stopped.exists()
@@ -303,7 +315,10 @@ def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
         ("jobs.kill", {"job": "1", "grace_s": float("inf")}),
         ("watchdog.snooze", {"minutes": float("nan")}),
         ("watchdog.snooze", {"minutes": 0}),
-        ("watchdog.configure", {"config": {"autostop_minutes": 1, "interval": float("nan"), "release_remote": ["x"]}}),
+        (
+            "watchdog.configure",
+            {"config": {"autostop_minutes": 1, "interval": float("nan"), "release_remote": ["x"]}},
+        ),
         ("watchdog.configure", {"config": {"autostop_minutes": float("inf"), "release_remote": ["x"]}}),
     ],
 )

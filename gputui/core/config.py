@@ -133,7 +133,9 @@ def _range_problem(key: str, value: float) -> str | None:
         return f"must be a finite number, not {value!r}"
     low, high, low_ok = _RANGES.get(key, (-math.inf, None, True))
     if value < low:
-        return f"must not be negative, not {value!r}" if low == 0 else f"must be at least {low:g}, not {value!r}"
+        return (
+            f"must not be negative, not {value!r}" if low == 0 else f"must be at least {low:g}, not {value!r}"
+        )
     if value == low and not low_ok:
         return f"must be above {low:g}, not {value!r}"
     if high is not None and value > high:
@@ -237,7 +239,12 @@ def parse(text: str, path: Path) -> Config:
         raise fail(None, "currency", f"{currency!r} is not an ISO 4217 code like USD or EUR")
     prices = data.get("prices", {})
     for model, price in prices.items():
-        if not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0 or not math.isfinite(price):
+        if (
+            not isinstance(price, (int, float))
+            or isinstance(price, bool)
+            or price < 0
+            or not math.isfinite(price)
+        ):
             raise fail("prices", model, f"must be a non-negative number (price per GPU-hour), not {price!r}")
         if _text_problem(model):
             raise fail("prices", model, "a GPU model name " + _text_problem(model))

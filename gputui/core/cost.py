@@ -186,7 +186,8 @@ class Ledger:
         if not self._writable:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(str(self.path), json.dumps(data, indent=1, allow_nan=False).encode())  # fsync, then rename
+        text = json.dumps(data, indent=1, allow_nan=False)
+        write_atomic(str(self.path), text.encode())  # synced to disk, then renamed into place
         self._saved_at, self._dirty = now, False
 
 

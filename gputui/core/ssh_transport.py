@@ -181,7 +181,8 @@ class SSHTransport(Transport):
         except UnicodeError:
             raise HostError(
                 f"host name {target.host!r} is not a valid DNS name (a label between dots is empty or longer "
-                "than 63 characters, or cannot be encoded)", "config",
+                "than 63 characters, or cannot be encoded)",
+                "config",
             ) from None
         return target, kw
 
