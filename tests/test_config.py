@@ -76,5 +76,6 @@ def test_a_bom_at_the_start_is_accepted(home: Home) -> None:
         b"\xef\xbb\xbf" + f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'.encode()
     )
     assert list(cfg.load(str(path)).hosts) == ["local"]
+    assert "c.toml:2: hosts.a.port" in error_of('\ufeff[hosts.a]\nport = "22"\n')  # lines still count right
     res = home.cli("jobs")
     assert res.returncode == 0, res.stderr

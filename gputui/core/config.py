@@ -184,7 +184,7 @@ def load(explicit: str | None = None) -> Config:
             raise ConfigError(f"{path}: config file not found")
         return Config(path=None, hosts={LOCAL: default_local()})
     try:
-        text = path.read_text(encoding="utf-8-sig")  # a BOM some editors write is not part of the TOML
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     return parse(text, path)
@@ -215,6 +215,7 @@ def parse(text: str, path: Path) -> Config:
             name = repr(name)  # never a raw control sequence on the terminal
         return ConfigError(f"{where}: {name}: {message}")
 
+    text = text.removeprefix("\ufeff")  # a BOM some editors write is not part of the TOML
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
