@@ -9,8 +9,8 @@ activity: it never releases on doubt. The config is keyed to the boot id, so a r
 The idle window starts no earlier than the moment autostop was armed (``armed_at``, renewed when the settings
 change) nor than the end of a snooze, and it must also have been watched by this process for the whole window
 on the monotonic clock, so a wall-clock jump or a watchdog restart never shortens it; a deadline, likewise, must
-also have come on the monotonic clock. The config is read again just before acting: a disarm, snooze or cancel
-that lands meanwhile wins.
+also have come on the monotonic clock. The config is read again just before acting, and config and activity
+once more after ``pre_stop`` (which may run for minutes): a disarm, snooze, cancel or new job meanwhile wins.
 """
 
 import fcntl
@@ -143,6 +143,16 @@ class Watchdog:
         """
         now = time.time() if now is None else now
         mono = time.monotonic() if mono is None else mono
+        state = self._decide(config, facts, sample_fn, now, mono)
+        if state["due"] and now >= self.retry_at:
+            self._release(config, facts, sample_fn, state, now, mono)
+        write_json(self.path(STATE), state)
+        return state
+
+    def _decide(
+        self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, now: float, mono: float
+    ) -> Dict[str, Any]:
+        """Measure activity and plan: the state, with ``due`` set when a release is due now."""
         try:
             sample, jobs = sample_fn()
             idle = idle_status(
@@ -159,12 +169,6 @@ class Watchdog:
         decision = plan(config, idle, now, watched, self._deadline_held(config.get("release_at"), now, mono))
         state = dict(idle, **decision)
         state.update(t=now, pid=os.getpid(), action=None)
-        if decision["due"] and now >= self.retry_at:
-            if self.read_config() != config:
-                self.log("not releasing: the config changed meanwhile (%s)" % decision["due"])
-            else:
-                self._release(config, decision["due"], state, now)
-        write_json(self.path(STATE), state)
         return state
 
     def _deadline_held(self, release_at: Optional[float], now: float, mono: float) -> bool:
@@ -175,11 +179,29 @@ class Watchdog:
             self._deadline = (release_at, mono + max(0.0, float(release_at) - now))
         return mono < self._deadline[1]
 
-    def _release(self, config: Dict[str, Any], why: str, state: Dict[str, Any], now: float) -> None:
-        self.log("releasing: %s" % why)
+    def _release(
+        self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, state: Dict[str, Any],
+        now: float, mono: float,
+    ) -> None:  # fmt: skip
+        """Run ``pre_stop`` then ``release_remote``, unless the config or the host changed before each step."""
+        if self.read_config() != config:
+            self.log("not releasing: the config changed meanwhile (%s)" % state["due"])
+            return
+        self.log("releasing: %s" % state["due"])
         hook = config.get("pre_stop")
         if hook:
+            started = time.monotonic()
             self._run_hook("pre_stop", hook, float(config.get("pre_stop_timeout", 300)))
+            took = time.monotonic() - started  # the hook may run for minutes: look again before releasing
+            again = self._decide(config, facts, sample_fn, now + took, mono + took)
+            changed = self.read_config() != config
+            if changed or not again["due"]:
+                why = (
+                    "the config changed" if changed else "not due any more (%s)" % "; ".join(again["reasons"])
+                )
+                self.log("not releasing: %s while pre_stop ran" % why)
+                state.update(again)
+                return
         if self._run_hook(
             "release_remote", config["release_remote"], float(config.get("release_timeout", 120))
         ):

@@ -327,3 +327,37 @@ def test_agent_refuses_numbers_out_of_bounds(agent, op: str, args: dict) -> None
     assert reply["ok"] is False and reply["error"]["code"] == "bad_args", reply
     assert "must be a number" in reply["error"]["message"]
     assert not (agent.state_dir / "watchdog.json").exists()
+
+
+def due_watchdog(tmp_path: Path, pre_stop: list[str]) -> tuple:
+    """A watchdog whose autostop is due now (idle for ages, watched long enough), with ``pre_stop``."""
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped = tmp_path / "stopped"
+    config = {"autostop_minutes": 0.001, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
+              "pre_stop": pre_stop, "release_remote": ["touch", str(stopped)]}  # fmt: skip
+    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / "activity.json"), {"last_busy": 0.0, "boot_id": "b"})
+    dog = W.Watchdog(str(tmp_path))
+    dog.watched_since = -1e9
+    return dog, config, stopped
+
+
+def test_a_snooze_while_pre_stop_runs_wins(tmp_path: Path) -> None:
+    """pre_stop may run for minutes (a checkpoint sync): a snooze meanwhile must stop the release."""
+    path = tmp_path / "watchdog.json"
+    snooze = f"import json, pathlib; p = pathlib.Path({str(path)!r}); c = json.loads(p.read_text()); "
+    snooze += "c['snoozed_until'] = 9e9; p.write_text(json.dumps(c))"
+    dog, config, stopped = due_watchdog(tmp_path, [sys.executable, "-c", snooze])
+    state = dog.check(config, {"boot_id": "b"}, lambda: ({"gpus": []}, []))
+    assert state["action"] is None and not stopped.exists()
+    assert "not releasing: the config changed while pre_stop ran" in (tmp_path / "watchdog.log").read_text()
+
+
+def test_a_job_started_while_pre_stop_runs_wins(tmp_path: Path) -> None:
+    dog, config, stopped = due_watchdog(tmp_path, ["true"])
+    samples = iter([({"gpus": []}, []), ({"gpus": []}, [{"id": "7", "state": "running"}])])
+    state = dog.check(config, {"boot_id": "b"}, lambda: next(samples))
+    assert state["action"] is None and not stopped.exists() and state["reasons"] == ["job 7 running"]
+    assert "not due any more (job 7 running) while pre_stop ran" in (tmp_path / "watchdog.log").read_text()
