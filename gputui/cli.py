@@ -6,9 +6,10 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import json
+import math
 import os
 import re
+import select
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from remote_agent import protocol as P
 
 from .core import config as cfg
 from .core import doctor as D
+from .core import jsonout
 from .core import model as M
 from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
@@ -31,6 +33,7 @@ from .tables import print_cost, print_history, print_jobs, print_status
 
 # Exit statuses (documented in README.md).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
+EXIT_PIPE = 141  # the reader closed stdout: what a shell reports for a coreutils tool killed by SIGPIPE
 CONNECT_CONCURRENCY = 8  # sshd's MaxStartups punishes bursts of new connections
 
 
@@ -38,6 +41,30 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAIL) -> None:
         super().__init__(message)
         self.code = code
+
+
+def _bounded(
+    low: float, high: float, low_ok: bool = True, unit: str = "", integer: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite number within [low, high] (or (low, high]), else a usage error (exit 2)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = math.nan
+        if not (low <= value <= high and (low_ok or value > low)):
+            kind = "a whole number" if integer else "a number"
+            show = (lambda x: f"{int(x):,}") if integer else (lambda x: f"{x:g}")  # noqa: E731
+            span = (
+                f"from {show(low)} to {show(high)}"
+                if low_ok
+                else f"above {show(low)} and at most {show(high)}"
+            )
+            raise argparse.ArgumentTypeError(f"must be {kind} {span}{unit}, not {text!r}")
+        return value
+
+    return parse
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
@@ -157,7 +184,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     names = _host_names(config, args.host)
     jobs, status = await _collect_jobs(Fleet(config), names)
     if args.json:
-        print(json.dumps([j.to_json() for j in jobs], indent=2))
+        print(jsonout.dumps([j.to_json() for j in jobs]))
     else:
         print_jobs(jobs)
     return status
@@ -170,7 +197,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
     records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
     records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
     if args.json:
-        print(json.dumps(records, indent=2))
+        print(jsonout.dumps(records))
         return status
     print_history(records)
     return status
@@ -201,7 +228,14 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         def gap(message: str) -> None:
             print(f"\ngputui: --- {message} ---", file=sys.stderr)
 
-        await s.follow_log(args.job, offset, write, lambda info: done.done() or done.set_result(info), gap)
+        def follow(data: bytes) -> None:  # called from the link's event handler: hand errors to the command
+            try:
+                write(data)
+            except BrokenPipeError as exc:
+                if not done.done():
+                    done.set_exception(exc)
+
+        await s.follow_log(args.job, offset, follow, lambda info: done.done() or done.set_result(info), gap)
         return _job_exit(await done)
 
     return await _with_session(args, args.host, body)
@@ -239,7 +273,7 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
 async def cmd_status(args: argparse.Namespace) -> int:
     snaps, status = await _probe_fleet(Fleet(cfg.load(args.config)))
     if args.json:
-        print(json.dumps({"hosts": [s.to_json() for s in snaps.values()]}, indent=2))
+        print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}))
     else:
         print_status(list(snaps.values()))
     return status
@@ -279,7 +313,7 @@ async def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         out = {"currency": currency, "hosts": hosts, "total": total, "today": today, "month": month,
                "burn_per_hour": burn, "budget": [a.to_json() for a in alerts]}  # fmt: skip
-        print(json.dumps(out, indent=2))
+        print(jsonout.dumps(out))
         return status
     print_cost(hosts, currency, burn, today, month, total)
     for alert in alerts:
@@ -358,7 +392,7 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
         for name, res in results.items()
     ]
     if args.json:
-        print(json.dumps({"hosts": [r.to_json() for r in reports]}, indent=2))
+        print(jsonout.dumps({"hosts": [r.to_json() for r in reports]}))
     else:
         print("\n\n".join(D.format_report(r) for r in reports))
     return _hosts_status(results) or (EXIT_FAIL if any(r.failed for r in reports) else EXIT_OK)
@@ -483,13 +517,16 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument(
         "-f", "--follow", action="store_true", help="follow until the job ends; exit with its status"
     )
-    lg.add_argument("--tail", type=int, metavar="N", help="start at the last N lines")
+    lg.add_argument(
+        "--tail", type=_bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
+    )
     lg.set_defaults(func=cmd_logs)
 
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
     k.add_argument("host")
     k.add_argument("job")
-    k.add_argument("--grace", type=float, default=10.0, help="seconds between signals (default 10)")
+    k.add_argument("--grace", type=_bounded(0, P.MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
+                   help=f"seconds between signals, 0 to {P.MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     k.set_defaults(func=cmd_kill)
 
@@ -517,7 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
     au.add_argument("host")
     g = au.add_mutually_exclusive_group(required=True)
-    g.add_argument("--snooze", type=float, metavar="MIN", help="postpone autostop by MIN minutes")
+    g.add_argument("--snooze", type=_bounded(0, P.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
+                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
 
@@ -546,6 +584,34 @@ def _run_app(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run one command; a reader that goes away (``gputui status --json | head``) ends it quietly."""
+    try:
+        try:
+            _main(argv)
+            code: Any = EXIT_OK
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        if not _stdout_closed():
+            print(f"gputui: {exc}", file=sys.stderr)
+            sys.exit(EXIT_FAIL)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        code = EXIT_PIPE
+    sys.exit(code)
+
+
+def _stdout_closed() -> bool:
+    """Whether nobody reads our stdout any more (a pipe or socket whose other end is gone)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     command: list[str] | None = None
     if "--" in argv:  # the job's argv: never let argparse look at it

@@ -20,6 +20,9 @@ PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 #: Largest raw log chunk the agent puts in one frame (base64 grows it by 4/3).
 LOG_CHUNK_BYTES = 256 * 1024
+#: Bounds of numbers in requests (the CLI refuses others as usage errors, the agent as bad arguments).
+MAX_KILL_GRACE_S = 3600.0
+MAX_SNOOZE_MIN = 7 * 24 * 60
 
 # Operations the agent answers.
 OP_PING = "ping"

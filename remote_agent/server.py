@@ -55,6 +55,26 @@ def build_id() -> str:
     return "dev"
 
 
+_WATCHDOG_NUMBERS = {
+    "autostop_minutes": (0.0, 1e9), "release_at": (-1e12, 1e12), "interval": (0.5, 3600.0),
+    "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
+}  # fmt: skip
+
+
+def bounded(value: Any, name: str, low: float, high: float, low_ok: bool = True) -> float:
+    """``value`` as a finite number within its bounds, else ValueError (answered as bad arguments)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (low <= value <= high and (low_ok or value > low))
+    ):
+        raise ValueError(
+            "%s must be a number %s %g and at most %g, not %r"
+            % (name, "from" if low_ok else "above", low, high, value)
+        )
+    return float(value)
+
+
 class Agent:
     def __init__(
         self,
@@ -154,7 +174,9 @@ class Agent:
         return job
 
     def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        job = self.jobs.kill(str(a.get("job")), float(a.get("grace_s", 10.0)))
+        job = self.jobs.kill(
+            str(a.get("job")), bounded(a.get("grace_s", 10.0), "grace_s", 0, P.MAX_KILL_GRACE_S)
+        )
         self.emit(P.EV_JOB, job)
         return job
 
@@ -246,19 +268,36 @@ class Agent:
         return os.path.join(self.jobs.state_dir, name)
 
     def op_watchdog_configure(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        """Arm (or disarm, with no autostop/deadline) the detached watchdog; keeps snooze/cancel of this boot."""
+        """Arm the detached watchdog, or disarm it when the client's settings ask for nothing.
+
+        The settings are the client's whole word: what they say now is what the watchdog does (it re-reads them
+        every pass). Snooze, cancel and ``armed_at`` (the idle window's earliest start) are kept while the
+        settings and the boot stay the same.
+        """
         config = dict(a.get("config") or {})
+        for key, (low, high) in _WATCHDOG_NUMBERS.items():
+            if config.get(key) is not None:
+                config[key] = bounded(config[key], key, low, high)
         config["boot_id"] = self.facts()["boot_id"]
-        old = read_json(self._watchdog_path(W.CONFIG)) or {}
+        path = self._watchdog_path(W.CONFIG)
+        if not W.is_armed(config, config["boot_id"]):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            return {"armed": False, "started": False, "config": None}
+        old = read_json(path) or {}
         kept = ("snoozed_until", "cancelled", "armed_at")  # state of this boot, not settings
         settings = lambda c: {k: v for k, v in c.items() if k not in kept}  # noqa: E731
         config["armed_at"] = time.time()  # the idle window cannot start before autostop was armed
         if old.get("boot_id") == config["boot_id"] and settings(old) == settings(config):
             config.update({k: old.get(k) for k in kept if k in old})
-        armed = bool(config.get("autostop_minutes") or config.get("release_at") is not None)
-        write_json(self._watchdog_path(W.CONFIG), config)
-        started = W.ensure_running(self.jobs.state_dir, self.launcher) if armed else False
-        return {"armed": armed, "started": started, "config": config}
+        write_json(path, config)
+        return {
+            "armed": True,
+            "started": W.ensure_running(self.jobs.state_dir, self.launcher),
+            "config": config,
+        }
 
     def _update_watchdog(self, **changes: Any) -> Dict[str, Any]:
         config = read_json(self._watchdog_path(W.CONFIG))
@@ -269,9 +308,9 @@ class Agent:
         return config
 
     def op_watchdog_snooze(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        return self._update_watchdog(
-            snoozed_until=time.time() + 60.0 * float(a.get("minutes", 60)), cancelled=False
-        )
+        """Postpone autostop: the idle window restarts when the snooze ends."""
+        minutes = bounded(a.get("minutes", 60), "minutes", 0, P.MAX_SNOOZE_MIN, low_ok=False)
+        return self._update_watchdog(snoozed_until=time.time() + 60.0 * minutes, cancelled=False)
 
     def op_watchdog_cancel(self, a: Dict[str, Any]) -> Dict[str, Any]:
         return self._update_watchdog(cancelled=True)
@@ -286,8 +325,9 @@ class Agent:
             )  # fmt: skip
         except Exception as exc:  # doubt counts as activity
             sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}
-        if os.path.exists(self._watchdog_path(W.CONFIG)):
-            sample["activity"]["watchdog"] = read_json(self._watchdog_path(W.STATE))
+        watchdog = W.view(self.jobs.state_dir, sample["activity"], self.facts()["boot_id"])
+        if watchdog is not None:
+            sample["activity"]["watchdog"] = watchdog
         return sample
 
     def _sample_loop(self) -> None:

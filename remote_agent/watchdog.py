@@ -5,6 +5,12 @@ It reads ``watchdog.json`` (written by the agent from the client's config), appl
 runs the optional ``pre_stop`` hook and then ``release_remote``. Every decision goes to ``watchdog.log``;
 its view of the world goes to ``watchdog_state.json``. Any error while checking activity counts as
 activity: it never releases on doubt. The config is keyed to the boot id, so a reboot disarms it.
+
+The idle window starts no earlier than the moment autostop was armed (``armed_at``, renewed when the settings
+change) nor than the end of a snooze, and it must also have been watched by this process for the whole window
+on the monotonic clock, so a wall-clock jump or a watchdog restart never shortens it; a deadline, likewise, must
+also have come on the monotonic clock. The config is read again just before acting, and config and activity
+once more after ``pre_stop`` (which may run for minutes): a disarm, snooze, cancel or new job meanwhile wins.
 """
 
 import fcntl
@@ -12,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .activity import ActivityLog, idle_status
 from .fsutil import read_json, write_json
@@ -29,21 +35,67 @@ def boot_id() -> Optional[str]:
         return None
 
 
-def plan(config: Dict[str, Any], idle: Dict[str, Any], now: float) -> Dict[str, Any]:
-    """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``."""
+def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
+    """Why ``config`` asks for nothing on this boot, or None when it is armed."""
+    if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
+        return "nothing to watch"
+    if config.get("boot_id") != boot:
+        return "config is from another boot"
+    if not config.get("release_remote"):
+        return "no release_remote command configured"
+    return None
+
+
+def is_armed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> bool:
+    return disarmed_because(config, boot) is None
+
+
+def window_start(config: Dict[str, Any], idle_since: float) -> float:
+    """The idle window starts at the idle stretch, but never before arming nor before a snooze ends."""
+    return max(idle_since, float(config.get("armed_at") or 0.0), float(config.get("snoozed_until") or 0.0))
+
+
+def plan(
+    config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None,
+    deadline_held: bool = False,
+) -> Dict[str, Any]:  # fmt: skip
+    """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``.
+
+    ``watched``: for how long (monotonic seconds) the watchdog itself has seen the host idle; the window
+    must be covered by that too. ``deadline_held``: the monotonic clock says the deadline has not come yet.
+    """
     autostop_at = None
     minutes = config.get("autostop_minutes")
     if minutes and not config.get("cancelled") and not idle["reasons"]:
-        autostop_at = max(
-            idle["idle_since"] + float(minutes) * 60.0, float(config.get("snoozed_until") or 0.0)
-        )
+        window = float(minutes) * 60.0
+        autostop_at = window_start(config, idle["idle_since"]) + window
+        if watched is not None:
+            autostop_at = max(autostop_at, now + window - watched)
     release_at = config.get("release_at")
     due = None
-    if release_at is not None and now >= float(release_at):
+    if release_at is not None and now >= float(release_at) and not deadline_held:
         due = "deadline reached"
     elif autostop_at is not None and now >= autostop_at:
-        due = "idle for %.0f min" % ((now - idle["idle_since"]) / 60.0)
+        due = "idle for %.1f min" % ((now - idle["idle_since"]) / 60.0)
     return {"autostop_at": autostop_at, "release_at": release_at, "due": due}
+
+
+def view(state_dir: str, idle: Dict[str, Any], boot: Optional[str]) -> Optional[Dict[str, Any]]:
+    """The watchdog as the agent reports it: its last state, with the plan of the settings in force now
+    (so a countdown shows as soon as autostop is armed, and never one from settings since removed)."""
+    config = read_json(os.path.join(state_dir, CONFIG))
+    if not is_armed(config, boot):
+        return None
+    now = time.time()
+    state = read_json(os.path.join(state_dir, STATE)) or {}
+    current = plan(config, dict(idle, idle_since=idle.get("idle_since", now)), now)
+    try:
+        fresh = float(state.get("t") or 0.0) >= os.path.getmtime(os.path.join(state_dir, CONFIG))
+    except OSError:
+        fresh = False
+    if fresh and state.get("autostop_at") is not None and current["autostop_at"] is not None:
+        current["autostop_at"] = max(current["autostop_at"], float(state["autostop_at"]))
+    return dict(state, **current)
 
 
 class Watchdog:
@@ -51,6 +103,10 @@ class Watchdog:
         self.state_dir = state_dir
         self.activity = ActivityLog(state_dir)
         self.retry_at = 0.0
+        self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
+        self._deadline: Optional[Tuple[float, float]] = (
+            None  # (release_at, when it comes on the monotonic clock)
+        )
 
     def path(self, name: str) -> str:
         return os.path.join(self.state_dir, name)
@@ -74,9 +130,29 @@ class Watchdog:
         self.log("%s: exit %d%s" % (what, res.returncode, ": " + out if out else ""))
         return res.returncode == 0
 
-    def check(self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any) -> Dict[str, Any]:
-        """One pass: measure, decide, maybe act. Returns the state written to disk."""
-        now = time.time()
+    def read_config(self) -> Optional[Dict[str, Any]]:
+        return read_json(self.path(CONFIG))
+
+    def check(
+        self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any,
+        now: Optional[float] = None, mono: Optional[float] = None,
+    ) -> Dict[str, Any]:  # fmt: skip
+        """One pass: measure, decide, maybe act. Returns the state written to disk.
+
+        ``now`` (wall clock) and ``mono`` (monotonic clock) default to the real clocks.
+        """
+        now = time.time() if now is None else now
+        mono = time.monotonic() if mono is None else mono
+        state = self._decide(config, facts, sample_fn, now, mono)
+        if state["due"] and now >= self.retry_at:
+            self._release(config, facts, sample_fn, state, now, mono)
+        write_json(self.path(STATE), state)
+        return state
+
+    def _decide(
+        self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, now: float, mono: float
+    ) -> Dict[str, Any]:
+        """Measure activity and plan: the state, with ``due`` set when a release is due now."""
         try:
             sample, jobs = sample_fn()
             idle = idle_status(
@@ -85,23 +161,54 @@ class Watchdog:
             )  # fmt: skip
         except Exception as exc:  # never release on doubt
             idle = {"reasons": ["activity check failed: %r" % exc], "idle_since": now, "idle_seconds": 0.0}
-        decision = plan(config, idle, now)
+        if idle["reasons"]:
+            self.watched_since = None
+        elif self.watched_since is None:
+            self.watched_since = mono
+        watched = 0.0 if self.watched_since is None else mono - self.watched_since
+        decision = plan(config, idle, now, watched, self._deadline_held(config.get("release_at"), now, mono))
         state = dict(idle, **decision)
         state.update(t=now, pid=os.getpid(), action=None)
-        if decision["due"] and now >= self.retry_at:
-            self.log("releasing: %s" % decision["due"])
-            hook = config.get("pre_stop")
-            if hook:
-                self._run_hook("pre_stop", hook, float(config.get("pre_stop_timeout", 300)))
-            if self._run_hook(
-                "release_remote", config["release_remote"], float(config.get("release_timeout", 120))
-            ):
-                state["action"] = "released"
-            else:
-                state["action"] = "release failed"
-                self.retry_at = now + RETRY_AFTER_FAILURE_S
-        write_json(self.path(STATE), state)
         return state
+
+    def _deadline_held(self, release_at: Optional[float], now: float, mono: float) -> bool:
+        """A deadline must also have come on the monotonic clock, counted from when this process first saw it."""
+        if release_at is None:
+            return False
+        if self._deadline is None or self._deadline[0] != release_at:
+            self._deadline = (release_at, mono + max(0.0, float(release_at) - now))
+        return mono < self._deadline[1]
+
+    def _release(
+        self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, state: Dict[str, Any],
+        now: float, mono: float,
+    ) -> None:  # fmt: skip
+        """Run ``pre_stop`` then ``release_remote``, unless the config or the host changed before each step."""
+        if self.read_config() != config:
+            self.log("not releasing: the config changed meanwhile (%s)" % state["due"])
+            return
+        self.log("releasing: %s" % state["due"])
+        hook = config.get("pre_stop")
+        if hook:
+            started = time.monotonic()
+            self._run_hook("pre_stop", hook, float(config.get("pre_stop_timeout", 300)))
+            took = time.monotonic() - started  # the hook may run for minutes: look again before releasing
+            again = self._decide(config, facts, sample_fn, now + took, mono + took)
+            changed = self.read_config() != config
+            if changed or not again["due"]:
+                why = (
+                    "the config changed" if changed else "not due any more (%s)" % "; ".join(again["reasons"])
+                )
+                self.log("not releasing: %s while pre_stop ran" % why)
+                state.update(again)
+                return
+        if self._run_hook(
+            "release_remote", config["release_remote"], float(config.get("release_timeout", 120))
+        ):
+            state["action"] = "released"
+        else:
+            state["action"] = "release failed"
+            self.retry_at = now + RETRY_AFTER_FAILURE_S
 
 
 def run(state_dir: str) -> int:
@@ -130,15 +237,10 @@ def _loop(state_dir: str) -> int:
 
     try:
         while True:
-            config = read_json(dog.path(CONFIG))
-            if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
-                dog.log("disarmed: nothing to watch")
-                return 0
-            if config.get("boot_id") != facts["boot_id"]:
-                dog.log("disarmed: config is from another boot")
-                return 0
-            if not config.get("release_remote"):
-                dog.log("disarmed: no release_remote command configured")
+            config = dog.read_config()
+            why = disarmed_because(config, facts["boot_id"])
+            if why is not None:
+                dog.log("disarmed: %s" % why)
                 return 0
             state = dog.check(config, facts, sample_fn)
             if state["action"] == "released":

@@ -77,11 +77,43 @@ def test_by_day_splits_at_local_midnight(tmp_path: Path) -> None:
     assert led.spent("h", now, True, since=cost.day_start(now)) == pytest.approx(2.0)
 
 
-def test_unreadable_ledger_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "l.json"
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match="move it aside"):
-        cost.Ledger(path)
+@pytest.mark.parametrize(
+    "content",
+    ["{not json", '{"hosts": {"h": {"intervals": [{"start": NaN, "end": null, "price": 1, "boot_id": "b", '
+     '"last_seen": 0}]}}}', '{"hosts": {"h": {"intervals": [{"start": 0}]}}}', '{"hosts": []}', "[1]", "\xff"],
+)  # fmt: skip
+def test_unreadable_ledger_is_kept_aside_said_once_and_replaced(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "ledger.json"
+    path.write_bytes(content.encode("latin-1"))
+    led = cost.Ledger(path)
+    [aside] = tmp_path.glob("ledger.json.bad-*")
+    assert aside.read_bytes() == content.encode("latin-1") and not path.exists()
+    assert led.notice is not None and "unreadable ledger" in led.notice and aside.name in led.notice
+    led.observe("h", now=H, price=2.0, boot_id="b", start=0.0)
+    led.save(force=True)
+    again = cost.Ledger(path)
+    assert again.notice is None and again.spent("h", H, live=False) == pytest.approx(2.0)
+
+
+def test_ledger_is_fsynced_before_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append("replace"), real_replace(a, b))[1])
+    led = cost.Ledger(tmp_path / "ledger.json")
+    led.observe("h", now=H, price=2.0, boot_id="b", start=0.0)
+    led.save(force=True)
+    assert events == ["fsync", "replace"]
+
+
+def test_non_finite_prices_never_reach_the_ledger(tmp_path: Path) -> None:
+    led = cost.Ledger(tmp_path / "ledger.json")
+    led.observe("h", now=H, price=float("nan"), boot_id="b", start=0.0)
+    led.observe("h", now=H, price=float("inf"), boot_id="b", start=0.0)
+    led.save(force=True)
+    assert led.intervals("h") == [] and cost.Ledger(tmp_path / "ledger.json").notice is None
 
 
 def test_price_from_gpu_models() -> None:

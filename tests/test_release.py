@@ -121,9 +121,12 @@ def test_autostop_releases_an_idle_host_with_no_client(watched: Home, tmp_path: 
         f'autostop_minutes = 0.05\nrelease_remote = ["touch", "{stopped}"]\npre_stop = ["touch", "{hook}"]\n',
     )
     home.cli("status", check=True)  # connecting arms the watchdog; then the client goes away
-    wait_for(stopped.exists, timeout=60, what="autostop to run release_remote")
-    assert hook.exists() and hook.stat().st_mtime <= stopped.stat().st_mtime
-    log = (home.state_dir / "watchdog.log").read_text()
+    log_file = home.state_dir / "watchdog.log"
+    # The watchdog logs the release command's exit after it returned: wait for that line, not just the file.
+    wait_for(lambda: log_file.exists() and "release_remote: exit" in log_file.read_text(), timeout=60,
+             what="autostop to run release_remote")  # fmt: skip
+    assert stopped.exists() and hook.exists() and hook.stat().st_mtime <= stopped.stat().st_mtime
+    log = log_file.read_text()
     assert "releasing: idle for" in log and "pre_stop: exit 0" in log and "release_remote: exit 0" in log
 
 
@@ -174,11 +177,211 @@ def test_a_cancelled_autostop_never_releases_the_idle_host(watched: Home, tmp_pa
     home.cli("kill", "local", job_id, "--grace", "1", check=True)  # now idle, and it stays idle
     state_file = home.state_dir / "watchdog_state.json"
 
-    def idle_for() -> float:
+    def idle_seconds() -> float:
         state = json.loads(state_file.read_text() or "{}") if state_file.exists() else {}
         return state.get("idle_seconds", 0.0) if state.get("autostop_at") is None else -1.0
 
     # The watchdog keeps checking: wait until the host has been idle for three windows by its own reckoning.
-    wait_for(lambda: stopped.exists() or idle_for() >= 3 * window_s, timeout=60, what="three idle windows")
+    wait_for(lambda: stopped.exists() or idle_seconds() >= 3 * window_s, timeout=60, what="three idle windows")
     assert not stopped.exists()
     assert "releasing" not in (home.state_dir / "watchdog.log").read_text()
+
+
+# --- the autostop window never starts before the user armed it ---------------------------------------------------
+WINDOW_MIN = 0.05  # 3 s: the watchdog checks every 0.5 s
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def idle_for(home: Home, seconds: float) -> None:
+    """The agent's own record of the last busy moment, as if it had watched the host idle for ``seconds``."""
+    home.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    activity = {"last_busy": time.time() - seconds, "boot_id": boot_id()}
+    (home.state_dir / "activity.json").write_text(json.dumps(activity))
+
+
+def watchdog_config(home: Home) -> dict:
+    return json.loads((home.state_dir / "watchdog.json").read_text())
+
+
+def autostop_in_s(home: Home) -> float | None:
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    return host["cost"]["autostop_in_s"]
+
+
+def released_at(stopped: Path) -> float:
+    wait_for(stopped.exists, timeout=60, what="autostop to run release_remote")
+    return stopped.stat().st_mtime + 0.05  # file times come from a coarse clock
+
+
+def test_arming_on_a_long_idle_host_starts_the_window_at_arming(watched: Home, tmp_path: Path) -> None:
+    home, stopped = watched, tmp_path / "stopped"
+    idle_for(home, 90)
+    local_config(home, f'autostop_minutes = {WINDOW_MIN}\nrelease_remote = ["touch", "{stopped}"]\n')
+    countdown = autostop_in_s(home)  # this connect arms it
+    assert countdown is not None and 0 < countdown <= WINDOW_MIN * 60
+    assert released_at(stopped) >= watchdog_config(home)["armed_at"] + WINDOW_MIN * 60
+
+
+def test_changed_settings_restart_the_window(watched: Home, tmp_path: Path) -> None:
+    home, stopped = watched, tmp_path / "stopped"
+    idle_for(home, 90)
+    local_config(home, f'autostop_minutes = 1\nrelease_remote = ["touch", "{stopped}"]\n')
+    home.cli("status", check=True)  # armed with a window the host has not been idle for
+    first = watchdog_config(home)["armed_at"]
+    local_config(home, f'autostop_minutes = {WINDOW_MIN}\nrelease_remote = ["touch", "{stopped}"]\n')
+    home.cli("status", check=True)  # the running watchdog picks the new window up
+    armed = watchdog_config(home)["armed_at"]
+    assert armed > first
+    assert released_at(stopped) >= armed + WINDOW_MIN * 60
+
+
+def watchdog_running(home: Home) -> bool:
+    import fcntl
+
+    with open(home.state_dir / "watchdog.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        return False
+
+
+def test_removing_the_settings_disarms_the_watchdog(watched: Home, tmp_path: Path) -> None:
+    home, stopped = watched, tmp_path / "stopped"
+    local_config(home, f'autostop_minutes = 1\nrelease_remote = ["touch", "{stopped}"]\n')
+    assert autostop_in_s(home) is not None
+    wait_for(lambda: watchdog_running(home), what="watchdog start")
+    local_config(home)  # no autostop, no release command: nothing may be released any more
+    assert autostop_in_s(home) is None
+    wait_for(lambda: not watchdog_running(home), what="watchdog to disarm")
+    assert "disarmed: nothing to watch" in (home.state_dir / "watchdog.log").read_text()
+    assert not stopped.exists() and not (home.state_dir / "watchdog.json").exists()
+
+
+def test_snooze_restarts_the_window_at_its_end(watched: Home, tmp_path: Path) -> None:
+    home, stopped = watched, tmp_path / "stopped"
+    local_config(home, f'autostop_minutes = {WINDOW_MIN}\nrelease_remote = ["touch", "{stopped}"]\n')
+    job_id = start_sleeper(home, tmp_path, 60)  # busy: nothing is released while we snooze
+    home.cli("status", check=True)
+    home.cli("autostop", "local", "--snooze", "0.1", check=True)
+    snoozed_until = watchdog_config(home)["snoozed_until"]
+    home.cli("kill", "local", job_id, "--grace", "1", check=True)
+    assert released_at(stopped) >= snoozed_until + WINDOW_MIN * 60
+
+
+def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) -> None:
+    """A wall-clock jump (or a restarted watchdog) never shortens the window: this process must watch it all."""
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped = tmp_path / "stopped"
+    config = {"autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
+              "release_remote": ["touch", str(stopped)]}  # fmt: skip
+    write_json(str(tmp_path / W.CONFIG), config)
+    dog = W.Watchdog(str(tmp_path))
+    facts = {"boot_id": "b", "boot_time": 0.0}
+    idle = lambda: ({"gpus": []}, [])  # noqa: E731
+    t = 1_000_000.0
+    assert dog.check(config, facts, idle, now=t, mono=5.0)["due"] is None
+    jumped = dog.check(config, facts, idle, now=t + 3600, mono=6.0)  # the wall clock leapt an hour
+    assert jumped["due"] is None and jumped["autostop_at"] == pytest.approx(t + 3600 + 59)
+    assert not stopped.exists()
+    released = dog.check(config, facts, idle, now=t + 3660, mono=65.0)
+    assert released["action"] == "released" and stopped.exists()
+
+
+def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> None:
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped, t = tmp_path / "stopped", 1_000_000.0
+    config = {
+        "release_at": t + 3600,
+        "boot_id": "b",
+        "count_sessions": False,
+        "release_remote": ["touch", str(stopped)],
+    }
+    write_json(str(tmp_path / W.CONFIG), config)
+    dog, facts, idle = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
+    assert dog.check(config, facts, idle, now=t, mono=0.0)["due"] is None
+    # the wall clock leaps an hour: the deadline has not come on the monotonic clock
+    assert dog.check(config, facts, idle, now=t + 3601, mono=1.0)["due"] is None
+    assert not stopped.exists()
+    state = dog.check(config, facts, idle, now=t + 7200, mono=3600.0)
+    assert state["due"] == "deadline reached" and state["action"] == "released"
+
+
+def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped = tmp_path / "stopped"
+    config = {
+        "release_at": 0.0,
+        "boot_id": "b",
+        "count_sessions": False,
+        "release_remote": ["touch", str(stopped)],
+    }
+    write_json(str(tmp_path / W.CONFIG), dict(config, cancelled=True, release_at=None))  # changed meanwhile
+    state = W.Watchdog(str(tmp_path)).check(config, {"boot_id": "b"}, lambda: ({"gpus": []}, []))
+    assert state["action"] is None and not stopped.exists()
+    assert "config changed meanwhile" in (tmp_path / W.LOG).read_text()
+
+
+@pytest.mark.parametrize(
+    ("op", "args"),
+    [
+        ("jobs.kill", {"job": "1", "grace_s": float("nan")}),
+        ("jobs.kill", {"job": "1", "grace_s": -1}),
+        ("jobs.kill", {"job": "1", "grace_s": float("inf")}),
+        ("watchdog.snooze", {"minutes": float("nan")}),
+        ("watchdog.snooze", {"minutes": 0}),
+        (
+            "watchdog.configure",
+            {"config": {"autostop_minutes": 1, "interval": float("nan"), "release_remote": ["x"]}},
+        ),
+        ("watchdog.configure", {"config": {"autostop_minutes": float("inf"), "release_remote": ["x"]}}),
+    ],
+)
+def test_agent_refuses_numbers_out_of_bounds(agent, op: str, args: dict) -> None:
+    reply = agent.call(op, **args)
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_args", reply
+    assert "must be a number" in reply["error"]["message"]
+    assert not (agent.state_dir / "watchdog.json").exists()
+
+
+def due_watchdog(tmp_path: Path, pre_stop: list[str]) -> tuple:
+    """A watchdog whose autostop is due now (idle for ages, watched long enough), with ``pre_stop``."""
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped = tmp_path / "stopped"
+    config = {"autostop_minutes": 0.001, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
+              "pre_stop": pre_stop, "release_remote": ["touch", str(stopped)]}  # fmt: skip
+    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / "activity.json"), {"last_busy": 0.0, "boot_id": "b"})
+    dog = W.Watchdog(str(tmp_path))
+    dog.watched_since = -1e9
+    return dog, config, stopped
+
+
+def test_a_snooze_while_pre_stop_runs_wins(tmp_path: Path) -> None:
+    """pre_stop may run for minutes (a checkpoint sync): a snooze meanwhile must stop the release."""
+    path = tmp_path / "watchdog.json"
+    snooze = f"import json, pathlib; p = pathlib.Path({str(path)!r}); c = json.loads(p.read_text()); "
+    snooze += "c['snoozed_until'] = 9e9; p.write_text(json.dumps(c))"
+    dog, config, stopped = due_watchdog(tmp_path, [sys.executable, "-c", snooze])
+    state = dog.check(config, {"boot_id": "b"}, lambda: ({"gpus": []}, []))
+    assert state["action"] is None and not stopped.exists()
+    assert "not releasing: the config changed while pre_stop ran" in (tmp_path / "watchdog.log").read_text()
+
+
+def test_a_job_started_while_pre_stop_runs_wins(tmp_path: Path) -> None:
+    dog, config, stopped = due_watchdog(tmp_path, ["true"])
+    samples = iter([({"gpus": []}, []), ({"gpus": []}, [{"id": "7", "state": "running"}])])
+    state = dog.check(config, {"boot_id": "b"}, lambda: next(samples))
+    assert state["action"] is None and not stopped.exists() and state["reasons"] == ["job 7 running"]
+    assert "not due any more (job 7 running) while pre_stop ran" in (tmp_path / "watchdog.log").read_text()

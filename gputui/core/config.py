@@ -7,10 +7,12 @@ Search order: ``--config PATH``, ``$GPUTUI_CONFIG``, ``$XDG_CONFIG_HOME/gputui/c
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import re
 import shlex
 import sys
+import unicodedata
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -113,8 +115,46 @@ BUDGET_FIELDS = {
 }
 ON_EXCEED = ("warn", "release-idle")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
-_NON_NEGATIVE = ("price_per_hour", "idle_minutes", "idle_util_percent", "release_timeout", "autostop_minutes",
-                 "pre_stop_timeout", "release_after_hours", "connect_timeout", "keepalive_interval")  # fmt: skip
+# Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
+DAY_S = 86400.0
+_RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "price_per_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
+    "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
+    "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True),
+    "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),
+    "daily": (0, None, True), "monthly": (0, None, True), "warn_fraction": (0, 1, True),
+}  # fmt: skip
+_UNSAFE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")  # C0/C1 controls, DEL, bidi and other format marks, separators
+
+
+def _range_problem(key: str, value: float) -> str | None:
+    """What is wrong with number ``value`` for setting ``key`` (None: nothing)."""
+    if not math.isfinite(value):
+        return f"must be a finite number, not {value!r}"
+    low, high, low_ok = _RANGES.get(key, (-math.inf, None, True))
+    if value < low:
+        return (
+            f"must not be negative, not {value!r}" if low == 0 else f"must be at least {low:g}, not {value!r}"
+        )
+    if value == low and not low_ok:
+        return f"must be above {low:g}, not {value!r}"
+    if high is not None and value > high:
+        return f"must be at most {high:g}, not {value!r}"
+    return None
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a control character (newline, ESC, DEL, C1, bidi override, ...)."""
+    return any(unicodedata.category(ch) in _UNSAFE_CATEGORIES for ch in text)
+
+
+def _text_problem(value: Any) -> str | None:
+    """A string (or a command's strings) with control characters: what to say about it."""
+    texts = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else []
+    for text in texts:
+        if isinstance(text, str) and has_control(text):
+            return f"must not contain control characters (newline, tab, escape...), not {text!r}"
+    return None
 
 
 def default_path() -> Path:
@@ -171,8 +211,11 @@ def parse(text: str, path: Path) -> Config:
         line = _line_of(text, table, key)
         where = f"{path}:{line}" if line else str(path)
         name = f"{table}.{key}" if table and key else (table or key)
+        if has_control(name):
+            name = repr(name)  # never a raw control sequence on the terminal
         return ConfigError(f"{where}: {name}: {message}")
 
+    text = text.removeprefix("\ufeff")  # a BOM some editors write is not part of the TOML
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -185,6 +228,8 @@ def parse(text: str, path: Path) -> Config:
         elif key in GLOBAL_FIELDS:
             if not isinstance(value, GLOBAL_FIELDS[key]) or isinstance(value, bool):
                 raise fail(None, key, f"must be a {GLOBAL_FIELDS[key][0].__name__}")
+            if _text_problem(value):
+                raise fail(None, key, _text_problem(value))
         else:
             raise fail(
                 None, key, f"unknown setting (known: {', '.join(sorted([*GLOBAL_FIELDS, *GLOBAL_TABLES]))})"
@@ -195,8 +240,15 @@ def parse(text: str, path: Path) -> Config:
         raise fail(None, "currency", f"{currency!r} is not an ISO 4217 code like USD or EUR")
     prices = data.get("prices", {})
     for model, price in prices.items():
-        if not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0:
+        if (
+            not isinstance(price, (int, float))
+            or isinstance(price, bool)
+            or price < 0
+            or not math.isfinite(price)
+        ):
             raise fail("prices", model, f"must be a non-negative number (price per GPU-hour), not {price!r}")
+        if _text_problem(model):
+            raise fail("prices", model, "a GPU model name " + _text_problem(model))
     budget = _check_budget(data.get("budget", {}), fail)
     defaults = _check_fields(data.get("defaults", {}), "defaults", fail)
     hosts: dict[str, HostConfig] = {}
@@ -233,8 +285,9 @@ def _check_budget(table: dict[str, Any], fail: Any) -> Budget:
             raise fail("budget", key, f"unknown setting (known: {', '.join(BUDGET_FIELDS)})")
         if not isinstance(value, BUDGET_FIELDS[key]) or isinstance(value, bool):
             raise fail("budget", key, f"must be a {BUDGET_FIELDS[key][0].__name__}, not {value!r}")
-        if key != "on_exceed" and value < 0:
-            raise fail("budget", key, f"must not be negative, not {value!r}")
+        problem = _text_problem(value) if key == "on_exceed" else _range_problem(key, value)
+        if problem:
+            raise fail("budget", key, problem)
     if table.get("on_exceed", "warn") not in ON_EXCEED:
         raise fail("budget", "on_exceed", f"must be one of {', '.join(ON_EXCEED)}")
     return Budget(**table)
@@ -246,6 +299,8 @@ def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any
         if key not in HOST_FIELDS:
             raise fail(where, key, f"unknown setting (known: {', '.join(sorted(HOST_FIELDS))})")
         kind = HOST_FIELDS[key]
+        if _text_problem(value):  # before a command string is split: a newline is not whitespace here
+            raise fail(where, key, _text_problem(value))
         if kind == ARGV:
             value = _argv(value)
             if value is None:
@@ -259,8 +314,8 @@ def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any
                 value = value.astimezone()  # a local date-time means this machine's zone
         elif not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
             raise fail(where, key, f"must be a {kind[0].__name__}, not {type(value).__name__} {value!r}")
-        if key in _NON_NEGATIVE and value < 0:
-            raise fail(where, key, f"must not be negative, not {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and _range_problem(key, value):
+            raise fail(where, key, _range_problem(key, value))
         out[key] = value
     return out
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from remote_agent.fsutil import write_atomic
 
 from . import model as M
 from .config import Budget, Config, HostConfig
@@ -74,20 +77,25 @@ class Ledger:
         self.hosts: dict[str, dict[str, Any]] = {}
         self._saved_at = 0.0
         self._dirty = False
+        self._writable = True
+        self.notice: str | None = None  # said once: a bad ledger was set aside
         try:
-            data = json.loads(self.path.read_text())
-            for name, h in data.get("hosts", {}).items():
-                self.hosts[name] = {
-                    "intervals": [Interval(**i) for i in h.get("intervals", [])],
-                    "released_at": h.get("released_at"),
-                    "released_boot_id": h.get("released_boot_id"),
-                }
+            self.hosts = _parse_ledger(json.loads(self.path.read_bytes()))
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, TypeError) as exc:
-            raise ValueError(
-                f"{self.path}: unreadable ledger ({exc}); move it aside to start a new one"
-            ) from None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            self._set_aside(exc)
+
+    def _set_aside(self, why: Exception) -> None:
+        """Keep a ledger we cannot read as ``ledger.json.bad-<time>`` and start a new one."""
+        aside = self.path.with_name(f"{self.path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            self._writable = False  # never overwrite what we could not keep
+            self.notice = f"{self.path}: unreadable ledger ({why}) and cannot move it aside ({exc}): costs are not saved"
+            return
+        self.notice = f"{self.path}: unreadable ledger ({why}); kept it as {aside.name} and started a new one"
 
     def _host(self, name: str) -> dict[str, Any]:
         return self.hosts.setdefault(name, {"intervals": [], "released_at": None, "released_boot_id": None})
@@ -102,7 +110,7 @@ class Ledger:
         self, name: str, now: float, price: float | None, boot_id: str | None, start: float | None
     ) -> None:
         """The host is up now, billed at ``price`` since ``start`` (boot time or billing_start)."""
-        if price is None:
+        if price is None or not math.isfinite(price):
             return
         h = self._host(name)
         if h["released_at"] is not None:
@@ -175,11 +183,40 @@ class Ledger:
                 for name, h in self.hosts.items()
             }
         }
+        if not self._writable:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, self.path)
+        text = json.dumps(data, indent=1, allow_nan=False)
+        write_atomic(str(self.path), text.encode())  # synced to disk, then renamed into place
         self._saved_at, self._dirty = now, False
+
+
+def _parse_ledger(data: Any) -> dict[str, dict[str, Any]]:
+    """The hosts of a ledger file; ValueError/TypeError on anything that is not what ``save`` writes."""
+
+    def number(x: Any) -> float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise ValueError(f"not a finite number: {x!r}")
+        return float(x)
+
+    def optional(x: Any) -> float | None:
+        return None if x is None else number(x)
+
+    hosts = {}
+    for name, h in data.get("hosts", {}).items():
+        intervals = []
+        for i in h.get("intervals", []):
+            boot = i["boot_id"]
+            if boot is not None and not isinstance(boot, str):
+                raise ValueError(f"not a boot id: {boot!r}")
+            intervals.append(Interval(number(i["start"]), optional(i["end"]), number(i["price"]), boot,
+                                      number(i["last_seen"])))  # fmt: skip
+        hosts[str(name)] = {
+            "intervals": intervals,
+            "released_at": optional(h.get("released_at")),
+            "released_boot_id": h.get("released_boot_id"),
+        }
+    return hosts
 
 
 def day_start(now: float) -> float:

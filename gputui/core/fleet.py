@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,10 @@ def cache_dir() -> Path:
     return Path(base) / "gputui"
 
 
+def say(message: str) -> None:
+    print(f"gputui: {message}", file=sys.stderr)
+
+
 def make_transport(host: HostConfig, config: Config) -> Transport:
     if host.transport == "local":
         return LocalTransport(os.path.expanduser(host.remote_dir), cache_dir(), python=host.python)
@@ -32,7 +37,7 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
 
 
 async def arm_watchdog(session: HostSession, host: HostConfig) -> None:
-    """Tell the host's agent the autostop/deadline rules (this also disarms a watchdog whose rules were removed)."""
+    """Tell the host's agent the autostop/deadline rules now in the config; with none, this disarms its watchdog."""
     config = watchdog_config(host, session.snapshot.facts.get("boot_time"))
     await session.request(P.OP_WATCHDOG_CONFIGURE, config=config)
 
@@ -47,9 +52,12 @@ class Fleet:
         metrics_interval: float | None = None,
         transport_factory: Callable[[HostConfig, Config], Transport] = make_transport,
         ledger: Ledger | None = None,
+        warn: Callable[[str], None] = say,
     ) -> None:
         self.config = config
         self.ledger = ledger if ledger is not None else Ledger()
+        if self.ledger.notice:
+            warn(self.ledger.notice)  # once: the bad file is set aside
         self._on_change = on_change
         self.sessions: dict[str, HostSession] = {}
         for name, host in config.hosts.items():
@@ -62,7 +70,7 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                on_connect=(lambda s, h=host: arm_watchdog(s, h)) if host.release_remote else None,
+                on_connect=lambda s, h=host: arm_watchdog(s, h),  # every host: settings removed must disarm
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:

@@ -179,6 +179,14 @@ class SSHTransport(Transport):
             key_name=opts.host_key_alias or opts.host,
             known_hosts=tuple(kh.files_for(self.cfg.known_hosts, configured)),
         )
+        try:
+            target.host.encode("idna")  # what name resolution does; an empty or 64+ char label fails it
+        except UnicodeError:
+            raise HostError(
+                f"host name {target.host!r} is not a valid DNS name (a label between dots is empty or longer "
+                "than 63 characters, or cannot be encoded)",
+                "config",
+            ) from None
         return target, kw
 
     def terminal_prefix(self) -> list[str]:
