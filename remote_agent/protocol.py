@@ -12,6 +12,7 @@ non-UTF-8 output survives byte for byte. This module must stay stdlib-only and P
 
 import base64
 import json
+import math
 from typing import Any, Dict, Optional
 
 PROTOCOL_VERSION = 1
@@ -75,12 +76,49 @@ def decode(line: bytes) -> Dict[str, Any]:
     if len(line) > MAX_FRAME_BYTES:
         raise ProtocolError("frame of %d bytes exceeds the %d byte limit" % (len(line), MAX_FRAME_BYTES))
     try:
-        frame = json.loads(line.decode("utf-8"))
+        frame = json.loads(line.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError("not a JSON line: %s" % exc) from None
+    except RecursionError:
+        raise ProtocolError("JSON nested too deeply") from None
     if not isinstance(frame, dict):
         raise ProtocolError("frame is %s, not an object" % type(frame).__name__)
     return frame
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError("%s is not a number JSON allows" % name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError("number %s is out of range" % text[:40])
+    return value
+
+
+def number_arg(args: Dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    """``args[key]`` as a finite number within [lo, hi] (``default`` when absent); ValueError otherwise."""
+    value = args.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError("%s must be a number, not %s" % (key, type(value).__name__))
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError("%s must be a number, not %r" % (key, str(value)[:40])) from None
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise ValueError("%s must be between %g and %g, not %s" % (key, lo, hi, str(value)[:40]))
+    return number
+
+
+def int_arg(args: Dict[str, Any], key: str, default: int, lo: int = 0, hi: int = 2**62) -> int:
+    """``args[key]`` as a whole number within [lo, hi] (``default`` when absent); ValueError otherwise."""
+    number = number_arg(args, key, default, lo, hi)
+    if number != int(number):
+        raise ValueError("%s must be a whole number, not %s" % (key, str(args.get(key))[:40]))
+    return int(number)
 
 
 def request(req_id: int, op: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

@@ -56,6 +56,8 @@ def _spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> "tuple[int, int]":
             os.execvpe(argv[0], argv, env)
         except OSError as exc:
             os.write(2, ("gputui: cannot start %r: %s\n" % (argv[0], exc.strerror)).encode())
+            # Like a shell: 127 when there is no such command, 126 when it was found but cannot run.
+            os._exit(127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126)
         os._exit(127)
     return pid, master
 

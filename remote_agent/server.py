@@ -23,6 +23,11 @@ from .jobs import RUNNING, JobError, JobStore
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
 
+#: Longest wait an argument may ask for (kill grace, exec timeout): a day.
+MAX_WAIT_S = 86400.0
+#: Shortest metrics interval a client may ask for.
+MIN_INTERVAL_S = 0.1
+
 
 def _read_first(path: str, default: str = "") -> str:
     try:
@@ -154,17 +159,17 @@ class Agent:
         return job
 
     def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        job = self.jobs.kill(str(a.get("job")), float(a.get("grace_s", 10.0)))
+        job = self.jobs.kill(str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, MAX_WAIT_S))
         self.emit(P.EV_JOB, job)
         return job
 
     def op_read(self, a: Dict[str, Any]) -> Dict[str, Any]:
         path = self.jobs.log_path(str(a.get("job")))
-        offset = int(a.get("offset", 0))
+        offset = P.int_arg(a, "offset", 0)
         if a.get("tail_lines") is not None:
-            offset = tail_offset(path, int(a["tail_lines"]))
+            offset = tail_offset(path, P.int_arg(a, "tail_lines", 0))
         data, size = read_chunk(
-            path, offset, min(int(a.get("max_bytes", P.LOG_CHUNK_BYTES)), P.LOG_CHUNK_BYTES)
+            path, offset, P.int_arg(a, "max_bytes", P.LOG_CHUNK_BYTES, 0, P.LOG_CHUNK_BYTES)
         )
         return {"offset": offset, "b64": P.b64(data), "size": size}
 
@@ -178,7 +183,7 @@ class Agent:
         job_id = str(a.get("job"))
         path = self.jobs.log_path(job_id)
         self.op_unfollow({"job": job_id})
-        follow = Follow(job_id, path, int(a.get("offset", 0)), self.emit, lambda: self._ended(job_id))
+        follow = Follow(job_id, path, P.int_arg(a, "offset", 0), self.emit, lambda: self._ended(job_id))
         self._follows[job_id] = follow
         follow.start()
         return {"job": job_id, "offset": follow.offset}
@@ -189,9 +194,10 @@ class Agent:
             follow.stop()
 
     def _set_idle_rule(self, a: Dict[str, Any]) -> None:
-        for key in self.idle_rule:
-            if a.get(key) is not None:
-                self.idle_rule[key] = type(self.idle_rule[key])(a[key])
+        if a.get("count_sessions") is not None:
+            self.idle_rule["count_sessions"] = bool(a["count_sessions"])
+        percent = P.number_arg(a, "idle_util_percent", self.idle_rule["idle_util_percent"], 0.0, 100.0)
+        self.idle_rule["idle_util_percent"] = percent
 
     def op_sample(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """A fresh sample; it joins the ring only if this agent is the sampler (else it carries the ring's seq)."""
@@ -206,10 +212,11 @@ class Agent:
 
     def op_subscribe(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """Start (or retune) pushed metrics; samples newer than ``since_seq`` still in the ring are resent."""
+        unsubscribe = "interval" in a and a["interval"] is None
+        interval = None if unsubscribe else P.number_arg(a, "interval", 1.0, MIN_INTERVAL_S, 3600.0)
+        since = None if a.get("since_seq") is None else P.int_arg(a, "since_seq", 0)
         self._set_idle_rule(a)
-        interval = a.get("interval", 1.0)
-        self._metrics_interval = None if interval is None else max(0.1, float(interval))
-        since = a.get("since_seq")
+        self._metrics_interval = interval
         with self._push_lock:
             if self._metrics_interval is None:
                 self._pushed_seq = None
@@ -232,7 +239,7 @@ class Agent:
         argv = a.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
             raise ValueError("argv must be a non-empty list of strings")
-        timeout = float(a.get("timeout_s", 60))
+        timeout = P.number_arg(a, "timeout_s", 60.0, 0.0, MAX_WAIT_S)
         try:
             res = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -270,7 +277,8 @@ class Agent:
 
     def op_watchdog_snooze(self, a: Dict[str, Any]) -> Dict[str, Any]:
         return self._update_watchdog(
-            snoozed_until=time.time() + 60.0 * float(a.get("minutes", 60)), cancelled=False
+            snoozed_until=time.time() + 60.0 * P.number_arg(a, "minutes", 60.0, 0.0, 60.0 * 24 * 366),
+            cancelled=False,
         )
 
     def op_watchdog_cancel(self, a: Dict[str, Any]) -> Dict[str, Any]:
@@ -325,14 +333,21 @@ class Agent:
         """Heartbeats, job state changes, and the silence timeout."""
         # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
         # another client, even one that already ended) or whose state changed is pushed.
-        states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
+        try:
+            states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
+        except OSError:
+            states = {}
         next_jobs = 0.0
         while not self._stopping.wait(min(self.heartbeat_s, 1.0)):
             now = time.monotonic()
             self.emit(P.EV_HEARTBEAT, {"t": time.time()})
             if now >= next_jobs:
                 next_jobs = now + 1.0
-                for job in self.jobs.list():
+                try:
+                    jobs = self.jobs.list()
+                except OSError:  # the jobs dir went unreadable: heartbeats go on, the next pass retries
+                    continue
+                for job in jobs:
                     if states.get(job["id"]) != job["state"]:
                         self.emit(P.EV_JOB, job)
                     states[job["id"]] = job["state"]

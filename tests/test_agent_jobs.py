@@ -73,6 +73,14 @@ def test_missing_executable_fails_with_127(agent: AgentProc) -> None:
     assert end["exit_code"] == 127 and b"cannot start" in out
 
 
+@pytest.mark.parametrize("argv", [["/etc/passwd"], ["/etc"]], ids=["not-executable", "directory"])
+def test_found_but_not_executable_fails_with_126_like_a_shell(agent: AgentProc, argv: list[str]) -> None:
+    shell = subprocess.run(["sh", "-c", 'exec "$0"', *argv], capture_output=True)
+    job = start(agent, argv)
+    out, end = follow_all(agent, job["id"])
+    assert end["exit_code"] == shell.returncode == 126 and b"cannot start" in out
+
+
 def test_kill_sends_sigint_first(agent: AgentProc, tmp_path) -> None:
     marker = tmp_path / "ready"
     code = (
