@@ -21,12 +21,16 @@ PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 #: Largest raw log chunk the agent puts in one frame (base64 grows it by 4/3).
 LOG_CHUNK_BYTES = 256 * 1024
+#: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
+LIST_PAGE_JOBS = 2000
+LIST_PAGE_BYTES = 1024 * 1024
 
 # Operations the agent answers.
 OP_PING = "ping"
 OP_HOST_INFO = "host.info"
 OP_JOBS_START = "jobs.start"
-OP_JOBS_LIST = "jobs.list"
+OP_JOBS_LIST = "jobs.list"  # args: after (job id), limit; result: {"jobs": [listing records], "more": bool}
+OP_JOBS_GET = "jobs.get"  # one job's full record (listings cut long commands)
 OP_JOBS_KILL = "jobs.kill"
 OP_LOGS_READ = "logs.read"
 OP_LOGS_FOLLOW = "logs.follow"
@@ -60,8 +64,15 @@ class ProtocolError(ValueError):
     """A frame that does not follow the protocol."""
 
 
+class Raw(str):
+    """A reply result that is JSON text already (ASCII): ``encode`` splices it in as it is."""
+
+
 def encode(frame: Dict[str, Any]) -> bytes:
     """Serialise one frame to a newline-terminated line."""
+    if isinstance(frame.get("result"), Raw):
+        head = json.dumps({k: v for k, v in frame.items() if k != "result"}, separators=(",", ":"))
+        return (head[:-1] + ',"result":' + frame["result"] + "}\n").encode("ascii")
     data = frame.get("data")
     if frame.get("event") == EV_LOG and isinstance(data, dict) and len(data.get("b64") or "") > 4096:
         # Fast path for big log chunks: base64 needs no JSON escaping, so splice it in unscanned.

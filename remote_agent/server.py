@@ -100,7 +100,12 @@ class Agent:
             P.OP_PING: lambda a: {"t": time.time()},
             P.OP_HOST_INFO: lambda a: self.facts(),
             P.OP_JOBS_START: self.op_start,
-            P.OP_JOBS_LIST: lambda a: self.jobs.list(),
+            P.OP_JOBS_LIST: lambda a: self.jobs.page(
+                P.int_arg(a, "after", 0),
+                P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
+                P.LIST_PAGE_BYTES,
+            ),
+            P.OP_JOBS_GET: lambda a: self.jobs.full_record(str(a.get("job"))),
             P.OP_JOBS_KILL: self.op_kill,
             P.OP_LOGS_READ: self.op_read,
             P.OP_LOGS_FOLLOW: self.op_follow,
@@ -121,6 +126,11 @@ class Agent:
         if self._client_gone.is_set():
             return
         data = P.encode(frame)
+        if len(data) > P.MAX_FRAME_BYTES:  # the client would refuse it: say why instead
+            if "id" not in frame:
+                return
+            data = P.encode(P.reply_error(frame["id"], P.E_FAILED, "reply of %d bytes exceeds the %d byte "
+                                          "frame limit" % (len(data), P.MAX_FRAME_BYTES)))  # fmt: skip
         with self._out_lock:
             try:
                 self.out.write(data)

@@ -53,7 +53,7 @@ def test_job_succeeds_and_log_is_complete(agent: AgentProc) -> None:
     out, end = follow_all(agent, job["id"])
     assert out.replace(b"\r\n", b"\n") == b"hi\nerr\n"
     assert end["job_state"] == "succeeded" and end["exit_code"] == 0
-    [listed] = agent.call("jobs.list")["result"]
+    [listed] = agent.call("jobs.list")["result"]["jobs"]
     assert (
         listed["state"] == "succeeded"
         and listed["exit_code"] == 0
@@ -118,7 +118,7 @@ def test_lost_after_tmux_server_dies(agent: AgentProc, tmp_path) -> None:
     start(agent, py(f"import time, pathlib; pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"))
     wait_for(marker.exists, what="job start")
     kill_tmux(agent.state_dir)
-    wait_for(lambda: agent.call("jobs.list")["result"][0]["state"] == "lost", what="lost state")
+    wait_for(lambda: agent.call("jobs.list")["result"]["jobs"][0]["state"] == "lost", what="lost state")
 
 
 def test_read_from_offset_returns_exactly_the_rest(agent: AgentProc) -> None:

@@ -56,7 +56,7 @@ def test_agent_exits_when_client_goes_silent_and_jobs_keep_running(tmp_path: Pat
         seen = marker.read_text()
         wait_for(lambda: marker.read_text() != seen, what="job still running after the agent left")
         again = AgentProc(state)
-        [listed] = again.call("jobs.list")["result"]
+        [listed] = again.call("jobs.list")["result"]["jobs"]
         assert listed["id"] == job["id"] and listed["state"] == "running"
         again.call("jobs.kill", job=job["id"], grace_s=1)
         again.close()
