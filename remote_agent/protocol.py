@@ -82,12 +82,16 @@ def encode(frame: Dict[str, Any]) -> bytes:
     return json.dumps(frame, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
 
 
-def decode(line: bytes) -> Dict[str, Any]:
-    """Parse one line into a frame dict, raising ProtocolError with a readable reason."""
+def decode(line: bytes, finite: bool = False) -> Dict[str, Any]:
+    """Parse one line into a frame dict, raising ProtocolError with a readable reason.
+
+    ``finite`` (the agent reading requests) refuses NaN, Infinity and numbers beyond a float's range.
+    """
     if len(line) > MAX_FRAME_BYTES:
         raise ProtocolError("frame of %d bytes exceeds the %d byte limit" % (len(line), MAX_FRAME_BYTES))
+    hooks = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite else {}
     try:
-        frame = json.loads(line.decode("utf-8"), parse_constant=_no_constant, parse_float=_finite_float)
+        frame = json.loads(line.decode("utf-8"), **hooks)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError("not a JSON line: %s" % exc) from None
     except RecursionError:

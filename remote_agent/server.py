@@ -368,7 +368,7 @@ class Agent:
         args = frame.get("args") or {}
         handler = self.handlers.get(op) if isinstance(op, str) else None
         if handler is None:
-            self.send(P.reply_error(req_id, P.E_UNKNOWN_OP, "unknown operation %r" % (op,)))
+            self.send(P.reply_error(req_id, P.E_UNKNOWN_OP, "unknown operation %r" % (str(op)[:100],)))
             return
         if not isinstance(args, dict):
             self.send(P.reply_error(req_id, P.E_BAD_ARGS, "args must be an object"))
@@ -396,7 +396,7 @@ class Agent:
             if not line.strip():
                 continue
             try:
-                frame = P.decode(line)
+                frame = P.decode(line, finite=True)
             except P.ProtocolError as exc:
                 self.send(P.reply_error(None, P.E_MALFORMED, str(exc)))
                 continue
