@@ -84,18 +84,21 @@ class EndedIndex:
         head = "%s %d %d %d " % (job_id, entry.key[0], entry.key[1], zlib.crc32(text))
         return head.encode("ascii") + text + b"\n"
 
-    def get(self, job_id: str, key: Key) -> Optional[Entry]:
-        """The entry when the index holds this very job."""
+    def get(self, job_id: str, key: Optional[Key]) -> Optional[Entry]:
+        """The entry when the index holds this very job (``key`` None: the caller knows it is)."""
         with self._lock:
             if not self._loaded:
                 self._loaded = True
                 self._load()
             entry = self._entries.get(job_id)
-        return entry if entry is not None and entry.key == key else None
+        return entry if entry is not None and key in (None, entry.key) else None
 
     def add(self, job_id: str, key: Key, record: Dict[str, Any], text: str) -> None:
         entry = Entry(key, text, record)
         with self._lock:
+            known = self._entries.get(job_id)
+            if known is not None and known.key == key:
+                return  # another thread of this agent was first
             self._entries[job_id] = entry
             self._pending.append(self._line(job_id, entry))
 
