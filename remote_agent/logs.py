@@ -143,7 +143,7 @@ class Follow(threading.Thread):
                 ended = self.job_ended()
             except JobError as exc:  # the job dir itself went away
                 self._notice(str(exc))
-                ended = {"job_state": None, "exit_code": None}
+                ended = {"job_state": None, "exit_code": None, "error": str(exc)}
             if ended is not None:
                 # The runner writes status.json after its last log write: one more read catches every byte.
                 data = self._read()

@@ -114,6 +114,22 @@ def test_deleting_the_log_while_following_is_a_gap_notice_not_a_silent_end(
     assert end["exit_code"] == 0 and end["job_state"] == "succeeded"
 
 
+def test_follow_ends_with_an_error_when_the_whole_job_dir_is_deleted(
+    agent: AgentProc, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    code = f"import os, time\nprint('before', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    job = agent.call("jobs.start", argv=[sys.executable, "-c", code])["result"]
+    job_dir = agent.state_dir / "jobs" / job["id"]
+    wait_for(lambda: (job_dir / "output.log").exists(), what="the log")
+    assert agent.call("logs.follow", job=job["id"], offset=0)["ok"]
+    agent.wait_event("log", job=job["id"])
+    shutil.rmtree(job_dir)
+    end = agent.wait_event("log_end", 60, job=job["id"])["data"]
+    assert f"no job '{job['id']}'" in end["error"]
+    go.touch()
+
+
 def test_cli_follow_shows_the_deletion_as_a_gap(home: Home, tmp_path: Path) -> None:
     go = tmp_path / "go"
     code = (
