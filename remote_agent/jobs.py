@@ -36,6 +36,8 @@ _JOB_DIR_NAME = re.compile(r"^[0-9]{1,18}$")
 LIST_ARGV_CHARS = 4096
 #: What a job's damaged files (garbage JSON, wrong types, EIO) can raise while its record is read.
 _UNREADABLE = (OSError, ValueError, TypeError, AttributeError, OverflowError)
+#: Largest listing record (after cutting the command): anything bigger is shown by its essentials.
+MAX_RECORD_BYTES = 64 * 1024
 #: Longest error text a record carries.
 MAX_ERROR_CHARS = 2000
 
@@ -191,8 +193,12 @@ class JobStore:
         env = env or {}
         if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k for k, v in env.items()):
             raise JobError("env must map variable names (without '=') to strings", "bad_args")
-        if gpus is not None and not _GPU_SPEC.match(gpus):
-            raise JobError("GPU selection %r: use 'all', 'none' or a comma list like 0,1" % gpus, "bad_args")
+        if gpus is not None and (
+            not isinstance(gpus, str) or len(gpus) > MAX_NAME or not _GPU_SPEC.match(gpus)
+        ):
+            raise JobError(
+                "GPU selection %r: use 'all', 'none' or a comma list like 0,1" % str(gpus)[:100], "bad_args"
+            )
         if shutil.which("tmux") is None:
             raise JobError("tmux is not installed on the host: install it (e.g. apt install tmux)", "failed")
 
@@ -282,17 +288,25 @@ class JobStore:
                       "argv": [], "log_size": 0, "error": "cannot read job %s: %s" % (job_id, exc)}  # fmt: skip
             return Entry(key, to_json(record), record)
         text = to_json(record)
+        if len(text) > MAX_RECORD_BYTES:  # a field no listing needs grew huge: keep what identifies the job
+            keep = ("id", "name", "state", "exit_code", "started_at", "ended_at", "log_size", "created_at")
+            record = {k: record.get(k) for k in keep}
+            record["error"] = "record too large to list (%d bytes); jobs.get has it" % len(text)
+            text = to_json(record)
         if record["ended_at"] is not None:  # final: the runner wrote its last bytes before the status
             self.ended.add(job_id, key, record, text)
         return Entry(key, text, record)
 
     def full_record(self, job_id: str) -> Dict[str, Any]:
-        """The job's record with its whole command (listings cut long ones)."""
+        """The job's record with all of job.json (listings cut a long command or a huge record)."""
         record = self.describe(job_id)
-        if record.get("argv_truncated"):
-            full = read_json(os.path.join(self.job_dir(job_id), "job.json")) or {}
-            record["argv"] = full.get("argv", record["argv"])
-            del record["argv_truncated"]
+        full = read_json(os.path.join(self.job_dir(job_id), "job.json"))
+        if isinstance(full, dict):
+            full.pop("env", None)
+            if record.pop("argv_truncated", None) or str(record.get("error")).startswith("record too large"):
+                record.pop("error", None)
+                record = dict(full, **record)
+                record["argv"] = full.get("argv", record.get("argv"))
         return record
 
     def _sessions_once(self) -> Callable[[], set]:

@@ -163,7 +163,8 @@ class Agent:
 
     # --- handlers ---------------------------------------------------------------------------------------------
     def op_start(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": a.get("price_per_hour")}
+        price = None if a.get("price_per_hour") is None else P.number_arg(a, "price_per_hour", 0.0, 0.0, 1e9)
+        extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": price}
         job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job

@@ -154,3 +154,22 @@ def test_damaged_job_files_are_that_jobs_error_not_the_lists(tmp_path: Path) -> 
         assert jobs[2]["state"] == "lost" and "cannot read job 3" in jobs[2]["error"]
     finally:
         agent.close()
+
+
+def test_a_huge_field_never_breaks_the_list(agent: AgentProc) -> None:
+    rep = agent.call("jobs.start", argv=["true"], price_per_hour="9" * 3_000_000)
+    assert rep["error"]["code"] == "bad_args" and "price_per_hour" in rep["error"]["message"]
+    assert len(json.dumps(rep)) < 1000
+    rep = agent.call("jobs.start", argv=["true"], gpus="0," * 1_000_000 + "1")
+    assert rep["error"]["code"] == "bad_args" and len(json.dumps(rep)) < 1000
+    job = agent.call("jobs.start", argv=["true"], cwd="/")["result"]
+    job_json = agent.state_dir / "jobs" / job["id"] / "job.json"
+    record = json.loads(job_json.read_text())
+    stat = job_json.stat()
+    record["git"] = {"branch": "b" * 200_000}  # e.g. a record written by another build
+    job_json.write_text(json.dumps(record))
+    os.utime(job_json, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    [listed] = agent.call("jobs.list")["result"]["jobs"]
+    assert "record too large to list" in listed["error"] and len(json.dumps(listed)) < 1000
+    full = agent.call("jobs.get", job=job["id"])["result"]
+    assert full["git"]["branch"] == "b" * 200_000 and "error" not in full
