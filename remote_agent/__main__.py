@@ -42,18 +42,29 @@ def main(argv: Optional[List[str]] = None) -> None:
         from .runner import run
 
         sys.exit(run(args.job_dir))
+    from . import protocol as P
+    from .fsutil import StateDirError
     from .server import Agent
 
-    agent = Agent(
-        os.path.expanduser(args.state_dir),
-        launcher(),
-        sys.stdin.buffer,
-        sys.stdout.buffer,
-        idle_timeout=args.idle_timeout,
-        heartbeat_s=args.heartbeat,
-        nvidia_smi=args.nvidia_smi,
-        linger_s=args.linger,
-    )
+    try:
+        agent = Agent(
+            os.path.expanduser(args.state_dir),
+            launcher(),
+            sys.stdin.buffer,
+            sys.stdout.buffer,
+            idle_timeout=args.idle_timeout,
+            heartbeat_s=args.heartbeat,
+            nvidia_smi=args.nvidia_smi,
+            linger_s=args.linger,
+        )
+    except StateDirError as exc:  # the client shows this as the host's error
+        error = {"code": "state_dir", "message": str(exc)}
+        sys.stdout.buffer.write(
+            P.encode(P.event(P.EV_HELLO, {"protocol": P.PROTOCOL_VERSION, "error": error}))
+        )
+        sys.stdout.buffer.flush()
+        print("gputui-agent: %s" % exc, file=sys.stderr)
+        sys.exit(2)
     code = agent.serve()
     # No sys.stdout.flush(): every frame is flushed when sent, and a write stuck on a dead link holds the
     # buffer's lock. os._exit: a reader thread may still sit in stdin.readline(); do not wait for it.

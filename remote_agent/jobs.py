@@ -15,12 +15,15 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from .fsutil import ensure_private_dir, read_json, write_json
+from . import protocol as P
+from .fsutil import ensure_private_dir, open_regular, read_json, write_json
 from .hoststats import ancestors
+from .jobindex import EndedIndex, Entry, Key, job_key, to_json
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = "running", "succeeded", "failed", "killed", "lost"
 #: A job whose runner has not yet written pid.json is still "starting" for this long.
@@ -28,6 +31,50 @@ START_GRACE_S = 10.0
 MAX_NAME = 200
 _GPU_SPEC = re.compile(r"^(all|none|[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_JOB_DIR_NAME = re.compile(r"^[0-9]{1,18}$")
+#: Listing records carry at most this many characters of a job's command (jobs.get has all of it).
+LIST_ARGV_CHARS = 4096
+#: What a job's damaged files (garbage JSON, wrong types, EIO) can raise while its record is read.
+_UNREADABLE = (OSError, ValueError, TypeError, AttributeError, OverflowError)
+#: Largest listing record (after cutting the command): anything bigger is shown by its essentials.
+MAX_RECORD_BYTES = 64 * 1024
+#: Longest error text a record carries.
+MAX_ERROR_CHARS = 2000
+
+
+def listing(record: Dict[str, Any]) -> Dict[str, Any]:
+    """The record as lists and events carry it: a long command is cut, its full length noted."""
+    argv = record.get("argv")
+    if isinstance(argv, list) and sum(len(a) + 1 for a in argv) > LIST_ARGV_CHARS:
+        total = sum(len(a) for a in argv)
+        kept, room = [], LIST_ARGV_CHARS
+        for arg in argv:
+            if room <= 0:
+                break
+            kept.append(arg[:room])
+            room -= len(arg) + 1
+        kept.append("... [command cut for listing: %d arguments, %d characters in all]" % (len(argv), total))
+        record = dict(record, argv=kept, argv_truncated={"args": len(argv), "chars": total})
+    error = record.get("error")
+    if isinstance(error, str) and len(error) > MAX_ERROR_CHARS:
+        record = dict(record, error=error[:MAX_ERROR_CHARS] + "... [%d characters in all]" % len(error))
+    return record
+
+
+def _log_facts(path: str) -> "tuple[int, Optional[str]]":
+    """(size, problem) of a job's output.log: a missing log is empty; a dir, FIFO or link is a problem."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0, None
+    except OSError as exc:
+        return 0, "cannot read output.log: %s" % (exc.strerror or exc)
+    if not stat.S_ISREG(st.st_mode):
+        try:
+            os.close(open_regular(path))
+        except OSError as exc:
+            return 0, "cannot read output.log: %s" % (exc.strerror or exc)
+    return st.st_size, None
 
 
 class JobError(Exception):
@@ -77,9 +124,10 @@ class JobStore:
 
     def __init__(self, state_dir: str, launcher: List[str], nvidia_smi: str = "nvidia-smi") -> None:
         self.nvidia_smi = nvidia_smi
-        self._ended: Dict[str, Dict[str, Any]] = {}  # records of jobs with a status.json: they never change
-        self.state_dir = ensure_private_dir(state_dir)
+        self.state_dir = ensure_private_dir(state_dir, top=True)
         self.jobs_dir = ensure_private_dir(os.path.join(self.state_dir, "jobs"))
+        self.ended = EndedIndex(self.jobs_dir)  # records of jobs with a status.json: they never change
+        self._checked_mtime: Optional[int] = None  # jobs dir mtime when every cached entry was last checked
         self.launcher = launcher
         # One private tmux server per state dir, never the user's default server.
         self.socket = "gputui-" + hashlib.sha1(self.state_dir.encode("utf-8")).hexdigest()[:10]
@@ -110,9 +158,13 @@ class JobStore:
         return "gputui-" + job_id
 
     # --- start -------------------------------------------------------------------------------------------------
+    def job_ids(self) -> List[str]:
+        """Names of the job dirs, in job order."""
+        return sorted((n for n in os.listdir(self.jobs_dir) if _JOB_DIR_NAME.match(n)), key=int)
+
     def _new_job_dir(self) -> "tuple[str, str]":
-        existing = [int(n) for n in os.listdir(self.jobs_dir) if n.isdigit()]
-        n = max(existing, default=0) + 1
+        existing = self.job_ids()
+        n = int(existing[-1]) + 1 if existing else 1
         while True:
             path = os.path.join(self.jobs_dir, str(n))
             try:
@@ -141,8 +193,12 @@ class JobStore:
         env = env or {}
         if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k for k, v in env.items()):
             raise JobError("env must map variable names (without '=') to strings", "bad_args")
-        if gpus is not None and not _GPU_SPEC.match(gpus):
-            raise JobError("GPU selection %r: use 'all', 'none' or a comma list like 0,1" % gpus, "bad_args")
+        if gpus is not None and (
+            not isinstance(gpus, str) or len(gpus) > MAX_NAME or not _GPU_SPEC.match(gpus)
+        ):
+            raise JobError(
+                "GPU selection %r: use 'all', 'none' or a comma list like 0,1" % str(gpus)[:100], "bad_args"
+            )
         if shutil.which("tmux") is None:
             raise JobError("tmux is not installed on the host: install it (e.g. apt install tmux)", "failed")
 
@@ -188,73 +244,162 @@ class JobStore:
 
     # --- inspect ----------------------------------------------------------------------------------------------
     def job_dir(self, job_id: str) -> str:
-        job_id = str(job_id)
-        if not job_id.isdigit():
-            raise JobError("no job %r on this host" % job_id, "not_found")
+        return self._located(str(job_id))[0]
+
+    def _located(self, job_id: str) -> "tuple[str, Key]":
+        """(job dir, key) of an existing job; JobError not_found otherwise."""
         path = os.path.join(self.jobs_dir, job_id)
-        if not os.path.isfile(os.path.join(path, "job.json")):
-            raise JobError("no job %r on this host" % job_id, "not_found")
-        return path
+        try:
+            if not _JOB_DIR_NAME.match(job_id):
+                raise FileNotFoundError(job_id)
+            return path, job_key(path)
+        except OSError:
+            raise JobError("no job %r on this host" % job_id[:100], "not_found") from None
 
     def log_path(self, job_id: str) -> str:
         return os.path.join(self.job_dir(job_id), "output.log")
 
-    def describe(self, job_id: str, sessions: Optional[set] = None) -> Dict[str, Any]:
-        """The job's record plus its current state, exit code and log size."""
-        if str(job_id) in self._ended:
-            return dict(self._ended[str(job_id)])
-        path = self.job_dir(job_id)
-        record = read_json(os.path.join(path, "job.json")) or {}
+    def describe(self, job_id: str, sessions: Optional[Callable[[], set]] = None) -> Dict[str, Any]:
+        """The job's listing record (see ``listing``) plus its current state, exit code and log size.
+
+        A job whose files cannot be read gets a record with its ``error``; it never fails the whole list.
+        """
+        entry = self._entry(str(job_id), sessions or self._sessions_once())
+        self.ended.flush()
+        return entry.record()
+
+    def _entry(self, job_id: str, sessions: Callable[[], set], same_dirs: bool = False) -> Entry:
+        """The job's record, as JSON text and dict; ended jobs' records come from the index.
+
+        ``same_dirs``: no job dir was created or removed since every cached entry was checked against its
+        job.json, so cached entries need no check (the check is one lstat per job: 10,000 every second).
+        """
+        cached = self.ended.get(job_id, None) if same_dirs else None
+        if cached is not None:
+            return cached
+        path, key = self._located(job_id)
+        cached = self.ended.get(job_id, key)
+        if cached is not None:
+            return cached
+        try:
+            record = listing(self._read_record(job_id, path, sessions))
+        except _UNREADABLE as exc:  # a problem of this job's files: this job's error, not the list's
+            record = {"id": job_id, "name": job_id, "state": LOST, "exit_code": None, "ended_at": None,
+                      "argv": [], "log_size": 0, "error": "cannot read job %s: %s" % (job_id, exc)}  # fmt: skip
+            return Entry(key, to_json(record), record)
+        text = to_json(record)
+        if len(text) > MAX_RECORD_BYTES:  # a field no listing needs grew huge: keep what identifies the job
+            keep = ("id", "name", "state", "exit_code", "started_at", "ended_at", "log_size", "created_at")
+            record = {k: record.get(k) for k in keep}
+            record["error"] = "record too large to list (%d bytes); jobs.get has it" % len(text)
+            text = to_json(record)
+        if record["ended_at"] is not None:  # final: the runner wrote its last bytes before the status
+            self.ended.add(job_id, key, record, text)
+        return Entry(key, text, record)
+
+    def full_record(self, job_id: str) -> Dict[str, Any]:
+        """The job's record with all of job.json (listings cut a long command or a huge record)."""
+        record = self.describe(job_id)
+        full = read_json(os.path.join(self.job_dir(job_id), "job.json"))
+        if isinstance(full, dict):
+            full.pop("env", None)
+            if record.pop("argv_truncated", None) or str(record.get("error")).startswith("record too large"):
+                record.pop("error", None)
+                record = dict(full, **record)
+                record["argv"] = full.get("argv", record.get("argv"))
+        return record
+
+    def _sessions_once(self) -> Callable[[], set]:
+        """Live tmux sessions, asked for at most once per call to ``list``/``describe``."""
+        memo: List[set] = []
+
+        def get() -> set:
+            if not memo:
+                memo.append(self.tmux_sessions() or set())
+            return memo[0]
+
+        return get
+
+    def _read_record(self, job_id: str, path: str, sessions: Callable[[], set]) -> Dict[str, Any]:
+        record = read_json(os.path.join(path, "job.json"))
+        if not isinstance(record, dict):
+            record = {"error": "job.json of job %s cannot be read" % job_id}
+        record["id"] = job_id
         record.pop("env", None)
         record["usage"] = read_json(os.path.join(path, "usage.json"))
         status = read_json(os.path.join(path, "status.json"))
-        pids = read_json(os.path.join(path, "pid.json")) or {}
+        pids = read_json(os.path.join(path, "pid.json"))
+        pids = pids if isinstance(pids, dict) else {}
         killed = os.path.exists(os.path.join(path, "kill.json"))
         record["started_at"] = pids.get("started_at", record.get("created_at"))
         record["pid"] = pids.get("pid")
-        live = self._live_state(record, pids, sessions) if status is None else None
+        live = self._live_state(record, pids, sessions) if not isinstance(status, dict) else None
         if live == LOST:  # the runner may have written its status and exited since we looked
             status = read_json(os.path.join(path, "status.json"))
-        if status is not None:
+        if isinstance(status, dict):
             code = status.get("exit_code")
             record["exit_code"] = code
-            record["ended_at"] = status.get("ended_at")
+            record["ended_at"] = status.get("ended_at") or time.time()
             record["state"] = KILLED if killed else (SUCCEEDED if code == 0 else FAILED)
-            if status.get("error"):
-                record["error"] = status["error"]
-            ended = True
+            for key in ("error", "log_error"):
+                if status.get(key):
+                    record[key] = str(status[key])
         else:
-            ended = False
             record["exit_code"] = None
             record["ended_at"] = None
             record["state"] = live
-        try:
-            record["log_size"] = os.path.getsize(os.path.join(path, "output.log"))
-        except OSError:
-            record["log_size"] = 0
-        if ended:  # the runner wrote its last log byte and usage before the status: final
-            self._ended[record["id"]] = dict(record)
+        record["log_size"], log_problem = _log_facts(os.path.join(path, "output.log"))
+        if log_problem and not record.get("log_error"):
+            record["log_error"] = log_problem
         return record
 
-    def _live_state(self, record: Dict[str, Any], pids: Dict[str, Any], sessions: Optional[set]) -> str:
+    def _live_state(self, record: Dict[str, Any], pids: Dict[str, Any], sessions: Callable[[], set]) -> str:
         if _pid_alive(pids.get("runner_pid")):
             return RUNNING
-        if not pids and time.time() - record.get("created_at", 0) < START_GRACE_S:
+        if pids:
+            return LOST  # the runner is gone without writing a status
+        created = record.get("created_at")
+        if isinstance(created, (int, float)) and time.time() - created < START_GRACE_S:
             return RUNNING  # the runner has not written its pid yet
-        if sessions is None:
-            sessions = self.tmux_sessions() or set()
-        return RUNNING if record.get("tmux_session") in sessions and not pids else LOST
+        return RUNNING if record.get("tmux_session") in sessions() else LOST
 
     def list(self) -> List[Dict[str, Any]]:
-        sessions = None
-        out = []
-        ids = sorted((n for n in os.listdir(self.jobs_dir) if n.isdigit()), key=int)
-        for job_id in ids:
-            try:
-                out.append(self.describe(job_id, sessions))
-            except JobError:
-                continue  # a half-created dir from a crashed start
-        return out
+        """Every job's listing record, in job order."""
+        return [entry.record() for entry in self._entries(0, 1 << 62, 1 << 62)[0]]
+
+    def page(self, after: int, limit: int, max_bytes: int) -> P.Raw:
+        """Listing records of the jobs after id ``after``, as reply JSON: ``{"jobs": [...], "more": bool}``,
+        at most ``limit`` jobs and (beyond the first) ``max_bytes`` of records; when ``more``, ask again
+        after the last id. Records are spliced in as stored: ten thousand ended jobs are never re-encoded."""
+        entries, more = self._entries(after, limit, max_bytes)
+        jobs = ",".join(entry.text for entry in entries)
+        return P.Raw('{"jobs":[%s],"more":%s}' % (jobs, "true" if more else "false"))
+
+    def _entries(self, after: int, limit: int, max_bytes: int) -> "tuple[List[Entry], bool]":
+        sessions = self._sessions_once()
+        out: List[Entry] = []
+        size = 0
+        # A job dir removed and its id reused changes the jobs dir's mtime: while that stays the same (and
+        # is old enough that a change within the same clock tick cannot hide), cached entries hold.
+        mtime = os.stat(self.jobs_dir).st_mtime_ns
+        same_dirs = mtime == self._checked_mtime
+        try:
+            for job_id in self.job_ids():
+                if int(job_id) <= after:
+                    continue
+                try:
+                    entry = self._entry(job_id, sessions, same_dirs)
+                except JobError:
+                    continue  # a half-created dir from a crashed start, or a job deleted meanwhile
+                if out and (len(out) >= limit or size + len(entry.text) > max_bytes):
+                    return out, True
+                out.append(entry)
+                size += len(entry.text)
+            if after == 0 and time.time_ns() - mtime > 2 * 10**9:
+                self._checked_mtime = mtime  # every job was checked in this pass
+            return out, False
+        finally:
+            self.ended.flush()
 
     def owner_lookup(self) -> Callable[[int], Optional[str]]:
         """pid -> id of the running job whose process tree holds it (walking up the parents), or None."""
@@ -268,7 +413,7 @@ class JobStore:
     def owner_map(self) -> Dict[int, str]:
         """pid of each running job's main process -> job id."""
         owners = {}
-        for job_id in (n for n in os.listdir(self.jobs_dir) if n.isdigit()):
+        for job_id in self.job_ids():
             path = os.path.join(self.jobs_dir, job_id)
             if os.path.exists(os.path.join(path, "status.json")):
                 continue

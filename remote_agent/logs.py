@@ -2,27 +2,40 @@
 
 import os
 import threading
-import time
-from typing import Callable, Dict, Optional
+from typing import BinaryIO, Callable, Dict, Optional
 
+from .fsutil import open_regular
+from .jobs import JobError
 from .protocol import LOG_CHUNK_BYTES, b64
+
+
+def _open_log(path: str) -> BinaryIO:
+    """The log for reading; JobError naming the problem when it is a dir, FIFO, link or unreadable."""
+    try:
+        return os.fdopen(open_regular(path), "rb")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise JobError("cannot read output.log: %s" % (exc.strerror or exc)) from None
 
 
 def read_chunk(path: str, offset: int, max_bytes: int = LOG_CHUNK_BYTES) -> "tuple[bytes, int]":
     """Bytes from ``offset`` (at most ``max_bytes``) and the file's current size."""
     try:
-        with open(path, "rb") as f:
+        with _open_log(path) as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(offset)
             return f.read(max(0, min(max_bytes, size - offset))), size
     except FileNotFoundError:
         return b"", 0
+    except OSError as exc:  # EIO, ESTALE... while reading
+        raise JobError("cannot read output.log: %s" % (exc.strerror or exc)) from None
 
 
 def tail_offset(path: str, lines: int, block: int = 65536) -> int:
     """Offset where the last ``lines`` lines of the file start (a final line without newline counts)."""
     try:
-        with open(path, "rb") as f:
+        with _open_log(path) as f:
             end = pos = os.fstat(f.fileno()).st_size
             if lines <= 0 or end == 0:
                 return end
@@ -44,13 +57,17 @@ def tail_offset(path: str, lines: int, block: int = 65536) -> int:
             return 0
     except FileNotFoundError:
         return 0
+    except OSError as exc:
+        raise JobError("cannot read output.log: %s" % (exc.strerror or exc)) from None
 
 
 class Follow(threading.Thread):
     """Pushes a job log's new bytes from ``offset`` on, until the job has ended and every byte was sent.
 
     ``send(kind, data)`` emits events; ``job_ended()`` tells whether the job's status is written. A log
-    that shrinks or is replaced is reported as a gap (``reset``) and followed again from its start.
+    that shrinks, is replaced or deleted is reported as a gap (``reset``) and followed again from its start;
+    one that cannot be read (a dir, a FIFO, EIO...) gets an ``error`` notice and is retried until the job
+    ends, when ``log_end`` carries the error.
     """
 
     def __init__(
@@ -67,6 +84,7 @@ class Follow(threading.Thread):
         self.send, self.job_ended, self.poll_s = send, job_ended, poll_s
         self.stopped = threading.Event()
         self._inode: Optional[int] = None
+        self._problem: Optional[str] = None  # why the log cannot be read now, as last told to the client
 
     def stop(self) -> None:
         self.stopped.set()
@@ -75,30 +93,65 @@ class Follow(threading.Thread):
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
+            if self._inode is not None:  # deleted while followed: what the job writes now is lost
+                self._reset("deleted")
+                self._inode = None
             return
         replaced = self._inode is not None and st.st_ino != self._inode
         self._inode = st.st_ino
         if replaced or st.st_size < self.offset:
-            reason = "replaced" if replaced else "truncated"
-            self.send(
-                "log", {"job": self.job_id, "offset": 0, "b64": "", "reset": reason, "lost_from": self.offset}
-            )
-            self.offset = 0
+            self._reset("replaced" if replaced else "truncated")
+
+    def _reset(self, reason: str) -> None:
+        self.send(
+            "log", {"job": self.job_id, "offset": 0, "b64": "", "reset": reason, "lost_from": self.offset}
+        )
+        self.offset = 0
+
+    def _notice(self, problem: Optional[str]) -> None:
+        """Tell the client once about a log that cannot be read (a dir, a FIFO, EIO, ESTALE...)."""
+        if problem is not None and problem != self._problem:
+            self.send("log", {"job": self.job_id, "offset": self.offset, "b64": "", "error": problem})
+        self._problem = problem
 
     def run(self) -> None:
-        while not self.stopped.is_set():
+        try:
+            self._follow()
+        except Exception as exc:  # never leave the client waiting for a follow that died
+            self.send("log_end", {"job": self.job_id, "offset": self.offset, "job_state": None,
+                                  "exit_code": None, "error": "log follow failed: %r" % exc})  # fmt: skip
+
+    def _read(self) -> Optional[bytes]:
+        """New bytes (maybe none), or None while the log cannot be read (the client was told why)."""
+        try:
             self._check_replaced()
-            data, size = read_chunk(self.path, self.offset)
+            data, _ = read_chunk(self.path, self.offset)
+        except (JobError, OSError) as exc:
+            self._notice(str(exc))
+            return None
+        self._notice(None)
+        return data
+
+    def _follow(self) -> None:
+        while not self.stopped.is_set():
+            data = self._read()
             if data:
                 self.send("log", {"job": self.job_id, "offset": self.offset, "b64": b64(data)})
                 self.offset += len(data)
                 continue
-            ended = self.job_ended()
+            try:
+                ended = self.job_ended()
+            except JobError as exc:  # the job dir itself went away
+                self._notice(str(exc))
+                ended = {"job_state": None, "exit_code": None, "error": str(exc)}
             if ended is not None:
                 # The runner writes status.json after its last log write: one more read catches every byte.
-                data, size = read_chunk(self.path, self.offset)
+                data = self._read()
                 if not data:
-                    self.send("log_end", dict(ended, job=self.job_id, offset=self.offset))
+                    end = dict(ended, job=self.job_id, offset=self.offset)
+                    if self._problem is not None:
+                        end["error"] = self._problem
+                    self.send("log_end", end)
                     return
                 continue
-            time.sleep(self.poll_s)
+            self.stopped.wait(self.poll_s if data is not None else 1.0)

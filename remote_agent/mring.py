@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any, Deque, Dict, List, Optional
 
-from .fsutil import ensure_private_dir, write_atomic
+from .fsutil import ensure_private_dir, open_regular, write_atomic
 
 RING_SAMPLES = 600  # ten minutes at 1 Hz
 
@@ -63,7 +63,10 @@ class MetricsRing:
         """Become the sampler if no other live agent is; cheap to call every tick."""
         if self._lock_fd is not None:
             return True
-        fd = os.open(os.path.join(self.dir, "sampler.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fd = open_regular(os.path.join(self.dir, "sampler.lock"), os.O_RDWR | os.O_CREAT)
+        except OSError:  # e.g. a planted symlink: never sample into a file outside the state dir
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -72,7 +75,7 @@ class MetricsRing:
         data = self._read_file()
         cut = data.rfind(b"\n") + 1
         if cut < len(data):  # a write torn by a crash: drop the partial line before appending after it
-            with open(self.path, "r+b") as f:
+            with os.fdopen(open_regular(self.path, os.O_RDWR), "r+b") as f:
                 f.truncate(cut)
         samples = _parse(data[:cut].splitlines())
         self._seq = samples[-1]["seq"] if samples else 0
@@ -86,7 +89,7 @@ class MetricsRing:
             raise RuntimeError("not the sampler")
         self._seq += 1
         sample["seq"] = self._seq
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, _dump(sample))
         finally:
@@ -106,10 +109,10 @@ class MetricsRing:
     # --- reader side ------------------------------------------------------------------------------------------
     def _read_file(self, offset: int = 0) -> bytes:
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(open_regular(self.path), "rb") as f:
                 f.seek(offset)
                 return f.read()
-        except FileNotFoundError:
+        except OSError:  # missing, or not a regular file: no samples
             return b""
 
     def _refresh(self) -> None:

@@ -23,6 +23,51 @@ from .fsutil import write_json
 from .usage import UsageRecorder
 
 READ_SIZE = 65536
+#: Space set aside at the start so that status.json can still be written when the job fills the disk.
+RESERVE_BYTES = 64 * 1024
+
+
+class LogWriter:
+    """Appends the job's output to output.log until a write fails (disk full, file size limit, EIO).
+
+    Then it stops copying, so the job keeps running with its pty drained, and ``error`` says why and where.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.offset = os.fstat(self.fd).st_size
+        self.error: Optional[str] = None
+
+    def write(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        try:
+            while data:
+                n = os.write(self.fd, data)
+                self.offset += n
+                data = data[n:]
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                self.error = "disk full at offset %d" % self.offset
+            elif exc.errno == errno.EFBIG:
+                self.error = "file size limit reached at offset %d" % self.offset
+            else:
+                self.error = "cannot write output.log at offset %d: %s" % (self.offset, exc.strerror or exc)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _reserve(path: str) -> None:
+    """Set ``RESERVE_BYTES`` of disk aside in ``path`` (really written: a sparse file reserves nothing)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, bytes(RESERVE_BYTES))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # no reserve (the disk is full already): status.json is still tried
 
 
 def _exit_code(wait_status: int) -> "tuple[int, Optional[int]]":
@@ -56,6 +101,8 @@ def _spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> "tuple[int, int]":
             os.execvpe(argv[0], argv, env)
         except OSError as exc:
             os.write(2, ("gputui: cannot start %r: %s\n" % (argv[0], exc.strerror)).encode())
+            # Like a shell: 127 when there is no such command, 126 when it was found but cannot run.
+            os._exit(127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126)
         os._exit(127)
     return pid, master
 
@@ -66,8 +113,11 @@ def run(job_dir: str) -> int:
     with open(os.path.join(job_dir, "env.json"), "rb") as f:
         env = json.loads(f.read().decode("utf-8"))
 
-    log_fd = os.open(os.path.join(job_dir, "output.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    reserve = os.path.join(job_dir, ".reserve")
+    _reserve(reserve)
+    log = LogWriter(os.path.join(job_dir, "output.log"))
     pid, master = _spawn(job["argv"], job["cwd"], env)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     write_json(
         os.path.join(job_dir, "pid.json"), {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time()}
     )
@@ -110,7 +160,7 @@ def run(job_dir: str) -> int:
                     data = b""
                 if not data:
                     break
-                _write_all(log_fd, data)
+                log.write(data)
                 if pane_ok:
                     try:
                         _write_all(out_fd, data)
@@ -137,7 +187,7 @@ def run(job_dir: str) -> int:
                             break
                         if not data:
                             break
-                        _write_all(log_fd, data)
+                        log.write(data)
                     break
     finally:
         if saved_tty is not None and stdin_fd is not None:
@@ -148,10 +198,13 @@ def run(job_dir: str) -> int:
     if status is None:
         _, status = os.waitpid(pid, 0)
     code, sig = _exit_code(status)
-    os.close(log_fd)
+    log.close()
     usage.stopped.set()
     usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
-    write_json(
-        os.path.join(job_dir, "status.json"), {"exit_code": code, "signal": sig, "ended_at": time.time()}
-    )
+    try:
+        os.unlink(reserve)  # frees room for status.json on a full disk
+    except OSError:
+        pass
+    end = {"exit_code": code, "signal": sig, "ended_at": time.time(), "log_error": log.error}
+    write_json(os.path.join(job_dir, "status.json"), end)
     return code

@@ -23,6 +23,11 @@ from .jobs import RUNNING, JobError, JobStore
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
 
+#: Longest wait an argument may ask for (kill grace, exec timeout): a day.
+MAX_WAIT_S = 86400.0
+#: Shortest metrics interval a client may ask for.
+MIN_INTERVAL_S = 0.1
+
 
 def _read_first(path: str, default: str = "") -> str:
     try:
@@ -60,19 +65,6 @@ _WATCHDOG_NUMBERS = {
     "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
 }  # fmt: skip
 
-
-def bounded(value: Any, name: str, low: float, high: float, low_ok: bool = True) -> float:
-    """``value`` as a finite number within its bounds, else ValueError (answered as bad arguments)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (low <= value <= high and (low_ok or value > low))
-    ):
-        raise ValueError(
-            "%s must be a number %s %g and at most %g, not %r"
-            % (name, "from" if low_ok else "above", low, high, value)
-        )
-    return float(value)
 
 
 class Agent:
@@ -115,7 +107,12 @@ class Agent:
             P.OP_PING: lambda a: {"t": time.time()},
             P.OP_HOST_INFO: lambda a: self.facts(),
             P.OP_JOBS_START: self.op_start,
-            P.OP_JOBS_LIST: lambda a: self.jobs.list(),
+            P.OP_JOBS_LIST: lambda a: self.jobs.page(
+                P.int_arg(a, "after", 0),
+                P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
+                P.LIST_PAGE_BYTES,
+            ),
+            P.OP_JOBS_GET: lambda a: self.jobs.full_record(str(a.get("job"))),
             P.OP_JOBS_KILL: self.op_kill,
             P.OP_LOGS_READ: self.op_read,
             P.OP_LOGS_FOLLOW: self.op_follow,
@@ -136,6 +133,11 @@ class Agent:
         if self._client_gone.is_set():
             return
         data = P.encode(frame)
+        if len(data) > P.MAX_FRAME_BYTES:  # the client would refuse it: say why instead
+            if "id" not in frame:
+                return
+            data = P.encode(P.reply_error(frame["id"], P.E_FAILED, "reply of %d bytes exceeds the %d byte "
+                                          "frame limit" % (len(data), P.MAX_FRAME_BYTES)))  # fmt: skip
         with self._out_lock:
             try:
                 self.out.write(data)
@@ -168,25 +170,24 @@ class Agent:
 
     # --- handlers ---------------------------------------------------------------------------------------------
     def op_start(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": a.get("price_per_hour")}
+        price = None if a.get("price_per_hour") is None else P.number_arg(a, "price_per_hour", 0.0, 0.0, 1e9)
+        extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": price}
         job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job
 
     def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
-        job = self.jobs.kill(
-            str(a.get("job")), bounded(a.get("grace_s", 10.0), "grace_s", 0, P.MAX_KILL_GRACE_S)
-        )
+        job = self.jobs.kill(str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S))
         self.emit(P.EV_JOB, job)
         return job
 
     def op_read(self, a: Dict[str, Any]) -> Dict[str, Any]:
         path = self.jobs.log_path(str(a.get("job")))
-        offset = int(a.get("offset", 0))
+        offset = P.int_arg(a, "offset", 0)
         if a.get("tail_lines") is not None:
-            offset = tail_offset(path, int(a["tail_lines"]))
+            offset = tail_offset(path, P.int_arg(a, "tail_lines", 0))
         data, size = read_chunk(
-            path, offset, min(int(a.get("max_bytes", P.LOG_CHUNK_BYTES)), P.LOG_CHUNK_BYTES)
+            path, offset, P.int_arg(a, "max_bytes", P.LOG_CHUNK_BYTES, 0, P.LOG_CHUNK_BYTES)
         )
         return {"offset": offset, "b64": P.b64(data), "size": size}
 
@@ -200,7 +201,7 @@ class Agent:
         job_id = str(a.get("job"))
         path = self.jobs.log_path(job_id)
         self.op_unfollow({"job": job_id})
-        follow = Follow(job_id, path, int(a.get("offset", 0)), self.emit, lambda: self._ended(job_id))
+        follow = Follow(job_id, path, P.int_arg(a, "offset", 0), self.emit, lambda: self._ended(job_id))
         self._follows[job_id] = follow
         follow.start()
         return {"job": job_id, "offset": follow.offset}
@@ -211,9 +212,10 @@ class Agent:
             follow.stop()
 
     def _set_idle_rule(self, a: Dict[str, Any]) -> None:
-        for key in self.idle_rule:
-            if a.get(key) is not None:
-                self.idle_rule[key] = type(self.idle_rule[key])(a[key])
+        if a.get("count_sessions") is not None:
+            self.idle_rule["count_sessions"] = bool(a["count_sessions"])
+        percent = P.number_arg(a, "idle_util_percent", self.idle_rule["idle_util_percent"], 0.0, 100.0)
+        self.idle_rule["idle_util_percent"] = percent
 
     def op_sample(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """A fresh sample; it joins the ring only if this agent is the sampler (else it carries the ring's seq)."""
@@ -228,10 +230,11 @@ class Agent:
 
     def op_subscribe(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """Start (or retune) pushed metrics; samples newer than ``since_seq`` still in the ring are resent."""
+        unsubscribe = "interval" in a and a["interval"] is None
+        interval = None if unsubscribe else P.number_arg(a, "interval", 1.0, MIN_INTERVAL_S, 3600.0)
+        since = None if a.get("since_seq") is None else P.int_arg(a, "since_seq", 0)
         self._set_idle_rule(a)
-        interval = a.get("interval", 1.0)
-        self._metrics_interval = None if interval is None else max(0.1, float(interval))
-        since = a.get("since_seq")
+        self._metrics_interval = interval
         with self._push_lock:
             if self._metrics_interval is None:
                 self._pushed_seq = None
@@ -254,7 +257,7 @@ class Agent:
         argv = a.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
             raise ValueError("argv must be a non-empty list of strings")
-        timeout = float(a.get("timeout_s", 60))
+        timeout = P.number_arg(a, "timeout_s", 60.0, 0.0, MAX_WAIT_S)
         try:
             res = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -277,7 +280,7 @@ class Agent:
         config = dict(a.get("config") or {})
         for key, (low, high) in _WATCHDOG_NUMBERS.items():
             if config.get(key) is not None:
-                config[key] = bounded(config[key], key, low, high)
+                config[key] = P.number_arg(config, key, 0.0, low, high)
         config["boot_id"] = self.facts()["boot_id"]
         path = self._watchdog_path(W.CONFIG)
         if not W.is_armed(config, config["boot_id"]):
@@ -309,7 +312,9 @@ class Agent:
 
     def op_watchdog_snooze(self, a: Dict[str, Any]) -> Dict[str, Any]:
         """Postpone autostop: the idle window restarts when the snooze ends."""
-        minutes = bounded(a.get("minutes", 60), "minutes", 0, P.MAX_SNOOZE_MIN, low_ok=False)
+        minutes = P.number_arg(a, "minutes", 60.0, 0.0, P.MAX_SNOOZE_MIN)
+        if minutes <= 0:
+            raise ValueError("minutes must be above 0, not %g" % minutes)
         return self._update_watchdog(snoozed_until=time.time() + 60.0 * minutes, cancelled=False)
 
     def op_watchdog_cancel(self, a: Dict[str, Any]) -> Dict[str, Any]:
@@ -365,14 +370,21 @@ class Agent:
         """Heartbeats, job state changes, and the silence timeout."""
         # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
         # another client, even one that already ended) or whose state changed is pushed.
-        states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
+        try:
+            states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
+        except OSError:
+            states = {}
         next_jobs = 0.0
         while not self._stopping.wait(min(self.heartbeat_s, 1.0)):
             now = time.monotonic()
             self.emit(P.EV_HEARTBEAT, {"t": time.time()})
             if now >= next_jobs:
                 next_jobs = now + 1.0
-                for job in self.jobs.list():
+                try:
+                    jobs = self.jobs.list()
+                except OSError:  # the jobs dir went unreadable: heartbeats go on, the next pass retries
+                    continue
+                for job in jobs:
                     if states.get(job["id"]) != job["state"]:
                         self.emit(P.EV_JOB, job)
                     states[job["id"]] = job["state"]
@@ -383,7 +395,7 @@ class Agent:
         args = frame.get("args") or {}
         handler = self.handlers.get(op) if isinstance(op, str) else None
         if handler is None:
-            self.send(P.reply_error(req_id, P.E_UNKNOWN_OP, "unknown operation %r" % (op,)))
+            self.send(P.reply_error(req_id, P.E_UNKNOWN_OP, "unknown operation %r" % (str(op)[:100],)))
             return
         if not isinstance(args, dict):
             self.send(P.reply_error(req_id, P.E_BAD_ARGS, "args must be an object"))
@@ -411,7 +423,7 @@ class Agent:
             if not line.strip():
                 continue
             try:
-                frame = P.decode(line)
+                frame = P.decode(line, finite=True)
             except P.ProtocolError as exc:
                 self.send(P.reply_error(None, P.E_MALFORMED, str(exc)))
                 continue

@@ -67,7 +67,10 @@ class UsageRecorder(threading.Thread):
             owner = lambda pid: "job" if in_tree(pid, self.job_pid) else None  # noqa: E731
             while True:
                 self.add(sampler.sample(owner))
-                write_json(os.path.join(self.job_dir, "usage.json"), self.usage)
+                try:
+                    write_json(os.path.join(self.job_dir, "usage.json"), self.usage)
+                except OSError:
+                    pass  # a full disk: the job goes on, its usage record just stays older
                 if self.stopped.wait(self.every_s):
                     return
         finally:

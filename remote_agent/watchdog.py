@@ -21,10 +21,11 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .activity import ActivityLog, idle_status
-from .fsutil import read_json, write_json
+from .fsutil import open_regular, read_json, write_json
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
 def boot_id() -> Optional[str]:
@@ -113,8 +114,11 @@ class Watchdog:
 
     def log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        with open(self.path(LOG), "a") as f:
-            f.write("%s %s\n" % (stamp, message))
+        try:
+            with os.fdopen(open_regular(self.path(LOG), _APPEND), "a") as f:
+                f.write("%s %s\n" % (stamp, message))
+        except OSError:
+            pass  # e.g. a planted symlink: never write outside the state dir
 
     def _run_hook(self, what: str, argv: List[str], timeout: float) -> bool:
         self.log("%s: running %s" % (what, argv))
@@ -213,7 +217,7 @@ class Watchdog:
 
 def run(state_dir: str) -> int:
     """The watchdog's main loop; returns when disarmed, after a release, or when another one runs."""
-    with open(os.path.join(state_dir, LOCK), "w") as lock:
+    with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -253,12 +257,13 @@ def _loop(state_dir: str) -> int:
 def ensure_running(state_dir: str, launcher: List[str]) -> bool:
     """Start the watchdog detached (own session, no stdio) unless one already holds the lock."""
     try:
-        with open(os.path.join(state_dir, LOCK), "w") as lock:
+        with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(lock, fcntl.LOCK_UN)
     except OSError:
-        return False  # already running
-    with open(os.devnull, "rb") as null_in, open(os.path.join(state_dir, LOG), "ab") as log:
+        return False  # already running (or a lock file that is not ours to use)
+    log_fd = open_regular(os.path.join(state_dir, LOG), _APPEND)
+    with open(os.devnull, "rb") as null_in, os.fdopen(log_fd, "ab") as log:
         subprocess.Popen(
             launcher + ["watchdog", state_dir], stdin=null_in, stdout=log, stderr=log,
             start_new_session=True, close_fds=True,

@@ -55,7 +55,7 @@ def test_job_succeeds_and_log_is_complete(agent: AgentProc) -> None:
     out, end = follow_all(agent, job["id"])
     assert out.replace(b"\r\n", b"\n") == b"hi\nerr\n"
     assert end["job_state"] == "succeeded" and end["exit_code"] == 0
-    [listed] = agent.call("jobs.list")["result"]
+    [listed] = agent.call("jobs.list")["result"]["jobs"]
     assert (
         listed["state"] == "succeeded"
         and listed["exit_code"] == 0
@@ -73,6 +73,14 @@ def test_missing_executable_fails_with_127(agent: AgentProc) -> None:
     job = start(agent, ["/nonexistent/prog", "x"])
     out, end = follow_all(agent, job["id"])
     assert end["exit_code"] == 127 and b"cannot start" in out
+
+
+@pytest.mark.parametrize("argv", [["/etc/passwd"], ["/etc"]], ids=["not-executable", "directory"])
+def test_found_but_not_executable_fails_with_126_like_a_shell(agent: AgentProc, argv: list[str]) -> None:
+    shell = subprocess.run(["sh", "-c", 'exec "$0"', *argv], capture_output=True)
+    job = start(agent, argv)
+    out, end = follow_all(agent, job["id"])
+    assert end["exit_code"] == shell.returncode == 126 and b"cannot start" in out
 
 
 def test_kill_sends_sigint_first(agent: AgentProc, tmp_path) -> None:
@@ -112,7 +120,7 @@ def test_lost_after_tmux_server_dies(agent: AgentProc, tmp_path) -> None:
     start(agent, py(f"import time, pathlib; pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"))
     wait_for(marker.exists, what="job start")
     kill_tmux(agent.state_dir)
-    wait_for(lambda: agent.call("jobs.list")["result"][0]["state"] == "lost", what="lost state")
+    wait_for(lambda: agent.call("jobs.list")["result"]["jobs"][0]["state"] == "lost", what="lost state")
 
 
 def test_read_from_offset_returns_exactly_the_rest(agent: AgentProc) -> None:

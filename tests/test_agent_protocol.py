@@ -22,6 +22,9 @@ from remote_agent import protocol as P
         (b'{"id": 5, "op": "rm -rf", "args": {}}\n', "unknown_op", "unknown operation"),
         (b'{"id": 6, "op": "jobs.start", "args": [1]}\n', "bad_args", "args must be an object"),
         (b'{"id": 7, "op": "logs.read", "args": {"job": "1", "offset": "x"}}\n', "not_found", "no job"),
+        pytest.param(b"[" * 200_000 + b"]" * 200_000 + b"\n", "malformed", "nested too deeply", id="deep"),
+        (b'{"id": 8, "op": "ping", "args": {"x": NaN}}\n', "malformed", "not a number JSON allows"),
+        (b'{"id": 9, "op": "metrics.subscribe", "args": {"interval": 1e999}}\n', "malformed", "out of range"),
     ],
 )
 def test_malformed_frames_get_error_replies(agent: AgentProc, raw: bytes, code: str, words: str) -> None:
@@ -53,7 +56,7 @@ def test_agent_exits_when_client_goes_silent_and_jobs_keep_running(tmp_path: Pat
         seen = marker.read_text()
         wait_for(lambda: marker.read_text() != seen, what="job still running after the agent left")
         again = AgentProc(state)
-        [listed] = again.call("jobs.list")["result"]
+        [listed] = again.call("jobs.list")["result"]["jobs"]
         assert listed["id"] == job["id"] and listed["state"] == "running"
         again.call("jobs.kill", job=job["id"], grace_s=1)
         again.close()
@@ -84,3 +87,29 @@ def test_a_job_that_ends_at_once_still_gets_its_end_event(agent: AgentProc) -> N
     job = agent.call("jobs.start", argv=[sys.executable, "-c", "pass"])["result"]
     ended = agent.wait_event("job", id=job["id"], state="succeeded")
     assert ended["data"]["exit_code"] == 0
+
+
+@pytest.mark.parametrize("interval", ["1e999", "inf", "nan", -1, 0, "soon", [1]])
+def test_bad_metrics_interval_is_refused_and_metrics_keep_flowing(agent: AgentProc, interval: object) -> None:
+    rep = agent.call("metrics.subscribe", interval=interval)
+    assert not rep["ok"] and rep["error"]["code"] == "bad_args" and "interval" in rep["error"]["message"]
+    assert agent.call("metrics.subscribe", interval=0.2)["ok"]
+    seqs = [agent.wait_event("metrics")["data"]["seq"] for _ in range(2)]
+    assert seqs[1] > seqs[0]  # the sampling and push threads are alive
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "words"),
+    [
+        ("jobs.kill", {"job": "1", "grace_s": "inf"}, "grace_s"),
+        ("host.exec", {"argv": ["true"], "timeout_s": "nan"}, "timeout_s"),
+        ("watchdog.snooze", {"minutes": 1e300}, "minutes"),
+        ("metrics.sample", {"idle_util_percent": "nan"}, "idle_util_percent"),
+    ],
+)
+def test_non_finite_numbers_in_args_are_refused(agent: AgentProc, op: str, args: dict, words: str) -> None:
+    if op == "jobs.kill":
+        args["job"] = agent.call("jobs.start", argv=["sleep", "30"])["result"]["id"]
+    rep = agent.call(op, **args)
+    assert not rep["ok"] and rep["error"]["code"] == "bad_args" and words in rep["error"]["message"], rep
+    assert agent.call("ping")["ok"]

@@ -66,7 +66,7 @@ def test_runner_records_gpu_usage_from_recorded_readings(tmp_path: Path) -> None
         job_id = rep["result"]["id"]
         agent.call("logs.follow", job=job_id, offset=0)
         agent.wait_event("log_end", job=job_id)
-        [job] = agent.call("jobs.list")["result"]
+        [job] = agent.call("jobs.list")["result"]["jobs"]
         assert job["usage"]["samples"] >= 1 and job["usage"]["gpu_mean_util"] == expected
         assert job["gpu_inventory"][0]["name"] == "NVIDIA H100 80GB HBM3"
     finally:

@@ -334,22 +334,22 @@ def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("op", "args"),
     [
-        ("jobs.kill", {"job": "1", "grace_s": float("nan")}),
+        ("jobs.kill", {"job": "1", "grace_s": "nan"}),
         ("jobs.kill", {"job": "1", "grace_s": -1}),
-        ("jobs.kill", {"job": "1", "grace_s": float("inf")}),
-        ("watchdog.snooze", {"minutes": float("nan")}),
+        ("jobs.kill", {"job": "1", "grace_s": "inf"}),
+        ("watchdog.snooze", {"minutes": "nan"}),
         ("watchdog.snooze", {"minutes": 0}),
         (
             "watchdog.configure",
-            {"config": {"autostop_minutes": 1, "interval": float("nan"), "release_remote": ["x"]}},
+            {"config": {"autostop_minutes": 1, "interval": "nan", "release_remote": ["x"]}},
         ),
-        ("watchdog.configure", {"config": {"autostop_minutes": float("inf"), "release_remote": ["x"]}}),
+        ("watchdog.configure", {"config": {"autostop_minutes": "inf", "release_remote": ["x"]}}),
     ],
 )
 def test_agent_refuses_numbers_out_of_bounds(agent, op: str, args: dict) -> None:
     reply = agent.call(op, **args)
     assert reply["ok"] is False and reply["error"]["code"] == "bad_args", reply
-    assert "must be a number" in reply["error"]["message"]
+    assert "must be" in reply["error"]["message"]  # (a bare NaN token is a malformed frame: test_agent_protocol)
     assert not (agent.state_dir / "watchdog.json").exists()
 
 

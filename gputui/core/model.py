@@ -144,13 +144,17 @@ class Job:
             ended_at=d.get("ended_at"),
             log_size=int(d.get("log_size") or 0),
             tmux_session=d.get("tmux_session"),
-            record={k: d.get(k) for k in ("git", "gpu_inventory", "price_per_hour", "usage", "error")},
+            record={
+                k: d.get(k) for k in ("git", "gpu_inventory", "price_per_hour", "usage", "error", "log_error")
+            },
         )
 
     def to_json(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("insights", "record")}
         d["command"] = list(self.command)
         d["insights"] = self.insights.to_json() if self.insights is not None else None
+        d["error"] = self.record.get("error")  # this job's own problem (unreadable files), never the host's
+        d["log_error"] = self.record.get("log_error")  # e.g. "disk full at offset N": the log stops there
         return d
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .insights import JobInsights, LogInsights, hint_for_exit
+from .insights import Hint, JobInsights, LogInsights, hint_for_exit
+from .link import AgentError
 from .model import JOB_RUNNING, Job
 from .session import HostSession
 
@@ -17,12 +18,16 @@ async def job_insights(session: HostSession, job: Job) -> JobInsights:
     """Progress, metrics and hints parsed from the last TAIL_BYTES of the job's log, plus an exit-code hint."""
     offset = max(0, job.log_size - TAIL_BYTES)
     parser = LogInsights()
-    while True:
-        offset, data, size = await session.read_log(job.id, offset)
-        parser.feed(data)
-        offset += len(data)
-        if not data or offset >= size:
-            break
+    try:
+        while True:
+            offset, data, size = await session.read_log(job.id, offset)
+            parser.feed(data)
+            offset += len(data)
+            if not data or offset >= size:
+                break
+    except AgentError as exc:  # e.g. the log became a dir or a FIFO: this job's problem, not the host's
+        fix = f"look at jobs/{job.id}/output.log in the host's state dir"
+        return JobInsights(hints=(Hint("log_unreadable", "the job's log cannot be read", fix, str(exc)),))
     if job.state != JOB_RUNNING:
         parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()

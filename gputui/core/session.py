@@ -139,6 +139,9 @@ class HostSession:
         if follow is None:
             return
         offset = int(data["offset"])
+        if data.get("error"):  # the log cannot be read now (a dir, a FIFO, EIO...): the agent retries
+            follow.on_gap(f"log unreadable: {data['error']}")
+            return
         if data.get("reset"):
             follow.on_gap(
                 f"log {data['reset']}: bytes from {data.get('lost_from')} on are gone; restarting at 0"
@@ -165,6 +168,10 @@ class HostSession:
             await channel.close()
             detail = channel.stderr_text()
             raise HostUnavailable(f"agent did not start: {detail or exc}") from None
+        if isinstance(hello.get("error"), dict):  # e.g. a state dir that is not ours alone
+            await link.close()
+            await channel.close()
+            raise HostError(str(hello["error"].get("message")), str(hello["error"].get("code") or "agent"))
         if hello.get("protocol") != P.PROTOCOL_VERSION:
             await link.close()
             await channel.close()
@@ -173,8 +180,7 @@ class HostSession:
             )
         self.link, self._channel = link, channel
         self._publish(state=M.CONNECTED, error=None, detail=None, facts=hello.get("host") or {})
-        for job in await link.request(P.OP_JOBS_LIST):
-            self._set_job(job)
+        await self._fetch_jobs(link.request)
         if self.metrics_interval is not None:
             since = self._history[-1].seq if self._history else None
             res = await link.request(
@@ -189,6 +195,17 @@ class HostSession:
         self._publish()
         self._connected.set()
         self._pinger = asyncio.create_task(self._ping_loop(link))
+
+    async def _fetch_jobs(self, request: Callable[..., Awaitable[Any]]) -> None:
+        """Every job's record, page by page (one reply must stay small however many jobs the host has)."""
+        after = 0
+        while True:
+            page = await request(P.OP_JOBS_LIST, after=after)
+            for job in page["jobs"]:
+                self._set_job(job)
+            if not page.get("more") or not page["jobs"]:
+                return
+            after = int(page["jobs"][-1]["id"])
 
     async def _ping_loop(self, link: Link) -> None:
         """Keep the agent from timing out, and notice a link that has gone silent."""
@@ -313,8 +330,7 @@ class HostSession:
         return self._jobs[str(data["id"])]
 
     async def list_jobs(self) -> list[M.Job]:
-        for data in await self.request(P.OP_JOBS_LIST):
-            self._set_job(data)
+        await self._fetch_jobs(self.request)
         self._publish()
         return list(self._snapshot.jobs)
 
