@@ -19,6 +19,7 @@ from remote_agent import protocol as P
 from .core import config as cfg
 from .core import doctor as D
 from .core import model as M
+from .core import safetext
 from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
 from .core.link import AgentError, LinkClosed
@@ -503,6 +504,7 @@ def main(argv: list[str] | None = None) -> None:
         if sys.stdin.isatty() and sys.stdout.isatty():
             sys.exit(_run_app(args))
         args = parser.parse_args([*argv, "status"])  # not a terminal: print the status instead
+    safetext.guard_terminal()  # host text printed to a terminal is data: no raw control characters
     try:
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:

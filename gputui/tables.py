@@ -1,11 +1,21 @@
-"""Plain-text tables the CLI prints (the ``--json`` forms come from the model's ``to_json``)."""
+"""Plain-text tables the CLI prints (the ``--json`` forms come from the model's ``to_json``).
+
+Host names, job names, errors and GPU names are data: every line goes out through :func:`print`, which shows
+their control characters (a newline too: it would fake a row) as visible escapes.
+"""
 
 from __future__ import annotations
 
+import builtins
 import time
 from typing import Any
 
 from .core import model as M
+from .core.safetext import clean
+
+
+def print(*parts: object) -> None:  # every table line, whatever function of this module prints it
+    builtins.print(*(clean(p) for p in parts))
 
 
 def fmt(value: Any, unit: str = "", digits: int = 0) -> str:
