@@ -58,10 +58,12 @@ def history_table(records: list[dict[str, Any]], now: float | None = None) -> Ta
     table = Table(box=None, padding=(0, 1, 0, 0), header_style="bold", expand=True)
     for header, widest, right in HISTORY_COLUMNS:
         if not widest:
-            table.add_column(header, min_width=METRICS_MIN, ratio=1)
-            continue
-        justify = "right" if right else "left"
-        table.add_column(header, no_wrap=True, min_width=len(header), max_width=widest, justify=justify)
+            table.add_column(header, min_width=METRICS_MIN, ratio=2, overflow="fold")
+        elif header == "name":  # shares what is left with the metrics, a third of it at most
+            table.add_column(header, no_wrap=True, min_width=8, max_width=widest, ratio=1)
+        else:
+            justify = "right" if right else "left"
+            table.add_column(header, no_wrap=True, min_width=len(header), max_width=widest, justify=justify)
     widths = [w or 1000 for _, w, _ in HISTORY_COLUMNS]
     for r in records:
         metrics = " ".join(f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3])
