@@ -362,3 +362,23 @@ def test_cli_jobs_on_a_terminal_shows_what_the_agent_lets_through_escaped(home: 
     text = got.decode()
     assert not _RAW.findall(text.replace("\r\n", "\n")), text
     assert clean(name) in text
+
+
+# --- a theme file is user text too -----------------------------------------------------------------------------
+async def test_a_theme_named_like_markup_is_refused_and_the_palette_still_opens(tmp_path: Path) -> None:
+    from test_ui_app import palette_pick, static_app
+
+    from gputui.ui.themes import BUILTIN_DIR
+
+    themes = tmp_path / "themes"
+    themes.mkdir()
+    (themes / "bad.toml").write_text('name = "a[/]b"\nprimary = "#ff0000"\n')
+    (themes / "fine.toml").write_text('primary = "#00ff00"\n')
+    app = static_app(tmp_path, theme_dirs=[BUILTIN_DIR, themes])
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        assert "a[/]b" not in app.available_themes and "fine" in app.available_themes
+        await until(pilot, lambda: [n for n in app._notifications if "a theme's name is" in n.message])
+        await pilot.press("t")  # the theme picker lists every theme by name
+        await palette_pick(pilot, "fine")
+        await until(pilot, lambda: app.theme == "fine", what="the good theme applied")
+        assert_safe(app)
