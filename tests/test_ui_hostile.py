@@ -94,6 +94,17 @@ def assert_safe(app: Any, *literal: str) -> str:
     return text
 
 
+async def shows(pilot: Pilot, *literal: str) -> None:
+    """Wait until the screen shows every one of ``literal``, then check it with :func:`assert_safe`."""
+
+    def shown() -> bool:
+        text = rendered(pilot.app)[0]
+        return all(w in text or w in text.replace("\n", "") for w in literal)
+
+    await until(pilot, shown, what=f"{literal} on screen")
+    assert_safe(pilot.app, *literal)
+
+
 def hostile_log(s: str) -> bytes:
     raw = s.encode("utf-8", "surrogateescape")
     return b"".join(
@@ -176,14 +187,13 @@ async def test_hostile_text_in_every_field_of_every_screen(tmp_path: Path, s: st
         source = factory.holder["source"]  # type: ignore[attr-defined]
         await until(pilot, lambda: app.hosts["flaky"].state == M.RECONNECTING, what="snapshots applied")
         await until(pilot, lambda: app.stream is not None and len(app.stream.buffer) >= 5, what="log")
-        await pilot.pause(0.3)
-        assert_safe(app, want, "start", "green", "loss=0.5")  # fleet, host info, GPU cards, jobs, log
+        await shows(pilot, want, "start", "green", "loss=0.5")  # fleet, host info, GPU cards, jobs, log
 
-        for key in ("down", "down", "up", "up"):  # the other hosts: error line, reconnect detail, GPU error
+        # the other hosts: error line, reconnect detail, GPU error
+        for key, host, marker in (("down", "down", "error: "), ("down", "flaky", "reconnecting ("), ("up", "down", "error: "), ("up", s, "cpu 37%")):  # fmt: skip
             await pilot.press(key)
-            await pilot.pause(0.2)
-            assert_safe(app, want)
-        await until(pilot, lambda: app.selected_host == s, what="back on the hostile host")
+            await until(pilot, lambda host=host: app.selected_host == host, what=f"host {host!r}")
+            await shows(pilot, want, marker)
 
         await pilot.press("k")  # kill: the dialog names the job
         await wait_screen(pilot, ConfirmScreen, "kill confirm")
@@ -239,8 +249,7 @@ async def test_hostile_text_in_every_field_of_every_screen(tmp_path: Path, s: st
         over = tuple(replace(j, state=M.JOB_FAILED, exit_code=3) if j.id == "7" else j for j in main.jobs)
         source.publish(replace(main, jobs=over, updated_at=T0 + 1))
         await until(pilot, lambda: any("failed (exit 3)" in n.message for n in app._notifications))
-        await pilot.pause(0.3)
-        assert_safe(app, want[:8], "(exit 3)")
+        await shows(pilot, want[:8], "(exit 3)")
         messages = "\n".join(n.message for n in app._notifications)
         assert clean(s)[:40] in messages.replace("\n", "\\n")
         assert app.is_running and app.return_code is None  # nothing clicked or crashed its way out
@@ -257,8 +266,7 @@ async def test_job_named_like_markup_ends_and_shows_in_history(local: cfg.Config
         for name in ("sync [/data]", "a[b]c", "[@click=app.quit]x"):
             job = await start_from_dialog(pilot, py("print('[/]')"), name=name)
             await until(pilot, lambda j=job, name=name: any(f"job {j.id} ({name}) on local succeeded" == n.message for n in app._notifications), what=f"end of {name}")  # fmt: skip
-            await pilot.pause(0.3)
-            assert_safe(app, f"({name})")
+            await shows(pilot, f"({name})")
         unnamed = await start_from_dialog(pilot, py(code))
         shown = f"{sys.executable} -c '{code}'"
         await until(pilot, lambda: any(f"job {unnamed.id} ({shown}) on local succeeded" == n.message for n in app._notifications), what=f"unnamed end {[n.message for n in app._notifications]}")  # fmt: skip
