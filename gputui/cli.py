@@ -20,7 +20,7 @@ from remote_agent import protocol as P
 
 from .core import config as cfg
 from .core import doctor as D
-from .core import jsonout
+from .core import jsonout, safetext
 from .core import model as M
 from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
@@ -627,6 +627,7 @@ def _main(argv: list[str] | None = None) -> None:
         if sys.stdin.isatty() and sys.stdout.isatty():
             sys.exit(_run_app(args))
         args = parser.parse_args([*argv, "status"])  # not a terminal: print the status instead
+    safetext.guard_terminal()  # host text printed to a terminal is data: no raw control characters
     try:
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:

@@ -1,7 +1,12 @@
-"""Plain-text tables the CLI prints (the ``--json`` forms come from the model's ``to_json``)."""
+"""Plain-text tables the CLI prints (the ``--json`` forms come from the model's ``to_json``).
+
+Host names, job names, errors and GPU names are data: every line goes out through :func:`print`, which shows
+their control characters (a newline too: it would fake a row) as visible escapes.
+"""
 
 from __future__ import annotations
 
+import builtins
 import math
 import shutil
 import time
@@ -10,6 +15,11 @@ from typing import Any
 from .core import model as M
 from .core.headline import headline, ranked
 from .core.insights import JobInsights
+from .core.safetext import clean
+
+
+def print(*parts: object) -> None:  # every table line, whatever function of this module prints it
+    builtins.print(*(clean(p) for p in parts))
 
 
 def fmt(value: Any, unit: str = "", digits: int = 0) -> str:
@@ -51,7 +61,7 @@ def _table(header: list[str], rows: list[list[Any]], right: str, caps: dict[int,
     list of items and gets what the terminal width leaves (at least 16), filled with whole items.
     """
     caps = caps or {}
-    cells = [[_fit([str(c)], caps.get(i, 1 << 30)) for i, c in enumerate(r[:-1])] for r in rows]
+    cells = [[_fit([clean(str(c))], caps.get(i, 1 << 30)) for i, c in enumerate(r[:-1])] for r in rows]
     widths = [max(len(x) for x in col) for col in zip(header[:-1], *cells, strict=False)]
     room = max(16, _columns() - sum(widths) - len(widths) - 1)
 

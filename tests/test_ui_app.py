@@ -414,15 +414,16 @@ async def test_release_asks_first_then_calls_the_hook(tmp_path: Path) -> None:
         await until(pilot, lambda: released == ["h100-a"], what="hook called")
 
 
-async def test_release_without_a_hook_says_it_is_not_configured(tmp_path: Path) -> None:
+async def test_release_without_a_release_command_says_so_before_asking(tmp_path: Path) -> None:
     app = static_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
-        await pilot.press("r", "y")
+        await pilot.press("r")
         await until(
             pilot,
             lambda: any("release is not configured for h100-a" in n.message for n in app._notifications),
         )
+        assert not isinstance(app.screen, ConfirmScreen)  # nothing to confirm: no "will be lost" dialog
 
 
 async def test_theme_switch_from_the_picker_is_remembered(tmp_path: Path) -> None:

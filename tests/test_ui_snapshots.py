@@ -206,11 +206,20 @@ def test_kill_confirm(snap_compare: Any, tmp_path: Path) -> None:
 
 
 def test_release_confirm(snap_compare: Any, tmp_path: Path) -> None:
+    from gputui.core.config import Config, HostConfig
+
     async def run(pilot: Pilot) -> None:
         await log_ready(pilot)
         await pilot.press("r")
 
-    assert snap_compare(make_app(tmp_path), terminal_size=SIZE, run_before=run)
+    release = ("vastai", "destroy", "instance", "12345", "--reason", "done for today")
+    config = Config(path=None, hosts={"h100-a": HostConfig(name="h100-a", release=release)})
+
+    async def hook(host: str) -> None:
+        pass
+
+    app = make_app(tmp_path, config=config, release_host=hook)
+    assert snap_compare(app, terminal_size=SIZE, run_before=run)
 
 
 def test_help(snap_compare: Any, tmp_path: Path) -> None:

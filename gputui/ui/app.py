@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -24,14 +25,14 @@ from textual.widgets import DataTable, Footer
 
 from gputui.core import config as cfg
 from gputui.core import model as M
-from gputui.core import records
+from gputui.core import records, safetext
 from gputui.core.cost import budget_alerts, idle_release_candidates
 from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, hint_for_exit, hints_from_metrics
 from gputui.core.release import ReleaseError, release_host
 from remote_agent import protocol as P
 
-from . import notices
+from . import fmt, notices
 from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
 from .logstream import LogStream
@@ -51,6 +52,8 @@ FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (stat
 JOB_SELECT_DELAY_S = 0.15  # a job's log opens once the cursor rests on it this long
 KILL_GRACE_S = 10.0
 NOTIFY_S = 8.0
+NOTIFY_CHARS = 600  # a notification shows at most this much of a message (a host may send megabytes)
+NAME_CHARS = 120  # a job's name or command in a dialog
 
 ReleaseHook = Callable[[str], Awaitable[None]]
 
@@ -97,7 +100,7 @@ DIALOG_KEYS: list[tuple[str, str]] = [
 ]
 
 
-async def release_not_configured(app: GpuTuiApp, host: str) -> None:
+def release_not_configured(app: GpuTuiApp, host: str) -> None:
     app.notify(
         f"release is not configured for {host}: set release or release_remote in its [hosts.{host}] table",
         severity="warning",
@@ -105,12 +108,19 @@ async def release_not_configured(app: GpuTuiApp, host: str) -> None:
     )
 
 
+def release_configured(app: GpuTuiApp, host: str) -> bool:
+    """The host has a release command (here or on the host) and the fleet keeps a ledger to record it."""
+    conf = app.config.hosts.get(host)
+    ledger = getattr(app.source, "ledger", None)
+    return conf is not None and ledger is not None and bool(conf.release or conf.release_remote)
+
+
 async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
     """Run the host's configured release (the confirm dialog already asked; running jobs were named there)."""
     conf = app.config.hosts.get(host)
     ledger = getattr(app.source, "ledger", None)
-    if conf is None or ledger is None or not (conf.release or conf.release_remote):
-        await release_not_configured(app, host)
+    if conf is None or ledger is None or not release_configured(app, host):
+        release_not_configured(app, host)
         return
     app.notify(f"releasing {host}…", timeout=NOTIFY_S)
     try:
@@ -118,7 +128,7 @@ async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
     except ReleaseError as exc:
         app.notify(str(exc), title="not released", severity="error", timeout=2 * NOTIFY_S)
         return
-    steps = "; ".join(f"{' '.join(s.argv)} -> exit {s.exit_code}" for s in result.steps)
+    steps = "; ".join(f"{shlex.join(s.argv)} -> exit {s.exit_code}" for s in result.steps)
     app.notify(f"{host} released ({steps})", timeout=2 * NOTIFY_S)
 
 
@@ -147,6 +157,7 @@ class GpuTuiApp(App[None]):
         self.clock = clock
         self.attach_runner = attach_runner
         self.release_host: ReleaseHook = release_host or (lambda host: release_with_fleet(self, host))
+        self._release_hooked = release_host is not None  # a given hook decides for itself what release means
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
         self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
@@ -170,6 +181,25 @@ class GpuTuiApp(App[None]):
         self._state_path = state_path or T.state_path()
         self._ui_state = T.UiState.load(self._state_path)
         self._theme_errors = self._load_themes(theme_dirs)
+
+    def notify(  # type: ignore[override]
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: Any = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification is plain text: host names, job names and errors are data, never markup, and
+        their control characters are shown escaped (``markup`` is accepted and ignored)."""
+        super().notify(
+            safetext.clean(message, multiline=True, limit=NOTIFY_CHARS),
+            title=safetext.clean(title, limit=NAME_CHARS),
+            severity=severity,
+            timeout=timeout,
+            markup=False,
+        )
 
     # --- themes -----------------------------------------------------------------------------------------------
     def _load_themes(self, dirs: Iterable[Path] | None) -> list[str]:
@@ -502,23 +532,12 @@ class GpuTuiApp(App[None]):
         return self._driver is not None and self._driver.can_suspend
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        job = self.current_job()
-        running = job is not None and job.running
+        # Keys that cannot act now still run, so that the action can say why (a silent key looks broken).
         if action == "attach":
-            return (True if running else None) if self._can_suspend() else False
-        if action == "kill_job":
-            return True if running else None
-        if action == "release":
-            return True if self.selected_host else None
-        if action in ("snooze_autostop", "cancel_autostop"):
+            return self._can_suspend()
+        if action in ("snooze_autostop", "cancel_autostop"):  # offered only while an autostop is armed
             snap = self.hosts.get(self.selected_host or "")
             return snap is not None and snap.cost is not None and snap.cost.autostop_in_s is not None
-        if action == "doctor":
-            return True if self.selected_host else None
-        if action == "new_job":
-            return True if self.host_order else None
-        if action == "search":
-            return True if self.stream is not None else None
         return True
 
     def action_focus_pane(self, pane_id: str) -> None:
@@ -553,8 +572,15 @@ class GpuTuiApp(App[None]):
             return
         self.query_one(LogPane).open_search()
 
+    def _no_host(self) -> bool:
+        """True (after saying so) when there is no host to act on."""
+        if self.selected_host is None:
+            self.notify("no hosts: add a [hosts.NAME] table to the config", timeout=NOTIFY_S)
+            return True
+        return False
+
     def action_new_job(self) -> None:
-        if not self.host_order:
+        if self._no_host():
             return
         local = frozenset(n for n, h in self.config.hosts.items() if h.transport == "local")
         screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
@@ -573,17 +599,25 @@ class GpuTuiApp(App[None]):
             self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
             return
         self._started.add((spec.host, job.id))
-        self.notify(f"started job {job.id} ({job.name}) on {spec.host}", timeout=NOTIFY_S)
+        self.notify(
+            f"started job {job.id} ({fmt.job_name(job.name, job.command)}) on {spec.host}", timeout=NOTIFY_S
+        )
         self.select_job(spec.host, job.id)
 
     def action_kill_job(self) -> None:
         job = self.current_job()
-        if job is None or not job.running:
-            self.notify("no running job selected", timeout=NOTIFY_S)
+        if job is None:
+            self.notify("no job selected: pick a running job in the jobs table", timeout=NOTIFY_S)
+            return
+        if not job.running:
+            self.notify(f"job {job.id} is not running ({job.state}): nothing to kill", timeout=NOTIFY_S)
             return
         g = self.kill_grace_s
+        name, host = (
+            safetext.clean(t, limit=NAME_CHARS) for t in (fmt.job_name(job.name, job.command), job.host)
+        )
         body = (
-            f"Kill job {job.id} ({job.name}) on {job.host}?\n\n"
+            f"Kill job {safetext.clean(job.id, limit=NAME_CHARS)} ({name}) on {host}?\n\n"
             f"SIGINT goes to the job's process group now; if it is still running after {g:g} s it gets "
             f"SIGTERM, and {g:g} s after that SIGKILL. Its log and exit status stay on the host."
         )
@@ -605,18 +639,21 @@ class GpuTuiApp(App[None]):
 
     def action_release(self) -> None:
         host = self.selected_host
-        if host is None:
+        if self._no_host() or host is None:
+            return
+        if not self._release_hooked and not release_configured(self, host):
+            release_not_configured(self, host)  # before asking: there would be nothing to confirm
             return
         snap = self.hosts.get(host)
         running = sum(1 for j in snap.jobs if j.running) if snap else 0
-        body = f"Release {host}?\n\nThe machine goes back to its provider and billing stops."
+        body = f"Release {safetext.clean(host, limit=NAME_CHARS)}?\n\nThe machine goes back to its provider and billing stops."
+        if running:
+            body += f" {running} running job{'s' if running != 1 else ''} and everything on its disk will be lost."
         conf = self.config.hosts.get(host)
         if conf is not None:
             for where, argv in (("on the host", conf.release_remote), ("here", conf.release)):
                 if argv:
-                    body += f"\nRuns {where}: {' '.join(argv)}"
-        if running:
-            body += f" {running} running job{'s' if running != 1 else ''} and everything on its disk will be lost."
+                    body += f"\nRuns {where}: {safetext.clean(shlex.join(argv), limit=NAME_CHARS)}"
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -653,7 +690,7 @@ class GpuTuiApp(App[None]):
 
     def action_doctor(self) -> None:
         host = self.selected_host
-        if host is None:
+        if self._no_host() or host is None:
             return
 
         async def load() -> Any:
@@ -687,7 +724,7 @@ class GpuTuiApp(App[None]):
         job = self.current_job()
         snap = self.hosts.get(job.host) if job else None
         if job is None or snap is None:
-            self.notify("select a running job to attach to", timeout=NOTIFY_S)
+            self.notify("no job selected: pick a running job in the jobs table", timeout=NOTIFY_S)
             return
         try:
             argv = attach_argv(self.source.session(job.host).transport.terminal_prefix(), snap, job)
@@ -696,7 +733,7 @@ class GpuTuiApp(App[None]):
             return
         if not self._can_suspend():
             self.notify(
-                "this terminal cannot hand itself over; attach with: " + " ".join(argv), timeout=NOTIFY_S
+                "this terminal cannot hand itself over; attach with: " + shlex.join(argv), timeout=NOTIFY_S
             )
             return
         with self.suspend(), self.batch_update():  # the loop keeps links alive; nothing is painted meanwhile

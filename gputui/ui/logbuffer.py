@@ -2,7 +2,7 @@
 
 Bytes arrive in any chunking. ``\\n`` ends a line, a lone ``\\r`` returns to the line start, so a tqdm
 bar redrawn a thousand times is one line showing its latest state (ptys end lines with ``\\r\\n``).
-ANSI escapes and other control characters are dropped, tabs expanded, and every line is capped before
+ANSI escapes and other control characters (C0, C1, bidi overrides) are dropped, tabs expanded, and every line is capped before
 anything else (search, rendering) looks at it. The unfinished last line is kept apart as ``partial``.
 """
 
@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from gputui.core import safetext
+
 MARK = "\x00"  # first char of a marker line (gap, reconnect, end); job output never contains it
 MAX_LINES = 5000
 MAX_LINE_CHARS = 2000
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-_CONTROL = {c: None for c in (*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F)}
+_CONTROL = {c: None for c in safetext.DROP if c not in (0x09, 0x0A, 0x0D)}  # tabs and line ends: handled
 
 
 def _last_segment(line: str) -> str:
@@ -82,7 +84,7 @@ class LogBuffer:
             self._add([self.partial], 0)
             self._tail.clear()
             self.partial = ""
-        self._add([MARK + text], 0)
+        self._add([MARK + safetext.clean(text, limit=self.max_line_chars)], 0)
 
     # --- internals --------------------------------------------------------------------------------------------
     def _extend_tail(self, chunk: bytes) -> None:

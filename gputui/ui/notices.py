@@ -9,6 +9,12 @@ from gputui.core import model as M
 from . import fmt
 
 DEADLINE_WARN_S = 3600.0  # a release deadline is announced this long before
+NAME_CHARS = 160  # a host's or job's name in a notice; the app shows the notice as plain text
+ERROR_CHARS = 300
+
+
+def _name(text: str) -> str:
+    return fmt.clip(text, NAME_CHARS)
 
 
 @dataclass(frozen=True)
@@ -18,7 +24,7 @@ class Notice:
 
 
 def job_end_notice(host: str, job: M.Job) -> Notice:
-    label = f"job {job.id} ({job.name}) on {host}"
+    label = f"job {_name(job.id)} ({_name(fmt.job_name(job.name, job.command))}) on {_name(host)}"
     if job.state == M.JOB_SUCCEEDED:
         return Notice(f"{label} succeeded")
     if job.state == M.JOB_FAILED:
@@ -37,13 +43,14 @@ def diff(
         return []
     out: list[Notice] = []
     was, now = old.state, new.state
+    name, error = _name(new.name), fmt.clip(new.error or "", ERROR_CHARS)
     if was != now:
         if now == M.CONNECTED and was in (M.RECONNECTING, M.ERROR):
-            out.append(Notice(f"{new.name} is back"))
+            out.append(Notice(f"{name} is back"))
         elif now == M.RECONNECTING and was == M.CONNECTED:
-            out.append(Notice(f"{new.name} dropped: {new.error or 'link lost'}; reconnecting", "warning"))
+            out.append(Notice(f"{name} dropped: {error or 'link lost'}; reconnecting", "warning"))
         elif now == M.ERROR:
-            out.append(Notice(f"{new.name}: {new.error or 'error'}", "error"))
+            out.append(Notice(f"{name}: {error or 'error'}", "error"))
     before = {j.id: j for j in old.jobs}
     for job in new.jobs:
         prev = before.get(job.id)
@@ -55,9 +62,9 @@ def diff(
     near = nc is not None and nc.deadline_in_s is not None and nc.deadline_in_s <= DEADLINE_WARN_S
     if near and (oc is None or oc.deadline_in_s is None or oc.deadline_in_s > DEADLINE_WARN_S):
         left = fmt.duration(nc.deadline_in_s)
-        out.append(Notice(f"{new.name} will be released in {left} (its deadline); save your work", "warning"))
+        out.append(Notice(f"{name} will be released in {left} (its deadline); save your work", "warning"))
     paid = nc is not None and nc.price_per_hour is not None
     if paid and nc.idle and not (oc is not None and oc.idle) and now == M.CONNECTED:
         burn = fmt.money(nc.price_per_hour, nc.currency, per_hour=True)
-        out.append(Notice(f"{new.name} is idle ({burn}); release it if you are done", "warning"))
+        out.append(Notice(f"{name} is idle ({burn}); release it if you are done", "warning"))
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -22,6 +23,7 @@ else:  # pragma: no cover
 DEFAULT_THEME = "gputui-dark"
 BUILTIN_DIR = Path(__file__).with_name("themes")
 _THEME_KEYS = {f.name for f in fields(Theme)}
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # shown in the palette and used in CSS class names: never markup
 
 # Colours the widgets read from the theme (with the theme's own colours as fallbacks).
 LEVEL_OK, LEVEL_WARM, LEVEL_HOT = "gputui-level-ok", "gputui-level-warm", "gputui-level-hot"
@@ -56,6 +58,8 @@ def load_theme(path: Path) -> Theme:
     if "primary" not in data:
         raise ValueError(f"{path}: a theme needs at least 'primary'")
     data.setdefault("name", path.stem)
+    if not isinstance(data["name"], str) or not _NAME.fullmatch(data["name"]):
+        raise ValueError(f"{path}: a theme's name is letters, digits, '-' and '_' (got {data['name']!r})")
     data["variables"] = {str(k): str(v) for k, v in (data.get("variables") or {}).items()}
     try:
         return Theme(**data)

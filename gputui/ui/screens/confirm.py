@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from gputui.core import safetext
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -21,8 +24,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.title_text, classes="dialog-title")
-            yield Static(self.body, classes="dialog-body")
+            yield Static(Text(safetext.clean(self.title_text)), classes="dialog-title")
+            yield Static(Text(safetext.clean(self.body, multiline=True)), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Cancel (n)", id="cancel")
                 yield Button(f"{self.confirm} (y)", id="confirm", variant="error")

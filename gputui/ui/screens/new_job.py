@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -12,6 +13,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from gputui.core import model as M
+from gputui.core import safetext
+
+from .. import fmt
+from ..widgets.plain_input import PlainInput
 
 FREE_UTIL_PCT = 10.0
 FREE_MEM_FRACTION = 0.10
@@ -56,7 +61,7 @@ def parse_env(text: str) -> dict[str, str]:
     for item in shlex.split(text):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"env {item!r}: expected KEY=VALUE")
+            raise ValueError(f"env {fmt.clip(item, 60)!r}: expected KEY=VALUE")
         env[key] = value
     return env
 
@@ -84,21 +89,22 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         with Vertical(classes="dialog wide"):
             yield Static("New job", classes="dialog-title")
             yield Label("Host")
-            yield Select([(h, h) for h in self.hosts], value=self.host, allow_blank=False, id="host")
+            hosts = [(Text(safetext.clean(h)), h) for h in self.hosts]
+            yield Select(hosts, value=self.host, allow_blank=False, id="host")
             yield Label("Command (split like a shell, run without one)")
-            yield Input(placeholder="python train.py --epochs 10", id="command")
+            yield PlainInput(placeholder="python train.py --epochs 10", id="command")
             yield Label("Working directory")
-            yield Input(id="cwd")
+            yield PlainInput(id="cwd")
             with Horizontal(classes="row"):
                 with Vertical():
                     yield Label("GPUs (CUDA_VISIBLE_DEVICES)")
-                    yield Input(placeholder="all", id="gpus")
+                    yield PlainInput(placeholder="all", id="gpus")
                 with Vertical():
                     yield Label("Name")
-                    yield Input(placeholder="optional", id="name")
+                    yield PlainInput(placeholder="optional", id="name")
             yield Static("", id="gpu-hint", classes="hint")
             yield Label("Environment")
-            yield Input(placeholder="KEY=VALUE OTHER='with spaces'", id="env")
+            yield PlainInput(placeholder="KEY=VALUE OTHER='with spaces'", id="env")
             yield Static("", id="error", classes="error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Cancel (esc)", id="cancel")
@@ -115,7 +121,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         self.query_one("#cwd", Input).placeholder = "" if local else "~ (home on the host)"
         value, hint = gpu_hint(snap)
         self.query_one("#gpus", Input).value = value
-        self.query_one("#gpu-hint", Static).update(hint)
+        self.query_one("#gpu-hint", Static).update(Text(safetext.clean(hint)))
 
     def on_select_changed(self, event: Select.Changed) -> None:
         if isinstance(event.value, str) and event.value != self.host:
@@ -140,7 +146,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         try:
             spec = self.spec(at_enter)
         except ValueError as exc:
-            self.query_one("#error", Static).update(str(exc))
+            self.query_one("#error", Static).update(Text(safetext.clean(str(exc), multiline=True)))
             return
         self.dismiss(spec)
 

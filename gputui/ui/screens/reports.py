@@ -14,6 +14,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from gputui.core import safetext
 from gputui.core.doctor import FAIL, OK, SKIP, WARN, DoctorReport
 
 from .. import fmt
@@ -23,26 +24,47 @@ STATUS_STYLE = {OK: "green", WARN: "yellow", FAIL: "bold red", SKIP: "dim"}
 
 def doctor_table(report: DoctorReport) -> Table | Text:
     if report.error is not None:
-        return Text(f"{report.host}: not checked ({report.error})", style="bold red")
+        return Text(
+            safetext.clean(f"{report.host}: not checked ({report.error})", multiline=True), style="bold red"
+        )
     table = Table.grid(padding=(0, 2))
     table.add_column(min_width=4)
     table.add_column(style="bold")
     table.add_column()
     for ch in report.checks:
-        detail = Text(ch.detail)
+        detail = Text(safetext.clean(ch.detail, multiline=True))
         if ch.fix and ch.status != OK:
-            detail.append(f"\nfix: {ch.fix}", style="italic")
-        table.add_row(Text(ch.status.upper(), style=STATUS_STYLE.get(ch.status, "")), ch.title, detail)
+            detail.append(safetext.clean(f"\nfix: {ch.fix}", multiline=True), style="italic")
+        status = Text(safetext.clean(ch.status.upper()), style=STATUS_STYLE.get(ch.status, ""))
+        table.add_row(status, Text(safetext.clean(ch.title)), detail)
     return table
 
 
+# (header, widest cell, right-aligned); the metrics column gets the width that is left and wraps
+HISTORY_COLUMNS = (
+    ("host", 20, False), ("id", 8, True), ("state", 9, False), ("exit", 4, True), ("ended", 10, True),
+    ("time", 6, True), ("cost", 10, True), ("GPU mem", 7, True), ("util", 4, True),
+    ("metrics", 0, False), ("name", 36, False),
+)  # fmt: skip
+METRICS_MIN = 16
+
+
 def history_table(records: list[dict[str, Any]], now: float | None = None) -> Table | Text:
+    """Finished runs, newest first. Every cell is literal text cut to its column's width, so the headers
+    stay whole and the metrics keep their room whatever a run's name, host or id."""
     if not records:
         return Text("No finished runs yet.", style="dim")
     now = time.time() if now is None else now
-    table = Table(box=None, padding=(0, 1), header_style="bold")
-    for col in ("host", "id", "state", "exit", "ended", "time", "cost", "GPU mem", "util", "metrics", "name"):
-        table.add_column(col, no_wrap=col != "metrics")
+    table = Table(box=None, padding=(0, 1, 0, 0), header_style="bold", expand=True)
+    for header, widest, right in HISTORY_COLUMNS:
+        if not widest:
+            table.add_column(header, min_width=METRICS_MIN, ratio=2, overflow="fold")
+        elif header == "name":  # shares what is left with the metrics, a third of it at most
+            table.add_column(header, no_wrap=True, min_width=8, max_width=widest, ratio=1)
+        else:
+            justify = "right" if right else "left"
+            table.add_column(header, no_wrap=True, min_width=len(header), max_width=widest, justify=justify)
+    widths = [w or 1000 for _, w, _ in HISTORY_COLUMNS]
     for r in records:
         metrics = " ".join(f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3])
         cost = "-" if r["cost"] is None else fmt.money(r["cost"], r["currency"])
@@ -50,10 +72,14 @@ def history_table(records: list[dict[str, Any]], now: float | None = None) -> Ta
         util = "-" if r["gpu_mean_util"] is None else f"{r['gpu_mean_util']:.0f}%"
         ended = "-" if r["ended_at"] is None else fmt.duration(now - r["ended_at"]) + " ago"
         dur = "-" if r["duration_s"] is None else fmt.duration(r["duration_s"])
-        table.add_row(
+        name = fmt.job_name(r["name"], r.get("command") or ())
+        cells = (
             r["host"], r["id"], r["state"], "-" if r["exit_code"] is None else str(r["exit_code"]),
-            ended, dur, cost, mem, util, metrics, fmt.clip(r["name"], 40),
+            ended, dur, cost, mem, util, metrics, name,
         )  # fmt: skip
+        table.add_row(
+            *(Text(fmt.clip(safetext.clean(c, limit=w + 1), w)) for c, w in zip(cells, widths, strict=True))
+        )
     return table
 
 
@@ -68,7 +94,7 @@ class ReportScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(classes="dialog wide report"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(Text(safetext.clean(self.title_text)), classes="dialog-title")
             yield Static(Text("loading…", style="dim"), id="report-body")
             yield Static("Esc or q closes this.", classes="hint")
 
@@ -79,7 +105,7 @@ class ReportScreen(ModalScreen[None]):
         try:
             body = await self.load()
         except Exception as exc:  # shown, not raised: a report is information
-            body = Text(f"could not load: {exc}", style="bold red")
+            body = Text(safetext.clean(f"could not load: {exc}", multiline=True), style="bold red")
         self.query_one("#report-body", Static).update(body)
 
     def action_dismiss(self) -> None:  # type: ignore[override]

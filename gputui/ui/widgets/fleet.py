@@ -8,6 +8,7 @@ from statistics import fmean
 from rich.text import Text
 
 from gputui.core import model as M
+from gputui.core import safetext
 
 from .. import fmt
 from ..palette import Palette
@@ -21,11 +22,21 @@ def state_text(snap: M.HostSnapshot, pal: Palette) -> Text:
         return Text("● idle" if idle else "● up", style=pal.warm if idle else pal.ok)
     if s == M.RECONNECTING:
         detail = f" · {snap.detail}" if snap.detail else ""
-        return Text(f"◌ reconnecting{detail}", style=pal.warm, no_wrap=True, overflow="ellipsis")
+        return Text(
+            safetext.clean(f"◌ reconnecting{detail}", limit=500),
+            style=pal.warm,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
     if s == M.CONNECTING:
         return Text("◌ connecting", style=pal.muted)
     if s == M.ERROR:
-        return Text(f"✖ {snap.error or 'error'}", style=pal.hot, no_wrap=True, overflow="ellipsis")
+        return Text(
+            safetext.clean(f"✖ {snap.error or 'error'}", limit=500),
+            style=pal.hot,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
     return Text("○ closed", style=pal.muted)
 
 
@@ -51,9 +62,11 @@ def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
     stale = snap.state != M.CONNECTED
     dim = pal.muted if stale else None
     return (
-        Text(snap.name, style="bold"),
+        Text(safetext.clean(snap.name, limit=200), style="bold", no_wrap=True, overflow="ellipsis"),
         state_text(snap, pal),
-        Text(gpu_summary(snap), style=dim or ""),
+        Text(
+            safetext.clean(gpu_summary(snap), limit=200), style=dim or "", no_wrap=True, overflow="ellipsis"
+        ),
         Text(fmt.pct(util), style=dim or pal.util(util), justify="right"),
         Text(fmt.mem_pair(used, total), style=dim or pal.mem(fmt.ratio(used, total)), justify="right"),
         Text("-" if hottest is None else f"{hottest:.0f}°C", style=dim or pal.temp(hottest), justify="right"),
@@ -66,6 +79,8 @@ def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
 
 class FleetTable(KeyedTable):
     """Hosts in config order; the cursor row is the selected host."""
+
+    RIGHT = frozenset({"util", "mem", "temp", "jobs", "price", "accrued", "idle"})
 
     COLUMNS = (
         ("host", "Host", 14),
@@ -85,12 +100,14 @@ class FleetTable(KeyedTable):
 
 
 def fleet_summary(snaps: Sequence[M.HostSnapshot], pal: Palette) -> Text:
-    """``3 hosts: 2 up · 1 idle · 1 down · burn $4.20/h · accrued $31.10``."""
+    """``4 hosts: 2 up · 1 idle · 1 down · 1 connecting   burn $4.20/h   accrued $31.10``; a host still
+    making its first connection is "connecting", not down."""
     if not snaps:
         return Text("No hosts. Add [hosts.NAME] tables to ~/.config/gputui/config.toml.", style=pal.muted)
     up = [s for s in snaps if s.state == M.CONNECTED]
     idle = [s for s in up if s.cost is not None and s.cost.idle]
-    down = len(snaps) - len(up)
+    connecting = sum(1 for s in snaps if s.state == M.CONNECTING)
+    down = len(snaps) - len(up) - connecting
     priced = [
         s.cost for s in up if s.cost is not None and s.cost.price_per_hour is not None and not s.cost.released
     ]
@@ -102,6 +119,8 @@ def fleet_summary(snaps: Sequence[M.HostSnapshot], pal: Palette) -> Text:
     out.append(f"{len(idle)} idle", style=pal.warm if idle else pal.muted)
     out.append(" · ")
     out.append(f"{down} down", style=pal.hot if down else pal.muted)
+    if connecting:
+        out.append(f" · {connecting} connecting", style=pal.muted)
     out.append("   burn ")
     out.append(
         fmt.money(sum(c.price_per_hour or 0.0 for c in priced), currency, per_hour=True) if priced else "-",

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.containers import Container, Vertical
 
 from gputui.core import model as M
+from gputui.core import safetext
 from gputui.core.insights import JobInsights
 
 from .. import fmt
@@ -20,15 +21,17 @@ CARD_WIDTH = 40  # outer width of a GPU card, border included
 BAR_WIDTH = 10
 SPARK_WIDTH = 15
 HISTORY_WINDOW = 300  # samples (seconds at 1 Hz) the sparklines summarise
+NAME_CHARS = 60  # a host's name, hostname, reconnect detail in the host lines (a host may send megabytes)
+ERROR_CHARS = 300
 
 
 def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
     """Two or three lines: identity and host resources; connection trouble; money."""
     out = Text()
-    out.append(snap.name, style="bold")
+    out.append(safetext.clean(snap.name, limit=NAME_CHARS), style="bold")
     hostname = snap.facts.get("hostname")
     if hostname and hostname != snap.name:
-        out.append(f" ({hostname})", style=pal.muted)
+        out.append(f" ({safetext.clean(hostname, limit=NAME_CHARS)})", style=pal.muted)
     m = snap.metrics
     if m is not None:
         h = m.host
@@ -40,15 +43,18 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
             f"up {fmt.duration(h.uptime_s)}" if h.uptime_s is not None else None,
             f"gpu via {m.gpu_source}" if m.gpu_source else None,
         ]
-        out.append("   " + " · ".join(p for p in parts if p))
+        out.append(safetext.clean("   " + " · ".join(p for p in parts if p)))
     if snap.state == M.RECONNECTING:
         out.append("\n")
-        out.append(f"reconnecting ({snap.detail or 'waiting'})", style=f"bold {pal.warm}")
-        out.append(f": {snap.error}" if snap.error else "", style=pal.warm)
+        detail = safetext.clean(snap.detail or "waiting", limit=NAME_CHARS)
+        out.append(f"reconnecting ({detail})", style=f"bold {pal.warm}")
+        out.append(f": {safetext.clean(snap.error, limit=ERROR_CHARS)}" if snap.error else "", style=pal.warm)
         out.append(" — last known data shown", style=pal.muted)
     elif snap.state == M.ERROR:
         out.append("\n")
-        out.append(f"error: {snap.error or 'unknown'}", style=f"bold {pal.hot}")
+        out.append(
+            f"error: {safetext.clean(snap.error or 'unknown', limit=ERROR_CHARS)}", style=f"bold {pal.hot}"
+        )
     elif snap.state == M.CONNECTING:
         out.append("\n")
         out.append("connecting…", style=pal.muted)
@@ -66,7 +72,8 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
                 f"{' · ' if parts else ''}idle {fmt.duration(c.idle_seconds)}{money}", style=pal.warm
             )
         elif c.reasons:
-            parts.append(f"{' · ' if parts else ''}busy: {', '.join(c.reasons[:3])}", style=pal.muted)
+            busy = safetext.clean(", ".join(c.reasons[:3]), limit=2 * NAME_CHARS)
+            parts.append(f"{' · ' if parts else ''}busy: {busy}", style=pal.muted)
         if c.autostop_in_s is not None:
             parts.append(f" · autostop in {fmt.duration(c.autostop_in_s)}", style=pal.warm)
         if c.deadline_in_s is not None:
@@ -124,11 +131,14 @@ def gpu_card(g: M.GpuSample, series: tuple[list, list, list] | None, pal: Palett
 class GpuCard(TextBox):
     """One GPU; title and subtitle sit in its border."""
 
+    _title = ""
+
     def show_gpu(self, g: M.GpuSample, series: tuple[list, list, list] | None, pal: Palette) -> None:
-        title = f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}"
+        title = safetext.clean(f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}")
         subtitle = fmt.mem_pair(g.mem_used_mib, g.mem_total_mib)
-        if title != self.border_title:
-            self.border_title = title
+        if title != self._title:  # border titles are markup when given as str: a Text is taken literally
+            self._title = title
+            self.border_title = Text(title)
         if subtitle != self.border_subtitle:
             self.border_subtitle = subtitle
         self.show(gpu_card(g, series, pal))
@@ -167,7 +177,7 @@ class GpuGrid(Vertical):
                 note = "no metrics yet" if snap.state in (M.CONNECTING, M.CONNECTED) else "no data"
             else:
                 note = f"no GPUs: {m.gpu_error or 'none found'} (host metrics only)"
-        self._note.show(Text(note, style=pal.muted))
+        self._note.show(Text(safetext.clean(note, limit=500), style=pal.muted))
         set_display(self._note, bool(note))
         set_display(self._grid, bool(gpus))
         series = gpu_series(snap.history) if gpus and snap else {}
@@ -189,11 +199,13 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
         runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
     exit_style = pal.hot if job.exit_code not in (None, 0) else ""
     return (
-        Text(job.id, justify="right"),
-        Text(job.name, no_wrap=True, overflow="ellipsis"),
-        Text(job.state, style=state_style),
+        Text(safetext.clean(job.id, limit=50), justify="right"),
+        Text(
+            safetext.clean(fmt.job_name(job.name, job.command), limit=500), no_wrap=True, overflow="ellipsis"
+        ),
+        Text(safetext.clean(job.state), style=state_style),
         Text(fmt.duration(runtime), justify="right"),
-        Text(job.gpus or "all"),
+        Text(safetext.clean(job.gpus or "all")),
         Text(progress, justify="right"),
         Text(eta, justify="right"),
         Text("" if job.exit_code is None else str(job.exit_code), style=exit_style, justify="right"),
@@ -202,6 +214,8 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
 
 class JobsTable(KeyedTable):
     """Jobs of the selected host, newest first; the cursor row is the selected job."""
+
+    RIGHT = frozenset({"id", "runtime", "progress", "eta", "exit"})
 
     COLUMNS = (
         ("id", "ID", 4),
@@ -228,6 +242,8 @@ class JobsTable(KeyedTable):
 class ProcsTable(KeyedTable):
     """Processes on the selected host's GPUs, with the gputui job that owns each."""
 
+    RIGHT = frozenset({"gpu", "pid", "mem"})
+
     COLUMNS = (
         ("gpu", "GPU", 3),
         ("pid", "PID", 7),
@@ -241,7 +257,7 @@ class ProcsTable(KeyedTable):
         names = {j.id: j.name for j in snap.jobs} if snap else {}
         for g in snap.gpus if snap else ():
             for p in g.processes:
-                job = f"{p.job} {names.get(p.job, '')}".strip() if p.job else ""
+                job = safetext.clean(f"{p.job} {names.get(p.job, '')}".strip(), limit=200) if p.job else ""
                 rows.append(
                     (
                         f"{g.index}:{p.pid}",
@@ -252,7 +268,7 @@ class ProcsTable(KeyedTable):
                             Text(
                                 fmt.gib(p.mem_mib) + " GiB" if p.mem_mib is not None else "-", justify="right"
                             ),
-                            Text(p.name or "-", no_wrap=True, overflow="ellipsis"),
+                            Text(safetext.clean(p.name or "-", limit=200), no_wrap=True, overflow="ellipsis"),
                         ),
                     )
                 )

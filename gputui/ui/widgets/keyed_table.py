@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable
 
 Row = tuple[str, tuple[Any, ...]]
@@ -12,9 +14,15 @@ Row = tuple[str, tuple[Any, ...]]
 
 class KeyedTable(DataTable):
     """``COLUMNS``: (key, label, width). ``sync(rows)`` updates changed cells in place; a changed set or
-    order of keys rebuilds the rows and keeps the cursor on the same key."""
+    order of keys rebuilds the rows and keeps the cursor on the same key. Columns named in ``RIGHT`` have
+    right-aligned headers (over their right-aligned values). Home/End go to the first/last row."""
 
     COLUMNS: ClassVar[Sequence[tuple[str, str, int]]] = ()
+    RIGHT: ClassVar[frozenset[str]] = frozenset()
+    BINDINGS = [
+        Binding("home", "scroll_top", "First row", show=False),
+        Binding("end", "scroll_bottom", "Last row", show=False),
+    ]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
@@ -23,7 +31,9 @@ class KeyedTable(DataTable):
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
-            self.add_column(label, width=width, key=key)
+            self.add_column(
+                Text(label, justify="right" if key in self.RIGHT else "left"), width=width, key=key
+            )
 
     @property
     def cursor_key(self) -> str | None:

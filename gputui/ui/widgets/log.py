@@ -15,11 +15,13 @@ from textual.strip import Strip
 from textual.widgets import Input
 
 from gputui.core import model as M
+from gputui.core import safetext
 from gputui.core.insights import Hint, JobInsights
 
 from .. import fmt
 from ..logbuffer import MARK, LogBuffer
 from ..palette import Palette
+from .plain_input import PlainInput
 from .textbox import TextBox, set_display
 
 LOG_KEYS = [
@@ -222,10 +224,10 @@ def insights_text(job: M.Job | None, ins: JobInsights | None, pal: Palette) -> T
     if ins.step is not None:
         parts.append(Text(f"step {ins.step}" + (f"/{ins.total_steps}" if ins.total_steps else "")))
     if ins.rate:
-        parts.append(Text(ins.rate))
+        parts.append(Text(safetext.clean(ins.rate, limit=40)))
     spark_done = False
     for name, m in list(ins.metrics.items())[:4]:
-        item = Text(f"{name} {m['last']:.4g}")
+        item = Text(safetext.clean(f"{name} {m['last']:.4g}", limit=80))
         if m["best"] != m["last"]:
             item.append(f" (best {m['best']:.4g})", style=pal.muted)
         if "loss" in name and ins.loss_history and not spark_done:
@@ -244,8 +246,8 @@ def hints_text(hints: list[Hint], pal: Palette) -> Text:
     for i, h in enumerate(hints[:2]):
         if i:
             out.append("\n")
-        out.append(f"⚠ {h.title}: ", style=f"bold {pal.warm}")
-        out.append(h.fix)
+        out.append(safetext.clean(f"⚠ {h.title}: ", limit=200), style=f"bold {pal.warm}")
+        out.append(safetext.clean(h.fix, limit=500))
     return out
 
 
@@ -257,7 +259,7 @@ class LogPane(Vertical):
         yield TextBox(id="log-insights")
         yield TextBox(id="log-hints")
         yield LogView(id="log-view")
-        yield Input(placeholder="search: Enter to find, Esc to close", id="log-search")
+        yield PlainInput(placeholder="search: Enter to find, Esc to close", id="log-search")
 
     @property
     def view(self) -> LogView:
@@ -273,10 +275,10 @@ class LogPane(Vertical):
         view = self.view
         title = Text(no_wrap=True, overflow="ellipsis")
         if job is None:
-            title.append(note or "No job selected. Press n to start one.", style=pal.muted)
+            title.append(safetext.clean(note or "No job selected. Press n to start one."), style=pal.muted)
         else:
-            title.append(f"job {job.id} ", style="bold")
-            title.append(f"{job.host} · {job.state}", style=pal.muted)
+            title.append(safetext.clean(f"job {job.id} ", limit=100), style="bold")
+            title.append(safetext.clean(f"{job.host} · {job.state}", limit=300), style=pal.muted)
             if job.exit_code is not None:
                 title.append(f" (exit {job.exit_code})", style=pal.hot if job.exit_code else pal.muted)
             title.append(" · ", style=pal.muted)
@@ -286,9 +288,9 @@ class LogPane(Vertical):
                 title.append("paused: f to follow", style=f"bold {pal.warm}")
             if view.term:
                 found = "" if view.match is not None else " (no match)"
-                title.append(f" · /{view.term}{found} n/N", style=pal.muted)
+                title.append(safetext.clean(f" · /{view.term}{found} n/N", limit=200), style=pal.muted)
             title.append("   ")
-            title.append(job.name, style="bold")
+            title.append(safetext.clean(fmt.job_name(job.name, job.command), limit=500), style="bold")
         self.query_one("#log-title", TextBox).show(title)
         info = insights_text(job, ins, pal)
         box = self.query_one("#log-insights", TextBox)

@@ -1,0 +1,125 @@
+"""The app in a new user's first hour: the history uses the width, headers sit over their values, keys that
+cannot act say why, a connecting host is not "down", commands show as typed. Recorded snapshots reach the
+app through its snapshot path (see ui_fixtures)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from test_ui_app import SIZE, static_app, until
+from ui_fixtures import ReplaySession, job, recorded_gpus, screen_text, snapshot
+
+from gputui.core import model as M
+from gputui.ui import fmt
+from gputui.ui.palette import Palette
+from gputui.ui.screens.reports import ReportScreen
+from gputui.ui.widgets.fleet import FleetTable, fleet_summary
+from gputui.ui.widgets.host import JobsTable
+
+LONG_NAME = "finetune-llama-7b-lora-r16-alpha32-lr3e-4-warmup500-cosine-run-7"
+
+
+class HistorySession(ReplaySession):
+    """A host with finished runs whose logs end with their metrics."""
+
+    def __init__(self, jobs: list[M.Job]) -> None:
+        super().__init__()
+        self.jobs = jobs
+
+    async def list_jobs(self) -> list[M.Job]:
+        return self.jobs
+
+    async def read_log(self, job_id: str, offset: int = 0, **_kw: Any) -> tuple[int, bytes, int]:
+        data = b"epoch 3/3 train_loss=0.1234 test_acc=0.9876\n"
+        return offset, data[offset:], len(data)
+
+
+async def test_history_view_uses_the_width_and_keeps_the_metrics(tmp_path: Path) -> None:
+    runs = [
+        job("h100-a", "3", LONG_NAME, M.JOB_SUCCEEDED, exit_code=0),
+        job("h100-a", "2", "baseline", M.JOB_FAILED, exit_code=1),
+    ]
+    snaps = [snapshot("h100-a", recorded_gpus("h100"), jobs=runs)]
+    app = static_app(tmp_path, snaps, session=HistorySession(runs))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["h100-a"].state == M.CONNECTED)
+        await pilot.press("h")
+        await until(pilot, lambda: isinstance(app.screen, ReportScreen), what="history")
+        await until(pilot, lambda: "baseline" in screen_text(app), what="history rows")
+        lines = screen_text(app).splitlines()
+        at = next(i for i, ln in enumerate(lines) if " metrics " in ln)
+        header = lines[at]
+        for col in ("host", "id", "state", "exit", "ended", "time", "cost", "GPU mem", "util", "name"):
+            assert f" {col} " in header + " ", (col, header)  # whole, not "ho…"
+        assert header.rindex("name") - header.index("host") > 100  # most of 160 columns, not half (88)
+        long_row = next(ln for ln in lines[at:] if LONG_NAME[:20] in ln)
+        assert "test_acc=0.9876" in long_row  # the metrics column survives a long run name
+
+
+async def test_numeric_headers_sit_over_their_values(tmp_path: Path) -> None:
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "°C" in screen_text(app), what="host rows")
+        lines = screen_text(app).splitlines()
+        for table, header_word, row_word, labels in (
+            (FleetTable, "State", "h100-a ", ("Util", "GPU mem", "Temp", "Jobs", "$/h", "Accrued", "Idle")),
+            (JobsTable, "Runtime", "train", ("ID", "Runtime")),
+        ):
+            at = next(i for i, ln in enumerate(lines) if header_word in ln and labels[0] in ln)
+            header = lines[at]
+            row = next(ln for ln in lines[at + 1 :] if row_word in ln)
+            for label in labels:
+                end = header.index(label) + len(label)
+                assert row[end - 1] != " " and row[end] == " ", (table.__name__, label, header, row)
+
+
+async def test_home_and_end_jump_to_the_first_and_last_job(tmp_path: Path) -> None:
+    jobs = [job("box", str(i), f"run {i}", M.JOB_SUCCEEDED, exit_code=0) for i in range(1, 7)]
+    app = static_app(tmp_path, [snapshot("box", recorded_gpus("h100"), jobs=jobs)])
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(JobsTable)
+        await until(pilot, lambda: table.row_count == 6, what="jobs")
+        await pilot.press("2")  # the jobs pane
+        assert table.has_focus and table.cursor_row == 0
+        await pilot.press("end")
+        await until(pilot, lambda: table.cursor_row == 5, what="last row")
+        await pilot.press("home")
+        await until(pilot, lambda: table.cursor_row == 0, what="first row")
+
+
+async def test_kill_with_no_running_job_says_why(tmp_path: Path) -> None:
+    ended = [job("box", "1", "done", M.JOB_SUCCEEDED, exit_code=0)]
+    snaps = [snapshot("box", recorded_gpus("h100"), jobs=ended), snapshot("empty", recorded_gpus("h100"))]
+    app = static_app(tmp_path, snaps)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.current_job() is not None, what="ended job selected")
+        await pilot.press("k")
+        await until(pilot, lambda: [n for n in app._notifications if "job 1 is not running" in n.message])
+        await pilot.press("down")  # the host without jobs
+        await until(pilot, lambda: app.selected_host == "empty")
+        await pilot.press("k")
+        await until(pilot, lambda: [n for n in app._notifications if "no job selected" in n.message])
+
+
+def test_a_host_still_connecting_is_not_counted_as_down() -> None:
+    snaps = [M.HostSnapshot(name="new"), replace(snapshot("up"), state=M.CONNECTED)]
+    assert M.HostSnapshot(name="new").state == M.CONNECTING
+    text = fleet_summary(snaps, Palette()).plain
+    assert "1 up" in text and "0 down" in text and "1 connecting" in text
+    err = snapshot("bad", state=M.ERROR, error="refused")
+    assert "1 down" in fleet_summary([*snaps, err], Palette()).plain
+
+
+async def test_commands_show_shell_quoted(tmp_path: Path) -> None:
+    argv = ("python3", "-c", "import time;[print(i) for i in range(3)]")
+    unnamed = replace(job("box", "1", " ".join(argv)), command=argv)  # the agent's default name
+    assert fmt.job_name(unnamed.name, argv) == "python3 -c 'import time;[print(i) for i in range(3)]'"
+    assert fmt.job_name("my run", argv) == "my run"  # a name the user gave stays as given
+    app = static_app(tmp_path, [snapshot("box", recorded_gpus("h100"), jobs=[unnamed])])
+    async with app.run_test(size=SIZE) as pilot:
+        await until(
+            pilot, lambda: "python3 -c 'import" in screen_text(app), what="quoted command in the jobs table"
+        )
+        await until(pilot, lambda: "python3 -c 'import time;[print(i) for i in range(3)]'" in screen_text(app), what="whole command in the log title")  # fmt: skip
