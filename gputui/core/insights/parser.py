@@ -1,176 +1,35 @@
-"""Progress, training metrics and hints parsed from a job's raw log bytes.
+"""The incremental log parser: progress, ETA, epochs, steps and metrics from raw log bytes.
 
-Pure and headless: no I/O, no UI imports. One :class:`LogInsights` per job is fed the raw bytes of
-the job's output as they arrive (any chunking; ``\\r`` counts as a line end so tqdm redraws are
-seen one by one) and :meth:`LogInsights.snapshot` returns a frozen :class:`JobInsights`.
+One :class:`LogInsights` per job is fed the raw bytes of the job's output as they arrive (any
+chunking; ``\\r`` counts as a line end so tqdm redraws are seen one by one) and
+:meth:`LogInsights.snapshot` returns a frozen :class:`JobInsights`.
 
 Every line is capped to :data:`MAX_LINE` bytes (its tail is kept) before any regex runs, each
 regex sits behind a cheap substring check, and all state is bounded (metric names, loss
 history, hints de-duplicated by code).
-
-:func:`hints_from_metrics` turns GPU telemetry into hints (low utilisation, throttling, other
-processes holding memory after an OOM) and :func:`hint_for_exit` explains an exit status.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any
+from collections.abc import Callable
 
-__all__ = [
-    "MAX_LINE",
-    "MAX_METRICS",
-    "LOSS_HISTORY",
-    "Hint",
-    "JobInsights",
-    "LogInsights",
-    "hint_for_exit",
-    "hints_from_metrics",
-]
+from .log_hints import add_line_hints
+from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind, words
+from .snapshot import Hint, JobInsights, cap_line
 
 MAX_LINE = 4096  # bytes of one line kept (the tail) before parsing
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
-MAX_HINT_LINE = 300  # chars of the triggering log line kept in a Hint
 MAX_BARS = 4  # progress bars (by total) remembered at once
 BURST_S = 0.2  # progress changes closer together than this (a log replay) do not start the ETA clock
-
-LOW_UTIL_PCT = 30.0
-LOW_UTIL_MIN_SAMPLES = 10
-HOT_TEMP_C = 85.0
-
-
-@dataclass(frozen=True)
-class Hint:
-    """A diagnosis with a short, specific fix; ``code`` is a stable id (e.g. ``"cuda_oom"``)."""
-
-    code: str
-    title: str
-    fix: str
-    line: str = ""
-
-    def to_json(self) -> dict[str, str]:
-        return {"code": self.code, "title": self.title, "fix": self.fix, "line": self.line}
-
-
-@dataclass(frozen=True)
-class JobInsights:
-    """What the log says so far. ``metrics``: name -> {"last", "best", "count"}."""
-
-    progress: float | None = None
-    eta_s: float | None = None
-    rate: str | None = None
-    epoch: int | None = None
-    total_epochs: int | None = None
-    step: int | None = None
-    total_steps: int | None = None
-    metrics: Mapping[str, Mapping[str, float | int]] = field(default_factory=dict)
-    loss_history: tuple[float, ...] = ()
-    hints: tuple[Hint, ...] = ()
-    last_line: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """A plain dict that ``json.dumps`` accepts (non-finite floats become None)."""
-        return {
-            "progress": _finite(self.progress),
-            "eta_s": _finite(self.eta_s),
-            "rate": self.rate,
-            "epoch": self.epoch,
-            "total_epochs": self.total_epochs,
-            "step": self.step,
-            "total_steps": self.total_steps,
-            "metrics": {
-                k: {"last": _finite(m["last"]), "best": _finite(m["best"]), "count": m["count"]}
-                for k, m in self.metrics.items()
-            },
-            "loss_history": [_finite(v) for v in self.loss_history],
-            "hints": [h.to_json() for h in self.hints],
-            "last_line": self.last_line,
-        }
 
 
 def _clamp(v: float) -> float:
     return min(max(v, 0.0), 1.0)
-
-
-def _finite(v: float | None) -> float | None:
-    return v if v is None or math.isfinite(v) else None
-
-
-def _cap(line: str) -> str:
-    return line if len(line) <= MAX_HINT_LINE else line[: MAX_HINT_LINE - 1] + "…"
-
-
-# --------------------------------------------------------------------------------------------
-# Metric names: which way is "best"
-# --------------------------------------------------------------------------------------------
-
-
-def _words(text: str) -> frozenset[str]:
-    return frozenset(text.split())
-
-
-_LOWER_BETTER = _words("loss err error mse mae rmse ppl perplexity wer cer nll time runtime seconds secs")
-_HIGHER_BETTER = _words(
-    "acc accuracy f1 auc auroc precision recall iou miou map bleu rouge rougel psnr ssim dice top score reward r2"
-)
-_NEUTRAL = _words("lr learning grad norm")
-_NOT_METRICS = _words("epoch epochs step global_step iter iteration batch v_num total_flos num_epochs")
-_CONFIG_TOKENS = _words("warmup steps epochs size num workers decay seed")
-_TOKEN_SPLIT = re.compile(r"[_./\-]+")
-
-
-@lru_cache(maxsize=2048)
-def _metric_kind(name: str) -> str | None:
-    """ "min", "max" or "last" (neutral) for a metric-like name, None for anything else."""
-    if name in _NOT_METRICS or len(name) > 48:
-        return None
-    raw = _TOKEN_SPLIT.split(name)
-    tokens = set(raw).union(t.rstrip("0123456789") for t in raw)  # "f1" and "top1" -> "top"
-    if not _CONFIG_TOKENS.isdisjoint(tokens):  # lr_warmup_steps, batch_size: settings, not metrics
-        return None
-    if any(t in _LOWER_BETTER for t in tokens):
-        return "min"
-    if any(t in _HIGHER_BETTER for t in tokens):
-        return "max"
-    if any(t in _NEUTRAL for t in tokens):
-        return "last"
-    return None
-
-
-_MAIN_LOSSES = frozenset(["loss", "train_loss", "training_loss", "total_loss", "train/loss"])
-_EVAL_TOKENS = frozenset(["val", "valid", "validation", "eval", "test", "dev"])
-
-
-def _is_train_loss(name: str) -> bool:
-    """A loss that is not a validation/test loss (those stay out of the sparkline)."""
-    return "loss" in name and _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))
-
-
-class _Metric:
-    __slots__ = ("last", "best", "count", "kind")
-
-    def __init__(self, kind: str, value: float) -> None:
-        self.kind, self.last, self.best, self.count = kind, value, value, 1
-
-    def add(self, value: float) -> None:
-        self.last = value
-        self.count += 1
-        if math.isnan(value):
-            return
-        if math.isnan(self.best) or self.kind == "last":
-            self.best = value
-        elif self.kind == "min":
-            self.best = min(self.best, value)
-        else:
-            self.best = max(self.best, value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,7 +37,7 @@ class _Metric:
 # --------------------------------------------------------------------------------------------
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)"
-# key=value, key: value, key value (the key is filtered by _metric_kind afterwards)
+# key=value, key: value, key value (the key is filtered by metric_kind afterwards)
 _KV = re.compile(
     r"(?<![\w./\-])(?P<k>[A-Za-z][\w./\-]{0,47})\s*(?:[=:]\s*|\s+)(?P<v>" + _NUM + r")(?:%|ms\b|s\b)?"
     r"(?![\w.:/\-])"
@@ -211,12 +70,10 @@ _TQDM_COUNT = re.compile(r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+
 _ASCII_BAR = re.compile(
     r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?\[[#=>.\-]{4,}[#=>.\- ]*\]\s*(?:(?P<pct>\d{1,3})%)?"
 )
-_SM = re.compile(r"\bsm_\d{2,3}\b")
-_OOM_ALLOC = re.compile(r"Tried to allocate ([\d.]+ [KMGT]i?B)")
 
 # tqdm bars that are not the training run (their description starts with one of these)
 _SKIP_BAR_DESCS = tuple(
-    sorted(_words("val eval test predict sanity map filter download load generating token extract resolving"))
+    sorted(words("val eval test predict sanity map filter download load generating token extract resolving"))
 ) + ("fetching", "saving", "upload", "running tokenizer")
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
 _SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
@@ -252,355 +109,6 @@ def _float(text: str) -> float | None:
         return float(text)
     except ValueError:
         return None
-
-
-# --------------------------------------------------------------------------------------------
-# Hints from log lines
-# --------------------------------------------------------------------------------------------
-
-_DL_SHM_FIX = (
-    "A DataLoader worker died from SIGBUS: shared memory (/dev/shm) is too small for the batches "
-    "workers hand over. Run the container with a bigger --shm-size (e.g. --shm-size=16g or --ipc=host), "
-    "or lower num_workers / batch size."
-)
-_DL_RAM_FIX = (
-    "A DataLoader worker died. If it was SIGKILL the host ran out of RAM: lower num_workers and "
-    "prefetch_factor, avoid copying the dataset into every worker; for bus errors raise /dev/shm "
-    "(docker --shm-size)."
-)
-
-
-def _oom_hint(line: str) -> Hint:
-    m = _OOM_ALLOC.search(line)
-    need = f" (it tried to allocate {m.group(1)} more)" if m else ""
-    return Hint(
-        "cuda_oom",
-        "CUDA out of memory",
-        f"The GPU ran out of memory{need}. Lower the batch size (keep the effective batch with "
-        "gradient accumulation), use AMP/bf16 autocast or gradient checkpointing, and set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation; "
-        "check that no other process holds memory on that GPU.",
-        _cap(line),
-    )
-
-
-def _kernel_image_hint(line: str) -> Hint:
-    m = _SM.search(line)
-    arch = f" ({m.group(0)})" if m else ""
-    return Hint(
-        "no_kernel_image",
-        "Torch build lacks kernels for this GPU",
-        f"The installed torch (or a CUDA extension) was not compiled for this GPU's architecture{arch}. "
-        "Install a torch wheel whose torch.cuda.get_arch_list() includes it (RTX 50xx/B200 need a cu128+ "
-        "build) and rebuild custom extensions with TORCH_CUDA_ARCH_LIST set to the GPU's capability.",
-        _cap(line),
-    )
-
-
-def _dataloader_hint(line: str) -> Hint:
-    low = line.lower()
-    shm = "bus error" in low or "shared memory" in low
-    return Hint(
-        "dataloader_worker",
-        "DataLoader worker killed" + (" (shared memory)" if shm else ""),
-        _DL_SHM_FIX if shm else _DL_RAM_FIX,
-        _cap(line),
-    )
-
-
-def _disk_hint(line: str) -> Hint:
-    shm = "/dev/shm" in line or "shm" in line.lower()
-    fix = (
-        "/dev/shm is full: give the container more shared memory (--shm-size=16g or --ipc=host) "
-        "or use fewer DataLoader workers."
-        if shm
-        else "The disk is full (checkpoints, the HF cache or /tmp are the usual suspects). Free space "
-        "(df -h; du -sh ~/.cache/huggingface), keep fewer checkpoints (save_total_limit) or point the "
-        "output dir, HF_HOME and TMPDIR at a larger volume."
-    )
-    return Hint("disk_full", "No space left on device", fix, _cap(line))
-
-
-def _fixed(code: str, title: str, fix: str) -> Callable[[str], Hint]:
-    def make(line: str) -> Hint:
-        return Hint(code, title, fix, _cap(line))
-
-    return make
-
-
-@dataclass(frozen=True)
-class _Rule:
-    code: str
-    keys: tuple[str, ...]  # the regex runs only when one of these substrings is in the line
-    pattern: re.Pattern[str] | None
-    make: Callable[[str], Hint]
-
-
-_RULES: tuple[_Rule, ...] = (
-    _Rule(
-        "cuda_oom",
-        ("CUDA", "OutOfMemory", "ALLOC_FAILED"),
-        re.compile(
-            r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED"
-        ),
-        _oom_hint,
-    ),
-    _Rule(
-        "no_kernel_image",
-        ("kernel image", "CUDA capability"),
-        re.compile(r"(?i)no kernel image is available|not compatible with the current PyTorch installation"),
-        _kernel_image_hint,
-    ),
-    _Rule(
-        "cuda_driver_too_old",
-        ("CUDA driver", "NVIDIA driver"),
-        re.compile(r"driver version is insufficient|driver on your system is too old"),
-        _fixed(
-            "cuda_driver_too_old",
-            "NVIDIA driver too old for this torch build",
-            "The torch wheel's CUDA runtime is newer than the host driver supports (see 'CUDA Version' in "
-            "nvidia-smi). Install a torch build for that CUDA version or older (e.g. the cu118/cu121 "
-            "index on download.pytorch.org), or update the NVIDIA driver.",
-        ),
-    ),
-    _Rule(
-        "cuda_unavailable",
-        ("NVIDIA driver", "CUDA initialization", "CUDA GPUs", "cudaGetDeviceCount"),
-        re.compile(
-            r"Found no NVIDIA driver|CUDA initialization|no CUDA GPUs are available|cudaGetDeviceCount"
-        ),
-        _fixed(
-            "cuda_unavailable",
-            "PyTorch cannot use the GPU",
-            "torch.cuda.is_available() is False here. Check nvidia-smi works on the host, that the container "
-            "was started with --gpus all (NVIDIA Container Toolkit) and that CUDA_VISIBLE_DEVICES is right; "
-            "errors 803/804 mean a driver/CUDA mismatch, 802 on NVSwitch hosts a stopped nvidia-fabricmanager.",
-        ),
-    ),
-    _Rule(
-        "nccl_error",
-        ("NCCL", "DistBackendError", "Watchdog"),
-        re.compile(
-            r"NCCL error|nccl[A-Z]\w*Error|DistBackendError|Watchdog caught collective operation timeout"
-            r"|NCCL communicator was aborted"
-        ),
-        _fixed(
-            "nccl_error",
-            "NCCL (multi-GPU communication) failed",
-            "Rerun with NCCL_DEBUG=INFO to see the failing transport. On multi-NIC hosts set "
-            "NCCL_SOCKET_IFNAME to the right interface; if GPUs cannot peer (some cloud VMs) try "
-            "NCCL_P2P_DISABLE=1, and NCCL_IB_DISABLE=1 without InfiniBand. Also check every rank is alive.",
-        ),
-    ),
-    _Rule(
-        "dataloader_worker",
-        ("DataLoader worker", "Bus error", "bus error", "shared memory"),
-        re.compile(r"DataLoader worker \(pid|[Bb]us error|insufficient shared memory|out of shared memory"),
-        _dataloader_hint,
-    ),
-    _Rule(
-        "disk_full",
-        ("No space left", "Disk quota", "Errno 28", "StorageFull"),
-        None,
-        _disk_hint,
-    ),
-    _Rule(
-        "host_oom",
-        (
-            "Killed",
-            "SIGKILL",
-            "Out of memory",
-            "oom-kill",
-            "exitcode",
-            "exit code",
-            "exit status",
-            "return code",
-        ),
-        re.compile(
-            r"(?:^|[\s\]\)|])Killed\s*$|exit(?:ed with)? (?:code|status)\s*:?\s*137\b|exitcode\s*:\s*-9\b"
-            r"|return code\s*=\s*-9\b|[Ss]ignal 9\b|Signals\.SIGKILL|Out of memory: Kill|oom-kill"
-        ),
-        _fixed(
-            "host_oom",
-            "Killed (host out of memory)",
-            "The process got SIGKILL, most likely from the Linux OOM killer: host RAM, not GPU memory, ran "
-            "out (check dmesg | grep -i oom). Lower DataLoader num_workers/prefetch_factor, stream the "
-            "dataset instead of loading it into RAM, or use a host with more memory.",
-        ),
-    ),
-)
-
-
-_RULE_KEYS: tuple[tuple[str, _Rule], ...] = tuple((key, rule) for rule in _RULES for key in rule.keys)
-# One search over all keys first: most keys start with a capital, so this skips clean lines fast.
-_HINT_GATE = re.compile("|".join(sorted({re.escape(key) for key, _ in _RULE_KEYS})))
-
-
-def hint_for_exit(exit_code: int | None) -> Hint | None:
-    """Explain a job's exit status (137/-9 SIGKILL, 139/-11 segfault, 134/-6 abort); else None."""
-    if exit_code in (137, -9):
-        return Hint(
-            "exit_sigkill",
-            "Killed (exit 137, SIGKILL)",
-            "Something sent SIGKILL, usually the Linux OOM killer because host RAM ran out (check "
-            "dmesg | grep -i oom). Lower DataLoader workers, batch or dataset caching, or use more RAM.",
-            f"exit code {exit_code}",
-        )
-    if exit_code in (139, -11):
-        return Hint(
-            "exit_segfault",
-            "Segmentation fault (exit 139)",
-            "A native extension crashed. Common causes: mismatched torch / CUDA extension builds "
-            "(reinstall them for the same torch), or a crash in a DataLoader worker (retry with "
-            "num_workers=0); run with PYTHONFAULTHANDLER=1 to get the Python stack.",
-            f"exit code {exit_code}",
-        )
-    if exit_code in (134, -6):
-        return Hint(
-            "exit_abort",
-            "Aborted (exit 134, SIGABRT)",
-            "A C++ assertion or uncaught exception aborted the process (often a CUDA/NCCL error or a "
-            "corrupted install). Read the lines just before the abort; rerun with CUDA_LAUNCH_BLOCKING=1.",
-            f"exit code {exit_code}",
-        )
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# Hints from GPU telemetry
-# --------------------------------------------------------------------------------------------
-
-_THERMAL_REASONS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
-_POWER_REASONS = ("sw_power_cap",)
-MAX_LISTED_PROCESSES = 5
-
-
-def _reasons(gpu: Any, known: tuple[str, ...]) -> list[str]:
-    """The known throttle reasons a GPU reports (NVML-style longer names match too)."""
-    got = [str(r).lower() for r in (_get(gpu, "throttle_reasons") or ())]
-    return [k for k in known if any(k in r for r in got)]
-
-
-def _get(gpu: Any, key: str) -> Any:
-    """Field of a GPU sample given as a wire dict or an object (with an ``extra`` dict)."""
-    if isinstance(gpu, Mapping):
-        return gpu.get(key)
-    value = getattr(gpu, key, None)
-    if value is None:
-        extra = getattr(gpu, "extra", None)
-        if isinstance(extra, Mapping):
-            value = extra.get(key)
-    return value
-
-
-def _proc(p: Any, key: str) -> Any:
-    return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
-
-
-def _gpu_label(gpu: Any) -> str:
-    name = _get(gpu, "name")
-    return f"GPU {_get(gpu, 'index') or 0}" + (f" ({name})" if name else "")
-
-
-def hints_from_metrics(
-    job_running: bool,
-    gpu_util_history: Sequence[float],
-    gpus: Sequence[Mapping[str, Any] | Any],
-    *,
-    job: str | None = None,
-    oom: bool = False,
-    min_samples: int = LOW_UTIL_MIN_SAMPLES,
-    low_util_pct: float = LOW_UTIL_PCT,
-) -> list[Hint]:
-    """Hints from GPU telemetry for one job.
-
-    ``gpu_util_history``: recent utilisation samples (percent) of the job's GPU(s), oldest first.
-    ``gpus``: the job's GPUs as agent wire dicts (``index``, ``name``, ``temp_c``,
-    ``throttle_reasons``, ``processes`` = [{"pid", "mem_mib", "job", "name"}]) or ``GpuSample``-like
-    objects. ``job``: this job's id, so its own processes are not blamed. ``oom``: the job hit CUDA
-    OOM (e.g. a ``cuda_oom`` log hint), which names the other processes holding memory.
-    """
-    hints: list[Hint] = []
-    util = [float(u) for u in gpu_util_history if u is not None]
-    if job_running and len(util) >= min_samples:
-        med = statistics.median(util)
-        if med < low_util_pct:
-            hints.append(
-                Hint(
-                    "low_gpu_util",
-                    "GPU mostly idle: input pipeline bound?",
-                    "Median GPU utilisation is low while the job runs, so the GPU waits for data. Raise "
-                    "DataLoader num_workers (about the CPU core count), set pin_memory=True and "
-                    "persistent_workers=True, and check whether the CPU is at 100%.",
-                    f"median GPU util {med:.0f}% over {len(util)} samples",
-                )
-            )
-    hints.extend(_throttle_hints(gpus))
-    if oom:
-        other = _other_processes(gpus, job)
-        if other:
-            hints.append(
-                Hint(
-                    "gpu_memory_others",
-                    "Other processes hold GPU memory",
-                    "These processes use memory on the job's GPU: "
-                    + "; ".join(other)
-                    + ". Stop them (or pick another GPU via CUDA_VISIBLE_DEVICES) before retrying.",
-                    _cap(", ".join(other)),
-                )
-            )
-    return hints
-
-
-def _throttle_hints(gpus: Iterable[Any]) -> list[Hint]:
-    thermal: list[str] = []
-    power: list[str] = []
-    for gpu in gpus:
-        hw = _reasons(gpu, _THERMAL_REASONS)
-        temp = _get(gpu, "temp_c")
-        hot = isinstance(temp, (int, float)) and temp >= HOT_TEMP_C
-        if hw or hot:
-            degrees = f", {temp:.0f}°C" if isinstance(temp, (int, float)) else ""
-            thermal.append(f"{_gpu_label(gpu)}: {','.join(hw) or 'temperature'}{degrees}")
-        if _reasons(gpu, _POWER_REASONS):
-            power.append(f"{_gpu_label(gpu)}: sw_power_cap")
-    hints = []
-    if thermal:
-        hints.append(
-            Hint(
-                "gpu_thermal_throttle",
-                "GPU throttled (heat / hardware slowdown)",
-                "The GPU slows its clocks because it is too hot (or hardware slowdown is asserted). This is "
-                "a host problem (cooling, fans, airflow): ask the provider or move to another machine.",
-                _cap("; ".join(thermal)),
-            )
-        )
-    if power:
-        hints.append(
-            Hint(
-                "gpu_power_cap",
-                "GPU clocks capped by power limit",
-                "The GPU runs at its power limit. Normal at full load, but compare power_limit_w with the "
-                "card's default (nvidia-smi -q -d POWER): a lowered limit on a rented host costs speed.",
-                _cap("; ".join(power)),
-            )
-        )
-    return hints
-
-
-def _other_processes(gpus: Iterable[Any], job: str | None) -> list[str]:
-    """The biggest processes not of ``job`` holding memory on these GPUs, as short descriptions."""
-    found: list[tuple[float, str]] = []
-    for gpu in gpus:
-        for p in _get(gpu, "processes") or ():
-            owner, mem = _proc(p, "job"), _proc(p, "mem_mib")
-            if (job is not None and owner == job) or not mem:
-                continue
-            tag = f" (job {owner})" if owner else ""
-            desc = f"pid {_proc(p, 'pid')} {_proc(p, 'name') or '?'}{tag} {float(mem):.0f} MiB on {_gpu_label(gpu)}"
-            found.append((float(mem), desc))
-    found.sort(key=lambda item: -item[0])
-    return [desc for _, desc in found[:MAX_LISTED_PROCESSES]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -676,7 +184,7 @@ class LogInsights:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._partial = bytearray()
-        self._metrics: dict[str, _Metric] = {}
+        self._metrics: dict[str, Metric] = {}
         self._loss_name: str | None = None
         self._loss_history: deque[float] = deque(maxlen=LOSS_HISTORY)
         self._hints: dict[str, Hint] = {}
@@ -744,19 +252,8 @@ class LogInsights:
         if not text:
             return
         self._last_line = text
-        self._scan_hints(text)
+        add_line_hints(text, self._hints)
         self._parse(text)
-
-    def _scan_hints(self, text: str) -> None:
-        if _HINT_GATE.search(text) is None:
-            return
-        for key, rule in _RULE_KEYS:
-            if (
-                key in text
-                and rule.code not in self._hints
-                and (rule.pattern is None or rule.pattern.search(text))
-            ):
-                self._hints[rule.code] = rule.make(text)
 
     # ---- parsing --------------------------------------------------------------------------
 
@@ -949,20 +446,20 @@ class LogInsights:
         return found
 
     def _add_metric(self, name: str, value: float) -> bool:
-        kind = _metric_kind(name)
+        kind = metric_kind(name)
         if kind is None:
             return False
         metric = self._metrics.get(name)
         if metric is not None:
             metric.add(value)
         elif len(self._metrics) < MAX_METRICS:
-            self._metrics[name] = _Metric(kind, value)
+            self._metrics[name] = Metric(kind, value)
         else:
             return False
-        if name != self._loss_name and _is_train_loss(name) and self._loss_name not in _MAIN_LOSSES:
-            if self._loss_name is not None and name in _MAIN_LOSSES:  # "loss" beats "loss_rpn_cls"
+        if name != self._loss_name and is_train_loss(name) and self._loss_name not in MAIN_LOSSES:
+            if self._loss_name is not None and name in MAIN_LOSSES:  # "loss" beats "loss_rpn_cls"
                 self._loss_history.clear()
-            if self._loss_name is None or name in _MAIN_LOSSES:
+            if self._loss_name is None or name in MAIN_LOSSES:
                 self._loss_name = name
         if name == self._loss_name:
             self._loss_history.append(value)
@@ -972,7 +469,7 @@ class LogInsights:
                     "Loss is NaN/inf",
                     "Training diverged. Lower the learning rate or add warmup, clip gradients "
                     "(clip_grad_norm_ 1.0), prefer bf16 over fp16 autocast, and check inputs for NaNs.",
-                    _cap(self._last_line),
+                    cap_line(self._last_line),
                 )
         return True
 
