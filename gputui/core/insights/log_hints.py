@@ -188,6 +188,13 @@ _RULES: tuple[_Rule, ...] = (
 _RULE_KEYS: tuple[tuple[str, _Rule], ...] = tuple((key, rule) for rule in _RULES for key in rule.keys)
 # One search over all keys first: most keys start with a capital, so this skips clean lines fast.
 _HINT_GATE = re.compile("|".join(sorted({re.escape(key) for key, _ in _RULE_KEYS})))
+_HINT_GATE_BYTES = re.compile(_HINT_GATE.pattern.encode())
+
+
+def first_hint_key(data: bytes) -> int:
+    """Where in raw log bytes the first text that may start a hint is; -1 when none (a pre-filter)."""
+    m = _HINT_GATE_BYTES.search(data)
+    return -1 if m is None else m.start()
 
 
 def add_line_hints(text: str, found: dict[str, Hint]) -> None:

@@ -65,3 +65,14 @@ class Metric:
             self.best = min(self.best, value)
         else:
             self.best = max(self.best, value)
+
+    def extend(self, values: list[float]) -> None:
+        """``add()`` each of these finite values, at once."""
+        self.last = values[-1]
+        self.count += len(values)
+        if self.kind == "last":
+            self.best = values[-1]
+        elif self.kind == "min":
+            self.best = min(values) if math.isnan(self.best) else min(self.best, min(values))
+        else:
+            self.best = max(values) if math.isnan(self.best) else max(self.best, max(values))

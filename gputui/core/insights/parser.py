@@ -12,14 +12,34 @@ history, hints de-duplicated by code).
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import deque
 from collections.abc import Callable
 
 from .log_hints import add_line_hints
-from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind, words
+from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind
+from .patterns import (
+    ANSI,
+    ASCII_BAR,
+    DICT_KV,
+    EPOCH,
+    ETA,
+    KV,
+    STEP,
+    TOTAL_EPOCHS,
+    TOTAL_STEPS,
+    TQDM,
+    TQDM_COUNT,
+    eta_seconds,
+    hms,
+    skipped_bar,
+    to_float,
+    tqdm_count,
+)
+from .redraws import Redraws, Run, read_run, redraw_pattern
 from .snapshot import Hint, JobInsights, cap_line
+
+_IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
 
 MAX_LINE = 4096  # bytes of one line kept (the tail) before parsing
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
@@ -30,96 +50,6 @@ BURST_S = 0.2  # progress changes closer together than this (a log replay) do no
 
 def _clamp(v: float) -> float:
     return min(max(v, 0.0), 1.0)
-
-
-# --------------------------------------------------------------------------------------------
-# Regexes (all precompiled; each behind a substring pre-check in LogInsights._parse)
-# --------------------------------------------------------------------------------------------
-
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)"
-# key=value, key: value, key value (the key is filtered by metric_kind afterwards)
-_KV = re.compile(
-    r"(?<![\w./\-])(?P<k>[A-Za-z][\w./\-]{0,47})\s*(?:[=:]\s*|\s+)(?P<v>" + _NUM + r")(?:%|ms\b|s\b)?"
-    r"(?![\w.:/\-])"
-)
-# 'key': value / "key": value in JSON lines and Python dict reprs (HF Trainer)
-_DICT_KV = re.compile(
-    r"""(["'])(?P<k>[\w./\-@ ]{1,64})\1\s*:\s*(?:np\.float\d*\(|tensor\()?(?P<v>""" + _NUM + r")"
-)
-_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
-# "Epoch 2/5", "epoch 3 of 10", "Epoch: [4]", optionally followed by an inner "(996/1926)"
-_EPOCH = re.compile(
-    r"(?i)\bepoch\b(?:\(train\))?[\s:#\[]*(\d+)(?:\s*(?:/|of)\s*(\d+))?\]?"
-    r"(?:\s*[(\[]\s*(\d+)\s*/\s*(\d+)\s*[)\]])?"
-)
-_STEP = re.compile(r"(?i)\b(?:global[_ ]step|step|iter|iteration)\b[\s:=#\[]*(\d+)(?:\s*(?:/|of)\s*(\d+))?")
-_TOTAL_EPOCHS = re.compile(
-    r"(?i)\b(?:num[_ ]?(?:train[_ ])?epochs|n_?epochs|max_?epochs|total_?epochs|epochs)\s*[=:]\s*(\d+)\b"
-)
-_TOTAL_STEPS = re.compile(r"(?i)\b(?:total optimization steps|max_?steps|total_?steps)\s*[=:]\s*([\d,]+)")
-_ETA = re.compile(
-    r"(?i)\beta\b\s*[:=]?\s*(?:(\d+)\s*days?,\s*)?(\d+(?::\d\d){1,2}|\d+(?:\.\d+)?\s*(?:s|m|h|min)\b)"
-)
-# tqdm: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}, {postfix}]" (or "{n}it [...]").
-# The bracket is searched first (a literal "[" prefix is fast), then the count just before it.
-_TQDM = re.compile(
-    r"\[(?P<el>\d+(?::\d\d)+)(?:<(?P<rem>\d+(?::\d\d)+|\?))?,\s*(?P<rate>[^,\[\]]*)(?:,\s*(?P<post>[^\[\]]*))?\]"
-)
-_TQDM_COUNT = re.compile(r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*")
-# ascii bars: "Epoch 2/5 [#####.....] 45%" or keras "120/469 [=====>....]"
-_ASCII_BAR = re.compile(
-    r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?\[[#=>.\-]{4,}[#=>.\- ]*\]\s*(?:(?P<pct>\d{1,3})%)?"
-)
-
-# tqdm bars that are not the training run (their description starts with one of these)
-_SKIP_BAR_DESCS = tuple(
-    sorted(words("val eval test predict sanity map filter download load generating token extract resolving"))
-) + ("fetching", "saving", "upload", "running tokenizer")
-_IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
-_SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
-
-
-def _skipped_bar(head: str) -> bool:
-    """Whether a bar's description ("Validation DataLoader 0: 12%|...") marks a non-training bar."""
-    pct = head.find("%")
-    desc = (head[:pct].rstrip("0123456789") if pct >= 0 else head).strip(" :|\t").lower()
-    return bool(desc) and desc.startswith(_SKIP_BAR_DESCS)
-
-
-def _hms(text: str) -> float:
-    """ "01:02" / "1:02:03" -> seconds."""
-    total = 0.0
-    for part in text.split(":"):
-        total = total * 60 + int(part)
-    return total
-
-
-def _eta_seconds(m: re.Match[str]) -> float:
-    days, val = m.group(1), m.group(2)
-    secs = float(days or 0) * 86400
-    if ":" in val:
-        return secs + _hms(val)
-    num = float(re.sub(r"[^\d.]", "", val))
-    unit = val.rstrip()[-1]
-    return secs + num * {"s": 1, "m": 60, "n": 60, "h": 3600}[unit]
-
-
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-# --------------------------------------------------------------------------------------------
-# The log parser
-# --------------------------------------------------------------------------------------------
-
-
-def _count(text: str) -> float:
-    """tqdm counts, possibly unit-scaled: "450" -> 450.0, "1.2k" -> 1200.0."""
-    scale = _SCALE.get(text[-1])
-    return float(text[:-1]) * scale if scale else float(text)
 
 
 class _Bar:
@@ -140,19 +70,19 @@ class _Bar:
 
     @property
     def n(self) -> float:
-        return _count(self._n)
+        return tqdm_count(self._n)
 
     @property
     def total(self) -> float | None:
-        return (_count(self._total) or None) if self._total else None
+        return (tqdm_count(self._total) or None) if self._total else None
 
     @property
     def remaining(self) -> float | None:
-        return _hms(self._rem) if self._rem and self._rem != "?" else None
+        return hms(self._rem) if self._rem and self._rem != "?" else None
 
     @property
     def elapsed(self) -> float | None:
-        return _hms(self._el) if self._el else None
+        return hms(self._el) if self._el else None
 
     @property
     def rate(self) -> str | None:
@@ -163,6 +93,7 @@ class _Bar:
 # LogInsights fields that reading a progress bar may change (saved around the peek in snapshot()).
 _BAR_STATE = (
     "_bars",
+    "_redraws",
     "_bar_post",
     "_epoch",
     "_epoch_float",
@@ -192,6 +123,7 @@ class LogInsights:
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
         self._bar_post: str | None = None
         self._glued = ""  # text after a tqdm bar on the same line
+        self._redraws: Redraws | None = None  # the last tqdm bar read: its redraws may be read in bulk
         self._epoch: int | None = None
         self._epoch_from_text = False
         self._epoch_float: float | None = None  # HF-style fractional epochs done (0.3 of epoch 1)
@@ -213,19 +145,36 @@ class LogInsights:
             return
         if b"\r" in data:
             data = data.replace(b"\r", b"\n")
-        parts = data.split(b"\n")
+        lines = data.split(b"\n")
         self._snap = None
-        if len(parts) == 1:
+        if len(lines) == 1:
             self._extend_partial(data)
             return
-        self._extend_partial(parts[0])
-        self._line(bytes(self._partial[-MAX_LINE:]))
+        self._extend_partial(lines[0])
+        lines[0] = bytes(self._partial)
         self._partial.clear()
-        for raw in parts[1:-1]:
+        self._extend_partial(lines.pop())
+        self._lines(lines)
+        self._track_rate()
+
+    def _lines(self, lines: list[bytes]) -> None:
+        """Read complete lines; runs of redraws of one tqdm bar in bulk (see redraws.read_run)."""
+        i, n = 0, len(lines)
+        while i < n:
+            if self._redraws is not None:
+                run = read_run(self._redraws, lines, i, self._bar_post_bytes())
+                if run is not None:
+                    if run.last:
+                        self._apply_run(run)
+                    else:
+                        for raw in lines[i : run.stop]:
+                            self._line(raw[-MAX_LINE:])
+                    i = run.stop
+                    continue
+            raw = lines[i]
             if raw:
                 self._line(raw[-MAX_LINE:] if len(raw) > MAX_LINE else raw)
-        self._extend_partial(parts[-1])
-        self._track_rate()
+            i += 1
 
     def flush(self) -> None:
         """Treat the unfinished last line as complete (call once the job's output has ended)."""
@@ -247,7 +196,7 @@ class LogInsights:
     def _line(self, raw: bytes) -> None:
         text = raw.decode("utf-8", "replace")
         if "\x1b" in text:
-            text = _ANSI.sub("", text)
+            text = ANSI.sub("", text)
         text = text.strip()
         if not text:
             return
@@ -304,24 +253,26 @@ class LogInsights:
 
     def _parse_tqdm(self, text: str) -> str | None:
         """tqdm line -> its postfix ("" when none); None when not tqdm; _IGNORED when skipped."""
-        m = _TQDM.search(text)
+        m = TQDM.search(text)
         if m is None:
             return None
         head = text[: m.start()].rstrip()
-        cm = _TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
+        cm = TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
         if cm is None:
             return None
         el, rem, rate, post = m.groups()
-        if "B/s" in rate or _skipped_bar(head[: cm.start()]):
+        if "B/s" in rate or skipped_bar(head[: cm.start()]):
             return _IGNORED
         n, total = cm.groups()
         self._set_bar(_Bar(n, total, el, rem, rate))
         if m.end() < len(text):
             self._glued = text[m.end() :].strip()
+        elif total:
+            self._redraws = redraw_pattern(head[: cm.start()], total)
         return post.strip() if post else ""
 
     def _parse_ascii_bar(self, text: str) -> str | None:
-        m = _ASCII_BAR.search(text)
+        m = ASCII_BAR.search(text)
         if m is None or (m.group("pct") is None and m.group("total") is None):
             return None
         if m.group("pct") is not None:  # "Epoch 2/5 [###...] 30%": the 2/5 is not this bar's count
@@ -355,10 +306,10 @@ class LogInsights:
     def _parse_epoch(self, text: str) -> bool | None:
         """Epoch counters and totals. None: no epoch number; True: it came with an inner "(i/N)"."""
         if "pochs" in text or "POCHS" in text:  # "Num Epochs = 3", "epochs=5"
-            m2 = _TOTAL_EPOCHS.search(text)
+            m2 = TOTAL_EPOCHS.search(text)
             if m2:
                 self._total_epochs = int(m2.group(1)) or None
-        m = _EPOCH.search(text)
+        m = EPOCH.search(text)
         if m is None:
             return None
         self._set_epoch(int(m.group(1)), from_text=True)
@@ -383,18 +334,18 @@ class LogInsights:
     def _parse_eta(self, text: str) -> None:
         """detectron2 / mmcv / keras style "eta: 0:05:12", "eta: 1 day, 16:44:26", "ETA: 3s"."""
         if "eta" in text or "ETA" in text:
-            m = _ETA.search(text)
+            m = ETA.search(text)
             if m:
-                self._log_eta = _eta_seconds(m)
+                self._log_eta = eta_seconds(m)
 
     def _parse_step(self, text: str, low: str) -> bool:
         """Step totals, and "step 50/100" / "Step [50/100]" counts (True: a count was read)."""
         if "total optimization steps" in low or "max_steps" in low or "total_steps" in low:
-            m = _TOTAL_STEPS.search(text)
+            m = TOTAL_STEPS.search(text)
             if m:
                 self._total_steps = int(m.group(1).replace(",", "")) or None
             return False
-        m = _STEP.search(text)
+        m = STEP.search(text)
         if m and m.group(2):  # only "step i/N" shapes (a bar of its own); a bare "step 5" is ambiguous
             self._set_bar(_Bar(m.group(1), m.group(2)))
             return True
@@ -403,8 +354,8 @@ class LogInsights:
     def _parse_dict(self, text: str) -> bool:
         """JSON lines / Python dict reprs: epoch, step and metric keys."""
         found = False
-        for m in _DICT_KV.finditer(text):
-            key, value = m.group("k").strip().lower().replace(" ", "_"), _float(m.group("v"))
+        for m in DICT_KV.finditer(text):
+            key, value = m.group("k").strip().lower().replace(" ", "_"), to_float(m.group("v"))
             if value is None:
                 continue
             if key == "epoch":
@@ -432,15 +383,39 @@ class LogInsights:
         for part in post.split(","):
             key, sep, value = part.partition("=")
             if sep:
-                num = _float(value.strip().rstrip("%s"))
+                num = to_float(value.strip().rstrip("%s"))
                 if num is not None:
                     self._add_metric(key.strip().lower(), num)
+
+    def _bar_post_bytes(self) -> bytes | None:
+        return None if self._bar_post is None else self._bar_post.encode()
+
+    def _apply_run(self, run: Run) -> None:
+        """The state after reading the redraws of ``run`` one by one (see redraws.read_run)."""
+        assert self._redraws is not None
+        desc = self._redraws.desc.decode()
+        if "poch" in desc or "POCH" in desc:
+            self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
+        n, total, el, rem, rate, _post = (part.decode() for part in run.last)
+        self._set_bar(_Bar(n, total, el, rem, rate))
+        self._glued = ""
+        if run.posts:
+            self._bar_post = run.posts[-1].decode()
+            self._parse_postfix(run.posts[0].decode())
+            for name, values in run.columns:
+                metric = self._metrics.get(name)
+                if metric is not None and values:
+                    metric.extend(values)
+                    if name == self._loss_name:
+                        self._loss_history.extend(values)
+        text = run.last_text.decode("utf-8", "replace")
+        self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
 
     def _parse_kv(self, text: str) -> bool:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric."""
         found = False
-        for m in _KV.finditer(text):
-            value = _float(m.group("v"))
+        for m in KV.finditer(text):
+            value = to_float(m.group("v"))
             if value is not None and self._add_metric(m.group("k").lower(), value):
                 found = True
         return found
@@ -573,7 +548,7 @@ class LogInsights:
             return ""
         text = raw.decode("utf-8", "replace")
         if "\x1b" in text:
-            text = _ANSI.sub("", text)
+            text = ANSI.sub("", text)
         return text.strip()
 
     def _build(self) -> JobInsights:
