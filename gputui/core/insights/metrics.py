@@ -43,6 +43,7 @@ MAIN_LOSSES = frozenset(["loss", "train_loss", "training_loss", "total_loss", "t
 _EVAL_TOKENS = frozenset(["val", "valid", "validation", "eval", "test", "dev"])
 
 
+@lru_cache(maxsize=2048)
 def is_train_loss(name: str) -> bool:
     """A loss that is not a validation/test loss (those stay out of the sparkline)."""
     return "loss" in name and _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))

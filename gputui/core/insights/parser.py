@@ -414,9 +414,9 @@ class LogInsights:
     def _parse_kv(self, text: str) -> bool:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric."""
         found = False
-        for m in KV.finditer(text):
-            value = to_float(m.group("v"))
-            if value is not None and self._add_metric(m.group("k").lower(), value):
+        for key, num in KV.findall(text):
+            value = to_float(num)
+            if value is not None and self._add_metric(key.lower(), value):
                 found = True
         return found
 
@@ -431,7 +431,7 @@ class LogInsights:
             self._metrics[name] = Metric(kind, value)
         else:
             return False
-        if name != self._loss_name and is_train_loss(name) and self._loss_name not in MAIN_LOSSES:
+        if name != self._loss_name and self._loss_name not in MAIN_LOSSES and is_train_loss(name):
             if self._loss_name is not None and name in MAIN_LOSSES:  # "loss" beats "loss_rpn_cls"
                 self._loss_history.clear()
             if self._loss_name is None or name in MAIN_LOSSES:
