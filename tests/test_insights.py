@@ -39,6 +39,12 @@ HINT_FIXTURES = {
     "no_space.log": "disk_full",
     "killed_tqdm.log": "host_oom",
     "killed_plain.log": "host_oom",
+    "checkpoint_write_failed.log": "checkpoint_write",
+    "checkpoint_write_tqdm.log": "checkpoint_write",
+    "nccl_warn_ibv.log": "nccl_network",
+    "device_side_assert.log": "cuda_device_assert",
+    "tensors_devices.log": "device_mismatch",
+    "shm_no_space.log": "shm_full",
 }
 CLEAN_FIXTURES = [
     "nccl_info_clean.log",
@@ -132,6 +138,37 @@ def test_dataloader_hint_tells_shm_from_ram() -> None:
     assert "shared memory" in shm.title
     ram = parse(b"RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.\n").hints[0]
     assert ram.code == "dataloader_worker" and "RAM" in ram.fix
+
+
+def test_shm_full_is_not_the_disk() -> None:
+    shm = parse(read("shm_no_space.log")).hints[0]
+    assert "--shm-size" in shm.fix and "/dev/shm" in shm.title
+    disk = parse(read("no_space.log")).hints[0]
+    assert disk.code == "disk_full" and "save_total_limit" in disk.fix
+
+
+def test_new_hints_name_the_fix() -> None:
+    fixes = {h.code: h.fix for name in HINT_FIXTURES for h in parse(read(name)).hints}
+    assert (
+        "CUDA_LAUNCH_BLOCKING=1" in fixes["cuda_device_assert"]
+        and "num_classes" in fixes["cuda_device_assert"]
+    )
+    assert "NCCL_IB_DISABLE=1" in fixes["nccl_network"] and "memlock" in fixes["nccl_network"]
+    assert "model.to(device)" in fixes["device_mismatch"]
+    assert "df -h" in fixes["checkpoint_write"]
+
+
+def test_sigkill_with_a_killed_log_is_one_hint_with_its_evidence() -> None:
+    from gputui.core.insights import with_exit_hint
+
+    hints = with_exit_hint(parse(read("killed_plain.log")).hints, 137)
+    assert [h.code for h in hints] == ["host_oom"]
+    assert "Killed" in hints[0].line and "exit code 137" in hints[0].line
+    assert [h.code for h in with_exit_hint((), 137)] == ["exit_sigkill"]
+    assert [h.code for h in with_exit_hint(parse(read("no_space.log")).hints, -9)] == [
+        "disk_full",
+        "exit_sigkill",
+    ]
 
 
 def test_hints_are_deduplicated_by_code() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .insights import JobInsights, LogInsights, hint_for_exit
+from .insights import JobInsights, LogInsights, with_exit_hint
 from .model import JOB_RUNNING, Job
 from .session import HostSession
 
@@ -26,9 +26,8 @@ async def job_insights(session: HostSession, job: Job) -> JobInsights:
     if job.state != JOB_RUNNING:
         parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()
-    exit_hint = hint_for_exit(job.exit_code) if job.state != JOB_RUNNING else None
-    if exit_hint is not None and all(h.code != exit_hint.code for h in snap.hints):
-        snap = replace(snap, hints=(*snap.hints, exit_hint))
+    if job.state != JOB_RUNNING:
+        snap = replace(snap, hints=tuple(with_exit_hint(snap.hints, job.exit_code)))
     return snap
 
 

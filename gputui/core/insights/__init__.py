@@ -11,7 +11,7 @@ Pure and headless: no I/O, no UI imports. The modules:
 """
 
 from .gpu_hints import hints_from_metrics
-from .job import job_hints
+from .job import job_hints, with_exit_hint
 from .log_hints import hint_for_exit
 from .parser import LOSS_HISTORY, MAX_LINE, MAX_METRICS, LogInsights
 from .snapshot import Hint, JobInsights
@@ -26,4 +26,5 @@ __all__ = [
     "hint_for_exit",
     "hints_from_metrics",
     "job_hints",
+    "with_exit_hint",
 ]

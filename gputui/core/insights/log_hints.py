@@ -63,16 +63,24 @@ def _dataloader_hint(line: str) -> Hint:
 
 
 def _disk_hint(line: str) -> Hint:
-    shm = "/dev/shm" in line or "shm" in line.lower()
-    fix = (
-        "/dev/shm is full: give the container more shared memory (--shm-size=16g or --ipc=host) "
-        "or use fewer DataLoader workers."
-        if shm
-        else "The disk is full (checkpoints, the HF cache or /tmp are the usual suspects). Free space "
+    # torch shares DataLoader batches through /dev/shm files named "/torch_<pid>_..."
+    if "/dev/shm" in line or "shm" in line.lower() or "</torch_" in line:
+        return Hint(
+            "shm_full",
+            "Shared memory (/dev/shm) is full",
+            "DataLoader workers hand batches over in /dev/shm, and it is full: give the container more "
+            "shared memory (docker --shm-size=16g or --ipc=host), or lower num_workers / batch size. "
+            "The disk itself may have room (df -h /dev/shm shows the limit).",
+            cap_line(line),
+        )
+    return Hint(
+        "disk_full",
+        "No space left on device",
+        "The disk is full (checkpoints, the HF cache or /tmp are the usual suspects). Free space "
         "(df -h; du -sh ~/.cache/huggingface), keep fewer checkpoints (save_total_limit) or point the "
-        "output dir, HF_HOME and TMPDIR at a larger volume."
+        "output dir, HF_HOME and TMPDIR at a larger volume.",
+        cap_line(line),
     )
-    return Hint("disk_full", "No space left on device", fix, cap_line(line))
 
 
 def _fixed(code: str, title: str, fix: str) -> Callable[[str], Hint]:
@@ -144,6 +152,56 @@ _RULES: tuple[_Rule, ...] = (
             "Rerun with NCCL_DEBUG=INFO to see the failing transport. On multi-NIC hosts set "
             "NCCL_SOCKET_IFNAME to the right interface; if GPUs cannot peer (some cloud VMs) try "
             "NCCL_P2P_DISABLE=1, and NCCL_IB_DISABLE=1 without InfiniBand. Also check every rank is alive.",
+        ),
+    ),
+    _Rule(
+        "nccl_network",
+        ("NCCL WARN",),
+        re.compile(r"NCCL WARN .*(?:ibv_\w+ failed|NET/IB|NET/Socket|[Cc]onnect|failed)"),
+        _fixed(
+            "nccl_network",
+            "NCCL cannot set up its network (InfiniBand/RoCE or sockets)",
+            "NCCL failed to open its transport between GPUs/hosts. In a container pass the IB devices and "
+            "lift the locked-memory limit (--ulimit memlock=-1, --cap-add IPC_LOCK); without working "
+            "InfiniBand set NCCL_IB_DISABLE=1 (TCP), pick the interface with NCCL_SOCKET_IFNAME, and rerun "
+            "with NCCL_DEBUG=INFO to see the failing step.",
+        ),
+    ),
+    _Rule(
+        "cuda_device_assert",
+        ("device-side assert",),
+        re.compile(r"device-side assert triggered"),
+        _fixed(
+            "cuda_device_assert",
+            "CUDA device-side assert (index out of range?)",
+            "A CUDA kernel assertion failed, usually a label or index out of range: class ids must be "
+            "0..num_classes-1 (check the model's output size against the dataset's classes, embedding "
+            "sizes against the vocabulary). Rerun with CUDA_LAUNCH_BLOCKING=1, or on the CPU, to see "
+            "the failing operation.",
+        ),
+    ),
+    _Rule(
+        "device_mismatch",
+        ("same device",),
+        re.compile(r"Expected all tensors to be on the same device"),
+        _fixed(
+            "device_mismatch",
+            "Tensors on different devices",
+            "A tensor or part of the model is on another device (e.g. cpu vs cuda:0). Call model.to(device) "
+            "before building the optimizer, move every input, label and mask to the same device, create "
+            "new tensors with device=x.device, and create modules in __init__, not in forward().",
+        ),
+    ),
+    _Rule(
+        "checkpoint_write",
+        ("PytorchStreamWriter", "file write failed"),
+        re.compile(r"PytorchStreamWriter failed writing|file write failed"),
+        _fixed(
+            "checkpoint_write",
+            "Writing a checkpoint failed",
+            "torch.save could not write the checkpoint: usually the disk or a quota is full, or a network "
+            "filesystem dropped the write. Check df -h on the output dir, keep fewer checkpoints "
+            "(save_total_limit), save to a local volume with room, and retry on NFS/Lustre errors.",
         ),
     ),
     _Rule(
