@@ -59,6 +59,8 @@ CLEAN_FIXTURES = [
     "keras_fit.log",
     "mmengine_epochs.log",
     "mmdet_epochs.log",
+    "lm_batches.log",
+    "yolov8_epochs.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -467,8 +469,46 @@ def test_metric_best_and_last() -> None:
     log = b"loss: 0.5\nloss=0.3\nLoss 0.4\nacc: 97.5%\nacc: 98.1%\nacc: 96.0%\nval_loss=0.2\n"
     m = parse(log).metrics
     assert m["loss"] == {"last": 0.4, "best": 0.3, "count": 3}
-    assert m["acc"] == {"last": 96.0, "best": 98.1, "count": 3}
+    assert m["acc"] == {
+        "last": pytest.approx(0.96),
+        "best": pytest.approx(0.981),
+        "count": 3,
+    }  # percent: a fraction
     assert m["val_loss"]["count"] == 1
+
+
+# ---- failure classes seen on real logs (issue 12) ----------------------------------------------
+
+
+def test_split_words_name_the_metric_and_the_train_loss_stays_the_loss() -> None:
+    snap = parse(read("lm_batches.log"))
+    m = snap.metrics
+    assert m["loss"]["count"] == 9 and m["loss"]["last"] == 3.95  # "valid loss" is not the loss
+    assert m["valid_loss"] == {"last": 4.35, "best": 4.35, "count": 2}
+    assert m["valid_ppl"]["best"] == 77.44
+    assert len(snap.loss_history) == 9
+    line = parse(b"epoch 3: train loss 1.54, val loss 1.72, train acc 0.73, val acc 74.87%\n").metrics
+    assert line["train_loss"]["last"] == 1.54 and line["val_loss"]["last"] == 1.72
+    assert line["train_acc"]["last"] == 0.73 and line["val_acc"]["last"] == pytest.approx(0.7487)
+    keras = parse(read("device_side_assert.log")).metrics
+    assert set(keras) == {"train_loss", "acc"}
+
+
+def test_batches_inside_an_epoch_are_not_finished_epochs() -> None:
+    namespace = b"Namespace(batch_size=20, bptt=35, clip=0.25, data='./data/wikitext-2', epochs=40, lr=20, seed=1111)\n"
+    snap = parse(namespace + read("lm_batches.log"))
+    assert (snap.epoch, snap.total_epochs) == (27, 40)
+    assert snap.progress == pytest.approx((26 + 400 / 1106) / 40)  # not 27/40
+    assert snap.metrics["lr"]["count"] == 9  # the Namespace's lr=20 is a setting, not a metric
+    assert "seed" not in snap.metrics and "clip" not in snap.metrics
+    batch = parse(b"Epoch   1 Batch  100/225 - Loss: 2.7359 - perplextity: 15.4241\n")
+    assert (batch.epoch, batch.step, batch.total_steps) == (1, 100, 225)
+
+
+def test_a_time_metric_has_no_best() -> None:
+    m = parse(b"epoch 1 time: 127.3s\nepoch 2 time: 130.1s\ntotal time: 9000s\n").metrics
+    assert m["time"]["best"] == m["time"]["last"] == 130.1
+    assert m["total_time"]["last"] == 9000
 
 
 def test_config_prints_are_not_metrics() -> None:

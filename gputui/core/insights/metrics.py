@@ -11,11 +11,12 @@ def words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-_LOWER_BETTER = words("loss err error mse mae rmse ppl perplexity wer cer nll time runtime seconds secs")
+_LOWER_BETTER = words("loss err error mse mae rmse ppl perplexity wer cer nll")
 _HIGHER_BETTER = words(
     "acc accuracy f1 auc auroc precision recall iou miou map bleu rouge rougel psnr ssim dice top score reward r2"
 )
-_NEUTRAL = words("lr learning grad norm")
+# times are per step, per epoch or totals depending on the line: their "best" means nothing
+_NEUTRAL = words("lr learning grad norm time runtime seconds secs")
 _NOT_METRICS = words("epoch epochs step global_step iter iteration batch v_num total_flos num_epochs")
 _CONFIG_TOKENS = words("warmup steps epochs size num workers decay seed")
 _TOKEN_SPLIT = re.compile(r"[_./\-]+")

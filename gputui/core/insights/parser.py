@@ -21,9 +21,11 @@ from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind
 from .patterns import (
     ANSI,
     ASCII_BAR,
+    CONFIG_DUMP,
     DICT_KV,
     EPOCH,
     ETA,
+    INNER,
     KV,
     STEP,
     TOTAL_EPOCHS,
@@ -242,6 +244,8 @@ class LogInsights:
         if ("step" in low or "iter" in low) and self._parse_step(text, low):
             summary = False
         self._parse_eta(text)
+        if "(" in text and CONFIG_DUMP.search(text):
+            return  # Namespace(lr=0.1, epochs=14, ...): its totals are read above, the rest are settings
         found = False
         if "': " in text or '": ' in text:
             found = self._parse_dict(text)
@@ -317,6 +321,13 @@ class LogInsights:
             self._total_epochs = int(m.group(2)) or None
         if m.group(4):
             self._set_bar(_Bar(m.group(3), m.group(4)))
+            return True
+        inner = INNER.search(text, m.end())  # "| epoch 2 | 200/2983 batches |": in the epoch, not done
+        if inner:
+            n, total = (
+                (inner.group(1), inner.group(2)) if inner.group(1) else (inner.group(3), inner.group(4))
+            )
+            self._set_bar(_Bar(n, total))
             return True
         return False
 
@@ -414,9 +425,12 @@ class LogInsights:
     def _parse_kv(self, text: str) -> bool:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric."""
         found = False
-        for key, num in KV.findall(text):
+        for split, key, num, pct in KV.findall(text):
             value = to_float(num)
-            if value is not None and self._add_metric(key.lower(), value):
+            name = f"{split}_{key}".lower() if split else key.lower()
+            if value is not None and pct and metric_kind(name) == "max":
+                value /= 100.0  # "74.87%" next to "0.73": one scale
+            if value is not None and self._add_metric(name, value):
                 found = True
         return found
 

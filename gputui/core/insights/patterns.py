@@ -7,11 +7,19 @@ import re
 from .metrics import words
 
 NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)"
-# key=value, key: value, key value (the key is filtered by metric_kind afterwards)
+# key=value, key: value, key value (the key is filtered by metric_kind afterwards), with the word that
+# says which split a bare key belongs to ("valid loss 4.35", "train Loss: 2.7") and a percent sign
 KV = re.compile(
-    r"(?<![\w./\-])(?P<k>[A-Za-z][\w./\-]{0,47})\s*(?:[=:]\s*|\s+)(?P<v>" + NUM + r")(?:%|ms\b|s\b)?"
+    r"(?<![\w./\-])(?:(?P<q>(?i:train(?:ing)?|val(?:id(?:ation)?)?|eval|test|dev|total|epoch))[ \t]+)?"
+    r"(?P<k>[A-Za-z][\w./\-]{0,47})\s*(?:[=:]\s*|\s+)(?P<v>" + NUM + r")(?:(?P<pct>%)|ms\b|s\b)?"
     r"(?![\w.:/\-])"
 )
+# a count inside an epoch on an epoch's line: "| 200/ 2983 batches |", "Batch 50/225", "iter 3/10"
+INNER = re.compile(
+    r"(?i)\b(?:batch|iter|step)\s*[:#]?\s*(\d+)\s*/\s*(\d+)|\b(\d+)\s*/\s*(\d+)\s*(?:batch(?:es)?|iters?|steps?)\b"
+)
+# a printed argparse Namespace or config object: settings, not metrics
+CONFIG_DUMP = re.compile(r"\b(?:Namespace|\w*(?:Config|Arguments|Args))\(\w+=")
 # 'key': value / "key": value in JSON lines and Python dict reprs (HF Trainer)
 DICT_KV = re.compile(
     r"""(["'])(?P<k>[\w./\-@ ]{1,64})\1\s*:\s*(?:np\.float\d*\(|tensor\()?(?P<v>""" + NUM + r")"
