@@ -505,6 +505,30 @@ def test_batches_inside_an_epoch_are_not_finished_epochs() -> None:
     assert (batch.epoch, batch.step, batch.total_steps) == (1, 100, 225)
 
 
+def test_yolo_epoch_table_is_the_run_and_its_validation_bar_is_not() -> None:
+    snap = parse(read("yolov8_epochs.log"))
+    assert (snap.epoch, snap.total_epochs) == (46, 1000)
+    assert snap.progress == pytest.approx(46 / 1000)  # not the per-epoch bar's 100%
+    assert snap.eta_s and snap.eta_s > 900 * 5  # ~954 epochs of ~5 s to go, not 0
+    m = snap.metrics
+    assert m["box_loss"] == {"last": 1.14, "best": 1.14, "count": 3}
+    assert m["box_map50-95"] == {"last": 0.574, "best": 0.673, "count": 3}
+    assert "gpu_mem" not in m and "instances" not in m and "size" not in m
+    assert snap.loss_history == (1.145, 1.153, 1.14)
+    redraws = b"".join(
+        b"\r    45/1000      6.73G      1.153     0.5309      1.113          5        640:  %d%%|##   | %d/16 [00:0%d<00:05,  2.79it/s]"
+        % (n * 100 // 16, n, n % 10)
+        for n in range(1, 9)
+    )
+    mid = parse(
+        read("yolov8_epochs.log").split(b"\n\n")[0]
+        + b"\n\n      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+        + redraws
+    )
+    assert mid.epoch == 45 and mid.progress == pytest.approx((44 + 8 / 16) / 1000)
+    assert mid.metrics["box_loss"]["count"] == 2  # the row is read once per change, not per redraw
+
+
 def test_a_time_metric_has_no_best() -> None:
     m = parse(b"epoch 1 time: 127.3s\nepoch 2 time: 130.1s\ntotal time: 9000s\n").metrics
     assert m["time"]["best"] == m["time"]["last"] == 130.1

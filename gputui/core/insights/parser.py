@@ -28,6 +28,8 @@ from .patterns import (
     INNER,
     KV,
     STEP,
+    TABLE_HEAD,
+    TABLE_ROW,
     TOTAL_EPOCHS,
     TOTAL_STEPS,
     TQDM,
@@ -35,6 +37,7 @@ from .patterns import (
     eta_seconds,
     hms,
     skipped_bar,
+    table_columns,
     to_float,
     tqdm_count,
 )
@@ -125,6 +128,9 @@ class LogInsights:
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
         self._bar_post: str | None = None
         self._glued = ""  # text after a tqdm bar on the same line
+        self._table: tuple[str, ...] = ()  # the columns of an epoch table after "Epoch" (ultralytics)
+        self._table_row: list[str] | tuple[str, ...] = ()
+        self._eval_table: tuple[str, ...] = ()  # the columns of a YOLO validation table
         self._redraws: Redraws | None = None  # the last tqdm bar read: its redraws may be read in bulk
         self._epoch: int | None = None
         self._epoch_from_text = False
@@ -209,6 +215,14 @@ class LogInsights:
     # ---- parsing --------------------------------------------------------------------------
 
     def _parse(self, text: str) -> None:
+        if self._table and text[0].isdigit():
+            self._parse_table_row(text)
+        elif text[0] in "Ee" and TABLE_HEAD.match(text):
+            self._table = table_columns(text)[1:]
+            return
+        elif self._eval_table and text.startswith("all "):
+            self._parse_eval_row(text)
+            return
         epoch = self._parse_epoch(text) if "poch" in text or "POCH" in text else None  # may reset bars
         post = self._parse_bar(text) if "[" in text else None
         if post is None:
@@ -266,6 +280,9 @@ class LogInsights:
             return None
         el, rem, rate, post = m.groups()
         if "B/s" in rate or skipped_bar(head[: cm.start()]):
+            desc = head[: cm.start()]
+            if desc[:5].lower() == "class":  # a YOLO validation bar: its header names the "all" row's columns
+                self._eval_table = table_columns(desc[: desc.find("%")].rstrip("0123456789 :"))
             return _IGNORED
         n, total = cm.groups()
         self._set_bar(_Bar(n, total, el, rem, rate))
@@ -274,6 +291,30 @@ class LogInsights:
         elif total:
             self._redraws = redraw_pattern(head[: cm.start()], total)
         return post.strip() if post else ""
+
+    def _parse_table_row(self, text: str) -> None:
+        """A row of an epoch table: "44/1000  6.73G  1.145  0.5266  1.11  6  640: ..." (epoch, total, metrics)."""
+        m = TABLE_ROW.match(text)
+        values = m.group(3).split() if m else ()
+        if m is None or len(values) != len(self._table):
+            return
+        self._total_epochs = int(m.group(2)) or None
+        self._set_epoch(int(m.group(1)), from_text=True)
+        if values != self._table_row:  # a redraw counts once per change, like a postfix
+            self._table_row = values
+            for name, value in zip(self._table, values, strict=True):
+                num = to_float(value) if value[-1].isdigit() else None  # "6.73G" is memory, not a metric
+                if num is not None:
+                    self._add_metric(name, num)
+
+    def _parse_eval_row(self, text: str) -> None:
+        """The "all" row under a YOLO validation bar: "all  722  1444  0.992  0.987  0.994  0.671"."""
+        values = text.split()
+        if len(values) == len(self._eval_table):
+            for name, value in zip(self._eval_table[1:], values[1:], strict=True):
+                num = to_float(value)
+                if num is not None:
+                    self._add_metric(name, num)
 
     def _parse_ascii_bar(self, text: str) -> str | None:
         m = ASCII_BAR.search(text)

@@ -18,6 +18,12 @@ KV = re.compile(
 INNER = re.compile(
     r"(?i)\b(?:batch|iter|step)\s*[:#]?\s*(\d+)\s*/\s*(\d+)|\b(\d+)\s*/\s*(\d+)\s*(?:batch(?:es)?|iters?|steps?)\b"
 )
+# ultralytics-style epoch tables: a header "Epoch GPU_mem box_loss ... Size", then rows "44/1000 6.73G 1.14 ... 640"
+# (the row is a tqdm description when a bar follows it)
+TABLE_HEAD = re.compile(r"(?i)^epoch(?:[ \t]+[A-Za-z][\w()/.\-]*){2,}$")
+TABLE_ROW = re.compile(
+    r"^(\d+)/(\d+)((?:[ \t]+[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[KMGT]?)+)[ \t]*(?::|$)"
+)
 # a printed argparse Namespace or config object: settings, not metrics
 CONFIG_DUMP = re.compile(r"\b(?:Namespace|\w*(?:Config|Arguments|Args))\(\w+=")
 # 'key': value / "key": value in JSON lines and Python dict reprs (HF Trainer)
@@ -51,7 +57,11 @@ ASCII_BAR = re.compile(
 
 # tqdm bars that are not the training run (their description starts with one of these)
 SKIP_BAR_DESCS = tuple(
-    sorted(words("val eval test predict sanity map filter download load generating token extract resolving"))
+    sorted(
+        words(
+            "val eval test predict sanity map filter download load generating token extract resolving class"
+        )
+    )
 ) + ("fetching", "saving", "upload", "running tokenizer")
 SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -97,3 +107,19 @@ def tqdm_count(text: str) -> float:
     """tqdm counts, possibly unit-scaled: "450" -> 450.0, "1.2k" -> 1200.0."""
     scale = SCALE.get(text[-1])
     return float(text[:-1]) * scale if scale else float(text)
+
+
+def table_columns(head: str) -> tuple[str, ...]:
+    """Metric names of a table header: "Class Images Box(P R mAP50 mAP50-95)" -> ("class", ..., "box_map50", ...)."""
+    names: list[str] = []
+    group = ""
+    for word in head.split():
+        word = word.lower()
+        if "(" in word:
+            group, _, word = word.partition("(")
+        closed = word.endswith(")")
+        word = word.rstrip("):")
+        names.append(f"{group}_{word}" if group else word)
+        if closed:
+            group = ""
+    return tuple(names)

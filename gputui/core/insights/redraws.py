@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from .log_hints import first_hint_key
-from .patterns import EPOCH
+from .patterns import EPOCH, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
@@ -70,7 +70,7 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
     if m is None:
         return None
     desc = m.group(1)
-    if (
+    if TABLE_ROW.match(desc) or (
         (desc and desc[-1].isalnum())
         or "[" in desc
         or "pochs" in desc.lower()
