@@ -20,6 +20,7 @@ import tty
 from typing import Dict, List, Optional
 
 from .fsutil import write_json
+from .logclock import TIMES_NAME, LogClock
 from .usage import UsageRecorder
 
 READ_SIZE = 65536
@@ -67,6 +68,7 @@ def run(job_dir: str) -> int:
         env = json.loads(f.read().decode("utf-8"))
 
     log_fd = os.open(os.path.join(job_dir, "output.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    log_clock = LogClock(os.path.join(job_dir, TIMES_NAME), os.fstat(log_fd).st_size)
     pid, master = _spawn(job["argv"], job["cwd"], env)
     write_json(
         os.path.join(job_dir, "pid.json"), {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time()}
@@ -111,6 +113,7 @@ def run(job_dir: str) -> int:
                 if not data:
                     break
                 _write_all(log_fd, data)
+                log_clock.wrote(len(data))
                 if pane_ok:
                     try:
                         _write_all(out_fd, data)
@@ -149,6 +152,7 @@ def run(job_dir: str) -> int:
         _, status = os.waitpid(pid, 0)
     code, sig = _exit_code(status)
     os.close(log_fd)
+    log_clock.close()
     usage.stopped.set()
     usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
     write_json(

@@ -7,6 +7,7 @@ Pure and headless: no I/O, no UI imports. The modules:
 - :mod:`.log_hints`: hints from log lines, and :func:`hint_for_exit` for an exit status;
 - :mod:`.gpu_hints`: :func:`hints_from_metrics`, hints from GPU telemetry;
 - :mod:`.job`: :func:`job_hints`, all of a job's hints together;
+- :mod:`.timed`: :func:`timed_parser`, a cold read that knows when the log's bytes were written;
 - :mod:`.snapshot`: the :class:`JobInsights` and :class:`Hint` types.
 """
 
@@ -15,6 +16,7 @@ from .job import job_hints, with_exit_hint
 from .log_hints import hint_for_exit
 from .parser import LOSS_HISTORY, MAX_LINE, MAX_METRICS, LogInsights
 from .snapshot import Hint, JobInsights
+from .timed import timed_parser
 
 __all__ = [
     "MAX_LINE",
@@ -27,4 +29,5 @@ __all__ = [
     "hints_from_metrics",
     "job_hints",
     "with_exit_hint",
+    "timed_parser",
 ]

@@ -142,6 +142,9 @@ class LogInsights:
         self._total_steps: int | None = None
         self._log_eta: float | None = None
         self._first_point: tuple[float, float] | None = None
+        self._epoch_seen: int | None = None  # the epoch at the end of the last feed
+        self._epoch_first: tuple[int, float] | None = None  # (epoch, clock) of the first start seen live
+        self._epoch_last: tuple[int, float] | None = None  # and of the latest
         self._last_point: tuple[float, float] | None = None
         self._snap: JobInsights | None = None
 
@@ -518,7 +521,8 @@ class LogInsights:
             done = ep + 1 if self._zero_based else ep
             if not self._epoch_done:
                 done -= 1
-            return _clamp(done / n_ep), None
+            per_epoch = self._epoch_seconds()
+            return _clamp(done / n_ep), per_epoch * max(n_ep - done, 0) if per_epoch else None
         return None, None
 
     def _bar_progress(self, bar: _Bar) -> tuple[float, float | None]:
@@ -534,9 +538,19 @@ class LogInsights:
             return frac, bar.remaining
         idx = min(max(ep if self._zero_based else ep - 1, 0), n_ep - 1)
         eta = None
-        if bar.remaining is not None and bar.elapsed is not None:
+        per_epoch = self._epoch_seconds()
+        if per_epoch:  # epochs as long as they really took, evaluation between them included
+            eta = per_epoch * (n_ep - idx - frac)
+        elif bar.remaining is not None and bar.elapsed is not None:
             eta = bar.remaining + (n_ep - idx - 1) * (bar.elapsed + bar.remaining)
         return (idx + frac) / n_ep, eta
+
+    def _epoch_seconds(self) -> float | None:
+        """Wall time per epoch between the first and the last epoch start seen as it happened."""
+        first, last = self._epoch_first, self._epoch_last
+        if first is None or last is None or last[0] <= first[0] or last[1] <= first[1]:
+            return None
+        return (last[1] - first[1]) / (last[0] - first[0])
 
     def _track_rate(self) -> None:
         """Remember when progress changed, for the ETA from elapsed rate.
@@ -544,11 +558,20 @@ class LogInsights:
         The anchor (first point) follows progress while it moves in a burst (a replayed log arrives
         all at once), so only progress made in real time counts towards the rate.
         """
+        now: float | None = None
+        epoch = self._epoch if self._epoch_from_text else None
+        if epoch is not None and epoch != self._epoch_seen:
+            if self._epoch_seen is not None and epoch == self._epoch_seen + 1:  # a start seen as it happened
+                now = self._clock()
+                if self._epoch_first is None or epoch <= self._epoch_first[0]:
+                    self._epoch_first = (epoch, now)
+                self._epoch_last = (epoch, now)
+            self._epoch_seen = epoch
         progress, _ = self._progress()
         last = self._last_point
         if progress is None or (last is not None and progress == last[1]):
             return
-        now = self._clock()
+        now = self._clock() if now is None else now
         first = self._first_point
         if first is None or progress < first[1] or (first == last and now - first[0] < BURST_S):
             self._first_point = (now, progress)
