@@ -142,3 +142,19 @@ def test_runner_writes_the_index(tmp_path: Path) -> None:
     times = read_times(str(job_dir / "output.times"), 0, size)
     assert 2 <= len(times) <= 4
     assert times[-1][0] == size and all(b[1] - a[1] >= 1.0 for a, b in zip(times, times[1:], strict=False))
+
+
+def test_agent_serves_the_index_of_a_real_job(agent) -> None:  # noqa: ANN001 (conftest's AgentProc)
+    """jobs --json's path: a job run by the real agent in tmux, then the logs.times op."""
+    code = "import time\nfor i in range(4):\n    print('Epoch', i + 1, '/4 loss=0.5', flush=True); time.sleep(1.1)\n"
+    rep = agent.call("jobs.start", argv=[sys.executable, "-c", code])
+    assert rep["ok"], rep
+    job = rep["result"]["id"]
+    assert agent.call("logs.follow", job=job, offset=0)["ok"]
+    end = agent.wait_event(("log_end",), 60, job=job)["data"]
+    times = agent.call("logs.times", job=job, start=0, end=end["offset"])["result"]["times"]
+    assert 3 <= len(times) <= 5 and times[-1][0] == end["offset"]
+    assert agent.call("logs.times", job=job, start=end["offset"] + 1, end=end["offset"] + 9)["result"][
+        "times"
+    ] == [times[-1]]
+    assert agent.call("logs.times", job="x", start=0, end=1)["ok"] is False
