@@ -753,3 +753,13 @@ def test_job_hints_join_log_exit_and_gpu_telemetry() -> None:
     ended = M.Job(host="h", id="j2", name="j2", state=M.JOB_FAILED, command=("python",), exit_code=139)
     assert [h.code for h in job_hints(ended, None, host)] == ["exit_segfault"]
     assert job_hints(None, None, host) == []
+
+
+def test_no_rule_fires_on_any_line_of_a_clean_log() -> None:
+    from gputui.core.insights.log_hints import add_line_hints
+
+    for name in [*CLEAN_FIXTURES, "lm_batches.log", "yolov8_epochs.log"]:
+        for line in read(name).decode("utf-8", "replace").replace("\r", "\n").splitlines():
+            found: dict[str, Hint] = {}
+            add_line_hints(line, found)
+            assert not found, (name, line)

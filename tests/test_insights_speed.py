@@ -72,3 +72,17 @@ def test_bulk_redraws_equal_line_by_line_on_the_bench_log(monkeypatch: pytest.Mo
 def test_bulk_redraws_equal_line_by_line_on_fixtures(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     data = (LOGS / name).read_bytes()
     assert parse(data, 1 << 16, True, monkeypatch) == parse(data, 1 << 16, False, monkeypatch)
+
+
+def test_the_app_parses_every_line_of_a_flood() -> None:
+    """No flood cap: a 4 MiB batch of output reaches the insights parser whole (it used to read 16 KiB)."""
+    from gputui.core import model as M
+    from gputui.ui.logstream import LogStream
+
+    job = M.Job(host="h", id="1", name="1", state=M.JOB_RUNNING, command=("python",))
+    stream = LogStream(session=None, job=job, max_lines=100)
+    lines = [b"step %d/100000 loss=%.4f\n" % (i, 1 / (i + 1)) for i in range(150_000)]
+    stream._on_data(b"".join(lines))
+    assert stream.drain()
+    snap = stream.snapshot()
+    assert snap.metrics["loss"]["count"] == 150_000 and snap.step == 149_999
