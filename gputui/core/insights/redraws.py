@@ -32,12 +32,33 @@ _RATE = rb"(?:\?|\d+(?:\.\d+)?[kMGTP]?)[a-z]{0,12}/s|\d+(?:\.\d+)?s/[a-z]{0,12}"
 
 # one redraw after its description, on a line of its own: "{pct}%|{bar}| {n}/{total} [{el}<{rem}, {rate}, {post}]";
 # groups: n, total, elapsed, remaining, rate, postfix
-_TAIL = re.compile(
-    rb"(?m)^[ \t]*\d{1,3}%\|[^|\[\n]{0,400}\|[ \t]*(\d+(?:\.\d+)?[kMGTP]?)/(\d+(?:\.\d+)?[kMGTP]?)[A-Za-z]{0,16}"
-    rb"[ \t]*\[(\d+(?::\d\d)+)(?:<(\d+(?::\d\d)+|\?))?,[ \t]*("
-    + _RATE
-    + rb")(?:,[ \t]*([^\[\]\n\x1b]{0,2000}))?\][ \t]*$"
-)
+
+
+def _tail(keep: str) -> re.Pattern[bytes]:
+    """The pattern of one redraw after its description, capturing the fields named in ``keep``."""
+
+    def g(name: str, body: bytes) -> bytes:
+        return (b"(" if name in keep else b"(?:") + body + b")"
+
+    return re.compile(
+        rb"(?m)^[ \t]*\d{1,3}%\|[^|\[\n]{0,400}\|[ \t]*"
+        + g("n", rb"\d+(?:\.\d+)?[kMGTP]?")
+        + b"/"
+        + g("total", rb"\d+(?:\.\d+)?[kMGTP]?")
+        + rb"[A-Za-z]{0,16}[ \t]*\["
+        + g("el", rb"\d+(?::\d\d)+")
+        + b"(?:<"
+        + g("rem", rb"\d+(?::\d\d)+|\?")
+        + rb")?,[ \t]*"
+        + g("rate", _RATE)
+        + rb"(?:,[ \t]*"
+        + g("post", rb"[^\[\]\n\x1b]{0,2000}")
+        + rb")?\][ \t]*$"
+    )
+
+
+_TAIL = _tail("n total el rem rate post")  # the last redraw of a run: all its fields
+_TAIL_POSTS = _tail("total post")  # every redraw of a run
 
 
 @dataclass(frozen=True)
@@ -110,45 +131,63 @@ def read_run(r: Redraws, lines: list[bytes], i: int, bar_post: bytes | None) -> 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
     has a postfix that may hold a hint, names an epoch, is not plain numbers or has a non-finite value.
     """
-    desc, n = r.desc, len(lines)
-    segs: list[bytes] = []
-    j = i
-    while j < n:
-        line = lines[j]
-        if line.startswith(desc) if desc else _PCT.match(line):
-            segs.append(line)
-        elif line:
-            break
-        j += 1
-    if not segs:
+    desc, n, j = r.desc, len(lines), i
+    if not lines[i]:
+        return None
+    if desc:
+        while j < n and (lines[j].startswith(desc) or not lines[j]):
+            j += 1
+    else:
+        while j < n and (not lines[j] or _PCT.match(lines[j])):
+            j += 1
+    segs = lines[i:j]
+    count = len(segs) - segs.count(b"")
+    if not count:
         return None
     body = b"\n".join(segs)
     if desc:
         body = body.replace(b"\n" + desc, b"\n")[len(desc) :]
-    rows = _TAIL.findall(body)
-    if len(rows) != len(segs) or b"poch" in body or b"POCH" in body:
+    rows = _TAIL_POSTS.findall(body)
+    if len(rows) != count or b"poch" in body or b"POCH" in body or {t for t, _ in rows} != {r.total}:
         return Run(j)
-    total = r.total
     posts: list[bytes] = []
     prev = bar_post
-    for row in rows:
-        post = row[5].strip()
+    for _, post in rows:
+        post = post.strip()
         if post and post != prev:
             posts.append(post)
             prev = post
-        if row[1] != total:
-            return Run(j)
-    columns: list[tuple[str, list[float]]] = []
-    if posts:
-        joined = b"\n".join(posts)
-        keys = _postfix_keys(posts[0]) if first_hint_key(joined) < 0 else None
-        values = _postfix_shape(keys).findall(joined) if keys else []
-        if keys is None or len(values) != len(posts):
-            return Run(j)
-        table = [(v,) for v in values] if len(keys) == 1 else values
-        for k, key in enumerate(keys):
-            column = [float(row[k]) for row in table]
-            if not all(map(math.isfinite, column)):
-                return Run(j)
-            columns.append((key.lower(), column[1:]))
-    return Run(j, rows[-1], segs[-1], posts, columns)
+    columns = _postfix_columns(posts) if posts else []
+    if columns is None:
+        return Run(j)
+    last = next(line for line in reversed(segs) if line)
+    m = _TAIL.match(last[len(desc) :])
+    assert m is not None  # it matched above, inside the body
+    return Run(j, m.groups(default=b""), last, posts, columns)
+
+
+def _postfix_columns(posts: list[bytes]) -> list[tuple[str, list[float]]] | None:
+    """(metric name, values of posts[1:]) per key of postfixes that all have the same plain-number
+    keys; None when they do not, a key may hold a hint or a value is not finite."""
+    keys = _postfix_keys(posts[0])
+    if keys is None or first_hint_key(",".join(keys).encode()) >= 0:
+        return None
+    prefix = keys[0].encode() + b"="
+    table: list[tuple[float, ...]] = []
+    if len(keys) == 1 and all(p.startswith(prefix) for p in posts):  # the usual "loss=0.123"
+        try:
+            table = [(float(p[len(prefix) :]),) for p in posts]
+        except ValueError:
+            table = []
+    if not table:
+        rows = _postfix_shape(keys).findall(b"\n".join(posts))
+        if len(rows) != len(posts):
+            return None
+        table = [(float(v),) for v in rows] if len(keys) == 1 else [tuple(map(float, row)) for row in rows]
+    columns = []
+    for k, key in enumerate(keys):
+        column = [row[k] for row in table]
+        if not all(map(math.isfinite, column)):
+            return None
+        columns.append((key.lower(), column[1:]))
+    return columns
