@@ -25,24 +25,30 @@ class LogClock:
         self._offset, self._now = offset, now
         self._start = now()
         self._last: Optional[float] = None
+        self._recorded = offset  # the offset of the last entry
         self._count = 0
 
     def wrote(self, n: int) -> None:
         self._offset += n
+        now = self._now()
+        if self._last is None or now - self._last >= max(1.0, (now - self._start) / DENSITY):
+            self._record(now)
+
+    def close(self) -> None:
+        """The end of the output gets its time too."""
+        if self._offset != self._recorded:
+            self._record(self._now())
+        os.close(self._fd)
+
+    def _record(self, now: float) -> None:
         if self._count >= MAX_ENTRIES:
             return
-        now = self._now()
-        if self._last is not None and now - self._last < max(1.0, (now - self._start) / DENSITY):
-            return
-        self._last = now
+        self._last, self._recorded = now, self._offset
         self._count += 1
         try:
             os.write(self._fd, ("%d %.3f\n" % (self._offset, now)).encode())
         except OSError:  # a full disk costs the index, never the job
             self._count = MAX_ENTRIES
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 def read_times(path: str, start: int, end: int, limit: int = 256) -> List[Tuple[int, float]]:

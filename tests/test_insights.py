@@ -61,6 +61,7 @@ CLEAN_FIXTURES = [
     "mmdet_epochs.log",
     "lm_batches.log",
     "yolov8_epochs.log",
+    "mmengine_val.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -527,6 +528,13 @@ def test_yolo_epoch_table_is_the_run_and_its_validation_bar_is_not() -> None:
     )
     assert mid.epoch == 45 and mid.progress == pytest.approx((44 + 8 / 16) / 1000)
     assert mid.metrics["box_loss"]["count"] == 2  # the row is read once per change, not per redraw
+
+
+def test_an_evaluation_loop_does_not_replace_the_training_eta() -> None:
+    train = parse(read("mmengine_epochs.log"))
+    both = parse(read("mmengine_epochs.log") + read("mmengine_val.log"))
+    assert both.eta_s == train.eta_s == 9.0  # not the val loop's "eta: 0:05:38"
+    assert both.progress == train.progress
 
 
 def test_a_time_metric_has_no_best() -> None:

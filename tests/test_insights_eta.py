@@ -140,8 +140,9 @@ def test_runner_writes_the_index(tmp_path: Path) -> None:
     )
     size = (job_dir / "output.log").stat().st_size
     times = read_times(str(job_dir / "output.times"), 0, size)
-    assert 2 <= len(times) <= 4
-    assert times[-1][0] == size and all(b[1] - a[1] >= 1.0 for a, b in zip(times, times[1:], strict=False))
+    assert 2 <= len(times) <= 5
+    assert times[-1][0] == size  # the end gets its time when the runner closes the index
+    assert all(b[1] - a[1] >= 1.0 for a, b in zip(times[:-1], times[1:-1], strict=False))
 
 
 def test_agent_serves_the_index_of_a_real_job(agent) -> None:  # noqa: ANN001 (conftest's AgentProc)
@@ -153,7 +154,7 @@ def test_agent_serves_the_index_of_a_real_job(agent) -> None:  # noqa: ANN001 (c
     assert agent.call("logs.follow", job=job, offset=0)["ok"]
     end = agent.wait_event(("log_end",), 60, job=job)["data"]
     times = agent.call("logs.times", job=job, start=0, end=end["offset"])["result"]["times"]
-    assert 3 <= len(times) <= 5 and times[-1][0] == end["offset"]
+    assert 2 <= len(times) <= 6 and times[-1][0] == end["offset"]
     assert agent.call("logs.times", job=job, start=end["offset"] + 1, end=end["offset"] + 9)["result"][
         "times"
     ] == [times[-1]]

@@ -260,7 +260,8 @@ class LogInsights:
         low = text.lower()
         if ("step" in low or "iter" in low) and self._parse_step(text, low):
             summary = False
-        self._parse_eta(text)
+        if "(val)" not in text and "(test)" not in text:  # mmengine's Epoch(val) eta is the evaluation's
+            self._parse_eta(text)
         if "(" in text and CONFIG_DUMP.search(text):
             return  # Namespace(lr=0.1, epochs=14, ...): its totals are read above, the rest are settings
         found = False
