@@ -45,6 +45,8 @@ HINT_FIXTURES = {
     "device_side_assert.log": "cuda_device_assert",
     "tensors_devices.log": "device_mismatch",
     "shm_no_space.log": "shm_full",
+    "nanogpt_nan.log": "loss_nan",
+    "torchrun_sigkill.log": "host_oom",
 }
 CLEAN_FIXTURES = [
     "nccl_info_clean.log",
@@ -62,6 +64,8 @@ CLEAN_FIXTURES = [
     "lm_batches.log",
     "yolov8_epochs.log",
     "mmengine_val.log",
+    "nanogpt_iters.log",
+    "openpcdet_timm_style.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -535,6 +539,17 @@ def test_an_evaluation_loop_does_not_replace_the_training_eta() -> None:
     both = parse(read("mmengine_epochs.log") + read("mmengine_val.log"))
     assert both.eta_s == train.eta_s == 9.0  # not the val loop's "eta: 0:05:38"
     assert both.progress == train.progress
+
+
+def test_nanogpt_iters_and_eval_steps() -> None:
+    snap = parse(read("nanogpt_iters.log"))
+    m = snap.metrics
+    assert m["loss"] == {"last": 1.6524, "best": 1.6524, "count": 6}  # the iter loss, not the eval's
+    assert m["train_loss"]["last"] == 1.544 and m["val_loss"]["last"] == 1.722
+    assert snap.loss_history[-1] == 1.6524 and "mfu" not in m
+    assert (
+        "acc_iter" not in parse(read("openpcdet_timm_style.log")).metrics
+    )  # "Acc_iter 150" counts iterations
 
 
 def test_a_time_metric_has_no_best() -> None:
