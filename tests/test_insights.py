@@ -66,6 +66,7 @@ CLEAN_FIXTURES = [
     "mmengine_val.log",
     "nanogpt_iters.log",
     "openpcdet_timm_style.log",
+    "keras_evaluate.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -550,6 +551,16 @@ def test_nanogpt_iters_and_eval_steps() -> None:
     assert (
         "acc_iter" not in parse(read("openpcdet_timm_style.log")).metrics
     )  # "Acc_iter 150" counts iterations
+
+
+def test_keras_evaluate_after_fit_is_not_training() -> None:
+    data = read("keras_evaluate.log")
+    snap = parse(data)
+    assert (snap.progress, snap.eta_s, snap.epoch) == (1.0, 0.0, 100)
+    assert snap.metrics["loss"]["count"] == 2 and snap.loss_history == (0.0266, 0.0266)
+    assert snap.metrics["eval_loss"]["last"] == 0.0267 and snap.metrics["eval_accuracy"]["last"] == 0.9983
+    mid = parse(data.rsplit(b"\n", 2)[0] + b"\n1200/2671 [=====>........] - ETA: 0s - loss: 0.0300\n")
+    assert (mid.progress, mid.step, mid.total_steps) == (1.0, 4451, 4451)  # the evaluation bar is not the run
 
 
 def test_a_time_metric_has_no_best() -> None:

@@ -17,7 +17,9 @@ _HIGHER_BETTER = words(
 )
 # times are per step, per epoch or totals depending on the line: their "best" means nothing
 _NEUTRAL = words("lr learning grad norm time runtime seconds secs")
-_NOT_METRICS = words("epoch epochs step global_step iter iteration batch v_num total_flos num_epochs acc_iter")
+_NOT_METRICS = words(
+    "epoch epochs step global_step iter iteration batch v_num total_flos num_epochs acc_iter"
+)
 _CONFIG_TOKENS = words("warmup steps epochs size num workers decay seed")
 _TOKEN_SPLIT = re.compile(r"[_./\-]+")
 

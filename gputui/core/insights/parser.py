@@ -98,6 +98,7 @@ class _Bar:
 # LogInsights fields that reading a progress bar may change (saved around the peek in snapshot()).
 _BAR_STATE = (
     "_bars",
+    "_fit_total",
     "_redraws",
     "_bar_post",
     "_epoch",
@@ -128,6 +129,7 @@ class LogInsights:
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
         self._bar_post: str | None = None
         self._glued = ""  # text after a tqdm bar on the same line
+        self._fit_total: str | None = None  # the size of keras fit()'s bars
         self._table: tuple[str, ...] = ()  # the columns of an epoch table after "Epoch" (ultralytics)
         self._table_row: list[str] | tuple[str, ...] = ()
         self._eval_table: tuple[str, ...] = ()  # the columns of a YOLO validation table
@@ -324,11 +326,25 @@ class LogInsights:
         m = ASCII_BAR.search(text)
         if m is None or (m.group("pct") is None and m.group("total") is None):
             return None
+        post = text[m.end() :].strip()
+        total = m.group("total")
         if m.group("pct") is not None:  # "Epoch 2/5 [###...] 30%": the 2/5 is not this bar's count
             self._set_bar(_Bar(m.group("pct"), "100"))
+        elif self._is_evaluation(total):  # keras model.evaluate() after fit(): not the training run
+            if post != self._bar_post:
+                self._bar_post = post
+                self._parse_kv(post, prefix="eval_")
+            return _IGNORED
         else:
-            self._set_bar(_Bar(m.group("n"), m.group("total")))
-        return text[m.end() :].strip()
+            self._set_bar(_Bar(m.group("n"), total))
+            if self._epoch_from_text:
+                self._fit_total = total
+        return post
+
+    def _is_evaluation(self, total: str) -> bool:
+        """A keras bar of another size than the finished training bars of fit()."""
+        fit = self._bars.get(self._fit_total) if self._fit_total else None
+        return fit is not None and total != self._fit_total and fit.n >= (fit.total or 0)
 
     def _set_bar(self, bar: _Bar) -> None:
         bars = self._bars
@@ -467,12 +483,12 @@ class LogInsights:
         text = run.last_text.decode("utf-8", "replace")
         self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
 
-    def _parse_kv(self, text: str) -> bool:
-        """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric."""
+    def _parse_kv(self, text: str, prefix: str = "") -> bool:
+        """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key)."""
         found = False
         for split, key, num, pct in KV.findall(text):
             value = to_float(num)
-            name = f"{split}_{key}".lower() if split else key.lower()
+            name = prefix + (f"{split}_{key}".lower() if split else key.lower())
             if value is not None and pct and metric_kind(name) == "max":
                 value /= 100.0  # "74.87%" next to "0.73": one scale
             if value is not None and self._add_metric(name, value):
