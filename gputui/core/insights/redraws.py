@@ -2,10 +2,10 @@
 
 A tqdm bar redraws itself with ``\\r`` several times a second, so a log holds long runs of redraws of
 one bar that differ only in their count, times and postfix. Once the parser has read one redraw line
-by line, :func:`redraw_pattern` gives patterns that match the redraws of the same bar (same
-description, same total) and nothing else, and :func:`read_run` takes a whole run of them with a few
-C-level regex calls. The parser applies the result so that its state is the same as if it had read
-every redraw on its own (tests/test_insights_speed.py checks this on every fixture).
+by line, :func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run
+of its redraws that follows with one regex over all of them and the postfix metrics by column, instead
+of a pass per line. The parser applies the result so that its state is the same as if it had read every
+redraw on its own (tests/test_insights_speed.py checks this on every fixture and on the bench log).
 """
 
 from __future__ import annotations
