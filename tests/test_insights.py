@@ -67,6 +67,8 @@ CLEAN_FIXTURES = [
     "nanogpt_iters.log",
     "openpcdet_timm_style.log",
     "keras_evaluate.log",
+    "fairseq_epochs.log",
+    "deepspeed_steps.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -561,6 +563,19 @@ def test_keras_evaluate_after_fit_is_not_training() -> None:
     assert snap.metrics["eval_loss"]["last"] == 0.0267 and snap.metrics["eval_accuracy"]["last"] == 0.9983
     mid = parse(data.rsplit(b"\n", 2)[0] + b"\n1200/2671 [=====>........] - ETA: 0s - loss: 0.0300\n")
     assert (mid.progress, mid.step, mid.total_steps) == (1.0, 4451, 4451)  # the evaluation bar is not the run
+
+
+def test_fairseq_and_deepspeed_lines() -> None:
+    fairseq = parse(read("fairseq_epochs.log"))
+    assert (fairseq.epoch, fairseq.step, fairseq.total_steps) == (10, 1000, 2737)  # inside epoch 10, not done
+    assert fairseq.metrics["loss"]["count"] == 5 and fairseq.metrics["valid_loss"]["last"] == 6.37204
+    ds = parse(read("deepspeed_steps.log"))
+    assert (ds.step, ds.total_steps, ds.rate) == (
+        1999,
+        24128,
+        "3.33s/it",
+    )  # the bar with a log line glued to it
+    assert ds.metrics["loss"]["count"] == 5 and "mom" not in ds.metrics and "skipped" not in ds.metrics
 
 
 def test_a_time_metric_has_no_best() -> None:

@@ -21,6 +21,7 @@ from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind
 from .patterns import (
     ANSI,
     ASCII_BAR,
+    COLON_COUNT,
     CONFIG_DUMP,
     DICT_KV,
     EPOCH,
@@ -389,6 +390,10 @@ class LogInsights:
                 (inner.group(1), inner.group(2)) if inner.group(1) else (inner.group(3), inner.group(4))
             )
             self._set_bar(_Bar(n, total))
+            return True
+        colon = COLON_COUNT.match(text, m.end())  # fairseq "epoch 009:   1000 / 2737"
+        if colon:
+            self._set_bar(_Bar(colon.group(1), colon.group(2)))
             return True
         return False
 

@@ -24,6 +24,8 @@ TABLE_HEAD = re.compile(r"(?i)^epoch(?:[ \t]+[A-Za-z][\w()/.\-]*){2,}$")
 TABLE_ROW = re.compile(
     r"^(\d+)/(\d+)((?:[ \t]+[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[KMGT]?)+)[ \t]*(?::|$)"
 )
+# fairseq: "| epoch 009:   1000 / 2737 loss=..." (matched right after the epoch number)
+COLON_COUNT = re.compile(r"[ \t]*:[ \t]*(\d+)[ \t]*/[ \t]*(\d+)\b")
 # a printed argparse Namespace or config object: settings, not metrics
 CONFIG_DUMP = re.compile(r"\b(?:Namespace|\w*(?:Config|Arguments|Args))\(\w+=")
 # 'key': value / "key": value in JSON lines and Python dict reprs (HF Trainer)
