@@ -3,6 +3,7 @@
 Pure and headless: no I/O, no UI imports. The modules:
 
 - :mod:`.parser`: :class:`LogInsights`, fed raw log bytes, returns frozen :class:`JobInsights` snapshots;
+- :mod:`.patterns`: its regexes; :mod:`.redraws`: runs of tqdm redraws read in bulk;
 - :mod:`.metrics`: which names are metrics and which way is "best";
 - :mod:`.log_hints`: hints from log lines, and :func:`hint_for_exit` for an exit status;
 - :mod:`.gpu_hints`: :func:`hints_from_metrics`, hints from GPU telemetry;
