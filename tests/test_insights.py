@@ -578,6 +578,20 @@ def test_fairseq_and_deepspeed_lines() -> None:
     assert ds.metrics["loss"]["count"] == 5 and "mom" not in ds.metrics and "skipped" not in ds.metrics
 
 
+def test_an_evaluation_loop_shows_as_a_phase_not_as_progress() -> None:
+    train = b"Epoch 2/5:  40%|####      | 40/100 [00:10<00:15,  4.00it/s, loss=0.3]\n"
+    val = b"Validation DataLoader 0:  50%|#####     | 5/10 [00:01<00:01,  5.00it/s]\r"
+    during = parse(train + val)
+    assert during.phase == "eval" and during.progress == pytest.approx((1 + 0.4) / 5)
+    after = parse(train + val + train.replace(b"40", b"41"))
+    assert after.phase == "train"
+    assert parse(read("keras_evaluate.log")).phase == "eval"
+    assert parse(read("mmengine_epochs.log") + read("mmengine_val.log")).phase == "eval"
+    assert parse(read("yolov8_epochs.log")).phase == "eval"  # the validation bar after each epoch's bar
+    assert parse(read("lm_batches.log")).phase == "train"
+    assert parse(b"hello\n").phase is None and parse(b"hello\n").to_json()["phase"] is None
+
+
 def test_a_time_metric_has_no_best() -> None:
     m = parse(b"epoch 1 time: 127.3s\nepoch 2 time: 130.1s\ntotal time: 9000s\n").metrics
     assert m["time"]["best"] == m["time"]["last"] == 130.1

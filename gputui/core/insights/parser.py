@@ -46,6 +46,7 @@ from .redraws import Redraws, Run, read_run, redraw_pattern
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
+_EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evaluation loop
 
 MAX_LINE = 4096  # bytes of one line kept (the tail) before parsing
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
@@ -99,6 +100,7 @@ class _Bar:
 # LogInsights fields that reading a progress bar may change (saved around the peek in snapshot()).
 _BAR_STATE = (
     "_bars",
+    "_phase",
     "_fit_total",
     "_redraws",
     "_bar_post",
@@ -130,6 +132,7 @@ class LogInsights:
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
         self._bar_post: str | None = None
         self._glued = ""  # text after a tqdm bar on the same line
+        self._phase: str | None = None
         self._fit_total: str | None = None  # the size of keras fit()'s bars
         self._table: tuple[str, ...] = ()  # the columns of an epoch table after "Epoch" (ultralytics)
         self._table_row: list[str] | tuple[str, ...] = ()
@@ -265,6 +268,8 @@ class LogInsights:
             summary = False
         if "(val)" not in text and "(test)" not in text:  # mmengine's Epoch(val) eta is the evaluation's
             self._parse_eta(text)
+        else:
+            self._phase = "eval"
         if "(" in text and CONFIG_DUMP.search(text):
             return  # Namespace(lr=0.1, epochs=14, ...): its totals are read above, the rest are settings
         found = False
@@ -288,6 +293,8 @@ class LogInsights:
         el, rem, rate, post = m.groups()
         if "B/s" in rate or skipped_bar(head[: cm.start()]):
             desc = head[: cm.start()]
+            if desc.lstrip()[:5].lower().startswith(_EVAL_DESCS):
+                self._phase = "eval"
             if desc[:5].lower() == "class":  # a YOLO validation bar: its header names the "all" row's columns
                 self._eval_table = table_columns(desc[: desc.find("%")].rstrip("0123456789 :"))
             return _IGNORED
@@ -332,6 +339,7 @@ class LogInsights:
         if m.group("pct") is not None:  # "Epoch 2/5 [###...] 30%": the 2/5 is not this bar's count
             self._set_bar(_Bar(m.group("pct"), "100"))
         elif self._is_evaluation(total):  # keras model.evaluate() after fit(): not the training run
+            self._phase = "eval"
             if post != self._bar_post:
                 self._bar_post = post
                 self._parse_kv(post, prefix="eval_")
@@ -348,6 +356,7 @@ class LogInsights:
         return fit is not None and total != self._fit_total and fit.n >= (fit.total or 0)
 
     def _set_bar(self, bar: _Bar) -> None:
+        self._phase = "train"
         bars = self._bars
         bars.pop(bar._total, None)  # re-insert: the dict order is the recency order
         bars[bar._total] = bar
@@ -673,5 +682,6 @@ class LogInsights:
             loss_history=tuple(self._loss_history),
             hints=tuple(self._hints.values()),
             last_line=self._last_line,
+            phase=self._phase,
         )
         return self._snap

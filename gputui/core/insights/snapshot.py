@@ -38,6 +38,7 @@ class JobInsights:
     loss_history: tuple[float, ...] = ()
     hints: tuple[Hint, ...] = ()
     last_line: str = ""
+    phase: str | None = None  # "train", or "eval" while an evaluation/validation loop runs
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict that ``json.dumps`` accepts (non-finite floats become None)."""
@@ -56,6 +57,7 @@ class JobInsights:
             "loss_history": [_finite(v) for v in self.loss_history],
             "hints": [h.to_json() for h in self.hints],
             "last_line": self.last_line,
+            "phase": self.phase,
         }
 
 
