@@ -1,8 +1,11 @@
-"""Throughput of LogInsights on a realistic mixed training log, next to bytes.splitlines().
+"""Throughput of LogInsights on a realistic mixed training log, next to bytes.splitlines(); and the
+ETA of a cold read (gputui jobs --json, one poll) next to the app's long-lived parser.
 
 Run: python bench/insights.py [--mb 8] [--runs 5]. Prints lines/s and MB/s (median of the runs)
 for LogInsights.feed() in 64 KiB chunks and, as a peer over the same bytes, a plain
-bytes.splitlines(); plus the ratio. No asserts.
+bytes.splitlines(); plus the ratio. Then, for a simulated MNIST-style job (5 epochs of 20 s training
++ 4 s evaluation, an ascii bar and epoch summaries), the ETA at a few moments: the app's parser fed
+live, a cold read with the runner's offset -> time index, and one without it. No asserts.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gputui.core.insights import LogInsights  # noqa: E402
+import tempfile  # noqa: E402
+
+from gputui.core.insights import LogInsights, timed_parser  # noqa: E402
+from gputui.core.records import TAIL_BYTES  # noqa: E402
+from remote_agent.logclock import LogClock, read_times  # noqa: E402
 
 CHUNK = 64 * 1024
 
@@ -77,6 +84,55 @@ def time_splitlines(data: bytes) -> float:
     return time.perf_counter() - t0
 
 
+EPOCHS, TRAIN_S, EVAL_S = 5, 20.0, 4.0
+
+
+def simulated_job(until: float) -> list[tuple[float, bytes]]:
+    """(time, bytes) of an MNIST-style job without tqdm, up to ``until`` seconds."""
+    out: list[tuple[float, bytes]] = []
+    for epoch in range(1, EPOCHS + 1):
+        t0 = (epoch - 1) * (TRAIN_S + EVAL_S)
+        for pct in range(101):
+            bar = f"\rEpoch {epoch}/{EPOCHS} [{'#' * (pct * 30 // 100):.<30}] {pct:3d}% loss=0.{pct:04d}"
+            out.append((t0 + pct * TRAIN_S / 100, bar.encode()))
+        out.append(
+            (t0 + TRAIN_S + EVAL_S, f"\rEpoch {epoch}/{EPOCHS} train_loss=0.1 test_acc=0.98\n".encode())
+        )
+    return [(at, data) for at, data in out if at <= until]
+
+
+def etas(until: float) -> tuple[float | None, float | None, float | None]:
+    """ETA from the app's live parser, from jobs --json with the runner's time index, and without it."""
+    writes = simulated_job(until)
+    now = [0.0]
+    app = LogInsights(clock=lambda: now[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = LogClock(f"{tmp}/output.times", 0, now=lambda: 1.7e9 + now[0])
+        for at, data in writes:
+            now[0] = at
+            app.feed(data)
+            clock.wrote(len(data))
+        clock.close()
+        log = b"".join(data for _, data in writes)
+        start = max(0, len(log) - TAIL_BYTES)
+        cold = timed_parser(log[start:], start, read_times(f"{tmp}/output.times", start, len(log)))
+    blind = timed_parser(log[start:], start, [])
+    return app.snapshot().eta_s, cold.snapshot().eta_s, blind.snapshot().eta_s
+
+
+def eta_table() -> None:
+    print(
+        f"\nETA of a simulated job ({EPOCHS} epochs of {TRAIN_S:.0f} s training + {EVAL_S:.0f} s evaluation):"
+    )
+    print(f"{'at s':>6}  {'true':>6}  {'app (live)':>10}  {'jobs --json':>11}  {'no index':>8}  jobs/app")
+    for until in (34.0, 58.0, 74.0, 106.0):
+        live, cold, blind = etas(until)
+        ratio = f"{cold / live:.2f}" if cold and live else "-"
+        shown = [f"{v:.1f}" if v is not None else "null" for v in (live, cold, blind)]
+        true = EPOCHS * (TRAIN_S + EVAL_S) - until
+        print(f"{until:6.0f}  {true:6.0f}  {shown[0]:>10}  {shown[1]:>11}  {shown[2]:>8}  {ratio}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=8.0, help="size of the synthetic log")
@@ -91,6 +147,7 @@ def main() -> None:
     print(f"LogInsights.feed     : {lines / ins:12,.0f} lines/s  {mb / ins:8.1f} MB/s")
     print(f"bytes.splitlines peer: {lines / spl:12,.0f} lines/s  {mb / spl:8.1f} MB/s")
     print(f"ratio (splitlines / LogInsights): {ins / spl:.0f}x")
+    eta_table()
 
 
 if __name__ == "__main__":

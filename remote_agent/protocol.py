@@ -38,6 +38,7 @@ OP_JOBS_KILL = "jobs.kill"
 OP_LOGS_READ = "logs.read"
 OP_LOGS_FOLLOW = "logs.follow"
 OP_LOGS_UNFOLLOW = "logs.unfollow"
+OP_LOGS_TIMES = "logs.times"  # when the log's bytes were written (remote_agent/logclock.py)
 OP_METRICS_SUBSCRIBE = "metrics.subscribe"
 OP_METRICS_SAMPLE = "metrics.sample"
 OP_SHUTDOWN = "shutdown"

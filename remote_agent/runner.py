@@ -20,6 +20,7 @@ import tty
 from typing import Dict, List, Optional
 
 from .fsutil import write_json
+from .logclock import TIMES_NAME, LogClock
 from .usage import UsageRecorder
 
 READ_SIZE = 65536
@@ -116,6 +117,7 @@ def run(job_dir: str) -> int:
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
     log = LogWriter(os.path.join(job_dir, "output.log"))
+    log_clock = LogClock(os.path.join(job_dir, TIMES_NAME), log.offset)
     pid, master = _spawn(job["argv"], job["cwd"], env)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     write_json(
@@ -160,7 +162,9 @@ def run(job_dir: str) -> int:
                     data = b""
                 if not data:
                     break
+                before = log.offset
                 log.write(data)
+                log_clock.wrote(log.offset - before)
                 if pane_ok:
                     try:
                         _write_all(out_fd, data)
@@ -199,6 +203,7 @@ def run(job_dir: str) -> int:
         _, status = os.waitpid(pid, 0)
     code, sig = _exit_code(status)
     log.close()
+    log_clock.close()
     usage.stopped.set()
     usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
     try:

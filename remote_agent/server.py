@@ -20,6 +20,7 @@ from .activity import ActivityLog, idle_status
 from .doctor import run_doctor
 from .fsutil import read_json, write_json
 from .jobs import RUNNING, JobError, JobStore
+from .logclock import TIMES_NAME, read_times
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
 
@@ -117,6 +118,7 @@ class Agent:
             P.OP_LOGS_READ: self.op_read,
             P.OP_LOGS_FOLLOW: self.op_follow,
             P.OP_LOGS_UNFOLLOW: self.op_unfollow,
+            P.OP_LOGS_TIMES: self.op_times,
             P.OP_METRICS_SUBSCRIBE: self.op_subscribe,
             P.OP_METRICS_SAMPLE: self.op_sample,
             P.OP_SHUTDOWN: self.op_shutdown,
@@ -190,6 +192,11 @@ class Agent:
             path, offset, P.int_arg(a, "max_bytes", P.LOG_CHUNK_BYTES, 0, P.LOG_CHUNK_BYTES)
         )
         return {"offset": offset, "b64": P.b64(data), "size": size}
+
+    def op_times(self, a: Dict[str, Any]) -> Dict[str, Any]:
+        """When the bytes start..end of the job's log were written: [[offset, unix time], ...]."""
+        path = os.path.join(self.jobs.job_dir(str(a.get("job"))), TIMES_NAME)
+        return {"times": read_times(path, int(a.get("start", 0)), int(a.get("end", 0)))}
 
     def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
         job = self.jobs.describe(job_id)

@@ -39,6 +39,14 @@ HINT_FIXTURES = {
     "no_space.log": "disk_full",
     "killed_tqdm.log": "host_oom",
     "killed_plain.log": "host_oom",
+    "checkpoint_write_failed.log": "checkpoint_write",
+    "checkpoint_write_tqdm.log": "checkpoint_write",
+    "nccl_warn_ibv.log": "nccl_network",
+    "device_side_assert.log": "cuda_device_assert",
+    "tensors_devices.log": "device_mismatch",
+    "shm_no_space.log": "shm_full",
+    "nanogpt_nan.log": "loss_nan",
+    "torchrun_sigkill.log": "host_oom",
 }
 CLEAN_FIXTURES = [
     "nccl_info_clean.log",
@@ -53,6 +61,14 @@ CLEAN_FIXTURES = [
     "keras_fit.log",
     "mmengine_epochs.log",
     "mmdet_epochs.log",
+    "lm_batches.log",
+    "yolov8_epochs.log",
+    "mmengine_val.log",
+    "nanogpt_iters.log",
+    "openpcdet_timm_style.log",
+    "keras_evaluate.log",
+    "fairseq_epochs.log",
+    "deepspeed_steps.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -132,6 +148,37 @@ def test_dataloader_hint_tells_shm_from_ram() -> None:
     assert "shared memory" in shm.title
     ram = parse(b"RuntimeError: DataLoader worker (pid 7) is killed by signal: Killed.\n").hints[0]
     assert ram.code == "dataloader_worker" and "RAM" in ram.fix
+
+
+def test_shm_full_is_not_the_disk() -> None:
+    shm = parse(read("shm_no_space.log")).hints[0]
+    assert "--shm-size" in shm.fix and "/dev/shm" in shm.title
+    disk = parse(read("no_space.log")).hints[0]
+    assert disk.code == "disk_full" and "save_total_limit" in disk.fix
+
+
+def test_new_hints_name_the_fix() -> None:
+    fixes = {h.code: h.fix for name in HINT_FIXTURES for h in parse(read(name)).hints}
+    assert (
+        "CUDA_LAUNCH_BLOCKING=1" in fixes["cuda_device_assert"]
+        and "num_classes" in fixes["cuda_device_assert"]
+    )
+    assert "NCCL_IB_DISABLE=1" in fixes["nccl_network"] and "memlock" in fixes["nccl_network"]
+    assert "model.to(device)" in fixes["device_mismatch"]
+    assert "df -h" in fixes["checkpoint_write"]
+
+
+def test_sigkill_with_a_killed_log_is_one_hint_with_its_evidence() -> None:
+    from gputui.core.insights import with_exit_hint
+
+    hints = with_exit_hint(parse(read("killed_plain.log")).hints, 137)
+    assert [h.code for h in hints] == ["host_oom"]
+    assert "Killed" in hints[0].line and "exit code 137" in hints[0].line
+    assert [h.code for h in with_exit_hint((), 137)] == ["exit_sigkill"]
+    assert [h.code for h in with_exit_hint(parse(read("no_space.log")).hints, -9)] == [
+        "disk_full",
+        "exit_sigkill",
+    ]
 
 
 def test_hints_are_deduplicated_by_code() -> None:
@@ -430,8 +477,125 @@ def test_metric_best_and_last() -> None:
     log = b"loss: 0.5\nloss=0.3\nLoss 0.4\nacc: 97.5%\nacc: 98.1%\nacc: 96.0%\nval_loss=0.2\n"
     m = parse(log).metrics
     assert m["loss"] == {"last": 0.4, "best": 0.3, "count": 3}
-    assert m["acc"] == {"last": 96.0, "best": 98.1, "count": 3}
+    assert m["acc"] == {
+        "last": pytest.approx(0.96),
+        "best": pytest.approx(0.981),
+        "count": 3,
+    }  # percent: a fraction
     assert m["val_loss"]["count"] == 1
+
+
+# ---- failure classes seen on real logs (issue 12) ----------------------------------------------
+
+
+def test_split_words_name_the_metric_and_the_train_loss_stays_the_loss() -> None:
+    snap = parse(read("lm_batches.log"))
+    m = snap.metrics
+    assert m["loss"]["count"] == 9 and m["loss"]["last"] == 3.95  # "valid loss" is not the loss
+    assert m["valid_loss"] == {"last": 4.35, "best": 4.35, "count": 2}
+    assert m["valid_ppl"]["best"] == 77.44
+    assert len(snap.loss_history) == 9
+    line = parse(b"epoch 3: train loss 1.54, val loss 1.72, train acc 0.73, val acc 74.87%\n").metrics
+    assert line["train_loss"]["last"] == 1.54 and line["val_loss"]["last"] == 1.72
+    assert line["train_acc"]["last"] == 0.73 and line["val_acc"]["last"] == pytest.approx(0.7487)
+    keras = parse(read("device_side_assert.log")).metrics
+    assert set(keras) == {"train_loss", "acc"}
+
+
+def test_batches_inside_an_epoch_are_not_finished_epochs() -> None:
+    namespace = b"Namespace(batch_size=20, bptt=35, clip=0.25, data='./data/wikitext-2', epochs=40, lr=20, seed=1111)\n"
+    snap = parse(namespace + read("lm_batches.log"))
+    assert (snap.epoch, snap.total_epochs) == (27, 40)
+    assert snap.progress == pytest.approx((26 + 400 / 1106) / 40)  # not 27/40
+    assert snap.metrics["lr"]["count"] == 9  # the Namespace's lr=20 is a setting, not a metric
+    assert "seed" not in snap.metrics and "clip" not in snap.metrics
+    batch = parse(b"Epoch   1 Batch  100/225 - Loss: 2.7359 - perplextity: 15.4241\n")
+    assert (batch.epoch, batch.step, batch.total_steps) == (1, 100, 225)
+
+
+def test_yolo_epoch_table_is_the_run_and_its_validation_bar_is_not() -> None:
+    snap = parse(read("yolov8_epochs.log"))
+    assert (snap.epoch, snap.total_epochs) == (46, 1000)
+    assert snap.progress == pytest.approx(46 / 1000)  # not the per-epoch bar's 100%
+    assert snap.eta_s and snap.eta_s > 900 * 5  # ~954 epochs of ~5 s to go, not 0
+    m = snap.metrics
+    assert m["box_loss"] == {"last": 1.14, "best": 1.14, "count": 3}
+    assert m["box_map50-95"] == {"last": 0.574, "best": 0.673, "count": 3}
+    assert "gpu_mem" not in m and "instances" not in m and "size" not in m
+    assert snap.loss_history == (1.145, 1.153, 1.14)
+    redraws = b"".join(
+        b"\r    45/1000      6.73G      1.153     0.5309      1.113          5        640:  %d%%|##   | %d/16 [00:0%d<00:05,  2.79it/s]"
+        % (n * 100 // 16, n, n % 10)
+        for n in range(1, 9)
+    )
+    mid = parse(
+        read("yolov8_epochs.log").split(b"\n\n")[0]
+        + b"\n\n      Epoch    GPU_mem   box_loss   cls_loss   dfl_loss  Instances       Size\n"
+        + redraws
+    )
+    assert mid.epoch == 45 and mid.progress == pytest.approx((44 + 8 / 16) / 1000)
+    assert mid.metrics["box_loss"]["count"] == 2  # the row is read once per change, not per redraw
+
+
+def test_an_evaluation_loop_does_not_replace_the_training_eta() -> None:
+    train = parse(read("mmengine_epochs.log"))
+    both = parse(read("mmengine_epochs.log") + read("mmengine_val.log"))
+    assert both.eta_s == train.eta_s == 9.0  # not the val loop's "eta: 0:05:38"
+    assert both.progress == train.progress
+
+
+def test_nanogpt_iters_and_eval_steps() -> None:
+    snap = parse(read("nanogpt_iters.log"))
+    m = snap.metrics
+    assert m["loss"] == {"last": 1.6524, "best": 1.6524, "count": 6}  # the iter loss, not the eval's
+    assert m["train_loss"]["last"] == 1.544 and m["val_loss"]["last"] == 1.722
+    assert snap.loss_history[-1] == 1.6524 and "mfu" not in m
+    assert (
+        "acc_iter" not in parse(read("openpcdet_timm_style.log")).metrics
+    )  # "Acc_iter 150" counts iterations
+
+
+def test_keras_evaluate_after_fit_is_not_training() -> None:
+    data = read("keras_evaluate.log")
+    snap = parse(data)
+    assert (snap.progress, snap.eta_s, snap.epoch) == (1.0, 0.0, 100)
+    assert snap.metrics["loss"]["count"] == 2 and snap.loss_history == (0.0266, 0.0266)
+    assert snap.metrics["eval_loss"]["last"] == 0.0267 and snap.metrics["eval_accuracy"]["last"] == 0.9983
+    mid = parse(data.rsplit(b"\n", 2)[0] + b"\n1200/2671 [=====>........] - ETA: 0s - loss: 0.0300\n")
+    assert (mid.progress, mid.step, mid.total_steps) == (1.0, 4451, 4451)  # the evaluation bar is not the run
+
+
+def test_fairseq_and_deepspeed_lines() -> None:
+    fairseq = parse(read("fairseq_epochs.log"))
+    assert (fairseq.epoch, fairseq.step, fairseq.total_steps) == (10, 1000, 2737)  # inside epoch 10, not done
+    assert fairseq.metrics["loss"]["count"] == 5 and fairseq.metrics["valid_loss"]["last"] == 6.37204
+    ds = parse(read("deepspeed_steps.log"))
+    assert (ds.step, ds.total_steps, ds.rate) == (
+        1999,
+        24128,
+        "3.33s/it",
+    )  # the bar with a log line glued to it
+    assert ds.metrics["loss"]["count"] == 5 and "mom" not in ds.metrics and "skipped" not in ds.metrics
+
+
+def test_an_evaluation_loop_shows_as_a_phase_not_as_progress() -> None:
+    train = b"Epoch 2/5:  40%|####      | 40/100 [00:10<00:15,  4.00it/s, loss=0.3]\n"
+    val = b"Validation DataLoader 0:  50%|#####     | 5/10 [00:01<00:01,  5.00it/s]\r"
+    during = parse(train + val)
+    assert during.phase == "eval" and during.progress == pytest.approx((1 + 0.4) / 5)
+    after = parse(train + val + train.replace(b"40", b"41"))
+    assert after.phase == "train"
+    assert parse(read("keras_evaluate.log")).phase == "eval"
+    assert parse(read("mmengine_epochs.log") + read("mmengine_val.log")).phase == "eval"
+    assert parse(read("yolov8_epochs.log")).phase == "eval"  # the validation bar after each epoch's bar
+    assert parse(read("lm_batches.log")).phase == "train"
+    assert parse(b"hello\n").phase is None and parse(b"hello\n").to_json()["phase"] is None
+
+
+def test_a_time_metric_has_no_best() -> None:
+    m = parse(b"epoch 1 time: 127.3s\nepoch 2 time: 130.1s\ntotal time: 9000s\n").metrics
+    assert m["time"]["best"] == m["time"]["last"] == 130.1
+    assert m["total_time"]["last"] == 9000
 
 
 def test_config_prints_are_not_metrics() -> None:
@@ -634,3 +798,31 @@ def test_hint_line_is_capped() -> None:
     snap = parse(b"y" * 10_000 + b" RuntimeError: CUDA out of memory.\n")
     assert codes(snap) == ["cuda_oom"]
     assert len(snap.last_line) == MAX_LINE
+
+
+def test_job_hints_join_log_exit_and_gpu_telemetry() -> None:
+    from gputui.core import model as M
+    from gputui.core.insights import job_hints
+
+    idle = M.GpuSample(index=0, util_percent=5.0, processes=(M.GpuProcess(pid=9, mem_mib=900, job="j1"),))
+    busy = M.GpuSample(index=1, util_percent=99.0, processes=(M.GpuProcess(pid=7, mem_mib=500),))
+    samples = tuple(M.MetricsSample(seq=i, t=i, host=M.HostStats(), gpus=(idle, busy)) for i in range(12))
+    host = M.HostSnapshot(name="h", metrics=samples[-1], history=samples)
+    running = M.Job(host="h", id="j1", name="j1", state=M.JOB_RUNNING, command=("python",))
+    assert [h.code for h in job_hints(running, parse(read("cuda_oom_legacy.log")), host)] == [
+        "cuda_oom",
+        "low_gpu_util",  # GPU 0 only: GPU 1 at 99% does not run this job
+    ]
+    ended = M.Job(host="h", id="j2", name="j2", state=M.JOB_FAILED, command=("python",), exit_code=139)
+    assert [h.code for h in job_hints(ended, None, host)] == ["exit_segfault"]
+    assert job_hints(None, None, host) == []
+
+
+def test_no_rule_fires_on_any_line_of_a_clean_log() -> None:
+    from gputui.core.insights.log_hints import add_line_hints
+
+    for name in [*CLEAN_FIXTURES, "lm_batches.log", "yolov8_epochs.log"]:
+        for line in read(name).decode("utf-8", "replace").replace("\r", "\n").splitlines():
+            found: dict[str, Hint] = {}
+            add_line_hints(line, found)
+            assert not found, (name, line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .insights import Hint, JobInsights, LogInsights, hint_for_exit
+from .insights import Hint, JobInsights, timed_parser, with_exit_hint
 from .link import AgentError
 from .model import JOB_RUNNING, Job
 from .session import HostSession
@@ -15,25 +15,32 @@ TAIL_BYTES = 512 * 1024
 
 
 async def job_insights(session: HostSession, job: Job) -> JobInsights:
-    """Progress, metrics and hints parsed from the last TAIL_BYTES of the job's log, plus an exit-code hint."""
-    offset = max(0, job.log_size - TAIL_BYTES)
-    parser = LogInsights()
+    """Progress, metrics and hints parsed from the last TAIL_BYTES of the job's log, plus an exit-code hint.
+
+    The host's record of when the log's bytes were written gives the rates a live reader would have seen.
+    """
+    start = offset = max(0, job.log_size - TAIL_BYTES)
+    data = bytearray()
     try:
         while True:
-            offset, data, size = await session.read_log(job.id, offset)
-            parser.feed(data)
-            offset += len(data)
-            if not data or offset >= size:
+            offset, chunk, size = await session.read_log(job.id, offset)
+            data += chunk
+            offset += len(chunk)
+            if not chunk or offset >= size:
                 break
     except AgentError as exc:  # e.g. the log became a dir or a FIFO: this job's problem, not the host's
         fix = f"look at jobs/{job.id}/output.log in the host's state dir"
         return JobInsights(hints=(Hint("log_unreadable", "the job's log cannot be read", fix, str(exc)),))
+    try:
+        times = await session.log_times(job.id, start, offset)
+    except AgentError:  # an agent from before the time index: no rates, as before
+        times = []
+    parser = timed_parser(bytes(data), start, times)
     if job.state != JOB_RUNNING:
         parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()
-    exit_hint = hint_for_exit(job.exit_code) if job.state != JOB_RUNNING else None
-    if exit_hint is not None and all(h.code != exit_hint.code for h in snap.hints):
-        snap = replace(snap, hints=(*snap.hints, exit_hint))
+    if job.state != JOB_RUNNING:
+        snap = replace(snap, hints=tuple(with_exit_hint(snap.hints, job.exit_code)))
     return snap
 
 

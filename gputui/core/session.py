@@ -352,6 +352,11 @@ class HostSession:
         res = await self.request(P.OP_LOGS_READ, job=job, offset=offset, tail_lines=tail_lines)
         return int(res["offset"]), P.unb64(res["b64"]), int(res["size"])
 
+    async def log_times(self, job: str, start: int, end: int) -> list[tuple[int, float]]:
+        """When the job's log bytes ``start..end`` were written: (offset, unix time) pairs, oldest first."""
+        res = await self.request(P.OP_LOGS_TIMES, job=job, start=start, end=end)
+        return [(int(o), float(t)) for o, t in res.get("times") or ()]
+
     async def follow_log(
         self,
         job: str,

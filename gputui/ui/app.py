@@ -28,7 +28,7 @@ from gputui.core import model as M
 from gputui.core import records, safetext
 from gputui.core.cost import budget_alerts, idle_release_candidates
 from gputui.core.doctor import run_doctor
-from gputui.core.insights import Hint, JobInsights, hint_for_exit, hints_from_metrics
+from gputui.core.insights import Hint, JobInsights, job_hints
 from gputui.core.release import ReleaseError, release_host
 from remote_agent import protocol as P
 
@@ -422,24 +422,7 @@ class GpuTuiApp(App[None]):
         pane.show_info(job, ins, self._hints(job, ins), self.palette)
 
     def _hints(self, job: M.Job | None, ins: JobInsights | None) -> list[Hint]:
-        if job is None:
-            return []
-        hints = list(ins.hints) if ins else []
-        exit_hint = hint_for_exit(job.exit_code)
-        if exit_hint is not None:
-            hints.append(exit_hint)
-        snap = self.hosts.get(job.host)
-        if snap is not None and snap.gpus:
-            mine = [g for g in snap.gpus if any(p.job == job.id for p in g.processes)]
-            if mine:
-                idx = {g.index for g in mine}
-                util = [
-                    sum(g.util_percent or 0 for g in s.gpus if g.index in idx) / len(idx)
-                    for s in snap.history[-120:]
-                ]
-                oom = any(h.code == "cuda_oom" for h in hints)
-                hints += hints_from_metrics(job.running, util, mine, job=job.id, oom=oom)
-        return hints
+        return job_hints(job, ins, self.hosts.get(job.host) if job is not None else None)
 
     # --- selection --------------------------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -17,7 +17,6 @@ from . import fmt
 from .logbuffer import LogBuffer
 
 TAIL_FROM_BYTES = 4 << 20  # logs larger than this open at their tail instead of at byte 0
-INSIGHTS_BUDGET = 16 << 10  # bytes of one flush the insights parser reads; a flood is sampled at its newest
 
 
 class LogStream:
@@ -31,7 +30,6 @@ class LogStream:
         self.insights = LogInsights()
         self.ended: dict[str, Any] | None = None
         self.end_seen = False  # the app has looked at ``ended``
-        self.insights_skipped = 0  # bytes of a flood the insights parser did not read
         self.error: str | None = None
         self._queue: list[bytes | str] = []  # bytes of output, str for markers, in arrival order
         self._follow: Any = None
@@ -109,18 +107,9 @@ class LogStream:
         return True
 
     def _feed(self, data: bytes) -> None:
-        if not data:
-            return
-        self.buffer.feed(data)
-        first = data.find(b"\n")
-        cut = data.find(b"\n", len(data) - INSIGHTS_BUDGET) if len(data) > INSIGHTS_BUDGET else -1
-        if first < 0 or cut <= first:
-            self.insights.feed(data)
-            return
-        # A flood: finish the line in progress, skip to the newest lines (progress and metrics live there).
-        self.insights.feed(data[: first + 1])
-        self.insights.feed(data[cut + 1 :])
-        self.insights_skipped += cut - first
+        if data:
+            self.buffer.feed(data)
+            self.insights.feed(data)  # every line: the parser keeps up with floods (bench/insights.py)
 
     def snapshot(self) -> JobInsights:
         return self.insights.snapshot()

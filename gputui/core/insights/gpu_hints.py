@@ -1,0 +1,145 @@
+"""Hints from GPU telemetry: low utilisation, throttling, other processes holding memory after an OOM."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .snapshot import Hint, cap_line
+
+LOW_UTIL_PCT = 30.0
+LOW_UTIL_MIN_SAMPLES = 10
+HOT_TEMP_C = 85.0
+
+_THERMAL_REASONS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+_POWER_REASONS = ("sw_power_cap",)
+MAX_LISTED_PROCESSES = 5
+
+
+def _reasons(gpu: Any, known: tuple[str, ...]) -> list[str]:
+    """The known throttle reasons a GPU reports (NVML-style longer names match too)."""
+    got = [str(r).lower() for r in (_get(gpu, "throttle_reasons") or ())]
+    return [k for k in known if any(k in r for r in got)]
+
+
+def _get(gpu: Any, key: str) -> Any:
+    """Field of a GPU sample given as a wire dict or an object (with an ``extra`` dict)."""
+    if isinstance(gpu, Mapping):
+        return gpu.get(key)
+    value = getattr(gpu, key, None)
+    if value is None:
+        extra = getattr(gpu, "extra", None)
+        if isinstance(extra, Mapping):
+            value = extra.get(key)
+    return value
+
+
+def _proc(p: Any, key: str) -> Any:
+    return p.get(key) if isinstance(p, Mapping) else getattr(p, key, None)
+
+
+def _gpu_label(gpu: Any) -> str:
+    name = _get(gpu, "name")
+    return f"GPU {_get(gpu, 'index') or 0}" + (f" ({name})" if name else "")
+
+
+def hints_from_metrics(
+    job_running: bool,
+    gpu_util_history: Sequence[float],
+    gpus: Sequence[Mapping[str, Any] | Any],
+    *,
+    job: str | None = None,
+    oom: bool = False,
+    min_samples: int = LOW_UTIL_MIN_SAMPLES,
+    low_util_pct: float = LOW_UTIL_PCT,
+) -> list[Hint]:
+    """Hints from GPU telemetry for one job.
+
+    ``gpu_util_history``: recent utilisation samples (percent) of the job's GPU(s), oldest first.
+    ``gpus``: the job's GPUs as agent wire dicts (``index``, ``name``, ``temp_c``,
+    ``throttle_reasons``, ``processes`` = [{"pid", "mem_mib", "job", "name"}]) or ``GpuSample``-like
+    objects. ``job``: this job's id, so its own processes are not blamed. ``oom``: the job hit CUDA
+    OOM (e.g. a ``cuda_oom`` log hint), which names the other processes holding memory.
+    """
+    hints: list[Hint] = []
+    util = [float(u) for u in gpu_util_history if u is not None]
+    if job_running and len(util) >= min_samples:
+        med = statistics.median(util)
+        if med < low_util_pct:
+            hints.append(
+                Hint(
+                    "low_gpu_util",
+                    "GPU mostly idle: input pipeline bound?",
+                    "Median GPU utilisation is low while the job runs, so the GPU waits for data. Raise "
+                    "DataLoader num_workers (about the CPU core count), set pin_memory=True and "
+                    "persistent_workers=True, and check whether the CPU is at 100%.",
+                    f"median GPU util {med:.0f}% over {len(util)} samples",
+                )
+            )
+    hints.extend(_throttle_hints(gpus))
+    if oom:
+        other = _other_processes(gpus, job)
+        if other:
+            hints.append(
+                Hint(
+                    "gpu_memory_others",
+                    "Other processes hold GPU memory",
+                    "These processes use memory on the job's GPU: "
+                    + "; ".join(other)
+                    + ". Stop them (or pick another GPU via CUDA_VISIBLE_DEVICES) before retrying.",
+                    cap_line(", ".join(other)),
+                )
+            )
+    return hints
+
+
+def _throttle_hints(gpus: Iterable[Any]) -> list[Hint]:
+    thermal: list[str] = []
+    power: list[str] = []
+    for gpu in gpus:
+        hw = _reasons(gpu, _THERMAL_REASONS)
+        temp = _get(gpu, "temp_c")
+        hot = isinstance(temp, (int, float)) and temp >= HOT_TEMP_C
+        if hw or hot:
+            degrees = f", {temp:.0f}°C" if isinstance(temp, (int, float)) else ""
+            thermal.append(f"{_gpu_label(gpu)}: {','.join(hw) or 'temperature'}{degrees}")
+        if _reasons(gpu, _POWER_REASONS):
+            power.append(f"{_gpu_label(gpu)}: sw_power_cap")
+    hints = []
+    if thermal:
+        hints.append(
+            Hint(
+                "gpu_thermal_throttle",
+                "GPU throttled (heat / hardware slowdown)",
+                "The GPU slows its clocks because it is too hot (or hardware slowdown is asserted). This is "
+                "a host problem (cooling, fans, airflow): ask the provider or move to another machine.",
+                cap_line("; ".join(thermal)),
+            )
+        )
+    if power:
+        hints.append(
+            Hint(
+                "gpu_power_cap",
+                "GPU clocks capped by power limit",
+                "The GPU runs at its power limit. Normal at full load, but compare power_limit_w with the "
+                "card's default (nvidia-smi -q -d POWER): a lowered limit on a rented host costs speed.",
+                cap_line("; ".join(power)),
+            )
+        )
+    return hints
+
+
+def _other_processes(gpus: Iterable[Any], job: str | None) -> list[str]:
+    """The biggest processes not of ``job`` holding memory on these GPUs, as short descriptions."""
+    found: list[tuple[float, str]] = []
+    for gpu in gpus:
+        for p in _get(gpu, "processes") or ():
+            owner, mem = _proc(p, "job"), _proc(p, "mem_mib")
+            if (job is not None and owner == job) or not mem:
+                continue
+            tag = f" (job {owner})" if owner else ""
+            desc = f"pid {_proc(p, 'pid')} {_proc(p, 'name') or '?'}{tag} {float(mem):.0f} MiB on {_gpu_label(gpu)}"
+            found.append((float(mem), desc))
+    found.sort(key=lambda item: -item[0])
+    return [desc for _, desc in found[:MAX_LISTED_PROCESSES]]

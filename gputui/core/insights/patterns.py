@@ -1,0 +1,127 @@
+"""The regexes of the log parser and the small text helpers around them (all precompiled, pure)."""
+
+from __future__ import annotations
+
+import re
+
+from .metrics import words
+
+NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)"
+# key=value, key: value, key value (the key is filtered by metric_kind afterwards), with the word that
+# says which split a bare key belongs to ("valid loss 4.35", "train Loss: 2.7") and a percent sign
+KV = re.compile(
+    r"(?<![\w./\-])(?:(?P<q>(?i:train(?:ing)?|val(?:id(?:ation)?)?|eval|test|dev|total|epoch))[ \t]+)?"
+    r"(?P<k>[A-Za-z][\w./\-]{0,47})\s*(?:[=:]\s*|\s+)(?P<v>" + NUM + r")(?:(?P<pct>%)|ms\b|s\b)?"
+    r"(?![\w.:/\-])"
+)
+# a count inside an epoch on an epoch's line: "| 200/ 2983 batches |", "Batch 50/225", "iter 3/10"
+INNER = re.compile(
+    r"(?i)\b(?:batch|iter|step)\s*[:#]?\s*(\d+)\s*/\s*(\d+)|\b(\d+)\s*/\s*(\d+)\s*(?:batch(?:es)?|iters?|steps?)\b"
+)
+# ultralytics-style epoch tables: a header "Epoch GPU_mem box_loss ... Size", then rows "44/1000 6.73G 1.14 ... 640"
+# (the row is a tqdm description when a bar follows it)
+TABLE_HEAD = re.compile(r"(?i)^epoch(?:[ \t]+[A-Za-z][\w()/.\-]*){2,}$")
+TABLE_ROW = re.compile(
+    r"^(\d+)/(\d+)((?:[ \t]+[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?[KMGT]?)+)[ \t]*(?::|$)"
+)
+# fairseq: "| epoch 009:   1000 / 2737 loss=..." (matched right after the epoch number)
+COLON_COUNT = re.compile(r"[ \t]*:[ \t]*(\d+)[ \t]*/[ \t]*(\d+)\b")
+# a printed argparse Namespace or config object: settings, not metrics
+CONFIG_DUMP = re.compile(r"\b(?:Namespace|\w*(?:Config|Arguments|Args))\(\w+=")
+# 'key': value / "key": value in JSON lines and Python dict reprs (HF Trainer)
+DICT_KV = re.compile(
+    r"""(["'])(?P<k>[\w./\-@ ]{1,64})\1\s*:\s*(?:np\.float\d*\(|tensor\()?(?P<v>""" + NUM + r")"
+)
+ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
+# "Epoch 2/5", "epoch 3 of 10", "Epoch: [4]", optionally followed by an inner "(996/1926)"
+EPOCH = re.compile(
+    r"(?i)\bepoch\b(?:\(train\))?[\s:#\[]*(\d+)(?:\s*(?:/|of)\s*(\d+))?\]?"
+    r"(?:\s*[(\[]\s*(\d+)\s*/\s*(\d+)\s*[)\]])?"
+)
+STEP = re.compile(r"(?i)\b(?:global[_ ]step|step|iter|iteration)\b[\s:=#\[]*(\d+)(?:\s*(?:/|of)\s*(\d+))?")
+TOTAL_EPOCHS = re.compile(
+    r"(?i)\b(?:num[_ ]?(?:train[_ ])?epochs|n_?epochs|max_?epochs|total_?epochs|epochs)\s*[=:]\s*(\d+)\b"
+)
+TOTAL_STEPS = re.compile(r"(?i)\b(?:total optimization steps|max_?steps|total_?steps)\s*[=:]\s*([\d,]+)")
+ETA = re.compile(
+    r"(?i)\beta\b\s*[:=]?\s*(?:(\d+)\s*days?,\s*)?(\d+(?::\d\d){1,2}|\d+(?:\.\d+)?\s*(?:s|m|h|min)\b)"
+)
+# tqdm: "{desc}: {pct}%|{bar}| {n}/{total} [{elapsed}<{remaining}, {rate}, {postfix}]" (or "{n}it [...]").
+# The bracket is searched first (a literal "[" prefix is fast), then the count just before it.
+TQDM = re.compile(
+    r"\[(?P<el>\d+(?::\d\d)+)(?:<(?P<rem>\d+(?::\d\d)+|\?))?,\s*(?P<rate>[^,\[\]]*)(?:,\s*(?P<post>[^\[\]]*))?\]"
+)
+TQDM_COUNT = re.compile(r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*")
+# ascii bars: "Epoch 2/5 [#####.....] 45%" or keras "120/469 [=====>....]"
+ASCII_BAR = re.compile(
+    r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?\[[#=>.\-]{4,}[#=>.\- ]*\]\s*(?:(?P<pct>\d{1,3})%)?"
+)
+
+# tqdm bars that are not the training run (their description starts with one of these)
+SKIP_BAR_DESCS = tuple(
+    sorted(
+        words(
+            "val eval test predict sanity map filter download load generating token extract resolving class"
+        )
+    )
+) + ("fetching", "saving", "upload", "running tokenizer")
+SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def skipped_bar(head: str) -> bool:
+    """Whether a bar's description ("Validation DataLoader 0: 12%|...") marks a non-training bar."""
+    pct = head.find("%")
+    desc = (head[:pct].rstrip("0123456789") if pct >= 0 else head).strip(" :|\t").lower()
+    return bool(desc) and desc.startswith(SKIP_BAR_DESCS)
+
+
+def hms(text: str) -> float:
+    """ "01:02" / "1:02:03" -> seconds."""
+    total = 0.0
+    for part in text.split(":"):
+        total = total * 60 + int(part)
+    return total
+
+
+def eta_seconds(m: re.Match[str]) -> float:
+    days, val = m.group(1), m.group(2)
+    secs = float(days or 0) * 86400
+    if ":" in val:
+        return secs + hms(val)
+    num = float(re.sub(r"[^\d.]", "", val))
+    unit = val.rstrip()[-1]
+    return secs + num * {"s": 1, "m": 60, "n": 60, "h": 3600}[unit]
+
+
+def to_float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# The log parser
+# --------------------------------------------------------------------------------------------
+
+
+def tqdm_count(text: str) -> float:
+    """tqdm counts, possibly unit-scaled: "450" -> 450.0, "1.2k" -> 1200.0."""
+    scale = SCALE.get(text[-1])
+    return float(text[:-1]) * scale if scale else float(text)
+
+
+def table_columns(head: str) -> tuple[str, ...]:
+    """Metric names of a table header: "Class Images Box(P R mAP50 mAP50-95)" -> ("class", ..., "box_map50", ...)."""
+    names: list[str] = []
+    group = ""
+    for word in head.split():
+        word = word.lower()
+        if "(" in word:
+            group, _, word = word.partition("(")
+        closed = word.endswith(")")
+        word = word.rstrip("):")
+        names.append(f"{group}_{word}" if group else word)
+        if closed:
+            group = ""
+    return tuple(names)

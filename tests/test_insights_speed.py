@@ -1,0 +1,88 @@
+"""The bulk reading of tqdm redraw runs (insights/redraws.py) gives what reading each line gives."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from gputui.core.insights import LogInsights, parser
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_log(size: int) -> bytes:
+    spec = importlib.util.spec_from_file_location("bench_insights", ROOT / "bench" / "insights.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_insights", mod)
+    spec.loader.exec_module(mod)
+    return mod.make_log(size)
+
+
+def parse(data: bytes, chunk: int, bulk: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
+    with monkeypatch.context() as m:
+        if not bulk:
+            m.setattr(parser, "read_run", lambda *a: None)
+        ins = LogInsights(clock=lambda: 0.0)
+        for i in range(0, len(data), chunk):
+            ins.feed(data[i : i + chunk])
+        ins.flush()
+        return ins.snapshot().to_json()
+
+
+REDRAWS = (
+    b"Epoch 1/3:  10%|#    | 1/10 [00:01<00:09, 1.00it/s, loss=0.5]\r"
+    b"Epoch 1/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.4]\r"
+    b"Epoch 1/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.4]\r"
+    b"Epoch 1/3:  30%|###  | 3/10 [00:03<00:07, 1.00it/s, loss=nan]\n"
+    b"a plain line\n"
+    b"Epoch 1/3:  40%|#### | 4/10 [00:04<00:06, 1.00it/s]\r"
+    b"Epoch 1/3:  50%|#####| 5/10 [00:05<00:05, 1.00it/s, loss=0.3, acc=0.8]\r"
+    b"Epoch 1/3:  60%|#####| 6/10 [00:06<00:04, 1.00it/s, loss=0.2, acc=0.9]\r"
+    b"Epoch 1/3:  70%|#####| 7/10 [00:07<00:03, 1.00it/s, loss=0.2, acc=0.9]\n"
+    b"{'loss': 0.25, 'epoch': 1.7}\n"
+    b"Epoch 1/3:  80%|#####| 8/10 [00:08<00:02, 1.00it/s, StorageFull=1]\r"
+    b"Epoch 1/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, loss=0.1]\r\n"
+    b"Validation: 50%|###  | 1/2 [00:00<00:00, 9.00it/s]\r"
+    b"Epoch 1/3: 100%|#####| 10/10 [00:10<00:00, 1.00it/s, loss=0.1]garbage\r"
+    b"Epoch 2/3:  10%|#    | 1/10 [00:01<00:09, 1.00it/s, loss=0.09]\r"
+    b"Epoch 2/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.08]\r"
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 16])
+def test_bulk_redraws_equal_line_by_line_on_edge_cases(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse(REDRAWS, chunk, True, monkeypatch) == parse(REDRAWS, chunk, False, monkeypatch)
+
+
+def test_bulk_redraws_equal_line_by_line_on_the_bench_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = bench_log(300_000)
+    want = parse(data, 1 << 16, False, monkeypatch)
+    assert want["progress"] and want["metrics"]["loss"]["count"] > 1000
+    for chunk in (1 << 16, 4093, random.Random(1).randint(100, 999)):
+        assert parse(data, chunk, True, monkeypatch) == want
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.log")))
+def test_bulk_redraws_equal_line_by_line_on_fixtures(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = (LOGS / name).read_bytes()
+    assert parse(data, 1 << 16, True, monkeypatch) == parse(data, 1 << 16, False, monkeypatch)
+
+
+def test_the_app_parses_every_line_of_a_flood() -> None:
+    """No flood cap: a 4 MiB batch of output reaches the insights parser whole (it used to read 16 KiB)."""
+    from gputui.core import model as M
+    from gputui.ui.logstream import LogStream
+
+    job = M.Job(host="h", id="1", name="1", state=M.JOB_RUNNING, command=("python",))
+    stream = LogStream(session=None, job=job, max_lines=100)
+    lines = [b"step %d/100000 loss=%.4f\n" % (i, 1 / (i + 1)) for i in range(150_000)]
+    stream._on_data(b"".join(lines))
+    assert stream.drain()
+    snap = stream.snapshot()
+    assert snap.metrics["loss"]["count"] == 150_000 and snap.step == 149_999
