@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from gputui.core import safetext
 from gputui.core.doctor import FAIL, OK, SKIP, WARN, DoctorReport
+from gputui.core.headline import ranked
 
 from .. import fmt
 
@@ -66,7 +67,8 @@ def history_table(records: list[dict[str, Any]], now: float | None = None) -> Ta
             table.add_column(header, no_wrap=True, min_width=len(header), max_width=widest, justify=justify)
     widths = [w or 1000 for _, w, _ in HISTORY_COLUMNS]
     for r in records:
-        metrics = " ".join(f"{k}={v['last']:.4g}" for k, v in list(r["metrics"].items())[:3])
+        m = r["metrics"]  # the metrics that matter first (the CLI's rule), as many as the column wraps to
+        metrics = " ".join(f"{k}={m[k]['last']:.4g}" for k in ranked(m)[:6] if m[k].get("last") is not None)
         cost = "-" if r["cost"] is None else fmt.money(r["cost"], r["currency"])
         mem = "-" if not r["gpu_peak_mem_mib"] else f"{r['gpu_peak_mem_mib'] / 1024:.1f}G"
         util = "-" if r["gpu_mean_util"] is None else f"{r['gpu_mean_util']:.0f}%"
