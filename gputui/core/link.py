@@ -20,6 +20,10 @@ class LinkClosed(ConnectionError):
     """The agent channel ended (link loss, agent exit); pending requests fail with this."""
 
 
+class RequestTimeout(LinkClosed):
+    """The agent did not answer one request in time; the link itself stays open."""
+
+
 class AgentError(RuntimeError):
     """The agent answered a request with an error."""
 
@@ -68,16 +72,19 @@ class Link:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
-            self._writer.write(P.encode(P.request(req_id, op, args)))
-            drain = getattr(self._writer, "drain", None)
-            if drain is not None:
-                await drain()
-            return await asyncio.wait_for(fut, timeout)
-        except (OSError, EOFError) as exc:
-            self._finish(f"write failed: {exc}")
-            raise LinkClosed(self.close_reason) from exc
-        except asyncio.TimeoutError:
-            raise LinkClosed(f"agent did not answer {op} within {timeout:.0f} s") from None
+            try:
+                self._writer.write(P.encode(P.request(req_id, op, args)))
+                drain = getattr(self._writer, "drain", None)
+                if drain is not None:
+                    await drain()
+            except (OSError, EOFError) as exc:
+                self._finish(f"cannot send {op} to the agent: {exc or type(exc).__name__}")
+                raise LinkClosed(self.close_reason) from exc
+            # Waiting apart from writing: on Python >= 3.11 asyncio.TimeoutError is an OSError.
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                raise RequestTimeout(f"agent did not answer {op} within {timeout:g} s") from None
         finally:
             self._pending.pop(req_id, None)
 

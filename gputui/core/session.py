@@ -285,7 +285,11 @@ class HostSession:
         if self.link is None or self.link.closed.is_set():
             if self._runner is None:
                 raise LinkClosed(self._snapshot.error or "not connected")
-            await self.wait_connected(timeout)
+            try:
+                await self.wait_connected(timeout)
+            except asyncio.TimeoutError:  # an OSError on Python >= 3.11, and without a message
+                why = self._snapshot.error or "still connecting"
+                raise LinkClosed(f"{self.name}: not connected within {timeout:g} s ({why})") from None
         assert self.link is not None
         return await self.link.request(op, timeout=timeout, **args)
 

@@ -274,7 +274,12 @@ class SSHTransport(Transport):
             res = await asyncio.wait_for(
                 conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
             )
-        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+        except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
+            conn.abort()
+            raise HostUnavailable(
+                f"{self.cfg.name} did not finish preparing the agent within {COMMAND_TIMEOUT_S:g} s"
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
             conn.abort()
             raise HostUnavailable(
                 f"link lost while preparing the agent: {exc or type(exc).__name__}"
@@ -364,7 +369,12 @@ class SSHTransport(Transport):
                 conn.create_process(sh(script), encoding=None, window=AGENT_WINDOW),
                 self.cfg.connect_timeout,
             )
-        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+        except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
+            conn.abort()
+            raise HostUnavailable(
+                f"{self.cfg.name} did not open the agent's channel within {self.cfg.connect_timeout:g} s"
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
             conn.abort()
             raise HostUnavailable(f"cannot start the agent: {exc or type(exc).__name__}") from None
         channel = AgentChannel(proc.stdout, _Writer(proc.stdin), lambda: self._stop_agent(proc))
@@ -404,9 +414,11 @@ async def fetch_host_key(transport: SSHTransport) -> tuple[Target, asyncssh.SSHK
     except ConnectionRefusedError:
         raise HostUnavailable(f"connection refused by {where}: no sshd listens there") from None
     except asyncio.TimeoutError:
-        raise HostUnavailable(f"no SSH answer from {where}") from None
+        raise HostUnavailable(
+            f"no SSH answer from {where} within {transport.cfg.connect_timeout:g} s"
+        ) from None
     except (OSError, asyncssh.Error) as exc:
-        raise HostUnavailable(f"cannot fetch the host key of {where}: {exc}") from None
+        raise HostUnavailable(f"cannot fetch the host key of {where}: {exc or type(exc).__name__}") from None
     if key is None:
         raise HostError(f"{where} presented no host key", "host_key")
     return target, key
