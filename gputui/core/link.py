@@ -96,10 +96,13 @@ class Link:
                 if not line or not line.endswith(b"\n"):
                     break  # EOF, or a partial frame cut by link loss
                 self.last_rx = asyncio.get_running_loop().time()
+                if not line.strip():
+                    continue
                 try:
                     frame = P.decode(line)
                 except P.ProtocolError as exc:
-                    log.warning("dropping malformed frame from agent: %s", exc)
+                    if self._hello.done():  # before it: what a login script printed, not the agent
+                        log.warning("dropping malformed frame from agent: %s", exc)
                     continue
                 self._dispatch(frame)
         except asyncio.CancelledError:

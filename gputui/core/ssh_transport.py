@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shlex
 import socket
 import weakref
@@ -33,6 +34,7 @@ AGENT_WINDOW = 2 * MAX_FRAME_BYTES
 #: The agent's exit status when its build vanished from the host (re-probe and upload again).
 EXIT_NO_AGENT = 97
 COMMAND_TIMEOUT_S = 60.0
+STALE_UPLOAD_MIN = 10  # an upload temp file this many minutes old belongs to an upload that died
 CONNECT_CONCURRENCY = 8  # sshd's MaxStartups (10:30:100 by default) drops bursts of new connections
 
 _SHA256_PY = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
@@ -289,11 +291,14 @@ class SSHTransport(Transport):
         return res
 
     # --- deploy -----------------------------------------------------------------------------------------------
-    async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
-        """Find python3 and tmux on the host; upload this agent build unless the host has it already."""
-        name, data = agent_build()
+    async def _probe(self, conn: asyncssh.SSHClientConnection, name: str) -> dict[str, str]:
+        """Facts about the host, read between markers with a random nonce: login noise cannot pass for them."""
         python = self.cfg.python or "python3"
+        nonce = secrets.token_hex(8)
+        begin, end = f"gputui-probe-{nonce}-begin", f"gputui-probe-{nonce}-end"
+        pyz = f"agent/{shlex.quote(name)}"
         probe = (
+            f"printf '\\n%s\\n' {begin}; trap 'echo {end}' EXIT\n"
             f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
             'command -v "$py" >/dev/null 2>&1 || { echo missing-python; exit 0; }\n'
             'py=$(command -v "$py")\n'
@@ -302,14 +307,35 @@ class SSHTransport(Transport):
             "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
             'mkdir -p "$dir" && cd "$dir" || { echo bad-dir; exit 0; }\n'
             'echo "python $py"; echo "dir $(pwd -P)"\n'
-            f'[ -f agent/{shlex.quote(name)} ] && echo agent-present\n'
+            # Temp files of uploads that died (link lost, process killed); a fresh one may be another
+            # client's upload in progress.
+            f"[ -d agent ] && find agent -maxdepth 1 -name '.gputui-agent-*.pyz.*' -mmin +{STALE_UPLOAD_MIN} "
+            "-exec rm -f {} + 2>/dev/null\n"
+            f'[ -f {pyz} ] && echo "agent-sha256 $("$py" -c {shlex.quote(_SHA256_PY)} {pyz} 2>&1 | tail -n 1)"\n'
             "exit 0\n"
         )  # fmt: skip
         res = await self._run(conn, probe)
-        facts: dict[str, str] = {}
-        for line in res.stdout.decode("utf-8", "replace").splitlines():
+        out = res.stdout.decode("utf-8", "replace")
+        _, found, rest = out.partition(begin + "\n")
+        body, finished, _ = rest.partition(end)
+        if not (found and finished):
+            detail = (res.stderr.decode("utf-8", "replace").strip() or out.strip() or "no output")[-500:]
+            raise HostError(
+                f"the setup check on {self.cfg.name} did not run to its end (exit status {res.exit_status}): "
+                f"{detail}. Does the login shell start (a .bashrc that exits or fails)?",
+                "deploy",
+            )
+        facts = {"stderr": res.stderr.decode("utf-8", "replace").strip()[-500:]}
+        for line in body.splitlines():
             key, _, value = line.partition(" ")
             facts[key] = value
+        return facts
+
+    async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
+        """Find python3 and tmux on the host; upload this agent build unless the host has it intact."""
+        name, data = agent_build()
+        facts = await self._probe(conn, name)
+        python = self.cfg.python or "python3"
         host = self.cfg.name
         if "missing-python" in facts:
             raise HostError(
@@ -330,28 +356,39 @@ class SSHTransport(Transport):
                 "missing_tmux",
             )
         if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
-            detail = (res.stderr.decode("utf-8", "replace").strip() or "no output")[-500:]
+            detail = facts["stderr"] or "no output"
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
         agent = RemoteAgent(facts["python"], facts["dir"], f"{facts['dir']}/agent/{name}")
-        if "agent-present" not in facts:
+        present = facts.get("agent-sha256")
+        if present != hashlib.sha256(data).hexdigest():
+            if present is not None:
+                log.warning(
+                    "%s: the agent build on the host is damaged (%s); uploading it again", host, present
+                )
             await self._upload(conn, agent, name, data)
         return agent
 
     async def _upload(
         self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes
     ) -> None:
-        """``cat > tmp``, check sha256 on the host, then ``mv``: hosts without sftp/scp work too."""
-        agent_dir = shlex.quote(f"{agent.state_dir}/agent")
-        tmp = f"{agent_dir}/.{shlex.quote(name)}.$$"
+        """``cat > tmp``, check sha256 on the host, then ``mv``: hosts without sftp/scp work too.
+
+        The temp file goes whatever happens (a trap); one left by a killed upload is removed by a later probe.
+        """
         sha = f"{shlex.quote(agent.python)} -c {shlex.quote(_SHA256_PY)}"
         script = (
-            f'umask 077; mkdir -p {agent_dir} && tmp={tmp} && cat > "$tmp" && sum=$({sha} "$tmp") || exit 1\n'
-            f'if [ "$sum" = {hashlib.sha256(data).hexdigest()} ]; then mv -f "$tmp" {shlex.quote(agent.pyz)}\n'
-            'else rm -f "$tmp"; echo "sha256 mismatch after upload: $sum" >&2; exit 1; fi\n'
+            f'umask 077; dir={shlex.quote(f"{agent.state_dir}/agent")}; mkdir -p "$dir" || exit 1\n'
+            f'tmp="$dir"/.{shlex.quote(name)}.$$\n'
+            "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
+            'cat > "$tmp" || exit 1\n'
+            f'sum=$({sha} "$tmp") || exit 1\n'
+            f'[ "$sum" = {hashlib.sha256(data).hexdigest()} ] '
+            '|| { echo "sha256 mismatch after upload: $sum" >&2; exit 1; }\n'
+            f'mv -f "$tmp" {shlex.quote(agent.pyz)}\n'
         )
         res = await self._run(conn, script, data)
         if res.exit_status != 0:
-            err = res.stderr.decode("utf-8", "replace").strip()[-500:]
+            err = res.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {res.exit_status}"
             raise HostError(f"uploading the agent to {self.cfg.name} failed: {err}", "deploy")
         log.info("%s: uploaded agent %s (%d bytes)", self.cfg.name, name, len(data))
 
@@ -363,7 +400,8 @@ class SSHTransport(Transport):
         agent = self._agent
         argv = [agent.python, agent.pyz, "serve", "--state-dir", agent.state_dir]
         argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
-        script = f"test -f {shlex.quote(agent.pyz)} || exit {EXIT_NO_AGENT}; exec {shlex.join(argv)}"
+        # The newline ends whatever a login script printed without one, so the agent's hello starts a line.
+        script = f"test -f {shlex.quote(agent.pyz)} || exit {EXIT_NO_AGENT}; echo; exec {shlex.join(argv)}"
         try:
             proc = await asyncio.wait_for(
                 conn.create_process(sh(script), encoding=None, window=AGENT_WINDOW),
@@ -389,8 +427,8 @@ class SSHTransport(Transport):
             await asyncio.wait_for(proc.wait_closed(), 5)
         except (asyncio.TimeoutError, Exception):
             proc.close()
-        if proc.exit_status in (EXIT_NO_AGENT, 126, 127):
-            self._agent = None  # the build or the interpreter vanished: probe and upload again
+        if proc.exit_status not in (0, None):
+            self._agent = None  # the build or the interpreter vanished or broke: probe (and upload) again
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
