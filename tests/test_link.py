@@ -58,3 +58,12 @@ async def test_write_to_a_gone_agent_says_so(pipe_agent: PipeAgent) -> None:
         for _ in range(50):  # the first writes may still land in the pipe's buffer
             await pipe_agent.link.request(P.OP_PING, timeout=5)
     assert str(err.value).strip() and not str(err.value).endswith(": ")
+
+
+async def test_close_does_not_swallow_its_callers_cancel(pipe_agent: PipeAgent) -> None:
+    closer = asyncio.create_task(pipe_agent.link.close())
+    await asyncio.sleep(0)  # closer now waits for the read loop to end
+    closer.cancel()  # e.g. HostSession.close() cancelling a runner that is dropping its link
+    await asyncio.wait({closer})
+    assert closer.cancelled()
+    assert pipe_agent.link.closed.is_set()

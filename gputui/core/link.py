@@ -76,7 +76,9 @@ class Link:
                 self._writer.write(P.encode(P.request(req_id, op, args)))
                 drain = getattr(self._writer, "drain", None)
                 if drain is not None:
-                    await drain()
+                    await asyncio.wait_for(drain(), timeout)
+            except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
+                raise RequestTimeout(f"could not send {op} to the agent within {timeout:g} s") from None
             except (OSError, EOFError) as exc:
                 self._finish(f"cannot send {op} to the agent: {exc or type(exc).__name__}")
                 raise LinkClosed(self.close_reason) from exc
@@ -150,5 +152,4 @@ class Link:
         self._finish(reason)
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await asyncio.wait({self._task})  # never raises; a cancel of our own caller is not swallowed

@@ -268,7 +268,9 @@ class HostSession:
     async def close(self) -> None:
         self._closing = True
         if self._runner is not None:
-            self._runner.cancel()
+            while not self._runner.done():  # again if need be: on Python < 3.12 wait_for can lose a cancel
+                self._runner.cancel()
+                await asyncio.wait({self._runner}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         if self.metrics_interval is not None and self.link is not None and not self.link.closed.is_set():
