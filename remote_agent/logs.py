@@ -5,7 +5,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional
 
-from .protocol import LOG_CHUNK_BYTES, b64
+from .protocol import LOG_CHUNK_BYTES, LOG_FRAME_BYTES, b64
 
 
 def read_chunk(path: str, offset: int, max_bytes: int = LOG_CHUNK_BYTES) -> "tuple[bytes, int]":
@@ -49,8 +49,10 @@ def tail_offset(path: str, lines: int, block: int = 65536) -> int:
 class Follow(threading.Thread):
     """Pushes a job log's new bytes from ``offset`` on, until the job has ended and every byte was sent.
 
-    ``send(kind, data)`` emits events; ``job_ended()`` tells whether the job's status is written. A log
-    that shrinks or is replaced is reported as a gap (``reset``) and followed again from its start.
+    ``send(kind, data)`` emits events; ``job_ended()`` tells whether the job's status is written;
+    ``room(stopped)`` waits until the client can take another event and says how many bytes it may carry
+    (flow control; 0 means stop). A log that shrinks or is replaced is reported as a gap (``reset``) and
+    followed again from its start.
     """
 
     def __init__(
@@ -61,10 +63,11 @@ class Follow(threading.Thread):
         send: Callable[[str, Dict], None],
         job_ended: Callable[[], Optional[Dict]],
         poll_s: float = 0.1,
+        room: Callable[[threading.Event], int] = lambda stopped: LOG_FRAME_BYTES,
     ) -> None:
         super().__init__(name="follow-%s" % job_id, daemon=True)
         self.job_id, self.path, self.offset = job_id, path, max(0, int(offset))
-        self.send, self.job_ended, self.poll_s = send, job_ended, poll_s
+        self.send, self.job_ended, self.poll_s, self.room = send, job_ended, poll_s, room
         self.stopped = threading.Event()
         self._inode: Optional[int] = None
 
@@ -88,7 +91,10 @@ class Follow(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             self._check_replaced()
-            data, size = read_chunk(self.path, self.offset)
+            limit = self.room(self.stopped)
+            if not limit:
+                return
+            data, size = read_chunk(self.path, self.offset, limit)
             if data:
                 self.send("log", {"job": self.job_id, "offset": self.offset, "b64": b64(data)})
                 self.offset += len(data)
@@ -96,7 +102,7 @@ class Follow(threading.Thread):
             ended = self.job_ended()
             if ended is not None:
                 # The runner writes status.json after its last log write: one more read catches every byte.
-                data, size = read_chunk(self.path, self.offset)
+                data, size = read_chunk(self.path, self.offset, limit)
                 if not data:
                     self.send("log_end", dict(ended, job=self.job_id, offset=self.offset))
                     return

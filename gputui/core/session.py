@@ -15,13 +15,14 @@ from typing import Any
 from remote_agent import protocol as P
 
 from . import model as M
-from .link import AgentError, Link, LinkClosed
+from .link import AgentError, Link, LinkClosed, RequestTimeout
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 600  # ten minutes at 1 Hz
 PING_EVERY_S = 5.0
+SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
 
@@ -191,15 +192,19 @@ class HostSession:
         self._pinger = asyncio.create_task(self._ping_loop(link))
 
     async def _ping_loop(self, link: Link) -> None:
-        """Keep the agent from timing out, and notice a link that has gone silent."""
+        """Keep the agent from timing out (it must hear us), and notice an agent that has gone silent.
+
+        Silence is judged by any bytes arriving (the agent sends a heartbeat every second), never by the
+        ping's reply: on a slow link that reply may queue behind log data. A dead link is for SSH keepalive.
+        """
         with contextlib.suppress(LinkClosed, AgentError):
             while not link.closed.is_set():
                 await asyncio.sleep(PING_EVERY_S)
-                try:
-                    await link.request(P.OP_PING, timeout=15.0)
-                except LinkClosed as exc:
-                    await link.close(str(exc))  # a hung agent or a dead link: reconnect
-                    raise
+                if link.silent_for() > SILENCE_S:  # a hung agent: reconnect
+                    await link.close(f"the agent sent nothing for {link.silent_for():.0f} s")
+                    return
+                with contextlib.suppress(RequestTimeout):
+                    await link.request(P.OP_PING, timeout=PING_EVERY_S)
 
     async def _drop_link(self) -> None:
         self._connected.clear()

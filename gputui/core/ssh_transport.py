@@ -29,7 +29,7 @@ from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
-#: asyncssh's readline() returns a partial line once a line outgrows the channel's receive window.
+#: The agent channel's SSH receive window: room for the largest frame; flow control keeps log data far below.
 AGENT_WINDOW = 2 * MAX_FRAME_BYTES
 #: The agent's exit status when its build vanished from the host (re-probe and upload again).
 EXIT_NO_AGENT = 97
