@@ -6,7 +6,7 @@ from typing import BinaryIO, Callable, Dict, Optional
 
 from .fsutil import open_regular
 from .jobs import JobError
-from .protocol import LOG_CHUNK_BYTES, b64
+from .protocol import LOG_CHUNK_BYTES, LOG_FRAME_BYTES, b64
 
 
 def _open_log(path: str) -> BinaryIO:
@@ -64,10 +64,11 @@ def tail_offset(path: str, lines: int, block: int = 65536) -> int:
 class Follow(threading.Thread):
     """Pushes a job log's new bytes from ``offset`` on, until the job has ended and every byte was sent.
 
-    ``send(kind, data)`` emits events; ``job_ended()`` tells whether the job's status is written. A log
-    that shrinks, is replaced or deleted is reported as a gap (``reset``) and followed again from its start;
-    one that cannot be read (a dir, a FIFO, EIO...) gets an ``error`` notice and is retried until the job
-    ends, when ``log_end`` carries the error.
+    ``send(kind, data)`` emits events; ``job_ended()`` tells whether the job's status is written;
+    ``room(stopped)`` waits until the client can take another event and says how many bytes it may carry
+    (flow control; 0 means stop). A log that shrinks, is replaced or deleted is reported as a gap (``reset``)
+    and followed again from its start; one that cannot be read (a dir, a FIFO, EIO...) gets an ``error``
+    notice and is retried until the job ends, when ``log_end`` carries the error.
     """
 
     def __init__(
@@ -78,10 +79,11 @@ class Follow(threading.Thread):
         send: Callable[[str, Dict], None],
         job_ended: Callable[[], Optional[Dict]],
         poll_s: float = 0.1,
+        room: Callable[[threading.Event], int] = lambda stopped: LOG_FRAME_BYTES,
     ) -> None:
         super().__init__(name="follow-%s" % job_id, daemon=True)
         self.job_id, self.path, self.offset = job_id, path, max(0, int(offset))
-        self.send, self.job_ended, self.poll_s = send, job_ended, poll_s
+        self.send, self.job_ended, self.poll_s, self.room = send, job_ended, poll_s, room
         self.stopped = threading.Event()
         self._inode: Optional[int] = None
         self._problem: Optional[str] = None  # why the log cannot be read now, as last told to the client
@@ -121,11 +123,11 @@ class Follow(threading.Thread):
             self.send("log_end", {"job": self.job_id, "offset": self.offset, "job_state": None,
                                   "exit_code": None, "error": "log follow failed: %r" % exc})  # fmt: skip
 
-    def _read(self) -> Optional[bytes]:
+    def _read(self, limit: int) -> Optional[bytes]:
         """New bytes (maybe none), or None while the log cannot be read (the client was told why)."""
         try:
             self._check_replaced()
-            data, _ = read_chunk(self.path, self.offset)
+            data, _ = read_chunk(self.path, self.offset, limit)
         except (JobError, OSError) as exc:
             self._notice(str(exc))
             return None
@@ -134,7 +136,10 @@ class Follow(threading.Thread):
 
     def _follow(self) -> None:
         while not self.stopped.is_set():
-            data = self._read()
+            limit = self.room(self.stopped)
+            if not limit:
+                return
+            data = self._read(limit)
             if data:
                 self.send("log", {"job": self.job_id, "offset": self.offset, "b64": b64(data)})
                 self.offset += len(data)
@@ -146,7 +151,7 @@ class Follow(threading.Thread):
                 ended = {"job_state": None, "exit_code": None, "error": str(exc)}
             if ended is not None:
                 # The runner writes status.json after its last log write: one more read catches every byte.
-                data = self._read()
+                data = self._read(limit)
                 if not data:
                     end = dict(ended, job=self.job_id, offset=self.offset)
                     if self._problem is not None:

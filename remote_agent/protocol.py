@@ -19,7 +19,7 @@ PROTOCOL_VERSION = 1
 
 #: Longest frame either side accepts; longer input is rejected as malformed, never buffered unbounded.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
-#: Largest raw log chunk the agent puts in one frame (base64 grows it by 4/3).
+#: Largest raw log chunk the agent puts in one reply to logs.read (base64 grows it by 4/3).
 LOG_CHUNK_BYTES = 256 * 1024
 #: Bounds of numbers in requests (the CLI refuses others as usage errors, the agent as bad arguments).
 MAX_KILL_GRACE_S = 3600.0
@@ -27,6 +27,16 @@ MAX_SNOOZE_MIN = 7 * 24 * 60
 #: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
+#: Largest raw log chunk in one followed-log event: a frame cut by a lost link is sent again whole.
+LOG_FRAME_BYTES = 48 * 1024
+
+# Flow control. Log events (the bulk) may only go out while the agent has sent fewer bytes after its hello
+# frame than the client allowed; every other frame goes out at once and counts too. The client allows more
+# with ``flow.credit`` frames as it consumes, so at most a window is ever queued between the two and a reply
+# or heartbeat never waits behind more than that, whatever the link's rate.
+OP_CREDIT = "flow.credit"  # client -> agent, no id, never answered: {"upto": bytes allowed since hello}
+FLOW_WINDOW = 64 * 1024  # what the client allows before its first credit frame
+FLOW_MIN_ROOM = 8 * 1024  # a log event waits until at least this much is allowed (client windows are >= 2x)
 
 # Operations the agent answers.
 OP_PING = "ping"

@@ -18,6 +18,7 @@ from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
 from .doctor import run_doctor
+from .flow import Credit
 from .fsutil import read_json, write_json
 from .jobs import RUNNING, JobError, JobStore
 from .logclock import TIMES_NAME, read_times
@@ -90,6 +91,7 @@ class Agent:
         self.idle_timeout, self.heartbeat_s = idle_timeout, heartbeat_s
         self.sampler = MetricsSampler(self.jobs.state_dir, nvidia_smi=nvidia_smi)
         self._out_lock = threading.Lock()
+        self.credit = Credit()
         self._last_rx = time.monotonic()
         self._follows: Dict[str, Follow] = {}
         # Metrics: one agent per state dir samples into the on-disk ring; each agent pushes its client what
@@ -144,6 +146,7 @@ class Agent:
             try:
                 self.out.write(data)
                 self.out.flush()
+                self.credit.sent_bytes(len(data))
             except (OSError, ValueError):
                 self._client_gone.set()
 
@@ -208,7 +211,8 @@ class Agent:
         job_id = str(a.get("job"))
         path = self.jobs.log_path(job_id)
         self.op_unfollow({"job": job_id})
-        follow = Follow(job_id, path, P.int_arg(a, "offset", 0), self.emit, lambda: self._ended(job_id))
+        offset, ended = P.int_arg(a, "offset", 0), lambda: self._ended(job_id)
+        follow = Follow(job_id, path, offset, self.emit, ended, room=self.credit.log_room)
         self._follows[job_id] = follow
         follow.start()
         return {"job": job_id, "offset": follow.offset}
@@ -434,10 +438,19 @@ class Agent:
             except P.ProtocolError as exc:
                 self.send(P.reply_error(None, P.E_MALFORMED, str(exc)))
                 continue
-            if frame.get("op") == P.OP_PING:
+            if frame.get("op") == P.OP_CREDIT:
+                self._grant(frame.get("args"))
+            elif frame.get("op") == P.OP_PING:
                 self._handle(frame)
             else:
                 threading.Thread(target=self._handle, args=(frame,), daemon=True).start()
+
+    def _grant(self, args: Any) -> None:
+        """A ``flow.credit`` frame: more room for log events. Never answered (it has no id)."""
+        try:
+            self.credit.grant(int(args["upto"]))
+        except (TypeError, KeyError, ValueError, OverflowError) as exc:
+            self.send(P.reply_error(None, P.E_BAD_ARGS, "bad %s frame: %r" % (P.OP_CREDIT, exc)))
 
     def _linger(self) -> None:
         """If this agent is the metrics sampler, keep sampling a while after its client went: the agent the
@@ -455,6 +468,7 @@ class Agent:
 
     def serve(self) -> int:
         self.emit(P.EV_HELLO, {"protocol": P.PROTOCOL_VERSION, "build": build_id(), "host": self.facts()})
+        self.credit.restart()  # flow control counts the bytes after the hello frame
         for target in (self._sample_loop, self._push_loop, self._watch_loop):
             threading.Thread(target=target, daemon=True).start()
         reader = threading.Thread(target=self._read_frames, daemon=True)

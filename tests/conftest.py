@@ -179,6 +179,7 @@ class AgentProc:
         self.events: list[dict[str, Any]] = []
         self.hello = self.next_frame(timeout=20)
         assert self.hello.get("event") == "hello", self.hello
+        self.send_raw(b'{"op": "flow.credit", "args": {"upto": %d}}\n' % (1 << 62))  # no flow control here
 
     def send_raw(self, data: bytes) -> None:
         assert self.proc.stdin

@@ -8,6 +8,9 @@ test's own event loop. Every method is thread-safe and returns once the fault is
   connections wait unaccepted in the listen backlog (their SYNs "hang") until ``restore()``.
 * ``restore()``: new connections pass again; connections that lost bytes are reset (the far end's TCP gives
   up eventually; here it does so at once).
+* ``rate_limit(bytes_per_s)``: every connection, open or new, carries at most that many bytes a second in
+  each direction (a slow link: a congested VPN, a satellite hop); ``rate_limit(None)`` lifts it. Bytes are
+  delayed, never dropped, and the proxy holds little: the sender's TCP buffers fill and it slows down.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 CHUNK = 256 * 1024
+SLOW_CHUNK = 1024  # bytes forwarded at a time while rate-limited: delivery stays smooth
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: kept in a set
@@ -45,6 +50,7 @@ class FaultProxy:
         self.target = (target_host, target_port)
         self.accepted = 0  # connections accepted so far
         self.bytes_dropped = 0
+        self.rate: float | None = None  # bytes per second per direction, None: unlimited
         self._conns: set[_Conn] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="faultproxy", daemon=True)
@@ -76,6 +82,9 @@ class FaultProxy:
 
     def restore(self) -> None:
         self._call(self._restore())
+
+    def rate_limit(self, bytes_per_s: float | None) -> None:
+        self.rate = bytes_per_s  # read by the pumps before every chunk
 
     @property
     def open_connections(self) -> int:
@@ -149,15 +158,24 @@ class FaultProxy:
 
     async def _pump(self, conn: _Conn, src: socket.socket, dst: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        due = time.monotonic()  # when the next byte may go out under a rate limit
         try:
             while True:
-                data = await loop.sock_recv(src, CHUNK)
+                rate = self.rate
+                data = await loop.sock_recv(src, SLOW_CHUNK if rate else CHUNK)
                 if not data:
                     break
                 if conn.dead:
                     self.bytes_dropped += len(data)
                     continue
-                await loop.sock_sendall(dst, data)
+                if not rate:
+                    await loop.sock_sendall(dst, data)
+                    continue
+                for i in range(0, len(data), SLOW_CHUNK):  # what a read before the limit began got, too
+                    piece = data[i : i + SLOW_CHUNK]
+                    due = max(due, time.monotonic()) + len(piece) / rate
+                    await asyncio.sleep(due - time.monotonic())
+                    await loop.sock_sendall(dst, piece)
         except OSError:
             pass
         if conn.dead:

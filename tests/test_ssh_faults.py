@@ -22,8 +22,10 @@ from sshd import free_port
 
 from gputui.core import model as M
 from gputui.core.config import HostConfig
+from gputui.core.link import LinkClosed
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
+from remote_agent import protocol as P
 
 # Prints numbered lines (now and then one of 200 KB, so faults cut frames in half) until the stop file exists.
 CHATTY_JOB = """
@@ -232,5 +234,17 @@ async def test_unreachable_host_retries_with_backoff(ssh_home: SshHome) -> None:
     try:
         await until(lambda: "attempt 3," in (s.snapshot.detail or ""), what="third attempt")
         assert s.snapshot.state == M.RECONNECTING and "connection refused" in (s.snapshot.error or "")
+    finally:
+        await s.close()
+
+
+async def test_request_while_unreachable_says_why(ssh_home: SshHome) -> None:
+    s = session(ssh_home, port=free_port())
+    s.run_in_background()
+    try:
+        await until(lambda: "attempt 1," in (s.snapshot.detail or ""), what="first attempt")
+        with pytest.raises(LinkClosed) as err:
+            await s.request(P.OP_PING, timeout=0.5)
+        assert "not connected within 0.5 s (connection refused" in str(err.value)
     finally:
         await s.close()

@@ -60,9 +60,16 @@ def load(files: Sequence[str]) -> asyncssh.SSHKnownHosts:
 
 
 def trusted_keys(files: Sequence[str], name: str, addr: str, port: int) -> list[asyncssh.SSHKey]:
-    """The keys these files trust for ``name`` (and ``addr``) on ``port``."""
-    known = load(files)
-    return list(known.match(name, addr, port if port != DEFAULT_PORT else None)[0])
+    """The keys these files record for ``name`` (and ``addr``) on exactly ``port``: ``[host]:port`` entries
+    off port 22.
+
+    Whether a key *changed* is judged on these alone, as OpenSSH does. Connecting still accepts a plain
+    ``host`` entry with the very key presented when no ``[host]:port`` entry exists (OpenSSH: "found
+    matching key w/out port", asyncssh's fallback), but a different key there makes the host unknown, not
+    changed.
+    """
+    found = load(files)._match(name, addr, port if port != DEFAULT_PORT else None)  # noqa: SLF001 - no fallback
+    return list(dict.fromkeys(found[0]))  # an entry matching both the name and the address comes twice
 
 
 def append(path: str, name: str, port: int, key: asyncssh.SSHKey, hashed: bool = False) -> str:

@@ -13,11 +13,22 @@ from remote_agent import protocol as P
 
 log = logging.getLogger(__name__)
 
+READ_BYTES = 256 * 1024
+#: Flow control (remote_agent/protocol.py): the window the client allows is what it received in about
+#: FLOW_TARGET_S at the rate it measures, so a reply or heartbeat never queues behind much more than that.
+FLOW_TARGET_S = 1.0
+FLOW_MIN_WINDOW = 2 * P.FLOW_MIN_ROOM  # an agent waiting for room always gets a credit frame (see _credit)
+FLOW_MAX_WINDOW = 4 * 1024 * 1024
+
 EventHandler = Callable[[str, Any], None]
 
 
 class LinkClosed(ConnectionError):
     """The agent channel ended (link loss, agent exit); pending requests fail with this."""
+
+
+class RequestTimeout(LinkClosed):
+    """The agent did not answer one request in time; the link itself stays open."""
 
 
 class AgentError(RuntimeError):
@@ -31,6 +42,8 @@ class AgentError(RuntimeError):
 class ByteReader(Protocol):
     async def readline(self) -> bytes: ...
 
+    async def read(self, n: int) -> bytes: ...
+
 
 class ByteWriter(Protocol):
     def write(self, data: bytes) -> Any: ...
@@ -39,7 +52,8 @@ class ByteWriter(Protocol):
 class Link:
     """Sends requests, matches replies by id, hands pushed events to ``on_event``.
 
-    A frame cut short by a dying link (no trailing newline) is discarded, never parsed.
+    A frame cut short by a dying link (no trailing newline) is discarded, never parsed. ``last_rx`` is when
+    any byte last arrived: on a slow link a frame may take long to arrive whole while the link is alive.
     """
 
     def __init__(self, reader: ByteReader, writer: ByteWriter, on_event: EventHandler) -> None:
@@ -51,6 +65,14 @@ class Link:
         self.closed = asyncio.Event()
         self.close_reason = "link not started"
         self.last_rx = asyncio.get_running_loop().time()
+        # Flow control: bytes of whole frames received since the hello frame, and the credit given so far.
+        self._rx = 0
+        self._window = P.FLOW_WINDOW
+        self._credit_at, self._credit_time = 0, self.last_rx
+
+    def silent_for(self) -> float:
+        """Seconds since any byte arrived from the agent."""
+        return asyncio.get_running_loop().time() - self.last_rx
 
     async def start(self, timeout: float = 20.0) -> dict[str, Any]:
         """Start reading; return the agent's hello once it arrives."""
@@ -68,38 +90,88 @@ class Link:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
-            self._writer.write(P.encode(P.request(req_id, op, args)))
-            drain = getattr(self._writer, "drain", None)
-            if drain is not None:
-                await drain()
-            return await asyncio.wait_for(fut, timeout)
-        except (OSError, EOFError) as exc:
-            self._finish(f"write failed: {exc}")
-            raise LinkClosed(self.close_reason) from exc
-        except asyncio.TimeoutError:
-            raise LinkClosed(f"agent did not answer {op} within {timeout:.0f} s") from None
+            try:
+                self._writer.write(P.encode(P.request(req_id, op, args)))
+                drain = getattr(self._writer, "drain", None)
+                if drain is not None:
+                    await asyncio.wait_for(drain(), timeout)
+            except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
+                raise RequestTimeout(f"could not send {op} to the agent within {timeout:g} s") from None
+            except (OSError, EOFError) as exc:
+                self._finish(f"cannot send {op} to the agent: {exc or type(exc).__name__}")
+                raise LinkClosed(self.close_reason) from exc
+            # Waiting apart from writing: on Python >= 3.11 asyncio.TimeoutError is an OSError.
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                raise RequestTimeout(f"agent did not answer {op} within {timeout:g} s") from None
         finally:
             self._pending.pop(req_id, None)
 
     async def _read_loop(self) -> None:
         reason = "agent closed the channel"
+        buf = bytearray()
+        scanned = 0  # buf[:scanned] holds no newline
+        skipping = False  # inside an oversized frame: drop bytes up to its newline
+        loop = asyncio.get_running_loop()
         try:
-            while True:
-                line = await self._reader.readline()
-                if not line or not line.endswith(b"\n"):
-                    break  # EOF, or a partial frame cut by link loss
-                self.last_rx = asyncio.get_running_loop().time()
-                try:
-                    frame = P.decode(line)
-                except P.ProtocolError as exc:
-                    log.warning("dropping malformed frame from agent: %s", exc)
-                    continue
-                self._dispatch(frame)
+            while data := await self._reader.read(READ_BYTES):  # b"" at EOF; a cut frame stays unparsed
+                self.last_rx = loop.time()
+                buf += data
+                start = 0
+                while (end := buf.find(b"\n", scanned)) >= 0:
+                    if not skipping:
+                        self._line(bytes(buf[start : end + 1]))
+                    self._rx += end + 1 - start
+                    start = scanned = end + 1
+                    skipping = False
+                del buf[:start]
+                scanned = len(buf)
+                if len(buf) > P.MAX_FRAME_BYTES:
+                    if not skipping:
+                        log.warning("dropping a frame from the agent longer than %d bytes", P.MAX_FRAME_BYTES)
+                    skipping = True
+                    self._rx += len(buf)
+                    buf.clear()
+                    scanned = 0
+                self._credit(loop.time())
         except asyncio.CancelledError:
             reason = "link closed"
-        except Exception as exc:  # OSError, asyncssh errors, ConnectionResetError, ValueError (limit)
+        except Exception as exc:  # OSError, asyncssh errors, ConnectionResetError
             reason = f"link lost: {exc or type(exc).__name__}"
         self._finish(reason)
+
+    def _line(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            frame = P.decode(line)
+        except P.ProtocolError as exc:
+            if self._hello.done():  # before it: what a login script printed, not the agent
+                log.warning("dropping malformed frame from agent: %s", exc)
+            return
+        if not self._hello.done() and frame.get("event") == P.EV_HELLO:
+            self._rx = -len(line)  # the agent counts its bytes from the end of the hello frame
+            self._credit_time = self.last_rx
+        self._dispatch(frame)
+
+    def _credit(self, now: float) -> None:
+        """Allow the agent more log bytes once half the window arrived; size the window to the rate seen.
+
+        An agent waiting for room has sent more than ``window - FLOW_MIN_ROOM >= window / 2`` bytes past the
+        last credit, so that credit is sure to come once they arrive: no stall at any rate.
+        """
+        got = self._rx - self._credit_at
+        if not self._hello.done() or got < self._window // 2:
+            return
+        rate = got / max(now - self._credit_time, 1e-3)
+        # At most doubling: a burst from buffers that filled during a stall must not look like a fast link.
+        wanted = min(rate * FLOW_TARGET_S, 2 * self._window, FLOW_MAX_WINDOW)
+        self._window = int(max(FLOW_MIN_WINDOW, wanted))
+        self._credit_at, self._credit_time = self._rx, now
+        frame = {"op": P.OP_CREDIT, "args": {"upto": self._rx + self._window}}
+        with contextlib.suppress(OSError, EOFError):  # a broken link shows up as EOF on the read side
+            self._writer.write(P.encode(frame))
 
     def _dispatch(self, frame: dict[str, Any]) -> None:
         if "event" in frame:
@@ -140,5 +212,4 @@ class Link:
         self._finish(reason)
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await asyncio.wait({self._task})  # never raises; a cancel of our own caller is not swallowed

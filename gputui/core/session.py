@@ -15,13 +15,14 @@ from typing import Any
 from remote_agent import protocol as P
 
 from . import model as M
-from .link import AgentError, Link, LinkClosed
+from .link import AgentError, Link, LinkClosed, RequestTimeout
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 600  # ten minutes at 1 Hz
 PING_EVERY_S = 5.0
+SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
 
@@ -208,15 +209,19 @@ class HostSession:
             after = int(page["jobs"][-1]["id"])
 
     async def _ping_loop(self, link: Link) -> None:
-        """Keep the agent from timing out, and notice a link that has gone silent."""
+        """Keep the agent from timing out (it must hear us), and notice an agent that has gone silent.
+
+        Silence is judged by any bytes arriving (the agent sends a heartbeat every second), never by the
+        ping's reply: on a slow link that reply may queue behind log data. A dead link is for SSH keepalive.
+        """
         with contextlib.suppress(LinkClosed, AgentError):
             while not link.closed.is_set():
                 await asyncio.sleep(PING_EVERY_S)
-                try:
-                    await link.request(P.OP_PING, timeout=15.0)
-                except LinkClosed as exc:
-                    await link.close(str(exc))  # a hung agent or a dead link: reconnect
-                    raise
+                if link.silent_for() > SILENCE_S:  # a hung agent: reconnect
+                    await link.close(f"the agent sent nothing for {link.silent_for():.0f} s")
+                    return
+                with contextlib.suppress(RequestTimeout):
+                    await link.request(P.OP_PING, timeout=PING_EVERY_S)
 
     async def _drop_link(self) -> None:
         self._connected.clear()
@@ -285,7 +290,9 @@ class HostSession:
     async def close(self) -> None:
         self._closing = True
         if self._runner is not None:
-            self._runner.cancel()
+            while not self._runner.done():  # again if need be: on Python < 3.12 wait_for can lose a cancel
+                self._runner.cancel()
+                await asyncio.wait({self._runner}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
         if self.metrics_interval is not None and self.link is not None and not self.link.closed.is_set():
@@ -302,7 +309,11 @@ class HostSession:
         if self.link is None or self.link.closed.is_set():
             if self._runner is None:
                 raise LinkClosed(self._snapshot.error or "not connected")
-            await self.wait_connected(timeout)
+            try:
+                await self.wait_connected(timeout)
+            except asyncio.TimeoutError:  # an OSError on Python >= 3.11, and without a message
+                why = self._snapshot.error or "still connecting"
+                raise LinkClosed(f"{self.name}: not connected within {timeout:g} s ({why})") from None
         assert self.link is not None
         return await self.link.request(op, timeout=timeout, **args)
 

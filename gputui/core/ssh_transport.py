@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shlex
 import socket
 import weakref
@@ -28,11 +29,12 @@ from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
-#: asyncssh's readline() returns a partial line once a line outgrows the channel's receive window.
+#: The agent channel's SSH receive window: room for the largest frame; flow control keeps log data far below.
 AGENT_WINDOW = 2 * MAX_FRAME_BYTES
 #: The agent's exit status when its build vanished from the host (re-probe and upload again).
 EXIT_NO_AGENT = 97
 COMMAND_TIMEOUT_S = 60.0
+STALE_UPLOAD_MIN = 10  # an upload temp file this many minutes old belongs to an upload that died
 CONNECT_CONCURRENCY = 8  # sshd's MaxStartups (10:30:100 by default) drops bursts of new connections
 DEFAULT_SSH_CONFIG = "~/.ssh/config"  # honoured when present, like OpenSSH
 
@@ -286,7 +288,12 @@ class SSHTransport(Transport):
             res = await asyncio.wait_for(
                 conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
             )
-        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+        except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
+            conn.abort()
+            raise HostUnavailable(
+                f"{self.cfg.name} did not finish preparing the agent within {COMMAND_TIMEOUT_S:g} s"
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
             conn.abort()
             raise HostUnavailable(
                 f"link lost while preparing the agent: {exc or type(exc).__name__}"
@@ -296,11 +303,14 @@ class SSHTransport(Transport):
         return res
 
     # --- deploy -----------------------------------------------------------------------------------------------
-    async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
-        """Find python3 and tmux on the host; upload this agent build unless the host has it already."""
-        name, data = agent_build()
+    async def _probe(self, conn: asyncssh.SSHClientConnection, name: str) -> dict[str, str]:
+        """Facts about the host, read between markers with a random nonce: login noise cannot pass for them."""
         python = self.cfg.python or "python3"
+        nonce = secrets.token_hex(8)
+        begin, end = f"gputui-probe-{nonce}-begin", f"gputui-probe-{nonce}-end"
+        pyz = f"agent/{shlex.quote(name)}"
         probe = (
+            f"printf '\\n%s\\n' {begin}; trap 'echo {end}' EXIT\n"
             f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
             'command -v "$py" >/dev/null 2>&1 || { echo missing-python; exit 0; }\n'
             'py=$(command -v "$py")\n'
@@ -309,14 +319,35 @@ class SSHTransport(Transport):
             "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
             'mkdir -p "$dir" && cd "$dir" || { echo bad-dir; exit 0; }\n'
             'echo "python $py"; echo "dir $(pwd -P)"\n'
-            f'[ -f agent/{shlex.quote(name)} ] && echo agent-present\n'
+            # Temp files of uploads that died (link lost, process killed); a fresh one may be another
+            # client's upload in progress.
+            f"[ -d agent ] && find agent -maxdepth 1 -name '.gputui-agent-*.pyz.*' -mmin +{STALE_UPLOAD_MIN} "
+            "-exec rm -f {} + 2>/dev/null\n"
+            f'[ -f {pyz} ] && echo "agent-sha256 $("$py" -c {shlex.quote(_SHA256_PY)} {pyz} 2>&1 | tail -n 1)"\n'
             "exit 0\n"
         )  # fmt: skip
         res = await self._run(conn, probe)
-        facts: dict[str, str] = {}
-        for line in res.stdout.decode("utf-8", "replace").splitlines():
+        out = res.stdout.decode("utf-8", "replace")
+        _, found, rest = out.partition(begin + "\n")
+        body, finished, _ = rest.partition(end)
+        if not (found and finished):
+            detail = (res.stderr.decode("utf-8", "replace").strip() or out.strip() or "no output")[-500:]
+            raise HostError(
+                f"the setup check on {self.cfg.name} did not run to its end (exit status {res.exit_status}): "
+                f"{detail}. Does the login shell start (a .bashrc that exits or fails)?",
+                "deploy",
+            )
+        facts = {"stderr": res.stderr.decode("utf-8", "replace").strip()[-500:]}
+        for line in body.splitlines():
             key, _, value = line.partition(" ")
             facts[key] = value
+        return facts
+
+    async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
+        """Find python3 and tmux on the host; upload this agent build unless the host has it intact."""
+        name, data = agent_build()
+        facts = await self._probe(conn, name)
+        python = self.cfg.python or "python3"
         host = self.cfg.name
         if "missing-python" in facts:
             raise HostError(
@@ -337,28 +368,39 @@ class SSHTransport(Transport):
                 "missing_tmux",
             )
         if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
-            detail = (res.stderr.decode("utf-8", "replace").strip() or "no output")[-500:]
+            detail = facts["stderr"] or "no output"
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
         agent = RemoteAgent(facts["python"], facts["dir"], f"{facts['dir']}/agent/{name}")
-        if "agent-present" not in facts:
+        present = facts.get("agent-sha256")
+        if present != hashlib.sha256(data).hexdigest():
+            if present is not None:
+                log.warning(
+                    "%s: the agent build on the host is damaged (%s); uploading it again", host, present
+                )
             await self._upload(conn, agent, name, data)
         return agent
 
     async def _upload(
         self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes
     ) -> None:
-        """``cat > tmp``, check sha256 on the host, then ``mv``: hosts without sftp/scp work too."""
-        agent_dir = shlex.quote(f"{agent.state_dir}/agent")
-        tmp = f"{agent_dir}/.{shlex.quote(name)}.$$"
+        """``cat > tmp``, check sha256 on the host, then ``mv``: hosts without sftp/scp work too.
+
+        The temp file goes whatever happens (a trap); one left by a killed upload is removed by a later probe.
+        """
         sha = f"{shlex.quote(agent.python)} -c {shlex.quote(_SHA256_PY)}"
         script = (
-            f'umask 077; mkdir -p {agent_dir} && tmp={tmp} && cat > "$tmp" && sum=$({sha} "$tmp") || exit 1\n'
-            f'if [ "$sum" = {hashlib.sha256(data).hexdigest()} ]; then mv -f "$tmp" {shlex.quote(agent.pyz)}\n'
-            'else rm -f "$tmp"; echo "sha256 mismatch after upload: $sum" >&2; exit 1; fi\n'
+            f'umask 077; dir={shlex.quote(f"{agent.state_dir}/agent")}; mkdir -p "$dir" || exit 1\n'
+            f'tmp="$dir"/.{shlex.quote(name)}.$$\n'
+            "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
+            'cat > "$tmp" || exit 1\n'
+            f'sum=$({sha} "$tmp") || exit 1\n'
+            f'[ "$sum" = {hashlib.sha256(data).hexdigest()} ] '
+            '|| { echo "sha256 mismatch after upload: $sum" >&2; exit 1; }\n'
+            f'mv -f "$tmp" {shlex.quote(agent.pyz)}\n'
         )
         res = await self._run(conn, script, data)
         if res.exit_status != 0:
-            err = res.stderr.decode("utf-8", "replace").strip()[-500:]
+            err = res.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {res.exit_status}"
             raise HostError(f"uploading the agent to {self.cfg.name} failed: {err}", "deploy")
         log.info("%s: uploaded agent %s (%d bytes)", self.cfg.name, name, len(data))
 
@@ -370,13 +412,19 @@ class SSHTransport(Transport):
         agent = self._agent
         argv = [agent.python, agent.pyz, "serve", "--state-dir", agent.state_dir]
         argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
-        script = f"test -f {shlex.quote(agent.pyz)} || exit {EXIT_NO_AGENT}; exec {shlex.join(argv)}"
+        # The newline ends whatever a login script printed without one, so the agent's hello starts a line.
+        script = f"test -f {shlex.quote(agent.pyz)} || exit {EXIT_NO_AGENT}; echo; exec {shlex.join(argv)}"
         try:
             proc = await asyncio.wait_for(
                 conn.create_process(sh(script), encoding=None, window=AGENT_WINDOW),
                 self.cfg.connect_timeout,
             )
-        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+        except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
+            conn.abort()
+            raise HostUnavailable(
+                f"{self.cfg.name} did not open the agent's channel within {self.cfg.connect_timeout:g} s"
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
             conn.abort()
             raise HostUnavailable(f"cannot start the agent: {exc or type(exc).__name__}") from None
         channel = AgentChannel(proc.stdout, _Writer(proc.stdin), lambda: self._stop_agent(proc))
@@ -391,8 +439,8 @@ class SSHTransport(Transport):
             await asyncio.wait_for(proc.wait_closed(), 5)
         except (asyncio.TimeoutError, Exception):
             proc.close()
-        if proc.exit_status in (EXIT_NO_AGENT, 126, 127):
-            self._agent = None  # the build or the interpreter vanished: probe and upload again
+        if proc.exit_status not in (0, None):
+            self._agent = None  # the build or the interpreter vanished or broke: probe (and upload) again
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -416,9 +464,11 @@ async def fetch_host_key(transport: SSHTransport) -> tuple[Target, asyncssh.SSHK
     except ConnectionRefusedError:
         raise HostUnavailable(f"connection refused by {where}: no sshd listens there") from None
     except asyncio.TimeoutError:
-        raise HostUnavailable(f"no SSH answer from {where}") from None
+        raise HostUnavailable(
+            f"no SSH answer from {where} within {transport.cfg.connect_timeout:g} s"
+        ) from None
     except (OSError, asyncssh.Error) as exc:
-        raise HostUnavailable(f"cannot fetch the host key of {where}: {exc}") from None
+        raise HostUnavailable(f"cannot fetch the host key of {where}: {exc or type(exc).__name__}") from None
     if key is None:
         raise HostError(f"{where} presented no host key", "host_key")
     return target, key

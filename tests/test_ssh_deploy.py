@@ -1,0 +1,84 @@
+"""Deploying the agent over a real sshd: damaged builds repaired, login noise ignored, no temp files left."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import SshHome
+
+from gputui.core.bundle import agent_build
+
+HOST_ERROR = 4
+
+
+def run_job(home: SshHome, *cmd: str) -> str:
+    res = home.cli("run", "box", "--", *cmd, check=True)
+    assert res.stdout.strip().isdigit(), res.stdout
+    return res.stdout.strip()
+
+
+def agent_dir(home: SshHome) -> Path:
+    return home.remote_dir / "agent"
+
+
+@pytest.fixture
+def bashrc(ssh_home: SshHome) -> Iterator[Path]:
+    """The remote user's ~/.bashrc (bash reads it for commands run by sshd); removed afterwards."""
+    path = ssh_home.sshd.remote_home / ".bashrc"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_damaged_agent_build_is_uploaded_again(ssh_home: SshHome) -> None:
+    run_job(ssh_home, "true")
+    name, data = agent_build()
+    pyz = agent_dir(ssh_home) / name
+    pyz.write_bytes(pyz.read_bytes()[: len(data) // 2])  # e.g. a disk that filled up during an old upload
+    job = run_job(ssh_home, "echo", "repaired")
+    assert pyz.read_bytes() == data
+    assert ssh_home.cli("logs", "-f", "box", job, check=True).stdout.strip() == "repaired"
+
+
+@pytest.mark.parametrize("banner", ["Welcome to box", "Welcome\nto box\n", "python /nowhere\ndir /tmp\n"])
+def test_login_banner_does_not_break_setup(ssh_home: SshHome, bashrc: Path, banner: str) -> None:
+    bashrc.write_text(f"printf {banner!r}\necho 'noise on stderr' >&2\n")
+    res = ssh_home.cli("run", "box", "--", "echo", "hello")
+    assert res.returncode == 0, res.stderr
+    assert (ssh_home.remote_dir / "agent").is_dir()  # the real remote_dir, not one named by the banner
+    job = res.stdout.strip()
+    res = ssh_home.cli("logs", "-f", "box", job)
+    assert res.returncode == 0 and res.stdout.strip() == "hello", res.stderr
+    assert "malformed" not in res.stderr
+
+
+def test_login_shell_that_exits_is_blamed_not_remote_dir(ssh_home: SshHome, bashrc: Path) -> None:
+    bashrc.write_text("echo 'this host is closed'\nexit 1\n")
+    res = ssh_home.cli("run", "box", "--", "true")
+    assert res.returncode == HOST_ERROR, res.stderr
+    assert "did not run to its end" in res.stderr and "login shell" in res.stderr
+    assert "remote_dir" not in res.stderr
+
+
+def test_failed_upload_leaves_no_temp_file_and_stale_ones_go(ssh_home: SshHome, tmp_path: Path) -> None:
+    # An interpreter that fails only when it checks the uploaded temp file: the upload fails half-way.
+    python = tmp_path / "python-failing-check"
+    python.write_text('#!/bin/sh\ncase "$*" in *"/.gputui-agent-"*) exit 1;; esac\nexec python3 "$@"\n')
+    python.chmod(0o755)
+    ssh_home.configure(python=str(python))
+    res = ssh_home.cli("run", "box", "--", "true")
+    assert res.returncode == HOST_ERROR and "uploading the agent to box failed" in res.stderr, res.stderr
+    assert [p.name for p in agent_dir(ssh_home).iterdir()] == []
+
+    stale = agent_dir(ssh_home) / ".gputui-agent-0123456789abcdef.pyz.4242"  # an upload killed an hour ago
+    fresh = agent_dir(ssh_home) / ".gputui-agent-0123456789abcdef.pyz.4343"  # another client's, in progress
+    for path in (stale, fresh):
+        path.write_bytes(b"half an upload")
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    ssh_home.configure()
+    run_job(ssh_home, "true")
+    assert sorted(p.name for p in agent_dir(ssh_home).iterdir()) == sorted([fresh.name, agent_build()[0]])

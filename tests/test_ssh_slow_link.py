@@ -1,0 +1,101 @@
+"""A slow link (tests/faultproxy.py rate limit): logs make steady progress, the link is never declared dead."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SshHome, wait_for
+from faultproxy import FaultProxy
+from test_ssh_faults import session, until
+
+from gputui.core import model as M
+from remote_agent import protocol as P
+
+RATE = 10_000  # bytes per second, each direction
+# Writes a 2 MB backlog at once, then a numbered line a second until the stop file exists.
+BACKLOG_JOB = """
+import os, sys, time
+stop = sys.argv[1]
+for i in range(20000):
+    print("backlog %05d %s" % (i, "b" * 84))
+i = 0
+while not os.path.exists(stop):
+    i += 1
+    print("live %d" % i, flush=True)
+    time.sleep(1)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture
+def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
+    p = FaultProxy(ssh_home.sshd.port).start()
+    with ssh_home.known_hosts.open("a") as f:
+        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
+    yield p
+    p.stop()
+
+
+async def test_backlog_streams_steadily_at_10_kb_per_s(
+    ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    stop = tmp_path / "stop"
+    job = ssh_home.cli("run", "box", "--", "python3", "-c", BACKLOG_JOB, str(stop), check=True).stdout.strip()
+    log = ssh_home.remote_job_dir(job) / "output.log"
+    wait_for(lambda: log.exists() and log.stat().st_size > 2_000_000, what="the backlog written")
+
+    states: list[str] = []
+    proxy.rate_limit(RATE)  # the agent is on the host already (run uploaded it): connecting takes seconds
+    s = session(ssh_home, port=proxy.port, on_change=lambda snap: states.append(snap.state))
+    s.run_in_background()
+    try:
+        await s.wait_connected(60)  # every connect-time request done (it resumes follows registered by then)
+        received = bytearray()
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        await s.follow_log(job, 0, received.extend, lambda info: done.done() or done.set_result(info))
+
+        # Steady progress: bytes arrive in every 4 s slice, replies come back in seconds, nothing reconnects.
+        progress, answers = [], []
+        for _ in range(6):
+            before, t0 = len(received), time.monotonic()
+            await until(lambda b=before: len(received) > b, timeout=4, what="bytes in a 4 s slice")
+            await s.request(P.OP_PING, timeout=8)  # would queue behind megabytes without flow control
+            answers.append(time.monotonic() - t0)
+            await asyncio.sleep(max(0.0, 4 - (time.monotonic() - t0)))
+            progress.append(len(received) - before)
+        assert all(n > 0 for n in progress), progress
+        assert sum(progress) > 0.3 * RATE * 24, progress  # base64 and framing cost a quarter of the rate
+        assert proxy.accepted == 1 and M.RECONNECTING not in states, (states, s.snapshot.error)
+        assert bytes(received) == log.read_bytes()[: len(received)]
+
+        proxy.rate_limit(None)
+        stop.touch()
+        info = await asyncio.wait_for(done, 120)
+        assert info["exit_code"] == 0
+        assert bytes(received) == log.read_bytes()  # byte-exact, nothing lost or repeated
+    finally:
+        await s.close()
+
+
+async def test_hung_agent_is_noticed_by_its_silence(ssh_home: SshHome) -> None:
+    s = session(ssh_home)
+    s.run_in_background()
+    try:
+        await s.wait_connected(60)
+        pid = s.snapshot.facts["agent_pid"]
+        os.kill(pid, signal.SIGSTOP)  # alive, link fine, SSH keepalive answered: only its silence tells
+        try:
+            await until(lambda: s.snapshot.state == M.RECONNECTING, timeout=60, what="the hung agent noticed")
+            assert "the agent sent nothing for" in (s.snapshot.error or "")
+            await until(lambda: s.snapshot.state == M.CONNECTED, what="a new agent")
+        finally:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        await s.close()
