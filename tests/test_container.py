@@ -1,6 +1,7 @@
 """Containers without a container: detection, cgroup limits and the attribution of GPU processes from another
 PID namespace, on recorded inputs (file trees laid out as Docker/Kubernetes show them, the NVML double)."""
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -246,3 +247,10 @@ def test_doctor_container_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     shm = doctor.shm_check("/dev/shm", runtime="kubernetes")
     assert shm["status"] == "warn" and shm["detail"] == "64 MiB, 64 MiB free"
     assert "--shm-size" in shm["fix"] and "emptyDir" in shm["fix"]
+
+
+def test_status_json_says_whether_the_host_is_a_container(home) -> None:
+    """The real CLI and agent on this machine: the host facts carry what detect() finds here."""
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    assert host["container"] == container.detect()
+    assert host["host"]["mem_scope"] in ("host", "cgroup")
