@@ -254,3 +254,19 @@ def test_status_json_says_whether_the_host_is_a_container(home) -> None:
     [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
     assert host["container"] == container.detect()
     assert host["host"]["mem_scope"] in ("host", "cgroup")
+
+
+def test_host_line_says_the_memory_is_the_containers_limit() -> None:
+    from gputui.core import model as M
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.host import host_info
+
+    wire = {"cpu_percent": 50.0, "cpu_count": 1.5, "mem_used_mib": 4096, "mem_total_mib": 16384}
+    limited = M.HostStats.from_wire(dict(wire, mem_scope="cgroup", cpu_scope="cgroup"))
+    snap = M.HostSnapshot(name="pod", metrics=M.MetricsSample(seq=1, t=0.0, host=limited, gpus=()))
+    line = host_info(snap, Palette()).plain
+    assert "cpu 50% of 1.5" in line and "(container limit)" in line
+    bare = M.HostSnapshot(
+        name="h", metrics=M.MetricsSample(seq=1, t=0.0, host=M.HostStats.from_wire(wire), gpus=())
+    )
+    assert "(container limit)" not in host_info(bare, Palette()).plain
