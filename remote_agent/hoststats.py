@@ -164,11 +164,11 @@ class HostStats:
             load = (None, None, None)
         used, total, mem_scope = self.memory_scoped()
         free_gib, total_gib = self.disk()
-        cg_percent = self.cgroup_cpu_percent() if self.cpu_limit else None
+        in_cgroup = bool(self.cpu_limit) and self._last_cg is not None
         return {
-            "cpu_percent": cg_percent if cg_percent is not None else self.cpu_percent(),
+            "cpu_percent": self.cgroup_cpu_percent() if in_cgroup else self.cpu_percent(),
             "cpu_count": self.cpu_count(),
-            "cpu_scope": "cgroup" if cg_percent is not None else "host",
+            "cpu_scope": "cgroup" if in_cgroup else "host",
             "mem_scope": mem_scope,
             "load1": load[0],
             "load5": load[1],

@@ -85,6 +85,8 @@ def main(work):
 
     q = sections(CAPTURE.read_text())["load :: query (-q)"]
     sampler = MetricsSampler(state, nvml=NvmlDouble(q, pid_file=str(feed)))
+    sampler.sample(jobs.owner_lookup())
+    time.sleep(0.2)  # CPU percent is a difference between two samples
     sample = sampler.sample(jobs.owner_lookup())
     facts = {"boot_id": "b", "boot_time": 0.0}
     activity = idle_status(sample, jobs.list(), ActivityLog(state), facts, 101.0, False)

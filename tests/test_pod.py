@@ -31,28 +31,46 @@ def unshare_works() -> str:
     return "" if res.returncode == 0 else "unshare failed: " + res.stderr.decode(errors="replace").strip()
 
 
-def memory_cgroup(tmp_name: str) -> tuple:
-    """(cgroup dir with a 512 MiB memory limit, "" ) or (None, why not)."""
+# The pod's limits: 512 MiB of memory, half a CPU.
+V2 = {"memory.max": str(LIMIT), "cpu.max": "50000 100000"}
+V1 = {"memory": {"memory.limit_in_bytes": str(LIMIT)}, "cpu": {"cpu.cfs_quota_us": "50000"}, "cpuacct": {}}
+
+
+def make_cgroups(name: str) -> tuple:
+    """([cgroup dirs the pod joins], "") with the pod's limits set, or ([], why not)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = [ln.split(":", 2) for ln in Path("/proc/self/cgroup").read_text().splitlines()]
     except OSError as e:
-        return None, f"no /proc/self/cgroup: {e}"
-    for line in lines:
-        _, names, path = line.split(":", 2)
-        if names == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-            base, limit_file = Path("/sys/fs/cgroup") / path.strip("/"), "memory.max"
-        elif "memory" in names.split(","):
-            base, limit_file = Path("/sys/fs/cgroup/memory") / path.strip("/"), "memory.limit_in_bytes"
-        else:
-            continue
-        cg = base / tmp_name
-        try:
-            cg.mkdir()
-            (cg / limit_file).write_text(str(LIMIT))
-        except OSError as e:
-            return None, f"cannot make a memory cgroup under {base}: {e}"
-        return cg, ""
-    return None, "no memory cgroup controller here"
+        return [], f"no /proc/self/cgroup: {e}"
+    root = Path("/sys/fs/cgroup")
+    if (root / "cgroup.controllers").exists():  # cgroup v2 only: one directory holds every limit
+        plan = [(root / next(p for _, n, p in lines if n == "").strip("/") / name, V2)]
+    else:
+        plan = []
+        for controller, files in V1.items():
+            hit = next(((n, p) for _, n, p in lines if controller in n.split(",")), None)
+            if hit is None:
+                return [], f"no {controller} cgroup controller here"
+            base = root / hit[0] if (root / hit[0]).is_dir() else root / controller
+            plan.append((base / hit[1].strip("/") / name, files))
+    made: list = []
+    try:
+        for d, files in plan:
+            if d not in made:
+                d.mkdir()
+                made.append(d)
+            for f, value in files.items():
+                (d / f).write_text(value)
+    except OSError as e:
+        remove_cgroups(made)
+        return [], f"cannot make the pod's cgroups ({d}): {e}"
+    return made, ""
+
+
+def remove_cgroups(dirs: list) -> None:
+    for d in dirs:
+        wait_for(lambda d=d: not (d / "cgroup.procs").read_text().strip(), what="the pod to leave its cgroup")
+        d.rmdir()
 
 
 def outside_pid(ns: str, inside: int) -> int:
@@ -73,20 +91,18 @@ def outside_pid(ns: str, inside: int) -> int:
 
 
 @pytest.fixture
-def pod_cgroup():
-    cg, why = memory_cgroup(f"gputui-test-{os.getpid()}")
-    yield cg, why
-    if cg is not None:
-        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), what="the pod to leave its cgroup")
-        cg.rmdir()
+def pod_cgroups():
+    made, why = make_cgroups(f"gputui-test-{os.getpid()}")
+    yield made, why
+    remove_cgroups(made)
 
 
-def test_emulated_pod(tmp_path: Path, pod_cgroup) -> None:
+def test_emulated_pod(tmp_path: Path, pod_cgroups) -> None:
     why = unshare_works()
     if why:
         pytest.skip(why)
-    cg, cg_why = pod_cgroup
-    enter = f"echo $$ > {cg / 'cgroup.procs'} && " if cg is not None else ""
+    cgroups, cg_why = pod_cgroups
+    enter = "".join(f"echo $$ > {d / 'cgroup.procs'} && " for d in cgroups)
     cmd = f'{enter}exec unshare --pid --fork --mount-proc "{sys.executable}" "{HERE / "pod_agent.py"}" "{tmp_path}"'
     pod = subprocess.Popen(["sh", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -129,10 +145,11 @@ def test_emulated_pod(tmp_path: Path, pod_cgroup) -> None:
     assert volume["status"] == "ok" and "tmpfs" in volume["detail"], checks
     assert layer["status"] == "warn" and "writable layer (overlay" in layer["detail"]
     memory = out["checks"][3]
-    if cg is None:
-        pytest.skip(f"namespace parts passed; memory limit not checked: {cg_why}")
+    if not cgroups:
+        pytest.skip(f"namespace parts passed; cgroup limits not checked: {cg_why}")
     host = out["sample"]["host"]
     assert (host["mem_total_mib"], host["mem_scope"]) == (LIMIT >> 20, "cgroup")
+    assert (host["cpu_count"], host["cpu_scope"]) == (0.5, "cgroup") and 0 <= host["cpu_percent"] <= 100
     assert memory["title"] == "container memory (cgroup limit)" and "of 0.5 GiB" in memory["detail"]
 
 
