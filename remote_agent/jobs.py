@@ -443,7 +443,8 @@ class JobStore:
 
 
 def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
-    """Each running job (a pid.json, no status.json): id, pid, started_at, gpus (its CUDA_VISIBLE_DEVICES)."""
+    """Each running job (a pid.json, a live runner, no status.json): id, pid, started_at, gpus (its
+    CUDA_VISIBLE_DEVICES, None when unset)."""
     out = []
     for job_id in sorted((n for n in os.listdir(jobs_dir) if _JOB_DIR_NAME.match(n)), key=int):
         path = os.path.join(jobs_dir, job_id)
@@ -452,6 +453,8 @@ def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
         pids = read_json(os.path.join(path, "pid.json"))
         if not isinstance(pids, dict) or not isinstance(pids.get("pid"), int):
             continue
+        if pids.get("runner_pid") and not _pid_alive(pids["runner_pid"]):
+            continue  # lost: its runner died without a status
         env = read_json(os.path.join(path, "env.json"))
         gpus = env.get("CUDA_VISIBLE_DEVICES") if isinstance(env, dict) else None
         out.append(

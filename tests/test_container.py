@@ -2,6 +2,8 @@
 PID namespace, on recorded inputs (file trees laid out as Docker/Kubernetes show them, the NVML double)."""
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -270,3 +272,22 @@ def test_host_line_says_the_memory_is_the_containers_limit() -> None:
         name="h", metrics=M.MetricsSample(seq=1, t=0.0, host=M.HostStats.from_wire(wire), gpus=())
     )
     assert "(container limit)" not in host_info(bare, Palette()).plain
+
+
+def test_running_jobs_reads_the_grants_and_skips_a_lost_job(tmp_path: Path) -> None:
+    from remote_agent.jobs import running_jobs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    grants = {
+        "1": ({"pid": 11, "runner_pid": os.getpid(), "started_at": 5.0}, {"CUDA_VISIBLE_DEVICES": "1,2"}),
+        "2": ({"pid": 12, "runner_pid": dead.pid}, {}),  # lost: its runner is gone
+        "3": ({"pid": 13, "runner_pid": os.getpid()}, {"PATH": "/bin"}),
+    }
+    for job_id, (pids, env) in grants.items():
+        tree(tmp_path / job_id, {"pid.json": json.dumps(pids), "env.json": json.dumps(env)})
+    tree(tmp_path / "4", {"pid.json": json.dumps({"pid": 14}), "status.json": "{}"})  # ended
+    assert running_jobs(str(tmp_path)) == [
+        {"id": "1", "pid": 11, "started_at": 5.0, "gpus": "1,2"},
+        {"id": "3", "pid": 13, "started_at": None, "gpus": None},
+    ]
