@@ -706,12 +706,13 @@ def volume_check(state_dir: str, info: Dict[str, Any], proc: str = "/proc") -> D
     if point is None:
         return check("volume", title, WARN, "could not read the mounts of %s" % state_dir, "Check `df -h`.")
     if fstype == "overlay" or point == "/":
+        where = "the container's writable layer" if fstype == "overlay" else "the container's root filesystem"
         return check(
             "volume",
             title,
             WARN,
-            "%s is on the container's writable layer (%s at %s): it is lost when the pod is recreated"
-            % (state_dir, fstype, point),
+            "%s is on %s (%s at %s), not on a mounted volume: it is lost when the pod is recreated"
+            % (state_dir, where, fstype, point),
             "Set remote_dir to a mounted volume (RunPod: /workspace; Kubernetes: a PersistentVolumeClaim; "
             "docker: `-v host_dir:/data`) so jobs' logs, records and checkpoints outlive the pod.",
         )
