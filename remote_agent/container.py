@@ -8,6 +8,7 @@ Stdlib only, Python 3.8+; every reader returns None when a file is missing or un
 """
 
 import os
+import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .hoststats import ancestors, read_text
@@ -30,14 +31,14 @@ def root_fs_type(proc: str = "/proc") -> Optional[str]:
 def mount_of(path: str, proc: str = "/proc") -> Tuple[Optional[str], Optional[str]]:
     """(mount point, filesystem type) of the deepest mount holding ``path``, from /proc/self/mountinfo."""
     text = read_text(os.path.join(proc, "self", "mountinfo")) or ""
-    path = os.path.abspath(path)
+    path = os.path.realpath(path)  # a state dir reached through a symlink lives where it points
     best: Tuple[Optional[str], Optional[str]] = (None, None)
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 5 or not tail:
             continue
-        point = fields[4].replace("\\040", " ")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040 is a space
         inside = path == point or path.startswith(point.rstrip("/") + "/")
         if inside and (best[0] is None or len(point) >= len(best[0])):
             best = (point, tail[0])
@@ -65,7 +66,8 @@ def detect(root: str = "/", proc: str = "/proc", env: Optional[Dict[str, str]] =
         runtime = runtime or ("kubernetes" if word == "kubepods" else word)
     init = (read_text(os.path.join(proc, "1", "comm")) or "").strip()
     if init and init not in _INITS:
-        signs.append("PID 1 is %s, not an init" % init[:40])
+        shown = "".join(c if c.isprintable() else "?" for c in init[:40])  # a name is data
+        signs.append("PID 1 is %s, not an init" % shown)
     if root_fs_type(proc) == "overlay":
         signs.append("/ is an overlay filesystem")
     return {"in_container": bool(signs), "runtime": runtime, "signs": signs}

@@ -291,3 +291,12 @@ def test_running_jobs_reads_the_grants_and_skips_a_lost_job(tmp_path: Path) -> N
         {"id": "1", "pid": 11, "started_at": 5.0, "gpus": "1,2"},
         {"id": "3", "pid": 13, "started_at": None, "gpus": None},
     ]
+
+
+def test_mount_of_decodes_escapes_and_takes_the_deepest(tmp_path: Path) -> None:
+    proc = tree(
+        tmp_path / "proc",
+        {"self/mountinfo": OVERLAY_ROOT + "3 1 0:61 / /my\\040data rw - ext4 /dev/vdb rw\n"},
+    )
+    assert container.mount_of("/my data/state", str(proc)) == ("/my data", "ext4")
+    assert container.mount_of("/my datas", str(proc)) == ("/", "overlay")
