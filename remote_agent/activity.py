@@ -2,6 +2,8 @@
 
 A host is busy when a sample shows any reason: a running job, a GPU at or above the utilisation threshold,
 a GPU process that is not a gputui job (a notebook, someone else's run), or an interactive login session.
+In a pod, a GPU process from another PID namespace that could not be matched to a job (``hidden``) is not
+named as foreign on a GPU that a running job was given: it is most likely that job's own.
 The time of the last busy sample is kept on disk so that idleness survives agent restarts.
 """
 
@@ -10,6 +12,7 @@ import struct
 import time
 from typing import Any, Dict, List, Optional
 
+from .container import grant_of, holders
 from .fsutil import read_json, write_json
 
 # struct utmp on Linux (glibc, 64-bit and 32-bit alike): type, pid, line, id, user, host, exit, session, tv, addr.
@@ -50,16 +53,24 @@ def busy_reasons(
     sessions: Optional[List[Dict[str, Any]]] = None,
 ) -> List[str]:
     """Why the host is NOT idle in this sample (empty list: idle)."""
-    reasons = ["job %s running" % j["id"] for j in jobs if j.get("state") == "running"]
+    running = [j for j in jobs if j.get("state") == "running"]
+    reasons = ["job %s running" % j["id"] for j in running]
+    grants = [{"id": j["id"], "gpus": grant_of(j)} for j in running]
     for gpu in sample.get("gpus") or []:
         util = gpu.get("util_percent")
         if util is not None and util >= util_percent:
             reasons.append("GPU %s at %.0f%%" % (gpu.get("index"), util))
+        held = None
         for proc in gpu.get("processes") or []:
-            if not proc.get("job"):
-                name = proc.get("name")
-                who = "pid %s%s" % (proc.get("pid"), " (%s)" % name if name else "")
-                reasons.append("%s uses GPU %s" % (who, gpu.get("index")))
+            if proc.get("job"):
+                continue
+            if proc.get("hidden"):
+                held = holders(gpu, grants) if held is None else held
+                if held:
+                    continue  # unknown, from another PID namespace, on a GPU a running job holds
+            name = proc.get("name")
+            who = "pid %s%s" % (proc.get("pid"), " (%s)" % name if name else "")
+            reasons.append("%s uses GPU %s" % (who, gpu.get("index")))
     for s in sessions or []:
         reasons.append(
             "login %s on %s%s" % (s["user"], s["tty"], " from %s" % s["from"] if s["from"] else "")

@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import container
 from .hoststats import GIB, MIB, read_text
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -648,28 +649,31 @@ def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir:
     )
 
 
-def memory_check(used_mib: Optional[int], total_mib: Optional[int]) -> Dict[str, str]:
-    title = "host memory"
+def memory_check(used_mib: Optional[int], total_mib: Optional[int], scope: str = "host") -> Dict[str, str]:
+    """Available memory; ``scope`` "cgroup": of the container's limit, which is what the OOM killer enforces."""
+    in_cgroup = scope == "cgroup"
+    title = "container memory (cgroup limit)" if in_cgroup else "host memory"
     if used_mib is None or not total_mib:
         return check("memory", title, WARN, "could not read /proc/meminfo", "Check `free -h`.")
     avail = total_mib - used_mib
     detail = "%.1f GiB available of %.1f GiB" % (avail * MIB / GIB, total_mib * MIB / GIB)
     low = avail < MEM_WARN_MIB or avail < MEM_WARN_FRACTION * total_mib
-    return check(
-        "memory",
-        title,
-        WARN if low else OK,
-        detail,
-        "Stop what holds the memory (`ps aux --sort=-rss | head`): the kernel OOM-kills jobs (exit 137).",
-    )
+    fix = "Stop what holds the memory (`ps aux --sort=-rss | head`): the kernel OOM-kills jobs (exit 137)."
+    if in_cgroup:
+        detail += " (the container's limit, not the machine's RAM)"
+        fix += " Or give the container more: `docker run --memory=...`, Kubernetes resources.limits.memory."
+    return check("memory", title, WARN if low else OK, detail, fix)
 
 
-def shm_check(path: str = "/dev/shm") -> Dict[str, str]:
+def shm_check(path: str = "/dev/shm", runtime: Optional[str] = None) -> Dict[str, str]:
+    """Size of /dev/shm: Docker gives a container 64 MB unless told otherwise, too small for DataLoader workers."""
     title = "shared memory (/dev/shm)"
     fix = (
         "PyTorch DataLoader workers pass batches through /dev/shm: start the container with `--shm-size=16g` "
         "(or `--ipc=host`), or use DataLoader(num_workers=0)."
     )
+    if runtime == "kubernetes":
+        fix += " In Kubernetes: mount an emptyDir with medium: Memory at /dev/shm."
     try:
         st = os.statvfs(path)
     except OSError:
@@ -678,6 +682,41 @@ def shm_check(path: str = "/dev/shm") -> Dict[str, str]:
     free_mib = st.f_bavail * st.f_frsize / MIB
     detail = "%.0f MiB, %.0f MiB free" % (size_mib, free_mib)
     return check("shm", title, WARN if free_mib < SHM_WARN_MIB else OK, detail, fix)
+
+
+def container_check(info: Dict[str, Any]) -> Dict[str, str]:
+    title = "container"
+    if not info.get("in_container"):
+        return check("container", title, SKIP, "not in a container")
+    runtime = info.get("runtime") or "a container"
+    signs = "; ".join(info.get("signs") or [])
+    detail = "in %s (%s): GPU processes of other PID namespaces are matched to jobs by their GPUs" % (
+        runtime,
+        signs,
+    )
+    return check("container", title, OK, detail)
+
+
+def volume_check(state_dir: str, info: Dict[str, Any], proc: str = "/proc") -> Dict[str, str]:
+    """Is the state dir (jobs, logs, records) on a mounted volume, or on the container's writable layer?"""
+    title = "state dir survives a pod restart"
+    if not info.get("in_container"):
+        return check("volume", title, SKIP, "not in a container")
+    point, fstype = container.mount_of(state_dir, proc)
+    if point is None:
+        return check("volume", title, WARN, "could not read the mounts of %s" % state_dir, "Check `df -h`.")
+    if fstype == "overlay" or point == "/":
+        where = "the container's writable layer" if fstype == "overlay" else "the container's root filesystem"
+        return check(
+            "volume",
+            title,
+            WARN,
+            "%s is on %s (%s at %s), not on a mounted volume: it is lost when the pod is recreated"
+            % (state_dir, where, fstype, point),
+            "Set remote_dir to a mounted volume (RunPod: /workspace; Kubernetes: a PersistentVolumeClaim; "
+            "docker: `-v host_dir:/data`) so jobs' logs, records and checkpoints outlive the pod.",
+        )
+    return check("volume", title, OK, "%s is on a mounted volume (%s at %s)" % (state_dir, fstype, point))
 
 
 def state_dir_check(state_dir: str) -> Dict[str, str]:
@@ -729,8 +768,13 @@ def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = No
     checks.append(tmux_check())
     host = sample.get("host") or {}
     checks.append(disk_check(host.get("disk_free_gib"), host.get("disk_total_gib"), state_dir))
-    checks.append(memory_check(host.get("mem_used_mib"), host.get("mem_total_mib")))
-    checks.append(shm_check())
+    info = container.detect()
+    checks.append(
+        memory_check(host.get("mem_used_mib"), host.get("mem_total_mib"), host.get("mem_scope", "host"))
+    )
+    checks.append(shm_check(runtime=info.get("runtime")))
+    checks.append(container_check(info))
+    checks.append(volume_check(state_dir, info))
     checks.append(state_dir_check(state_dir))
     return {
         "checks": checks,

@@ -21,8 +21,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import protocol as P
+from .container import Owners
 from .fsutil import ensure_private_dir, open_regular, read_json, write_json
-from .hoststats import ancestors
 from .jobindex import EndedIndex, Entry, Key, job_key, to_json
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = "running", "succeeded", "failed", "killed", "lost"
@@ -401,26 +401,10 @@ class JobStore:
         finally:
             self.ended.flush()
 
-    def owner_lookup(self) -> Callable[[int], Optional[str]]:
-        """pid -> id of the running job whose process tree holds it (walking up the parents), or None."""
-        owners = self.owner_map()
-
-        def owner_of(pid: int) -> Optional[str]:
-            return next((owners[p] for p in ancestors(pid) if p in owners), None)
-
-        return owner_of
-
-    def owner_map(self) -> Dict[int, str]:
-        """pid of each running job's main process -> job id."""
-        owners = {}
-        for job_id in self.job_ids():
-            path = os.path.join(self.jobs_dir, job_id)
-            if os.path.exists(os.path.join(path, "status.json")):
-                continue
-            pid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
-            if pid:
-                owners[int(pid)] = job_id
-        return owners
+    def owner_lookup(self) -> Owners:
+        """pid -> id of the running job whose process tree holds it (walking up the parents), or None; it also
+        carries each running job's GPU grant, to infer the job of GPU processes from another PID namespace."""
+        return Owners(running_jobs(self.jobs_dir))
 
     # --- kill -------------------------------------------------------------------------------------------------
     def kill(
@@ -456,3 +440,29 @@ class JobStore:
                 return True
             time.sleep(0.05)
         return os.path.exists(os.path.join(path, "status.json"))
+
+
+def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
+    """Each running job (a pid.json, a live runner, no status.json): id, pid, started_at, gpus (its
+    CUDA_VISIBLE_DEVICES, None when unset)."""
+    out = []
+    for job_id in sorted((n for n in os.listdir(jobs_dir) if _JOB_DIR_NAME.match(n)), key=int):
+        path = os.path.join(jobs_dir, job_id)
+        if os.path.exists(os.path.join(path, "status.json")):
+            continue
+        pids = read_json(os.path.join(path, "pid.json"))
+        if not isinstance(pids, dict) or not isinstance(pids.get("pid"), int):
+            continue
+        if pids.get("runner_pid") and not _pid_alive(pids["runner_pid"]):
+            continue  # lost: its runner died without a status
+        env = read_json(os.path.join(path, "env.json"))
+        gpus = env.get("CUDA_VISIBLE_DEVICES") if isinstance(env, dict) else None
+        out.append(
+            {
+                "id": job_id,
+                "pid": pids["pid"],
+                "started_at": pids.get("started_at"),
+                "gpus": gpus if isinstance(gpus, str) else None,
+            }
+        )
+    return out

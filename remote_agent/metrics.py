@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import gpu_nvml, gpu_smi
+from .container import HiddenAttribution, Owners
 from .hoststats import HostStats, process_name
 
 OwnerOf = Callable[[int], Optional[str]]
@@ -33,6 +34,7 @@ class MetricsSampler:
         self.host = HostStats(state_dir)
         self.source: Any = None
         self.gpu_error: Optional[str] = None
+        self.hidden = HiddenAttribution()  # GPU processes from another PID namespace (a pod)
         self._facts: Optional[Dict[str, Any]] = None
         try:
             self.source = gpu_nvml.NvmlSource(nvml, slow_interval)
@@ -80,6 +82,8 @@ class MetricsSampler:
                 error = "GPU sample failed: {}".format(e)
         for g in gpus:
             g["processes"] = [self._process(p, owner_of) for p in g.get("processes") or []]
+        if isinstance(owner_of, Owners):
+            self.hidden.apply(gpus, owner_of, t)
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
 
     @staticmethod

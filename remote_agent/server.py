@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
+from . import container
 from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
@@ -66,7 +67,6 @@ _WATCHDOG_NUMBERS = {
     "autostop_minutes": (0.0, 1e9), "release_at": (-1e12, 1e12), "interval": (0.5, 3600.0),
     "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
 }  # fmt: skip
-
 
 
 class Agent:
@@ -168,6 +168,7 @@ class Agent:
             "state_dir": self.jobs.state_dir,
             "user": getpass.getuser(),
             "agent_pid": os.getpid(),
+            "container": container.detect(),
         }
         facts.update(self.sampler.facts())
         self._facts = facts

@@ -1,21 +1,20 @@
 """GPU usage of one job, sampled by its runner for the job's whole life (no client needed).
 
 Written to ``usage.json`` in the job dir: peak GPU memory held by the job's process tree, and the mean
-utilisation of the GPUs the job was given (all of them when it was not restricted).
+utilisation of the GPUs the job was given (all of them when it was not restricted). In a pod, where NVML's
+pids are not in this /proc, the job's GPU processes are inferred as the agent does (container.py), and
+``gpu_mem_inferred`` says so.
 """
 
 import os
 import threading
 from typing import Any, Dict, List, Optional
 
+from .container import Owners
 from .fsutil import write_json
-from .hoststats import ancestors
+from .jobs import running_jobs
 
 EVERY_S = 5.0
-
-
-def in_tree(pid: int, root: int) -> bool:
-    return root in ancestors(pid)
 
 
 def visible_indices(spec: Optional[str]) -> Optional[List[str]]:
@@ -33,6 +32,7 @@ class UsageRecorder(threading.Thread):
     ):
         super().__init__(name="usage", daemon=True)
         self.job_dir, self.job_pid, self.every_s = job_dir, job_pid, every_s
+        self.job_id = os.path.basename(os.path.normpath(job_dir))
         self.visible = visible_indices(gpus)
         self.nvidia_smi = nvidia_smi
         self.stopped = threading.Event()
@@ -48,7 +48,11 @@ class UsageRecorder(threading.Thread):
     def add(self, sample: Dict[str, Any]) -> None:
         mem = 0.0
         for gpu in sample.get("gpus") or []:
-            mem += sum(p.get("mem_mib") or 0.0 for p in gpu.get("processes") or [] if p.get("job"))
+            for p in gpu.get("processes") or []:
+                if p.get("job") == self.job_id:
+                    mem += p.get("mem_mib") or 0.0
+                    if p.get("inferred"):
+                        self.usage["gpu_mem_inferred"] = True
             if self._mine(gpu) and gpu.get("util_percent") is not None:
                 self._util_sum += gpu["util_percent"]
                 self._util_n += 1
@@ -57,6 +61,16 @@ class UsageRecorder(threading.Thread):
         u["gpu_peak_mem_mib"] = max(u["gpu_peak_mem_mib"], mem)
         u["gpu_mean_util"] = self._util_sum / self._util_n if self._util_n else None
 
+    def owners(self) -> Owners:
+        """Every running job's processes and GPUs (not just this job's: a shared GPU is told apart)."""
+        try:
+            jobs = running_jobs(os.path.dirname(os.path.normpath(self.job_dir)))
+        except OSError:
+            jobs = []
+        if not any(j["id"] == self.job_id for j in jobs):
+            jobs.append({"id": self.job_id, "pid": self.job_pid, "gpus": None, "started_at": None})
+        return Owners(jobs)
+
     def run(self) -> None:
         from .metrics import MetricsSampler
 
@@ -64,9 +78,8 @@ class UsageRecorder(threading.Thread):
         try:
             if sampler.gpu_source is None:
                 return
-            owner = lambda pid: "job" if in_tree(pid, self.job_pid) else None  # noqa: E731
             while True:
-                self.add(sampler.sample(owner))
+                self.add(sampler.sample(self.owners()))
                 try:
                     write_json(os.path.join(self.job_dir, "usage.json"), self.usage)
                 except OSError:

@@ -25,7 +25,8 @@ from remote_agent.metrics import MetricsSampler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 NO_GPU_HW = {"pci_gpus": 0, "kernel_module": None}
-IDS = ["driver", "cuda", "python", "torch", "torch.cuda", "torch.arch", "tmux", "disk", "memory", "shm"]
+IDS = ["driver", "cuda", "python", "torch", "torch.cuda", "torch.arch", "tmux", "disk", "memory", "shm",
+       "container", "volume"]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 

@@ -34,6 +34,7 @@ class GpuProcess:
     mem_mib: float | None = None
     job: str | None = None  # id of the gputui job owning the pid, if any
     name: str | None = None
+    inferred: bool = False  # job matched by its GPUs, not by /proc (a pid from another PID namespace)
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,13 @@ class GpuSample:
     def from_wire(cls, d: dict[str, Any]) -> GpuSample:
         known = {k: d.get(k) for k in cls.__dataclass_fields__ if k not in ("processes", "extra")}
         procs = tuple(
-            GpuProcess(pid=int(p["pid"]), mem_mib=p.get("mem_mib"), job=p.get("job"), name=p.get("name"))
+            GpuProcess(
+                pid=int(p["pid"]),
+                mem_mib=p.get("mem_mib"),
+                job=p.get("job"),
+                name=p.get("name"),
+                inferred=bool(p.get("inferred")),
+            )
             for p in d.get("processes") or ()
         )
         extra = {k: v for k, v in d.items() if k not in cls.__dataclass_fields__}
@@ -67,13 +74,15 @@ class GpuSample:
 @dataclass(frozen=True)
 class HostStats:
     cpu_percent: float | None = None
-    cpu_count: int | None = None
+    cpu_count: float | None = None  # the container's CPU quota when it has one
     load1: float | None = None
     mem_used_mib: float | None = None
     mem_total_mib: float | None = None
     disk_free_gib: float | None = None
     disk_total_gib: float | None = None
     uptime_s: float | None = None
+    mem_scope: str | None = None  # "cgroup": memory is the container's limit, not the machine's RAM
+    cpu_scope: str | None = None
 
     @classmethod
     def from_wire(cls, d: dict[str, Any] | None) -> HostStats:
@@ -209,6 +218,7 @@ class HostSnapshot:
             "detail": self.detail,
             "hostname": self.facts.get("hostname"),
             "tmux_socket": self.facts.get("tmux_socket"),  # tmux -L SOCKET attach -t =gputui-ID
+            "container": self.facts.get("container"),
             "gpu_source": m.gpu_source if m else None,
             "gpu_error": m.gpu_error if m else None,
             "gpus": [_gpu_json(g) for g in self.gpus],

@@ -36,9 +36,10 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
     if m is not None:
         h = m.host
         parts = [
-            f"cpu {fmt.pct(h.cpu_percent)}" + (f" of {h.cpu_count}" if h.cpu_count else ""),
+            f"cpu {fmt.pct(h.cpu_percent)}" + (f" of {h.cpu_count:g}" if h.cpu_count else ""),
             f"load {h.load1:.2f}" if h.load1 is not None else None,
-            f"mem {fmt.mem_pair(h.mem_used_mib, h.mem_total_mib)}",
+            f"mem {fmt.mem_pair(h.mem_used_mib, h.mem_total_mib)}"
+            + (" (container limit)" if h.mem_scope == "cgroup" else ""),
             f"disk {h.disk_free_gib:.0f} GiB free" if h.disk_free_gib is not None else None,
             f"up {fmt.duration(h.uptime_s)}" if h.uptime_s is not None else None,
             f"gpu via {m.gpu_source}" if m.gpu_source else None,
@@ -239,6 +240,14 @@ class JobsTable(KeyedTable):
         self.sync([(j.id, job_row(j, insights(j), now, pal)) for j in jobs])
 
 
+def proc_job(p: M.GpuProcess, names: dict[str, str]) -> str:
+    """The job column: "7 train", or "~7 train" when matched by its GPUs (its pid is in another PID namespace)."""
+    if not p.job:
+        return ""
+    mark = "~" if p.inferred else ""
+    return safetext.clean(f"{mark}{p.job} {names.get(p.job, '')}".strip(), limit=200)
+
+
 class ProcsTable(KeyedTable):
     """Processes on the selected host's GPUs, with the gputui job that owns each."""
 
@@ -257,7 +266,7 @@ class ProcsTable(KeyedTable):
         names = {j.id: j.name for j in snap.jobs} if snap else {}
         for g in snap.gpus if snap else ():
             for p in g.processes:
-                job = safetext.clean(f"{p.job} {names.get(p.job, '')}".strip(), limit=200) if p.job else ""
+                job = proc_job(p, names)
                 rows.append(
                     (
                         f"{g.index}:{p.pid}",
