@@ -82,11 +82,15 @@ class ActivityLog:
     """Persists the last time the host was seen busy (``activity.json`` in the state dir)."""
 
     WRITE_EVERY_S = 30.0
+    #: A gap this long between the last observer's final sample and a new observer's first one was watched by
+    #: nobody (no agent, no watchdog ran): it never counts as idle, so the idle clock starts again.
+    UNOBSERVED_GAP_S = 180.0
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, "activity.json")
         saved = read_json(self.path) or {}
         self.last_busy = float(saved.get("last_busy") or 0.0)
+        self.last_seen = saved.get("last_seen")  # the last sample any observer wrote (None: unknown)
         self.boot_id = saved.get("boot_id")
         self._written = 0.0
 
@@ -100,10 +104,14 @@ class ActivityLog:
             self.boot_id = boot_id
             self.last_busy = now
             self._written = 0.0
+        elif not self._written and isinstance(self.last_seen, (int, float)):
+            if now - self.last_seen > self.UNOBSERVED_GAP_S:
+                self.last_busy = now  # nobody watched since last_seen: doubt counts as activity
         if reasons:
             self.last_busy = now
-        if reasons and now - self._written >= self.WRITE_EVERY_S or not self._written:
-            write_json(self.path, {"last_busy": self.last_busy, "boot_id": self.boot_id})
+        if now - self._written >= self.WRITE_EVERY_S or not self._written:
+            self.last_seen = now
+            write_json(self.path, {"last_busy": self.last_busy, "last_seen": now, "boot_id": self.boot_id})
             self._written = now
         return self.last_busy
 

@@ -172,6 +172,20 @@ def test_idle_window_from_sample_sequence(tmp_path: Path) -> None:
     assert ActivityLog(str(tmp_path)).last_busy == 300.0
 
 
+def test_time_nobody_observed_never_counts_as_idle(tmp_path: Path) -> None:
+    facts = {"boot_id": "b", "boot_time": 0.0}
+    quiet = {"gpus": []}
+    first = ActivityLog(str(tmp_path))
+    for t in (100.0, 130.0, 160.0):  # an agent watches the host idle, then goes away
+        idle_status(quiet, [], first, facts, 5.0, False, now=t)
+    soon = idle_status(quiet, [], ActivityLog(str(tmp_path)), facts, 5.0, False, now=200.0)
+    assert soon["idle_seconds"] == 100.0  # a new observer right after: the stretch goes on
+    later = ActivityLog(str(tmp_path))  # ... but hours later nobody knows what happened meanwhile
+    out = idle_status(quiet, [], later, facts, 5.0, False, now=200.0 + 3600.0)
+    assert out["idle_seconds"] == 0.0
+    assert idle_status(quiet, [], later, facts, 5.0, False, now=200.0 + 3700.0)["idle_seconds"] == 100.0
+
+
 def test_job_end_and_reboot_bound_the_idle_stretch(tmp_path: Path) -> None:
     log = ActivityLog(str(tmp_path))
     quiet = {"gpus": []}
