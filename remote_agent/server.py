@@ -17,6 +17,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional
 from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
+from .boot import boot_id, boot_time
 from .doctor import run_doctor
 from .fsutil import read_json, write_json
 from .jobs import RUNNING, JobError, JobStore
@@ -28,21 +29,6 @@ from .mring import MetricsRing
 MAX_WAIT_S = 86400.0
 #: Shortest metrics interval a client may ask for.
 MIN_INTERVAL_S = 0.1
-
-
-def _read_first(path: str, default: str = "") -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return default
-
-
-def _boot_time() -> Optional[float]:
-    for line in _read_first("/proc/stat").splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return None
 
 
 def _tmux_version() -> Optional[str]:
@@ -155,8 +141,8 @@ class Agent:
             return self._facts
         facts = {
             "hostname": socket.gethostname(),
-            "boot_id": _read_first("/proc/sys/kernel/random/boot_id") or None,
-            "boot_time": _boot_time(),
+            "boot_id": boot_id(),
+            "boot_time": boot_time(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
             "python_executable": sys.executable,
