@@ -11,6 +11,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from .fsutil import read_json, write_json
+from .protocol import JOB_RUNNING
 
 # struct utmp on Linux (glibc, 64-bit and 32-bit alike): type, pid, line, id, user, host, exit, session, tv, addr.
 _UTMP = struct.Struct("hi32s4s32s256shhiii4i20s")
@@ -50,7 +51,7 @@ def busy_reasons(
     sessions: Optional[List[Dict[str, Any]]] = None,
 ) -> List[str]:
     """Why the host is NOT idle in this sample (empty list: idle)."""
-    reasons = ["job %s running" % j["id"] for j in jobs if j.get("state") == "running"]
+    reasons = ["job %s running" % j["id"] for j in jobs if j.get("state") == JOB_RUNNING]
     for gpu in sample.get("gpus") or []:
         util = gpu.get("util_percent")
         if util is not None and util >= util_percent:

@@ -19,9 +19,10 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import protocol as P
 from .hoststats import GIB, MIB, read_text
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+OK, WARN, FAIL, SKIP = P.DOCTOR_OK, P.DOCTOR_WARN, P.DOCTOR_FAIL, P.DOCTOR_SKIP
 _RANK = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
 
 DISK_WARN_GIB, DISK_FAIL_GIB = 10.0, 1.0
@@ -80,7 +81,7 @@ emit(out)
 """
 
 
-def check(cid: str, title: str, status: str, detail: str, fix: str = "") -> Dict[str, str]:
+def check(cid: str, title: str, status: P.DoctorStatus, detail: str, fix: str = "") -> P.DoctorCheck:
     """One check result; ``fix`` is dropped when the status is ok."""
     return {"id": cid, "title": title, "status": status, "detail": detail, "fix": "" if status == OK else fix}
 
@@ -134,7 +135,7 @@ def cuda_from_driver(driver: Optional[str]) -> Optional[str]:
     return None
 
 
-def _driver_check(facts: Dict[str, Any], sample: Dict[str, Any], hw: Dict[str, Any]) -> Dict[str, str]:
+def _driver_check(facts: Dict[str, Any], sample: Dict[str, Any], hw: Dict[str, Any]) -> P.DoctorCheck:
     title = "NVIDIA driver and NVML"
     source, error = facts.get("gpu_source"), facts.get("gpu_error") or ""
     gpus = sample.get("gpus") or []
@@ -232,7 +233,7 @@ def _driver_check(facts: Dict[str, Any], sample: Dict[str, Any], hw: Dict[str, A
     )
 
 
-def _cuda_check(facts: Dict[str, Any]) -> Dict[str, str]:
+def _cuda_check(facts: Dict[str, Any]) -> P.DoctorCheck:
     title = "driver's CUDA version"
     driver, cuda = facts.get("driver_version"), facts.get("cuda_version")
     if cuda:
@@ -255,7 +256,7 @@ def _cuda_check(facts: Dict[str, Any]) -> Dict[str, str]:
     )
 
 
-def _gpu_check(g: Dict[str, Any]) -> Dict[str, str]:
+def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
     """One GPU's state: ECC errors fail; persistence off, throttling or heat warn."""
     idx = g.get("index")
     cid, title = "gpu.%s" % idx, "GPU %s: %s" % (idx, g.get("name") or "?")
@@ -317,7 +318,7 @@ def _gpu_check(g: Dict[str, Any]) -> Dict[str, str]:
 
 def gpu_checks(
     facts: Dict[str, Any], sample: Dict[str, Any], hw: Optional[Dict[str, Any]] = None
-) -> List[Dict[str, str]]:
+) -> List[P.DoctorCheck]:
     """Driver/NVML, the driver's CUDA, and each GPU, from MetricsSampler.facts() and .sample()."""
     hw = hardware() if hw is None else hw
     driver = _driver_check(facts, sample, hw)
@@ -388,7 +389,7 @@ def probe_torch(python: str, timeout_s: float) -> Dict[str, Any]:
 
 def _python_check(
     python: Optional[str], note: str, probe: Dict[str, Any], timeout_s: float, explicit: Optional[str] = None
-) -> Dict[str, str]:
+) -> P.DoctorCheck:
     title = "python of the jobs"
     if python is None:
         if explicit:
@@ -464,7 +465,7 @@ def torch_checks(
     has_gpu: bool,
     driver_ok: bool,
     timeout_s: float,
-) -> List[Dict[str, str]]:
+) -> List[P.DoctorCheck]:
     """torch installed; its CUDA build against the driver and torch.cuda.is_available(); the GPUs' arch."""
     t_torch, t_cuda, t_arch = "torch", "torch sees the GPU", "GPU architecture in torch's build"
     py = python or "python3"
@@ -594,7 +595,7 @@ def torch_checks(
 
 
 # --- host: tmux, disk, memory, shm, state dir --------------------------------------------------------------
-def tmux_check() -> Dict[str, str]:
+def tmux_check() -> P.DoctorCheck:
     title = "tmux"
     try:
         res = subprocess.run(
@@ -626,7 +627,7 @@ def tmux_check() -> Dict[str, str]:
     return check("tmux", title, OK, text)
 
 
-def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir: str) -> Dict[str, str]:
+def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir: str) -> P.DoctorCheck:
     title = "free disk under the state dir"
     if free_gib is None:
         return check(
@@ -648,7 +649,7 @@ def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir:
     )
 
 
-def memory_check(used_mib: Optional[int], total_mib: Optional[int]) -> Dict[str, str]:
+def memory_check(used_mib: Optional[int], total_mib: Optional[int]) -> P.DoctorCheck:
     title = "host memory"
     if used_mib is None or not total_mib:
         return check("memory", title, WARN, "could not read /proc/meminfo", "Check `free -h`.")
@@ -664,7 +665,7 @@ def memory_check(used_mib: Optional[int], total_mib: Optional[int]) -> Dict[str,
     )
 
 
-def shm_check(path: str = "/dev/shm") -> Dict[str, str]:
+def shm_check(path: str = "/dev/shm") -> P.DoctorCheck:
     title = "shared memory (/dev/shm)"
     fix = (
         "PyTorch DataLoader workers pass batches through /dev/shm: start the container with `--shm-size=16g` "
@@ -680,7 +681,7 @@ def shm_check(path: str = "/dev/shm") -> Dict[str, str]:
     return check("shm", title, WARN if free_mib < SHM_WARN_MIB else OK, detail, fix)
 
 
-def state_dir_check(state_dir: str) -> Dict[str, str]:
+def state_dir_check(state_dir: str) -> P.DoctorCheck:
     """Create and remove a temp file in the state dir."""
     title = "state dir writable"
     try:
@@ -708,7 +709,7 @@ def state_dir_check(state_dir: str) -> Dict[str, str]:
 
 
 # --- all of it ---------------------------------------------------------------------------------------------
-def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = None) -> P.DoctorResult:
     """Every check, in order; ``args``: ``python`` (the jobs' interpreter) and ``timeout_s`` (torch probe)."""
     args = args or {}
     explicit = args.get("python")

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import gpu_nvml, gpu_smi
+from . import protocol as P
 from .hoststats import HostStats, process_name
 
 OwnerOf = Callable[[int], Optional[str]]
@@ -33,7 +34,7 @@ class MetricsSampler:
         self.host = HostStats(state_dir)
         self.source: Any = None
         self.gpu_error: Optional[str] = None
-        self._facts: Optional[Dict[str, Any]] = None
+        self._facts: Optional[Dict[str, Any]] = None  # protocol.GpuFacts + gpu_source, gpu_error
         try:
             self.source = gpu_nvml.NvmlSource(nvml, slow_interval)
             return
@@ -67,11 +68,11 @@ class MetricsSampler:
             self._facts = dict(gpu, gpu_source=self.gpu_source, gpu_error=self.gpu_error)
         return dict(self._facts, gpus=[dict(g) for g in self._facts["gpus"]])
 
-    def sample(self, owner_of: OwnerOf) -> Dict[str, Any]:
-        """One JSON-serialisable reading of the host and every GPU."""
+    def sample(self, owner_of: OwnerOf) -> P.MetricsSample:
+        """One JSON-serialisable reading of the host and every GPU (no seq, no activity yet)."""
         t = time.time()
         host = self.host.sample()
-        gpus: List[Dict[str, Any]] = []
+        gpus: List[Any] = []
         error = self.gpu_error
         if self.source is not None:
             try:
@@ -83,7 +84,7 @@ class MetricsSampler:
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
 
     @staticmethod
-    def _process(p: Dict[str, Any], owner_of: OwnerOf) -> Dict[str, Any]:
+    def _process(p: Dict[str, Any], owner_of: OwnerOf) -> P.GpuProcess:
         pid = p["pid"]
         try:
             job = owner_of(pid)

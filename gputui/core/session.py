@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from remote_agent import protocol as P
 
@@ -106,7 +106,7 @@ class HostSession:
             self.on_change(self._snapshot)
 
     def _set_job(self, data: dict[str, Any]) -> None:
-        job = M.Job.from_wire(self.name, data)
+        job = M.Job.from_wire(self.name, cast(P.JobRecord, data))  # the agent ships with this client
         self._jobs[job.id] = job
         self._jobs_changed = True
 
@@ -127,7 +127,7 @@ class HostSession:
                 follow.on_end(data)
 
     def _add_sample(self, data: dict[str, Any]) -> M.MetricsSample:
-        sample = M.MetricsSample.from_wire(data)
+        sample = M.MetricsSample.from_wire(cast(P.MetricsSample, data))
         if self._history and sample.seq <= self._history[-1].seq and sample.t <= self._history[-1].t:
             return sample  # already have it (backlog overlap)
         self._history.append(sample)
