@@ -383,13 +383,15 @@ def encode(frame: Dict[str, Any]) -> bytes:
     """Serialise one frame to a newline-terminated line."""
     if isinstance(frame.get("result"), Raw):
         head = json.dumps({k: v for k, v in frame.items() if k != "result"}, separators=(",", ":"))
-        return (head[:-1] + ',"result":' + frame["result"] + "}\n").encode("ascii")
+        line: str = head[:-1] + ',"result":' + frame["result"] + "}\n"
+        return line.encode("ascii")
     data = frame.get("data")
     if frame.get("event") == EV_LOG and isinstance(data, dict) and len(data.get("b64") or "") > 4096:
         # Fast path for big log chunks: base64 needs no JSON escaping, so splice it in unscanned.
         rest = {k: v for k, v in data.items() if k != "b64"}
         head = json.dumps({"event": EV_LOG, "data": rest}, separators=(",", ":"), ensure_ascii=True)
-        return (head[:-2] + ',"b64":"' + data["b64"] + '"}}\n').encode("ascii")
+        line = head[:-2] + ',"b64":"' + data["b64"] + '"}}\n'
+        return line.encode("ascii")
     return json.dumps(frame, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
 
 
@@ -400,7 +402,7 @@ def decode(line: bytes, finite: bool = False) -> Dict[str, Any]:
     """
     if len(line) > MAX_FRAME_BYTES:
         raise ProtocolError("frame of %d bytes exceeds the %d byte limit" % (len(line), MAX_FRAME_BYTES))
-    hooks = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite else {}
+    hooks: Dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite else {}
     try:
         frame = json.loads(line.decode("utf-8"), **hooks)
     except (UnicodeDecodeError, ValueError) as exc:

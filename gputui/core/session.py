@@ -46,7 +46,7 @@ class Backoff:
 
     def next_delay(self) -> float:
         self.attempt += 1
-        ceiling = min(self.cap, self.base * 2 ** (self.attempt - 1))
+        ceiling: float = min(self.cap, self.base * 2 ** (self.attempt - 1))
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     def reset(self) -> None:

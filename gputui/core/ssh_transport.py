@@ -48,6 +48,11 @@ def _connect_gate() -> asyncio.Semaphore:
     return _gates[loop]
 
 
+def _text(output: bytes | str | None) -> str:
+    """A command's output (bytes: the commands run with ``encoding=None``) as text."""
+    return output.decode("utf-8", "replace") if isinstance(output, bytes) else output or ""
+
+
 def sh(script: str) -> str:
     """A remote command that runs ``script`` under sh whatever the login shell is (bash, zsh, fish)."""
     return "sh -c " + shlex.quote(script)
@@ -282,6 +287,7 @@ class SSHTransport(Transport):
     async def _run(
         self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None
     ) -> asyncssh.SSHCompletedProcess:
+        """The finished command; its stdout and stderr are bytes (read them with ``_text``)."""
         try:
             res = await asyncio.wait_for(
                 conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
@@ -314,7 +320,7 @@ class SSHTransport(Transport):
         )  # fmt: skip
         res = await self._run(conn, probe)
         facts: dict[str, str] = {}
-        for line in res.stdout.decode("utf-8", "replace").splitlines():
+        for line in _text(res.stdout).splitlines():
             key, _, value = line.partition(" ")
             facts[key] = value
         host = self.cfg.name
@@ -337,7 +343,7 @@ class SSHTransport(Transport):
                 "missing_tmux",
             )
         if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
-            detail = (res.stderr.decode("utf-8", "replace").strip() or "no output")[-500:]
+            detail = (_text(res.stderr).strip() or "no output")[-500:]
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
         agent = RemoteAgent(facts["python"], facts["dir"], f"{facts['dir']}/agent/{name}")
         if "agent-present" not in facts:
@@ -358,7 +364,7 @@ class SSHTransport(Transport):
         )
         res = await self._run(conn, script, data)
         if res.exit_status != 0:
-            err = res.stderr.decode("utf-8", "replace").strip()[-500:]
+            err = _text(res.stderr).strip()[-500:]
             raise HostError(f"uploading the agent to {self.cfg.name} failed: {err}", "deploy")
         log.info("%s: uploaded agent %s (%d bytes)", self.cfg.name, name, len(data))
 
