@@ -1,5 +1,6 @@
 """The wire schema (remote_agent/protocol.py) is what both GPU samplers produce, field for field and type for
-type, on readings recorded on real GPUs; the client keeps every field of it."""
+type, on readings recorded on real GPUs, and what the real agent answers to every op; the client keeps every
+GPU field of it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import AgentProc, wait_for
 
 from gputui.core import model as M
 from remote_agent import metrics
@@ -120,3 +122,42 @@ def test_client_gpu_sample_has_every_schema_field_and_gives_them_back(tmp_path: 
 def test_job_states_and_doctor_statuses_are_the_schema_literals() -> None:
     assert set(typing.get_args(P.JobState)) == {P.JOB_RUNNING} | P.JOB_ENDED_STATES
     assert typing.get_args(P.DoctorStatus) == P.DOCTOR_STATUSES
+
+
+def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentProc, tmp_path: Path) -> None:
+    def result(op: str, tp: Any, **args: Any) -> Any:
+        reply = agent.call(op, timeout=120, **args)
+        assert reply["ok"], reply
+        assert conforms(reply["result"], tp), (op, reply["result"])
+        return reply["result"]
+
+    def event(name: str, tp: Any, **match: Any) -> None:
+        data = agent.wait_event(name, **match)["data"]
+        assert conforms(data, tp), (name, data)
+
+    assert conforms(agent.hello["data"], P.Hello), agent.hello
+    result(P.OP_PING, P.PingResult)
+    result(P.OP_HOST_INFO, P.HostFacts)
+    code = "import time; print('step 1/2 loss=0.5', flush=True); time.sleep(300)"
+    job = result(
+        P.OP_JOBS_START, P.JobRecord, argv=[sys.executable, "-c", code], name="schema", price_per_hour=1.5
+    )
+    event(P.EV_JOB, P.JobRecord, id=job["id"])
+    wait_for(lambda: agent.call(P.OP_JOBS_GET, job=job["id"])["result"]["log_size"] > 0, what="job output")
+    result(P.OP_JOBS_GET, P.JobRecord, job=job["id"])
+    result(P.OP_LOGS_READ, P.ReadResult, job=job["id"], offset=0)
+    result(P.OP_LOGS_READ, P.ReadResult, job=job["id"], tail_lines=1)
+    result(P.OP_LOGS_TIMES, P.TimesResult, job=job["id"], start=0, end=100)
+    result(P.OP_LOGS_FOLLOW, P.FollowResult, job=job["id"], offset=0)
+    event(P.EV_LOG, P.LogData, job=job["id"])
+    result(P.OP_METRICS_SAMPLE, P.MetricsSample, idle_util_percent=5.0, count_sessions=True)
+    result(P.OP_METRICS_SUBSCRIBE, P.SubscribeResult, interval=0.2)
+    event(P.EV_METRICS, P.MetricsSample)
+    result(P.OP_METRICS_SUBSCRIBE, P.SubscribeResult, interval=None)
+    result(P.OP_JOBS_KILL, P.JobRecord, job=job["id"], grace_s=5)
+    event(P.EV_LOG_END, P.LogEndData, job=job["id"])
+    assert agent.call(P.OP_LOGS_UNFOLLOW, job=job["id"])["result"] is None
+    result(P.OP_JOBS_LIST, P.ListResult, after=0, limit=10)
+    result(P.OP_EXEC, P.ExecResult, argv=["true"], timeout_s=10)
+    result(P.OP_WATCHDOG_CONFIGURE, P.WatchdogConfigureResult, config={})
+    result(P.OP_DOCTOR, P.DoctorResult, python=sys.executable, timeout_s=60)
