@@ -137,7 +137,7 @@ class NvmlSource:
         return _text(value) if value is not None else None
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
-        """The schema's slow fields (``protocol.GPU_SLOW_FIELDS``)."""
+        """The fields of ``protocol.Gpu`` read every few seconds only."""
         nv = self.nvml
         pstate = self._call("nvmlDeviceGetPerformanceState", h)
         persistence = self._call("nvmlDeviceGetPersistenceMode", h)

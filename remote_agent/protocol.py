@@ -30,7 +30,7 @@ MAX_SNOOZE_MIN = 7 * 24 * 60
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
 
-# Operations the agent answers.
+# Operations the agent answers (each one's args and result are typed in the schema below).
 OP_PING = "ping"
 OP_HOST_INFO = "host.info"
 OP_JOBS_START = "jobs.start"
@@ -67,6 +67,7 @@ E_FAILED = "failed"
 
 
 # --- the schema ---------------------------------------------------------------------------------------------------
+#: A job's state: running, or how it ended (lost: gone without an exit status, or its record is unreadable).
 JobState = Literal["running", "succeeded", "failed", "killed", "lost"]
 JOB_RUNNING: JobState = "running"
 JOB_SUCCEEDED: JobState = "succeeded"
@@ -105,7 +106,7 @@ class Gpu(TypedDict):
     temp_c: Optional[float]
     power_w: Optional[float]
     power_limit_w: Optional[float]
-    # read every few seconds only (slow to query)
+    # read every few seconds only (slow to query: remote_agent/gpu_nvml.py's _read_slow)
     fan_percent: Optional[float]
     sm_clock_mhz: Optional[float]
     mem_clock_mhz: Optional[float]
@@ -118,7 +119,6 @@ class Gpu(TypedDict):
 
 #: Every field of a GPU reading, in order; the samplers produce exactly these.
 GPU_FIELDS: Tuple[str, ...] = tuple(Gpu.__annotations__)
-GPU_SLOW_FIELDS: Tuple[str, ...] = GPU_FIELDS[GPU_FIELDS.index("fan_percent") : GPU_FIELDS.index("processes")]
 
 
 class GpuFact(TypedDict):
