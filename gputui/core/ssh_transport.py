@@ -15,7 +15,7 @@ import shlex
 import socket
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import asyncssh
 
@@ -46,11 +46,6 @@ def _connect_gate() -> asyncio.Semaphore:
     if loop not in _gates:
         _gates[loop] = asyncio.Semaphore(CONNECT_CONCURRENCY)
     return _gates[loop]
-
-
-def _text(output: bytes | str | None) -> str:
-    """A command's output (bytes: the commands run with ``encoding=None``) as text."""
-    return output.decode("utf-8", "replace") if isinstance(output, bytes) else output or ""
 
 
 def sh(script: str) -> str:
@@ -118,6 +113,15 @@ class _Writer:
             await self._stdin.drain()
         except asyncssh.Error as exc:
             raise BrokenPipeError(str(exc)) from exc
+
+
+class _Ran(NamedTuple):
+    """A finished setup command; asyncssh types its output ``bytes | str | None``, but it runs with
+    ``encoding=None``: bytes."""
+
+    exit_status: int
+    stdout: bytes
+    stderr: bytes
 
 
 class SSHTransport(Transport):
@@ -284,10 +288,7 @@ class SSHTransport(Transport):
             "host_key",
         )
 
-    async def _run(
-        self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None
-    ) -> asyncssh.SSHCompletedProcess:
-        """The finished command; its stdout and stderr are bytes (read them with ``_text``)."""
+    async def _run(self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None) -> _Ran:
         try:
             res = await asyncio.wait_for(
                 conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
@@ -299,7 +300,7 @@ class SSHTransport(Transport):
             ) from None
         if res.exit_status is None:  # the connection died under the command
             raise HostUnavailable("link lost while preparing the agent")
-        return res
+        return _Ran(res.exit_status, cast(bytes, res.stdout or b""), cast(bytes, res.stderr or b""))
 
     # --- deploy -----------------------------------------------------------------------------------------------
     async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
@@ -320,7 +321,7 @@ class SSHTransport(Transport):
         )  # fmt: skip
         res = await self._run(conn, probe)
         facts: dict[str, str] = {}
-        for line in _text(res.stdout).splitlines():
+        for line in res.stdout.decode("utf-8", "replace").splitlines():
             key, _, value = line.partition(" ")
             facts[key] = value
         host = self.cfg.name
@@ -343,7 +344,7 @@ class SSHTransport(Transport):
                 "missing_tmux",
             )
         if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
-            detail = (_text(res.stderr).strip() or "no output")[-500:]
+            detail = (res.stderr.decode("utf-8", "replace").strip() or "no output")[-500:]
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
         agent = RemoteAgent(facts["python"], facts["dir"], f"{facts['dir']}/agent/{name}")
         if "agent-present" not in facts:
@@ -364,7 +365,7 @@ class SSHTransport(Transport):
         )
         res = await self._run(conn, script, data)
         if res.exit_status != 0:
-            err = _text(res.stderr).strip()[-500:]
+            err = res.stderr.decode("utf-8", "replace").strip()[-500:]
             raise HostError(f"uploading the agent to {self.cfg.name} failed: {err}", "deploy")
         log.info("%s: uploaded agent %s (%d bytes)", self.cfg.name, name, len(data))
 
