@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 
 from .container import grant_of, holders
 from .fsutil import read_json, write_json
+from .protocol import JOB_RUNNING
 
 # struct utmp on Linux (glibc, 64-bit and 32-bit alike): type, pid, line, id, user, host, exit, session, tv, addr.
 _UTMP = struct.Struct("hi32s4s32s256shhiii4i20s")
@@ -53,7 +54,7 @@ def busy_reasons(
     sessions: Optional[List[Dict[str, Any]]] = None,
 ) -> List[str]:
     """Why the host is NOT idle in this sample (empty list: idle)."""
-    running = [j for j in jobs if j.get("state") == "running"]
+    running = [j for j in jobs if j.get("state") == JOB_RUNNING]
     reasons = ["job %s running" % j["id"] for j in running]
     grants = [{"id": j["id"], "gpus": grant_of(j)} for j in running]
     for gpu in sample.get("gpus") or []:
@@ -104,9 +105,12 @@ class ActivityLog:
             self.boot_id = boot_id
             self.last_busy = now
             self._written = 0.0
-        elif not self._written and isinstance(self.last_seen, (int, float)):
-            if now - self.last_seen > self.UNOBSERVED_GAP_S:
-                self.last_busy = now  # nobody watched since last_seen: doubt counts as activity
+        elif (
+            not self._written
+            and isinstance(self.last_seen, (int, float))
+            and now - self.last_seen > self.UNOBSERVED_GAP_S
+        ):
+            self.last_busy = now  # nobody watched since last_seen: doubt counts as activity
         if reasons:
             self.last_busy = now
         if now - self._written >= self.WRITE_EVERY_S or not self._written:

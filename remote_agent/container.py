@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .hoststats import ancestors, read_text
+from .procfs import ancestors, read_text
 
 #: Container runtimes and orchestrators named in /proc/1/cgroup paths.
 _CGROUP_WORDS = ("kubepods", "docker", "containerd", "libpod", "crio", "lxc")

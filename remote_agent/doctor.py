@@ -20,9 +20,10 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import container
+from . import protocol as P
 from .hoststats import GIB, MIB, read_text
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+OK, WARN, FAIL, SKIP = P.DOCTOR_OK, P.DOCTOR_WARN, P.DOCTOR_FAIL, P.DOCTOR_SKIP
 _RANK = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}
 
 DISK_WARN_GIB, DISK_FAIL_GIB = 10.0, 1.0
@@ -81,7 +82,7 @@ emit(out)
 """
 
 
-def check(cid: str, title: str, status: str, detail: str, fix: str = "") -> Dict[str, str]:
+def check(cid: str, title: str, status: P.DoctorStatus, detail: str, fix: str = "") -> P.DoctorCheck:
     """One check result; ``fix`` is dropped when the status is ok."""
     return {"id": cid, "title": title, "status": status, "detail": detail, "fix": "" if status == OK else fix}
 
@@ -135,7 +136,7 @@ def cuda_from_driver(driver: Optional[str]) -> Optional[str]:
     return None
 
 
-def _driver_check(facts: Dict[str, Any], sample: Dict[str, Any], hw: Dict[str, Any]) -> Dict[str, str]:
+def _driver_check(facts: Dict[str, Any], sample: Dict[str, Any], hw: Dict[str, Any]) -> P.DoctorCheck:
     title = "NVIDIA driver and NVML"
     source, error = facts.get("gpu_source"), facts.get("gpu_error") or ""
     gpus = sample.get("gpus") or []
@@ -233,7 +234,7 @@ def _driver_check(facts: Dict[str, Any], sample: Dict[str, Any], hw: Dict[str, A
     )
 
 
-def _cuda_check(facts: Dict[str, Any]) -> Dict[str, str]:
+def _cuda_check(facts: Dict[str, Any]) -> P.DoctorCheck:
     title = "driver's CUDA version"
     driver, cuda = facts.get("driver_version"), facts.get("cuda_version")
     if cuda:
@@ -256,7 +257,7 @@ def _cuda_check(facts: Dict[str, Any]) -> Dict[str, str]:
     )
 
 
-def _gpu_check(g: Dict[str, Any]) -> Dict[str, str]:
+def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
     """One GPU's state: ECC errors fail; persistence off, throttling or heat warn."""
     idx = g.get("index")
     cid, title = "gpu.%s" % idx, "GPU %s: %s" % (idx, g.get("name") or "?")
@@ -318,7 +319,7 @@ def _gpu_check(g: Dict[str, Any]) -> Dict[str, str]:
 
 def gpu_checks(
     facts: Dict[str, Any], sample: Dict[str, Any], hw: Optional[Dict[str, Any]] = None
-) -> List[Dict[str, str]]:
+) -> List[P.DoctorCheck]:
     """Driver/NVML, the driver's CUDA, and each GPU, from MetricsSampler.facts() and .sample()."""
     hw = hardware() if hw is None else hw
     driver = _driver_check(facts, sample, hw)
@@ -389,7 +390,7 @@ def probe_torch(python: str, timeout_s: float) -> Dict[str, Any]:
 
 def _python_check(
     python: Optional[str], note: str, probe: Dict[str, Any], timeout_s: float, explicit: Optional[str] = None
-) -> Dict[str, str]:
+) -> P.DoctorCheck:
     title = "python of the jobs"
     if python is None:
         if explicit:
@@ -465,7 +466,7 @@ def torch_checks(
     has_gpu: bool,
     driver_ok: bool,
     timeout_s: float,
-) -> List[Dict[str, str]]:
+) -> List[P.DoctorCheck]:
     """torch installed; its CUDA build against the driver and torch.cuda.is_available(); the GPUs' arch."""
     t_torch, t_cuda, t_arch = "torch", "torch sees the GPU", "GPU architecture in torch's build"
     py = python or "python3"
@@ -595,7 +596,7 @@ def torch_checks(
 
 
 # --- host: tmux, disk, memory, shm, state dir --------------------------------------------------------------
-def tmux_check() -> Dict[str, str]:
+def tmux_check() -> P.DoctorCheck:
     title = "tmux"
     try:
         res = subprocess.run(
@@ -627,7 +628,7 @@ def tmux_check() -> Dict[str, str]:
     return check("tmux", title, OK, text)
 
 
-def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir: str) -> Dict[str, str]:
+def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir: str) -> P.DoctorCheck:
     title = "free disk under the state dir"
     if free_gib is None:
         return check(
@@ -649,7 +650,7 @@ def disk_check(free_gib: Optional[float], total_gib: Optional[float], state_dir:
     )
 
 
-def memory_check(used_mib: Optional[int], total_mib: Optional[int], scope: str = "host") -> Dict[str, str]:
+def memory_check(used_mib: Optional[int], total_mib: Optional[int], scope: str = "host") -> P.DoctorCheck:
     """Available memory; ``scope`` "cgroup": of the container's limit, which is what the OOM killer enforces."""
     in_cgroup = scope == "cgroup"
     title = "container memory (cgroup limit)" if in_cgroup else "host memory"
@@ -665,7 +666,7 @@ def memory_check(used_mib: Optional[int], total_mib: Optional[int], scope: str =
     return check("memory", title, WARN if low else OK, detail, fix)
 
 
-def shm_check(path: str = "/dev/shm", runtime: Optional[str] = None) -> Dict[str, str]:
+def shm_check(path: str = "/dev/shm", runtime: Optional[str] = None) -> P.DoctorCheck:
     """Size of /dev/shm: Docker gives a container 64 MB unless told otherwise, too small for DataLoader workers."""
     title = "shared memory (/dev/shm)"
     fix = (
@@ -684,7 +685,7 @@ def shm_check(path: str = "/dev/shm", runtime: Optional[str] = None) -> Dict[str
     return check("shm", title, WARN if free_mib < SHM_WARN_MIB else OK, detail, fix)
 
 
-def container_check(info: Dict[str, Any]) -> Dict[str, str]:
+def container_check(info: Dict[str, Any]) -> P.DoctorCheck:
     title = "container"
     if not info.get("in_container"):
         return check("container", title, SKIP, "not in a container")
@@ -697,7 +698,7 @@ def container_check(info: Dict[str, Any]) -> Dict[str, str]:
     return check("container", title, OK, detail)
 
 
-def volume_check(state_dir: str, info: Dict[str, Any], proc: str = "/proc") -> Dict[str, str]:
+def volume_check(state_dir: str, info: Dict[str, Any], proc: str = "/proc") -> P.DoctorCheck:
     """Is the state dir (jobs, logs, records) on a mounted volume, or on the container's writable layer?"""
     title = "state dir survives a pod restart"
     if not info.get("in_container"):
@@ -719,7 +720,7 @@ def volume_check(state_dir: str, info: Dict[str, Any], proc: str = "/proc") -> D
     return check("volume", title, OK, "%s is on a mounted volume (%s at %s)" % (state_dir, fstype, point))
 
 
-def state_dir_check(state_dir: str) -> Dict[str, str]:
+def state_dir_check(state_dir: str) -> P.DoctorCheck:
     """Create and remove a temp file in the state dir."""
     title = "state dir writable"
     try:
@@ -747,7 +748,7 @@ def state_dir_check(state_dir: str) -> Dict[str, str]:
 
 
 # --- all of it ---------------------------------------------------------------------------------------------
-def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = None) -> P.DoctorResult:
     """Every check, in order; ``args``: ``python`` (the jobs' interpreter) and ``timeout_s`` (torch probe)."""
     args = args or {}
     explicit = args.get("python")

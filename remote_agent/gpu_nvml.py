@@ -8,6 +8,8 @@ Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from . import protocol as P
+
 MIB = 1024 * 1024
 
 # NVML return codes (nvml.h); read from the module when it has them.
@@ -28,17 +30,6 @@ THROTTLE_BITS = (
     (0x80, "hw_power_brake"),
     (0x100, "display_clocks"),
 )
-
-SLOW_FIELDS = (
-    "fan_percent",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "pstate",
-    "ecc_errors_uncorrected",
-    "throttle_reasons",
-    "persistence_mode",
-)
-
 
 class NvmlUnavailable(Exception):
     """NVML cannot be used; the message is meant for a human."""
@@ -104,7 +95,7 @@ class NvmlSource:
             self._reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         self._slow: List[Dict[str, Any]] = [{} for _ in self.handles]
         self._slow_at: List[Optional[float]] = [None for _ in self.handles]
-        self._facts: Optional[Dict[str, Any]] = None
+        self._facts: Optional[P.GpuFacts] = None
 
     def _get(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args), or None on any NVML error (NotSupported included)."""
@@ -117,12 +108,12 @@ class NvmlSource:
         fn = getattr(self.nvml, name, None)
         return None if fn is None else self._get(fn, *args)
 
-    def facts(self) -> Dict[str, Any]:
+    def facts(self) -> P.GpuFacts:
         if self._facts is None:
             cuda = self._call("nvmlSystemGetCudaDriverVersion")
             driver = self._call("nvmlSystemGetDriverVersion")
             nvml_version = self._call("nvmlSystemGetNVMLVersion")
-            gpus = []
+            gpus: List[P.GpuFact] = []
             for i, h in enumerate(self.handles):
                 mem = self._call("nvmlDeviceGetMemoryInfo", h)
                 gpus.append(
@@ -146,6 +137,7 @@ class NvmlSource:
         return _text(value) if value is not None else None
 
     def _read_slow(self, h: Any) -> Dict[str, Any]:
+        """The fields of ``protocol.Gpu`` read every few seconds only."""
         nv = self.nvml
         pstate = self._call("nvmlDeviceGetPerformanceState", h)
         persistence = self._call("nvmlDeviceGetPersistenceMode", h)
@@ -165,7 +157,7 @@ class NvmlSource:
         }
 
     def sample(self) -> List[Dict[str, Any]]:
-        """One dict per GPU; processes carry pid and mem_mib only (the sampler adds job and name)."""
+        """One ``protocol.Gpu`` per GPU, but processes carry pid and mem_mib only (the sampler adds the rest)."""
         facts = self.facts()["gpus"]
         now = time.monotonic()
         out = []
@@ -178,7 +170,7 @@ class NvmlSource:
             if last is None or now - last >= self.slow_interval:
                 self._slow[i] = self._read_slow(h)
                 self._slow_at[i] = now
-            gpu = {
+            gpu: Dict[str, Any] = {
                 "index": i,
                 "uuid": facts[i]["uuid"],
                 "name": facts[i]["name"],

@@ -9,9 +9,11 @@ import re
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import protocol as P
 from .gpu_nvml import throttle_names
 
-# (nvidia-smi field, our key); fields that every driver since long before Python 3.8 knows.
+# (nvidia-smi field, key of ``protocol.Gpu``, or of ``protocol.GpuFacts`` for the driver version); fields that
+# every driver since long before Python 3.8 knows.
 GPU_FIELDS = (
     ("index", "index"),
     ("uuid", "uuid"),
@@ -153,7 +155,7 @@ class SmiSource:
         self.path = path
         self.timeout = timeout
         self._probe = self._query()  # raises SmiUnavailable: nothing usable here
-        self._facts: Optional[Dict[str, Any]] = None
+        self._facts: Optional[P.GpuFacts] = None
 
     def _query(self) -> List[Dict[str, Any]]:
         fields = ",".join(f for f, _ in GPU_FIELDS)
@@ -162,7 +164,7 @@ class SmiSource:
             raise SmiUnavailable("nvidia-smi reported no GPU")
         return gpus
 
-    def facts(self) -> Dict[str, Any]:
+    def facts(self) -> P.GpuFacts:
         if self._facts is None:
             try:
                 cuda, nvml = parse_version(run([self.path, "--version"], self.timeout))
@@ -173,12 +175,16 @@ class SmiSource:
                 "driver_version": rows[0]["driver_version"],
                 "cuda_version": cuda,
                 "nvml_version": nvml,
-                "gpus": [{k: g[k] for k in ("index", "uuid", "name", "mem_total_mib")} for g in rows],
+                "gpus": [
+                    {"index": g["index"], "uuid": g["uuid"], "name": g["name"], "mem_total_mib": g["mem_total_mib"]}
+                    for g in rows
+                ],
             }
         return self._facts
 
     def sample(self) -> List[Dict[str, Any]]:
-        """One dict per GPU; raises SmiUnavailable when this call failed."""
+        """One ``protocol.Gpu`` per GPU, but processes carry pid, mem_mib and smi_name (the sampler maps them);
+        raises SmiUnavailable when this call failed."""
         gpus = self._query()
         fields = "--query-compute-apps=" + ",".join(APP_FIELDS)
         try:

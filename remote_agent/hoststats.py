@@ -8,19 +8,13 @@ Stdlib only, Python 3.8+. Every reading may be None when unreadable; nothing her
 
 import os
 import time
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
+
+from . import container
+from .procfs import ancestors, process_name, read_text  # noqa: F401 (read here, and re-exported)
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
-
-
-def read_text(path: str) -> Optional[str]:
-    """The file's text, or None when it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def cpu_times(proc: str = "/proc") -> Optional[Tuple[int, int]]:
@@ -54,19 +48,10 @@ def nearest_existing(path: str) -> str:
     return path
 
 
-def process_name(pid: int, proc: str = "/proc") -> Optional[str]:
-    """The process's comm name, or None when it is gone or unreadable."""
-    text = read_text(os.path.join(proc, str(pid), "comm"))
-    if text is None:
-        return None
-    return text.strip() or None
-
-
 class HostStats:
     """Host readings; CPU percent comes from /proc/stat deltas between calls (primed at construction)."""
 
     def __init__(self, state_dir: str, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> None:
-        from . import container  # container.py reads files through this module's helpers
 
         self.container = container
         self.state_dir = state_dir
@@ -179,16 +164,3 @@ class HostStats:
             "disk_total_gib": total_gib,
             "uptime_s": self.uptime(),
         }
-
-
-def ancestors(pid: int, limit: int = 64, proc: str = "/proc") -> Iterator[int]:
-    """``pid``, its parent, grandparent, ... up to (not including) init, at most ``limit`` of them."""
-    for _ in range(limit):
-        if pid <= 1:
-            return
-        yield pid
-        try:
-            with open("%s/%d/stat" % (proc, pid), "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            return

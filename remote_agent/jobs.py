@@ -25,7 +25,7 @@ from .container import Owners
 from .fsutil import ensure_private_dir, open_regular, read_json, write_json
 from .jobindex import EndedIndex, Entry, Key, job_key, to_json
 
-RUNNING, SUCCEEDED, FAILED, KILLED, LOST = "running", "succeeded", "failed", "killed", "lost"
+RUNNING, SUCCEEDED, FAILED, KILLED, LOST = P.JOB_RUNNING, P.JOB_SUCCEEDED, P.JOB_FAILED, P.JOB_KILLED, P.JOB_LOST
 #: A job whose runner has not yet written pid.json is still "starting" for this long.
 START_GRACE_S = 10.0
 MAX_NAME = 200

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import gpu_nvml, gpu_smi
+from . import protocol as P
 from .container import HiddenAttribution, Owners
 from .hoststats import HostStats, process_name
 
@@ -35,7 +36,7 @@ class MetricsSampler:
         self.source: Any = None
         self.gpu_error: Optional[str] = None
         self.hidden = HiddenAttribution()  # GPU processes from another PID namespace (a pod)
-        self._facts: Optional[Dict[str, Any]] = None
+        self._facts: Optional[Dict[str, Any]] = None  # protocol.GpuFacts + gpu_source, gpu_error
         try:
             self.source = gpu_nvml.NvmlSource(nvml, slow_interval)
             return
@@ -69,11 +70,11 @@ class MetricsSampler:
             self._facts = dict(gpu, gpu_source=self.gpu_source, gpu_error=self.gpu_error)
         return dict(self._facts, gpus=[dict(g) for g in self._facts["gpus"]])
 
-    def sample(self, owner_of: OwnerOf) -> Dict[str, Any]:
-        """One JSON-serialisable reading of the host and every GPU."""
+    def sample(self, owner_of: OwnerOf) -> P.MetricsSample:
+        """One JSON-serialisable reading of the host and every GPU (no seq, no activity yet)."""
         t = time.time()
         host = self.host.sample()
-        gpus: List[Dict[str, Any]] = []
+        gpus: List[Any] = []
         error = self.gpu_error
         if self.source is not None:
             try:
@@ -87,7 +88,7 @@ class MetricsSampler:
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
 
     @staticmethod
-    def _process(p: Dict[str, Any], owner_of: OwnerOf) -> Dict[str, Any]:
+    def _process(p: Dict[str, Any], owner_of: OwnerOf) -> P.GpuProcess:
         pid = p["pid"]
         try:
             job = owner_of(pid)
@@ -98,6 +99,8 @@ class MetricsSampler:
             "mem_mib": p.get("mem_mib"),
             "job": job,
             "name": process_name(pid) or p.get("smi_name"),
+            "hidden": False,
+            "inferred": False,
         }
 
     def close(self) -> None:

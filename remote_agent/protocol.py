@@ -7,13 +7,15 @@ Frames are single lines of JSON (UTF-8, ``\\n`` terminated) over the agent's std
 * event    ``{"event": "metrics", "data": {...}}``             (agent -> client, unsolicited)
 
 The first frame the agent sends is the ``hello`` event. Raw log bytes travel base64-encoded so that
-non-UTF-8 output survives byte for byte. This module must stay stdlib-only and Python 3.8 compatible.
+non-UTF-8 output survives byte for byte. The schema of what travels (job states, doctor statuses, GPU fields,
+each op's args and result, each event's data) is typed below, once, for the agent and the client. This module
+must stay stdlib-only and Python 3.8 compatible.
 """
 
 import base64
 import json
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Literal, Optional, Tuple, TypedDict
 
 PROTOCOL_VERSION = 1
 
@@ -38,7 +40,7 @@ OP_CREDIT = "flow.credit"  # client -> agent, no id, never answered: {"upto": by
 FLOW_WINDOW = 64 * 1024  # what the client allows before its first credit frame
 FLOW_MIN_ROOM = 8 * 1024  # a log event waits until at least this much is allowed (client windows are >= 2x)
 
-# Operations the agent answers.
+# Operations the agent answers (each one's args and result are typed in the schema below).
 OP_PING = "ping"
 OP_HOST_INFO = "host.info"
 OP_JOBS_START = "jobs.start"
@@ -74,6 +76,328 @@ E_NOT_FOUND = "not_found"
 E_FAILED = "failed"
 
 
+# --- the schema ---------------------------------------------------------------------------------------------------
+#: A job's state: running, or how it ended (lost: gone without an exit status, or its record is unreadable).
+JobState = Literal["running", "succeeded", "failed", "killed", "lost"]
+JOB_RUNNING: JobState = "running"
+JOB_SUCCEEDED: JobState = "succeeded"
+JOB_FAILED: JobState = "failed"
+JOB_KILLED: JobState = "killed"
+JOB_LOST: JobState = "lost"
+JOB_ENDED_STATES = frozenset({JOB_SUCCEEDED, JOB_FAILED, JOB_KILLED, JOB_LOST})
+
+#: A doctor check's verdict (op ``doctor``).
+DoctorStatus = Literal["ok", "warn", "fail", "skip"]
+DOCTOR_OK: DoctorStatus = "ok"
+DOCTOR_WARN: DoctorStatus = "warn"
+DOCTOR_FAIL: DoctorStatus = "fail"
+DOCTOR_SKIP: DoctorStatus = "skip"
+DOCTOR_STATUSES: Tuple[DoctorStatus, ...] = (DOCTOR_OK, DOCTOR_WARN, DOCTOR_FAIL, DOCTOR_SKIP)
+
+
+class GpuProcess(TypedDict):
+    """A compute process on a GPU; ``job`` is the gputui job owning the pid, if any.
+
+    ``hidden``: the pid is not in the agent's /proc (another PID namespace: a pod); ``inferred``: its job was
+    then matched by the GPUs the job was given (remote_agent/container.py), not proven by pid.
+    """
+
+    pid: int
+    mem_mib: Optional[float]
+    job: Optional[str]
+    name: Optional[str]
+    hidden: bool
+    inferred: bool
+
+
+class Container(TypedDict):
+    """Whether the agent runs in a container, which runtime, and what gave it away."""
+
+    in_container: bool
+    runtime: Optional[str]
+    signs: List[str]
+
+
+class Gpu(TypedDict):
+    """One GPU's reading in a metrics sample. Every reading may be None (not supported, or an error)."""
+
+    index: int
+    uuid: Optional[str]
+    name: Optional[str]
+    util_percent: Optional[float]
+    mem_used_mib: Optional[float]
+    mem_total_mib: Optional[float]
+    temp_c: Optional[float]
+    power_w: Optional[float]
+    power_limit_w: Optional[float]
+    # read every few seconds only (slow to query: remote_agent/gpu_nvml.py's _read_slow)
+    fan_percent: Optional[float]
+    sm_clock_mhz: Optional[float]
+    mem_clock_mhz: Optional[float]
+    pstate: Optional[str]  # "P0" .. "P15"
+    ecc_errors_uncorrected: Optional[int]  # volatile, since the driver loaded
+    throttle_reasons: Optional[List[str]]  # short names: gpu_idle, sw_power_cap, hw_thermal, ...
+    persistence_mode: Optional[bool]
+    processes: List[GpuProcess]
+
+
+#: Every field of a GPU reading, in order; the samplers produce exactly these.
+GPU_FIELDS: Tuple[str, ...] = tuple(Gpu.__annotations__)
+
+
+class GpuFact(TypedDict):
+    """A GPU as the host's facts list it."""
+
+    index: int
+    uuid: Optional[str]
+    name: Optional[str]
+    mem_total_mib: Optional[float]
+
+
+class GpuFacts(TypedDict):
+    """What a GPU source knows for good: the driver and the GPUs."""
+
+    driver_version: Optional[str]
+    cuda_version: Optional[str]
+    nvml_version: Optional[str]
+    gpus: List[GpuFact]
+
+
+class HostFacts(GpuFacts, total=False):
+    """Result of ``host.info`` and the ``host`` of the hello event (empty until the client has them)."""
+
+    hostname: str
+    boot_id: Optional[str]
+    boot_time: Optional[float]
+    cpu_count: Optional[int]
+    python: str
+    python_executable: str
+    tmux_version: Optional[str]
+    tmux_socket: str
+    state_dir: str
+    user: str
+    agent_pid: int
+    gpu_source: Optional[str]  # "nvml", "nvidia-smi" or None
+    gpu_error: Optional[str]  # why there are no GPU readings, or why a lesser source is used
+    container: Container
+
+
+class HostReading(TypedDict, total=False):
+    """The host's own readings in a metrics sample (remote_agent/hoststats.py)."""
+
+    cpu_percent: Optional[float]
+    cpu_count: Optional[float]  # a container's CPU quota may be fractional
+    cpu_scope: Literal["cgroup", "host"]  # "cgroup": of the container's limit, not the machine's
+    mem_scope: Literal["cgroup", "host"]
+    load1: Optional[float]
+    load5: Optional[float]
+    load15: Optional[float]
+    mem_used_mib: Optional[float]
+    mem_total_mib: Optional[float]
+    disk_free_gib: Optional[float]
+    disk_total_gib: Optional[float]
+    uptime_s: Optional[float]
+
+
+class Activity(TypedDict, total=False):
+    """Idleness as the agent sees it; ``watchdog``: the autostop state (remote_agent/watchdog.py)."""
+
+    reasons: List[str]  # why the host is not idle
+    idle_since: float
+    idle_seconds: float
+    watchdog: Dict[str, Any]
+
+
+class MetricsSample(TypedDict, total=False):
+    """Result of ``metrics.sample`` and the data of a ``metrics`` event."""
+
+    seq: int
+    t: float
+    host: HostReading
+    gpus: List[Gpu]
+    gpu_source: Optional[str]
+    gpu_error: Optional[str]
+    activity: Activity
+
+
+class JobRecord(TypedDict, total=False):
+    """A job as ``jobs.*`` replies and ``job`` events carry it (remote_agent/jobs.py)."""
+
+    id: str
+    name: str
+    state: JobState
+    argv: List[str]
+    argv_truncated: Dict[str, int]  # listings cut long commands: {"args", "chars"} of the whole
+    cwd: Optional[str]
+    gpus: Optional[str]
+    env: Dict[str, str]
+    created_at: float
+    started_at: Optional[float]
+    ended_at: Optional[float]
+    exit_code: Optional[int]
+    pid: Optional[int]
+    log_size: int
+    tmux_session: str
+    tmux_socket: str
+    nvidia_smi: str
+    git: Optional[Dict[str, Any]]  # {"commit", "branch", "dirty"}
+    gpu_inventory: List[GpuFact]
+    price_per_hour: Optional[float]
+    usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/usage.py)
+    error: str  # this job's own problem (unreadable files)
+    log_error: str  # e.g. "disk full at offset N": the log stops there
+
+
+class DoctorCheck(TypedDict):
+    id: str
+    title: str
+    status: DoctorStatus
+    detail: str
+    fix: str  # empty when ok
+
+
+# Each op's args (all optional on the wire unless said) and result.
+class StartArgs(TypedDict, total=False):
+    argv: List[str]  # required
+    cwd: Optional[str]
+    env: Dict[str, str]
+    name: Optional[str]
+    gpus: Optional[str]  # CUDA_VISIBLE_DEVICES
+    price_per_hour: Optional[float]
+
+
+class JobArgs(TypedDict):
+    """Args of ``jobs.get`` and ``logs.unfollow``."""
+
+    job: str
+
+
+class ListArgs(TypedDict, total=False):
+    after: int  # job id: the page starts after it
+    limit: int
+
+
+class ListResult(TypedDict):
+    jobs: List[JobRecord]
+    more: bool
+
+
+class KillArgs(JobArgs, total=False):
+    grace_s: float
+
+
+class ReadArgs(JobArgs, total=False):
+    offset: int
+    tail_lines: int  # start this many lines before the end instead
+    max_bytes: int
+
+
+class ReadResult(TypedDict):
+    offset: int
+    b64: str
+    size: int
+
+
+class FollowArgs(JobArgs, total=False):
+    offset: int
+
+
+class FollowResult(TypedDict):
+    job: str
+    offset: int
+
+
+class TimesArgs(JobArgs, total=False):
+    start: int
+    end: int
+
+
+class TimesResult(TypedDict):
+    times: List[List[float]]  # [[offset, unix time], ...]
+
+
+class IdleRule(TypedDict, total=False):
+    idle_util_percent: float
+    count_sessions: bool
+
+
+class SubscribeArgs(IdleRule, total=False):
+    interval: Optional[float]  # None: stop pushing
+    since_seq: Optional[int]
+
+
+class SubscribeResult(TypedDict):
+    interval: Optional[float]
+    backlog: List[MetricsSample]
+
+
+class ExecArgs(TypedDict, total=False):
+    argv: List[str]  # required
+    timeout_s: float
+
+
+class ExecResult(TypedDict):
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class WatchdogConfigureArgs(TypedDict):
+    config: Dict[str, Any]  # the client's autostop settings (gputui/core/release.py)
+
+
+class WatchdogConfigureResult(TypedDict):
+    armed: bool
+    started: bool
+    config: Optional[Dict[str, Any]]
+
+
+class SnoozeArgs(TypedDict, total=False):
+    minutes: float
+
+
+class DoctorArgs(TypedDict, total=False):
+    python: Optional[str]  # the interpreter the jobs use
+    timeout_s: float
+
+
+class DoctorResult(TypedDict):
+    checks: List[DoctorCheck]
+    python: Optional[str]  # the interpreter the torch probe ran
+    state_dir: str
+    agent_python: str
+    t: float
+
+
+class PingResult(TypedDict):
+    t: float
+
+
+# Each event's data.
+class Hello(TypedDict):
+    protocol: int
+    build: str
+    host: HostFacts
+
+
+class _LogBase(TypedDict):
+    job: str
+    offset: int
+
+
+class LogData(_LogBase, total=False):
+    b64: str  # required: the bytes from offset on
+    reset: str  # "truncated", "replaced" or "deleted": the log starts again at offset 0 ...
+    lost_from: int  # ... and what was past this offset is gone
+    error: str  # the log cannot be read now (b64 is empty)
+
+
+class LogEndData(_LogBase, total=False):
+    job_state: Optional[JobState]  # required: None when the follow failed (error says why)
+    exit_code: Optional[int]
+    error: str
+
+
 class ProtocolError(ValueError):
     """A frame that does not follow the protocol."""
 
@@ -86,13 +410,15 @@ def encode(frame: Dict[str, Any]) -> bytes:
     """Serialise one frame to a newline-terminated line."""
     if isinstance(frame.get("result"), Raw):
         head = json.dumps({k: v for k, v in frame.items() if k != "result"}, separators=(",", ":"))
-        return (head[:-1] + ',"result":' + frame["result"] + "}\n").encode("ascii")
+        line: str = head[:-1] + ',"result":' + frame["result"] + "}\n"
+        return line.encode("ascii")
     data = frame.get("data")
     if frame.get("event") == EV_LOG and isinstance(data, dict) and len(data.get("b64") or "") > 4096:
         # Fast path for big log chunks: base64 needs no JSON escaping, so splice it in unscanned.
         rest = {k: v for k, v in data.items() if k != "b64"}
         head = json.dumps({"event": EV_LOG, "data": rest}, separators=(",", ":"), ensure_ascii=True)
-        return (head[:-2] + ',"b64":"' + data["b64"] + '"}}\n').encode("ascii")
+        line = head[:-2] + ',"b64":"' + data["b64"] + '"}}\n'
+        return line.encode("ascii")
     return json.dumps(frame, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
 
 
@@ -103,7 +429,7 @@ def decode(line: bytes, finite: bool = False) -> Dict[str, Any]:
     """
     if len(line) > MAX_FRAME_BYTES:
         raise ProtocolError("frame of %d bytes exceeds the %d byte limit" % (len(line), MAX_FRAME_BYTES))
-    hooks = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite else {}
+    hooks: Dict[str, Any] = {"parse_constant": _no_constant, "parse_float": _finite_float} if finite else {}
     try:
         frame = json.loads(line.decode("utf-8"), **hooks)
     except (UnicodeDecodeError, ValueError) as exc:

@@ -18,6 +18,7 @@ from . import container
 from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
+from .boot import boot_id, boot_time
 from .doctor import run_doctor
 from .flow import Credit
 from .fsutil import read_json, write_json
@@ -30,21 +31,6 @@ from .mring import MetricsRing
 MAX_WAIT_S = 86400.0
 #: Shortest metrics interval a client may ask for.
 MIN_INTERVAL_S = 0.1
-
-
-def _read_first(path: str, default: str = "") -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return default
-
-
-def _boot_time() -> Optional[float]:
-    for line in _read_first("/proc/stat").splitlines():
-        if line.startswith("btime "):
-            return float(line.split()[1])
-    return None
 
 
 def _tmux_version() -> Optional[str]:
@@ -130,7 +116,7 @@ class Agent:
             P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
             P.OP_DOCTOR: lambda a: run_doctor(self.sampler, self.jobs.state_dir, a),
         }
-        self._facts: Optional[Dict[str, Any]] = None
+        self._facts: Optional[P.HostFacts] = None
 
     # --- output -----------------------------------------------------------------------------------------------
     def send(self, frame: Dict[str, Any]) -> None:
@@ -153,13 +139,13 @@ class Agent:
     def emit(self, name: str, data: Any = None) -> None:
         self.send(P.event(name, data))
 
-    def facts(self) -> Dict[str, Any]:
+    def facts(self) -> P.HostFacts:
         if self._facts is not None:
             return self._facts
-        facts = {
+        facts: P.HostFacts = {
             "hostname": socket.gethostname(),
-            "boot_id": _read_first("/proc/sys/kernel/random/boot_id") or None,
-            "boot_time": _boot_time(),
+            "boot_id": boot_id(),
+            "boot_time": boot_time(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
             "python_executable": sys.executable,
@@ -175,19 +161,19 @@ class Agent:
         return facts
 
     # --- handlers ---------------------------------------------------------------------------------------------
-    def op_start(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_start(self, a: P.StartArgs) -> P.JobRecord:
         price = None if a.get("price_per_hour") is None else P.number_arg(a, "price_per_hour", 0.0, 0.0, 1e9)
         extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": price}
         job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job
 
-    def op_kill(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_kill(self, a: P.KillArgs) -> P.JobRecord:
         job = self.jobs.kill(str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S))
         self.emit(P.EV_JOB, job)
         return job
 
-    def op_read(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_read(self, a: P.ReadArgs) -> P.ReadResult:
         path = self.jobs.log_path(str(a.get("job")))
         offset = P.int_arg(a, "offset", 0)
         if a.get("tail_lines") is not None:
@@ -197,7 +183,7 @@ class Agent:
         )
         return {"offset": offset, "b64": P.b64(data), "size": size}
 
-    def op_times(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_times(self, a: P.TimesArgs) -> P.TimesResult:
         """When the bytes start..end of the job's log were written: [[offset, unix time], ...]."""
         path = os.path.join(self.jobs.job_dir(str(a.get("job"))), TIMES_NAME)
         return {"times": read_times(path, int(a.get("start", 0)), int(a.get("end", 0)))}
@@ -208,7 +194,7 @@ class Agent:
             return None
         return {"job_state": job["state"], "exit_code": job["exit_code"]}
 
-    def op_follow(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_follow(self, a: P.FollowArgs) -> P.FollowResult:
         job_id = str(a.get("job"))
         path = self.jobs.log_path(job_id)
         self.op_unfollow({"job": job_id})
@@ -218,18 +204,18 @@ class Agent:
         follow.start()
         return {"job": job_id, "offset": follow.offset}
 
-    def op_unfollow(self, a: Dict[str, Any]) -> None:
+    def op_unfollow(self, a: P.JobArgs) -> None:
         follow = self._follows.pop(str(a.get("job")), None)
         if follow is not None:
             follow.stop()
 
-    def _set_idle_rule(self, a: Dict[str, Any]) -> None:
+    def _set_idle_rule(self, a: P.IdleRule) -> None:
         if a.get("count_sessions") is not None:
             self.idle_rule["count_sessions"] = bool(a["count_sessions"])
         percent = P.number_arg(a, "idle_util_percent", self.idle_rule["idle_util_percent"], 0.0, 100.0)
         self.idle_rule["idle_util_percent"] = percent
 
-    def op_sample(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_sample(self, a: P.IdleRule) -> P.MetricsSample:
         """A fresh sample; it joins the ring only if this agent is the sampler (else it carries the ring's seq)."""
         self._set_idle_rule(a)
         sample = self._sample()
@@ -240,7 +226,7 @@ class Agent:
             sample["seq"] = self.ring.last_seq()
         return sample
 
-    def op_subscribe(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_subscribe(self, a: P.SubscribeArgs) -> P.SubscribeResult:
         """Start (or retune) pushed metrics; samples newer than ``since_seq`` still in the ring are resent."""
         unsubscribe = "interval" in a and a["interval"] is None
         interval = None if unsubscribe else P.number_arg(a, "interval", 1.0, MIN_INTERVAL_S, 3600.0)
@@ -264,7 +250,7 @@ class Agent:
     def op_shutdown(self, a: Dict[str, Any]) -> None:
         threading.Timer(0.05, self._stop).start()
 
-    def op_exec(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_exec(self, a: P.ExecArgs) -> P.ExecResult:
         """Run an argv (never a shell string) with a timeout; output is capped, exit status reported."""
         argv = a.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(x, str) for x in argv):
@@ -282,7 +268,7 @@ class Agent:
     def _watchdog_path(self, name: str) -> str:
         return os.path.join(self.jobs.state_dir, name)
 
-    def op_watchdog_configure(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_watchdog_configure(self, a: P.WatchdogConfigureArgs) -> P.WatchdogConfigureResult:
         """Arm the detached watchdog, or disarm it when the client's settings ask for nothing.
 
         The settings are the client's whole word: what they say now is what the watchdog does (it re-reads them
@@ -322,7 +308,7 @@ class Agent:
         write_json(self._watchdog_path(W.CONFIG), config)
         return config
 
-    def op_watchdog_snooze(self, a: Dict[str, Any]) -> Dict[str, Any]:
+    def op_watchdog_snooze(self, a: P.SnoozeArgs) -> Dict[str, Any]:
         """Postpone autostop: the idle window restarts when the snooze ends."""
         minutes = P.number_arg(a, "minutes", 60.0, 0.0, P.MAX_SNOOZE_MIN)
         if minutes <= 0:
@@ -333,7 +319,7 @@ class Agent:
         return self._update_watchdog(cancelled=True)
 
     # --- loops ------------------------------------------------------------------------------------------------
-    def _sample(self) -> Dict[str, Any]:
+    def _sample(self) -> P.MetricsSample:
         sample = self.sampler.sample(self.jobs.owner_lookup())
         try:
             sample["activity"] = idle_status(

@@ -21,19 +21,12 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .activity import ActivityLog, idle_status
+from .boot import boot_id, boot_time
 from .fsutil import open_regular, read_json, write_json
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-
-
-def boot_id() -> Optional[str]:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
@@ -228,12 +221,11 @@ def run(state_dir: str) -> int:
 def _loop(state_dir: str) -> int:
     from .jobs import JobStore
     from .metrics import MetricsSampler
-    from .server import _boot_time
 
     dog = Watchdog(state_dir)
     jobs = JobStore(state_dir, launcher=[])
     sampler = MetricsSampler(state_dir)
-    facts = {"boot_id": boot_id(), "boot_time": _boot_time()}
+    facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     dog.log("started (pid %d)" % os.getpid())
 
     def sample_fn() -> Any:

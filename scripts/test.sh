@@ -40,4 +40,5 @@ fi
 
 export PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv"
 python -m ruff check .
+python -m mypy  # gputui/core (strict) and remote_agent/protocol.py: [tool.mypy] in pyproject.toml
 python -m pytest "$@"

@@ -1,4 +1,5 @@
-"""The agent stays deployable anywhere: stdlib (+ pynvml) only, nothing newer than Python 3.8; the bundle is reproducible."""
+"""The agent stays deployable anywhere: stdlib (+ pynvml) only, nothing newer than Python 3.8; the bundle is
+reproducible. No module of the agent or the core imports another that imports it back, even lazily."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,89 @@ from conftest import ROOT
 from gputui.core import bundle
 
 AGENT = ROOT / "remote_agent"
+
+
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:``, which never runs."""
+    for child in ast.iter_child_nodes(tree):
+        typing_only = isinstance(child, ast.If) and ast.unparse(child.test) in (
+            "TYPE_CHECKING",
+            "typing.TYPE_CHECKING",
+        )
+        for node in child.orelse if typing_only else [child]:
+            yield node
+            yield from _run_time_nodes(node)
+
+
+def module_imports(package: Path, root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module of ``package`` (dotted name) -> the modules of the same tree that importing it runs."""
+    names = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in _run_time_nodes(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1]) if node.level else ""
+                mod = ".".join(p for p in (base, node.module) if p)
+                found |= {mod} | {
+                    f"{mod}.{a.name}" for a in node.names
+                }  # ``from . import x``: x may be a module
+        # importing a.b.c runs a and a.b first; a module's own packages are already being imported: no cycle
+        found |= {m.rsplit(".", n)[0] for m in found for n in range(1, m.count(".") + 1)}
+        graph[name] = {m for m in found if m in names and not f"{name}.".startswith(f"{m}.")}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (as a path a -> ... -> a) through each module that imports itself back."""
+    cycles = []
+    for start in sorted(graph):
+        stack, seen = [(start, [start])], set()
+        while stack:
+            name, path = stack.pop()
+            for dep in sorted(graph[name]):
+                if dep == start:
+                    cycles.append([*path, start])
+                    stack = []
+                    break
+                if dep not in seen:
+                    seen.add(dep)
+                    stack.append((dep, [*path, dep]))
+    return cycles
+
+
+@pytest.mark.parametrize("package", ["remote_agent", "gputui/core"])
+def test_no_import_cycles(package: str) -> None:
+    graph = module_imports(ROOT / package)
+    assert len(graph) > 5 and any(graph.values())  # the walk saw the modules and their imports
+    assert import_cycles(graph) == []
+
+
+def test_import_cycle_finder_sees_lazy_relative_and_package_imports_not_typing_ones(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom . import b\nif TYPE_CHECKING:\n    from . import d\n"
+    )
+    (pkg / "b.py").write_text("def f():\n    from .sub.c import g\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("from ..a import x\n")
+    (pkg / "d.py").write_text("from .sub import c\n")
+    graph = module_imports(pkg, tmp_path)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.sub", "pkg.sub.c"}
+    assert graph["pkg.sub.c"] == {"pkg.a"} and graph["pkg.d"] == {"pkg.sub", "pkg.sub.c"}
+    assert import_cycles(graph) == [
+        ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"],
+        ["pkg.b", "pkg.sub.c", "pkg.a", "pkg.b"],
+        ["pkg.sub.c", "pkg.a", "pkg.b", "pkg.sub.c"],
+    ]
 
 
 def test_agent_imports_only_stdlib_and_pynvml() -> None:
@@ -65,5 +150,7 @@ def test_bundle_runs_standalone(tmp_path: Path) -> None:
     )
     frames = [json.loads(line) for line in proc.stdout.splitlines()]
     hello = frames[0]
-    assert hello["event"] == "hello" and hello["data"]["build"] == path.name[len("gputui-agent-") : -len(".pyz")]
+    assert (
+        hello["event"] == "hello" and hello["data"]["build"] == path.name[len("gputui-agent-") : -len(".pyz")]
+    )
     assert any(f.get("id") == 1 and f.get("ok") for f in frames)

@@ -7,7 +7,6 @@ import random
 import time
 import tracemalloc
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -765,7 +764,9 @@ def test_oom_names_other_processes_holding_memory() -> None:
 
 
 def test_metrics_hints_accept_sample_objects() -> None:
-    gpu = SimpleNamespace(index=3, name="L4", temp_c=90.0, processes=(), extra={"throttle_reasons": []})
+    from gputui.core import model as M
+
+    gpu = M.GpuSample(index=3, name="L4", temp_c=90.0, throttle_reasons=())
     assert [h.code for h in hints_from_metrics(True, [], [gpu])] == ["gpu_thermal_throttle"]
 
 

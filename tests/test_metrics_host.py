@@ -58,7 +58,7 @@ def test_process_name_and_owner_from_this_process(tmp_path):
         comm = f.read().strip()
     assert process_name(me) == comm
     p = MetricsSampler._process({"pid": me, "mem_mib": 12}, {me: "job-3"}.get)
-    assert p == {"pid": me, "mem_mib": 12, "job": "job-3", "name": comm}
+    assert p == {"pid": me, "mem_mib": 12, "job": "job-3", "name": comm, "hidden": False, "inferred": False}
 
     def broken(pid):
         raise KeyError(pid)

@@ -79,9 +79,9 @@ def test_h100_under_load_exact_values(tmp_path, monkeypatch):
             "ecc_errors_uncorrected": 0,
             "throttle_reasons": [],
             "processes": [
-                {"pid": 11327, "mem_mib": 2566, "job": None, "name": "memhog"},
-                {"pid": 11328, "mem_mib": 1542, "job": None, "name": "memhog"},
-                {"pid": 11345, "mem_mib": 15690, "job": "job-7", "name": "gpu_burn"},
+                {"pid": 11327, "mem_mib": 2566, "job": None, "name": "memhog", "hidden": False, "inferred": False},
+                {"pid": 11328, "mem_mib": 1542, "job": None, "name": "memhog", "hidden": False, "inferred": False},
+                {"pid": 11345, "mem_mib": 15690, "job": "job-7", "name": "gpu_burn", "hidden": False, "inferred": False},
             ],
         }
     ]
@@ -138,7 +138,7 @@ def test_consumer_card_fan_and_missing_ecc(tmp_path):
             "persistence_mode": False,
             "ecc_errors_uncorrected": None,  # "[N/A]" on GeForce
             "throttle_reasons": ["gpu_idle"],
-            "processes": [{"pid": 2165, "mem_mib": 25, "job": "job-1", "name": "kwin_wayland"}],
+            "processes": [{"pid": 2165, "mem_mib": 25, "job": "job-1", "name": "kwin_wayland", "hidden": False, "inferred": False}],
         }
     ]
 

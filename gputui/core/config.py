@@ -228,8 +228,9 @@ def parse(text: str, path: Path) -> Config:
         elif key in GLOBAL_FIELDS:
             if not isinstance(value, GLOBAL_FIELDS[key]) or isinstance(value, bool):
                 raise fail(None, key, f"must be a {GLOBAL_FIELDS[key][0].__name__}")
-            if _text_problem(value):
-                raise fail(None, key, _text_problem(value))
+            problem = _text_problem(value)
+            if problem:
+                raise fail(None, key, problem)
         else:
             raise fail(
                 None, key, f"unknown setting (known: {', '.join(sorted([*GLOBAL_FIELDS, *GLOBAL_TABLES]))})"
@@ -247,8 +248,9 @@ def parse(text: str, path: Path) -> Config:
             or not math.isfinite(price)
         ):
             raise fail("prices", model, f"must be a non-negative number (price per GPU-hour), not {price!r}")
-        if _text_problem(model):
-            raise fail("prices", model, "a GPU model name " + _text_problem(model))
+        problem = _text_problem(model)
+        if problem:
+            raise fail("prices", model, "a GPU model name " + problem)
     budget = _check_budget(data.get("budget", {}), fail)
     defaults = _check_fields(data.get("defaults", {}), "defaults", fail)
     hosts: dict[str, HostConfig] = {}
@@ -285,7 +287,8 @@ def _check_budget(table: dict[str, Any], fail: Any) -> Budget:
             raise fail("budget", key, f"unknown setting (known: {', '.join(BUDGET_FIELDS)})")
         if not isinstance(value, BUDGET_FIELDS[key]) or isinstance(value, bool):
             raise fail("budget", key, f"must be a {BUDGET_FIELDS[key][0].__name__}, not {value!r}")
-        problem = _text_problem(value) if key == "on_exceed" else _range_problem(key, value)
+        # on_exceed is the one text setting
+        problem = _text_problem(value) if isinstance(value, str) else _range_problem(key, value)
         if problem:
             raise fail("budget", key, problem)
     if table.get("on_exceed", "warn") not in ON_EXCEED:

@@ -13,8 +13,8 @@ from remote_agent import protocol as P
 if TYPE_CHECKING:
     from .session import HostSession
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-STATUSES = (OK, WARN, FAIL, SKIP)
+OK, WARN, FAIL, SKIP = P.DOCTOR_OK, P.DOCTOR_WARN, P.DOCTOR_FAIL, P.DOCTOR_SKIP
+STATUSES = P.DOCTOR_STATUSES
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -22,17 +22,17 @@ DEFAULT_TIMEOUT_S = 60.0
 class Check:
     id: str
     title: str
-    status: str
+    status: P.DoctorStatus
     detail: str = ""
     fix: str = ""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Check:
-        status = str(d.get("status", FAIL))
+        """A check from the host, whatever it holds: an unknown status reads as a failure."""
         return cls(
             id=str(d.get("id", "?")),
             title=str(d.get("title", "")),
-            status=status if status in STATUSES else FAIL,
+            status=next((s for s in STATUSES if s == d.get("status")), FAIL),
             detail=str(d.get("detail") or ""),
             fix=str(d.get("fix") or ""),
         )

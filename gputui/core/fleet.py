@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -70,7 +71,8 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                on_connect=lambda s, h=host: arm_watchdog(s, h),  # every host: settings removed must disarm
+                # every host: settings removed must disarm
+                on_connect=functools.partial(arm_watchdog, host=host),
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:

@@ -6,8 +6,17 @@ them in. Nothing here does I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from remote_agent import protocol as P
+from remote_agent.protocol import JOB_ENDED_STATES as JOB_ENDED_STATES
+from remote_agent.protocol import JOB_FAILED as JOB_FAILED
+from remote_agent.protocol import JOB_KILLED as JOB_KILLED
+from remote_agent.protocol import JOB_LOST as JOB_LOST
+from remote_agent.protocol import JOB_RUNNING as JOB_RUNNING
+from remote_agent.protocol import JOB_SUCCEEDED as JOB_SUCCEEDED
 
 if TYPE_CHECKING:
     from .insights import JobInsights
@@ -19,14 +28,6 @@ RECONNECTING = "reconnecting"
 ERROR = "error"
 CLOSED = "closed"
 
-# Job states (as the agent reports them).
-JOB_RUNNING = "running"
-JOB_SUCCEEDED = "succeeded"
-JOB_FAILED = "failed"
-JOB_KILLED = "killed"
-JOB_LOST = "lost"
-JOB_ENDED_STATES = frozenset({JOB_SUCCEEDED, JOB_FAILED, JOB_KILLED, JOB_LOST})
-
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -34,11 +35,14 @@ class GpuProcess:
     mem_mib: float | None = None
     job: str | None = None  # id of the gputui job owning the pid, if any
     name: str | None = None
+    hidden: bool = False  # the pid is from another PID namespace (a pod): not in the agent's /proc
     inferred: bool = False  # job matched by its GPUs, not by /proc (a pid from another PID namespace)
 
 
 @dataclass(frozen=True)
 class GpuSample:
+    """One GPU's reading (``protocol.Gpu``); the GPU lists of host facts fill the first fields only."""
+
     index: int
     name: str | None = None
     uuid: str | None = None
@@ -50,12 +54,18 @@ class GpuSample:
     power_limit_w: float | None = None
     fan_percent: float | None = None
     sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    pstate: str | None = None
+    ecc_errors_uncorrected: int | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+    persistence_mode: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> GpuSample:
-        known = {k: d.get(k) for k in cls.__dataclass_fields__ if k not in ("processes", "extra")}
+    def from_wire(cls, gpu: P.Gpu | P.GpuFact) -> GpuSample:
+        d: Mapping[str, Any] = gpu  # a reading, or a GPU of the host's facts (the first fields only)
+        fields = [k for k in P.GPU_FIELDS if k not in ("processes", "throttle_reasons")]
+        known: dict[str, Any] = {k: d.get(k) for k in fields}
         procs = tuple(
             GpuProcess(
                 pid=int(p["pid"]),
@@ -66,9 +76,9 @@ class GpuSample:
             )
             for p in d.get("processes") or ()
         )
-        extra = {k: v for k, v in d.items() if k not in cls.__dataclass_fields__}
+        reasons = d.get("throttle_reasons")
         known["index"] = int(d.get("index", 0))
-        return cls(**known, processes=procs, extra=extra)
+        return cls(**known, processes=procs, throttle_reasons=None if reasons is None else tuple(reasons))
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,9 @@ class HostStats:
     cpu_scope: str | None = None
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any] | None) -> HostStats:
-        d = d or {}
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__})
+    def from_wire(cls, d: P.HostReading | None) -> HostStats:
+        reading: dict[str, Any] = dict(d or {})
+        return cls(**{k: reading.get(k) for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -101,10 +111,10 @@ class MetricsSample:
     gpu_source: str | None = None  # "nvml", "nvidia-smi" or None
     gpu_error: str | None = None  # why there are no GPU readings, e.g. "no NVIDIA driver"
     # idleness as the agent sees it: reasons (why not idle), idle_seconds, watchdog state
-    activity: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    activity: P.Activity = field(default_factory=lambda: P.Activity(), compare=False, hash=False)
 
     @classmethod
-    def from_wire(cls, d: dict[str, Any]) -> MetricsSample:
+    def from_wire(cls, d: P.MetricsSample) -> MetricsSample:
         return cls(
             seq=int(d.get("seq", 0)),
             t=float(d.get("t", 0.0)),
@@ -121,7 +131,7 @@ class Job:
     host: str
     id: str
     name: str
-    state: str
+    state: P.JobState
     command: tuple[str, ...]
     cwd: str | None = None
     gpus: str | None = None
@@ -132,19 +142,27 @@ class Job:
     tmux_session: str | None = None
     insights: JobInsights | None = field(default=None, compare=False)  # progress, metrics, hints from the log
     # the rest of the host's run record: git, gpu_inventory, price_per_hour, usage (peak memory, mean util)
-    record: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    record: P.JobRecord = field(default_factory=lambda: P.JobRecord(), compare=False, hash=False)
 
     @property
     def running(self) -> bool:
         return self.state == JOB_RUNNING
 
     @classmethod
-    def from_wire(cls, host: str, d: dict[str, Any]) -> Job:
+    def from_wire(cls, host: str, d: P.JobRecord) -> Job:
+        record = P.JobRecord(
+            git=d.get("git"), gpu_inventory=d.get("gpu_inventory") or [], price_per_hour=d.get("price_per_hour"),
+            usage=d.get("usage"),
+        )  # fmt: skip
+        if "error" in d:
+            record["error"] = d["error"]
+        if "log_error" in d:
+            record["log_error"] = d["log_error"]
         return cls(
             host=host,
             id=str(d["id"]),
             name=str(d.get("name") or d["id"]),
-            state=str(d.get("state", JOB_LOST)),
+            state=d.get("state", JOB_LOST),
             command=tuple(d.get("argv") or ()),
             cwd=d.get("cwd"),
             gpus=d.get("gpus"),
@@ -153,9 +171,7 @@ class Job:
             ended_at=d.get("ended_at"),
             log_size=int(d.get("log_size") or 0),
             tmux_session=d.get("tmux_session"),
-            record={
-                k: d.get(k) for k in ("git", "gpu_inventory", "price_per_hour", "usage", "error", "log_error")
-            },
+            record=record,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -198,7 +214,8 @@ class HostSnapshot:
     state: str = CONNECTING
     error: str | None = None
     detail: str | None = None  # e.g. "attempt 3, next try in 2.0 s"
-    facts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)  # from the agent's hello
+    # from the agent's hello
+    facts: P.HostFacts = field(default_factory=lambda: cast(P.HostFacts, {}), compare=False, hash=False)
     metrics: MetricsSample | None = None
     jobs: tuple[Job, ...] = ()
     updated_at: float = 0.0
@@ -230,6 +247,5 @@ class HostSnapshot:
 
 def _gpu_json(g: GpuSample) -> dict[str, Any]:
     d = asdict(g)
-    d.pop("extra")
-    d.update(g.extra)
+    d["throttle_reasons"] = None if g.throttle_reasons is None else list(g.throttle_reasons)
     return d

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from remote_agent import protocol as P
+
 from .insights import Hint, JobInsights, timed_parser, with_exit_hint
 from .link import AgentError
 from .model import JOB_RUNNING, Job
@@ -44,7 +46,7 @@ async def job_insights(session: HostSession, job: Job) -> JobInsights:
     return snap
 
 
-def visible_gpus(job: Job) -> list[dict[str, Any]]:
+def visible_gpus(job: Job) -> list[P.GpuFact]:
     """The host's GPUs (as recorded at start) that the job's CUDA_VISIBLE_DEVICES selection allowed."""
     inventory = job.record.get("gpu_inventory") or []
     if not job.gpus or job.gpus == "all":

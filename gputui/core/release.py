@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from remote_agent import protocol as P
 
@@ -104,7 +105,7 @@ async def release_host(
     return result
 
 
-def watchdog_config(host: HostConfig, boot_time: float | None) -> dict:
+def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]:
     """What the host's autostop/deadline watchdog is told (empty autostop and deadline: disarmed)."""
     return {
         "autostop_minutes": host.autostop_minutes,

@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from remote_agent import protocol as P
 
@@ -47,7 +47,7 @@ class Backoff:
 
     def next_delay(self) -> float:
         self.attempt += 1
-        ceiling = min(self.cap, self.base * 2 ** (self.attempt - 1))
+        ceiling: float = min(self.cap, self.base * 2 ** (self.attempt - 1))
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     def reset(self) -> None:
@@ -107,7 +107,7 @@ class HostSession:
             self.on_change(self._snapshot)
 
     def _set_job(self, data: dict[str, Any]) -> None:
-        job = M.Job.from_wire(self.name, data)
+        job = M.Job.from_wire(self.name, cast(P.JobRecord, data))  # the agent ships with this client
         self._jobs[job.id] = job
         self._jobs_changed = True
 
@@ -128,7 +128,7 @@ class HostSession:
                 follow.on_end(data)
 
     def _add_sample(self, data: dict[str, Any]) -> M.MetricsSample:
-        sample = M.MetricsSample.from_wire(data)
+        sample = M.MetricsSample.from_wire(cast(P.MetricsSample, data))
         if self._history and sample.seq <= self._history[-1].seq and sample.t <= self._history[-1].t:
             return sample  # already have it (backlog overlap)
         self._history.append(sample)

@@ -16,7 +16,7 @@ import shlex
 import socket
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import asyncssh
 
@@ -115,6 +115,15 @@ class _Writer:
             await self._stdin.drain()
         except asyncssh.Error as exc:
             raise BrokenPipeError(str(exc)) from exc
+
+
+class _Ran(NamedTuple):
+    """A finished setup command; asyncssh types its output ``bytes | str | None``, but it runs with
+    ``encoding=None``: bytes."""
+
+    exit_status: int
+    stdout: bytes
+    stderr: bytes
 
 
 class SSHTransport(Transport):
@@ -281,9 +290,7 @@ class SSHTransport(Transport):
             "host_key",
         )
 
-    async def _run(
-        self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None
-    ) -> asyncssh.SSHCompletedProcess:
+    async def _run(self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None) -> _Ran:
         try:
             res = await asyncio.wait_for(
                 conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
@@ -300,7 +307,7 @@ class SSHTransport(Transport):
             ) from None
         if res.exit_status is None:  # the connection died under the command
             raise HostUnavailable("link lost while preparing the agent")
-        return res
+        return _Ran(res.exit_status, cast(bytes, res.stdout or b""), cast(bytes, res.stderr or b""))
 
     # --- deploy -----------------------------------------------------------------------------------------------
     async def _probe(self, conn: asyncssh.SSHClientConnection, name: str) -> dict[str, str]:

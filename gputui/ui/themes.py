@@ -1,7 +1,8 @@
 """Themes as data: TOML files loaded into Textual themes, and the user's choice kept across runs.
 
-Built-in theme files live next to this module (``themes/*.toml``); a user may add more in
-``$XDG_CONFIG_HOME/gputui/themes/``. The choice is stored in ``$XDG_STATE_HOME/gputui/ui.json``.
+Built-in theme files live in the checkout's top-level ``themes/``, installed as ``gputui/themes/`` (see
+pyproject.toml); a user may add more in ``$XDG_CONFIG_HOME/gputui/themes/``. The choice is stored in
+``$XDG_STATE_HOME/gputui/ui.json``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_THEME = "gputui-dark"
-BUILTIN_DIR = Path(__file__).with_name("themes")
+
+
+def _builtin_dir() -> Path:
+    """``gputui/themes`` where a wheel is installed; the top-level ``themes/`` in a checkout or editable install."""
+    installed = Path(__file__).parents[1] / "themes"
+    return installed if installed.is_dir() else Path(__file__).parents[2] / "themes"
+
+
+BUILTIN_DIR = _builtin_dir()
+
 _THEME_KEYS = {f.name for f in fields(Theme)}
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # shown in the palette and used in CSS class names: never markup
 

@@ -24,15 +24,8 @@ def _reasons(gpu: Any, known: tuple[str, ...]) -> list[str]:
 
 
 def _get(gpu: Any, key: str) -> Any:
-    """Field of a GPU sample given as a wire dict or an object (with an ``extra`` dict)."""
-    if isinstance(gpu, Mapping):
-        return gpu.get(key)
-    value = getattr(gpu, key, None)
-    if value is None:
-        extra = getattr(gpu, "extra", None)
-        if isinstance(extra, Mapping):
-            value = extra.get(key)
-    return value
+    """Field of a GPU sample given as a wire dict or an object (``GpuSample``)."""
+    return gpu.get(key) if isinstance(gpu, Mapping) else getattr(gpu, key, None)
 
 
 def _proc(p: Any, key: str) -> Any:
