@@ -478,6 +478,54 @@ async def cmd_trust(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress_printer() -> Callable[[str, int, int], None] | None:
+    """A progress line on stderr when it is a terminal (redrawn at most ten times a second); else None."""
+    if not sys.stderr.isatty():
+        return None
+    last = [0.0, time.monotonic(), 0]
+
+    def show(name: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.1 and done < total:
+            return
+        last[0] = now
+        pct = 100.0 * done / total if total else 100.0
+        shown = safetext.clean(name)[-40:]
+        end = "\n" if done >= total else ""
+        print(f"\r\x1b[K{shown}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {pct:5.1f}%", end=end,
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    return show
+
+
+async def cmd_pull(args: argparse.Namespace) -> int:
+    """Copy files from a host here: resumable, verified by sha256, never over a newer local file."""
+    from .core.pull import PullError, pull
+
+    specs, dest = args.paths, None
+    if len(specs) > 1:
+        specs, dest = specs[:-1], specs[-1]
+
+    async def body(s: HostSession) -> int:
+        try:
+            outcomes = await pull(s, specs, dest, force=args.force, on_progress=_progress_printer())
+        except PullError as exc:
+            raise CliError(str(exc)) from None
+        status = EXIT_OK
+        for o in outcomes:
+            if o.status == "newer here":
+                print(
+                    f"gputui: skipped {o.target}: the local file is newer (--force overwrites it)",
+                    file=sys.stderr,
+                )
+                status = EXIT_FAIL
+            else:
+                print(f"{o.status}: {o.target} ({o.size:,} bytes)")
+        return status
+
+    return await _with_session(args, args.host, body)
+
+
 # --- entry ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -558,6 +606,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
+
+    pu = sub.add_parser("pull", help="copy files from a host here: resumable, sha256-checked")
+    pu.add_argument("host")
+    pu.add_argument("paths", nargs="+", metavar="[JOB:]PATH... [DEST]",
+                    help="files, dirs or globs on the host (relative to job JOB's dir, else to ~), then DEST")  # fmt: skip
+    pu.add_argument("--force", action="store_true", help="overwrite local files even when they are newer")
+    pu.set_defaults(func=cmd_pull)
 
     dr = sub.add_parser("doctor", help="check driver, CUDA, torch, tmux, disk: ok/warn/fail with the fix")
     dr.add_argument("host", nargs="?", help="one host (default: every host)")

@@ -27,6 +27,8 @@ MAX_SNOOZE_MIN = 7 * 24 * 60
 #: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
+#: Largest raw file chunk in one files.read/files.write frame.
+FILE_CHUNK_BYTES = 512 * 1024
 
 # Operations the agent answers.
 OP_PING = "ping"
@@ -47,6 +49,10 @@ OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/doctor.py)
+# Files carried to and from the host (remote_agent/files.py).
+OP_FILES_LIST = "files.list"  # args: base, patterns; result: {"base", "files": [{path, rel, size, mtime, mode}]}
+OP_FILES_READ = "files.read"  # args: path, offset, max_bytes; result: {offset, size, mtime, b64}
+OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}
 
 # Events the agent pushes.
 EV_HELLO = "hello"

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
+from . import files as F
 from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
@@ -127,6 +128,12 @@ class Agent:
             P.OP_WATCHDOG_SNOOZE: self.op_watchdog_snooze,
             P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
             P.OP_DOCTOR: lambda a: run_doctor(self.sampler, self.jobs.state_dir, a),
+            P.OP_FILES_LIST: lambda a: F.list_files(str(a.get("base") or "~"), a.get("patterns")),
+            P.OP_FILES_READ: lambda a: F.read_range(
+                str(a.get("path")), P.int_arg(a, "offset", 0),
+                P.int_arg(a, "max_bytes", P.FILE_CHUNK_BYTES, 0, P.FILE_CHUNK_BYTES),
+            ),  # fmt: skip
+            P.OP_FILES_HASH: lambda a: F.file_hash(str(a.get("path"))),
         }
         self._facts: Optional[Dict[str, Any]] = None
 
