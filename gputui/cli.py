@@ -150,9 +150,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
         _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
         inventory = tuple(M.GpuSample.from_wire(g) for g in s.snapshot.facts.get("gpus") or ())
         price = price_per_hour(host_cfg, inventory, config.prices)
+        code, job_cwd = None, cwd
+        if args.sync is not None:
+            synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
+            code, job_cwd = synced.code(), synced.target
         job = await s.start_job(
-            argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price
-        )
+            argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price,
+            code=code,
+        )  # fmt: skip
         print(job.id)
         return EXIT_OK
 
@@ -526,6 +531,32 @@ async def cmd_pull(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
+async def _sync_tree(s: HostSession, src: str, target: str | None, delete: bool) -> Any:
+    """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult."""
+    from .core.sync import SyncError, sync
+
+    try:
+        res = await sync(s, src, target, delete=delete, on_progress=_progress_printer())
+    except (SyncError, OSError) as exc:
+        raise CliError(f"sync: {exc}") from None
+    for note in res.notes:
+        print(f"gputui: {safetext.clean(note)}", file=sys.stderr)
+    print(f"gputui: synced {os.path.abspath(src)} to {s.name}:{safetext.clean(res.target)}: {res.sent} of {res.files} files sent "
+          f"({res.bytes_sent:,} bytes), {res.deleted} deleted; tree {res.tree_sha256[:12]}", file=sys.stderr)  # fmt: skip
+    return res
+
+
+async def cmd_sync(args: argparse.Namespace) -> int:
+    """Copy a local tree to a directory on the host: only changed files travel."""
+
+    async def body(s: HostSession) -> int:
+        res = await _sync_tree(s, args.src, args.to, args.delete)
+        print(res.target)
+        return EXIT_FAIL if any(n.startswith("not sent") for n in res.notes) else EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
 # --- entry ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -544,6 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1")
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
+    r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
+                   help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
     r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
     r.set_defaults(func=cmd_run)
 
@@ -606,6 +639,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
+
+    sy = sub.add_parser("sync", help="copy a local tree to the host: only changed files travel")
+    sy.add_argument("host")
+    sy.add_argument("src", nargs="?", default=".", help="local directory (default: here)")
+    sy.add_argument(
+        "--to", metavar="DIR", help="directory on the host (default: ~/gputui-work/<name of SRC>)"
+    )
+    sy.add_argument("--delete", action="store_true",
+                    help="remove files an earlier sync put there that SRC no longer has")  # fmt: skip
+    sy.set_defaults(func=cmd_sync)
 
     pu = sub.add_parser("pull", help="copy files from a host here: resumable, sha256-checked")
     pu.add_argument("host")

@@ -5,14 +5,17 @@ at most ``MAX_LIST_FILES`` entries, a hash streams the file. Reads refuse anythi
 would hang the agent).
 """
 
+import errno
 import glob
 import hashlib
+import json
 import os
 import stat
+import threading
 from typing import Any, Dict, List
 
 from . import protocol as P
-from .fsutil import open_regular
+from .fsutil import open_regular, write_atomic
 
 #: Most files one listing names; more is an error asking for a narrower pattern.
 MAX_LIST_FILES = 20000
@@ -111,3 +114,213 @@ def file_hash(path: str) -> Dict[str, Any]:
     finally:
         os.close(fd)
     return {"sha256": digest.hexdigest(), "size": st.st_size, "mtime": st.st_mtime}
+
+
+# --- sync: files written into a target dir, with a manifest of what was written ---------------------------------
+#: Most manifest entries one page carries.
+MANIFEST_PAGE = 5000
+MAX_DELETE = 1000
+_manifest_lock = threading.Lock()
+
+
+def _parts(rel: Any) -> List[str]:
+    """The components of a relative path inside the target; ValueError for anything that could leave it."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or rel.startswith("/") or len(rel) > 4096:
+        raise ValueError("path must be a relative path inside the target, not %r" % str(rel)[:200])
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError("path %r must not contain empty, '.' or '..' parts" % rel[:200])
+    return parts
+
+
+def target_dir(target: Any) -> str:
+    if not isinstance(target, str) or not target or "\x00" in target:
+        raise ValueError("target must be a directory path")
+    return os.path.abspath(os.path.expanduser(target))
+
+
+def _open_parent(target: str, parts: List[str], create: bool) -> int:
+    """An fd of the directory holding ``parts[-1]`` inside ``target``, walked without following a symlink
+    (a link planted on the host can never redirect a write out of the target)."""
+    if create:
+        os.makedirs(target, exist_ok=True)
+    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts[:-1]):
+            try:
+                new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise ValueError(
+                        "refusing %s: %s is a symlink or not a directory on the host"
+                        % ("/".join(parts), "/".join(parts[: i + 1]))
+                    ) from None
+                raise
+            os.close(fd)
+            fd = new
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _regular(fd: int, parts: List[str]) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ValueError("refusing %s: not a regular file on the host" % "/".join(parts))
+
+
+def _part_name(name: str) -> str:
+    return "." + name[:200] + ".gputui-part"
+
+
+def write_file(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
+    """Write one chunk of ``rel`` into its part file (``truncate`` starts it afresh); with ``commit``
+    (sha256, mode, mtime_ns) check the whole part's sha256 and rename it into place atomically."""
+    target = target_dir(a.get("target"))
+    parts = _parts(a.get("rel"))
+    data = P.unb64(str(a.get("b64") or ""))
+    if len(data) > P.FILE_CHUNK_BYTES:
+        raise ValueError("chunk of %d bytes exceeds %d" % (len(data), P.FILE_CHUNK_BYTES))
+    offset = P.int_arg(a, "offset", 0)
+    dfd = _open_parent(target, parts, create=True)
+    try:
+        part = _part_name(parts[-1])
+        flags = (
+            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if a.get("truncate") else 0)
+        )
+        fd = os.open(part, flags, 0o600, dir_fd=dfd)
+        try:
+            if data:
+                os.pwrite(fd, data, offset)
+        finally:
+            os.close(fd)
+        commit = a.get("commit")
+        if not isinstance(commit, dict):
+            return {"written": len(data)}
+        return _commit(state_dir, target, parts, dfd, commit)
+    finally:
+        os.close(dfd)
+
+
+def _commit(state_dir: str, target: str, parts: List[str], dfd: int, c: Dict[str, Any]) -> Dict[str, Any]:
+    part, name = _part_name(parts[-1]), parts[-1]
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(part, flags, dir_fd=dfd)
+    except FileNotFoundError:  # a commit repeated after a dropped link: done already if the file matches
+        fd = os.open(name, flags, dir_fd=dfd)
+        part = name
+    try:
+        _regular(fd, parts)
+        digest = hashlib.sha256()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            for block in iter(lambda: f.read(HASH_BLOCK), b""):
+                digest.update(block)
+        if digest.hexdigest() != c.get("sha256"):
+            if part != name:
+                os.unlink(part, dir_fd=dfd)
+            raise ValueError("sha256 of %s on the host does not match what was sent" % "/".join(parts))
+        os.fchmod(fd, P.int_arg(c, "mode", 0o644, 0, 0o777))
+        mtime_ns = P.int_arg(c, "mtime_ns", 0)
+        if mtime_ns:
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+        if part != name:
+            os.replace(part, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    entry = {"rel": "/".join(parts), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+             "sha256": c["sha256"], "mode": stat.S_IMODE(st.st_mode)}  # fmt: skip
+    _journal(state_dir, target, [entry])
+    return entry
+
+
+def _manifest_path(state_dir: str, target: str) -> str:
+    name = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return os.path.join(state_dir, "sync", name + ".jsonl")
+
+
+def _journal(state_dir: str, target: str, entries: List[Dict[str, Any]]) -> None:
+    path = _manifest_path(state_dir, target)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
+    with _manifest_lock:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, text.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+
+
+def _manifest(state_dir: str, target: str) -> Dict[str, Dict[str, Any]]:
+    """What sync wrote into ``target`` and is still there unchanged (size and mtime as written)."""
+    path = _manifest_path(state_dir, target)
+    entries: Dict[str, Dict[str, Any]] = {}
+    lines = 0
+    with _manifest_lock:
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    lines += 1
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue  # a line cut by a crash
+                    if isinstance(e, dict) and isinstance(e.get("rel"), str):
+                        if e.get("del"):
+                            entries.pop(e["rel"], None)
+                        else:
+                            entries[e["rel"]] = e
+        except FileNotFoundError:
+            return {}
+        for rel, e in list(entries.items()):
+            try:
+                st = os.lstat(os.path.join(target, rel))
+                same = stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e["size"], e["mtime_ns"])
+            except (OSError, KeyError):
+                same = False
+            if not same:  # changed or removed on the host since: it must be sent again
+                del entries[rel]
+        if lines > 2 * len(entries) + 100:  # compact the journal
+            write_atomic(path, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries.values())
+                         .encode("utf-8", "surrogateescape"))  # fmt: skip
+    return entries
+
+
+def manifest_page(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
+    """Entries of the target's manifest after ``after`` (in path order), at most MANIFEST_PAGE of them."""
+    target = target_dir(a.get("target"))
+    after = str(a.get("after") or "")
+    entries = _manifest(state_dir, target)
+    rels = sorted(r for r in entries if r > after)
+    page = rels[:MANIFEST_PAGE]
+    return {"target": target, "entries": [entries[r] for r in page], "more": len(rels) > len(page)}
+
+
+def delete_files(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
+    """Remove files sync wrote earlier (only those in the manifest, unchanged since) from the target."""
+    target = target_dir(a.get("target"))
+    rels = a.get("rels")
+    if not isinstance(rels, list) or len(rels) > MAX_DELETE:
+        raise ValueError("rels must be a list of at most %d paths" % MAX_DELETE)
+    known = _manifest(state_dir, target)
+    deleted = []
+    for rel in rels:
+        parts = _parts(rel)
+        if rel not in known:
+            continue  # not ours, or changed on the host since: never deleted
+        dfd = _open_parent(target, parts, create=False)
+        try:
+            os.unlink(parts[-1], dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dfd)
+        deleted.append(rel)
+    _journal(state_dir, target, [{"rel": r, "del": True} for r in deleted])
+    return {"deleted": deleted}

@@ -50,9 +50,12 @@ OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/doctor.py)
 # Files carried to and from the host (remote_agent/files.py).
-OP_FILES_LIST = "files.list"  # args: base, patterns; result: {"base", "files": [{path, rel, size, mtime, mode}]}
+OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
 OP_FILES_READ = "files.read"  # args: path, offset, max_bytes; result: {offset, size, mtime, b64}
 OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}
+OP_FILES_WRITE = "files.write"  # args: target, rel, offset, b64, truncate, commit {sha256, mode, mtime_ns}
+OP_FILES_MANIFEST = "files.manifest"  # args: target, after; result: {target, entries, more}
+OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
 
 # Events the agent pushes.
 EV_HELLO = "hello"

@@ -145,7 +145,8 @@ class Job:
             log_size=int(d.get("log_size") or 0),
             tmux_session=d.get("tmux_session"),
             record={
-                k: d.get(k) for k in ("git", "gpu_inventory", "price_per_hour", "usage", "error", "log_error")
+                k: d.get(k)
+                for k in ("git", "code", "gpu_inventory", "price_per_hour", "usage", "error", "log_error")
             },
         )
 

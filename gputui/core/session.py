@@ -315,6 +315,7 @@ class HostSession:
         env: dict[str, str] | None = None,
         gpus: str | None = None,
         price_per_hour: float | None = None,
+        code: dict[str, Any] | None = None,
     ) -> M.Job:
         data = await self.request(
             P.OP_JOBS_START,
@@ -324,6 +325,7 @@ class HostSession:
             env=env or {},
             gpus=gpus,
             price_per_hour=price_per_hour,
+            **({"code": code} if code else {}),
         )
         self._set_job(data)
         self._publish()
