@@ -557,6 +557,32 @@ async def cmd_sync(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
+async def cmd_forward(args: argparse.Namespace) -> int:
+    """Reach a port on the host at 127.0.0.1 here until Ctrl-C; survives reconnects."""
+    if cfg.load(args.config).host(args.host).transport == "local":
+        print(
+            f"{args.host} is this machine: open http://127.0.0.1:{args.remote_port}/ directly (no forward needed)"
+        )
+        return EXIT_OK
+    from .core.forward import Forward, ForwardError
+
+    async def body(s: HostSession) -> int:
+        fwd = Forward(s, args.remote_port, args.local_port or 0,
+                      lambda msg: print(f"gputui: {safetext.clean(msg)}", file=sys.stderr))  # fmt: skip
+        try:
+            url = await fwd.start()
+        except ForwardError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        print(f"{url} -> {args.host} port {args.remote_port} (Ctrl-C stops)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await fwd.close()
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
 # --- entry ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -649,6 +675,13 @@ def build_parser() -> argparse.ArgumentParser:
     sy.add_argument("--delete", action="store_true",
                     help="remove files an earlier sync put there that SRC no longer has")  # fmt: skip
     sy.set_defaults(func=cmd_sync)
+
+    fw = sub.add_parser("forward", help="reach a port on the host at 127.0.0.1 here (TensorBoard, Jupyter)")
+    fw.add_argument("host")
+    fw.add_argument("remote_port", type=_bounded(1, 65535, integer=True), metavar="REMOTE_PORT")
+    fw.add_argument("local_port", type=_bounded(0, 65535, integer=True), nargs="?", metavar="LOCAL_PORT",
+                    help="port here (default: any free one)")  # fmt: skip
+    fw.set_defaults(func=cmd_forward)
 
     pu = sub.add_parser("pull", help="copy files from a host here: resumable, sha256-checked")
     pu.add_argument("host")

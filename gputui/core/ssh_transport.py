@@ -383,6 +383,13 @@ class SSHTransport(Transport):
         channel.collect_stderr(proc.stderr)
         return channel
 
+    async def open_tcp(
+        self, host: str, port: int
+    ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
+        """A TCP stream from the host to ``host:port``, over this transport's one connection (as ``ssh -L``)."""
+        conn = await self._connection()
+        return await conn.open_connection(host, port, encoding=None)
+
     async def _stop_agent(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
         """EOF on the agent's stdin (it exits then); close the channel if it lingers."""
         with contextlib.suppress(Exception):
