@@ -152,7 +152,10 @@ def _open_parent(target: str, parts: List[str], create: bool) -> int:
             except FileNotFoundError:
                 if not create:
                     raise
-                os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:  # made meanwhile by a write in another thread
+                    pass
                 new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):

@@ -7,7 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from conftest import AgentProc, SshHome
+from conftest import AgentProc, Home, SshHome
 
 from remote_agent import protocol as P
 
@@ -127,3 +127,17 @@ def test_agent_write_refuses_paths_outside_the_target(agent: AgentProc, tmp_path
     reply = agent.call(P.OP_FILES_WRITE, target=str(target), rel="f", offset=0, b64=P.b64(b"x"), truncate=True,
                        commit=commit)  # fmt: skip
     assert not reply["ok"] and "sha256" in reply["error"]["message"] and not (target / "f").exists()
+
+
+def test_sync_of_many_files_into_new_dirs_at_once(home: Home, tmp_path: Path) -> None:
+    """Parallel writes create the same new dirs at the same moment on the host: none may fail."""
+    src = tmp_path / "many"
+    for i in range(400):
+        d = src / f"d{i % 20}" / f"e{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i}.txt").write_text(str(i))
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    target = tmp_path / "tgt"
+    res = home.cli("sync", "here", str(src), "--to", str(target), check=True)
+    assert "400 of 400 files sent" in res.stderr
+    assert files_under(target) == files_under(src)

@@ -270,7 +270,13 @@ async def sync(
                     raise
                 result.notes.append(f"not sent {f.rel}: {exc}")  # e.g. a symlink on the host's side
 
-    await asyncio.gather(*(one(f) for f in todo))
+    tasks = [asyncio.ensure_future(one(f)) for f in todo]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # the first failure ends the sync: stop the other sends
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     if delete:
         local = {f.rel for f in files}
         gone = sorted(rel for rel in have if rel not in local)
