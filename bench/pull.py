@@ -4,7 +4,7 @@
 
 Starts a throwaway sshd on 127.0.0.1 (needs /usr/sbin/sshd; as root, like the tests), writes a file of
 ``--mb`` MB of random bytes, then, in the same run and on the same file, times (a) ``pull`` into a fresh
-directory (listing, chunked reads, local and remote sha256 included) and (b) ``ssh HOST cat FILE`` with the
+directory (listing, the raw stream, local and remote sha256 included) and (b) ``ssh HOST cat FILE`` with the
 OpenSSH client into a local file. Prints medians and their ratio. No asserts: loopback numbers are noisy.
 """
 

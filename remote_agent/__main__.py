@@ -31,8 +31,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     runner.add_argument("job_dir")
     watchdog = sub.add_parser("watchdog", help="autostop/deadline watchdog (started detached by the agent)")
     watchdog.add_argument("state_dir")
+    cat = sub.add_parser("cat", help="write a regular file's bytes from OFFSET to stdout (gputui pull)")
+    cat.add_argument("path")
+    cat.add_argument("offset", type=int)
     args = parser.parse_args(argv)
 
+    if args.cmd == "cat":
+        from .files import cat_file
+
+        sys.exit(cat_file(args.path, args.offset))
     if args.cmd == "watchdog":
         from .watchdog import run as run_watchdog
 

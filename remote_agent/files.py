@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 import threading
 from typing import Any, Dict, List
 
@@ -100,6 +101,30 @@ def read_range(path: str, offset: int, max_bytes: int) -> P.Raw:
     return P.Raw(
         '{"offset":%d,"size":%d,"mtime":%r,"b64":"%s"}' % (offset, st.st_size, st.st_mtime, P.b64(data))
     )
+
+
+def cat_file(path: str, offset: int, block: int = 1024 * 1024) -> int:
+    """Copy the regular file ``path`` from ``offset`` to stdout: the raw byte stream for big pulls (no JSON,
+    no base64). Exit status 2 with the reason on stderr when it cannot be read."""
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        sys.stderr.write("gputui-agent: cannot read %s: %s\n" % (path, exc.strerror or exc))
+        return 2
+    out = sys.stdout.buffer
+    try:
+        while True:
+            data = os.pread(fd, block, offset)
+            if not data:
+                break
+            out.write(data)
+            offset += len(data)
+        out.flush()
+    except BrokenPipeError:
+        return 1
+    finally:
+        os.close(fd)
+    return 0
 
 
 def file_hash(path: str) -> Dict[str, Any]:

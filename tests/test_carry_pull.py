@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import AgentProc, SshHome
+from conftest import ROOT, AgentProc, SshHome
 from faultproxy import FaultProxy
 
 from gputui.core.config import HostConfig
@@ -35,15 +37,17 @@ def test_pull_through_a_reset_ends_byte_identical(
 ) -> None:
     src = tmp_path / "host" / "ckpt"
     src.mkdir(parents=True)
-    big = os.urandom(24 * 1024 * 1024 + 123)
+    big = os.urandom(24 * 1024 * 1024 + 123)  # a raw stream on a channel of its own
+    mid = os.urandom(5 * 1024 * 1024 + 5)  # base64 chunks on the agent channel
     (src / "model.pt").write_bytes(big)
+    (src / "opt.pt").write_bytes(mid)
     (src / "small.pt").write_bytes(b"tiny")
     dest = tmp_path / "here"
-    resets: list[int] = []
+    resets: dict[str, int] = {}
 
     def progress(name: str, done: int, total: int) -> None:
-        if name == "model.pt" and not resets and done > total // 4:
-            resets.append(done)
+        if name != "small.pt" and name not in resets and done > total // 4:
+            resets[name] = done
             proxy.reset()  # every open connection gets an RST, mid-transfer
 
     async def main() -> list[str]:
@@ -56,11 +60,12 @@ def test_pull_through_a_reset_ends_byte_identical(
             await session.close()
         return [o.status for o in outcomes]
 
-    assert asyncio.run(main()) == ["pulled", "pulled"]
-    assert resets and proxy.accepted >= 2  # the reset happened and the session reconnected
+    assert asyncio.run(main()) == ["pulled", "pulled", "pulled"]
+    assert set(resets) == {"model.pt", "opt.pt"} and proxy.accepted >= 3  # both reset; reconnected each time
     assert (dest / "model.pt").read_bytes() == big
+    assert (dest / "opt.pt").read_bytes() == mid
     assert (dest / "small.pt").read_bytes() == b"tiny"
-    assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "small.pt"]  # no .part left
+    assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "opt.pt", "small.pt"]  # no .part left
 
 
 def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp_path: Path) -> None:
@@ -127,3 +132,13 @@ def test_agent_file_reads_are_bounded_and_refuse_special_files(agent: AgentProc,
     assert reply["ok"] and P.unb64(reply["result"]["b64"]) == b"a" * 10
     listing = agent.call(P.OP_FILES_LIST, base=str(tmp_path), patterns=["*"])["result"]
     assert [f["rel"] for f in listing["files"]] == ["f.bin"]  # the FIFO is not listed
+
+
+def test_agent_cat_streams_from_an_offset_and_refuses_special_files(tmp_path: Path) -> None:
+    (tmp_path / "f.bin").write_bytes(b"0123456789")
+    os.mkfifo(tmp_path / "fifo")
+    agent = [sys.executable, "-m", "remote_agent", "cat"]
+    res = subprocess.run([*agent, str(tmp_path / "f.bin"), "4"], capture_output=True, cwd=ROOT, timeout=30)
+    assert res.returncode == 0 and res.stdout == b"456789"
+    res = subprocess.run([*agent, str(tmp_path / "fifo"), "0"], capture_output=True, cwd=ROOT, timeout=30)
+    assert res.returncode == 2 and b"not a regular file" in res.stderr and res.stdout == b""

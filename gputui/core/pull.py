@@ -15,11 +15,11 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from remote_agent import protocol as P
 
-from .link import LinkClosed
+from .link import AgentError, LinkClosed
 from .session import HostSession
 
 #: Chunk requests in flight at once (hides the link's round trip; bounded memory: DEPTH chunks).
@@ -27,6 +27,9 @@ DEPTH = 8
 #: How long a transfer waits for the link to come back before giving up.
 RECONNECT_WAIT_S = 120.0
 HASH_BLOCK = 1024 * 1024
+#: Files at least this big come as a raw stream on a channel of their own; smaller ones in JSON chunks.
+STREAM_MIN_BYTES = 8 * 1024 * 1024
+STREAM_READ = 1024 * 1024
 _JOB_SPEC = re.compile(r"(\d+):(.+)", re.DOTALL)
 
 Progress = Callable[[str, int, int], None]  # (name, bytes done, bytes total)
@@ -130,39 +133,78 @@ async def _download(session: HostSession, f: Remote, part: str, on_progress: Pro
     start = os.path.getsize(part) if os.path.exists(part) else 0
     if start > f.size:
         start = 0
-    pending: collections.deque[tuple[int, asyncio.Task[Any]]] = collections.deque()
     with open(part, "r+b" if os.path.exists(part) else "wb") as out:
         out.truncate(start)
         out.seek(start)
-        offset = next_off = start
-        try:
-            while offset < f.size:
-                while len(pending) < DEPTH and next_off < f.size:
-                    task = asyncio.ensure_future(
-                        _request(
-                            session,
-                            P.OP_FILES_READ,
-                            path=f.path,
-                            offset=next_off,
-                            max_bytes=P.FILE_CHUNK_BYTES,
-                        )
-                    )
-                    pending.append((next_off, task))
-                    next_off += P.FILE_CHUNK_BYTES
-                at, task = pending.popleft()
-                res = await task
-                data = P.unb64(res["b64"])
-                if int(res["size"]) != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
-                    raise _Changed()
-                out.write(data)
-                offset += len(data)
-                if on_progress is not None:
-                    on_progress(f.rel, offset, f.size)
-        finally:
-            for _, task in pending:
-                task.cancel()
-            out.flush()
+        if f.size - start >= STREAM_MIN_BYTES:
+            await _stream(session, f, out, start, on_progress)
+        else:
+            await _chunks(session, f, out, start, on_progress)
     return start
+
+
+async def _stream(
+    session: HostSession, f: Remote, out: BinaryIO, offset: int, on_progress: Progress | None
+) -> None:
+    """Raw bytes from the agent build's ``cat`` on a channel of its own (no JSON, no base64); a stream cut
+    by a dropped link is opened again at the byte reached once the session is back."""
+    deadline = time.monotonic() + RECONNECT_WAIT_S
+    while offset < f.size:
+        reached, why = offset, "the stream ended early"
+        try:
+            await session.wait_connected(max(0.1, deadline - time.monotonic()))
+            channel = await session.transport.open_agent_stream(["cat", f.path, str(offset)])
+            try:
+                while offset < f.size and (data := await channel.reader.read(STREAM_READ)):
+                    data = data[: f.size - offset]
+                    out.write(data)
+                    offset += len(data)
+                    if on_progress is not None:
+                        on_progress(f.rel, offset, f.size)
+            finally:
+                await channel.close()
+        except Exception as exc:  # link lost (OSError, asyncssh errors), reconnect timeout: retried below
+            why = str(exc) or type(exc).__name__
+        if offset > reached:
+            deadline = time.monotonic() + RECONNECT_WAIT_S
+            continue
+        if time.monotonic() > deadline:
+            raise PullError(f"{f.path} on {session.name}: {why}")
+        await asyncio.sleep(0.2)
+        try:  # no byte came: is the file still there, readable, and as big? (else not a link problem)
+            res = await _request(session, P.OP_FILES_READ, path=f.path, offset=offset, max_bytes=0)
+        except AgentError as exc:
+            raise PullError(f"{f.path} on {session.name}: {exc}") from None
+        if int(res["size"]) != f.size:
+            raise _Changed()
+    out.flush()
+
+
+async def _chunks(
+    session: HostSession, f: Remote, out: BinaryIO, offset: int, on_progress: Progress | None
+) -> None:
+    """Small files: base64 chunks on the agent channel, a few in flight (no process to start on the host)."""
+    pending: collections.deque[tuple[int, asyncio.Task[Any]]] = collections.deque()
+    next_off = offset
+    try:
+        while offset < f.size:
+            while len(pending) < DEPTH and next_off < f.size:
+                args = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES}
+                pending.append((next_off, asyncio.ensure_future(_request(session, P.OP_FILES_READ, **args))))
+                next_off += P.FILE_CHUNK_BYTES
+            at, task = pending.popleft()
+            res = await task
+            data = P.unb64(res["b64"])
+            if int(res["size"]) != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
+                raise _Changed()
+            out.write(data)
+            offset += len(data)
+            if on_progress is not None:
+                on_progress(f.rel, offset, f.size)
+    finally:
+        for _, task in pending:
+            task.cancel()
+        out.flush()
 
 
 async def pull_file(
