@@ -4,7 +4,10 @@ before and after an injected link reset."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -106,3 +109,30 @@ def test_forward_refuses_a_busy_local_port(fwd_home: SshHome) -> None:
         busy.listen()
         res = fwd_home.cli("forward", "box", "8888", str(busy.getsockname()[1]), timeout=60)
     assert res.returncode == 2 and "cannot listen" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_forward_cli_prints_its_url_and_serves_until_interrupted(fwd_home: SshHome, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("via the cli\n")
+    port = free_port()
+    fwd_home.cli(
+        "run", "box", "--cwd", str(site), "--", "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
+        check=True,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputui", "forward", "box", str(port)],
+        env=fwd_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the URL comes first, flushed, before any connection
+        url = line.split()[0]
+        assert url.startswith("http://127.0.0.1:") and f"port {port}" in line, line
+        assert asyncio.run(_answer(url)) == b"via the cli\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -207,33 +207,36 @@ async def _chunks(
         out.flush()
 
 
+async def _same(session: HostSession, f: Remote, local: str) -> bool:
+    """Whether the local file holds exactly the host's file (sha256 on both sides; the host's is as big)."""
+    remote = await _request(session, P.OP_FILES_HASH, path=f.path)
+    return remote["size"] == f.size and await asyncio.to_thread(_sha256, local) == remote["sha256"]
+
+
 async def pull_file(
     session: HostSession, f: Remote, target: str, force: bool = False, on_progress: Progress | None = None
 ) -> Outcome:
     """One file to ``target`` (resuming ``target.part``); checked by sha256 before it takes the name."""
     if os.path.exists(target):
         st = os.stat(target)
-        if (
-            st.st_size == f.size
-            and _sha256(target) == (await _request(session, P.OP_FILES_HASH, path=f.path))["sha256"]
-        ):
+        if st.st_size == f.size and await _same(session, f, target):
             return Outcome(f.rel, target, "up to date", f.size)
         if st.st_mtime > f.mtime and not force:
             return Outcome(f.rel, target, "newer here", st.st_size)
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     part = target + ".part"
+    if os.path.islink(part):
+        raise PullError(f"refusing to write through the symlink {part}")
     for attempt in range(3):
         try:
             resumed = await _download(session, f, part, on_progress)
         except _Changed:
             resumed = -1
-        if resumed >= 0:
-            remote = await _request(session, P.OP_FILES_HASH, path=f.path)
-            if remote["size"] == f.size and _sha256(part) == remote["sha256"]:
-                os.chmod(part, f.mode & 0o777)
-                os.utime(part, (f.mtime, f.mtime))
-                os.replace(part, target)
-                return Outcome(f.rel, target, "resumed" if resumed else "pulled", f.size)
+        if resumed >= 0 and await _same(session, f, part):
+            os.chmod(part, f.mode & 0o777)
+            os.utime(part, (f.mtime, f.mtime))
+            os.replace(part, target)
+            return Outcome(f.rel, target, "resumed" if resumed else "pulled", f.size)
         # The file changed on the host (or the old .part was of another version): start over, fresh.
         os.unlink(part)
         if attempt < 2:
