@@ -66,15 +66,16 @@ def split_spec(spec: str) -> tuple[str | None, str]:
     return (m.group(1), m.group(2)) if m else (None, spec)
 
 
-async def _request(session: HostSession, op: str, **args: Any) -> Any:
-    """One request, retried across link drops until the session reconnects (or RECONNECT_WAIT_S passes)."""
+async def request_retrying(session: HostSession, op: str, **args: Any) -> Any:
+    """One request, retried across link drops until the session reconnects (LinkClosed after
+    RECONNECT_WAIT_S without a link). For idempotent requests only."""
     deadline = time.monotonic() + RECONNECT_WAIT_S
     while True:
         try:
             return await session.request(op, timeout=60.0, **args)
         except (LinkClosed, asyncio.TimeoutError) as exc:
             if time.monotonic() > deadline:
-                raise PullError(
+                raise LinkClosed(
                     f"link to {session.name} lost and not back within {RECONNECT_WAIT_S:g} s: {exc}"
                 ) from None
             await asyncio.sleep(0.2)
@@ -90,8 +91,8 @@ async def list_remote(session: HostSession, specs: list[str]) -> list[Remote]:
     for job, patterns in groups.items():
         base = "~"
         if job is not None:
-            base = (await _request(session, P.OP_JOBS_GET, job=job)).get("cwd") or "~"
-        res = await _request(session, P.OP_FILES_LIST, base=base, patterns=patterns)
+            base = (await request_retrying(session, P.OP_JOBS_GET, job=job)).get("cwd") or "~"
+        res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns)
         if res.get("missing"):
             where = f"job {job}'s dir {res['base']}" if job else res["base"]
             raise PullError(
@@ -172,7 +173,7 @@ async def _stream(
             raise PullError(f"{f.path} on {session.name}: {why}")
         await asyncio.sleep(0.2)
         try:  # no byte came: is the file still there, readable, and as big? (else not a link problem)
-            res = await _request(session, P.OP_FILES_READ, path=f.path, offset=offset, max_bytes=0)
+            res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=offset, max_bytes=0)
         except AgentError as exc:
             raise PullError(f"{f.path} on {session.name}: {exc}") from None
         if int(res["size"]) != f.size:
@@ -190,7 +191,9 @@ async def _chunks(
         while offset < f.size:
             while len(pending) < DEPTH and next_off < f.size:
                 args = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES}
-                pending.append((next_off, asyncio.ensure_future(_request(session, P.OP_FILES_READ, **args))))
+                pending.append(
+                    (next_off, asyncio.ensure_future(request_retrying(session, P.OP_FILES_READ, **args)))
+                )
                 next_off += P.FILE_CHUNK_BYTES
             at, task = pending.popleft()
             res = await task
@@ -209,7 +212,7 @@ async def _chunks(
 
 async def _same(session: HostSession, f: Remote, local: str) -> bool:
     """Whether the local file holds exactly the host's file (sha256 on both sides; the host's is as big)."""
-    remote = await _request(session, P.OP_FILES_HASH, path=f.path)
+    remote = await request_retrying(session, P.OP_FILES_HASH, path=f.path)
     return remote["size"] == f.size and await asyncio.to_thread(_sha256, local) == remote["sha256"]
 
 
@@ -245,7 +248,7 @@ async def pull_file(
 
 
 async def _restat(session: HostSession, f: Remote) -> Remote:
-    res = await _request(session, P.OP_FILES_LIST, base="/", patterns=[f.path])
+    res = await request_retrying(session, P.OP_FILES_LIST, base="/", patterns=[f.path])
     new = res["files"][0] if res.get("files") else None
     if new is None:
         raise PullError(f"{f.path} vanished from {session.name} during the pull")

@@ -24,7 +24,7 @@ from typing import Any
 from remote_agent import protocol as P
 
 from .link import AgentError
-from .pull import _request
+from .pull import request_retrying
 from .session import HostSession
 
 #: Most files one sync carries; a bigger tree is almost surely a mistake (a dataset, a venv).
@@ -196,7 +196,7 @@ async def _manifest(session: HostSession, target: str) -> tuple[str, dict[str, d
     entries: dict[str, dict[str, Any]] = {}
     after, abs_target = "", target
     while True:
-        page = await _request(session, P.OP_FILES_MANIFEST, target=target, after=after)
+        page = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after)
         abs_target = page["target"]
         for e in page["entries"]:
             entries[e["rel"]] = e
@@ -213,7 +213,7 @@ async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[
             data = src.read(P.FILE_CHUNK_BYTES)
             last = offset + len(data) >= f.size or len(data) < P.FILE_CHUNK_BYTES
             commit = {"sha256": f.sha256, "mode": f.mode, "mtime_ns": f.mtime_ns} if last else None
-            await _request(
+            await request_retrying(
                 session, P.OP_FILES_WRITE, target=target, rel=f.rel, offset=offset, b64=P.b64(data),
                 truncate=offset == 0, commit=commit,
             )  # fmt: skip
@@ -281,7 +281,9 @@ async def sync(
         local = {f.rel for f in files}
         gone = sorted(rel for rel in have if rel not in local)
         for i in range(0, len(gone), 1000):
-            res = await _request(session, P.OP_FILES_DELETE, target=result.target, rels=gone[i : i + 1000])
+            res = await request_retrying(
+                session, P.OP_FILES_DELETE, target=result.target, rels=gone[i : i + 1000]
+            )
             result.deleted += len(res["deleted"])
     if on_progress is not None and not todo:
         on_progress("0 files changed", 0, 0)
