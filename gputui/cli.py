@@ -514,8 +514,10 @@ async def cmd_pull(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         try:
             outcomes = await pull(s, specs, dest, force=args.force, on_progress=_progress_printer())
-        except PullError as exc:
-            raise CliError(str(exc)) from None
+        except (LinkClosed, HostUnavailable):
+            raise
+        except (PullError, OSError) as exc:  # e.g. no room or no permission here
+            raise CliError(f"pull: {exc}") from None
         status = EXIT_OK
         for o in outcomes:
             if o.status == "newer here":
@@ -537,7 +539,9 @@ async def _sync_tree(s: HostSession, src: str, target: str | None, delete: bool)
 
     try:
         res = await sync(s, src, target, delete=delete, on_progress=_progress_printer())
-    except (SyncError, OSError) as exc:
+    except (LinkClosed, HostUnavailable):
+        raise
+    except (SyncError, OSError) as exc:  # e.g. a local file unreadable
         raise CliError(f"sync: {exc}") from None
     for note in res.notes:
         print(f"gputui: {safetext.clean(note)}", file=sys.stderr)

@@ -106,6 +106,8 @@ def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp
 
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/nothing*.pt", str(dest))
     assert res.returncode == 1 and "no such file" in res.stderr and "Traceback" not in res.stderr
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt/", str(mine / "sub"))  # a file where a dir must go
+    assert res.returncode == 1 and "pull:" in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
 def test_pull_refuses_names_that_leave_the_destination(tmp_path: Path) -> None:
