@@ -352,3 +352,56 @@ def delete_files(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
         deleted.append(rel)
     _journal(state_dir, target, [{"rel": r, "del": True} for r in deleted])
     return {"deleted": deleted}
+
+
+def receive(state_dir: str, target: str, inp: Any, out: Any, block: int = 1024 * 1024) -> int:
+    """``gputui sync``'s raw upload stream: a header line (JSON: rel, size, sha256, mode, mtime_ns) then
+    exactly ``size`` raw bytes, file after file, until EOF. Each file is written like ``files.write`` does
+    (part file, sha256 check, rename, manifest) and answered with one JSON line: {"rel", "ok"[, "error"]}.
+    A refused file's bytes are read and dropped, so the stream stays in step."""
+    target = target_dir(target)
+    while True:
+        line = inp.readline(65536)
+        if not line:
+            return 0
+        if not line.endswith(b"\n"):
+            sys.stderr.write("gputui-agent: receive: header line too long\n")
+            return 2
+        try:
+            head = json.loads(line)
+            rel, size = head.get("rel"), P.int_arg(head, "size", 0)
+        except (ValueError, AttributeError) as exc:
+            sys.stderr.write("gputui-agent: receive: bad header: %s\n" % exc)
+            return 2
+        reply: Dict[str, Any] = {"rel": rel, "ok": True}
+        fd = dfd = -1
+        try:
+            parts = _parts(rel)
+            dfd = _open_parent(target, parts, create=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(_part_name(parts[-1]), flags, 0o600, dir_fd=dfd)
+            _regular(fd, parts)
+        except (OSError, ValueError) as exc:
+            reply = {"rel": rel, "ok": False, "error": str(exc)}
+        left = size
+        while left > 0:
+            data = inp.read(min(block, left))
+            if not data:
+                return 1  # the client went away mid-file: the part file stays, nothing renamed
+            left -= len(data)
+            if fd >= 0:
+                os.write(fd, data)
+        try:
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+                _commit(state_dir, target, parts, dfd, head)
+        except (OSError, ValueError, KeyError) as exc:
+            reply = {"rel": rel, "ok": False, "error": str(exc)}
+        finally:
+            if fd >= 0:
+                os.close(fd)
+            if dfd >= 0:
+                os.close(dfd)
+        out.write(json.dumps(reply).encode() + b"\n")
+        out.flush()

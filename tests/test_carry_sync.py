@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 from pathlib import Path
 
-from conftest import AgentProc, Home, SshHome
+from conftest import AgentProc, Home, SshHome, stop_host
+from faultproxy import FaultProxy
 
+from gputui.core.config import HostConfig
+from gputui.core.session import HostSession
+from gputui.core.ssh_transport import SSHTransport
+from gputui.core.sync import SyncResult, sync
+from gputui.core.transport import AgentChannel, LocalTransport
 from remote_agent import protocol as P
 
 
@@ -141,3 +148,71 @@ def test_sync_of_many_files_into_new_dirs_at_once(home: Home, tmp_path: Path) ->
     res = home.cli("sync", "here", str(src), "--to", str(target), check=True)
     assert "400 of 400 files sent" in res.stderr
     assert files_under(target) == files_under(src)
+
+
+def _tree(root: Path, files: int, size: int) -> Path:
+    for i in range(files):
+        d = root / f"d{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i}.bin").write_bytes(os.urandom(size))
+    return root
+
+
+def test_sync_through_a_link_reset_ends_identical(ssh_home: SshHome, tmp_path: Path) -> None:
+    src = _tree(tmp_path / "src", 40, 512 * 1024)
+    target = tmp_path / "host" / "tgt"
+    proxy = FaultProxy(ssh_home.sshd.port).start()
+    with ssh_home.known_hosts.open("a") as f:
+        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{proxy.port}"))
+    resets: list[int] = []
+
+    def progress(what: str, done: int, total: int) -> None:
+        if not resets and done > total // 3:
+            resets.append(done)
+            proxy.reset()  # every open connection gets an RST, mid-stream
+
+    async def main() -> SyncResult:
+        cfg = HostConfig(name="box", **ssh_home.host_settings(port=proxy.port))
+        session = HostSession("box", SSHTransport(cfg))
+        await session.start()
+        try:
+            return await sync(
+                session, str(src), str(target), cache_dir=tmp_path / "cache", on_progress=progress
+            )
+        finally:
+            await session.close()
+
+    try:
+        res = asyncio.run(main())
+    finally:
+        proxy.stop()
+    assert resets and proxy.accepted >= 2 and res.sent == 40 and not res.notes
+    assert files_under(target) == files_under(src)
+    assert all((target / rel).read_bytes() == (src / rel).read_bytes() for rel in files_under(src))
+
+
+class _NoStreams(LocalTransport):
+    async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+        raise NotImplementedError
+
+
+def test_sync_without_a_raw_stream_uses_chunked_writes(tmp_path: Path) -> None:
+    src = _tree(tmp_path / "src", 12, 300 * 1024)
+    (src / "empty").write_bytes(b"")
+    target = tmp_path / "tgt"
+    state = tmp_path / "state"
+
+    async def main() -> SyncResult:
+        session = HostSession("here", _NoStreams(str(state), tmp_path / "cache"))
+        await session.start()
+        try:
+            return await sync(session, str(src), str(target), cache_dir=tmp_path / "hcache")
+        finally:
+            await session.close()
+
+    try:
+        res = asyncio.run(main())
+    finally:
+        stop_host(state)
+    assert res.sent == 13 and files_under(target) == files_under(src)
+    assert all((target / rel).read_bytes() == (src / rel).read_bytes() for rel in files_under(src))
