@@ -487,7 +487,8 @@ def _progress_printer() -> Callable[[str, int, int], None] | None:
     """A progress line on stderr when it is a terminal (redrawn at most ten times a second); else None."""
     if not sys.stderr.isatty():
         return None
-    last = [0.0, time.monotonic(), 0]
+    raw = getattr(sys.stderr, "stream", sys.stderr)  # past the terminal guard: our own control sequences only
+    last = [0.0]
 
     def show(name: str, done: int, total: int) -> None:
         now = time.monotonic()
@@ -495,10 +496,10 @@ def _progress_printer() -> Callable[[str, int, int], None] | None:
             return
         last[0] = now
         pct = 100.0 * done / total if total else 100.0
-        shown = safetext.clean(name)[-40:]
+        shown = safetext.clean(name)[-40:]  # a host's file name is data: cleaned
         end = "\n" if done >= total else ""
-        print(f"\r\x1b[K{shown}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {pct:5.1f}%", end=end,
-              file=sys.stderr, flush=True)  # fmt: skip
+        raw.write(f"\r\x1b[K{shown}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {pct:5.1f}%{end}")
+        raw.flush()
 
     return show
 

@@ -104,6 +104,9 @@ def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp
     ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), "--force", check=True)
     assert mine.read_bytes() == data
 
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(tmp_path / "new"), check=True)  # a dir of one file
+    assert (tmp_path / "new" / "ckpt" / "a.pt").read_bytes() == data, res.stdout
+
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/nothing*.pt", str(dest))
     assert res.returncode == 1 and "no such file" in res.stderr and "Traceback" not in res.stderr
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/", str(mine / "sub"))  # a file where a dir must go

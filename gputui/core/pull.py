@@ -259,7 +259,8 @@ def plan_targets(files: list[Remote], specs: list[str], dest: str | None) -> lis
     """Where each file goes: into DEST (a directory) under its name, or to DEST itself when one plain file
     is pulled and DEST is not a directory."""
     dest = dest or "."
-    single = len(files) == 1 and len(specs) == 1 and not any(c in specs[0] for c in "*?[")
+    single = len(files) == 1 and len(specs) == 1 and "/" not in files[0].rel  # one file named, not a dir's
+    single = single and not any(c in specs[0] for c in "*?[")
     if single and not os.path.isdir(dest) and not dest.endswith("/"):
         if os.path.islink(dest):
             raise PullError(f"refusing to overwrite the symlink {dest}")
