@@ -20,6 +20,8 @@ from .fsutil import open_regular, write_atomic
 
 #: Most files one listing names; more is an error asking for a narrower pattern.
 MAX_LIST_FILES = 20000
+#: Most JSON bytes a listing may take (well under the frame limit).
+MAX_LIST_BYTES = 3 * 1024 * 1024
 #: Most directory entries one listing may look at (a pattern that walks a huge tree stops with an error).
 MAX_LIST_SCAN = 200000
 HASH_BLOCK = 1024 * 1024
@@ -87,6 +89,10 @@ def list_files(base: str, patterns: List[str]) -> Dict[str, Any]:
                 raise TooMany("more than %d files match: narrow the pattern" % MAX_LIST_FILES)
         if not found:
             missing.append(pattern)
+    if len(json.dumps(out)) > MAX_LIST_BYTES:
+        raise TooMany(
+            "the %d matching files make too long a listing for one reply: narrow the pattern" % len(out)
+        )
     return {"base": base, "files": out, "missing": missing}
 
 

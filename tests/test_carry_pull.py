@@ -18,6 +18,7 @@ from gputui.core.config import HostConfig
 from gputui.core.pull import PullError, local_target, pull
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
+from remote_agent import files as F
 from remote_agent import protocol as P
 
 
@@ -147,3 +148,12 @@ def test_agent_cat_streams_from_an_offset_and_refuses_special_files(tmp_path: Pa
     assert res.returncode == 0 and res.stdout == b"456789"
     res = subprocess.run([*agent, str(tmp_path / "fifo"), "0"], capture_output=True, cwd=ROOT, timeout=30)
     assert res.returncode == 2 and b"not a regular file" in res.stderr and res.stdout == b""
+
+
+def test_agent_listing_is_bounded(agent: AgentProc, tmp_path: Path) -> None:
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(F.MAX_LIST_FILES + 1):
+        (many / f"f{i}").touch()
+    reply = agent.call(P.OP_FILES_LIST, base=str(tmp_path), patterns=["many"])
+    assert not reply["ok"] and "narrow the pattern" in reply["error"]["message"]
