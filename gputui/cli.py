@@ -150,9 +150,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
         _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
         inventory = tuple(M.GpuSample.from_wire(g) for g in s.snapshot.facts.get("gpus") or ())
         price = price_per_hour(host_cfg, inventory, config.prices)
+        code, job_cwd = None, cwd
+        if args.sync is not None:
+            synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
+            code, job_cwd = synced.code(), synced.target
         job = await s.start_job(
-            argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price
-        )
+            argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price,
+            code=code,
+        )  # fmt: skip
         print(job.id)
         return EXIT_OK
 
@@ -478,6 +483,111 @@ async def cmd_trust(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _progress_printer() -> Callable[[str, int, int], None] | None:
+    """A progress line on stderr when it is a terminal (redrawn at most ten times a second); else None."""
+    if not sys.stderr.isatty():
+        return None
+    raw = getattr(sys.stderr, "stream", sys.stderr)  # past the terminal guard: our own control sequences only
+    last = [0.0]
+
+    def show(name: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.1 and done < total:
+            return
+        last[0] = now
+        pct = 100.0 * done / total if total else 100.0
+        shown = safetext.clean(name)[-40:]  # a host's file name is data: cleaned
+        end = "\n" if done >= total else ""
+        raw.write(f"\r\x1b[K{shown}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {pct:5.1f}%{end}")
+        raw.flush()
+
+    return show
+
+
+async def cmd_pull(args: argparse.Namespace) -> int:
+    """Copy files from a host here: resumable, verified by sha256, never over a newer local file."""
+    from .core.pull import PullError, pull
+
+    specs, dest = args.paths, None
+    if len(specs) > 1:
+        specs, dest = specs[:-1], specs[-1]
+
+    async def body(s: HostSession) -> int:
+        try:
+            outcomes = await pull(s, specs, dest, force=args.force, on_progress=_progress_printer())
+        except (LinkClosed, HostUnavailable):
+            raise
+        except (PullError, OSError) as exc:  # e.g. no room or no permission here
+            raise CliError(f"pull: {exc}") from None
+        status = EXIT_OK
+        for o in outcomes:
+            if o.status == "newer here":
+                print(
+                    f"gputui: skipped {o.target}: the local file is newer (--force overwrites it)",
+                    file=sys.stderr,
+                )
+                status = EXIT_FAIL
+            else:
+                print(f"{o.status}: {o.target} ({o.size:,} bytes)")
+        return status
+
+    return await _with_session(args, args.host, body)
+
+
+async def _sync_tree(s: HostSession, src: str, target: str | None, delete: bool) -> Any:
+    """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult."""
+    from .core.sync import SyncError, sync
+
+    try:
+        res = await sync(s, src, target, delete=delete, on_progress=_progress_printer())
+    except (LinkClosed, HostUnavailable):
+        raise
+    except (SyncError, OSError) as exc:  # e.g. a local file unreadable
+        raise CliError(f"sync: {exc}") from None
+    for note in res.notes:
+        print(f"gputui: {safetext.clean(note)}", file=sys.stderr)
+    print(f"gputui: synced {os.path.abspath(src)} to {s.name}:{safetext.clean(res.target)}: {res.sent} of {res.files} files sent "
+          f"({res.bytes_sent:,} bytes), {res.deleted} deleted; tree {res.tree_sha256[:12]}", file=sys.stderr)  # fmt: skip
+    return res
+
+
+async def cmd_sync(args: argparse.Namespace) -> int:
+    """Copy a local tree to a directory on the host: only changed files travel."""
+
+    async def body(s: HostSession) -> int:
+        res = await _sync_tree(s, args.src, args.to, args.delete)
+        print(res.target)
+        return EXIT_FAIL if any(n.startswith("not sent") for n in res.notes) else EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
+async def cmd_forward(args: argparse.Namespace) -> int:
+    """Reach a port on the host at 127.0.0.1 here until Ctrl-C; survives reconnects."""
+    if cfg.load(args.config).host(args.host).transport == "local":
+        print(
+            f"{args.host} is this machine: open http://127.0.0.1:{args.remote_port}/ directly (no forward needed)"
+        )
+        return EXIT_OK
+    from .core.forward import Forward, ForwardError
+
+    async def body(s: HostSession) -> int:
+        fwd = Forward(s, args.remote_port, args.local_port or 0,
+                      lambda msg: print(f"gputui: {safetext.clean(msg)}", file=sys.stderr))  # fmt: skip
+        try:
+            url = await fwd.start()
+        except ForwardError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
+        print(f"{url} -> {args.host} port {args.remote_port} (Ctrl-C stops)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await fwd.close()
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
 # --- entry ----------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -496,6 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1")
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
+    r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
+                   help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
     r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
     r.set_defaults(func=cmd_run)
 
@@ -558,6 +670,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
+
+    sy = sub.add_parser("sync", help="copy a local tree to the host: only changed files travel")
+    sy.add_argument("host")
+    sy.add_argument("src", nargs="?", default=".", help="local directory (default: here)")
+    sy.add_argument(
+        "--to", metavar="DIR", help="directory on the host (default: ~/gputui-work/<name of SRC>)"
+    )
+    sy.add_argument("--delete", action="store_true",
+                    help="remove files an earlier sync put there that SRC no longer has")  # fmt: skip
+    sy.set_defaults(func=cmd_sync)
+
+    fw = sub.add_parser("forward", help="reach a port on the host at 127.0.0.1 here (TensorBoard, Jupyter)")
+    fw.add_argument("host")
+    fw.add_argument("remote_port", type=_bounded(1, 65535, integer=True), metavar="REMOTE_PORT")
+    fw.add_argument("local_port", type=_bounded(0, 65535, integer=True), nargs="?", metavar="LOCAL_PORT",
+                    help="port here (default: any free one)")  # fmt: skip
+    fw.set_defaults(func=cmd_forward)
+
+    pu = sub.add_parser("pull", help="copy files from a host here: resumable, sha256-checked")
+    pu.add_argument("host")
+    pu.add_argument("paths", nargs="+", metavar="[JOB:]PATH... [DEST]",
+                    help="files, dirs or globs on the host (relative to job JOB's dir, else to ~), then DEST")  # fmt: skip
+    pu.add_argument("--force", action="store_true", help="overwrite local files even when they are newer")
+    pu.set_defaults(func=cmd_pull)
 
     dr = sub.add_parser("doctor", help="check driver, CUDA, torch, tmux, disk: ok/warn/fail with the fix")
     dr.add_argument("host", nargs="?", help="one host (default: every host)")

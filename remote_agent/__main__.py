@@ -31,8 +31,23 @@ def main(argv: Optional[List[str]] = None) -> None:
     runner.add_argument("job_dir")
     watchdog = sub.add_parser("watchdog", help="autostop/deadline watchdog (started detached by the agent)")
     watchdog.add_argument("state_dir")
+    cat = sub.add_parser("cat", help="write a regular file's bytes from OFFSET to stdout (gputui pull)")
+    cat.add_argument("path")
+    cat.add_argument("offset", type=int)
+    receive = sub.add_parser("receive", help="write files from a raw upload stream into TARGET (gputui sync)")
+    receive.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
+    receive.add_argument("target")
     args = parser.parse_args(argv)
 
+    if args.cmd == "receive":
+        from .files import receive as run_receive
+
+        state_dir = os.path.expanduser(args.state_dir)
+        sys.exit(run_receive(state_dir, args.target, sys.stdin.buffer, sys.stdout.buffer))
+    if args.cmd == "cat":
+        from .files import cat_file
+
+        sys.exit(cat_file(args.path, args.offset))
     if args.cmd == "watchdog":
         from .watchdog import run as run_watchdog
 

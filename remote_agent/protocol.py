@@ -31,6 +31,8 @@ LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
 #: Largest raw log chunk in one followed-log event: a frame cut by a lost link is sent again whole.
 LOG_FRAME_BYTES = 48 * 1024
+#: Largest raw file chunk in one files.read/files.write frame.
+FILE_CHUNK_BYTES = 512 * 1024
 
 # Flow control. Log events (the bulk) may only go out while the agent has sent fewer bytes after its hello
 # frame than the client allowed; every other frame goes out at once and counts too. The client allows more
@@ -59,6 +61,13 @@ OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/doctor.py)
+# Files carried to and from the host (remote_agent/files.py).
+OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
+OP_FILES_READ = "files.read"  # args: path, offset, max_bytes; result: {offset, size, mtime, b64}
+OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}
+OP_FILES_WRITE = "files.write"  # args: target, rel, offset, b64, truncate, commit {sha256, mode, mtime_ns}
+OP_FILES_MANIFEST = "files.manifest"  # args: target, after; result: {target, entries, more}
+OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
 
 # Events the agent pushes.
 EV_HELLO = "hello"
@@ -241,6 +250,7 @@ class JobRecord(TypedDict, total=False):
     tmux_socket: str
     nvidia_smi: str
     git: Optional[Dict[str, Any]]  # {"commit", "branch", "dirty"}
+    code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
     gpu_inventory: List[GpuFact]
     price_per_hour: Optional[float]
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/usage.py)
@@ -264,6 +274,7 @@ class StartArgs(TypedDict, total=False):
     name: Optional[str]
     gpus: Optional[str]  # CUDA_VISIBLE_DEVICES
     price_per_hour: Optional[float]
+    code: Dict[str, Any]  # see JobRecord.code
 
 
 class JobArgs(TypedDict):

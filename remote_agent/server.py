@@ -15,6 +15,7 @@ import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
 from . import container
+from . import files as F
 from . import protocol as P
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
@@ -115,6 +116,16 @@ class Agent:
             P.OP_WATCHDOG_SNOOZE: self.op_watchdog_snooze,
             P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
             P.OP_DOCTOR: lambda a: run_doctor(self.sampler, self.jobs.state_dir, a),
+            P.OP_FILES_LIST: lambda a: F.list_files(str(a.get("base") or "~"), a.get("patterns")),
+            P.OP_FILES_READ: lambda a: F.read_range(
+                str(a.get("path")),
+                P.int_arg(a, "offset", 0),
+                P.int_arg(a, "max_bytes", P.FILE_CHUNK_BYTES, 0, P.FILE_CHUNK_BYTES),
+            ),
+            P.OP_FILES_HASH: lambda a: F.file_hash(str(a.get("path"))),
+            P.OP_FILES_WRITE: lambda a: F.write_file(self.jobs.state_dir, a),
+            P.OP_FILES_MANIFEST: lambda a: F.manifest_page(self.jobs.state_dir, a),
+            P.OP_FILES_DELETE: lambda a: F.delete_files(self.jobs.state_dir, a),
         }
         self._facts: Optional[P.HostFacts] = None
 
@@ -164,6 +175,9 @@ class Agent:
     def op_start(self, a: P.StartArgs) -> P.JobRecord:
         price = None if a.get("price_per_hour") is None else P.number_arg(a, "price_per_hour", 0.0, 0.0, 1e9)
         extra = {"gpu_inventory": self.facts().get("gpus") or [], "price_per_hour": price}
+        code = a.get("code")  # what code ran (gputui run --sync): tree hash, git commit and dirty flag
+        if isinstance(code, dict) and len(P.encode(code)) <= 4096:
+            extra["code"] = code
         job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job

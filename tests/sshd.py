@@ -49,7 +49,7 @@ def restricted_bin(dest: Path, without: tuple[str, ...]) -> Path:
 class Sshd:
     """One sshd with its own host key, authorized_keys and a clean remote HOME."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, tcp_forwarding: str = "no") -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -69,7 +69,7 @@ class Sshd:
             "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
             f"PermitUserEnvironment HOME,PATH,{','.join(FORWARDED)}\n"
-            "AllowAgentForwarding no\nAllowTcpForwarding no\nX11Forwarding no\nPrintMotd no\n"
+            f"AllowAgentForwarding no\nAllowTcpForwarding {tcp_forwarding}\nX11Forwarding no\nPrintMotd no\n"
             "MaxStartups 50:30:100\nLogLevel INFO\n"
         )
 

@@ -158,6 +158,8 @@ class Job:
             record["error"] = d["error"]
         if "log_error" in d:
             record["log_error"] = d["log_error"]
+        if "code" in d:
+            record["code"] = d["code"]
         return cls(
             host=host,
             id=str(d["id"]),

@@ -71,6 +71,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "command": list(job.command),
         "cwd": job.cwd,
         "git": job.record.get("git"),
+        "code": job.record.get("code"),  # run --sync: the synced tree's hash, git commit and dirty flag
         "gpus": {
             "selection": job.gpus or "all",
             "indices": [g.get("index") for g in gpus],

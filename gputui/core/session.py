@@ -326,16 +326,13 @@ class HostSession:
         env: dict[str, str] | None = None,
         gpus: str | None = None,
         price_per_hour: float | None = None,
+        code: dict[str, Any] | None = None,
     ) -> M.Job:
-        data = await self.request(
-            P.OP_JOBS_START,
-            argv=argv,
-            name=name,
-            cwd=cwd,
-            env=env or {},
-            gpus=gpus,
-            price_per_hour=price_per_hour,
-        )
+        args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
+                                "price_per_hour": price_per_hour}  # fmt: skip
+        if code:
+            args["code"] = code
+        data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]

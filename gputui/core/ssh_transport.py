@@ -438,6 +438,33 @@ class SSHTransport(Transport):
         channel.collect_stderr(proc.stderr)
         return channel
 
+    async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+        conn = await self._connection()
+        if self._agent is None:
+            self._agent = await self._deploy(conn)
+        argv = [self._agent.python, self._agent.pyz, *args]
+        try:
+            proc = await asyncio.wait_for(
+                conn.create_process(sh(f"exec {shlex.join(argv)}"), encoding=None), self.cfg.connect_timeout
+            )
+        except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
+            raise HostUnavailable(f"cannot start the agent: {exc or type(exc).__name__}") from None
+        channel = AgentChannel(proc.stdout, _Writer(proc.stdin), lambda: self._close_stream(proc))
+        channel.collect_stderr(proc.stderr)
+        return channel
+
+    async def _close_stream(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
+        proc.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait_closed(), 5)
+
+    async def open_tcp(
+        self, host: str, port: int
+    ) -> tuple[asyncssh.SSHReader[bytes], asyncssh.SSHWriter[bytes]]:
+        """A TCP stream from the host to ``host:port``, over this transport's one connection (as ``ssh -L``)."""
+        conn = await self._connection()
+        return await conn.open_connection(host, port, encoding=None)
+
     async def _stop_agent(self, proc: asyncssh.SSHClientProcess[bytes]) -> None:
         """EOF on the agent's stdin (it exits then); close the channel if it lingers."""
         with contextlib.suppress(Exception):

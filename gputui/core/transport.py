@@ -63,6 +63,10 @@ class Transport(ABC):
     @abstractmethod
     async def open_agent(self) -> AgentChannel: ...
 
+    async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+        """Run this agent build with ``args`` beside the agent channel: a raw byte stream (``cat``, pull)."""
+        raise NotImplementedError
+
     async def close(self) -> None:  # noqa: B027 - optional hook, not abstract
         """Release whatever the transport holds (SSH connection); the local one holds nothing."""
 
@@ -106,6 +110,30 @@ class LocalTransport(Transport):
         channel = AgentChannel(proc.stdout, proc.stdin, lambda: _stop_process(proc))
         channel.collect_stderr(proc.stderr)
         return channel
+
+    async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+        argv = [self.python, str(ensure_local_build(self.cache_dir)), *args]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            raise HostError(
+                f"cannot start the local agent with {self.python}: {exc}", "missing_python"
+            ) from exc
+        assert proc.stdin and proc.stdout and proc.stderr
+        channel = AgentChannel(proc.stdout, proc.stdin, lambda: _end_process(proc))
+        channel.collect_stderr(proc.stderr)
+        return channel
+
+
+async def _end_process(proc: asyncio.subprocess.Process) -> None:
+    """A stream's process: done, or not wanted any more (killed)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    await proc.wait()
 
 
 async def _stop_process(proc: asyncio.subprocess.Process) -> None:

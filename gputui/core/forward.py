@@ -1,0 +1,117 @@
+"""gputui forward: a port on the host reachable at 127.0.0.1 here, over the host's one SSH connection.
+
+The listener is ours (127.0.0.1 only) and outlives the link: each new local connection opens a TCP channel
+on whatever SSH connection the session holds at that moment, so after a reconnect the forward works again
+by itself. Connections open during a drop end with it (as with ``ssh -L``); the client opens new ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import asyncssh
+
+from .session import HostSession
+from .ssh_transport import SSHTransport
+
+log = logging.getLogger(__name__)
+
+#: How long a new local connection waits for the host's link to come back before it is closed.
+RECONNECT_WAIT_S = 60.0
+CHUNK = 64 * 1024
+
+
+class ForwardError(Exception):
+    """The forward cannot be set up; the message says why."""
+
+
+async def _pipe(reader: Any, writer: Any) -> None:
+    """Copy until EOF or error; then half-close the far side (bounded: one chunk at a time, with drain)."""
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+        with contextlib.suppress(Exception):
+            writer.write_eof()
+    except (OSError, asyncssh.Error, asyncio.IncompleteReadError):
+        pass
+
+
+class Forward:
+    """127.0.0.1:``local_port`` here -> ``localhost:remote_port`` on the host."""
+
+    def __init__(
+        self,
+        session: HostSession,
+        remote_port: int,
+        local_port: int = 0,
+        on_error: Callable[[str], None] = log.warning,
+    ) -> None:
+        if not isinstance(session.transport, SSHTransport):
+            raise ForwardError(f"{session.name} is this machine: no forward is needed")
+        self.session, self.transport = session, session.transport
+        self.remote_port, self.local_port = remote_port, local_port
+        self.on_error = on_error  # a local connection that could not be forwarded, and why
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.local_port}/"
+
+    async def start(self) -> str:
+        """Listen on 127.0.0.1 (only) and keep the session reconnecting; the local URL."""
+        try:
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.local_port)
+        except OSError as exc:
+            raise ForwardError(
+                f"cannot listen on 127.0.0.1:{self.local_port}: {exc.strerror or exc}"
+            ) from None
+        self.local_port = self._server.sockets[0].getsockname()[1]
+        self.session.run_in_background()
+        return self.url
+
+    async def _open(self) -> tuple[Any, Any]:
+        """A channel to the remote port on the current connection, waiting out a reconnect."""
+        deadline = time.monotonic() + RECONNECT_WAIT_S
+        while True:
+            try:
+                await self.session.wait_connected(max(0.1, deadline - time.monotonic()))
+                return await asyncio.wait_for(self.transport.open_tcp("localhost", self.remote_port), 15)
+            except asyncssh.ChannelOpenError as exc:  # refused by sshd, or nothing listens there
+                raise ForwardError(f"{self.session.name} refused the forward to port {self.remote_port}: "
+                                   f"{exc.reason}") from None  # fmt: skip
+            except (OSError, asyncssh.Error, asyncio.TimeoutError, ConnectionError) as exc:
+                if time.monotonic() >= deadline:
+                    raise ForwardError(f"link to {self.session.name} not back: {exc}") from None
+                await asyncio.sleep(0.2)
+
+    async def _serve(self, local_r: asyncio.StreamReader, local_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            try:
+                remote_r, remote_w = await self._open()
+            except ForwardError as exc:
+                self.on_error(str(exc))
+                return
+            try:
+                await asyncio.gather(_pipe(local_r, remote_w), _pipe(remote_r, local_w))
+            finally:
+                remote_w.close()
+        finally:
+            local_w.close()
+            self._tasks.discard(task)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

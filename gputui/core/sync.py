@@ -1,0 +1,362 @@
+"""gputui sync: a local tree to a directory on the host, over the agent channel the session already holds.
+
+What goes: in a git repo the tracked and untracked-but-not-ignored files (``git ls-files -co
+--exclude-standard``), elsewhere every file; minus ``.gputuiignore`` patterns. Only files whose content or
+mode differs from the host's manifest (what an earlier sync wrote there, still unchanged) cross the wire,
+as one raw stream to the agent build's ``receive`` (chunked ``files.write`` requests where a transport has
+no streams). Each file lands in a part file, is checked by sha256 on the host and renamed into place. Symlinks are
+skipped with a note; the host refuses any path that would leave the target dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import stat
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from remote_agent import protocol as P
+
+from .link import AgentError
+from .pull import request_retrying
+from .session import HostSession
+
+#: Most files one sync carries; a bigger tree is almost surely a mistake (a dataset, a venv).
+MAX_FILES = 200_000
+#: Files sent at once (each one's chunks go in order).
+PARALLEL = 8
+IGNORE_FILE = ".gputuiignore"
+HASH_BLOCK = 1024 * 1024
+STREAM_BLOCK = 256 * 1024
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]  # (what, bytes sent, bytes to send)
+
+
+class SyncError(Exception):
+    """A sync that cannot start or go on; the message says why."""
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    rel: str
+    path: str
+    size: int
+    mtime_ns: int
+    mode: int
+    sha256: str = ""
+
+
+@dataclass
+class SyncResult:
+    target: str
+    files: int = 0
+    sent: int = 0
+    bytes_sent: int = 0
+    deleted: int = 0
+    tree_sha256: str = ""
+    git: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def code(self) -> dict[str, Any]:
+        """What the job's record keeps about the code it ran."""
+        return {"tree_sha256": self.tree_sha256, "files": self.files, "dir": self.target, "git": self.git}
+
+
+def _git(src: str, *args: str) -> bytes | None:
+    try:
+        res = subprocess.run(["git", "-C", src, *args], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout if res.returncode == 0 else None
+
+
+def git_state(src: str, files: list[LocalFile]) -> dict[str, Any] | None:
+    """Commit and dirty flag when ``src`` is in a git work tree: dirty when the synced files differ from the
+    commit (a tracked file changed or deleted, or an untracked file went along)."""
+    commit = _git(src, "rev-parse", "HEAD")
+    if commit is None:
+        return None
+    changed = _git(src, "status", "--porcelain", "--untracked-files=no", "--", ".")
+    tracked = set((_git(src, "ls-files", "-z") or b"").decode("utf-8", "surrogateescape").split("\0"))
+    dirty = bool(changed and changed.strip()) or any(f.rel not in tracked for f in files)
+    return {"commit": commit.decode().strip(), "dirty": dirty}
+
+
+def _ignore_patterns(src: str) -> list[str]:
+    try:
+        text = Path(src, IGNORE_FILE).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def ignored(rel: str, patterns: list[str]) -> bool:
+    """gitignore-like: a pattern with a ``/`` matches the path (or a leading dir of it), one without
+    matches any component; a trailing ``/`` names directories."""
+    parts = rel.split("/")
+    for pattern in patterns:
+        dir_only = pattern.endswith("/")
+        pat = pattern.strip("/")
+        if "/" in pattern.rstrip("/"):
+            prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + (0 if dir_only else 1))]
+            if any(fnmatch.fnmatchcase(p, pat) for p in prefixes):
+                return True
+        elif any(fnmatch.fnmatchcase(p, pat) for p in (parts[:-1] if dir_only else parts)):
+            return True
+    return False
+
+
+def _names(src: str) -> list[str]:
+    if _git(src, "rev-parse", "--is-inside-work-tree") is not None:
+        out = _git(src, "ls-files", "-co", "--exclude-standard", "-z")
+        if out is None:
+            raise SyncError(f"git ls-files failed in {src}")
+        return sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
+    names = []
+    for root, dirs, files in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        names += [os.path.relpath(os.path.join(root, f), src) for f in files]
+        if len(names) > MAX_FILES:
+            break
+    return sorted(names)
+
+
+def local_files(src: str, notes: list[str]) -> list[LocalFile]:
+    """The regular files to carry, with size, mtime and mode; symlinks and the like skipped with a note."""
+    patterns = _ignore_patterns(src)
+    files = []
+    for rel in _names(src):
+        if ignored(rel, patterns):
+            continue
+        path = os.path.join(src, rel)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # a tracked file deleted in the work tree
+        if stat.S_ISLNK(st.st_mode):
+            notes.append(f"skipped symlink {rel}")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        files.append(LocalFile(rel, path, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777))
+        if len(files) > MAX_FILES:
+            raise SyncError(
+                f"{src} holds more than {MAX_FILES:,} files to sync: add what need not go to {IGNORE_FILE}"
+            )
+    return files
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(HASH_BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
+    """Each file's sha256, reusing the cache entry of a file whose size and mtime did not change."""
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    cache = cache if isinstance(cache, dict) else {}
+    out, fresh = [], {}
+    for f in files:
+        key = f"{f.size}:{f.mtime_ns}"
+        hit = cache.get(f.rel)
+        sha = hit[1] if isinstance(hit, list) and len(hit) == 2 and hit[0] == key else _sha256(f.path)
+        fresh[f.rel] = [key, sha]
+        out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha))
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fresh))
+    os.replace(tmp, cache_path)
+    return out
+
+
+def tree_hash(files: list[LocalFile]) -> str:
+    """One sha256 for the whole tree: every path, mode and content hash, in path order."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.rel):
+        digest.update(f"{f.rel}\0{f.mode:o}\0{f.sha256}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def default_target(src: str) -> str:
+    return f"~/gputui-work/{os.path.basename(os.path.abspath(src)) or 'root'}"
+
+
+async def _manifest(session: HostSession, target: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    entries: dict[str, dict[str, Any]] = {}
+    after, abs_target = "", target
+    while True:
+        page = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after)
+        abs_target = page["target"]
+        for e in page["entries"]:
+            entries[e["rel"]] = e
+        if not page.get("more") or not page["entries"]:
+            return abs_target, entries
+        after = page["entries"][-1]["rel"]
+
+
+async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[[int], None]) -> None:
+    """One file, chunk by chunk; the last chunk commits it (sha256 checked on the host, then renamed)."""
+    offset = 0
+    with open(f.path, "rb") as src:
+        while True:
+            data = src.read(P.FILE_CHUNK_BYTES)
+            last = offset + len(data) >= f.size or len(data) < P.FILE_CHUNK_BYTES
+            commit = {"sha256": f.sha256, "mode": f.mode, "mtime_ns": f.mtime_ns} if last else None
+            await request_retrying(
+                session, P.OP_FILES_WRITE, target=target, rel=f.rel, offset=offset, b64=P.b64(data),
+                truncate=offset == 0, commit=commit,
+            )  # fmt: skip
+            offset += len(data)
+            sent(len(data))
+            if last:
+                return
+
+
+async def _send_stream(
+    session: HostSession,
+    target: str,
+    todo: list[LocalFile],
+    sent: Callable[[int], None],
+    notes: list[str],
+    done: set[str],
+) -> None:
+    """Every file of ``todo`` on one raw upload stream (the agent build's ``receive``: a header line, then
+    the bytes; no JSON, no base64); each file the host acknowledges (sent or refused) goes into ``done``."""
+    state_dir = str(session.snapshot.facts.get("state_dir") or "~/.gputui")
+    channel = await session.transport.open_agent_stream(["receive", "--state-dir", state_dir, target])
+    expected = len(done) + len(todo)
+
+    async def acks() -> None:
+        while len(done) < expected and (line := await channel.reader.readline()):
+            reply = json.loads(line)
+            done.add(reply["rel"])
+            if not reply.get("ok"):
+                notes.append(f"not sent {reply['rel']}: {reply.get('error')}")
+
+    reading = asyncio.ensure_future(acks())
+    try:
+        for f in todo:
+            head = {"rel": f.rel, "size": f.size, "sha256": f.sha256, "mode": f.mode, "mtime_ns": f.mtime_ns}
+            channel.writer.write(json.dumps(head).encode() + b"\n")
+            left = f.size
+            with open(f.path, "rb") as src:
+                while left > 0:
+                    data = src.read(min(left, STREAM_BLOCK)) or bytes(min(left, STREAM_BLOCK))  # shrank: pad
+                    channel.writer.write(data)
+                    await channel.writer.drain()  # type: ignore[attr-defined]
+                    left -= len(data)
+                    sent(len(data))
+            if reading.done():
+                break  # the stream ended early (link lost, agent gone)
+        await reading
+    finally:
+        reading.cancel()
+        await channel.close()
+
+
+async def _send_all(
+    session: HostSession, target: str, todo: list[LocalFile], sent: Callable[[int], None], notes: list[str]
+) -> None:
+    """The raw stream when the transport has one, picking up after a dropped link; else chunked writes."""
+    left, done = list(todo), set[str]()
+    for _attempt in range(5):
+        try:
+            await _send_stream(session, target, left, sent, notes, done)
+        except NotImplementedError:
+            break
+        except Exception as exc:  # link lost (OSError, asyncssh errors): go on with what is not acknowledged
+            log.info("sync stream to %s broke: %s", session.name, exc)
+        left = [f for f in left if f.rel not in done]
+        if not left:
+            return
+        await session.wait_connected(60)
+    await _send_chunked(session, target, left, sent, notes)
+
+
+async def _send_chunked(
+    session: HostSession, target: str, todo: list[LocalFile], sent: Callable[[int], None], notes: list[str]
+) -> None:
+    gate = asyncio.Semaphore(PARALLEL)
+
+    async def one(f: LocalFile) -> None:
+        async with gate:
+            try:
+                await _send(session, target, f, sent)
+            except AgentError as exc:
+                if exc.code != P.E_BAD_ARGS:
+                    raise
+                notes.append(f"not sent {f.rel}: {exc}")  # e.g. a symlink on the host's side
+
+    tasks = [asyncio.ensure_future(one(f)) for f in todo]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # the first failure ends the sync: stop the other sends
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def sync(
+    session: HostSession,
+    src: str,
+    target: str | None = None,
+    delete: bool = False,
+    cache_dir: Path | None = None,
+    on_progress: Progress | None = None,
+) -> SyncResult:
+    """Make ``target`` on the host hold ``src``'s files; only changed ones travel."""
+    src = os.path.abspath(src)
+    if not os.path.isdir(src):
+        raise SyncError(f"{src} is not a directory")
+    session.run_in_background()
+    target = target or default_target(src)
+    result = SyncResult(target=target)
+    files = local_files(src, result.notes)
+    result.git = git_state(src, files)
+    cache = (
+        (cache_dir or Path.home() / ".cache" / "gputui")
+        / "sync"
+        / (hashlib.sha256(src.encode("utf-8", "surrogateescape")).hexdigest()[:24] + ".json")
+    )
+    files = await asyncio.to_thread(with_hashes, files, cache)
+    result.files, result.tree_sha256 = len(files), tree_hash(files)
+    result.target, have = await _manifest(session, target)
+    todo = [
+        f for f in files if (have.get(f.rel) or {}).get("sha256") != f.sha256 or have[f.rel]["mode"] != f.mode
+    ]
+    total = sum(f.size for f in todo)
+
+    def sent(n: int) -> None:
+        result.bytes_sent += n
+        if on_progress is not None:
+            on_progress(f"{len(todo)} files", result.bytes_sent, total)
+
+    await _send_all(session, result.target, todo, sent, result.notes)
+    result.sent = len(todo) - sum(n.startswith("not sent") for n in result.notes)
+    if delete:
+        local = {f.rel for f in files}
+        gone = sorted(rel for rel in have if rel not in local)
+        for i in range(0, len(gone), 1000):
+            res = await request_retrying(
+                session, P.OP_FILES_DELETE, target=result.target, rels=gone[i : i + 1000]
+            )
+            result.deleted += len(res["deleted"])
+    if on_progress is not None and not todo:
+        on_progress("0 files changed", 0, 0)
+    return result

@@ -1,0 +1,138 @@
+"""gputui forward over the real sshd: an HTTP server started as a gputui job answers through the forward,
+before and after an injected link reset."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Home, SshHome, stop_host
+from faultproxy import FaultProxy
+from sshd import Sshd, free_port, ssh_available
+
+from gputui.core.config import HostConfig
+from gputui.core.forward import Forward
+from gputui.core.session import HostSession
+from gputui.core.ssh_transport import SSHTransport
+
+
+@pytest.fixture
+def fwd_home(tmp_path: Path) -> Iterator[SshHome]:
+    """An sshd that allows local TCP forwarding (the suite's shared one does not), as host ``box``."""
+    why = ssh_available()
+    if why:
+        pytest.skip(why)
+    server = Sshd(tmp_path / "sshd", tcp_forwarding="local")
+    server.client_key("ok")
+    server.start()
+    home = SshHome(tmp_path / "home", server)
+    yield home
+    stop_host(home.remote_dir)
+    server.stop()
+
+
+def _get(url: str) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as res:
+            return res.read()
+    except OSError:
+        return None
+
+
+async def _answer(url: str, timeout: float = 60) -> bytes:
+    """The page, once the forward serves it (readiness: the job's server needs a moment to listen)."""
+    deadline = time.monotonic() + timeout
+    while (body := await asyncio.to_thread(_get, url)) is None:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no answer from {url}")
+        await asyncio.sleep(0.1)
+    return body
+
+
+def test_forward_reaches_a_job_server_before_and_after_a_reset(fwd_home: SshHome, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("hello from the host\n")
+    port = free_port()
+    fwd_home.cli(
+        "run", "box", "--cwd", str(site), "--", "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
+        check=True,
+    )  # fmt: skip
+    proxy = FaultProxy(fwd_home.sshd.port).start()
+    with fwd_home.known_hosts.open("a") as f:
+        f.write(fwd_home.sshd.host_key_line(f"[127.0.0.1]:{proxy.port}"))
+
+    async def main() -> None:
+        cfg = HostConfig(name="box", **fwd_home.host_settings(port=proxy.port))
+        session = HostSession("box", SSHTransport(cfg))
+        await session.start()
+        fwd = Forward(session, port)
+        try:
+            url = await fwd.start()
+            assert url == f"http://127.0.0.1:{fwd.local_port}/"
+            listening = fwd._server.sockets[0].getsockname()  # type: ignore[union-attr]
+            assert listening[0] == "127.0.0.1"
+            assert await _answer(url) == b"hello from the host\n"
+            before = proxy.accepted
+            await asyncio.to_thread(proxy.reset)
+            assert await _answer(url) == b"hello from the host\n"
+            assert proxy.accepted > before  # it went over a new connection
+        finally:
+            await fwd.close()
+            await session.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.stop()
+
+
+def test_forward_cli_on_local_host_needs_no_forward(home: Home) -> None:
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    res = home.cli("forward", "here", "6006", check=True)
+    assert "no forward needed" in res.stdout and "http://127.0.0.1:6006/" in res.stdout
+    res = home.cli("forward", "here", "70000")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_forward_refuses_a_busy_local_port(fwd_home: SshHome) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        res = fwd_home.cli("forward", "box", "8888", str(busy.getsockname()[1]), timeout=60)
+    assert res.returncode == 2 and "cannot listen" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_forward_cli_prints_its_url_and_serves_until_interrupted(fwd_home: SshHome, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("via the cli\n")
+    port = free_port()
+    fwd_home.cli(
+        "run", "box", "--cwd", str(site), "--", "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
+        check=True,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputui", "forward", "box", str(port)],
+        env=fwd_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the URL comes first, flushed, before any connection
+        url = line.split()[0]
+        assert url.startswith("http://127.0.0.1:") and f"port {port}" in line, line
+        assert asyncio.run(_answer(url)) == b"via the cli\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,159 @@
+"""gputui pull over the real sshd: through an injected link reset, resumed from a .part, never over newer files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, AgentProc, SshHome
+from faultproxy import FaultProxy
+
+from gputui.core.config import HostConfig
+from gputui.core.pull import PullError, local_target, pull
+from gputui.core.session import HostSession
+from gputui.core.ssh_transport import SSHTransport
+from remote_agent import files as F
+from remote_agent import protocol as P
+
+
+@pytest.fixture
+def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
+    """A fault proxy in front of the sshd; the config's host ``box`` goes through it."""
+    p = FaultProxy(ssh_home.sshd.port).start()
+    with ssh_home.known_hosts.open("a") as f:
+        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
+    ssh_home.configure(port=p.port)
+    yield p
+    p.stop()
+
+
+def test_pull_through_a_reset_ends_byte_identical(
+    ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    src = tmp_path / "host" / "ckpt"
+    src.mkdir(parents=True)
+    big = os.urandom(24 * 1024 * 1024 + 123)  # a raw stream on a channel of its own
+    mid = os.urandom(5 * 1024 * 1024 + 5)  # base64 chunks on the agent channel
+    (src / "model.pt").write_bytes(big)
+    (src / "opt.pt").write_bytes(mid)
+    (src / "small.pt").write_bytes(b"tiny")
+    dest = tmp_path / "here"
+    resets: dict[str, int] = {}
+
+    def progress(name: str, done: int, total: int) -> None:
+        if name != "small.pt" and name not in resets and done > total // 4:
+            resets[name] = done
+            proxy.reset()  # every open connection gets an RST, mid-transfer
+
+    async def main() -> list[str]:
+        cfg = HostConfig(name="box", **ssh_home.host_settings(port=proxy.port))
+        session = HostSession("box", SSHTransport(cfg))
+        await session.start()
+        try:
+            outcomes = await pull(session, [f"{src}/*.pt"], str(dest), on_progress=progress)
+        finally:
+            await session.close()
+        return [o.status for o in outcomes]
+
+    assert asyncio.run(main()) == ["pulled", "pulled", "pulled"]
+    assert set(resets) == {"model.pt", "opt.pt"} and proxy.accepted >= 3  # both reset; reconnected each time
+    assert (dest / "model.pt").read_bytes() == big
+    assert (dest / "opt.pt").read_bytes() == mid
+    assert (dest / "small.pt").read_bytes() == b"tiny"
+    assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "opt.pt", "small.pt"]  # no .part left
+
+
+def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "ckpt").mkdir(parents=True)
+    data = os.urandom(3 * 1024 * 1024 + 7)
+    (work / "ckpt" / "a.pt").write_bytes(data)
+    job = ssh_home.cli("run", "box", "--cwd", str(work), "--", "true", check=True).stdout.strip()
+    dest = tmp_path / "out"
+    dest.mkdir()
+
+    # A .part from an earlier, dropped pull: the transfer continues at its end.
+    (dest / "a.pt.part").write_bytes(data[:1_000_000])
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt/*.pt", str(dest), check=True)
+    assert res.stdout.startswith("resumed:"), res.stdout
+    assert (dest / "a.pt").read_bytes() == data and not (dest / "a.pt.part").exists()
+
+    # A .part of some other content fails the sha256 check and is fetched again from byte 0.
+    os.unlink(dest / "a.pt")
+    (dest / "a.pt.part").write_bytes(b"x" * 2_000_000)
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
+    assert res.stdout.startswith("pulled:"), res.stdout
+    assert (dest / "a.pt").read_bytes() == data
+
+    assert ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True).stdout.startswith("pulled:")
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True)
+    assert res.stdout.startswith("up to date:"), res.stdout
+
+    # A local file newer than the host's is kept unless --force.
+    mine = dest / "ckpt" / "a.pt"
+    mine.write_bytes(b"my edits")
+    future = time.time() + 3600
+    os.utime(mine, (future, future))
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest))
+    assert res.returncode == 1 and "newer" in res.stderr and mine.read_bytes() == b"my edits"
+    ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), "--force", check=True)
+    assert mine.read_bytes() == data
+
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(tmp_path / "new"), check=True)  # a dir of one file
+    assert (tmp_path / "new" / "ckpt" / "a.pt").read_bytes() == data, res.stdout
+
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt/nothing*.pt", str(dest))
+    assert res.returncode == 1 and "no such file" in res.stderr and "Traceback" not in res.stderr
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt/", str(mine / "sub"))  # a file where a dir must go
+    assert res.returncode == 1 and "pull:" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_pull_refuses_names_that_leave_the_destination(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "dest").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "dest" / "link")
+    for rel in ("../x", "/etc/passwd", "a/../../x", "link/x"):
+        with pytest.raises(PullError):
+            local_target(str(tmp_path / "dest"), rel)
+    assert local_target(str(tmp_path / "dest"), "a/b.pt") == str(tmp_path / "dest" / "a" / "b.pt")
+
+
+def test_agent_file_reads_are_bounded_and_refuse_special_files(agent: AgentProc, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "f.bin").write_bytes(b"a" * (P.FILE_CHUNK_BYTES + 10))
+    for path in (tmp_path / "fifo", tmp_path):  # a FIFO would hang a read; a dir is no file
+        reply = agent.call(P.OP_FILES_READ, path=str(path), offset=0, timeout=10)
+        assert not reply["ok"] and "not a regular file" in reply["error"]["message"]
+    reply = agent.call(
+        P.OP_FILES_READ, path=str(tmp_path / "f.bin"), offset=0, max_bytes=P.FILE_CHUNK_BYTES + 1
+    )
+    assert not reply["ok"] and reply["error"]["code"] == P.E_BAD_ARGS
+    reply = agent.call(P.OP_FILES_READ, path=str(tmp_path / "f.bin"), offset=P.FILE_CHUNK_BYTES)
+    assert reply["ok"] and P.unb64(reply["result"]["b64"]) == b"a" * 10
+    listing = agent.call(P.OP_FILES_LIST, base=str(tmp_path), patterns=["*"])["result"]
+    assert [f["rel"] for f in listing["files"]] == ["f.bin"]  # the FIFO is not listed
+
+
+def test_agent_cat_streams_from_an_offset_and_refuses_special_files(tmp_path: Path) -> None:
+    (tmp_path / "f.bin").write_bytes(b"0123456789")
+    os.mkfifo(tmp_path / "fifo")
+    agent = [sys.executable, "-m", "remote_agent", "cat"]
+    res = subprocess.run([*agent, str(tmp_path / "f.bin"), "4"], capture_output=True, cwd=ROOT, timeout=30)
+    assert res.returncode == 0 and res.stdout == b"456789"
+    res = subprocess.run([*agent, str(tmp_path / "fifo"), "0"], capture_output=True, cwd=ROOT, timeout=30)
+    assert res.returncode == 2 and b"not a regular file" in res.stderr and res.stdout == b""
+
+
+def test_agent_listing_is_bounded(agent: AgentProc, tmp_path: Path) -> None:
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(F.MAX_LIST_FILES + 1):
+        (many / f"f{i}").touch()
+    reply = agent.call(P.OP_FILES_LIST, base=str(tmp_path), patterns=["many"])
+    assert not reply["ok"] and "narrow the pattern" in reply["error"]["message"]
