@@ -12,8 +12,7 @@ import re
 import select
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from remote_agent import protocol as P
@@ -22,10 +21,11 @@ from .core import config as cfg
 from .core import doctor as D
 from .core import jsonout, safetext
 from .core import model as M
-from .core.cost import budget_alerts, price_per_hour
+from .core.cost import budget_alerts
 from .core.fleet import Fleet
+from .core.gather import gather_hosts
+from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
-from .core.records import job_insights, run_record
 from .core.release import ReleaseError, check_configured, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
@@ -34,7 +34,6 @@ from .tables import print_cost, print_history, print_jobs, print_status
 # Exit statuses (documented in README.md).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
 EXIT_PIPE = 141  # the reader closed stdout: what a shell reports for a coreutils tool killed by SIGPIPE
-CONNECT_CONCURRENCY = 8  # sshd's MaxStartups punishes bursts of new connections
 
 
 class CliError(Exception):
@@ -68,13 +67,10 @@ def _bounded(
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--env {item!r}: expected KEY=VALUE", EXIT_USAGE)
-        env[key] = value
-    return env
+    try:
+        return parse_env(items, label="--env")
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 _GPU_ITEM = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")  # an index or a (MIG) UUID, as CUDA takes them
@@ -148,28 +144,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
     async def body(s: HostSession) -> int:
         _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
-        inventory = tuple(M.GpuSample.from_wire(g) for g in s.snapshot.facts.get("gpus") or ())
-        price = price_per_hour(host_cfg, inventory, config.prices)
-        job = await s.start_job(
-            argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price
-        )
+        spec = JobSpec(args.host, argv, name=args.name, cwd=cwd, env=_parse_env(args.env), gpus=args.gpus)
+        job = await start_job(s, config, spec)
         print(job.id)
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
-
-
-async def _collect_jobs(fleet: Fleet, names: list[str], ended_only: bool = False) -> tuple[list[M.Job], int]:
-    """Every job of the named hosts, with insights from its log tail; (jobs, exit status)."""
-
-    async def collect(s: HostSession) -> list[M.Job]:
-        jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
-        return [replace(j, insights=await job_insights(s, j)) for j in jobs]
-
-    results = await _gather_hosts(fleet, names, collect)
-    await fleet.close()
-    jobs = [job for res in results.values() if not isinstance(res, Exception) for job in res]
-    return jobs, _hosts_status(results)
 
 
 def _host_names(config: cfg.Config, host: str | None) -> list[str]:
@@ -182,7 +162,12 @@ def _host_names(config: cfg.Config, host: str | None) -> list[str]:
 async def cmd_jobs(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _collect_jobs(Fleet(config), names)
+    fleet = Fleet(config)
+    try:
+        jobs, errors = await collect_jobs(fleet, names)
+    finally:
+        await fleet.close()
+    status = _hosts_status(errors)
     if args.json:
         print(jsonout.dumps([j.to_json() for j in jobs]))
     else:
@@ -193,9 +178,12 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
 async def cmd_history(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _collect_jobs(Fleet(config), names, ended_only=True)
-    records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
-    records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+    fleet = Fleet(config)
+    try:
+        records, errors = await collect_history(fleet, config, names)
+    finally:
+        await fleet.close()
+    status = _hosts_status(errors)
     if args.json:
         print(jsonout.dumps(records))
         return status
@@ -264,7 +252,7 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
         await s.sample()
         await s.list_jobs()
 
-    results = await _gather_hosts(fleet, list(fleet.sessions), probe)
+    results = await gather_hosts(fleet, list(fleet.sessions), probe)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
     await fleet.close()
     return snaps, _hosts_status(results)
@@ -385,7 +373,9 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
     fleet = Fleet(config)
-    results = await _gather_hosts(fleet, names, lambda s: D.run_doctor(s, args.python, args.timeout))
+    results = await gather_hosts(
+        fleet, names, lambda s: D.run_doctor(s, args.python, args.timeout), limit=D.HOSTS_AT_ONCE
+    )
     await fleet.close()
     reports = [
         D.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
@@ -396,25 +386,6 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(D.format_report(r) for r in reports))
     return _hosts_status(results) or (EXIT_FAIL if any(r.failed for r in reports) else EXIT_OK)
-
-
-async def _gather_hosts(
-    fleet: Fleet, names: list[str], action: Callable[[HostSession], Awaitable[Any]]
-) -> dict[str, Any]:
-    """Connect to each host (bounded concurrency), run ``action``; exceptions are returned, not raised."""
-    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
-
-    async def one(name: str) -> Any:
-        session = fleet.sessions[name]
-        async with gate:
-            try:
-                await session.start()
-                return await action(session)
-            except (HostError, HostUnavailable, LinkClosed, AgentError, OSError) as exc:
-                return exc
-
-    values = await asyncio.gather(*(one(n) for n in names))
-    return dict(zip(names, values, strict=False))
 
 
 def exit_status(exc: BaseException) -> int:
@@ -430,7 +401,7 @@ def exit_status(exc: BaseException) -> int:
     return EXIT_UNREACHABLE  # HostUnavailable, LinkClosed, OSError: no answer
 
 
-def _hosts_status(results: dict[str, Any]) -> int:
+def _hosts_status(results: Mapping[str, object]) -> int:
     """Report each host that gave an error on stderr; 0 when none did, else the highest of their statuses.
 
     The hosts that answered are still shown: a multi-host command is a report, its status says what is missing.

@@ -148,6 +148,22 @@ async def test_new_job_dialog_starts_a_job_and_its_log_follows(local: cfg.Config
         assert app.query_one(JobsTable).cursor_key == job.id
 
 
+async def test_a_job_started_from_the_app_has_its_price_and_cost_in_history(
+    local: cfg.Config, home: Home, tmp_path: Path
+) -> None:
+    path = home.write_config(
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\nprice_per_hour = 3.6\n'
+    )
+    app = local_app(cfg.load(str(path)), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        job = await start_from_dialog(pilot, py("print('priced')"), name="priced")
+        await until(pilot, lambda: any(j.id == job.id and not j.running for j in app.hosts["local"].jobs))
+    [run] = json.loads(home.cli("history", "--json", check=True).stdout)
+    assert run["id"] == job.id and run["currency"] == "USD"
+    assert run["cost"] == pytest.approx(3.6 * run["duration_s"] / 3600.0) and run["cost"] > 0
+
+
 async def test_dialog_rejects_an_empty_or_unbalanced_command(local: cfg.Config, tmp_path: Path) -> None:
     app = local_app(local, tmp_path)
     async with app.run_test(size=SIZE) as pilot:

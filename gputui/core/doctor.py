@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
 DEFAULT_TIMEOUT_S = 60.0
+HOSTS_AT_ONCE = 8  # doctor over many hosts: at most this many probes (torch imports, disk scans) at a time
 
 
 @dataclass(frozen=True)

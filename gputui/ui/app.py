@@ -24,8 +24,8 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer
 
 from gputui.core import config as cfg
+from gputui.core import jobs, safetext
 from gputui.core import model as M
-from gputui.core import records, safetext
 from gputui.core.cost import budget_alerts, idle_release_candidates
 from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, job_hints
@@ -39,7 +39,7 @@ from .logstream import LogStream
 from .palette import Palette
 from .screens.confirm import ConfirmScreen
 from .screens.help import HelpScreen, Section, key_label
-from .screens.new_job import JobSpec, NewJobScreen
+from .screens.new_job import NewJobScreen
 from .screens.reports import ReportScreen, doctor_table, history_table
 from .source import FleetSource, SourceFactory, fleet_factory
 from .widgets.fleet import FleetTable, fleet_summary, host_row
@@ -569,15 +569,13 @@ class GpuTuiApp(App[None]):
         screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
         self.push_screen(screen, self._on_job_spec)
 
-    def _on_job_spec(self, spec: JobSpec | None) -> None:
+    def _on_job_spec(self, spec: jobs.JobSpec | None) -> None:
         if spec is not None:
             self.run_worker(self._start_job(spec), group="command")
 
-    async def _start_job(self, spec: JobSpec) -> None:
+    async def _start_job(self, spec: jobs.JobSpec) -> None:
         try:
-            job = await self.source.session(spec.host).start_job(
-                spec.argv, name=spec.name, cwd=spec.cwd, env=spec.env, gpus=spec.gpus
-            )
+            job = await jobs.start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
             self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
             return
@@ -682,23 +680,8 @@ class GpuTuiApp(App[None]):
         self.push_screen(ReportScreen(f"Doctor: {host}", load))
 
     def action_history(self) -> None:
-        async def load() -> Any:
-            recs = []
-            for name in self.host_order:
-                session = self.source.session(name)
-                cur = (
-                    self.config.hosts[name].currency or self.config.currency
-                    if name in self.config.hosts
-                    else "USD"
-                )
-                try:
-                    jobs = await session.list_jobs()
-                except Exception:  # an unreachable host has no history to show right now
-                    continue
-                for job in jobs:
-                    if not job.running:
-                        recs.append(records.run_record(job, await records.job_insights(session, job), cur))
-            recs.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+        async def load() -> Any:  # an unreachable host has no history to show right now
+            recs, _errors = await jobs.collect_history(self.source, self.config, self.host_order, connect=False)
             return history_table(recs, self.clock())
 
         self.push_screen(ReportScreen("History: finished runs", load))
