@@ -26,7 +26,7 @@ from .core.fleet import Fleet
 from .core.gather import gather_hosts
 from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
-from .core.release import ReleaseError, check_configured, release_host
+from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
 from .tables import print_cost, print_history, print_jobs, print_status
@@ -330,7 +330,7 @@ async def cmd_release(args: argparse.Namespace) -> int:
     session = fleet.session(args.host)
     try:
         await session.start()
-        result = await release_host(session, host, fleet.ledger, force=args.force)
+        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force))
     except ReleaseError as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
     finally:

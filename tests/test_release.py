@@ -385,3 +385,22 @@ def test_a_job_started_while_pre_stop_runs_wins(tmp_path: Path) -> None:
     state = dog.check(config, {"boot_id": "b"}, lambda: next(samples))
     assert state["action"] is None and not stopped.exists() and state["reasons"] == ["job 7 running"]
     assert "not due any more (job 7 running) while pre_stop ran" in (tmp_path / "watchdog.log").read_text()
+
+
+async def test_an_automatic_release_checks_again_that_the_host_is_idle(home: Home, tmp_path: Path) -> None:
+    from gputui.core import config as cfg
+    from gputui.core.fleet import Fleet
+    from gputui.core.release import ReleaseError, ReleaseRequest, release_host
+
+    marker = tmp_path / "released"
+    local_config(home, f'release = ["touch", "{marker}"]\nidle_minutes = 1000\n')
+    config = cfg.load(str(home.root / ".config" / "gputui" / "config.toml"))
+    fleet = Fleet(config)
+    try:
+        session = fleet.session("local")
+        await session.start()
+        with pytest.raises(ReleaseError, match="not released automatically: it is not idle"):
+            await release_host(session, config.hosts["local"], fleet.ledger, ReleaseRequest("local", idle_only=True))
+    finally:
+        await fleet.close()
+    assert not marker.exists() and not fleet.ledger.released("local")

@@ -167,8 +167,8 @@ def hostile_fleet(s: str) -> tuple[list[M.HostSnapshot], list[M.Job]]:
     return [main, down, flaky], ended
 
 
-async def released(host: str) -> None:
-    raise RuntimeError(host)
+async def released(request: Any) -> None:
+    raise RuntimeError(request.host)
 
 
 async def wait_screen(pilot: Pilot, kind: type, what: str) -> Any:

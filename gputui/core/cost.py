@@ -241,6 +241,13 @@ def deadline(host: HostConfig, boot_time: float | None) -> float | None:
     return min(candidates) if candidates else None
 
 
+def idleness(activity: dict[str, Any], host: HostConfig) -> tuple[bool, float, tuple[str, ...]]:
+    """(idle, idle seconds, why not idle) from the agent's activity report under the host's idle rule."""
+    reasons = tuple(str(r) for r in activity.get("reasons") or ())
+    idle_seconds = float(activity.get("idle_seconds") or 0.0) if not reasons else 0.0
+    return not reasons and idle_seconds >= host.idle_minutes * 60.0, idle_seconds, reasons
+
+
 def cost_info(
     snap: M.HostSnapshot, host: HostConfig, config: Config, ledger: Ledger, now: float | None = None
 ) -> M.CostInfo:
@@ -253,9 +260,8 @@ def cost_info(
         start = host.billing_start.timestamp() if host.billing_start else boot_time
         ledger.observe(host.name, now, price, snap.facts.get("boot_id"), start)
     activity = snap.metrics.activity if snap.metrics is not None else {}
-    reasons = tuple(activity.get("reasons") or ())
-    idle_seconds = float(activity.get("idle_seconds") or 0.0) if not reasons else 0.0
-    idle = bool(snap.metrics) and not reasons and idle_seconds >= host.idle_minutes * 60.0
+    idle, idle_seconds, reasons = idleness(activity, host)
+    idle = idle and bool(snap.metrics)
     watchdog = activity.get("watchdog") or {}
     autostop_at = watchdog.get("autostop_at")
     limit = deadline(host, boot_time)

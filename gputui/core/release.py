@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from remote_agent import protocol as P
 
+from . import model as M
 from .config import HostConfig
-from .cost import Ledger, deadline
+from .cost import Ledger, deadline, idleness
 from .link import AgentError, LinkClosed
 from .session import HostSession
 
@@ -25,6 +26,16 @@ class Step:
     argv: tuple[str, ...]
     exit_code: int | None
     output: str
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """What the user (or a budget rule) asked to release, and which running jobs they agreed to lose."""
+
+    host: str
+    confirmed_jobs: frozenset[str] | None = None  # running jobs a confirmation named (None: it named none)
+    force: bool = False  # the CLI's --force: release whatever runs
+    idle_only: bool = False  # an automatic release: only a host idle with no running job, checked now
 
 
 @dataclass
@@ -66,14 +77,33 @@ def check_configured(host: HostConfig) -> None:
 
 
 async def release_host(
-    session: HostSession, host: HostConfig, ledger: Ledger, force: bool = False
+    session: HostSession, host: HostConfig, ledger: Ledger, request: ReleaseRequest
 ) -> ReleaseResult:
-    """Refuse while jobs run (unless ``force``); run ``release_remote`` on the host, then ``release`` here."""
+    """Check again, now, that the release is still what was asked; then run ``release_remote`` on the host
+    and ``release`` here, close the host's ledger interval and mark it released.
+
+    Refused: while a job runs that the request did not name (unless ``force``); for an ``idle_only`` release,
+    while any job runs or the host is not idle under its idle rule.
+    """
     check_configured(host)
     running = [j for j in await session.list_jobs() if j.running]
-    if running and not force:
-        names = ", ".join(f"{j.id} ({j.name[:30]})" for j in running)
-        raise ReleaseError(f"{host.name} has running jobs: {names}; kill them first or use --force")
+    if request.idle_only:
+        if running:
+            raise ReleaseError(f"{host.name} was not released automatically: {_named(running)} running")
+        idle, _, reasons = idleness((await session.sample()).activity, host)
+        if not idle:
+            why = "; ".join(reasons[:3]) or f"idle for less than {host.idle_minutes:g} min"
+            raise ReleaseError(f"{host.name} was not released automatically: it is not idle ({why})")
+    unconfirmed = [j for j in running if j.id not in (request.confirmed_jobs or ())]
+    if unconfirmed and not request.force:
+        if request.confirmed_jobs is None:
+            raise ReleaseError(
+                f"{host.name} has running jobs: {_named(unconfirmed)}; kill them first or use --force"
+            )
+        raise ReleaseError(
+            f"{host.name} was not released: jobs started after you confirmed: {_named(unconfirmed)}; "
+            "look at them, then release again"
+        )
     result = ReleaseResult(host.name)
     boot_id = session.snapshot.facts.get("boot_id")
     if host.release_remote:
@@ -102,6 +132,10 @@ async def release_host(
     ledger.close(host.name, time.time(), boot_id=boot_id)
     ledger.save(force=True)
     return result
+
+
+def _named(jobs: list[M.Job]) -> str:
+    return ", ".join(f"{j.id} ({j.name[:30]})" for j in jobs)
 
 
 def watchdog_config(host: HostConfig, boot_time: float | None) -> dict:

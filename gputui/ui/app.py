@@ -29,7 +29,7 @@ from gputui.core import model as M
 from gputui.core.cost import budget_alerts, idle_release_candidates
 from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, job_hints
-from gputui.core.release import ReleaseError, release_host
+from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from remote_agent import protocol as P
 
 from . import fmt, notices
@@ -55,7 +55,7 @@ NOTIFY_S = 8.0
 NOTIFY_CHARS = 600  # a notification shows at most this much of a message (a host may send megabytes)
 NAME_CHARS = 120  # a job's name or command in a dialog
 
-ReleaseHook = Callable[[str], Awaitable[None]]
+ReleaseHook = Callable[[ReleaseRequest], Awaitable[None]]
 
 APP_KEYS = [
     Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
@@ -115,8 +115,10 @@ def release_configured(app: GpuTuiApp, host: str) -> bool:
     return conf is not None and ledger is not None and bool(conf.release or conf.release_remote)
 
 
-async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
-    """Run the host's configured release (the confirm dialog already asked; running jobs were named there)."""
+async def release_with_fleet(app: GpuTuiApp, request: ReleaseRequest) -> None:
+    """Run the host's configured release; the core checks again that it is still what was asked (the jobs the
+    confirmation named, or an idle host for a budget release)."""
+    host = request.host
     conf = app.config.hosts.get(host)
     ledger = getattr(app.source, "ledger", None)
     if conf is None or ledger is None or not release_configured(app, host):
@@ -124,7 +126,7 @@ async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
         return
     app.notify(f"releasing {host}…", timeout=NOTIFY_S)
     try:
-        result = await release_host(app.source.session(host), conf, ledger, force=True)
+        result = await release_host(app.source.session(host), conf, ledger, request)
     except ReleaseError as exc:
         app.notify(str(exc), title="not released", severity="error", timeout=2 * NOTIFY_S)
         return
@@ -156,7 +158,7 @@ class GpuTuiApp(App[None]):
         self.config = config if config is not None else cfg.Config(path=None, hosts={})
         self.clock = clock
         self.attach_runner = attach_runner
-        self.release_host: ReleaseHook = release_host or (lambda host: release_with_fleet(self, host))
+        self.release_host: ReleaseHook = release_host or (lambda req: release_with_fleet(self, req))
         self._release_hooked = release_host is not None  # a given hook decides for itself what release means
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
@@ -347,7 +349,7 @@ class GpuTuiApp(App[None]):
                 self.notify(
                     f"budget exceeded: releasing idle host {host}", severity="warning", timeout=NOTIFY_S
                 )
-                self.run_worker(self._release(host), group="command")
+                self.run_worker(self._release(ReleaseRequest(host, idle_only=True)), group="command")
 
     def _mark_stream(self, old: M.HostSnapshot | None, new: M.HostSnapshot) -> None:
         """Markers in the open log when its host drops and comes back (the core resumes the follow)."""
@@ -626,10 +628,17 @@ class GpuTuiApp(App[None]):
             release_not_configured(self, host)  # before asking: there would be nothing to confirm
             return
         snap = self.hosts.get(host)
-        running = sum(1 for j in snap.jobs if j.running) if snap else 0
+        running = [j for j in snap.jobs if j.running] if snap else []
         body = f"Release {safetext.clean(host, limit=NAME_CHARS)}?\n\nThe machine goes back to its provider and billing stops."
         if running:
-            body += f" {running} running job{'s' if running != 1 else ''} and everything on its disk will be lost."
+            n = len(running)
+            body += f" {n} running job{'s' if n != 1 else ''} and everything on its disk will be lost: "
+            body += safetext.clean(
+                ", ".join(f"{j.id} ({fmt.job_name(j.name, j.command)})" for j in running[:5]),
+                limit=2 * NAME_CHARS,
+            )
+            body += f" and {n - 5} more." if n > 5 else "."
+        request = ReleaseRequest(host, confirmed_jobs=frozenset(j.id for j in running))
         conf = self.config.hosts.get(host)
         if conf is not None:
             for where, argv in (("on the host", conf.release_remote), ("here", conf.release)):
@@ -638,15 +647,15 @@ class GpuTuiApp(App[None]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._release(host), group="command")
+                self.run_worker(self._release(request), group="command")
 
         self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
 
-    async def _release(self, host: str) -> None:
+    async def _release(self, request: ReleaseRequest) -> None:
         try:
-            await self.release_host(host)
+            await self.release_host(request)
         except Exception as exc:
-            self.notify(f"release of {host} failed: {exc}", severity="error", timeout=NOTIFY_S)
+            self.notify(f"release of {request.host} failed: {exc}", severity="error", timeout=NOTIFY_S)
 
     def action_snooze_autostop(self) -> None:
         self._autostop(P.OP_WATCHDOG_SNOOZE, "autostop snoozed for 60 min", minutes=60)
@@ -681,7 +690,9 @@ class GpuTuiApp(App[None]):
 
     def action_history(self) -> None:
         async def load() -> Any:  # an unreachable host has no history to show right now
-            recs, _errors = await jobs.collect_history(self.source, self.config, self.host_order, connect=False)
+            recs, _errors = await jobs.collect_history(
+                self.source, self.config, self.host_order, connect=False
+            )
             return history_table(recs, self.clock())
 
         self.push_screen(ReportScreen("History: finished runs", load))
