@@ -21,13 +21,13 @@ from .core import config as cfg
 from .core import doctor as D
 from .core import jsonout, safetext
 from .core import model as M
-from .core.cost import budget_alerts
 from .core.fleet import Fleet
 from .core.gather import gather_hosts
 from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
 from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
 from .core.session import HostSession
+from .core.spend import fleet_spend
 from .core.transport import HostError, HostUnavailable
 from .tables import print_cost, print_history, print_jobs, print_status
 
@@ -278,33 +278,24 @@ async def cmd_cost(args: argparse.Namespace) -> int:
     fleet = Fleet(config)
     snaps, status = await _probe_fleet(fleet)
     now = time.time()
-    hosts = []
+    hosts, accrued = [], {}
     for name, snap in snaps.items():
         c = snap.cost or M.CostInfo()
         live = snap.state == M.CONNECTED
-        hosts.append(
-            {
-                "name": name,
-                "state": snap.state,
-                **c.to_json(),
-                "accrued": fleet.ledger.spent(name, now, live, since=since),
-                "by_day": fleet.ledger.by_day(name, now, live, since=since),
-            }
-        )
-    currencies = {h["currency"] for h in hosts}
-    currency = currencies.pop() if len(currencies) == 1 else config.currency
-    total = sum(h["accrued"] for h in hosts)
-    today = sum(h["today"] for h in hosts)
-    month = sum(h["month"] for h in hosts)
-    alerts = budget_alerts(config.budget, today, month, currency)
-    burn = sum(h["price_per_hour"] or 0.0 for h in hosts if h["state"] == M.CONNECTED and not h["released"])
+        accrued[name] = fleet.ledger.spent(name, now, live, since=since)
+        hosts.append({"name": name, "state": snap.state, **c.to_json(), "accrued": accrued[name],
+                      "by_day": fleet.ledger.by_day(name, now, live, since=since)})  # fmt: skip
+    spend = fleet_spend(list(snaps.values()), config, accrued)
     if args.json:
-        out = {"currency": currency, "hosts": hosts, "total": total, "today": today, "month": month,
-               "burn_per_hour": burn, "budget": [a.to_json() for a in alerts]}  # fmt: skip
+        one = spend.single  # mixed currencies are never added up: the totals are per currency then
+        out = {"currency": one and one.currency, "hosts": hosts, "total": one and one.accrued,
+               "today": one and one.today, "month": one and one.month, "burn_per_hour": one and one.burn_per_hour,
+               "by_currency": [s.to_json() for s in spend.by_currency],
+               "budget": [a.to_json() for a in spend.alerts]}  # fmt: skip
         print(jsonout.dumps(out))
         return status
-    print_cost(hosts, currency, burn, today, month, total)
-    for alert in alerts:
+    print_cost(hosts, spend)
+    for alert in spend.alerts:
         print(f"budget: {alert.message}", file=sys.stderr)
     return status
 

@@ -16,6 +16,7 @@ from .core import model as M
 from .core.headline import headline, ranked
 from .core.insights import JobInsights
 from .core.safetext import clean
+from .core.spend import FleetSpend, Spend
 
 
 def print(*parts: object) -> None:  # every table line, whatever function of this module prints it
@@ -137,9 +138,8 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
             print(f"  cost  {price}, accrued {c.accrued:.2f}; {_idle_text(c)}")
 
 
-def print_cost(
-    hosts: list[dict[str, Any]], currency: str, burn: float, today: float, month: float, total: float
-) -> None:
+def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:
+    """One row per host, then a total row per currency (money in different currencies is never added)."""
     print(f"{'HOST':<14} {'$/H':>8} {'TODAY':>10} {'MONTH':>10} {'TOTAL':>10}  IDLE")
     for h in hosts:
         price = "-" if h["price_per_hour"] is None else f"{h['price_per_hour']:.2f}"
@@ -151,7 +151,10 @@ def print_cost(
         print(
             f"{h['name']:<14} {price:>8} {h['today']:>10.2f} {h['month']:>10.2f} {h['accrued']:>10.2f}  {idle}"
         )
-    print(f"{'total ' + currency:<14} {burn:>8.2f} {today:>10.2f} {month:>10.2f} {total:>10.2f}")
+    for t in spend.by_currency or (Spend(spend.budget_currency),):
+        print(
+            f"{'total ' + t.currency:<14} {t.burn_per_hour:>8.2f} {t.today:>10.2f} {t.month:>10.2f} {t.accrued:>10.2f}"
+        )
 
 
 def print_history(records: list[dict[str, Any]]) -> None:

@@ -34,6 +34,7 @@ from gputui.core import config as cfg
 from gputui.core import model as M
 from gputui.core.insights import Hint, JobInsights
 from gputui.core.safetext import TerminalGuard, clean, guard_terminal
+from gputui.core.spend import FleetSpend, Spend
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
@@ -336,7 +337,7 @@ def print_tables(s: str) -> None:
     tables.print_jobs([*ended, *snaps[0].jobs])
     tables.print_status(snaps)
     tables.print_history([record])
-    tables.print_cost([host], "USD", 1.0, 1.0, 1.0, 1.0)
+    tables.print_cost([host], FleetSpend((Spend("USD", 1.0, 1.0, 1.0, 1.0, 1),), (), "USD"))
     print(f"gputui: {s}: {s}", file=sys.stderr)  # an error line
 
 

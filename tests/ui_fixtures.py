@@ -144,6 +144,9 @@ class ReplaySession:
     async def list_jobs(self) -> list[M.Job]:
         return []
 
+    async def log_times(self, job: str, start: int, end: int) -> list[tuple[int, float]]:
+        return []  # no record of when the bytes were written: no rates
+
 
 class StaticSource:
     """A fleet-shaped source: hosts start as "connecting" and get ``snaps`` through the app's on_change."""

@@ -1,4 +1,4 @@
-"""Money: prices, the local ledger of billed intervals, idle cost and budgets. Pure, except Ledger.save().
+"""Money: prices, the local ledger of billed intervals and idle cost. Pure, except Ledger.save().
 
 The ledger holds, per host, intervals ``[start, end)`` billed at a price. An open interval (``end`` None)
 starts at the host's boot time (or ``billing_start``) and is kept alive by observations; a reboot or a new
@@ -21,7 +21,7 @@ from typing import Any
 from remote_agent.fsutil import write_atomic
 
 from . import model as M
-from .config import Budget, Config, HostConfig
+from .config import Config, HostConfig
 
 SAVE_EVERY_S = 60.0
 
@@ -279,57 +279,3 @@ def cost_info(
         autostop_in_s=None if autostop_at is None else max(0.0, autostop_at - now),
         deadline_in_s=None if limit is None else max(0.0, limit - now),
     )
-
-
-@dataclass(frozen=True)
-class BudgetAlert:
-    period: str  # "daily" or "monthly"
-    level: str  # "warn" or "exceeded"
-    spent: float
-    limit: float
-    currency: str
-
-    @property
-    def message(self) -> str:
-        pct = 100.0 * self.spent / self.limit if self.limit else 100.0
-        verb = "exceeded" if self.level == "exceeded" else "at"
-        return f"{self.period} budget {verb} {pct:.0f}%: {self.spent:.2f} of {self.limit:.2f} {self.currency}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "message": self.message}
-
-
-def budget_alerts(budget: Budget, today: float, month: float, currency: str) -> list[BudgetAlert]:
-    alerts = []
-    for period, limit, spent in (("daily", budget.daily, today), ("monthly", budget.monthly, month)):
-        if limit is None:
-            continue
-        if spent >= limit:
-            alerts.append(BudgetAlert(period, "exceeded", spent, limit, currency))
-        elif spent >= budget.warn_fraction * limit:
-            alerts.append(BudgetAlert(period, "warn", spent, limit, currency))
-    return alerts
-
-
-def fleet_alerts(snaps: list[M.HostSnapshot], config: Config) -> list[BudgetAlert]:
-    """Budget alerts over the whole fleet's spend today and this month."""
-    today = sum(s.cost.today for s in snaps if s.cost)
-    month = sum(s.cost.month for s in snaps if s.cost)
-    return budget_alerts(config.budget, today, month, config.currency)
-
-
-def idle_release_candidates(
-    snaps: list[M.HostSnapshot], config: Config, alerts: list[BudgetAlert]
-) -> list[str]:
-    """Hosts to release because a budget is exceeded and ``on_exceed = "release-idle"``: idle ones only,
-    with a release command, nothing running, not released yet."""
-    if config.budget.on_exceed != "release-idle" or not any(a.level == "exceeded" for a in alerts):
-        return []
-    out = []
-    for s in snaps:
-        host = config.hosts.get(s.name)
-        if host is None or s.cost is None or not s.cost.idle or s.cost.released:
-            continue
-        if (host.release or host.release_remote) and not any(j.running for j in s.jobs):
-            out.append(s.name)
-    return out

@@ -26,10 +26,10 @@ from textual.widgets import DataTable, Footer
 from gputui.core import config as cfg
 from gputui.core import jobs, safetext
 from gputui.core import model as M
-from gputui.core.cost import budget_alerts, idle_release_candidates
 from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, job_hints
 from gputui.core.release import ReleaseError, ReleaseRequest, release_host
+from gputui.core.spend import fleet_spend, idle_release_candidates
 from remote_agent import protocol as P
 
 from . import fmt, notices
@@ -332,12 +332,7 @@ class GpuTuiApp(App[None]):
 
     def _check_budget(self) -> None:
         """Notify once per budget alert (warn, then exceeded) as the fleet's spending crosses it."""
-        budget = getattr(self.config, "budget", None)
-        costs = [s.cost for s in self.hosts.values() if s.cost is not None]
-        if budget is None or not costs or (budget.daily is None and budget.monthly is None):
-            return
-        today, month = sum(c.today for c in costs), sum(c.month for c in costs)
-        alerts = budget_alerts(budget, today, month, costs[0].currency)
+        alerts = fleet_spend(list(self.hosts.values()), self.config).alerts
         for alert in alerts:
             if (alert.period, alert.level) not in self._budget_seen:
                 level = "error" if alert.level == "exceeded" else "warning"
@@ -375,7 +370,7 @@ class GpuTuiApp(App[None]):
         self._fleet_dirty, self._last_fleet = False, time.monotonic()
         pal = self.palette
         snaps = [self.hosts[n] for n in self.host_order]
-        self.query_one("#summary", TextBox).show(fleet_summary(snaps, pal))
+        self.query_one("#summary", TextBox).show(fleet_summary(snaps, fleet_spend(snaps, self.config), pal))
         rows = []
         for snap in snaps:
             cells = self._rows.get(snap.name)
