@@ -15,18 +15,16 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from remote_agent import protocol as P
-
+from .core import autostop, jsonout, safetext
 from .core import config as cfg
 from .core import doctor as D
-from .core import jsonout, safetext
 from .core import model as M
 from .core.fleet import Fleet
 from .core.gather import gather_hosts
 from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
 from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
-from .core.session import HostSession
+from .core.session import MAX_KILL_GRACE_S, HostSession
 from .core.spend import fleet_spend
 from .core.transport import HostError, HostUnavailable
 from .tables import print_cost, print_history, print_jobs, print_status
@@ -338,17 +336,11 @@ async def cmd_autostop(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         try:
             if args.cancel:
-                await s.request(P.OP_WATCHDOG_CANCEL)
+                await autostop.cancel(s)
             else:
-                await s.request(P.OP_WATCHDOG_SNOOZE, minutes=args.snooze)
-        except AgentError as exc:
-            if exc.code != P.E_NOT_FOUND:
-                raise
-            raise CliError(
-                f"{args.host} has no autostop to {'cancel' if args.cancel else 'snooze'}: set autostop_minutes "
-                "(with release_remote) or a deadline for it in the config",
-                EXIT_USAGE,
-            ) from None
+                await autostop.snooze(s, args.snooze)
+        except autostop.NoAutostop as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
         if args.cancel:
             print(f"{args.host}: autostop cancelled until the host reboots or its settings change")
         else:
@@ -487,8 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
     k.add_argument("host")
     k.add_argument("job")
-    k.add_argument("--grace", type=_bounded(0, P.MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
-                   help=f"seconds between signals, 0 to {P.MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
+    k.add_argument("--grace", type=_bounded(0, MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
+                   help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     k.set_defaults(func=cmd_kill)
 
@@ -516,8 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
     au.add_argument("host")
     g = au.add_mutually_exclusive_group(required=True)
-    g.add_argument("--snooze", type=_bounded(0, P.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
-                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
+    g.add_argument("--snooze", type=_bounded(0, autostop.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
+                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {autostop.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gputui.core import autostop, cost, spend
 from gputui.core import config as cfg
-from gputui.core import cost, spend
 from gputui.core import model as M
 from remote_agent.activity import ActivityLog, busy_reasons, idle_status
 
@@ -135,10 +135,10 @@ def test_budget_thresholds() -> None:
 
 def test_deadline_from_release_after_hours() -> None:
     h = host(release_after_hours=10.0)
-    assert cost.deadline(h, boot_time=1000.0) == 1000.0 + 10 * H
+    assert autostop.deadline(h, boot_time=1000.0) == 1000.0 + 10 * H
     at = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
-    assert cost.deadline(host(release_at=at, release_after_hours=10.0), 1000.0) == 1000.0 + 10 * H
-    assert cost.deadline(host(release_at=at), None) == at.timestamp()
+    assert autostop.deadline(host(release_at=at, release_after_hours=10.0), 1000.0) == 1000.0 + 10 * H
+    assert autostop.deadline(host(release_at=at), None) == at.timestamp()
 
 
 GPU_BUSY = {"index": 2, "util_percent": 43.0, "processes": [{"pid": 4411, "job": "7", "name": "python"}]}

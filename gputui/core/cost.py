@@ -21,6 +21,7 @@ from typing import Any
 from remote_agent.fsutil import write_atomic
 
 from . import model as M
+from .autostop import autostop_in_s, deadline
 from .config import Config, HostConfig
 
 SAVE_EVERY_S = 60.0
@@ -229,18 +230,6 @@ def month_start(now: float) -> float:
     )
 
 
-def deadline(host: HostConfig, boot_time: float | None) -> float | None:
-    """When the host must be released: ``release_at``, or ``release_after_hours`` after billing start."""
-    candidates = []
-    if host.release_at is not None:
-        candidates.append(host.release_at.timestamp())
-    if host.release_after_hours is not None:
-        start = host.billing_start.timestamp() if host.billing_start else boot_time
-        if start is not None:
-            candidates.append(start + host.release_after_hours * 3600.0)
-    return min(candidates) if candidates else None
-
-
 def idleness(activity: dict[str, Any], host: HostConfig) -> tuple[bool, float, tuple[str, ...]]:
     """(idle, idle seconds, why not idle) from the agent's activity report under the host's idle rule."""
     reasons = tuple(str(r) for r in activity.get("reasons") or ())
@@ -262,8 +251,6 @@ def cost_info(
     activity = snap.metrics.activity if snap.metrics is not None else {}
     idle, idle_seconds, reasons = idleness(activity, host)
     idle = idle and bool(snap.metrics)
-    watchdog = activity.get("watchdog") or {}
-    autostop_at = watchdog.get("autostop_at")
     limit = deadline(host, boot_time)
     return M.CostInfo(
         currency=host.currency or config.currency,
@@ -276,6 +263,6 @@ def cost_info(
         idle_cost=(price or 0.0) * idle_seconds / 3600.0,
         reasons=reasons,
         released=ledger.released(host.name),
-        autostop_in_s=None if autostop_at is None else max(0.0, autostop_at - now),
+        autostop_in_s=autostop_in_s(activity, now),
         deadline_in_s=None if limit is None else max(0.0, limit - now),
     )

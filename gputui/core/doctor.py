@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from remote_agent import protocol as P
-
 if TYPE_CHECKING:
     from .session import HostSession
 
@@ -89,11 +87,7 @@ async def run_doctor(
     session: HostSession, python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> DoctorReport:
     """Ask the host's agent for its checks; the torch probe may take ``timeout_s``, the reply a bit more."""
-    args: dict[str, Any] = {"timeout_s": timeout_s}
-    if python:
-        args["python"] = python
-    result = await session.request(P.OP_DOCTOR, timeout=timeout_s + 30.0, **args)
-    return DoctorReport.from_result(session.name, result or {})
+    return DoctorReport.from_result(session.name, await session.doctor(timeout_s, python))
 
 
 def format_report(report: DoctorReport) -> str:
@@ -109,4 +103,3 @@ def format_report(report: DoctorReport) -> str:
         if ch.fix and ch.status != OK:
             lines.append(f"  {'':<4}  {'':<{width}}  fix: {ch.fix}")
     return "\n".join(lines)
-

@@ -9,12 +9,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from remote_agent import protocol as P
-
+from . import autostop
 from . import model as M
 from .config import Config, HostConfig
 from .cost import Ledger, cost_info
-from .release import watchdog_config
 from .session import HostSession
 from .transport import LocalTransport, Transport
 
@@ -34,12 +32,6 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
     from .ssh_transport import SSHTransport  # asyncssh is only imported when an SSH host is used
 
     return SSHTransport(host, ssh_config=config.ssh_config)
-
-
-async def arm_watchdog(session: HostSession, host: HostConfig) -> None:
-    """Tell the host's agent the autostop/deadline rules now in the config; with none, this disarms its watchdog."""
-    config = watchdog_config(host, session.snapshot.facts.get("boot_time"))
-    await session.request(P.OP_WATCHDOG_CONFIGURE, config=config)
 
 
 class Fleet:
@@ -70,7 +62,7 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                on_connect=lambda s, h=host: arm_watchdog(s, h),  # every host: settings removed must disarm
+                on_connect=lambda s, h=host: autostop.arm(s, h),  # every host: settings removed must disarm
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:

@@ -7,11 +7,9 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
-from remote_agent import protocol as P
-
 from . import model as M
 from .config import HostConfig
-from .cost import Ledger, deadline, idleness
+from .cost import Ledger, idleness
 from .link import AgentError, LinkClosed
 from .session import HostSession
 
@@ -108,8 +106,7 @@ async def release_host(
     boot_id = session.snapshot.facts.get("boot_id")
     if host.release_remote:
         try:
-            res = await session.request(P.OP_EXEC, timeout=host.release_timeout + 10, argv=list(host.release_remote),
-                                        timeout_s=host.release_timeout)  # fmt: skip
+            res = await session.exec(list(host.release_remote), host.release_timeout)
             step = Step(
                 "host", host.release_remote, res["exit_code"], (res["stdout"] + res["stderr"]).strip()
             )
@@ -136,18 +133,3 @@ async def release_host(
 
 def _named(jobs: list[M.Job]) -> str:
     return ", ".join(f"{j.id} ({j.name[:30]})" for j in jobs)
-
-
-def watchdog_config(host: HostConfig, boot_time: float | None) -> dict:
-    """What the host's autostop/deadline watchdog is told (empty autostop and deadline: disarmed)."""
-    return {
-        "autostop_minutes": host.autostop_minutes,
-        "release_at": deadline(host, boot_time),
-        "idle_util_percent": host.idle_util_percent,
-        "count_sessions": host.count_ssh_sessions,
-        "release_remote": list(host.release_remote or ()),
-        "release_timeout": host.release_timeout,
-        "pre_stop": list(host.pre_stop) if host.pre_stop else None,
-        "pre_stop_timeout": host.pre_stop_timeout,
-        "interval": max(0.5, min(15.0, (host.autostop_minutes or 60.0) * 6.0)),  # a tenth of the window
-    }

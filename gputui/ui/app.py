@@ -23,14 +23,13 @@ from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer
 
+from gputui.core import autostop, jobs, safetext
 from gputui.core import config as cfg
-from gputui.core import jobs, safetext
 from gputui.core import model as M
 from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, job_hints
 from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from gputui.core.spend import fleet_spend, idle_release_candidates
-from remote_agent import protocol as P
 
 from . import fmt, notices
 from . import themes as T
@@ -653,19 +652,19 @@ class GpuTuiApp(App[None]):
             self.notify(f"release of {request.host} failed: {exc}", severity="error", timeout=NOTIFY_S)
 
     def action_snooze_autostop(self) -> None:
-        self._autostop(P.OP_WATCHDOG_SNOOZE, "autostop snoozed for 60 min", minutes=60)
+        self._autostop(lambda s: autostop.snooze(s, 60), "autostop snoozed for 60 min")
 
     def action_cancel_autostop(self) -> None:
-        self._autostop(P.OP_WATCHDOG_CANCEL, "autostop cancelled until the host reboots")
+        self._autostop(autostop.cancel, "autostop cancelled until the host reboots")
 
-    def _autostop(self, op: str, done: str, **args: Any) -> None:
+    def _autostop(self, change: Callable[[Any], Awaitable[None]], done: str) -> None:
         host = self.selected_host
         if host is None:
             return
 
         async def send() -> None:
             try:
-                await self.source.session(host).request(op, **args)
+                await change(self.source.session(host))
             except Exception as exc:
                 self.notify(f"{host}: {exc}", severity="error", timeout=NOTIFY_S)
                 return
