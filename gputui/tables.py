@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from .core import model as M
+from .core.durations import duration
 from .core.headline import headline, ranked
 from .core.insights import JobInsights
 from .core.safetext import clean
@@ -27,13 +28,8 @@ def fmt(value: Any, unit: str = "", digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def dur(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def ago(t: float | None) -> str:
-    return "-" if t is None else dur(time.time() - t)
+    return "-" if t is None else duration(time.time() - t)
 
 
 def _fit(items: list[str], room: int) -> str:
@@ -100,7 +96,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
         eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
         rows.append([
             j.host, j.id, j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
-            "-" if eta is None else dur(eta), _headline(ins.metrics if ins else None), [j.name],
+            "-" if eta is None else duration(eta), _headline(ins.metrics if ins else None), [j.name],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
     _table(header, rows, "lrlrrlrl", caps={0: 16, 7: 24})
@@ -108,7 +104,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
 
 def _idle_text(c: M.CostInfo) -> str:
     if c.idle:
-        return f"idle {dur(c.idle_seconds)}"
+        return f"idle {duration(c.idle_seconds)}"
     return "busy: " + "; ".join(c.reasons[:3]) if c.reasons else "not idle yet"
 
 
@@ -146,7 +142,7 @@ def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:
         idle = (
             "released"
             if h["released"]
-            else (dur(h["idle_seconds"]) if h["idle"] else "busy" if h["reasons"] else "-")
+            else (duration(h["idle_seconds"]) if h["idle"] else "busy" if h["reasons"] else "-")
         )
         print(
             f"{h['name']:<14} {price:>8} {h['today']:>10.2f} {h['month']:>10.2f} {h['accrued']:>10.2f}  {idle}"
@@ -164,7 +160,7 @@ def print_history(records: list[dict[str, Any]]) -> None:
         metrics = [f"{k}={r['metrics'][k]['last']:.4g}" for k in ranked(r["metrics"])]
         rows.append([
             r["host"], r["id"], r["state"], fmt(r["exit_code"]),
-            "-" if r["duration_s"] is None else dur(r["duration_s"]),
+            "-" if r["duration_s"] is None else duration(r["duration_s"]),
             "-" if r["cost"] is None else f"{r['cost']:.2f}", r["name"], metrics or ["-"],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "NAME", "METRICS"]

@@ -18,18 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remote_agent.fsutil import write_atomic
-
 from . import model as M
+from . import paths
 from .autostop import autostop_in_s, deadline
 from .config import Config, HostConfig
 
 SAVE_EVERY_S = 60.0
-
-
-def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gputui"
 
 
 def price_per_hour(host: HostConfig, gpus: tuple[M.GpuSample, ...], prices: dict[str, float]) -> float | None:
@@ -74,7 +68,7 @@ class Ledger:
     """Billed intervals per host, persisted atomically as JSON."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or state_dir() / "ledger.json"
+        self.path = path or paths.state_dir() / "ledger.json"
         self.hosts: dict[str, dict[str, Any]] = {}
         self._saved_at = 0.0
         self._dirty = False
@@ -186,9 +180,7 @@ class Ledger:
         }
         if not self._writable:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(data, indent=1, allow_nan=False)
-        write_atomic(str(self.path), text.encode())  # synced to disk, then renamed into place
+        paths.write_atomic(self.path, json.dumps(data, indent=1, allow_nan=False).encode())
         self._saved_at, self._dirty = now, False
 
 

@@ -7,19 +7,13 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
-from . import autostop
+from . import autostop, paths
 from . import model as M
 from .config import Config, HostConfig
 from .cost import Ledger, cost_info
 from .session import HostSession
 from .transport import LocalTransport, Transport
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gputui"
 
 
 def say(message: str) -> None:
@@ -28,7 +22,7 @@ def say(message: str) -> None:
 
 def make_transport(host: HostConfig, config: Config) -> Transport:
     if host.transport == "local":
-        return LocalTransport(os.path.expanduser(host.remote_dir), cache_dir(), python=host.python)
+        return LocalTransport(os.path.expanduser(host.remote_dir), paths.cache_dir(), python=host.python)
     from .ssh_transport import SSHTransport  # asyncssh is only imported when an SSH host is used
 
     return SSHTransport(host, ssh_config=config.ssh_config)
