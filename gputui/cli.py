@@ -399,36 +399,23 @@ def _hosts_status(results: Mapping[str, object]) -> int:
 
 async def cmd_trust(args: argparse.Namespace) -> int:
     """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
-    from .core import known_hosts as kh
-    from .core.ssh_transport import SSHTransport, fetch_host_key
+    from .core import trust as T  # asyncssh is only imported when an SSH host is used
 
-    config = cfg.load(args.config)
-    host = config.host(args.host)
-    if host.transport == "local":
-        raise CliError(f"{args.host} is this machine (transport = local): there is no host key", EXIT_USAGE)
-    target, key = await fetch_host_key(SSHTransport(host, ssh_config=config.ssh_config))
-    print(f"{args.host} ({target.pattern}) presents {kh.describe(key)}")
-    for path in target.known_hosts:
-        known = kh.trusted_keys([path], target.key_name, "", target.port)
-        if key in known:
-            print(f"already trusted in {path}")
-            return EXIT_OK
-        if known:
-            raise HostError(
-                f"{path} trusts a different key for {target.pattern} "
-                f"({', '.join(kh.describe(k) for k in known)}): the host key CHANGED. If that is expected "
-                f"(host reinstalled), remove the old one first: ssh-keygen -R '{target.pattern}' -f {path}",
-                "host_key",
-            )
-    path = target.known_hosts[0]
+    try:
+        check = await T.check_host_key(cfg.load(args.config), args.host)
+    except T.NoHostKey as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    print(f"{args.host} ({check.target.pattern}) presents {check.description}")
+    if check.trusted_in is not None:
+        print(f"already trusted in {check.trusted_in}")
+        return EXIT_OK
     if not args.yes:
         if not sys.stdin.isatty():
             raise CliError("not trusted: confirm on a terminal, or pass --yes", EXIT_USAGE)
         print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
-        if input(f"Trust this key and add it to {path}? [y/N] ").strip().lower() not in ("y", "yes"):
+        if input(f"Trust this key and add it to {check.path}? [y/N] ").strip().lower() not in ("y", "yes"):
             raise CliError("not trusted", EXIT_FAIL)
-    kh.append(path, target.key_name, target.port, key, hashed=args.hash)
-    print(f"added {target.pattern} to {path}")
+    print(f"added {check.target.pattern} to {T.trust(check, hashed=args.hash)}")
     return EXIT_OK
 
 
