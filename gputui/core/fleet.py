@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -56,7 +57,7 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                on_connect=lambda s, h=host: autostop.arm(s, h),  # every host: settings removed must disarm
+                on_connect=functools.partial(autostop.arm, host=host),  # every host: settings removed must disarm
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeAlias, TypeVar
 
 from .link import AgentError, LinkClosed
 from .session import HostSession
 from .transport import HostError, HostUnavailable
 
 T = TypeVar("T")
-Outcome = T | BaseException  # what one host gave: the action's value or the error that stopped it
+Outcome: TypeAlias = T | BaseException  # what one host gave: the action's value or the error that stopped it
 
 #: What a host can fail with; the error is that host's answer (anything else is a bug and propagates).
 HOST_ERRORS = (HostError, HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
