@@ -12,29 +12,26 @@ import re
 import select
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from remote_agent import protocol as P
-
+from .core import autostop, jsonout, safetext
 from .core import config as cfg
 from .core import doctor as D
-from .core import jsonout, safetext
 from .core import model as M
-from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
+from .core.gather import gather_hosts
+from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
-from .core.records import job_insights, run_record
-from .core.release import ReleaseError, check_configured, release_host
-from .core.session import HostSession
+from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
+from .core.session import MAX_KILL_GRACE_S, HostSession
+from .core.spend import fleet_spend
 from .core.transport import HostError, HostUnavailable
 from .tables import print_cost, print_history, print_jobs, print_status
 
 # Exit statuses (documented in README.md).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
 EXIT_PIPE = 141  # the reader closed stdout: what a shell reports for a coreutils tool killed by SIGPIPE
-CONNECT_CONCURRENCY = 8  # sshd's MaxStartups punishes bursts of new connections
 
 
 class CliError(Exception):
@@ -68,13 +65,10 @@ def _bounded(
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
-    env = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise CliError(f"--env {item!r}: expected KEY=VALUE", EXIT_USAGE)
-        env[key] = value
-    return env
+    try:
+        return parse_env(items, label="--env")
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 _GPU_ITEM = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")  # an index or a (MIG) UUID, as CUDA takes them
@@ -148,33 +142,18 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
     async def body(s: HostSession) -> int:
         _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
-        inventory = tuple(M.GpuSample.from_wire(g) for g in s.snapshot.facts.get("gpus") or ())
-        price = price_per_hour(host_cfg, inventory, config.prices)
         code, job_cwd = None, cwd
         if args.sync is not None:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
             code, job_cwd = synced.code(), synced.target
-        job = await s.start_job(
-            argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env), gpus=args.gpus, price_per_hour=price,
-            code=code,
-        )  # fmt: skip
+        spec = JobSpec(
+            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env), gpus=args.gpus, code=code
+        )
+        job = await start_job(s, config, spec)
         print(job.id)
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
-
-
-async def _collect_jobs(fleet: Fleet, names: list[str], ended_only: bool = False) -> tuple[list[M.Job], int]:
-    """Every job of the named hosts, with insights from its log tail; (jobs, exit status)."""
-
-    async def collect(s: HostSession) -> list[M.Job]:
-        jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
-        return [replace(j, insights=await job_insights(s, j)) for j in jobs]
-
-    results = await _gather_hosts(fleet, names, collect)
-    await fleet.close()
-    jobs = [job for res in results.values() if not isinstance(res, Exception) for job in res]
-    return jobs, _hosts_status(results)
 
 
 def _host_names(config: cfg.Config, host: str | None) -> list[str]:
@@ -187,7 +166,12 @@ def _host_names(config: cfg.Config, host: str | None) -> list[str]:
 async def cmd_jobs(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _collect_jobs(Fleet(config), names)
+    fleet = Fleet(config)
+    try:
+        jobs, errors = await collect_jobs(fleet, names)
+    finally:
+        await fleet.close()
+    status = _hosts_status(errors)
     if args.json:
         print(jsonout.dumps([j.to_json() for j in jobs]))
     else:
@@ -198,9 +182,12 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
 async def cmd_history(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
-    jobs, status = await _collect_jobs(Fleet(config), names, ended_only=True)
-    records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
-    records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+    fleet = Fleet(config)
+    try:
+        records, errors = await collect_history(fleet, config, names)
+    finally:
+        await fleet.close()
+    status = _hosts_status(errors)
     if args.json:
         print(jsonout.dumps(records))
         return status
@@ -269,7 +256,7 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
         await s.sample()
         await s.list_jobs()
 
-    results = await _gather_hosts(fleet, list(fleet.sessions), probe)
+    results = await gather_hosts(fleet, list(fleet.sessions), probe)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
     await fleet.close()
     return snaps, _hosts_status(results)
@@ -295,33 +282,24 @@ async def cmd_cost(args: argparse.Namespace) -> int:
     fleet = Fleet(config)
     snaps, status = await _probe_fleet(fleet)
     now = time.time()
-    hosts = []
+    hosts, accrued = [], {}
     for name, snap in snaps.items():
         c = snap.cost or M.CostInfo()
         live = snap.state == M.CONNECTED
-        hosts.append(
-            {
-                "name": name,
-                "state": snap.state,
-                **c.to_json(),
-                "accrued": fleet.ledger.spent(name, now, live, since=since),
-                "by_day": fleet.ledger.by_day(name, now, live, since=since),
-            }
-        )
-    currencies = {h["currency"] for h in hosts}
-    currency = currencies.pop() if len(currencies) == 1 else config.currency
-    total = sum(h["accrued"] for h in hosts)
-    today = sum(h["today"] for h in hosts)
-    month = sum(h["month"] for h in hosts)
-    alerts = budget_alerts(config.budget, today, month, currency)
-    burn = sum(h["price_per_hour"] or 0.0 for h in hosts if h["state"] == M.CONNECTED and not h["released"])
+        accrued[name] = fleet.ledger.spent(name, now, live, since=since)
+        hosts.append({"name": name, "state": snap.state, **c.to_json(), "accrued": accrued[name],
+                      "by_day": fleet.ledger.by_day(name, now, live, since=since)})  # fmt: skip
+    spend = fleet_spend(list(snaps.values()), config, accrued)
     if args.json:
-        out = {"currency": currency, "hosts": hosts, "total": total, "today": today, "month": month,
-               "burn_per_hour": burn, "budget": [a.to_json() for a in alerts]}  # fmt: skip
+        one = spend.single  # mixed currencies are never added up: the totals are per currency then
+        out = {"currency": one and one.currency, "hosts": hosts, "total": one and one.accrued,
+               "today": one and one.today, "month": one and one.month, "burn_per_hour": one and one.burn_per_hour,
+               "by_currency": [s.to_json() for s in spend.by_currency],
+               "budget": [a.to_json() for a in spend.alerts]}  # fmt: skip
         print(jsonout.dumps(out))
         return status
-    print_cost(hosts, currency, burn, today, month, total)
-    for alert in alerts:
+    print_cost(hosts, spend)
+    for alert in spend.alerts:
         print(f"budget: {alert.message}", file=sys.stderr)
     return status
 
@@ -347,7 +325,7 @@ async def cmd_release(args: argparse.Namespace) -> int:
     session = fleet.session(args.host)
     try:
         await session.start()
-        result = await release_host(session, host, fleet.ledger, force=args.force)
+        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force))
     except ReleaseError as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
     finally:
@@ -364,17 +342,11 @@ async def cmd_autostop(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         try:
             if args.cancel:
-                await s.request(P.OP_WATCHDOG_CANCEL)
+                await autostop.cancel(s)
             else:
-                await s.request(P.OP_WATCHDOG_SNOOZE, minutes=args.snooze)
-        except AgentError as exc:
-            if exc.code != P.E_NOT_FOUND:
-                raise
-            raise CliError(
-                f"{args.host} has no autostop to {'cancel' if args.cancel else 'snooze'}: set autostop_minutes "
-                "(with release_remote) or a deadline for it in the config",
-                EXIT_USAGE,
-            ) from None
+                await autostop.snooze(s, args.snooze)
+        except autostop.NoAutostop as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
         if args.cancel:
             print(f"{args.host}: autostop cancelled until the host reboots or its settings change")
         else:
@@ -390,7 +362,9 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
     fleet = Fleet(config)
-    results = await _gather_hosts(fleet, names, lambda s: D.run_doctor(s, args.python, args.timeout))
+    results = await gather_hosts(
+        fleet, names, lambda s: D.run_doctor(s, args.python, args.timeout), limit=D.HOSTS_AT_ONCE
+    )
     await fleet.close()
     reports = [
         D.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
@@ -401,25 +375,6 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(D.format_report(r) for r in reports))
     return _hosts_status(results) or (EXIT_FAIL if any(r.failed for r in reports) else EXIT_OK)
-
-
-async def _gather_hosts(
-    fleet: Fleet, names: list[str], action: Callable[[HostSession], Awaitable[Any]]
-) -> dict[str, Any]:
-    """Connect to each host (bounded concurrency), run ``action``; exceptions are returned, not raised."""
-    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
-
-    async def one(name: str) -> Any:
-        session = fleet.sessions[name]
-        async with gate:
-            try:
-                await session.start()
-                return await action(session)
-            except (HostError, HostUnavailable, LinkClosed, AgentError, OSError) as exc:
-                return exc
-
-    values = await asyncio.gather(*(one(n) for n in names))
-    return dict(zip(names, values, strict=False))
 
 
 def exit_status(exc: BaseException) -> int:
@@ -435,7 +390,7 @@ def exit_status(exc: BaseException) -> int:
     return EXIT_UNREACHABLE  # HostUnavailable, LinkClosed, OSError: no answer
 
 
-def _hosts_status(results: dict[str, Any]) -> int:
+def _hosts_status(results: Mapping[str, object]) -> int:
     """Report each host that gave an error on stderr; 0 when none did, else the highest of their statuses.
 
     The hosts that answered are still shown: a multi-host command is a report, its status says what is missing.
@@ -450,36 +405,23 @@ def _hosts_status(results: dict[str, Any]) -> int:
 
 async def cmd_trust(args: argparse.Namespace) -> int:
     """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
-    from .core import known_hosts as kh
-    from .core.ssh_transport import SSHTransport, fetch_host_key
+    from .core import trust as T  # asyncssh is only imported when an SSH host is used
 
-    config = cfg.load(args.config)
-    host = config.host(args.host)
-    if host.transport == "local":
-        raise CliError(f"{args.host} is this machine (transport = local): there is no host key", EXIT_USAGE)
-    target, key = await fetch_host_key(SSHTransport(host, ssh_config=config.ssh_config))
-    print(f"{args.host} ({target.pattern}) presents {kh.describe(key)}")
-    for path in target.known_hosts:
-        known = kh.trusted_keys([path], target.key_name, "", target.port)
-        if key in known:
-            print(f"already trusted in {path}")
-            return EXIT_OK
-        if known:
-            raise HostError(
-                f"{path} trusts a different key for {target.pattern} "
-                f"({', '.join(kh.describe(k) for k in known)}): the host key CHANGED. If that is expected "
-                f"(host reinstalled), remove the old one first: ssh-keygen -R '{target.pattern}' -f {path}",
-                "host_key",
-            )
-    path = target.known_hosts[0]
+    try:
+        check = await T.check_host_key(cfg.load(args.config), args.host)
+    except T.NoHostKey as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    print(f"{args.host} ({check.target.pattern}) presents {check.description}")
+    if check.trusted_in is not None:
+        print(f"already trusted in {check.trusted_in}")
+        return EXIT_OK
     if not args.yes:
         if not sys.stdin.isatty():
             raise CliError("not trusted: confirm on a terminal, or pass --yes", EXIT_USAGE)
         print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
-        if input(f"Trust this key and add it to {path}? [y/N] ").strip().lower() not in ("y", "yes"):
+        if input(f"Trust this key and add it to {check.path}? [y/N] ").strip().lower() not in ("y", "yes"):
             raise CliError("not trusted", EXIT_FAIL)
-    kh.append(path, target.key_name, target.port, key, hashed=args.hash)
-    print(f"added {target.pattern} to {path}")
+    print(f"added {check.target.pattern} to {T.trust(check, hashed=args.hash)}")
     return EXIT_OK
 
 
@@ -637,8 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
     k.add_argument("host")
     k.add_argument("job")
-    k.add_argument("--grace", type=_bounded(0, P.MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
-                   help=f"seconds between signals, 0 to {P.MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
+    k.add_argument("--grace", type=_bounded(0, MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
+                   help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     k.set_defaults(func=cmd_kill)
 
@@ -666,8 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
     au.add_argument("host")
     g = au.add_mutually_exclusive_group(required=True)
-    g.add_argument("--snooze", type=_bounded(0, P.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
-                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {P.MAX_SNOOZE_MIN})")  # fmt: skip
+    g.add_argument("--snooze", type=_bounded(0, autostop.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
+                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {autostop.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
 

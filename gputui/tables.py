@@ -13,9 +13,11 @@ import time
 from typing import Any
 
 from .core import model as M
+from .core.durations import duration
 from .core.headline import headline, ranked
 from .core.insights import JobInsights
 from .core.safetext import clean
+from .core.spend import FleetSpend, Spend
 
 
 def print(*parts: object) -> None:  # every table line, whatever function of this module prints it
@@ -26,13 +28,8 @@ def fmt(value: Any, unit: str = "", digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}{unit}"
 
 
-def dur(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 def ago(t: float | None) -> str:
-    return "-" if t is None else dur(time.time() - t)
+    return "-" if t is None else duration(time.time() - t)
 
 
 def _fit(items: list[str], room: int) -> str:
@@ -99,7 +96,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
         eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
         rows.append([
             j.host, j.id, j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
-            "-" if eta is None else dur(eta), _headline(ins.metrics if ins else None), [j.name],
+            "-" if eta is None else duration(eta), _headline(ins.metrics if ins else None), [j.name],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
     _table(header, rows, "lrlrrlrl", caps={0: 16, 7: 24})
@@ -107,7 +104,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
 
 def _idle_text(c: M.CostInfo) -> str:
     if c.idle:
-        return f"idle {dur(c.idle_seconds)}"
+        return f"idle {duration(c.idle_seconds)}"
     return "busy: " + "; ".join(c.reasons[:3]) if c.reasons else "not idle yet"
 
 
@@ -137,21 +134,23 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
             print(f"  cost  {price}, accrued {c.accrued:.2f}; {_idle_text(c)}")
 
 
-def print_cost(
-    hosts: list[dict[str, Any]], currency: str, burn: float, today: float, month: float, total: float
-) -> None:
+def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:
+    """One row per host, then a total row per currency (money in different currencies is never added)."""
     print(f"{'HOST':<14} {'$/H':>8} {'TODAY':>10} {'MONTH':>10} {'TOTAL':>10}  IDLE")
     for h in hosts:
         price = "-" if h["price_per_hour"] is None else f"{h['price_per_hour']:.2f}"
         idle = (
             "released"
             if h["released"]
-            else (dur(h["idle_seconds"]) if h["idle"] else "busy" if h["reasons"] else "-")
+            else (duration(h["idle_seconds"]) if h["idle"] else "busy" if h["reasons"] else "-")
         )
         print(
             f"{h['name']:<14} {price:>8} {h['today']:>10.2f} {h['month']:>10.2f} {h['accrued']:>10.2f}  {idle}"
         )
-    print(f"{'total ' + currency:<14} {burn:>8.2f} {today:>10.2f} {month:>10.2f} {total:>10.2f}")
+    for t in spend.by_currency or (Spend(spend.budget_currency),):
+        print(
+            f"{'total ' + t.currency:<14} {t.burn_per_hour:>8.2f} {t.today:>10.2f} {t.month:>10.2f} {t.accrued:>10.2f}"
+        )
 
 
 def print_history(records: list[dict[str, Any]]) -> None:
@@ -161,7 +160,7 @@ def print_history(records: list[dict[str, Any]]) -> None:
         metrics = [f"{k}={r['metrics'][k]['last']:.4g}" for k in ranked(r["metrics"])]
         rows.append([
             r["host"], r["id"], r["state"], fmt(r["exit_code"]),
-            "-" if r["duration_s"] is None else dur(r["duration_s"]),
+            "-" if r["duration_s"] is None else duration(r["duration_s"]),
             "-" if r["cost"] is None else f"{r['cost']:.2f}", r["name"], metrics or ["-"],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "NAME", "METRICS"]

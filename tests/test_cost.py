@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gputui.core import autostop, cost, spend
 from gputui.core import config as cfg
-from gputui.core import cost
 from gputui.core import model as M
 from remote_agent.activity import ActivityLog, busy_reasons, idle_status
 
@@ -126,19 +126,19 @@ def test_price_from_gpu_models() -> None:
 
 def test_budget_thresholds() -> None:
     budget = cfg.Budget(daily=100.0, monthly=1000.0, warn_fraction=0.8)
-    assert cost.budget_alerts(budget, 79.0, 500.0, "USD") == []
-    [warn] = cost.budget_alerts(budget, 80.0, 500.0, "USD")
+    assert spend.budget_alerts(budget, 79.0, 500.0, "USD") == []
+    [warn] = spend.budget_alerts(budget, 80.0, 500.0, "USD")
     assert (warn.period, warn.level) == ("daily", "warn") and "80%" in warn.message
-    alerts = cost.budget_alerts(budget, 120.0, 1000.0, "USD")
+    alerts = spend.budget_alerts(budget, 120.0, 1000.0, "USD")
     assert [(a.period, a.level) for a in alerts] == [("daily", "exceeded"), ("monthly", "exceeded")]
 
 
 def test_deadline_from_release_after_hours() -> None:
     h = host(release_after_hours=10.0)
-    assert cost.deadline(h, boot_time=1000.0) == 1000.0 + 10 * H
+    assert autostop.deadline(h, boot_time=1000.0) == 1000.0 + 10 * H
     at = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
-    assert cost.deadline(host(release_at=at, release_after_hours=10.0), 1000.0) == 1000.0 + 10 * H
-    assert cost.deadline(host(release_at=at), None) == at.timestamp()
+    assert autostop.deadline(host(release_at=at, release_after_hours=10.0), 1000.0) == 1000.0 + 10 * H
+    assert autostop.deadline(host(release_at=at), None) == at.timestamp()
 
 
 GPU_BUSY = {"index": 2, "util_percent": 43.0, "processes": [{"pid": 4411, "job": "7", "name": "python"}]}
@@ -249,8 +249,28 @@ def test_release_idle_on_budget_exceeded_picks_only_idle_releasable_hosts() -> N
         return M.HostSnapshot(name=name, jobs=jobs, cost=M.CostInfo(today=4.0, idle=idle, released=released))
 
     snaps = [snap("idle", True), snap("busy", False, jobs=(job,)), snap("norelease", True), snap("gone", True, True)]
-    alerts = cost.fleet_alerts(snaps, config)
+    alerts = spend.fleet_spend(snaps, config).alerts
     assert [(a.period, a.level, a.spent) for a in alerts] == [("daily", "exceeded", 16.0)]
-    assert cost.idle_release_candidates(snaps, config, alerts) == ["idle"]
+    assert spend.idle_release_candidates(snaps, config, alerts) == ["idle"]
     warn_only = cfg.Config(path=None, hosts=hosts, budget=cfg.Budget(daily=10.0))
-    assert cost.idle_release_candidates(snaps, warn_only, alerts) == []
+    assert spend.idle_release_candidates(snaps, warn_only, alerts) == []
+
+
+def test_fleet_spend_keeps_currencies_apart_and_budgets_count_their_own() -> None:
+    def snap(name: str, currency: str, per_hour: float, today: float, state: str = M.CONNECTED) -> M.HostSnapshot:
+        c = M.CostInfo(currency=currency, price_per_hour=per_hour, accrued=10 * today, today=today, month=5 * today)
+        return M.HostSnapshot(name=name, state=state, cost=c)
+
+    snaps = [snap("a", "USD", 2.0, 6.0), snap("b", "EUR", 3.0, 50.0), snap("c", "USD", 1.0, 3.0, M.ERROR)]
+    config = cfg.Config(path=None, hosts={}, budget=cfg.Budget(daily=10.0))
+    fleet = spend.fleet_spend(snaps, config)
+    assert fleet.single is None  # mixed: no total over both
+    assert [s.to_json() for s in fleet.by_currency] == [
+        {"currency": "USD", "accrued": 90.0, "today": 9.0, "month": 45.0, "burn_per_hour": 2.0, "burning": 1},
+        {"currency": "EUR", "accrued": 500.0, "today": 50.0, "month": 250.0, "burn_per_hour": 3.0, "burning": 1},
+    ]
+    [alert] = fleet.alerts  # the 50 EUR never count against a USD budget
+    assert (alert.level, alert.spent, alert.currency) == ("warn", 9.0, "USD")
+    eur = cfg.Config(path=None, hosts={}, currency="EUR", budget=cfg.Budget(daily=10.0))
+    assert [(a.level, a.spent, a.currency) for a in spend.fleet_spend(snaps, eur).alerts] == [("exceeded", 50.0, "EUR")]
+    assert spend.fleet_spend([], config).single == spend.Spend("USD")

@@ -154,3 +154,40 @@ def test_bundle_runs_standalone(tmp_path: Path) -> None:
         hello["event"] == "hello" and hello["data"]["build"] == path.name[len("gputui-agent-") : -len(".pyz")]
     )
     assert any(f.get("id") == 1 and f.get("ok") for f in frames)
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, with ``from X import Y`` also as ``X.Y`` (Y may be a module)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return names
+
+
+#: The agent ops HostSession alone sends: jobs, logs, exec, doctor, the autostop watchdog.
+SESSION_OPS = {
+    "OP_JOBS_START", "OP_JOBS_KILL", "OP_JOBS_LIST", "OP_LOGS_READ", "OP_LOGS_FOLLOW", "OP_LOGS_UNFOLLOW",
+    "OP_LOGS_TIMES", "OP_EXEC", "OP_DOCTOR", "OP_WATCHDOG_CONFIGURE", "OP_WATCHDOG_SNOOZE", "OP_WATCHDOG_CANCEL",
+}  # fmt: skip
+
+
+def test_only_the_core_speaks_the_agent_protocol() -> None:
+    """The frontends go through gputui.core; of the core, only HostSession sends the ops above."""
+    gputui = ROOT / "gputui"
+    frontends = [*(gputui / "ui").rglob("*.py"), gputui / "cli.py", gputui / "tables.py"]
+    bad = [
+        f"{p.relative_to(ROOT)}: {name}"
+        for p in frontends
+        for name in _imports(p)
+        if name == "remote_agent.protocol"
+    ]
+    assert bad == []
+    senders = sorted(
+        str(p.relative_to(ROOT))
+        for p in gputui.rglob("*.py")
+        if any(isinstance(n, ast.Attribute) and n.attr in SESSION_OPS for n in ast.walk(ast.parse(p.read_text())))
+    )
+    assert senders == ["gputui/core/session.py"]

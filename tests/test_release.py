@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Home, wait_for
+from conftest import Home, stop_host, wait_for
 
 
 def local_config(home: Home, extra: str = "") -> None:
@@ -385,3 +385,42 @@ def test_a_job_started_while_pre_stop_runs_wins(tmp_path: Path) -> None:
     state = dog.check(config, {"boot_id": "b"}, lambda: next(samples))
     assert state["action"] is None and not stopped.exists() and state["reasons"] == ["job 7 running"]
     assert "not due any more (job 7 running) while pre_stop ran" in (tmp_path / "watchdog.log").read_text()
+
+
+async def test_an_automatic_release_checks_again_that_the_host_is_idle(home: Home, tmp_path: Path) -> None:
+    from gputui.core import config as cfg
+    from gputui.core.fleet import Fleet
+    from gputui.core.release import ReleaseError, ReleaseRequest, release_host
+
+    marker = tmp_path / "released"
+    local_config(home, f'release = ["touch", "{marker}"]\nidle_minutes = 1000\n')
+    config = cfg.load(str(home.root / ".config" / "gputui" / "config.toml"))
+    fleet = Fleet(config)
+    try:
+        session = fleet.session("local")
+        await session.start()
+        with pytest.raises(ReleaseError, match="not released automatically: it is not idle"):
+            await release_host(session, config.hosts["local"], fleet.ledger, ReleaseRequest("local", idle_only=True))
+    finally:
+        await fleet.close()
+    assert not marker.exists() and not fleet.ledger.released("local")
+
+
+def test_cost_shows_mixed_currencies_per_currency_never_summed(home: Home, tmp_path: Path) -> None:
+    home.write_config(
+        "".join(
+            f'[hosts.{name}]\ntransport = "local"\nremote_dir = "{home.root / name}"\nprice_per_hour = {p}\n'
+            f'count_ssh_sessions = false\ncurrency = "{cur}"\n\n'
+            for name, cur, p in (("usd", "USD", 3.6), ("eur", "EUR", 7.2))
+        )
+        + "[budget]\ndaily = 1000.0\n"
+    )
+    try:
+        out = json.loads(home.cli("cost", "--json", check=True).stdout)
+        table = home.cli("cost", check=True).stdout
+    finally:
+        for name in ("usd", "eur"):
+            stop_host(home.root / name)
+    assert out["currency"] is None and out["total"] is None and out["burn_per_hour"] is None
+    assert [(t["currency"], t["burn_per_hour"]) for t in out["by_currency"]] == [("USD", 3.6), ("EUR", 7.2)]
+    assert "total USD" in table and "total EUR" in table

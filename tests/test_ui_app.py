@@ -3,6 +3,7 @@ is involved; against recorded snapshots published through the app's snapshot pat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -33,6 +34,8 @@ from ui_fixtures import (
 
 from gputui.core import config as cfg
 from gputui.core import model as M
+from gputui.core.fleet import Fleet
+from gputui.core.release import ReleaseRequest
 from gputui.ui.app import APP_KEYS, GpuTuiApp
 from gputui.ui.logbuffer import MARK
 from gputui.ui.screens.confirm import ConfirmScreen
@@ -146,6 +149,22 @@ async def test_new_job_dialog_starts_a_job_and_its_log_follows(local: cfg.Config
         )
         await until(pilot, lambda: "succeeded" in screen_text(app), what="state in jobs table")
         assert app.query_one(JobsTable).cursor_key == job.id
+
+
+async def test_a_job_started_from_the_app_has_its_price_and_cost_in_history(
+    local: cfg.Config, home: Home, tmp_path: Path
+) -> None:
+    path = home.write_config(
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\nprice_per_hour = 3.6\n'
+    )
+    app = local_app(cfg.load(str(path)), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        job = await start_from_dialog(pilot, py("print('priced')"), name="priced")
+        await until(pilot, lambda: any(j.id == job.id and not j.running for j in app.hosts["local"].jobs))
+    [run] = json.loads(home.cli("history", "--json", check=True).stdout)
+    assert run["id"] == job.id and run["currency"] == "USD"
+    assert run["cost"] == pytest.approx(3.6 * run["duration_s"] / 3600.0) and run["cost"] > 0
 
 
 async def test_dialog_rejects_an_empty_or_unbalanced_command(local: cfg.Config, tmp_path: Path) -> None:
@@ -396,15 +415,16 @@ async def test_log_pane_marks_gaps_and_reconnects_and_shows_latest_redraw(tmp_pa
 async def test_release_asks_first_then_calls_the_hook(tmp_path: Path) -> None:
     released: list[str] = []
 
-    async def release(host: str) -> None:
-        released.append(host)
+    async def release(request: ReleaseRequest) -> None:
+        assert request.confirmed_jobs == frozenset({"7"}) and not request.force and not request.idle_only
+        released.append(request.host)
 
     app = static_app(tmp_path, release_host=release)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
         await pilot.press("r")
         await until(pilot, lambda: "Release h100-a?" in screen_text(app), what="confirm")
-        assert "1 running job and everything on its disk will be lost" in app.screen.body
+        assert "1 running job and everything on its disk will be lost: 7 (train)." in app.screen.body
         await pilot.press("escape")
         await pilot.pause(0.1)
         assert released == []
@@ -412,6 +432,72 @@ async def test_release_asks_first_then_calls_the_hook(tmp_path: Path) -> None:
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.click("#confirm")
         await until(pilot, lambda: released == ["h100-a"], what="hook called")
+
+
+def releasable(home: Home, marker: Path, extra: str = "") -> cfg.Config:
+    """The local host with a harmless release command (it touches ``marker``) and a price."""
+    path = home.write_config(
+        f'[budget]\ndaily = 1.0\non_exceed = "release-idle"\n\n[hosts.local]\ntransport = "local"\n'
+        f'remote_dir = "{home.state_dir}"\nprice_per_hour = 3.6\ncount_ssh_sessions = false\n'
+        f'release = ["touch", "{marker}"]\n{extra}'
+    )
+    return cfg.load(str(path))
+
+
+async def start_sleeper(home: Home) -> str:
+    res = await asyncio.to_thread(
+        home.cli, "run", "local", "--", sys.executable, "-c", "import time; time.sleep(120)", check=True
+    )
+    return res.stdout.strip()
+
+
+async def test_release_refuses_jobs_that_the_confirmation_did_not_name(
+    local: cfg.Config, home: Home, tmp_path: Path
+) -> None:
+    marker = tmp_path / "released"
+    app = local_app(releasable(home, marker), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        assert "running job" not in app.screen.body  # nothing runs: the dialog names no job
+        job_id = await start_sleeper(home)  # a job starts while the dialog is open
+        await pilot.press("y")
+        note = await until(
+            pilot, lambda: [n for n in app._notifications if n.title == "not released"], what="refusal"
+        )
+        assert f"jobs started after you confirmed: {job_id}" in note[0].message
+        assert not marker.exists()
+
+
+async def test_budget_release_never_stops_a_job_started_after_the_idle_check(
+    local: cfg.Config, home: Home, tmp_path: Path
+) -> None:
+    marker = tmp_path / "released"
+    config = releasable(home, marker, "idle_minutes = 0\n")
+    await start_sleeper(home)
+    fleet = Fleet(config)
+    await fleet.session("local").start()
+    # what the app saw a moment before the job started: idle, nothing running, the daily budget exceeded
+    seen = snapshot("local", cost=replace(price(3.6), today=2.0, idle=True, idle_seconds=600.0))
+    static = static_factory([seen], fleet.session("local"))
+
+    def source(on_change: Callable[[M.HostSnapshot], None]) -> Any:
+        src = static(on_change)
+        src.ledger = fleet.ledger  # type: ignore[attr-defined]
+        return src
+
+    app = GpuTuiApp(config, source_factory=source, clock=lambda: T0, state_path=tmp_path / "ui.json")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            note = await until(
+                pilot, lambda: [n for n in app._notifications if n.title == "not released"], what="refusal"
+            )
+            assert "was not released automatically" in note[0].message and "running" in note[0].message
+            assert any("budget exceeded: releasing idle host local" in n.message for n in app._notifications)
+    finally:
+        await fleet.close()
+    assert not marker.exists()
 
 
 async def test_release_without_a_release_command_says_so_before_asking(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ from typing import Any
 from test_ui_app import SIZE, static_app, until
 from ui_fixtures import ReplaySession, job, recorded_gpus, screen_text, snapshot
 
+from gputui.core import config as cfg
 from gputui.core import model as M
+from gputui.core.spend import fleet_spend
 from gputui.ui import fmt
 from gputui.ui.palette import Palette
 from gputui.ui.screens.reports import ReportScreen
@@ -106,10 +108,21 @@ async def test_kill_with_no_running_job_says_why(tmp_path: Path) -> None:
 def test_a_host_still_connecting_is_not_counted_as_down() -> None:
     snaps = [M.HostSnapshot(name="new"), replace(snapshot("up"), state=M.CONNECTED)]
     assert M.HostSnapshot(name="new").state == M.CONNECTING
-    text = fleet_summary(snaps, Palette()).plain
+    config = cfg.Config(path=None, hosts={})
+    text = fleet_summary(snaps, fleet_spend(snaps, config), Palette()).plain
     assert "1 up" in text and "0 down" in text and "1 connecting" in text
     err = snapshot("bad", state=M.ERROR, error="refused")
-    assert "1 down" in fleet_summary([*snaps, err], Palette()).plain
+    assert "1 down" in fleet_summary([*snaps, err], fleet_spend(snaps, config), Palette()).plain
+
+
+def test_fleet_summary_shows_each_currency_and_never_adds_them() -> None:
+    def priced(name: str, currency: str, per_hour: float) -> M.HostSnapshot:
+        cost = M.CostInfo(currency=currency, price_per_hour=per_hour, accrued=10 * per_hour)
+        return replace(snapshot(name), cost=cost)
+
+    snaps = [priced("a", "USD", 2.0), priced("b", "EUR", 3.0), priced("c", "USD", 1.5)]
+    text = fleet_summary(snaps, fleet_spend(snaps, cfg.Config(path=None, hosts={})), Palette()).plain
+    assert "burn $3.50/h · 3.00 EUR/h   accrued $35.00 · 30.00 EUR" in text
 
 
 async def test_commands_show_shell_quoted(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from gputui.core import config as cfg
 from gputui.core import model as M
 from gputui.core.insights import Hint, JobInsights
 from gputui.core.safetext import TerminalGuard, clean, guard_terminal
+from gputui.core.spend import FleetSpend, Spend
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
@@ -122,7 +123,7 @@ class HostileSession(ReplaySession):
 
     def __init__(self, s: str, jobs: list[M.Job]) -> None:
         super().__init__({}, end=False)
-        self.s, self.jobs = s, jobs
+        self.s, self.jobs, self.name = s, jobs, s
 
     async def follow_log(self, job, offset, on_data, on_end, on_gap):  # type: ignore[override]
         on_data(hostile_log(self.s))
@@ -136,11 +137,15 @@ class HostileSession(ReplaySession):
         data = hostile_log(self.s)
         return offset, data[offset:], len(data)
 
-    async def request(self, op: str, **_kw: Any) -> dict[str, Any]:
-        if op != "doctor":
-            raise RuntimeError(self.s)
+    async def doctor(self, *_a: Any, **_kw: Any) -> dict[str, Any]:
         check = {"id": self.s, "title": self.s, "status": "fail", "detail": self.s, "fix": self.s}
         return {"checks": [check, {**check, "status": self.s}]}
+
+    async def snooze_autostop(self, *_a: Any, **_kw: Any) -> None:
+        raise RuntimeError(self.s)
+
+    async def cancel_autostop(self) -> None:
+        raise RuntimeError(self.s)
 
     async def start_job(self, *_a: Any, **_kw: Any) -> M.Job:
         raise RuntimeError(self.s)
@@ -167,8 +172,8 @@ def hostile_fleet(s: str) -> tuple[list[M.HostSnapshot], list[M.Job]]:
     return [main, down, flaky], ended
 
 
-async def released(host: str) -> None:
-    raise RuntimeError(host)
+async def released(request: Any) -> None:
+    raise RuntimeError(request.host)
 
 
 async def wait_screen(pilot: Pilot, kind: type, what: str) -> Any:
@@ -214,6 +219,7 @@ async def test_hostile_text_in_every_field_of_every_screen(tmp_path: Path, s: st
         await pilot.press("d")  # doctor: titles, details, fixes and an unknown status from the host
         await wait_screen(pilot, ReportScreen, "doctor")
         await until(pilot, lambda: "loading" not in rendered(app)[0], what="doctor loaded")
+        assert "could not load" not in rendered(app)[0]  # the host's checks, not an error
         assert_safe(app, want[:8])
         await pilot.press("escape")
 
@@ -336,7 +342,7 @@ def print_tables(s: str) -> None:
     tables.print_jobs([*ended, *snaps[0].jobs])
     tables.print_status(snaps)
     tables.print_history([record])
-    tables.print_cost([host], "USD", 1.0, 1.0, 1.0, 1.0)
+    tables.print_cost([host], FleetSpend((Spend("USD", 1.0, 1.0, 1.0, 1.0, 1),), (), "USD"))
     print(f"gputui: {s}: {s}", file=sys.stderr)  # an error line
 
 

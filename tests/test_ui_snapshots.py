@@ -215,7 +215,7 @@ def test_release_confirm(snap_compare: Any, tmp_path: Path) -> None:
     release = ("vastai", "destroy", "instance", "12345", "--reason", "done for today")
     config = Config(path=None, hosts={"h100-a": HostConfig(name="h100-a", release=release)})
 
-    async def hook(host: str) -> None:
+    async def hook(request: object) -> None:
         pass
 
     app = make_app(tmp_path, config=config, release_host=hook)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
-import os
 import zipfile
 from pathlib import Path
 
 import remote_agent
+
+from .paths import write_atomic
 
 _MAIN = b"from remote_agent.__main__ import main\nmain()\n"
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps: the same sources always give the same bytes
@@ -47,8 +48,5 @@ def ensure_local_build(cache_dir: Path) -> Path:
     name, data = agent_build()
     path = cache_dir / name
     if not path.exists() or path.read_bytes() != data:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir / f".{name}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_atomic(path, data, mode=0o644)
     return path

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import paths
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -158,8 +160,7 @@ def _text_problem(value: Any) -> str | None:
 
 
 def default_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gputui" / "config.toml"
+    return paths.config_dir() / "config.toml"
 
 
 def resolve_path(explicit: str | None) -> tuple[Path | None, bool]:

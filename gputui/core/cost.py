@@ -1,4 +1,4 @@
-"""Money: prices, the local ledger of billed intervals, idle cost and budgets. Pure, except Ledger.save().
+"""Money: prices, the local ledger of billed intervals and idle cost. Pure, except Ledger.save().
 
 The ledger holds, per host, intervals ``[start, end)`` billed at a price. An open interval (``end`` None)
 starts at the host's boot time (or ``billing_start``) and is kept alive by observations; a reboot or a new
@@ -18,17 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remote_agent.fsutil import write_atomic
+from remote_agent import protocol as P
 
 from . import model as M
-from .config import Budget, Config, HostConfig
+from . import paths
+from .autostop import autostop_in_s, deadline
+from .config import Config, HostConfig
 
 SAVE_EVERY_S = 60.0
-
-
-def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gputui"
 
 
 def price_per_hour(host: HostConfig, gpus: tuple[M.GpuSample, ...], prices: dict[str, float]) -> float | None:
@@ -73,7 +70,7 @@ class Ledger:
     """Billed intervals per host, persisted atomically as JSON."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path or state_dir() / "ledger.json"
+        self.path = path or paths.state_dir() / "ledger.json"
         self.hosts: dict[str, dict[str, Any]] = {}
         self._saved_at = 0.0
         self._dirty = False
@@ -185,9 +182,7 @@ class Ledger:
         }
         if not self._writable:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(data, indent=1, allow_nan=False)
-        write_atomic(str(self.path), text.encode())  # synced to disk, then renamed into place
+        paths.write_atomic(self.path, json.dumps(data, indent=1, allow_nan=False).encode())
         self._saved_at, self._dirty = now, False
 
 
@@ -229,16 +224,11 @@ def month_start(now: float) -> float:
     )
 
 
-def deadline(host: HostConfig, boot_time: float | None) -> float | None:
-    """When the host must be released: ``release_at``, or ``release_after_hours`` after billing start."""
-    candidates = []
-    if host.release_at is not None:
-        candidates.append(host.release_at.timestamp())
-    if host.release_after_hours is not None:
-        start = host.billing_start.timestamp() if host.billing_start else boot_time
-        if start is not None:
-            candidates.append(start + host.release_after_hours * 3600.0)
-    return min(candidates) if candidates else None
+def idleness(activity: P.Activity, host: HostConfig) -> tuple[bool, float, tuple[str, ...]]:
+    """(idle, idle seconds, why not idle) from the agent's activity report under the host's idle rule."""
+    reasons = tuple(str(r) for r in activity.get("reasons") or ())
+    idle_seconds = float(activity.get("idle_seconds") or 0.0) if not reasons else 0.0
+    return not reasons and idle_seconds >= host.idle_minutes * 60.0, idle_seconds, reasons
 
 
 def cost_info(
@@ -253,11 +243,8 @@ def cost_info(
         start = host.billing_start.timestamp() if host.billing_start else boot_time
         ledger.observe(host.name, now, price, snap.facts.get("boot_id"), start)
     activity = snap.metrics.activity if snap.metrics is not None else {}
-    reasons = tuple(activity.get("reasons") or ())
-    idle_seconds = float(activity.get("idle_seconds") or 0.0) if not reasons else 0.0
-    idle = bool(snap.metrics) and not reasons and idle_seconds >= host.idle_minutes * 60.0
-    watchdog = activity.get("watchdog") or {}
-    autostop_at = watchdog.get("autostop_at")
+    idle, idle_seconds, reasons = idleness(activity, host)
+    idle = idle and bool(snap.metrics)
     limit = deadline(host, boot_time)
     return M.CostInfo(
         currency=host.currency or config.currency,
@@ -270,60 +257,6 @@ def cost_info(
         idle_cost=(price or 0.0) * idle_seconds / 3600.0,
         reasons=reasons,
         released=ledger.released(host.name),
-        autostop_in_s=None if autostop_at is None else max(0.0, autostop_at - now),
+        autostop_in_s=autostop_in_s(activity, now),
         deadline_in_s=None if limit is None else max(0.0, limit - now),
     )
-
-
-@dataclass(frozen=True)
-class BudgetAlert:
-    period: str  # "daily" or "monthly"
-    level: str  # "warn" or "exceeded"
-    spent: float
-    limit: float
-    currency: str
-
-    @property
-    def message(self) -> str:
-        pct = 100.0 * self.spent / self.limit if self.limit else 100.0
-        verb = "exceeded" if self.level == "exceeded" else "at"
-        return f"{self.period} budget {verb} {pct:.0f}%: {self.spent:.2f} of {self.limit:.2f} {self.currency}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "message": self.message}
-
-
-def budget_alerts(budget: Budget, today: float, month: float, currency: str) -> list[BudgetAlert]:
-    alerts = []
-    for period, limit, spent in (("daily", budget.daily, today), ("monthly", budget.monthly, month)):
-        if limit is None:
-            continue
-        if spent >= limit:
-            alerts.append(BudgetAlert(period, "exceeded", spent, limit, currency))
-        elif spent >= budget.warn_fraction * limit:
-            alerts.append(BudgetAlert(period, "warn", spent, limit, currency))
-    return alerts
-
-
-def fleet_alerts(snaps: list[M.HostSnapshot], config: Config) -> list[BudgetAlert]:
-    """Budget alerts over the whole fleet's spend today and this month."""
-    today = sum(s.cost.today for s in snaps if s.cost)
-    month = sum(s.cost.month for s in snaps if s.cost)
-    return budget_alerts(config.budget, today, month, config.currency)
-
-
-def idle_release_candidates(
-    snaps: list[M.HostSnapshot], config: Config, alerts: list[BudgetAlert]
-) -> list[str]:
-    """Hosts to release because a budget is exceeded and ``on_exceed = "release-idle"``: idle ones only,
-    with a release command, nothing running, not released yet."""
-    if config.budget.on_exceed != "release-idle" or not any(a.level == "exceeded" for a in alerts):
-        return []
-    out = []
-    for s in snaps:
-        host = config.hosts.get(s.name)
-        if host is None or s.cost is None or not s.cost.idle or s.cost.released:
-            continue
-        if (host.release or host.release_remote) and not any(j.running for j in s.jobs):
-            out.append(s.name)
-    return out

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 OK, WARN, FAIL, SKIP = P.DOCTOR_OK, P.DOCTOR_WARN, P.DOCTOR_FAIL, P.DOCTOR_SKIP
 STATUSES = P.DOCTOR_STATUSES
 DEFAULT_TIMEOUT_S = 60.0
+HOSTS_AT_ONCE = 8  # doctor over many hosts: at most this many probes (torch imports, disk scans) at a time
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,7 @@ async def run_doctor(
     session: HostSession, python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> DoctorReport:
     """Ask the host's agent for its checks; the torch probe may take ``timeout_s``, the reply a bit more."""
-    args: dict[str, Any] = {"timeout_s": timeout_s}
-    if python:
-        args["python"] = python
-    result = await session.request(P.OP_DOCTOR, timeout=timeout_s + 30.0, **args)
-    return DoctorReport.from_result(session.name, result or {})
+    return DoctorReport.from_result(session.name, await session.doctor(timeout_s, python))
 
 
 def format_report(report: DoctorReport) -> str:
@@ -108,4 +105,3 @@ def format_report(report: DoctorReport) -> str:
         if ch.fix and ch.status != OK:
             lines.append(f"  {'':<4}  {'':<{width}}  fix: {ch.fix}")
     return "\n".join(lines)
-

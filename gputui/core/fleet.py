@@ -8,21 +8,13 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
-from remote_agent import protocol as P
-
+from . import autostop, paths
 from . import model as M
 from .config import Config, HostConfig
 from .cost import Ledger, cost_info
-from .release import watchdog_config
 from .session import HostSession
 from .transport import LocalTransport, Transport
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gputui"
 
 
 def say(message: str) -> None:
@@ -31,16 +23,10 @@ def say(message: str) -> None:
 
 def make_transport(host: HostConfig, config: Config) -> Transport:
     if host.transport == "local":
-        return LocalTransport(os.path.expanduser(host.remote_dir), cache_dir(), python=host.python)
+        return LocalTransport(os.path.expanduser(host.remote_dir), paths.cache_dir(), python=host.python)
     from .ssh_transport import SSHTransport  # asyncssh is only imported when an SSH host is used
 
     return SSHTransport(host, ssh_config=config.ssh_config)
-
-
-async def arm_watchdog(session: HostSession, host: HostConfig) -> None:
-    """Tell the host's agent the autostop/deadline rules now in the config; with none, this disarms its watchdog."""
-    config = watchdog_config(host, session.snapshot.facts.get("boot_time"))
-    await session.request(P.OP_WATCHDOG_CONFIGURE, config=config)
 
 
 class Fleet:
@@ -71,8 +57,7 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                # every host: settings removed must disarm
-                on_connect=functools.partial(arm_watchdog, host=host),
+                on_connect=functools.partial(autostop.arm, host=host),  # every host: settings removed must disarm
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:

@@ -6,12 +6,10 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from remote_agent import protocol as P
-
+from . import model as M
 from .config import HostConfig
-from .cost import Ledger, deadline
+from .cost import Ledger, idleness
 from .link import AgentError, LinkClosed
 from .session import HostSession
 
@@ -26,6 +24,16 @@ class Step:
     argv: tuple[str, ...]
     exit_code: int | None
     output: str
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """What the user (or a budget rule) asked to release, and which running jobs they agreed to lose."""
+
+    host: str
+    confirmed_jobs: frozenset[str] | None = None  # running jobs a confirmation named (None: it named none)
+    force: bool = False  # the CLI's --force: release whatever runs
+    idle_only: bool = False  # an automatic release: only a host idle with no running job, checked now
 
 
 @dataclass
@@ -67,20 +75,38 @@ def check_configured(host: HostConfig) -> None:
 
 
 async def release_host(
-    session: HostSession, host: HostConfig, ledger: Ledger, force: bool = False
+    session: HostSession, host: HostConfig, ledger: Ledger, request: ReleaseRequest
 ) -> ReleaseResult:
-    """Refuse while jobs run (unless ``force``); run ``release_remote`` on the host, then ``release`` here."""
+    """Check again, now, that the release is still what was asked; then run ``release_remote`` on the host
+    and ``release`` here, close the host's ledger interval and mark it released.
+
+    Refused: while a job runs that the request did not name (unless ``force``); for an ``idle_only`` release,
+    while any job runs or the host is not idle under its idle rule.
+    """
     check_configured(host)
     running = [j for j in await session.list_jobs() if j.running]
-    if running and not force:
-        names = ", ".join(f"{j.id} ({j.name[:30]})" for j in running)
-        raise ReleaseError(f"{host.name} has running jobs: {names}; kill them first or use --force")
+    if request.idle_only:
+        if running:
+            raise ReleaseError(f"{host.name} was not released automatically: {_named(running)} running")
+        idle, _, reasons = idleness((await session.sample()).activity, host)
+        if not idle:
+            why = "; ".join(reasons[:3]) or f"idle for less than {host.idle_minutes:g} min"
+            raise ReleaseError(f"{host.name} was not released automatically: it is not idle ({why})")
+    unconfirmed = [j for j in running if j.id not in (request.confirmed_jobs or ())]
+    if unconfirmed and not request.force:
+        if request.confirmed_jobs is None:
+            raise ReleaseError(
+                f"{host.name} has running jobs: {_named(unconfirmed)}; kill them first or use --force"
+            )
+        raise ReleaseError(
+            f"{host.name} was not released: jobs started after you confirmed: {_named(unconfirmed)}; "
+            "look at them, then release again"
+        )
     result = ReleaseResult(host.name)
     boot_id = session.snapshot.facts.get("boot_id")
     if host.release_remote:
         try:
-            res = await session.request(P.OP_EXEC, timeout=host.release_timeout + 10, argv=list(host.release_remote),
-                                        timeout_s=host.release_timeout)  # fmt: skip
+            res = await session.exec(list(host.release_remote), host.release_timeout)
             step = Step(
                 "host", host.release_remote, res["exit_code"], (res["stdout"] + res["stderr"]).strip()
             )
@@ -105,16 +131,5 @@ async def release_host(
     return result
 
 
-def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]:
-    """What the host's autostop/deadline watchdog is told (empty autostop and deadline: disarmed)."""
-    return {
-        "autostop_minutes": host.autostop_minutes,
-        "release_at": deadline(host, boot_time),
-        "idle_util_percent": host.idle_util_percent,
-        "count_sessions": host.count_ssh_sessions,
-        "release_remote": list(host.release_remote or ()),
-        "release_timeout": host.release_timeout,
-        "pre_stop": list(host.pre_stop) if host.pre_stop else None,
-        "pre_stop_timeout": host.pre_stop_timeout,
-        "interval": max(0.5, min(15.0, (host.autostop_minutes or 60.0) * 6.0)),  # a tenth of the window
-    }
+def _named(jobs: list[M.Job]) -> str:
+    return ", ".join(f"{j.id} ({j.name[:30]})" for j in jobs)

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 HISTORY_SAMPLES = 600  # ten minutes at 1 Hz
 PING_EVERY_S = 5.0
 SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
+MAX_KILL_GRACE_S = P.MAX_KILL_GRACE_S  # the agent refuses a longer grace between kill signals
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
 
@@ -384,6 +385,31 @@ class HostSession:
                 raise
             # the link dropped under the request: the reconnect resumes every follow from its cursor
         return follow
+
+    async def exec(self, argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Run ``argv`` on the host (no shell), killed after ``timeout_s``: ``exit_code``, ``stdout``, ``stderr``."""
+        result: dict[str, Any] = await self.request(
+            P.OP_EXEC, timeout=timeout_s + 10, argv=argv, timeout_s=timeout_s
+        )
+        return result
+
+    async def doctor(self, timeout_s: float, python: str | None = None) -> dict[str, Any]:
+        """The host's readiness checks; the torch probe may take ``timeout_s``, the reply a bit more."""
+        args: dict[str, Any] = {"timeout_s": timeout_s}
+        if python:
+            args["python"] = python
+        result: dict[str, Any] = await self.request(P.OP_DOCTOR, timeout=timeout_s + 30.0, **args)
+        return result or {}
+
+    async def configure_autostop(self, config: dict[str, Any]) -> None:
+        """Give the host's watchdog its rules (see gputui.core.autostop)."""
+        await self.request(P.OP_WATCHDOG_CONFIGURE, config=config)
+
+    async def snooze_autostop(self, minutes: float) -> None:
+        await self.request(P.OP_WATCHDOG_SNOOZE, minutes=minutes)
+
+    async def cancel_autostop(self) -> None:
+        await self.request(P.OP_WATCHDOG_CANCEL)
 
     async def unfollow_log(self, job: str) -> None:
         if self._follows.pop(job, None) is not None and self.link is not None:

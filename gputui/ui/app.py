@@ -23,14 +23,13 @@ from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer
 
+from gputui.core import autostop, jobs, safetext
 from gputui.core import config as cfg
 from gputui.core import model as M
-from gputui.core import records, safetext
-from gputui.core.cost import budget_alerts, idle_release_candidates
 from gputui.core.doctor import run_doctor
 from gputui.core.insights import Hint, JobInsights, job_hints
-from gputui.core.release import ReleaseError, release_host
-from remote_agent import protocol as P
+from gputui.core.release import ReleaseError, ReleaseRequest, release_host
+from gputui.core.spend import fleet_spend, idle_release_candidates
 
 from . import fmt, notices
 from . import themes as T
@@ -39,7 +38,7 @@ from .logstream import LogStream
 from .palette import Palette
 from .screens.confirm import ConfirmScreen
 from .screens.help import HelpScreen, Section, key_label
-from .screens.new_job import JobSpec, NewJobScreen
+from .screens.new_job import NewJobScreen
 from .screens.reports import ReportScreen, doctor_table, history_table
 from .source import FleetSource, SourceFactory, fleet_factory
 from .widgets.fleet import FleetTable, fleet_summary, host_row
@@ -55,7 +54,7 @@ NOTIFY_S = 8.0
 NOTIFY_CHARS = 600  # a notification shows at most this much of a message (a host may send megabytes)
 NAME_CHARS = 120  # a job's name or command in a dialog
 
-ReleaseHook = Callable[[str], Awaitable[None]]
+ReleaseHook = Callable[[ReleaseRequest], Awaitable[None]]
 
 APP_KEYS = [
     Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
@@ -115,8 +114,10 @@ def release_configured(app: GpuTuiApp, host: str) -> bool:
     return conf is not None and ledger is not None and bool(conf.release or conf.release_remote)
 
 
-async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
-    """Run the host's configured release (the confirm dialog already asked; running jobs were named there)."""
+async def release_with_fleet(app: GpuTuiApp, request: ReleaseRequest) -> None:
+    """Run the host's configured release; the core checks again that it is still what was asked (the jobs the
+    confirmation named, or an idle host for a budget release)."""
+    host = request.host
     conf = app.config.hosts.get(host)
     ledger = getattr(app.source, "ledger", None)
     if conf is None or ledger is None or not release_configured(app, host):
@@ -124,7 +125,7 @@ async def release_with_fleet(app: GpuTuiApp, host: str) -> None:
         return
     app.notify(f"releasing {host}…", timeout=NOTIFY_S)
     try:
-        result = await release_host(app.source.session(host), conf, ledger, force=True)
+        result = await release_host(app.source.session(host), conf, ledger, request)
     except ReleaseError as exc:
         app.notify(str(exc), title="not released", severity="error", timeout=2 * NOTIFY_S)
         return
@@ -156,7 +157,7 @@ class GpuTuiApp(App[None]):
         self.config = config if config is not None else cfg.Config(path=None, hosts={})
         self.clock = clock
         self.attach_runner = attach_runner
-        self.release_host: ReleaseHook = release_host or (lambda host: release_with_fleet(self, host))
+        self.release_host: ReleaseHook = release_host or (lambda req: release_with_fleet(self, req))
         self._release_hooked = release_host is not None  # a given hook decides for itself what release means
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
@@ -330,12 +331,7 @@ class GpuTuiApp(App[None]):
 
     def _check_budget(self) -> None:
         """Notify once per budget alert (warn, then exceeded) as the fleet's spending crosses it."""
-        budget = getattr(self.config, "budget", None)
-        costs = [s.cost for s in self.hosts.values() if s.cost is not None]
-        if budget is None or not costs or (budget.daily is None and budget.monthly is None):
-            return
-        today, month = sum(c.today for c in costs), sum(c.month for c in costs)
-        alerts = budget_alerts(budget, today, month, costs[0].currency)
+        alerts = fleet_spend(list(self.hosts.values()), self.config).alerts
         for alert in alerts:
             if (alert.period, alert.level) not in self._budget_seen:
                 level = "error" if alert.level == "exceeded" else "warning"
@@ -347,7 +343,7 @@ class GpuTuiApp(App[None]):
                 self.notify(
                     f"budget exceeded: releasing idle host {host}", severity="warning", timeout=NOTIFY_S
                 )
-                self.run_worker(self._release(host), group="command")
+                self.run_worker(self._release(ReleaseRequest(host, idle_only=True)), group="command")
 
     def _mark_stream(self, old: M.HostSnapshot | None, new: M.HostSnapshot) -> None:
         """Markers in the open log when its host drops and comes back (the core resumes the follow)."""
@@ -373,7 +369,7 @@ class GpuTuiApp(App[None]):
         self._fleet_dirty, self._last_fleet = False, time.monotonic()
         pal = self.palette
         snaps = [self.hosts[n] for n in self.host_order]
-        self.query_one("#summary", TextBox).show(fleet_summary(snaps, pal))
+        self.query_one("#summary", TextBox).show(fleet_summary(snaps, fleet_spend(snaps, self.config), pal))
         rows = []
         for snap in snaps:
             cells = self._rows.get(snap.name)
@@ -569,15 +565,13 @@ class GpuTuiApp(App[None]):
         screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
         self.push_screen(screen, self._on_job_spec)
 
-    def _on_job_spec(self, spec: JobSpec | None) -> None:
+    def _on_job_spec(self, spec: jobs.JobSpec | None) -> None:
         if spec is not None:
             self.run_worker(self._start_job(spec), group="command")
 
-    async def _start_job(self, spec: JobSpec) -> None:
+    async def _start_job(self, spec: jobs.JobSpec) -> None:
         try:
-            job = await self.source.session(spec.host).start_job(
-                spec.argv, name=spec.name, cwd=spec.cwd, env=spec.env, gpus=spec.gpus
-            )
+            job = await jobs.start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
             self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
             return
@@ -628,10 +622,17 @@ class GpuTuiApp(App[None]):
             release_not_configured(self, host)  # before asking: there would be nothing to confirm
             return
         snap = self.hosts.get(host)
-        running = sum(1 for j in snap.jobs if j.running) if snap else 0
+        running = [j for j in snap.jobs if j.running] if snap else []
         body = f"Release {safetext.clean(host, limit=NAME_CHARS)}?\n\nThe machine goes back to its provider and billing stops."
         if running:
-            body += f" {running} running job{'s' if running != 1 else ''} and everything on its disk will be lost."
+            n = len(running)
+            body += f" {n} running job{'s' if n != 1 else ''} and everything on its disk will be lost: "
+            body += safetext.clean(
+                ", ".join(f"{j.id} ({fmt.job_name(j.name, j.command)})" for j in running[:5]),
+                limit=2 * NAME_CHARS,
+            )
+            body += f" and {n - 5} more." if n > 5 else "."
+        request = ReleaseRequest(host, confirmed_jobs=frozenset(j.id for j in running))
         conf = self.config.hosts.get(host)
         if conf is not None:
             for where, argv in (("on the host", conf.release_remote), ("here", conf.release)):
@@ -640,30 +641,30 @@ class GpuTuiApp(App[None]):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_worker(self._release(host), group="command")
+                self.run_worker(self._release(request), group="command")
 
         self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
 
-    async def _release(self, host: str) -> None:
+    async def _release(self, request: ReleaseRequest) -> None:
         try:
-            await self.release_host(host)
+            await self.release_host(request)
         except Exception as exc:
-            self.notify(f"release of {host} failed: {exc}", severity="error", timeout=NOTIFY_S)
+            self.notify(f"release of {request.host} failed: {exc}", severity="error", timeout=NOTIFY_S)
 
     def action_snooze_autostop(self) -> None:
-        self._autostop(P.OP_WATCHDOG_SNOOZE, "autostop snoozed for 60 min", minutes=60)
+        self._autostop(lambda s: autostop.snooze(s, 60), "autostop snoozed for 60 min")
 
     def action_cancel_autostop(self) -> None:
-        self._autostop(P.OP_WATCHDOG_CANCEL, "autostop cancelled until the host reboots")
+        self._autostop(autostop.cancel, "autostop cancelled until the host reboots")
 
-    def _autostop(self, op: str, done: str, **args: Any) -> None:
+    def _autostop(self, change: Callable[[Any], Awaitable[None]], done: str) -> None:
         host = self.selected_host
         if host is None:
             return
 
         async def send() -> None:
             try:
-                await self.source.session(host).request(op, **args)
+                await change(self.source.session(host))
             except Exception as exc:
                 self.notify(f"{host}: {exc}", severity="error", timeout=NOTIFY_S)
                 return
@@ -682,23 +683,10 @@ class GpuTuiApp(App[None]):
         self.push_screen(ReportScreen(f"Doctor: {host}", load))
 
     def action_history(self) -> None:
-        async def load() -> Any:
-            recs = []
-            for name in self.host_order:
-                session = self.source.session(name)
-                cur = (
-                    self.config.hosts[name].currency or self.config.currency
-                    if name in self.config.hosts
-                    else "USD"
-                )
-                try:
-                    jobs = await session.list_jobs()
-                except Exception:  # an unreachable host has no history to show right now
-                    continue
-                for job in jobs:
-                    if not job.running:
-                        recs.append(records.run_record(job, await records.job_insights(session, job), cur))
-            recs.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+        async def load() -> Any:  # an unreachable host has no history to show right now
+            recs, _errors = await jobs.collect_history(
+                self.source, self.config, self.host_order, connect=False
+            )
             return history_table(recs, self.clock())
 
         self.push_screen(ReportScreen("History: finished runs", load))

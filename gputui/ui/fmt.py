@@ -6,22 +6,10 @@ import re
 import shlex
 from collections.abc import Sequence
 
+from gputui.core.durations import duration as duration  # the one duration format (app and CLI)
+
 BLOCKS = " ▏▎▍▌▋▊▉█"
 SPARKS = "▁▂▃▄▅▆▇█"
-
-
-def duration(seconds: float | None) -> str:
-    """``42s``, ``3m05s``, ``2h03m``, ``3d04h``; ``-`` when unknown."""
-    if seconds is None or seconds != seconds:
-        return "-"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def money(value: float | None, currency: str = "USD", per_hour: bool = False) -> str:

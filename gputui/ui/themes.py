@@ -8,13 +8,14 @@ pyproject.toml); a user may add more in ``$XDG_CONFIG_HOME/gputui/themes/``. The
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from textual.theme import Theme
+
+from gputui.core import paths
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,13 +48,11 @@ BAR_EMPTY, SPARK, MUTED, MARKER, MATCH = (
 
 
 def user_theme_dir() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return Path(base) / "gputui" / "themes"
+    return paths.config_dir() / "themes"
 
 
 def state_path() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "gputui" / "ui.json"
+    return paths.state_dir() / "ui.json"
 
 
 def load_theme(path: Path) -> Theme:
@@ -112,10 +111,8 @@ class UiState:
     def save(self, path: Path) -> None:
         """Write atomically (temp file + rename); a failure to save is not worth a crash."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps({"theme": self.theme, "config_theme": self.config_theme}))
-            os.replace(tmp, path)
+            data = {"theme": self.theme, "config_theme": self.config_theme}
+            paths.write_atomic(path, json.dumps(data).encode())
         except OSError:
             pass
 

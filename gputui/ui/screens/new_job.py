@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,24 +11,14 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from gputui.core import jobs, safetext
 from gputui.core import model as M
-from gputui.core import safetext
+from gputui.core.jobs import JobSpec
 
-from .. import fmt
 from ..widgets.plain_input import PlainInput
 
 FREE_UTIL_PCT = 10.0
 FREE_MEM_FRACTION = 0.10
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    host: str
-    argv: list[str]
-    cwd: str | None = None
-    gpus: str | None = None
-    name: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def free_gpus(snap: M.HostSnapshot | None) -> list[int]:
@@ -57,13 +46,8 @@ def gpu_hint(snap: M.HostSnapshot | None) -> tuple[str, str]:
 
 
 def parse_env(text: str) -> dict[str, str]:
-    env = {}
-    for item in shlex.split(text):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"env {fmt.clip(item, 60)!r}: expected KEY=VALUE")
-        env[key] = value
-    return env
+    """The env field: ``KEY=VALUE`` items split like a shell would."""
+    return jobs.parse_env(shlex.split(text))
 
 
 class NewJobScreen(ModalScreen[JobSpec | None]):
@@ -161,10 +145,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
             raise ValueError(f"command: {exc}") from None
         if not argv:
             raise ValueError("command: what should run? e.g. python train.py")
-        try:
-            env = parse_env(value("env"))
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
+        env = parse_env(value("env"))
         return JobSpec(
             host=self.host,
             argv=argv,

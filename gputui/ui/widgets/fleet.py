@@ -9,6 +9,7 @@ from rich.text import Text
 
 from gputui.core import model as M
 from gputui.core import safetext
+from gputui.core.spend import FleetSpend
 
 from .. import fmt
 from ..palette import Palette
@@ -99,19 +100,16 @@ class FleetTable(KeyedTable):
         self.sync(rows)
 
 
-def fleet_summary(snaps: Sequence[M.HostSnapshot], pal: Palette) -> Text:
+def fleet_summary(snaps: Sequence[M.HostSnapshot], spend: FleetSpend, pal: Palette) -> Text:
     """``4 hosts: 2 up · 1 idle · 1 down · 1 connecting   burn $4.20/h   accrued $31.10``; a host still
-    making its first connection is "connecting", not down."""
+    making its first connection is "connecting", not down. Money in another currency follows after `` · ``,
+    never added."""
     if not snaps:
         return Text("No hosts. Add [hosts.NAME] tables to ~/.config/gputui/config.toml.", style=pal.muted)
     up = [s for s in snaps if s.state == M.CONNECTED]
     idle = [s for s in up if s.cost is not None and s.cost.idle]
     connecting = sum(1 for s in snaps if s.state == M.CONNECTING)
     down = len(snaps) - len(up) - connecting
-    priced = [
-        s.cost for s in up if s.cost is not None and s.cost.price_per_hour is not None and not s.cost.released
-    ]
-    currency = priced[0].currency if priced else "USD"
     out = Text()
     out.append(f"{len(snaps)} host{'s' if len(snaps) != 1 else ''}: ", style="bold")
     out.append(f"{len(up)} up", style=pal.ok if up else pal.muted)
@@ -121,13 +119,11 @@ def fleet_summary(snaps: Sequence[M.HostSnapshot], pal: Palette) -> Text:
     out.append(f"{down} down", style=pal.hot if down else pal.muted)
     if connecting:
         out.append(f" · {connecting} connecting", style=pal.muted)
+    burn = [fmt.money(t.burn_per_hour, t.currency, per_hour=True) for t in spend.by_currency if t.burning]
     out.append("   burn ")
-    out.append(
-        fmt.money(sum(c.price_per_hour or 0.0 for c in priced), currency, per_hour=True) if priced else "-",
-        style="bold",
-    )
-    accrued = [s.cost.accrued for s in snaps if s.cost is not None and s.cost.accrued > 0]
+    out.append(" · ".join(burn) or "-", style="bold")
+    accrued = [fmt.money(t.accrued, t.currency) for t in spend.by_currency if t.accrued > 0]
     if accrued:
         out.append("   accrued ")
-        out.append(fmt.money(sum(accrued), currency), style="bold")
+        out.append(" · ".join(accrued), style="bold")
     return out

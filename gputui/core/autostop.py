@@ -1,0 +1,84 @@
+"""The client's side of the host's autostop and deadline watchdog (``remote_agent/watchdog.py``).
+
+What the watchdog is told (the host's idle rule, ``autostop_minutes``, the deadline and the commands), arming it
+after every connect, snoozing and cancelling it, and when it will act as the host reports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from remote_agent import protocol as P
+
+from .config import HostConfig
+from .link import AgentError
+from .session import HostSession
+
+MAX_SNOOZE_MIN = P.MAX_SNOOZE_MIN  # a snooze of at most a week
+
+
+class NoAutostop(Exception):
+    """The host has no autostop or deadline armed: nothing to snooze or cancel."""
+
+
+def deadline(host: HostConfig, boot_time: float | None) -> float | None:
+    """When the host must be released: ``release_at``, or ``release_after_hours`` after billing start."""
+    candidates = []
+    if host.release_at is not None:
+        candidates.append(host.release_at.timestamp())
+    if host.release_after_hours is not None:
+        start = host.billing_start.timestamp() if host.billing_start else boot_time
+        if start is not None:
+            candidates.append(start + host.release_after_hours * 3600.0)
+    return min(candidates) if candidates else None
+
+
+def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]:
+    """What the host's watchdog is told (no autostop and no deadline: disarmed)."""
+    return {
+        "autostop_minutes": host.autostop_minutes,
+        "release_at": deadline(host, boot_time),
+        "idle_util_percent": host.idle_util_percent,
+        "count_sessions": host.count_ssh_sessions,
+        "release_remote": list(host.release_remote or ()),
+        "release_timeout": host.release_timeout,
+        "pre_stop": list(host.pre_stop) if host.pre_stop else None,
+        "pre_stop_timeout": host.pre_stop_timeout,
+        "interval": max(0.5, min(15.0, (host.autostop_minutes or 60.0) * 6.0)),  # a tenth of the window
+    }
+
+
+async def arm(session: HostSession, host: HostConfig) -> None:
+    """Tell the host's watchdog the rules now in the config; with none, this disarms it (run on every connect)."""
+    await session.configure_autostop(watchdog_config(host, session.snapshot.facts.get("boot_time")))
+
+
+async def snooze(session: HostSession, minutes: float) -> None:
+    """Postpone the autostop: the idle window restarts when the ``minutes`` are over."""
+    try:
+        await session.snooze_autostop(minutes)
+    except AgentError as exc:
+        _no_autostop(session.name, exc, "snooze")
+
+
+async def cancel(session: HostSession) -> None:
+    """No autostop until the host reboots or its settings change."""
+    try:
+        await session.cancel_autostop()
+    except AgentError as exc:
+        _no_autostop(session.name, exc, "cancel")
+
+
+def _no_autostop(host: str, exc: AgentError, what: str) -> None:
+    if exc.code != P.E_NOT_FOUND:
+        raise exc
+    raise NoAutostop(
+        f"{host} has no autostop to {what}: set autostop_minutes (with release_remote) or a deadline for it "
+        "in the config"
+    ) from None
+
+
+def autostop_in_s(activity: P.Activity, now: float) -> float | None:
+    """Seconds until the host's watchdog releases it for idleness, as the host reports it (None: not armed)."""
+    at = (activity.get("watchdog") or {}).get("autostop_at")
+    return None if at is None else max(0.0, float(at) - now)

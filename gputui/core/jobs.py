@@ -1,0 +1,90 @@
+"""Job use cases for both frontends: start a job with its price, collect jobs and history over hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import model as M
+from .config import Config
+from .cost import price_per_hour
+from .gather import Fleetish, Outcome, gather_hosts
+from .records import job_insights, run_record
+from .session import HostSession
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked to run: argv (never a shell string), where and with which GPUs."""
+
+    host: str
+    argv: list[str]
+    name: str | None = None
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpus: str | None = None
+    code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
+
+
+def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
+    """``KEY=VALUE`` items as a dict (a later key wins); ValueError naming the first item that is not one."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            shown = item if len(item) <= 60 else item[:59] + "…"
+            raise ValueError(f"{label} {shown!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+def inventory(session: HostSession) -> tuple[M.GpuSample, ...]:
+    """The host's GPUs as its agent reported them when the link came up."""
+    return tuple(M.GpuSample.from_wire(g) for g in session.snapshot.facts.get("gpus") or ())
+
+
+def job_price(session: HostSession, config: Config) -> float | None:
+    """What the host costs per hour now (its own price, else its GPUs' prices); None when unknown."""
+    host = config.hosts.get(session.name)
+    return None if host is None else price_per_hour(host, inventory(session), config.prices)
+
+
+async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Job:
+    """Start ``spec`` on the session's host; the job's record keeps the host's price, so history has its cost."""
+    return await session.start_job(
+        list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
+        price_per_hour=job_price(session, config), code=spec.code,
+    )  # fmt: skip
+
+
+async def collect_jobs(
+    fleet: Fleetish, names: list[str], ended_only: bool = False, connect: bool = True
+) -> tuple[list[M.Job], dict[str, BaseException]]:
+    """Every job of the named hosts with insights from its log tail; (jobs, errors by host).
+
+    ``connect``: start each session first (the CLI); the app's sessions are connected already.
+    """
+
+    async def collect(s: HostSession) -> list[M.Job]:
+        jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
+        return [replace(j, insights=await job_insights(s, j)) for j in jobs]
+
+    results: dict[str, Outcome[list[M.Job]]] = await gather_hosts(fleet, names, collect, connect=connect)
+    jobs = [job for res in results.values() if not isinstance(res, BaseException) for job in res]
+    return jobs, {n: r for n, r in results.items() if isinstance(r, BaseException)}
+
+
+def host_currency(config: Config, name: str) -> str:
+    host = config.hosts.get(name)
+    return (host.currency if host is not None else None) or config.currency
+
+
+async def collect_history(
+    fleet: Fleetish, config: Config, names: list[str], connect: bool = True
+) -> tuple[list[dict[str, Any]], dict[str, BaseException]]:
+    """Finished runs of the named hosts, newest first, as history records; (records, errors by host)."""
+    jobs, errors = await collect_jobs(fleet, names, ended_only=True, connect=connect)
+    records = [run_record(j, j.insights, host_currency(config, j.host)) for j in jobs]
+    records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
+    return records, errors

@@ -1,0 +1,35 @@
+"""Where gputui keeps its files on this machine (XDG base directories), and writing them atomically."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from remote_agent.fsutil import write_atomic as _write_atomic
+
+
+def _xdg(variable: str, *fallback: str) -> Path:
+    base = os.environ.get(variable) or os.path.join(os.path.expanduser("~"), *fallback)
+    return Path(base) / "gputui"
+
+
+def config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/gputui`` (``~/.config/gputui``): config.toml, themes/."""
+    return _xdg("XDG_CONFIG_HOME", ".config")
+
+
+def state_dir() -> Path:
+    """``$XDG_STATE_HOME/gputui`` (``~/.local/state/gputui``): the cost ledger, the app's remembered choices."""
+    return _xdg("XDG_STATE_HOME", ".local", "state")
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/gputui`` (``~/.cache/gputui``): the agent build."""
+    return _xdg("XDG_CACHE_HOME", ".cache")
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` (synced, then renamed into place): a reader sees the old or the new file,
+    never a mix; the parent directory is created when missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(str(path), data, mode)
