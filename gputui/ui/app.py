@@ -261,9 +261,9 @@ class GpuTuiApp(App[None]):
     def _wake(self) -> None:
         if self._flush_timer is None and not self._shutting_down and not self._exit:
             delay = max(0.01, self._last_flush + FLUSH_S - time.monotonic())
-            self._flush_timer = self.set_timer(delay, self._flush, name="flush")
+            self._flush_timer = self.set_timer(delay, self._apply_snapshots, name="flush")
 
-    def _flush(self) -> None:
+    def _apply_snapshots(self) -> None:
         """Apply pending snapshots and log output in one batch."""
         if self._flush_timer is not None:
             self._flush_timer.stop()
@@ -288,7 +288,7 @@ class GpuTuiApp(App[None]):
                     self._check_ended(stream)
         if self._fleet_dirty and self._flush_timer is None:
             due = max(0.01, self._last_fleet + FLEET_EVERY_S - time.monotonic())
-            self._flush_timer = self.set_timer(due, self._flush, name="flush")
+            self._flush_timer = self.set_timer(due, self._apply_snapshots, name="flush")
 
     def _check_ended(self, stream: LogStream) -> None:
         """The log ended: if the job list still says running, ask the host for the jobs again."""
@@ -468,7 +468,7 @@ class GpuTuiApp(App[None]):
     def select_job(self, host: str, job_id: str) -> None:
         """Make ``job_id`` on ``host`` the selected job (applying pending snapshots first)."""
         if self._pending:
-            self._flush()
+            self._apply_snapshots()
         self.query_one(FleetTable).select_key(host)
         self.select_host(host)
         self.query_one(JobsTable).select_key(job_id)
