@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from sshd import Sshd  # noqa: E402
+from sshd import Sshd, start_with_client  # noqa: E402
 
 from gputui.core.config import HostConfig  # noqa: E402
 from gputui.core.session import HostSession  # noqa: E402
@@ -64,11 +64,7 @@ async def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gputui-bench-"))
-    server = Sshd(root / "sshd")
-    key = server.client_key("bench")
-    known = root / "known_hosts"
-    known.write_text(server.host_key_line())
-    server.start()
+    server, key, known = start_with_client(root)
     cfg = HostConfig(
         name="bench", host="127.0.0.1", port=server.port, user=server.user, identity_file=str(key),
         known_hosts=str(known), remote_dir=str(root / "remote"),

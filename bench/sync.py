@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from sshd import Sshd  # noqa: E402
+from sshd import Sshd, start_with_client  # noqa: E402
 
 from gputui.core.config import HostConfig  # noqa: E402
 from gputui.core.session import HostSession  # noqa: E402
@@ -45,11 +45,7 @@ async def main() -> None:
     ap.add_argument("--mb", type=int, default=200)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gputui-bench-"))
-    server = Sshd(root / "sshd")
-    key = server.client_key("bench")
-    known = root / "known_hosts"
-    known.write_text(server.host_key_line())
-    server.start()
+    server, key, known = start_with_client(root)
     src = root / "src"
     size = args.mb * 1_000_000 // args.files
     for i in range(args.files):

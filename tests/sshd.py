@@ -146,3 +146,13 @@ def ssh_available() -> str | None:
     if os.geteuid() != 0 and not os.access("/run/sshd", os.W_OK):
         return "sshd needs /run/sshd (run the tests as root, as CI does)"
     return None
+
+
+def start_with_client(root: Path, name: str = "bench") -> tuple[Sshd, Path, Path]:
+    """A started sshd under ``root``, a client key it accepts, and a known_hosts file that trusts it."""
+    server = Sshd(root / "sshd")
+    key = server.client_key(name)
+    known = root / "known_hosts"
+    known.write_text(server.host_key_line())
+    server.start()
+    return server, key, known

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -33,3 +34,12 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     never a mix; the parent directory is created when missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(str(path), data, mode)
+
+
+def sha256_file(path: str | Path, block: int = 1024 * 1024) -> str:
+    """The file's sha256, read a block at a time (never the whole file in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(block), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

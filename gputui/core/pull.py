@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import os
 import re
 import time
@@ -20,13 +19,13 @@ from typing import Any, BinaryIO
 from remote_agent import protocol as P
 
 from .link import AgentError, LinkClosed
+from .paths import sha256_file
 from .session import HostSession
 
 #: Chunk requests in flight at once (hides the link's round trip; bounded memory: DEPTH chunks).
 DEPTH = 8
 #: How long a transfer waits for the link to come back before giving up.
 RECONNECT_WAIT_S = 120.0
-HASH_BLOCK = 1024 * 1024
 #: Files at least this big come as a raw stream on a channel of their own; smaller ones in JSON chunks.
 STREAM_MIN_BYTES = 8 * 1024 * 1024
 STREAM_READ = 1024 * 1024
@@ -121,13 +120,6 @@ def local_target(dest_dir: str, rel: str) -> str:
     return target
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(HASH_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 async def _download(session: HostSession, f: Remote, part: str, on_progress: Progress | None) -> int:
     """Bring ``part`` up to ``f.size`` bytes from where it stops; returns the offset it resumed at."""
@@ -213,7 +205,7 @@ async def _chunks(
 async def _same(session: HostSession, f: Remote, local: str) -> bool:
     """Whether the local file holds exactly the host's file (sha256 on both sides; the host's is as big)."""
     remote = await request_retrying(session, P.OP_FILES_HASH, path=f.path)
-    return bool(remote["size"] == f.size and await asyncio.to_thread(_sha256, local) == remote["sha256"])
+    return bool(remote["size"] == f.size and await asyncio.to_thread(sha256_file, local) == remote["sha256"])
 
 
 async def pull_file(

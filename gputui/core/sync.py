@@ -26,6 +26,7 @@ from typing import Any
 from remote_agent import protocol as P
 
 from .link import AgentError
+from .paths import sha256_file
 from .pull import request_retrying
 from .session import HostSession
 
@@ -34,7 +35,6 @@ MAX_FILES = 200_000
 #: Files sent at once (each one's chunks go in order).
 PARALLEL = 8
 IGNORE_FILE = ".gputuiignore"
-HASH_BLOCK = 1024 * 1024
 STREAM_BLOCK = 256 * 1024
 
 log = logging.getLogger(__name__)
@@ -156,13 +156,6 @@ def local_files(src: str, notes: list[str]) -> list[LocalFile]:
     return files
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(HASH_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
     """Each file's sha256, reusing the cache entry of a file whose size and mtime did not change."""
@@ -175,7 +168,7 @@ def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
     for f in files:
         key = f"{f.size}:{f.mtime_ns}"
         hit = cache.get(f.rel)
-        sha = hit[1] if isinstance(hit, list) and len(hit) == 2 and hit[0] == key else _sha256(f.path)
+        sha = hit[1] if isinstance(hit, list) and len(hit) == 2 and hit[0] == key else sha256_file(f.path)
         fresh[f.rel] = [key, sha]
         out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha))
     cache_path.parent.mkdir(parents=True, exist_ok=True)
