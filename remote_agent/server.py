@@ -43,11 +43,12 @@ def _tmux_version() -> Optional[str]:
 
 
 def build_id() -> str:
-    """The content hash carried in the zipapp's name (``gputui-agent-<hash>.pyz``), or ``dev`` from source."""
-    name = os.path.basename(sys.argv[0] if sys.argv else "")
-    if name.startswith("gputui-agent-") and name.endswith(".pyz"):
-        return name[len("gputui-agent-") : -len(".pyz")]
-    return "dev"
+    """The content hash carried in the build's name (``gputui-agent-<hash>``, unpacked, or the zipapp
+    ``gputui-agent-<hash>.pyz``), or ``dev`` from source."""
+    name = os.path.basename((sys.argv[0] if sys.argv else "").rstrip("/"))
+    if name.endswith(".pyz"):
+        name = name[: -len(".pyz")]
+    return name[len("gputui-agent-") :] if name.startswith("gputui-agent-") else "dev"
 
 
 _WATCHDOG_NUMBERS = {
