@@ -13,7 +13,6 @@ import select
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from remote_agent import protocol as P
@@ -25,7 +24,7 @@ from .core import model as M
 from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
 from .core.link import AgentError, LinkClosed
-from .core.records import job_insights, run_record
+from .core.records import run_record, with_insights
 from .core.release import ReleaseError, check_configured, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
@@ -169,7 +168,7 @@ async def _collect_jobs(fleet: Fleet, names: list[str], ended_only: bool = False
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
-        return [replace(j, insights=await job_insights(s, j)) for j in jobs]
+        return await with_insights(s, jobs)
 
     results = await _gather_hosts(fleet, names, collect)
     await fleet.close()

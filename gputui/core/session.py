@@ -8,7 +8,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -25,6 +25,17 @@ PING_EVERY_S = 5.0
 SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The end of one job's log (``logs.tails``): bytes from ``offset``, and when they were written."""
+
+    offset: int
+    data: bytes
+    size: int
+    times: list[tuple[int, float]]
+    error: str | None = None  # this job's log cannot be read (the rest is empty)
 
 
 @dataclass
@@ -364,6 +375,27 @@ class HostSession:
         """When the job's log bytes ``start..end`` were written: (offset, unix time) pairs, oldest first."""
         res = await self.request(P.OP_LOGS_TIMES, job=job, start=start, end=end)
         return [(int(o), float(t)) for o, t in res.get("times") or ()]
+
+    async def log_tails(self, jobs: Sequence[str], max_bytes: int) -> dict[str, LogTail]:
+        """The last ``max_bytes`` of each job's log and when they were written, by job id: one request per
+        page of ``logs.tails`` (the agent bounds each reply), not one per job."""
+        tails: dict[str, LogTail] = {}
+        rest = list(jobs)
+        while rest:
+            res = await self.request(P.OP_LOGS_TAILS, jobs=rest[: P.TAILS_JOBS], max_bytes=max_bytes)
+            got = res.get("tails") or []
+            if not got:
+                raise AgentError("bad_reply", "logs.tails answered no job")
+            for tail in got[: len(rest)]:
+                job = str(tail.get("job"))
+                if "error" in tail:
+                    tails[job] = LogTail(0, b"", 0, [], str(tail["error"]))
+                else:
+                    times = [(int(o), float(t)) for o, t in tail.get("times") or ()]
+                    data = P.unb64(tail.get("b64") or "")
+                    tails[job] = LogTail(int(tail["offset"]), data, int(tail["size"]), times)
+            rest = rest[len(got) :]
+        return tails
 
     async def follow_log(
         self,
