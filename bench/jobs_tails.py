@@ -85,6 +85,7 @@ def main() -> None:
         )
         env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
         env.pop("XDG_CONFIG_HOME", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui has its bytecode (pip compiles it)
         figures["gputui jobs --json"] = []
         for _ in range(args.runs):
             t0 = time.perf_counter()

@@ -18,12 +18,17 @@ TAIL_BYTES = 64 * 1024
 
 async def jobs_insights(session: HostSession, jobs: Sequence[Job]) -> list[JobInsights]:
     """For each job: progress, metrics and hints parsed from the last TAIL_BYTES of its log, plus an
-    exit-code hint; all the tails come in one request (paged by the agent), not one per job.
+    exit-code hint; the tails come a page of jobs per request, not one request per job.
 
     The host's record of when the log's bytes were written gives the rates a live reader would have seen.
     """
-    tails = await session.log_tails([job.id for job in jobs], TAIL_BYTES) if jobs else {}
-    return [_insights(job, tails.get(job.id)) for job in jobs]
+    found: dict[str, JobInsights] = {}
+    by_id = {job.id: job for job in jobs}
+    async for tails in session.log_tails(list(by_id), TAIL_BYTES):  # parsed while the next page comes
+        found.update(
+            (job_id, _insights(by_id[job_id], tail)) for job_id, tail in tails.items() if job_id in by_id
+        )
+    return [found[job.id] if job.id in found else _insights(job, None) for job in jobs]
 
 
 async def with_insights(session: HostSession, jobs: Sequence[Job]) -> list[Job]:
