@@ -24,7 +24,6 @@ from .core import model as M
 from .core.cost import budget_alerts, price_per_hour
 from .core.fleet import Fleet
 from .core.link import AgentError, LinkClosed
-from .core.records import run_record, with_insights
 from .core.release import ReleaseError, check_configured, release_host
 from .core.session import HostSession
 from .core.transport import HostError, HostUnavailable
@@ -165,6 +164,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 async def _collect_jobs(fleet: Fleet, names: list[str], ended_only: bool = False) -> tuple[list[M.Job], int]:
     """Every job of the named hosts, with insights from its log tail; (jobs, exit status)."""
+    from .core.records import with_insights  # log parsing: only the commands that show insights load it
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
@@ -197,6 +197,8 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
 async def cmd_history(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     names = _host_names(config, args.host)
+    from .core.records import run_record
+
     jobs, status = await _collect_jobs(Fleet(config), names, ended_only=True)
     records = [run_record(j, j.insights, config.hosts[j.host].currency or config.currency) for j in jobs]
     records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)

@@ -10,12 +10,14 @@ import builtins
 import math
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import model as M
 from .core.headline import headline, ranked
-from .core.insights import JobInsights
 from .core.safetext import clean
+
+if TYPE_CHECKING:  # log parsing is loaded only by the commands that parse logs
+    from .core.insights import JobInsights
 
 
 def print(*parts: object) -> None:  # every table line, whatever function of this module prints it

@@ -4,10 +4,13 @@ It runs unpacked beside it (``agent_install``), so the host caches its bytecode.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import io
+import shutil
+import time
 import zipfile
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from . import agent_install
 
 # The build's own folder always caches its bytecode, whatever PYTHONDONTWRITEBYTECODE says (jobs still see it).
 _MAIN = b"import sys\nsys.dont_write_bytecode = False\nfrom remote_agent.__main__ import main\nmain()\n"
+STALE_TEMP_S = 600.0  # a temp folder this old belongs to an unpack that died
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps: the same sources always give the same bytes
 
 
@@ -72,5 +76,9 @@ def ensure_local_build(cache_dir: Path) -> Path:
     expected = tree_hash()
     if agent_install.tree_hash(str(out)) != expected:
         cache_dir.mkdir(parents=True, exist_ok=True)
+        for left in cache_dir.glob(".gputui-agent-*"):  # temp folders of unpacks that were killed
+            with contextlib.suppress(OSError):
+                if time.time() - left.stat().st_mtime > STALE_TEMP_S:
+                    shutil.rmtree(left)
         agent_install.unpack(io.BytesIO(data), str(out), expected)
     return out
