@@ -10,14 +10,16 @@ import builtins
 import math
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import model as M
 from .core.durations import duration
 from .core.headline import headline, ranked
-from .core.insights import JobInsights
 from .core.safetext import clean
 from .core.spend import FleetSpend, Spend
+
+if TYPE_CHECKING:  # log parsing is loaded only by the commands that parse logs
+    from .core.insights import JobInsights
 
 
 def print(*parts: object) -> None:  # every table line, whatever function of this module prints it

@@ -1,4 +1,4 @@
-"""Entry point: ``python3 gputui-agent-<hash>.pyz serve|runner ...`` (or ``python3 -m remote_agent``)."""
+"""Entry point: ``python3 gputui-agent-<hash>[.pyz] serve|runner ...`` (or ``python3 -m remote_agent``)."""
 
 import argparse
 import os
@@ -11,7 +11,7 @@ DEFAULT_STATE_DIR = "~/.gputui"
 def launcher() -> List[str]:
     """argv that starts this same agent build again (used for the runner inside tmux)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)  # the .pyz file itself, or the folder holding the package
+    root = os.path.dirname(here)  # the build (unpacked folder or .pyz), or the folder holding the package
     code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_agent.__main__ import main; main()"
     return [sys.executable, "-c", code, root]
 

@@ -29,6 +29,11 @@ MAX_SNOOZE_MIN = 7 * 24 * 60
 #: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
+#: logs.tails: most jobs one request names, most raw bytes of one job's tail, most raw bytes (tails and time
+#: entries) one reply carries; the client asks again for the jobs a reply did not reach.
+TAILS_JOBS = 1000
+TAIL_MAX_BYTES = 512 * 1024
+TAILS_PAGE_BYTES = 2 * 1024 * 1024
 #: Largest raw log chunk in one followed-log event: a frame cut by a lost link is sent again whole.
 LOG_FRAME_BYTES = 48 * 1024
 #: Largest raw file chunk in one files.read/files.write frame.
@@ -53,6 +58,7 @@ OP_LOGS_READ = "logs.read"
 OP_LOGS_FOLLOW = "logs.follow"
 OP_LOGS_UNFOLLOW = "logs.unfollow"
 OP_LOGS_TIMES = "logs.times"  # when the log's bytes were written (remote_agent/logclock.py)
+OP_LOGS_TAILS = "logs.tails"  # args: jobs, max_bytes; the last bytes of many logs with their times, paged
 OP_METRICS_SUBSCRIBE = "metrics.subscribe"
 OP_METRICS_SAMPLE = "metrics.sample"
 OP_SHUTDOWN = "shutdown"
@@ -325,6 +331,27 @@ class TimesArgs(JobArgs, total=False):
 
 class TimesResult(TypedDict):
     times: List[List[float]]  # [[offset, unix time], ...]
+
+
+class TailsArgs(TypedDict, total=False):
+    jobs: List[str]  # at most TAILS_JOBS
+    max_bytes: int  # of each tail, at most TAIL_MAX_BYTES
+
+
+class _TailBase(TypedDict):
+    job: str
+
+
+class Tail(_TailBase, total=False):
+    offset: int  # where b64 starts in the log (required unless error)
+    size: int  # the log's size when read
+    b64: str
+    times: List[List[float]]  # as TimesResult, for offset..offset+len(bytes)
+    error: str  # this job's log cannot be read (the other fields are missing)
+
+
+class TailsResult(TypedDict):
+    tails: List[Tail]  # for the first jobs asked, in order; ask again for the rest
 
 
 class IdleRule(TypedDict, total=False):

@@ -43,11 +43,12 @@ def _tmux_version() -> Optional[str]:
 
 
 def build_id() -> str:
-    """The content hash carried in the zipapp's name (``gputui-agent-<hash>.pyz``), or ``dev`` from source."""
-    name = os.path.basename(sys.argv[0] if sys.argv else "")
-    if name.startswith("gputui-agent-") and name.endswith(".pyz"):
-        return name[len("gputui-agent-") : -len(".pyz")]
-    return "dev"
+    """The content hash carried in the build's name (``gputui-agent-<hash>``, unpacked, or the zipapp
+    ``gputui-agent-<hash>.pyz``), or ``dev`` from source."""
+    name = os.path.basename((sys.argv[0] if sys.argv else "").rstrip("/"))
+    if name.endswith(".pyz"):
+        name = name[: -len(".pyz")]
+    return name[len("gputui-agent-") :] if name.startswith("gputui-agent-") else "dev"
 
 
 _WATCHDOG_NUMBERS = {
@@ -108,6 +109,7 @@ class Agent:
             P.OP_LOGS_FOLLOW: self.op_follow,
             P.OP_LOGS_UNFOLLOW: self.op_unfollow,
             P.OP_LOGS_TIMES: self.op_times,
+            P.OP_LOGS_TAILS: self.op_tails,
             P.OP_METRICS_SUBSCRIBE: self.op_subscribe,
             P.OP_METRICS_SAMPLE: self.op_sample,
             P.OP_SHUTDOWN: self.op_shutdown,
@@ -201,6 +203,33 @@ class Agent:
         """When the bytes start..end of the job's log were written: [[offset, unix time], ...]."""
         path = os.path.join(self.jobs.job_dir(str(a.get("job"))), TIMES_NAME)
         return {"times": read_times(path, int(a.get("start", 0)), int(a.get("end", 0)))}
+
+    def op_tails(self, a: P.TailsArgs) -> P.TailsResult:
+        """The last ``max_bytes`` of each job's log with when they were written, for the first jobs named
+        that fit in TAILS_PAGE_BYTES (always at least one)."""
+        jobs = a.get("jobs")
+        if not isinstance(jobs, list) or len(jobs) > P.TAILS_JOBS:
+            raise ValueError("jobs must be a list of at most %d job ids" % P.TAILS_JOBS)
+        max_bytes = P.int_arg(a, "max_bytes", P.TAIL_MAX_BYTES, 0, P.TAIL_MAX_BYTES)
+        tails: List[P.Tail] = []
+        room = P.TAILS_PAGE_BYTES
+        for job_id in map(str, jobs):
+            try:
+                path = self.jobs.log_path(job_id)
+                _, size = read_chunk(path, 0, 0)
+                start = max(0, size - max_bytes)
+                data, size = read_chunk(path, start, max_bytes)
+                times_path = os.path.join(self.jobs.job_dir(job_id), TIMES_NAME)
+                times = read_times(times_path, start, start + len(data))
+            except JobError as exc:
+                tails.append({"job": job_id, "error": str(exc)})
+                continue
+            cost = len(data) + 32 * len(times)
+            if tails and cost > room:
+                break
+            room -= cost
+            tails.append({"job": job_id, "offset": start, "size": size, "b64": P.b64(data), "times": times})
+        return {"tails": tails}
 
     def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
         job = self.jobs.describe(job_id)

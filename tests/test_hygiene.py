@@ -19,6 +19,7 @@ from conftest import ROOT
 from gputui.core import bundle
 
 AGENT = ROOT / "remote_agent"
+INSTALLER = ROOT / "gputui" / "core" / "agent_install.py"  # runs on the host too
 
 
 def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
@@ -123,7 +124,7 @@ def test_agent_needs_nothing_newer_than_python_38() -> None:
     if vermin is None:
         pytest.skip("vermin is not installed (pip install -e '.[test]')")
     res = subprocess.run(
-        [vermin, "-t=3.8-", "--no-tips", "--violations", "--eval-annotations", str(AGENT)],
+        [vermin, "-t=3.8-", "--no-tips", "--violations", "--eval-annotations", str(AGENT), str(INSTALLER)],
         capture_output=True,
         text=True,
     )
@@ -137,10 +138,15 @@ def test_bundle_is_reproducible_and_named_by_its_hash() -> None:
     assert name1 == f"gputui-agent-{hashlib.sha256(data1).hexdigest()[:16]}.pyz"
 
 
-def test_bundle_runs_standalone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["zipapp", "unpacked"])
+def test_bundle_runs_standalone(tmp_path: Path, form: str) -> None:
     path = bundle.ensure_local_build(tmp_path)
-    names = zipfile.ZipFile(path).namelist()
-    assert "__main__.py" in names and "remote_agent/server.py" in names
+    assert (path / "__main__.py").is_file() and (path / "remote_agent" / "server.py").is_file()
+    if form == "zipapp":
+        path = tmp_path / bundle.agent_build()[0]
+        path.write_bytes(bundle.build_bytes())
+        names = zipfile.ZipFile(path).namelist()
+        assert "__main__.py" in names and "remote_agent/server.py" in names
     proc = subprocess.run(
         [sys.executable, "-I", str(path), "serve", "--state-dir", str(tmp_path / "state")],
         input=b'{"id": 1, "op": "ping", "args": {}}\n',
@@ -151,7 +157,8 @@ def test_bundle_runs_standalone(tmp_path: Path) -> None:
     frames = [json.loads(line) for line in proc.stdout.splitlines()]
     hello = frames[0]
     assert (
-        hello["event"] == "hello" and hello["data"]["build"] == path.name[len("gputui-agent-") : -len(".pyz")]
+        hello["event"] == "hello"
+        and hello["data"]["build"] == bundle.agent_build()[0][len("gputui-agent-") : -4]
     )
     assert any(f.get("id") == 1 and f.get("ok") for f in frames)
 

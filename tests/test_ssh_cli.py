@@ -66,6 +66,7 @@ def test_agent_is_uploaded_once_and_verified(ssh_home: SshHome) -> None:
         pyz.stat().st_ino == first.st_ino and pyz.stat().st_mtime_ns == first.st_mtime_ns
     )  # not uploaded again
     assert not [p for p in pyz.parent.iterdir() if p.name.startswith(".")]  # no temp files left behind
+    assert oct(pyz.with_suffix("").stat().st_mode & 0o777) == "0o700"  # unpacked beside it, private too
     pyz.unlink()  # the host lost it: the next connection uploads it again
     run_job(ssh_home, "true")
     assert pyz.exists()

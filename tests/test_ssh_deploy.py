@@ -81,4 +81,18 @@ def test_failed_upload_leaves_no_temp_file_and_stale_ones_go(ssh_home: SshHome, 
     os.utime(stale, (hour_ago, hour_ago))
     ssh_home.configure()
     run_job(ssh_home, "true")
-    assert sorted(p.name for p in agent_dir(ssh_home).iterdir()) == sorted([fresh.name, agent_build()[0]])
+    name = agent_build()[0]
+    assert sorted(p.name for p in agent_dir(ssh_home).iterdir()) == sorted([fresh.name, name, name[: -len(".pyz")]])
+
+
+def test_agent_runs_unpacked_with_cached_bytecode_and_damage_is_repaired(ssh_home: SshHome) -> None:
+    run_job(ssh_home, "true")
+    build = agent_dir(ssh_home) / agent_build()[0][: -len(".pyz")]
+    assert list(build.glob("remote_agent/__pycache__/server.*.pyc")), "the agent ran without caching bytecode"
+    server = build / "remote_agent" / "server.py"
+    source = server.read_bytes()
+    server.write_bytes(b"raise SystemExit('damaged')\n")  # same folder, wrong bytes: must not run
+    (build / "stray.py").write_bytes(b"")
+    job = run_job(ssh_home, "echo", "repaired")
+    assert server.read_bytes() == source and not (build / "stray.py").exists()
+    assert ssh_home.cli("logs", "-f", "box", job, check=True).stdout.strip() == "repaired"

@@ -1,31 +1,41 @@
-"""Build the agent zipapp: ``remote_agent`` + the ``pynvml`` module, named by its content hash."""
+"""Build the agent zipapp: ``remote_agent`` + the ``pynvml`` module, named by its content hash.
+
+It runs unpacked beside it (``agent_install``), so the host caches its bytecode."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import io
+import shutil
+import time
 import zipfile
 from pathlib import Path
 
 import remote_agent
 
-from .paths import write_atomic
+from . import agent_install
 
-_MAIN = b"from remote_agent.__main__ import main\nmain()\n"
+# The build's own folder always caches its bytecode, whatever PYTHONDONTWRITEBYTECODE says (jobs still see it).
+_MAIN = b"import sys\nsys.dont_write_bytecode = False\nfrom remote_agent.__main__ import main\nmain()\n"
+STALE_TEMP_S = 600.0  # a temp folder this old belongs to an unpack that died
 _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps: the same sources always give the same bytes
 
 
-def _sources() -> list[tuple[str, bytes]]:
+@functools.lru_cache(maxsize=1)
+def _sources() -> tuple[tuple[str, bytes], ...]:
     pkg = Path(remote_agent.__file__).parent
     files = [(f"remote_agent/{p.name}", p.read_bytes()) for p in sorted(pkg.glob("*.py"))]
     spec = importlib.util.find_spec("pynvml")
     if spec is not None and spec.origin and spec.origin.endswith(".py"):
         files.append(("pynvml.py", Path(spec.origin).read_bytes()))
     files.append(("__main__.py", _MAIN))
-    return files
+    return tuple(files)
 
 
+@functools.lru_cache(maxsize=1)
 def build_bytes() -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -43,10 +53,32 @@ def agent_build() -> tuple[str, bytes]:
     return f"gputui-agent-{hashlib.sha256(data).hexdigest()[:16]}.pyz", data
 
 
+def tree_hash() -> str:
+    """The hash (``agent_install.files_hash``) the unpacked build must have."""
+    return agent_install.files_hash(_sources())
+
+
+def unpacked_name(pyz_name: str) -> str:
+    """The folder the build named ``pyz_name`` is unpacked into: the same name without ``.pyz``."""
+    return pyz_name[: -len(".pyz")]
+
+
+def installer_source() -> str:
+    """The text of ``agent_install``, run on a host as ``python3 -c TEXT check|unpack ...``."""
+    return Path(agent_install.__file__).read_text(encoding="utf-8")
+
+
 def ensure_local_build(cache_dir: Path) -> Path:
-    """Write the build into ``cache_dir`` once (atomically) and return its path."""
+    """The build unpacked in ``cache_dir`` (checked; unpacked again when missing or damaged): run it with
+    ``python3 DIR``."""
     name, data = agent_build()
-    path = cache_dir / name
-    if not path.exists() or path.read_bytes() != data:
-        write_atomic(path, data, mode=0o644)
-    return path
+    out = cache_dir / unpacked_name(name)
+    expected = tree_hash()
+    if agent_install.tree_hash(str(out)) != expected:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for left in cache_dir.glob(".gputui-agent-*"):  # temp folders of unpacks that were killed
+            with contextlib.suppress(OSError):
+                if time.time() - left.stat().st_mtime > STALE_TEMP_S:
+                    shutil.rmtree(left)
+        agent_install.unpack(io.BytesIO(data), str(out), expected)
+    return out

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import model as M
 from .config import Config
 from .cost import price_per_hour
 from .gather import Fleetish, Outcome, gather_hosts
-from .records import job_insights, run_record
 from .session import HostSession
 
 
@@ -65,10 +64,11 @@ async def collect_jobs(
 
     ``connect``: start each session first (the CLI); the app's sessions are connected already.
     """
+    from .records import with_insights  # log parsing: only the commands that show insights load it
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
-        return [replace(j, insights=await job_insights(s, j)) for j in jobs]
+        return await with_insights(s, jobs)
 
     results: dict[str, Outcome[list[M.Job]]] = await gather_hosts(fleet, names, collect, connect=connect)
     jobs = [job for res in results.values() if not isinstance(res, BaseException) for job in res]
@@ -84,6 +84,8 @@ async def collect_history(
     fleet: Fleetish, config: Config, names: list[str], connect: bool = True
 ) -> tuple[list[dict[str, Any]], dict[str, BaseException]]:
     """Finished runs of the named hosts, newest first, as history records; (records, errors by host)."""
+    from .records import run_record
+
     jobs, errors = await collect_jobs(fleet, names, ended_only=True, connect=connect)
     records = [run_record(j, j.insights, host_currency(config, j.host)) for j in jobs]
     records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)

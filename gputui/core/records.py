@@ -2,42 +2,52 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from remote_agent import protocol as P
 
 from .insights import Hint, JobInsights, timed_parser, with_exit_hint
-from .link import AgentError
 from .model import JOB_RUNNING, Job
-from .session import HostSession
+from .session import HostSession, LogTail
 
 #: Only the end of a log is parsed for insights: progress and final metrics live there.
-TAIL_BYTES = 512 * 1024
+TAIL_BYTES = 64 * 1024
 
 
-async def job_insights(session: HostSession, job: Job) -> JobInsights:
-    """Progress, metrics and hints parsed from the last TAIL_BYTES of the job's log, plus an exit-code hint.
+async def jobs_insights(session: HostSession, jobs: Sequence[Job]) -> list[JobInsights]:
+    """For each job: progress, metrics and hints parsed from the last TAIL_BYTES of its log, plus an
+    exit-code hint; the tails come a page of jobs per request, not one request per job.
 
     The host's record of when the log's bytes were written gives the rates a live reader would have seen.
     """
-    start = offset = max(0, job.log_size - TAIL_BYTES)
-    data = bytearray()
-    try:
-        while True:
-            offset, chunk, size = await session.read_log(job.id, offset)
-            data += chunk
-            offset += len(chunk)
-            if not chunk or offset >= size:
-                break
-    except AgentError as exc:  # e.g. the log became a dir or a FIFO: this job's problem, not the host's
+    found: dict[str, JobInsights] = {}
+    by_id = {job.id: job for job in jobs}
+    async for tails in session.log_tails(list(by_id), TAIL_BYTES):  # parsed while the next page comes
+        found.update(
+            (job_id, _insights(by_id[job_id], tail)) for job_id, tail in tails.items() if job_id in by_id
+        )
+    return [found[job.id] if job.id in found else _insights(job, None) for job in jobs]
+
+
+async def with_insights(session: HostSession, jobs: Sequence[Job]) -> list[Job]:
+    """The jobs, each with its ``insights`` (``jobs_insights``)."""
+    insights = await jobs_insights(session, jobs)
+    return [replace(job, insights=ins) for job, ins in zip(jobs, insights, strict=True)]
+
+
+async def job_insights(session: HostSession, job: Job) -> JobInsights:
+    """``jobs_insights`` of one job."""
+    return (await jobs_insights(session, [job]))[0]
+
+
+def _insights(job: Job, tail: LogTail | None) -> JobInsights:
+    if tail is None or tail.error is not None:  # e.g. the log became a dir or a FIFO: this job's problem
         fix = f"look at jobs/{job.id}/output.log in the host's state dir"
-        return JobInsights(hints=(Hint("log_unreadable", "the job's log cannot be read", fix, str(exc)),))
-    try:
-        times = await session.log_times(job.id, start, offset)
-    except AgentError:  # an agent from before the time index: no rates, as before
-        times = []
-    parser = timed_parser(bytes(data), start, times)
+        detail = tail.error if tail is not None and tail.error is not None else "the host did not send it"
+        return JobInsights(hints=(Hint("log_unreadable", "the job's log cannot be read", fix, detail),))
+    parser = timed_parser(tail.data, tail.offset, tail.times)
     if job.state != JOB_RUNNING:
         parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()

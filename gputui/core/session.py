@@ -8,7 +8,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -26,6 +26,26 @@ SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every
 MAX_KILL_GRACE_S = P.MAX_KILL_GRACE_S  # the agent refuses a longer grace between kill signals
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """The end of one job's log (``logs.tails``): bytes from ``offset``, and when they were written."""
+
+    offset: int
+    data: bytes
+    size: int
+    times: list[tuple[int, float]]
+    error: str | None = None  # this job's log cannot be read (the rest is empty)
+
+
+def _log_tail(tail: dict[str, Any]) -> tuple[str, LogTail]:
+    """(job id, LogTail) of one entry of a ``logs.tails`` reply."""
+    if "error" in tail:
+        return str(tail.get("job")), LogTail(0, b"", 0, [], str(tail["error"]))
+    times = [(int(o), float(t)) for o, t in tail.get("times") or ()]
+    data = P.unb64(tail.get("b64") or "")
+    return str(tail.get("job")), LogTail(int(tail["offset"]), data, int(tail["size"]), times)
 
 
 @dataclass
@@ -365,6 +385,35 @@ class HostSession:
         """When the job's log bytes ``start..end`` were written: (offset, unix time) pairs, oldest first."""
         res = await self.request(P.OP_LOGS_TIMES, job=job, start=start, end=end)
         return [(int(o), float(t)) for o, t in res.get("times") or ()]
+
+    async def log_tails(self, jobs: Sequence[str], max_bytes: int) -> AsyncIterator[dict[str, LogTail]]:
+        """The last ``max_bytes`` of each job's log and when they were written, by job id, a page at a time:
+        one ``logs.tails`` request per page (the agent bounds each reply), not one per job. The next page is
+        asked for while the caller works on this one (two requests in flight at most)."""
+        per_page = max(1, min(P.TAILS_JOBS, P.TAILS_PAGE_BYTES // max(1, max_bytes)))
+        rest = list(jobs)
+        asked: list[str] = []
+        pending: asyncio.Future[Any] | None = None
+
+        def ask() -> asyncio.Future[Any] | None:
+            nonlocal asked, rest
+            asked, rest = asked + rest[: per_page - len(asked)], rest[per_page - len(asked) :]
+            if not asked:
+                return None
+            return asyncio.ensure_future(self.request(P.OP_LOGS_TAILS, jobs=asked, max_bytes=max_bytes))
+
+        try:
+            pending = ask()
+            while pending is not None:
+                got = (await pending).get("tails") or []
+                if not got:
+                    raise AgentError("bad_reply", "logs.tails answered no job")
+                asked = asked[len(got) :]  # what the reply did not reach goes first in the next request
+                pending = ask()
+                yield dict(_log_tail(tail) for tail in got)
+        finally:
+            if pending is not None:
+                pending.cancel()
 
     async def follow_log(
         self,

@@ -23,7 +23,7 @@ import asyncssh
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 from . import known_hosts as kh
-from .bundle import agent_build
+from .bundle import agent_build, installer_source, tree_hash, unpacked_name
 from .config import HostConfig
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
@@ -84,7 +84,8 @@ class Target:
 class RemoteAgent:
     python: str  # absolute path of the interpreter on the host
     state_dir: str  # absolute
-    pyz: str  # absolute path of this client's agent build on the host
+    pyz: str  # absolute path of this client's agent build on the host (the zipapp, as uploaded)
+    build: str  # the same build unpacked beside it (checked): what runs, so Python caches its bytecode
 
 
 class _Client(asyncssh.SSHClient):
@@ -315,7 +316,8 @@ class SSHTransport(Transport):
         python = self.cfg.python or "python3"
         nonce = secrets.token_hex(8)
         begin, end = f"gputui-probe-{nonce}-begin", f"gputui-probe-{nonce}-end"
-        pyz = f"agent/{shlex.quote(name)}"
+        pyz, build = (f"agent/{shlex.quote(n)}" for n in (name, unpacked_name(name)))
+        check = f'"$py" -c {shlex.quote(installer_source())} check {pyz} {build} 2>/dev/null\n'
         probe = (
             f"printf '\\n%s\\n' {begin}; trap 'echo {end}' EXIT\n"
             f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
@@ -326,11 +328,11 @@ class SSHTransport(Transport):
             "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
             'mkdir -p "$dir" && cd "$dir" || { echo bad-dir; exit 0; }\n'
             'echo "python $py"; echo "dir $(pwd -P)"\n'
-            # Temp files of uploads that died (link lost, process killed); a fresh one may be another
-            # client's upload in progress.
-            f"[ -d agent ] && find agent -maxdepth 1 -name '.gputui-agent-*.pyz.*' -mmin +{STALE_UPLOAD_MIN} "
-            "-exec rm -f {} + 2>/dev/null\n"
-            f'[ -f {pyz} ] && echo "agent-sha256 $("$py" -c {shlex.quote(_SHA256_PY)} {pyz} 2>&1 | tail -n 1)"\n'
+            # Temp files and folders of uploads or unpacks that died (link lost, process killed); a fresh one
+            # may be another client's in progress.
+            f"[ -d agent ] && find agent -maxdepth 1 -name '.gputui-agent-*' -mmin +{STALE_UPLOAD_MIN} "
+            "-exec rm -rf {} + 2>/dev/null\n"
+            f"{check}"
             "exit 0\n"
         )  # fmt: skip
         res = await self._run(conn, probe)
@@ -377,39 +379,48 @@ class SSHTransport(Transport):
         if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
             detail = facts["stderr"] or "no output"
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
-        agent = RemoteAgent(facts["python"], facts["dir"], f"{facts['dir']}/agent/{name}")
-        present = facts.get("agent-sha256")
-        if present != hashlib.sha256(data).hexdigest():
-            if present is not None:
-                log.warning(
-                    "%s: the agent build on the host is damaged (%s); uploading it again", host, present
-                )
-            await self._upload(conn, agent, name, data)
+        base = f"{facts['dir']}/agent/"
+        agent = RemoteAgent(facts["python"], facts["dir"], base + name, base + unpacked_name(name))
+        present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
+        upload = present != hashlib.sha256(data).hexdigest()
+        if upload and present is not None:
+            log.warning("%s: the agent build on the host is damaged (%s); uploading it again", host, present)
+        if tree != tree_hash() and tree is not None:
+            log.warning("%s: the unpacked agent build on the host is damaged; unpacking it again", host)
+        if upload or tree != tree_hash():
+            await self._install(conn, agent, name, data if upload else None)
         return agent
 
-    async def _upload(
-        self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes
+    async def _install(
+        self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes | None
     ) -> None:
-        """``cat > tmp``, check sha256 on the host, then ``mv``: hosts without sftp/scp work too.
+        """Upload the zipapp when ``data`` is given (``cat > tmp``, check sha256 on the host, then ``mv``:
+        hosts without sftp/scp work too), then unpack it beside itself, checked against ``tree_hash``.
 
-        The temp file goes whatever happens (a trap); one left by a killed upload is removed by a later probe.
+        Temp files go whatever happens (a trap); one left by a killed upload is removed by a later probe.
         """
-        sha = f"{shlex.quote(agent.python)} -c {shlex.quote(_SHA256_PY)}"
-        script = (
-            f'umask 077; dir={shlex.quote(f"{agent.state_dir}/agent")}; mkdir -p "$dir" || exit 1\n'
-            f'tmp="$dir"/.{shlex.quote(name)}.$$\n'
-            "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
-            'cat > "$tmp" || exit 1\n'
-            f'sum=$({sha} "$tmp") || exit 1\n'
-            f'[ "$sum" = {hashlib.sha256(data).hexdigest()} ] '
-            '|| { echo "sha256 mismatch after upload: $sum" >&2; exit 1; }\n'
-            f'mv -f "$tmp" {shlex.quote(agent.pyz)}\n'
+        py = shlex.quote(agent.python)
+        script = f'umask 077; dir={shlex.quote(f"{agent.state_dir}/agent")}; mkdir -p "$dir" || exit 1\n'
+        if data is not None:
+            script += (
+                f'tmp="$dir"/.{shlex.quote(name)}.$$\n'
+                "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
+                'cat > "$tmp" || exit 1\n'
+                f'sum=$({py} -c {shlex.quote(_SHA256_PY)} "$tmp") || exit 1\n'
+                f'[ "$sum" = {hashlib.sha256(data).hexdigest()} ] '
+                '|| { echo "sha256 mismatch after upload: $sum" >&2; exit 1; }\n'
+                f'mv -f "$tmp" {shlex.quote(agent.pyz)} || exit 1\n'
+            )
+        script += (
+            f"{py} -c {shlex.quote(installer_source())} unpack "
+            f"{shlex.quote(agent.pyz)} {shlex.quote(agent.build)} {tree_hash()}\n"
         )
         res = await self._run(conn, script, data)
         if res.exit_status != 0:
             err = res.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {res.exit_status}"
-            raise HostError(f"uploading the agent to {self.cfg.name} failed: {err}", "deploy")
-        log.info("%s: uploaded agent %s (%d bytes)", self.cfg.name, name, len(data))
+            what = "uploading the agent to" if data is not None else "unpacking the agent on"
+            raise HostError(f"{what} {self.cfg.name} failed: {err}", "deploy")
+        log.info("%s: installed agent %s (%d bytes uploaded)", self.cfg.name, name, len(data or b""))
 
     # --- agent ------------------------------------------------------------------------------------------------
     async def open_agent(self) -> AgentChannel:
@@ -417,10 +428,11 @@ class SSHTransport(Transport):
         if self._agent is None:
             self._agent = await self._deploy(conn)
         agent = self._agent
-        argv = [agent.python, agent.pyz, "serve", "--state-dir", agent.state_dir]
+        argv = [agent.python, agent.build, "serve", "--state-dir", agent.state_dir]
         argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
         # The newline ends whatever a login script printed without one, so the agent's hello starts a line.
-        script = f"test -f {shlex.quote(agent.pyz)} || exit {EXIT_NO_AGENT}; echo; exec {shlex.join(argv)}"
+        main = shlex.quote(f"{agent.build}/__main__.py")
+        script = f"test -f {main} || exit {EXIT_NO_AGENT}; echo; exec {shlex.join(argv)}"
         try:
             proc = await asyncio.wait_for(
                 conn.create_process(sh(script), encoding=None, window=AGENT_WINDOW),
@@ -442,7 +454,7 @@ class SSHTransport(Transport):
         conn = await self._connection()
         if self._agent is None:
             self._agent = await self._deploy(conn)
-        argv = [self._agent.python, self._agent.pyz, *args]
+        argv = [self._agent.python, self._agent.build, *args]
         try:
             proc = await asyncio.wait_for(
                 conn.create_process(sh(f"exec {shlex.join(argv)}"), encoding=None), self.cfg.connect_timeout

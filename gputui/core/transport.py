@@ -90,8 +90,8 @@ class LocalTransport(Transport):
         return []
 
     async def open_agent(self) -> AgentChannel:
-        pyz = ensure_local_build(self.cache_dir)
-        argv = [self.python, str(pyz), "serve", "--state-dir", self.state_dir]
+        build = ensure_local_build(self.cache_dir)
+        argv = [self.python, str(build), "serve", "--state-dir", self.state_dir]
         argv += ["--idle-timeout", str(self.idle_timeout), "--nvidia-smi", self.nvidia_smi]
         try:
             proc = await asyncio.create_subprocess_exec(

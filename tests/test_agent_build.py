@@ -1,0 +1,43 @@
+"""The local agent build: unpacked beside its hash, checked, unpacked again when damaged; runs with .pyc."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gputui.core import agent_install
+from gputui.core.bundle import agent_build, ensure_local_build, tree_hash
+
+
+def test_local_build_is_unpacked_checked_and_repaired(tmp_path: Path) -> None:
+    build = ensure_local_build(tmp_path)
+    assert build.name == agent_build()[0][: -len(".pyz")]
+    assert agent_install.tree_hash(str(build)) == tree_hash()
+    res = subprocess.run([sys.executable, str(build), "cat", str(build / "__main__.py"), "0"],
+                         capture_output=True, check=True)  # fmt: skip
+    assert res.stdout == (build / "__main__.py").read_bytes()
+    assert list((build / "remote_agent" / "__pycache__").glob("*.pyc")), "no bytecode cached"
+
+    stale, fresh = tmp_path / f".{build.name}.d.4242", tmp_path / f".{build.name}.d.4343"  # killed; in progress
+    for path in (stale, fresh):
+        path.mkdir()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    (build / "remote_agent" / "jobs.py").write_bytes(b"damaged")
+    assert ensure_local_build(tmp_path) == build
+    assert agent_install.tree_hash(str(build)) == tree_hash()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([build.name, fresh.name])  # ours are gone
+
+
+def test_unpack_refuses_a_build_that_does_not_match_its_hash(tmp_path: Path) -> None:
+    out = tmp_path / "gputui-agent-x"
+    try:
+        agent_install.unpack(io.BytesIO(agent_build()[1]), str(out), "0" * 64)
+    except OSError as exc:
+        assert "does not match" in str(exc)
+    else:
+        raise AssertionError("a build with the wrong hash was unpacked")
+    assert list(tmp_path.iterdir()) == []
