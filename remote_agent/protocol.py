@@ -256,6 +256,9 @@ class JobRecord(TypedDict, total=False):
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/usage.py)
     error: str  # this job's own problem (unreadable files)
     log_error: str  # e.g. "disk full at offset N": the log stops there
+    stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/stall.py)
+    stalled_since: float  # when it was last seen active (a busy GPU, a growing log)
+    stalled_reason: str
 
 
 class DoctorCheck(TypedDict):

@@ -5,6 +5,7 @@ jobs keep running in tmux either way.
 """
 
 import getpass
+import json
 import os
 import platform
 import socket
@@ -53,6 +54,7 @@ def build_id() -> str:
 _WATCHDOG_NUMBERS = {
     "autostop_minutes": (0.0, 1e9), "release_at": (-1e12, 1e12), "interval": (0.5, 3600.0),
     "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
+    "stall_minutes": (0.0, 1e9),
 }  # fmt: skip
 
 
@@ -97,12 +99,14 @@ class Agent:
             P.OP_PING: lambda a: {"t": time.time()},
             P.OP_HOST_INFO: lambda a: self.facts(),
             P.OP_JOBS_START: self.op_start,
-            P.OP_JOBS_LIST: lambda a: self.jobs.page(
-                P.int_arg(a, "after", 0),
-                P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
-                P.LIST_PAGE_BYTES,
+            P.OP_JOBS_LIST: lambda a: self._mark_stalled_page(
+                self.jobs.page(
+                    P.int_arg(a, "after", 0),
+                    P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
+                    P.LIST_PAGE_BYTES,
+                )
             ),
-            P.OP_JOBS_GET: lambda a: self.jobs.full_record(str(a.get("job"))),
+            P.OP_JOBS_GET: lambda a: self._mark_stalled(self.jobs.full_record(str(a.get("job")))),
             P.OP_JOBS_KILL: self.op_kill,
             P.OP_LOGS_READ: self.op_read,
             P.OP_LOGS_FOLLOW: self.op_follow,
@@ -294,6 +298,7 @@ class Agent:
             if config.get(key) is not None:
                 config[key] = P.number_arg(config, key, 0.0, low, high)
         config["boot_id"] = self.facts()["boot_id"]
+        config["nvidia_smi"] = self.jobs.nvidia_smi  # the watchdog reads the GPUs as this agent does
         path = self._watchdog_path(W.CONFIG)
         if not W.is_armed(config, config["boot_id"]):
             try:
@@ -313,6 +318,25 @@ class Agent:
             "started": W.ensure_running(self.jobs.state_dir, self.launcher),
             "config": config,
         }
+
+    def _mark_stalled(
+        self, record: Dict[str, Any], stalled: Optional[Dict[str, Any]] = None
+    ) -> Dict[str, Any]:
+        """Add ``stalled``, ``stalled_since`` and ``stalled_reason`` to a running job the watchdog found stalled."""
+        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"]) if stalled is None else stalled
+        verdict = stalled.get(str(record.get("id")))
+        if verdict is not None and record.get("state") == P.JOB_RUNNING:
+            record.update(stalled=True, stalled_since=verdict.get("since"), stalled_reason=verdict.get("why"))
+        return record
+
+    def _mark_stalled_page(self, page: P.Raw) -> P.Raw:
+        """A listing page with stalled jobs marked (re-encoded only when some job is stalled)."""
+        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+        if not stalled:
+            return page
+        reply = json.loads(page)
+        reply["jobs"] = [self._mark_stalled(job, stalled) for job in reply["jobs"]]
+        return P.Raw(json.dumps(reply, separators=(",", ":")))
 
     def _update_watchdog(self, **changes: Any) -> Dict[str, Any]:
         config = read_json(self._watchdog_path(W.CONFIG))

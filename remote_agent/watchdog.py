@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .activity import ActivityLog, idle_status
 from .boot import boot_id, boot_time
 from .fsutil import open_regular, read_json, write_json
+from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
@@ -31,11 +32,12 @@ _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
     """Why ``config`` asks for nothing on this boot, or None when it is armed."""
-    if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
+    releases = bool(config and (config.get("autostop_minutes") or config.get("release_at") is not None))
+    if not config or not (releases or config.get("stall_minutes")):
         return "nothing to watch"
     if config.get("boot_id") != boot:
         return "config is from another boot"
-    if not config.get("release_remote"):
+    if releases and not config.get("release_remote"):
         return "no release_remote command configured"
     return None
 
@@ -92,10 +94,30 @@ def view(state_dir: str, idle: Dict[str, Any], boot: Optional[str]) -> Optional[
     return dict(state, **current)
 
 
+def stalled_jobs(state_dir: str, boot: Optional[str]) -> Dict[str, Dict[str, Any]]:
+    """The watchdog's stall verdicts ``{id: {"since", "why"}}`` while they are fresh (its last pass is at most
+    three intervals old) and stall detection is armed; else none."""
+    config = read_json(os.path.join(state_dir, CONFIG))
+    if not is_armed(config, boot) or not config or not config.get("stall_minutes"):
+        return {}
+    state = read_json(os.path.join(state_dir, STATE)) or {}
+    try:
+        age = time.time() - float(state.get("t") or 0.0)
+        fresh = age <= 3.0 * float(config.get("interval", 15.0)) + 30.0
+    except (TypeError, ValueError):
+        return {}
+    stalled = state.get("stalled")
+    if not fresh or not isinstance(stalled, dict):
+        return {}
+    return {str(k): v for k, v in stalled.items() if isinstance(v, dict)}
+
+
 class Watchdog:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.activity = ActivityLog(state_dir)
+        self.stalls = StallTracker()
+        self.stalled: Dict[str, Dict[str, Any]] = {}  # job id -> {"since", "why"}, as last logged
         self.retry_at = 0.0
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
         self._deadline: Optional[Tuple[float, float]] = (
@@ -150,14 +172,20 @@ class Watchdog:
         self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, now: float, mono: float
     ) -> Dict[str, Any]:
         """Measure activity and plan: the state, with ``due`` set when a release is due now."""
+        util_percent = float(config.get("idle_util_percent", 5.0))
+        stalled: Dict[str, Dict[str, Any]] = {}
         try:
             sample, jobs = sample_fn()
+            if config.get("stall_minutes"):
+                stalled = self.stalls.update(sample, jobs, util_percent, config["stall_minutes"], now, mono)
+            as_idle = set(stalled) if config.get("stalled_counts_as_idle") else set()
             idle = idle_status(
-                sample, jobs, self.activity, facts,
-                float(config.get("idle_util_percent", 5.0)), bool(config.get("count_sessions", True)), now,
+                sample, jobs, self.activity, facts, util_percent, bool(config.get("count_sessions", True)), now,
+                idle_jobs=as_idle,
             )  # fmt: skip
         except Exception as exc:  # never release on doubt
             idle = {"reasons": ["activity check failed: %r" % exc], "idle_since": now, "idle_seconds": 0.0}
+        self._log_stalls(stalled, bool(config.get("stalled_counts_as_idle")))
         if idle["reasons"]:
             self.watched_since = None
         elif self.watched_since is None:
@@ -165,8 +193,17 @@ class Watchdog:
         watched = 0.0 if self.watched_since is None else mono - self.watched_since
         decision = plan(config, idle, now, watched, self._deadline_held(config.get("release_at"), now, mono))
         state = dict(idle, **decision)
-        state.update(t=now, pid=os.getpid(), action=None)
+        state.update(t=now, pid=os.getpid(), action=None, stalled=stalled)
         return state
+
+    def _log_stalls(self, stalled: Dict[str, Dict[str, Any]], as_idle: bool) -> None:
+        """Log each job that became stalled (and whether autostop counts it as idle), and each that recovered."""
+        for jid in sorted(set(stalled) - set(self.stalled)):
+            rule = "counts as idle (stalled_counts_as_idle)" if as_idle else "still counts as busy"
+            self.log("job %s stalled: %s; %s" % (jid, stalled[jid]["why"], rule))
+        for jid in sorted(set(self.stalled) - set(stalled)):
+            self.log("job %s no longer stalled" % jid)
+        self.stalled = stalled
 
     def _deadline_held(self, release_at: Optional[float], now: float, mono: float) -> bool:
         """A deadline must also have come on the monotonic clock, counted from when this process first saw it."""
@@ -184,7 +221,9 @@ class Watchdog:
         if self.read_config() != config:
             self.log("not releasing: the config changed meanwhile (%s)" % state["due"])
             return
-        self.log("releasing: %s" % state["due"])
+        counted = sorted(state.get("stalled") or {}) if config.get("stalled_counts_as_idle") else []
+        why = "; stalled jobs counted as idle: %s" % ", ".join(counted) if counted else ""
+        self.log("releasing: %s%s" % (state["due"], why))
         hook = config.get("pre_stop")
         if hook:
             started = time.monotonic()
@@ -224,7 +263,9 @@ def _loop(state_dir: str) -> int:
 
     dog = Watchdog(state_dir)
     jobs = JobStore(state_dir, launcher=[])
-    sampler = MetricsSampler(state_dir)
+    first = dog.read_config() or {}
+    smi = first.get("nvidia_smi")
+    sampler = MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi")
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     dog.log("started (pid %d)" % os.getpid())
 

@@ -34,7 +34,8 @@ def deadline(host: HostConfig, boot_time: float | None) -> float | None:
 
 
 def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]:
-    """What the host's watchdog is told (no autostop and no deadline: disarmed)."""
+    """What the host's watchdog is told (no autostop, deadline nor stall_minutes: disarmed). It checks every
+    tenth of the shortest window, at most every 15 s."""
     return {
         "autostop_minutes": host.autostop_minutes,
         "release_at": deadline(host, boot_time),
@@ -44,7 +45,9 @@ def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]
         "release_timeout": host.release_timeout,
         "pre_stop": list(host.pre_stop) if host.pre_stop else None,
         "pre_stop_timeout": host.pre_stop_timeout,
-        "interval": max(0.5, min(15.0, (host.autostop_minutes or 60.0) * 6.0)),  # a tenth of the window
+        "stall_minutes": host.stall_minutes,
+        "stalled_counts_as_idle": host.stalled_counts_as_idle,
+        "interval": max(0.5, min(15.0, min(host.autostop_minutes or 60.0, host.stall_minutes or 60.0) * 6.0)),
     }
 
 

@@ -65,6 +65,9 @@ class HostConfig:
     pre_stop_timeout: float = 300.0
     release_after_hours: float | None = None
     release_at: dt.datetime | None = None
+    # stalled jobs (see remote_agent/stall.py): GPUs below idle_util_percent and a silent log this long; None: off
+    stall_minutes: float | None = None
+    stalled_counts_as_idle: bool = False  # autostop may then release a host whose only jobs are stalled
 
     @property
     def address(self) -> str:
@@ -122,7 +125,7 @@ DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
     "price_per_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
     "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
-    "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True),
+    "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True), "stall_minutes": (0, 1e6, True),
     "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),
     "daily": (0, None, True), "monthly": (0, None, True), "warn_fraction": (0, 1, True),
 }  # fmt: skip
@@ -272,6 +275,10 @@ def parse(text: str, path: Path) -> Config:
         if values.get("autostop_minutes") and not values.get("release_remote"):
             raise fail(
                 f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host"
+            )
+        if values.get("stalled_counts_as_idle") and not values.get("stall_minutes"):
+            raise fail(
+                f"hosts.{name}", "stalled_counts_as_idle", "needs stall_minutes: how long a job must be quiet"
             )
         hosts[name] = HostConfig(name=name, **values)
     if not hosts:
