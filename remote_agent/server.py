@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
-from . import container
+from . import container, notify
 from . import files as F
 from . import protocol as P
 from . import watchdog as W
@@ -119,6 +119,7 @@ class Agent:
             P.OP_WATCHDOG_CONFIGURE: self.op_watchdog_configure,
             P.OP_WATCHDOG_SNOOZE: self.op_watchdog_snooze,
             P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
+            P.OP_NOTIFY_TEST: self.op_notify_test,
             P.OP_DOCTOR: lambda a: run_doctor(self.sampler, self.jobs.state_dir, a),
             P.OP_FILES_LIST: lambda a: F.list_files(str(a.get("base") or "~"), a.get("patterns")),
             P.OP_FILES_READ: lambda a: F.read_range(
@@ -297,6 +298,8 @@ class Agent:
         for key, (low, high) in _WATCHDOG_NUMBERS.items():
             if config.get(key) is not None:
                 config[key] = P.number_arg(config, key, 0.0, low, high)
+        if config.get("notify") is not None:
+            config["notify"] = notify.checked(config["notify"])
         config["boot_id"] = self.facts()["boot_id"]
         config["nvidia_smi"] = self.jobs.nvidia_smi  # the watchdog reads the GPUs as this agent does
         path = self._watchdog_path(W.CONFIG)
@@ -318,6 +321,16 @@ class Agent:
             "started": W.ensure_running(self.jobs.state_dir, self.launcher),
             "config": config,
         }
+
+    def op_notify_test(self, a: P.NotifyTestArgs) -> P.NotifyTestResult:
+        """Send a test message now with the given settings (once, no retry); the attempt goes to the log."""
+        settings = notify.checked(a.get("notify"))
+        text = "[%s] test message from gputui" % (settings.get("host") or "host")
+        problem = notify.deliver(settings, "test", text)
+        W.log_line(
+            self.jobs.state_dir, "notify test: %s" % ("sent" if problem is None else "failed: " + problem)
+        )
+        return {"sent": problem is None, "error": problem}
 
     def _mark_stalled(
         self, record: Dict[str, Any], stalled: Optional[Dict[str, Any]] = None

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import notify
 from .activity import ActivityLog, idle_status
 from .boot import boot_id, boot_time
 from .fsutil import open_regular, read_json, write_json
@@ -30,10 +31,20 @@ RETRY_AFTER_FAILURE_S = 300.0
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
+def log_line(state_dir: str, message: str) -> None:
+    """Append one stamped line to the watchdog log."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with os.fdopen(open_regular(os.path.join(state_dir, LOG), _APPEND), "a") as f:
+            f.write("%s %s\n" % (stamp, message))
+    except OSError:
+        pass  # e.g. a planted symlink: never write outside the state dir
+
+
 def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
     """Why ``config`` asks for nothing on this boot, or None when it is armed."""
     releases = bool(config and (config.get("autostop_minutes") or config.get("release_at") is not None))
-    if not config or not (releases or config.get("stall_minutes")):
+    if not config or not (releases or config.get("stall_minutes") or notify.enabled(config.get("notify"))):
         return "nothing to watch"
     if config.get("boot_id") != boot:
         return "config is from another boot"
@@ -118,6 +129,8 @@ class Watchdog:
         self.activity = ActivityLog(state_dir)
         self.stalls = StallTracker()
         self.stalled: Dict[str, Dict[str, Any]] = {}  # job id -> {"since", "why"}, as last logged
+        self.notifier = notify.Notifier(state_dir, self.log)
+        self.jobs: List[Dict[str, Any]] = []  # as last sampled
         self.retry_at = 0.0
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
         self._deadline: Optional[Tuple[float, float]] = (
@@ -128,12 +141,7 @@ class Watchdog:
         return os.path.join(self.state_dir, name)
 
     def log(self, message: str) -> None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        try:
-            with os.fdopen(open_regular(self.path(LOG), _APPEND), "a") as f:
-                f.write("%s %s\n" % (stamp, message))
-        except OSError:
-            pass  # e.g. a planted symlink: never write outside the state dir
+        log_line(self.state_dir, message)
 
     def _run_hook(self, what: str, argv: List[str], timeout: float) -> bool:
         self.log("%s: running %s" % (what, argv))
@@ -166,7 +174,24 @@ class Watchdog:
         if state["due"] and now >= self.retry_at:
             self._release(config, facts, sample_fn, state, now, mono)
         write_json(self.path(STATE), state)
+        if notify.enabled(config.get("notify")):
+            self._notify(config, state, now)
         return state
+
+    def _notify(self, config: Dict[str, Any], state: Dict[str, Any], now: float) -> None:
+        """Owe a notification for each new event of this pass, then send what is owed."""
+        settings = config["notify"]
+        host = notify.clean(settings.get("host") or "host")
+        events = notify.job_events(self.jobs, float(config.get("armed_at") or 0.0))
+        for jid, verdict in sorted((state.get("stalled") or {}).items()):
+            events.append({"key": "stalled:%s:%s" % (jid, verdict.get("since")), "event": "stalled",
+                           "text": "job %s stalled: %s" % (jid, verdict.get("why"))})  # fmt: skip
+        if state.get("action") == "released":
+            events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
+                           "text": "released (%s)" % state.get("due")})  # fmt: skip
+        for e in events:
+            self.notifier.queue(settings, e["key"], e["event"], "[%s] %s" % (host, e["text"]), now)
+        self.notifier.flush(settings, now)
 
     def _decide(
         self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, now: float, mono: float
@@ -176,6 +201,7 @@ class Watchdog:
         stalled: Dict[str, Dict[str, Any]] = {}
         try:
             sample, jobs = sample_fn()
+            self.jobs = jobs
             if config.get("stall_minutes"):
                 stalled = self.stalls.update(sample, jobs, util_percent, config["stall_minutes"], now, mono)
             as_idle = set(stalled) if config.get("stalled_counts_as_idle") else set()
