@@ -17,12 +17,23 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .fsutil import read_json, write_json
 
-EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "released", "test")
+EVENTS = (
+    "job_succeeded",
+    "job_failed",
+    "job_killed",
+    "job_lost",
+    "stalled",
+    "autostop_soon",
+    "released",
+    "test",
+)
+SOON_S = 600.0  # autostop_soon: sent once per idle stretch when the release is at most this far off
 SENT, OUTBOX = "notify_sent.json", "notify_outbox.json"
 RETRY_S = (5.0, 30.0, 120.0, 600.0)  # waits after the 1st, 2nd, ... failure (the last one repeats)
 MAX_ATTEMPTS = 8
 MAX_KEYS = 2000  # delivered keys remembered (oldest dropped)
 MAX_OUTBOX = 200
+MAX_PER_PASS = 5  # attempts per watchdog pass: a slow endpoint must not hold up autostop for long
 TIMEOUT_S = 10.0
 MAX_TEXT = 1000
 
@@ -90,25 +101,27 @@ class Notifier:
         items = box.get("items") if isinstance(box, dict) else None
         return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
-    def queue(self, notify: Dict[str, Any], key: str, event: str, text: str, now: float) -> None:
-        """Owe ``event`` once (by ``key``) when the settings ask for it."""
-        if event not in (notify.get("events") or ()):
+    def queue(self, notify: Dict[str, Any], events: List[Dict[str, str]], now: float) -> None:
+        """Owe each event (``{"key", "event", "text"}``) once, when the settings ask for its kind."""
+        wanted = [e for e in events if e["event"] in (notify.get("events") or ())]
+        if not wanted:
             return
         outbox = self._outbox()
-        if key in self._keys() or any(i.get("key") == key for i in outbox):
-            return
-        outbox.append({"key": key, "event": event, "text": clean(text), "attempts": 0, "next_at": now})
-        write_json(self._path(OUTBOX), {"items": outbox[-MAX_OUTBOX:]})
+        known = set(self._keys()) | {str(i.get("key")) for i in outbox}
+        new = [e for e in wanted if e["key"] not in known]
+        if new:
+            outbox += [dict(e, text=clean(e["text"]), attempts=0, next_at=now) for e in new]
+            write_json(self._path(OUTBOX), {"items": outbox[-MAX_OUTBOX:]})
 
     def flush(self, notify: Dict[str, Any], now: float) -> None:
         """Try every owed notification that is due; record the delivered ones, back off the others."""
         outbox, keep = self._outbox(), []
-        delivered = []
+        delivered, tried = [], 0
         for item in outbox:
-            if float(item.get("next_at") or 0.0) > now:
+            if float(item.get("next_at") or 0.0) > now or tried >= MAX_PER_PASS:
                 keep.append(item)
                 continue
-            attempt = int(item.get("attempts") or 0) + 1
+            attempt, tried = int(item.get("attempts") or 0) + 1, tried + 1
             problem = deliver(notify, str(item.get("event")), str(item.get("text")))
             if problem is None:
                 self.log("notify %s (%s): sent on attempt %d" % (item["key"], item["event"], attempt))

@@ -186,11 +186,18 @@ class Watchdog:
         for jid, verdict in sorted((state.get("stalled") or {}).items()):
             events.append({"key": "stalled:%s:%s" % (jid, verdict.get("since")), "event": "stalled",
                            "text": "job %s stalled: %s" % (jid, verdict.get("why"))})  # fmt: skip
+        autostop_at = state.get("autostop_at")
+        if autostop_at is not None and state.get("action") is None and autostop_at - now <= notify.SOON_S:
+            start = window_start(config, float(state.get("idle_since") or now))
+            text = "autostop releases the host in %.0f min" % (max(0.0, autostop_at - now) / 60.0)
+            key = "autostop_soon:%s:%s" % (config.get("boot_id"), start)  # once per idle stretch
+            events.append({"key": key, "event": "autostop_soon", "text": text})
         if state.get("action") == "released":
             events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
                            "text": "released (%s)" % state.get("due")})  # fmt: skip
         for e in events:
-            self.notifier.queue(settings, e["key"], e["event"], "[%s] %s" % (host, e["text"]), now)
+            e["text"] = "[%s] %s" % (host, e["text"])
+        self.notifier.queue(settings, events, now)
         self.notifier.flush(settings, now)
 
     def _decide(

@@ -195,3 +195,44 @@ def test_cli_notify_test_sends_and_reports(home: Home, hook: Hook) -> None:
     configure(None)
     res = home.cli("notify", "local", "--test")
     assert res.returncode == 2 and "no notifications" in res.stderr
+
+
+def test_autostop_soon_and_released_are_sent_once(tmp_path: Path, hook: Hook) -> None:
+    stopped = tmp_path / "stopped"
+    config = notify_config(tmp_path, webhook=hook.url, events=["autostop_soon", "released"])
+    config.update(autostop_minutes=1, release_remote=["touch", str(stopped)])
+    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / "activity.json"), {"last_busy": T, "boot_id": "b"})
+    dog = W.Watchdog(str(tmp_path))
+    idle = lambda: ({"gpus": []}, [])  # noqa: E731
+    for t in (1, 20, 40):  # release due at T + 61: within SOON_S all along, announced once
+        assert dog.check(config, FACTS, idle, now=T + t, mono=t)["action"] is None
+    assert [b["event"] for b in hook.bodies] == ["autostop_soon"]
+    assert hook.bodies[0]["text"].startswith("[gpu1] autostop releases the host in 1 min")
+    assert dog.check(config, FACTS, idle, now=T + 62, mono=62)["action"] == "released" and stopped.exists()
+    assert [b["event"] for b in hook.bodies] == ["autostop_soon", "released"]
+    assert hook.bodies[1]["text"] == "[gpu1] released (idle for 1.0 min)"
+
+
+def test_removing_the_notify_settings_disarms_the_watchdog() -> None:
+    assert (
+        W.disarmed_because(
+            {"notify": {"webhook": "http://h/", "events": ["job_failed"]}, "boot_id": "b"}, "b"
+        )
+        is None
+    )
+    assert W.disarmed_because({"notify": None, "boot_id": "b"}, "b") == "nothing to watch"
+    assert W.disarmed_because({"notify": {"webhook": "http://h/", "events": []}, "boot_id": "b"}, "b") == (
+        "nothing to watch"
+    )
+
+
+def test_a_dead_endpoint_is_tried_a_bounded_number_of_times_per_pass(tmp_path: Path) -> None:
+    from remote_agent import notify as N
+
+    config = notify_config(tmp_path, webhook="http://127.0.0.1:9/closed")  # discard port: refused
+    ended = [dict(FAILED, id=str(i)) for i in range(12)]
+    W.Watchdog(str(tmp_path)).check(config, FACTS, lambda: ({"gpus": []}, ended), now=T + 2, mono=0)
+    log = (tmp_path / W.LOG).read_text()
+    assert log.count("attempt 1 failed (webhook failed:") == N.MAX_PER_PASS
+    assert len(read_json(str(tmp_path / N.OUTBOX))["items"]) == 12  # the rest wait for the next pass

@@ -33,7 +33,7 @@ class ConfigError(ValueError):
     """A config problem, worded as ``file:line: field: what is wrong``."""
 
 
-NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "released")
+NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released")
 NOTIFY_FIELDS = ("command", "webhook", "events")
 
 
@@ -43,7 +43,7 @@ class Notify:
 
     command: tuple[str, ...] | None = None  # argv run on the host; the text on stdin and in GPUTUI_NOTIFY_TEXT
     webhook: str | None = None  # http(s) URL: a JSON POST with the text in text / content / message
-    events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "released")
+    events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released")
 
 
 @dataclass(frozen=True)
