@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -13,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import AgentProc, Home, kill_tmux, wait_for
+from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 
 from remote_agent import watchdog as W
 from remote_agent.fsutil import read_json, write_json
@@ -119,13 +117,7 @@ def test_notify_alone_runs_the_watchdog_with_no_client(tmp_path: Path, hook: Hoo
         assert [b["text"] for b in hook.bodies] == [f"[gpu1] job {job['id']} boom failed (exit 3)"]
     finally:
         agent.close()
-        pid = (read_json(str(state / W.STATE)) or {}).get("pid")
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        kill_tmux(state)
+        stop_host(state)
 
 
 _seen: dict[str, list[float]] = {}
@@ -236,3 +228,18 @@ def test_a_dead_endpoint_is_tried_a_bounded_number_of_times_per_pass(tmp_path: P
     log = (tmp_path / W.LOG).read_text()
     assert log.count("attempt 1 failed (webhook failed:") == N.MAX_PER_PASS
     assert len(read_json(str(tmp_path / N.OUTBOX))["items"]) == 12  # the rest wait for the next pass
+
+
+def test_a_job_that_fails_after_the_ssh_client_left_is_posted(ssh_home: SshHome, hook: Hook) -> None:
+    """Over the real sshd: the CLI starts a job and exits; the host's watchdog posts its failure alone."""
+    config = ssh_home.configure()
+    config.write_text(
+        config.read_text() + f'[hosts.box.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n'
+    )
+    job_id = ssh_home.cli("run", "box", "--", "python3", "-c", "import time; time.sleep(2); raise SystemExit(4)",
+                          check=True).stdout.strip()  # fmt: skip
+    wait_for(lambda: len(hook.bodies) >= 1, timeout=90, what="the job_failed POST from the host")
+    assert hook.bodies[0]["text"].startswith(f"[box] job {job_id} ") and hook.bodies[0]["text"].endswith(
+        "failed (exit 4)"
+    )
+    assert "sent on attempt 1" in (ssh_home.remote_dir / W.LOG).read_text()

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import AgentProc, kill_tmux, wait_for
+from conftest import AgentProc, stop_host, wait_for
 from test_metrics_smi import H100, NoNvml, fake_smi
 
 from remote_agent import watchdog as W
-from remote_agent.fsutil import read_json, write_json
+from remote_agent.fsutil import write_json
 from remote_agent.metrics import MetricsSampler
 
 
@@ -126,13 +124,7 @@ def test_the_detached_watchdog_marks_a_stalled_job_and_autostop_releases(tmp_pat
         assert f"job {jid} stalled" in log and f"stalled jobs counted as idle: {jid}" in log
     finally:
         agent.close()
-        pid = (read_json(str(state / W.STATE)) or {}).get("pid")
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        kill_tmux(state)
+        stop_host(state)
 
 
 @pytest.mark.parametrize(
