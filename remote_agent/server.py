@@ -339,7 +339,9 @@ class Agent:
         stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"]) if stalled is None else stalled
         verdict = stalled.get(str(record.get("id")))
         if verdict is not None and record.get("state") == P.JOB_RUNNING:
-            record.update(stalled=True, stalled_since=verdict.get("since"), stalled_reason=verdict.get("why"))
+            return dict(
+                record, stalled=True, stalled_since=verdict.get("since"), stalled_reason=verdict.get("why")
+            )
         return record
 
     def _mark_stalled_page(self, page: P.Raw) -> P.Raw:
@@ -417,10 +419,15 @@ class Agent:
 
     def _watch_loop(self) -> None:
         """Heartbeats, job state changes, and the silence timeout."""
+
         # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
         # another client, even one that already ended) or whose state changed is pushed.
+        def seen(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # a stalled mark coming or going is a change
+            stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+            return {job["id"]: (job["state"], job["id"] in stalled) for job in jobs}
+
         try:
-            states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
+            states = seen(self.jobs.list())
         except OSError:
             states = {}
         next_jobs = 0.0
@@ -433,10 +440,11 @@ class Agent:
                     jobs = self.jobs.list()
                 except OSError:  # the jobs dir went unreadable: heartbeats go on, the next pass retries
                     continue
+                now_seen = seen(jobs)
                 for job in jobs:
-                    if states.get(job["id"]) != job["state"]:
-                        self.emit(P.EV_JOB, job)
-                    states[job["id"]] = job["state"]
+                    if states.get(job["id"]) != now_seen[job["id"]]:
+                        self.emit(P.EV_JOB, self._mark_stalled(job))
+                    states[job["id"]] = now_seen[job["id"]]
 
     def _handle(self, frame: Dict[str, Any]) -> None:
         req_id = frame.get("id")

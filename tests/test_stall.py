@@ -109,6 +109,8 @@ def test_the_detached_watchdog_marks_a_stalled_job_and_autostop_releases(tmp_pat
             [rec] = agent.call("jobs.list")["result"]["jobs"]
             return rec.get("stalled") is True
 
+        pushed = agent.wait_event("job", timeout=60, id=jid, stalled=True)["data"]  # the app learns it live
+        assert "GPU 0 below 5%" in pushed["stalled_reason"]
         wait_for(marked, timeout=60, what="job marked stalled")
         rec = agent.call("jobs.get", job=jid)["result"]
         assert rec["stalled"] is True and "GPU 0 below 5% and no log output" in rec["stalled_reason"]
