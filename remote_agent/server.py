@@ -378,6 +378,7 @@ class Agent:
             sample["activity"] = idle_status(
                 sample, self.jobs.list(), self.activity, self.facts(),
                 self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
+                idle_jobs=W.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
             )  # fmt: skip
         except Exception as exc:  # doubt counts as activity
             sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}

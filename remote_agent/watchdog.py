@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import notify
 from .activity import ActivityLog, idle_status
@@ -121,6 +121,12 @@ def stalled_jobs(state_dir: str, boot: Optional[str]) -> Dict[str, Dict[str, Any
     if not fresh or not isinstance(stalled, dict):
         return {}
     return {str(k): v for k, v in stalled.items() if isinstance(v, dict)}
+
+
+def stalled_idle(state_dir: str, boot: Optional[str]) -> Set[str]:
+    """The jobs the watchdog found stalled, when its settings count them as idle (else none)."""
+    config = read_json(os.path.join(state_dir, CONFIG)) or {}
+    return set(stalled_jobs(state_dir, boot)) if config.get("stalled_counts_as_idle") else set()
 
 
 class Watchdog:

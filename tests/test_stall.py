@@ -120,6 +120,11 @@ def test_the_detached_watchdog_marks_a_stalled_job_and_autostop_releases(tmp_pat
             stalled_counts_as_idle=True, autostop_minutes=0.05, release_remote=["touch", str(stopped)]
         )
         assert agent.call("watchdog.configure", config=config)["result"]["armed"] is True
+
+        def reasons() -> list[str]:
+            return agent.call("metrics.sample", count_sessions=False)["result"]["activity"]["reasons"]
+
+        assert f"job {jid} running" not in reasons()  # the app sees the host idle, as autostop does
         agent.close()
         wait_for(stopped.exists, timeout=60, what="autostop to release the host of its stalled job")
         log = (state / W.LOG).read_text()
