@@ -356,6 +356,22 @@ async def cmd_autostop(args: argparse.Namespace) -> int:
     return await _with_session(args, args.host, body)
 
 
+async def cmd_notify(args: argparse.Namespace) -> int:
+    """``notify HOST --test``: the host sends a test message with its [notify] settings now."""
+    settings = autostop.notify_settings(cfg.load(args.config).host(args.host))
+    if settings is None:
+        raise CliError(f"{args.host} has no notifications: set [notify] webhook or command in the config", EXIT_USAGE)
+
+    async def body(s: HostSession) -> int:
+        result = await s.notify_test(settings)
+        if not result.get("sent"):
+            raise CliError(f"{args.host}: test notification failed: {result.get('error')}", EXIT_FAIL)
+        print(f"{args.host}: test notification sent")
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
 async def cmd_doctor(args: argparse.Namespace) -> int:
     if not 0 < args.timeout <= 600:
         raise CliError("--timeout must be between 0 and 600 seconds", EXIT_USAGE)
@@ -612,6 +628,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"postpone autostop: the idle window restarts after MIN minutes (at most {autostop.MAX_SNOOZE_MIN})")  # fmt: skip
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
+
+    nt = sub.add_parser("notify", help="send a test notification from a host with its [notify] settings")
+    nt.add_argument("host")
+    nt.add_argument("--test", action="store_true", required=True, help="send a test message now")
+    nt.set_defaults(func=cmd_notify)
 
     sy = sub.add_parser("sync", help="copy a local tree to the host: only changed files travel")
     sy.add_argument("host")

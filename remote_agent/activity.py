@@ -10,7 +10,7 @@ The time of the last busy sample is kept on disk so that idleness survives agent
 import os
 import struct
 import time
-from typing import Any, Dict, List, Optional
+from typing import AbstractSet, Any, Dict, List, Optional
 
 from .container import grant_of, holders
 from .fsutil import read_json, write_json
@@ -52,10 +52,12 @@ def busy_reasons(
     jobs: List[Dict[str, Any]],
     util_percent: float = 5.0,
     sessions: Optional[List[Dict[str, Any]]] = None,
+    idle_jobs: AbstractSet[str] = frozenset(),
 ) -> List[str]:
-    """Why the host is NOT idle in this sample (empty list: idle)."""
+    """Why the host is NOT idle in this sample (empty list: idle). ``idle_jobs``: running jobs that count as
+    idle (stalled ones, when the user asked for that); their GPUs and processes still count as usual."""
     running = [j for j in jobs if j.get("state") == JOB_RUNNING]
-    reasons = ["job %s running" % j["id"] for j in running]
+    reasons = ["job %s running" % j["id"] for j in running if str(j["id"]) not in idle_jobs]
     grants = [{"id": j["id"], "gpus": grant_of(j)} for j in running]
     for gpu in sample.get("gpus") or []:
         util = gpu.get("util_percent")
@@ -134,11 +136,12 @@ def idle_status(
     util_percent: float,
     count_sessions: bool,
     now: Optional[float] = None,
+    idle_jobs: AbstractSet[str] = frozenset(),
 ) -> Dict[str, Any]:
     """The host's idleness after this sample: reasons, and since when it has had none."""
     now = time.time() if now is None else now
     sessions = login_sessions() if count_sessions else []
-    reasons = busy_reasons(sample, jobs, util_percent, sessions)
+    reasons = busy_reasons(sample, jobs, util_percent, sessions, idle_jobs)
     log.observe(reasons, facts.get("boot_id"), facts.get("boot_time"), now)
     since = now if reasons else log.idle_since(jobs, facts.get("boot_time"))
     return {"reasons": reasons, "idle_since": since, "idle_seconds": max(0.0, now - since)}

@@ -66,6 +66,7 @@ OP_EXEC = "host.exec"  # run an argv on the host with a timeout (release_remote)
 OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
+OP_NOTIFY_TEST = "notify.test"  # send a test notification now with the given [notify] settings
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/doctor.py)
 # Files carried to and from the host (remote_agent/files.py).
 OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
@@ -262,6 +263,9 @@ class JobRecord(TypedDict, total=False):
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/usage.py)
     error: str  # this job's own problem (unreadable files)
     log_error: str  # e.g. "disk full at offset N": the log stops there
+    stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/stall.py)
+    stalled_since: float  # when it was last seen active (a busy GPU, a growing log)
+    stalled_reason: str
 
 
 class DoctorCheck(TypedDict):
@@ -388,6 +392,15 @@ class WatchdogConfigureResult(TypedDict):
     armed: bool
     started: bool
     config: Optional[Dict[str, Any]]
+
+
+class NotifyTestArgs(TypedDict):
+    notify: Dict[str, Any]  # {"webhook", "command", "events", "host"} (remote_agent/notify.py)
+
+
+class NotifyTestResult(TypedDict):
+    sent: bool
+    error: Optional[str]  # what failed, when not sent
 
 
 class SnoozeArgs(TypedDict, total=False):

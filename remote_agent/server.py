@@ -5,6 +5,7 @@ jobs keep running in tmux either way.
 """
 
 import getpass
+import json
 import os
 import platform
 import socket
@@ -14,7 +15,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional
 
-from . import container
+from . import container, notify
 from . import files as F
 from . import protocol as P
 from . import watchdog as W
@@ -54,6 +55,7 @@ def build_id() -> str:
 _WATCHDOG_NUMBERS = {
     "autostop_minutes": (0.0, 1e9), "release_at": (-1e12, 1e12), "interval": (0.5, 3600.0),
     "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
+    "stall_minutes": (0.0, 1e9),
 }  # fmt: skip
 
 
@@ -98,12 +100,14 @@ class Agent:
             P.OP_PING: lambda a: {"t": time.time()},
             P.OP_HOST_INFO: lambda a: self.facts(),
             P.OP_JOBS_START: self.op_start,
-            P.OP_JOBS_LIST: lambda a: self.jobs.page(
-                P.int_arg(a, "after", 0),
-                P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
-                P.LIST_PAGE_BYTES,
+            P.OP_JOBS_LIST: lambda a: self._mark_stalled_page(
+                self.jobs.page(
+                    P.int_arg(a, "after", 0),
+                    P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
+                    P.LIST_PAGE_BYTES,
+                )
             ),
-            P.OP_JOBS_GET: lambda a: self.jobs.full_record(str(a.get("job"))),
+            P.OP_JOBS_GET: lambda a: self._mark_stalled(self.jobs.full_record(str(a.get("job")))),
             P.OP_JOBS_KILL: self.op_kill,
             P.OP_LOGS_READ: self.op_read,
             P.OP_LOGS_FOLLOW: self.op_follow,
@@ -117,6 +121,7 @@ class Agent:
             P.OP_WATCHDOG_CONFIGURE: self.op_watchdog_configure,
             P.OP_WATCHDOG_SNOOZE: self.op_watchdog_snooze,
             P.OP_WATCHDOG_CANCEL: self.op_watchdog_cancel,
+            P.OP_NOTIFY_TEST: self.op_notify_test,
             P.OP_DOCTOR: lambda a: run_doctor(self.sampler, self.jobs.state_dir, a),
             P.OP_FILES_LIST: lambda a: F.list_files(str(a.get("base") or "~"), a.get("patterns")),
             P.OP_FILES_READ: lambda a: F.read_range(
@@ -322,7 +327,10 @@ class Agent:
         for key, (low, high) in _WATCHDOG_NUMBERS.items():
             if config.get(key) is not None:
                 config[key] = P.number_arg(config, key, 0.0, low, high)
+        if config.get("notify") is not None:
+            config["notify"] = notify.checked(config["notify"])
         config["boot_id"] = self.facts()["boot_id"]
+        config["nvidia_smi"] = self.jobs.nvidia_smi  # the watchdog reads the GPUs as this agent does
         path = self._watchdog_path(W.CONFIG)
         if not W.is_armed(config, config["boot_id"]):
             try:
@@ -342,6 +350,37 @@ class Agent:
             "started": W.ensure_running(self.jobs.state_dir, self.launcher),
             "config": config,
         }
+
+    def op_notify_test(self, a: P.NotifyTestArgs) -> P.NotifyTestResult:
+        """Send a test message now with the given settings (once, no retry); the attempt goes to the log."""
+        settings = notify.checked(a.get("notify"))
+        text = "[%s] test message from gputui" % (settings.get("host") or "host")
+        problem = notify.deliver(settings, "test", text)
+        W.log_line(
+            self.jobs.state_dir, "notify test: %s" % ("sent" if problem is None else "failed: " + problem)
+        )
+        return {"sent": problem is None, "error": problem}
+
+    def _mark_stalled(
+        self, record: Dict[str, Any], stalled: Optional[Dict[str, Any]] = None
+    ) -> Dict[str, Any]:
+        """Add ``stalled``, ``stalled_since`` and ``stalled_reason`` to a running job the watchdog found stalled."""
+        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"]) if stalled is None else stalled
+        verdict = stalled.get(str(record.get("id")))
+        if verdict is not None and record.get("state") == P.JOB_RUNNING:
+            return dict(
+                record, stalled=True, stalled_since=verdict.get("since"), stalled_reason=verdict.get("why")
+            )
+        return record
+
+    def _mark_stalled_page(self, page: P.Raw) -> P.Raw:
+        """A listing page with stalled jobs marked (re-encoded only when some job is stalled)."""
+        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+        if not stalled:
+            return page
+        reply = json.loads(page)
+        reply["jobs"] = [self._mark_stalled(job, stalled) for job in reply["jobs"]]
+        return P.Raw(json.dumps(reply, separators=(",", ":")))
 
     def _update_watchdog(self, **changes: Any) -> Dict[str, Any]:
         config = read_json(self._watchdog_path(W.CONFIG))
@@ -368,6 +407,7 @@ class Agent:
             sample["activity"] = idle_status(
                 sample, self.jobs.list(), self.activity, self.facts(),
                 self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
+                idle_jobs=W.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
             )  # fmt: skip
         except Exception as exc:  # doubt counts as activity
             sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}
@@ -409,10 +449,15 @@ class Agent:
 
     def _watch_loop(self) -> None:
         """Heartbeats, job state changes, and the silence timeout."""
+
         # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
         # another client, even one that already ended) or whose state changed is pushed.
+        def seen(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # a stalled mark coming or going is a change
+            stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+            return {job["id"]: (job["state"], job["id"] in stalled) for job in jobs}
+
         try:
-            states: Dict[str, str] = {job["id"]: job["state"] for job in self.jobs.list()}
+            states = seen(self.jobs.list())
         except OSError:
             states = {}
         next_jobs = 0.0
@@ -425,10 +470,11 @@ class Agent:
                     jobs = self.jobs.list()
                 except OSError:  # the jobs dir went unreadable: heartbeats go on, the next pass retries
                     continue
+                now_seen = seen(jobs)
                 for job in jobs:
-                    if states.get(job["id"]) != job["state"]:
-                        self.emit(P.EV_JOB, job)
-                    states[job["id"]] = job["state"]
+                    if states.get(job["id"]) != now_seen[job["id"]]:
+                        self.emit(P.EV_JOB, self._mark_stalled(job))
+                    states[job["id"]] = now_seen[job["id"]]
 
     def _handle(self, frame: Dict[str, Any]) -> None:
         req_id = frame.get("id")

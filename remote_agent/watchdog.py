@@ -18,24 +18,37 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
+from . import notify
 from .activity import ActivityLog, idle_status
 from .boot import boot_id, boot_time
 from .fsutil import open_regular, read_json, write_json
+from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
+def log_line(state_dir: str, message: str) -> None:
+    """Append one stamped line to the watchdog log."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with os.fdopen(open_regular(os.path.join(state_dir, LOG), _APPEND), "a") as f:
+            f.write("%s %s\n" % (stamp, message))
+    except OSError:
+        pass  # e.g. a planted symlink: never write outside the state dir
+
+
 def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
     """Why ``config`` asks for nothing on this boot, or None when it is armed."""
-    if not config or not (config.get("autostop_minutes") or config.get("release_at") is not None):
+    releases = bool(config and (config.get("autostop_minutes") or config.get("release_at") is not None))
+    if not config or not (releases or config.get("stall_minutes") or notify.enabled(config.get("notify"))):
         return "nothing to watch"
     if config.get("boot_id") != boot:
         return "config is from another boot"
-    if not config.get("release_remote"):
+    if releases and not config.get("release_remote"):
         return "no release_remote command configured"
     return None
 
@@ -92,10 +105,38 @@ def view(state_dir: str, idle: Dict[str, Any], boot: Optional[str]) -> Optional[
     return dict(state, **current)
 
 
+def stalled_jobs(state_dir: str, boot: Optional[str]) -> Dict[str, Dict[str, Any]]:
+    """The watchdog's stall verdicts ``{id: {"since", "why"}}`` while they are fresh (its last pass is at most
+    three intervals old) and stall detection is armed; else none."""
+    config = read_json(os.path.join(state_dir, CONFIG))
+    if not is_armed(config, boot) or not config or not config.get("stall_minutes"):
+        return {}
+    state = read_json(os.path.join(state_dir, STATE)) or {}
+    try:
+        age = time.time() - float(state.get("t") or 0.0)
+        fresh = age <= 3.0 * float(config.get("interval", 15.0)) + 30.0
+    except (TypeError, ValueError):
+        return {}
+    stalled = state.get("stalled")
+    if not fresh or not isinstance(stalled, dict):
+        return {}
+    return {str(k): v for k, v in stalled.items() if isinstance(v, dict)}
+
+
+def stalled_idle(state_dir: str, boot: Optional[str]) -> Set[str]:
+    """The jobs the watchdog found stalled, when its settings count them as idle (else none)."""
+    config = read_json(os.path.join(state_dir, CONFIG)) or {}
+    return set(stalled_jobs(state_dir, boot)) if config.get("stalled_counts_as_idle") else set()
+
+
 class Watchdog:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.activity = ActivityLog(state_dir)
+        self.stalls = StallTracker()
+        self.stalled: Dict[str, Dict[str, Any]] = {}  # job id -> {"since", "why"}, as last logged
+        self.notifier = notify.Notifier(state_dir, self.log)
+        self.jobs: List[Dict[str, Any]] = []  # as last sampled
         self.retry_at = 0.0
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
         self._deadline: Optional[Tuple[float, float]] = (
@@ -106,12 +147,7 @@ class Watchdog:
         return os.path.join(self.state_dir, name)
 
     def log(self, message: str) -> None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        try:
-            with os.fdopen(open_regular(self.path(LOG), _APPEND), "a") as f:
-                f.write("%s %s\n" % (stamp, message))
-        except OSError:
-            pass  # e.g. a planted symlink: never write outside the state dir
+        log_line(self.state_dir, message)
 
     def _run_hook(self, what: str, argv: List[str], timeout: float) -> bool:
         self.log("%s: running %s" % (what, argv))
@@ -144,20 +180,51 @@ class Watchdog:
         if state["due"] and now >= self.retry_at:
             self._release(config, facts, sample_fn, state, now, mono)
         write_json(self.path(STATE), state)
+        if notify.enabled(config.get("notify")):
+            self._notify(config, state, now)
         return state
+
+    def _notify(self, config: Dict[str, Any], state: Dict[str, Any], now: float) -> None:
+        """Owe a notification for each new event of this pass, then send what is owed."""
+        settings = config["notify"]
+        host = notify.clean(settings.get("host") or "host")
+        events = notify.job_events(self.jobs, float(config.get("armed_at") or 0.0))
+        for jid, verdict in sorted((state.get("stalled") or {}).items()):
+            events.append({"key": "stalled:%s:%s" % (jid, verdict.get("since")), "event": "stalled",
+                           "text": "job %s stalled: %s" % (jid, verdict.get("why"))})  # fmt: skip
+        autostop_at = state.get("autostop_at")
+        if autostop_at is not None and state.get("action") is None and autostop_at - now <= notify.SOON_S:
+            start = window_start(config, float(state.get("idle_since") or now))
+            text = "autostop releases the host in %.0f min" % (max(0.0, autostop_at - now) / 60.0)
+            key = "autostop_soon:%s:%s" % (config.get("boot_id"), start)  # once per idle stretch
+            events.append({"key": key, "event": "autostop_soon", "text": text})
+        if state.get("action") == "released":
+            events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
+                           "text": "released (%s)" % state.get("due")})  # fmt: skip
+        for e in events:
+            e["text"] = "[%s] %s" % (host, e["text"])
+        self.notifier.queue(settings, events, now)
+        self.notifier.flush(settings, now)
 
     def _decide(
         self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, now: float, mono: float
     ) -> Dict[str, Any]:
         """Measure activity and plan: the state, with ``due`` set when a release is due now."""
+        util_percent = float(config.get("idle_util_percent", 5.0))
+        stalled: Dict[str, Dict[str, Any]] = {}
         try:
             sample, jobs = sample_fn()
+            self.jobs = jobs
+            if config.get("stall_minutes"):
+                stalled = self.stalls.update(sample, jobs, util_percent, config["stall_minutes"], now, mono)
+            as_idle = set(stalled) if config.get("stalled_counts_as_idle") else set()
             idle = idle_status(
-                sample, jobs, self.activity, facts,
-                float(config.get("idle_util_percent", 5.0)), bool(config.get("count_sessions", True)), now,
+                sample, jobs, self.activity, facts, util_percent, bool(config.get("count_sessions", True)), now,
+                idle_jobs=as_idle,
             )  # fmt: skip
         except Exception as exc:  # never release on doubt
             idle = {"reasons": ["activity check failed: %r" % exc], "idle_since": now, "idle_seconds": 0.0}
+        self._log_stalls(stalled, bool(config.get("stalled_counts_as_idle")))
         if idle["reasons"]:
             self.watched_since = None
         elif self.watched_since is None:
@@ -165,8 +232,17 @@ class Watchdog:
         watched = 0.0 if self.watched_since is None else mono - self.watched_since
         decision = plan(config, idle, now, watched, self._deadline_held(config.get("release_at"), now, mono))
         state = dict(idle, **decision)
-        state.update(t=now, pid=os.getpid(), action=None)
+        state.update(t=now, pid=os.getpid(), action=None, stalled=stalled)
         return state
+
+    def _log_stalls(self, stalled: Dict[str, Dict[str, Any]], as_idle: bool) -> None:
+        """Log each job that became stalled (and whether autostop counts it as idle), and each that recovered."""
+        for jid in sorted(set(stalled) - set(self.stalled)):
+            rule = "counts as idle (stalled_counts_as_idle)" if as_idle else "still counts as busy"
+            self.log("job %s stalled: %s; %s" % (jid, stalled[jid]["why"], rule))
+        for jid in sorted(set(self.stalled) - set(stalled)):
+            self.log("job %s no longer stalled" % jid)
+        self.stalled = stalled
 
     def _deadline_held(self, release_at: Optional[float], now: float, mono: float) -> bool:
         """A deadline must also have come on the monotonic clock, counted from when this process first saw it."""
@@ -184,7 +260,9 @@ class Watchdog:
         if self.read_config() != config:
             self.log("not releasing: the config changed meanwhile (%s)" % state["due"])
             return
-        self.log("releasing: %s" % state["due"])
+        counted = sorted(state.get("stalled") or {}) if config.get("stalled_counts_as_idle") else []
+        why = "; stalled jobs counted as idle: %s" % ", ".join(counted) if counted else ""
+        self.log("releasing: %s%s" % (state["due"], why))
         hook = config.get("pre_stop")
         if hook:
             started = time.monotonic()
@@ -224,7 +302,9 @@ def _loop(state_dir: str) -> int:
 
     dog = Watchdog(state_dir)
     jobs = JobStore(state_dir, launcher=[])
-    sampler = MetricsSampler(state_dir)
+    first = dog.read_config() or {}
+    smi = first.get("nvidia_smi")
+    sampler = MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi")
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     dog.log("started (pid %d)" % os.getpid())
 

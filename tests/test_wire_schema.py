@@ -161,4 +161,5 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     result(P.OP_JOBS_LIST, P.ListResult, after=0, limit=10)
     result(P.OP_EXEC, P.ExecResult, argv=["true"], timeout_s=10)
     result(P.OP_WATCHDOG_CONFIGURE, P.WatchdogConfigureResult, config={})
+    result(P.OP_NOTIFY_TEST, P.NotifyTestResult, notify={"command": ["true"]})
     result(P.OP_DOCTOR, P.DoctorResult, python=sys.executable, timeout_s=60)

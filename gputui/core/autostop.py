@@ -33,8 +33,21 @@ def deadline(host: HostConfig, boot_time: float | None) -> float | None:
     return min(candidates) if candidates else None
 
 
+def notify_settings(host: HostConfig) -> dict[str, Any] | None:
+    """The host's ``[notify]`` as the agent takes it (remote_agent/notify.py), or None."""
+    if host.notify is None:
+        return None
+    return {
+        "webhook": host.notify.webhook,
+        "command": list(host.notify.command) if host.notify.command else None,
+        "events": list(host.notify.events),
+        "host": host.name,
+    }
+
+
 def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]:
-    """What the host's watchdog is told (no autostop and no deadline: disarmed)."""
+    """What the host's watchdog is told (no autostop, deadline nor stall_minutes: disarmed). It checks every
+    tenth of the shortest window, at most every 15 s."""
     return {
         "autostop_minutes": host.autostop_minutes,
         "release_at": deadline(host, boot_time),
@@ -44,7 +57,10 @@ def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]
         "release_timeout": host.release_timeout,
         "pre_stop": list(host.pre_stop) if host.pre_stop else None,
         "pre_stop_timeout": host.pre_stop_timeout,
-        "interval": max(0.5, min(15.0, (host.autostop_minutes or 60.0) * 6.0)),  # a tenth of the window
+        "notify": notify_settings(host),
+        "stall_minutes": host.stall_minutes,
+        "stalled_counts_as_idle": host.stalled_counts_as_idle,
+        "interval": max(0.5, min(15.0, min(host.autostop_minutes or 60.0, host.stall_minutes or 60.0) * 6.0)),
     }
 
 

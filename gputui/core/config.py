@@ -33,6 +33,19 @@ class ConfigError(ValueError):
     """A config problem, worded as ``file:line: field: what is wrong``."""
 
 
+NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released")
+NOTIFY_FIELDS = ("command", "webhook", "events")
+
+
+@dataclass(frozen=True)
+class Notify:
+    """``[notify]``: what the host's watchdog sends, and how (remote_agent/notify.py)."""
+
+    command: tuple[str, ...] | None = None  # argv run on the host; the text on stdin and in GPUTUI_NOTIFY_TEXT
+    webhook: str | None = None  # http(s) URL: a JSON POST with the text in text / content / message
+    events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released")
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """One host's settings; every field may also be set in ``[defaults]``."""
@@ -65,6 +78,10 @@ class HostConfig:
     pre_stop_timeout: float = 300.0
     release_after_hours: float | None = None
     release_at: dt.datetime | None = None
+    # stalled jobs (see remote_agent/stall.py): GPUs below idle_util_percent and a silent log this long; None: off
+    stall_minutes: float | None = None
+    stalled_counts_as_idle: bool = False  # autostop may then release a host whose only jobs are stalled
+    notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
 
     @property
     def address(self) -> str:
@@ -106,9 +123,11 @@ _TYPES: dict[str, Any] = {
     "tuple[str, ...] | None": ARGV, "dt.datetime | None": DATETIME,
 }  # fmt: skip
 # What each key accepts (int is accepted where float is).
-HOST_FIELDS: dict[str, Any] = {f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name != "name"}
+HOST_FIELDS: dict[str, Any] = {
+    f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name not in ("name", "notify")
+}
 GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,)}
-GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget")
+GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify")
 BUDGET_FIELDS = {
     "daily": (float, int),
     "monthly": (float, int),
@@ -122,7 +141,7 @@ DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
     "price_per_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
     "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
-    "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True),
+    "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True), "stall_minutes": (0, 1e6, True),
     "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),
     "daily": (0, None, True), "monthly": (0, None, True), "warn_fraction": (0, 1, True),
 }  # fmt: skip
@@ -260,7 +279,14 @@ def parse(text: str, path: Path) -> Config:
             raise fail("hosts", name, "must be a table like [hosts.NAME]")
         if not _NAME.match(name):
             raise fail(f"hosts.{name}", "", "host names may use letters, digits, '.', '_' and '-' (max 64)")
+        host_notify = table.get("notify", {})
+        if not isinstance(host_notify, dict):
+            raise fail(f"hosts.{name}", "notify", "must be a table like [hosts.NAME.notify]")
+        table = {k: v for k, v in table.items() if k != "notify"}
         values = {**defaults, **_check_fields(table, f"hosts.{name}", fail)}
+        values["notify"] = _check_notify(
+            {**data.get("notify", {}), **host_notify}, f"hosts.{name}.notify" if host_notify else "notify", fail
+        )
         if values.get("transport", "ssh") not in TRANSPORTS:
             raise fail(f"hosts.{name}", "transport", f"must be one of {', '.join(TRANSPORTS)}")
         if "port" in values and not 0 < values["port"] < 65536:
@@ -272,6 +298,10 @@ def parse(text: str, path: Path) -> Config:
         if values.get("autostop_minutes") and not values.get("release_remote"):
             raise fail(
                 f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host"
+            )
+        if values.get("stalled_counts_as_idle") and not values.get("stall_minutes"):
+            raise fail(
+                f"hosts.{name}", "stalled_counts_as_idle", "needs stall_minutes: how long a job must be quiet"
             )
         hosts[name] = HostConfig(name=name, **values)
     if not hosts:
@@ -322,6 +352,36 @@ def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any
             raise fail(where, key, _range_problem(key, value))
         out[key] = value
     return out
+
+
+def _check_notify(table: dict[str, Any], where: str, fail: Any) -> Notify | None:
+    """``[notify]`` settings (global keys with a host's over them); None when there is nothing to send with."""
+    for key, value in table.items():
+        if key not in NOTIFY_FIELDS:
+            raise fail(where, key, f"unknown setting (known: {', '.join(NOTIFY_FIELDS)})")
+        if _text_problem(value):
+            raise fail(where, key, _text_problem(value))
+    command = None
+    if table.get("command") is not None:
+        command = _argv(table["command"])
+        if command is None:
+            raise fail(where, "command", "must be a command: a list of strings, or a string split like a shell")
+    webhook = table.get("webhook")
+    if webhook is not None and not (
+        isinstance(webhook, str) and re.match(r"^https?://[^/\s]+", webhook, re.IGNORECASE)
+    ):
+        raise fail(where, "webhook", f"must be an http:// or https:// URL, not {webhook!r}")
+    events = table.get("events", Notify.events)
+    if not isinstance(events, (list, tuple)) or not all(isinstance(e, str) for e in events):
+        raise fail(where, "events", f"must be a list of event names ({', '.join(NOTIFY_EVENTS)})")
+    for event in events:
+        if event not in NOTIFY_EVENTS:
+            raise fail(where, "events", f"unknown event {event!r} (known: {', '.join(NOTIFY_EVENTS)})")
+    if command is None and webhook is None:
+        if table:
+            raise fail(where, "", "needs a webhook or a command to send with")
+        return None
+    return Notify(command=command, webhook=webhook, events=tuple(events))
 
 
 def _argv(value: Any) -> tuple[str, ...] | None:

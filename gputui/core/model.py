@@ -140,6 +140,9 @@ class Job:
     ended_at: float | None = None
     log_size: int = 0
     tmux_session: str | None = None
+    stalled: bool = False  # the host's watchdog found it stalled (GPUs idle, log silent): see stall_minutes
+    stalled_since: float | None = None  # when it was last seen active
+    stalled_reason: str | None = None
     insights: JobInsights | None = field(default=None, compare=False)  # progress, metrics, hints from the log
     # the rest of the host's run record: git, gpu_inventory, price_per_hour, usage (peak memory, mean util)
     record: P.JobRecord = field(default_factory=lambda: P.JobRecord(), compare=False, hash=False)
@@ -173,6 +176,9 @@ class Job:
             ended_at=d.get("ended_at"),
             log_size=int(d.get("log_size") or 0),
             tmux_session=d.get("tmux_session"),
+            stalled=d.get("stalled") is True,
+            stalled_since=d.get("stalled_since"),
+            stalled_reason=d.get("stalled_reason"),
             record=record,
         )
 

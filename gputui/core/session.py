@@ -454,6 +454,11 @@ class HostSession:
         """Give the host's watchdog its rules (see gputui.core.autostop)."""
         await self.request(P.OP_WATCHDOG_CONFIGURE, config=config)
 
+    async def notify_test(self, settings: dict[str, Any]) -> P.NotifyTestResult:
+        """The host sends a test notification now with these ``[notify]`` settings (gputui.core.autostop)."""
+        result: P.NotifyTestResult = await self.request(P.OP_NOTIFY_TEST, timeout=60.0, notify=settings)
+        return result
+
     async def snooze_autostop(self, minutes: float) -> None:
         await self.request(P.OP_WATCHDOG_SNOOZE, minutes=minutes)
 

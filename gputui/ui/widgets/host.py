@@ -195,6 +195,9 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
         M.JOB_KILLED: pal.warm,
         M.JOB_LOST: pal.warm,
     }.get(job.state, "")
+    state = job.state
+    if job.running and job.stalled:  # still running, but its GPUs idle and its log silent (stall_minutes)
+        state, state_style = "stalled", pal.warm
     runtime = None
     if job.started_at is not None:
         runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
@@ -204,7 +207,7 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
         Text(
             safetext.clean(fmt.job_name(job.name, job.command), limit=500), no_wrap=True, overflow="ellipsis"
         ),
-        Text(safetext.clean(job.state), style=state_style),
+        Text(safetext.clean(state), style=state_style),
         Text(fmt.duration(runtime), justify="right"),
         Text(safetext.clean(job.gpus or "all")),
         Text(progress, justify="right"),
