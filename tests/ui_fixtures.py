@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from gputui.core import model as M
+from gputui.core.session import LogTail
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T0 = 1_760_000_000.0  # the fixed "now" of the snapshot tests
@@ -144,8 +145,17 @@ class ReplaySession:
     async def list_jobs(self) -> list[M.Job]:
         return []
 
-    async def log_times(self, job: str, start: int, end: int) -> list[tuple[int, float]]:
-        return []  # no time index: a cold parse without rates
+    async def read_log(self, job_id: str, offset: int = 0, **_kw: Any) -> tuple[int, bytes, int]:
+        data = self.logs.get(job_id, b"")
+        return offset, data[offset:], len(data)
+
+    async def log_tails(self, jobs: Sequence[str], max_bytes: int) -> AsyncIterator[dict[str, LogTail]]:
+        """Each job's log end as ``HostSession.log_tails`` pages them (one page; no time index: no rates)."""
+        tails = {}
+        for job in jobs:
+            _, data, size = await self.read_log(job, 0)
+            tails[job] = LogTail(max(0, size - max_bytes), data[-max_bytes:], size, [])
+        yield tails
 
 
 class StaticSource:

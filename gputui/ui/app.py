@@ -259,7 +259,7 @@ class GpuTuiApp(App[None]):
         self._wake()
 
     def _wake(self) -> None:
-        if self._flush_timer is None and not self._shutting_down and not self._exit:
+        if self._flush_timer is None and not self._shutting_down and not self._exit and self.is_running:
             delay = max(0.01, self._last_flush + FLUSH_S - time.monotonic())
             self._flush_timer = self.set_timer(delay, self._apply_snapshots, name="flush")
 
@@ -268,7 +268,7 @@ class GpuTuiApp(App[None]):
         if self._flush_timer is not None:
             self._flush_timer.stop()
         self._flush_timer = None
-        if self._shutting_down or self._exit:
+        if self._shutting_down or self._exit or not self.is_running:  # tearing down: widgets may be gone
             return
         self._last_flush = time.monotonic()
         snaps, self._pending = self._pending, {}
