@@ -97,7 +97,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
         ins = j.insights
         eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
         rows.append([
-            j.host, j.id, j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
+            j.host, j.id, "stalled" if j.running and j.stalled else j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
             "-" if eta is None else duration(eta), _headline(ins.metrics if ins else None), [j.name],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]

@@ -166,3 +166,13 @@ def test_the_jobs_table_and_jobs_json_show_a_stalled_job() -> None:
     assert job_row(stalled, None, T, pal)[2].plain == "stalled"
     ended = M.Job.from_wire("gpu", dict(wire, state="failed"))  # type: ignore[arg-type]
     assert job_row(ended, None, T, pal)[2].plain == "failed"  # only a running job is shown as stalled
+
+
+def test_the_cli_jobs_table_says_stalled(capsys: pytest.CaptureFixture[str]) -> None:
+    from gputui.core import model as M
+    from gputui.tables import print_jobs
+
+    wire = {"id": "3", "state": "running", "argv": ["python", "train.py"], "stalled": True}
+    print_jobs([M.Job.from_wire("gpu", wire), M.Job.from_wire("gpu", dict(wire, id="4", state="failed"))])  # type: ignore[arg-type]
+    rows = {line.split()[1]: line.split()[2] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows == {"3": "stalled", "4": "failed"}
