@@ -10,6 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from remote_agent.protocol import MAX_FRAME_BYTES
 
@@ -90,40 +91,31 @@ class LocalTransport(Transport):
         return []
 
     async def open_agent(self) -> AgentChannel:
-        build = ensure_local_build(self.cache_dir)
-        argv = [self.python, str(build), "serve", "--state-dir", self.state_dir]
+        argv = ["serve", "--state-dir", self.state_dir]
         argv += ["--idle-timeout", str(self.idle_timeout), "--nvidia-smi", self.nvidia_smi]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                limit=2 * MAX_FRAME_BYTES,
-                start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
-            )
-        except OSError as exc:
-            raise HostError(
-                f"cannot start the local agent with {self.python}: {exc}", "missing_python"
-            ) from exc
-        assert proc.stdin and proc.stdout and proc.stderr
-        channel = AgentChannel(proc.stdout, proc.stdin, lambda: _stop_process(proc))
-        channel.collect_stderr(proc.stderr)
-        return channel
+        return await self._spawn(argv, _stop_process, limit=2 * MAX_FRAME_BYTES)
 
     async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+        return await self._spawn(args, _end_process)
+
+    async def _spawn(
+        self, args: list[str], stop: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kw: Any
+    ) -> AgentChannel:
+        """The local agent build run with ``args`` on pipes; ``stop(proc)`` ends it when the channel closes."""
         argv = [self.python, str(ensure_local_build(self.cache_dir)), *args]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
+                **kw,
             )  # fmt: skip
         except OSError as exc:
             raise HostError(
                 f"cannot start the local agent with {self.python}: {exc}", "missing_python"
             ) from exc
         assert proc.stdin and proc.stdout and proc.stderr
-        channel = AgentChannel(proc.stdout, proc.stdin, lambda: _end_process(proc))
+        channel = AgentChannel(proc.stdout, proc.stdin, lambda: stop(proc))
         channel.collect_stderr(proc.stderr)
         return channel
 
