@@ -25,6 +25,7 @@ class JobSpec:
     gpus: str | None = None
     code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
     artifacts: tuple[str, ...] = ()  # files to bring back before release (gputui run --artifacts)
+    sync: str | None = None  # a local dir to sync to the host first (into cwd); the job then runs there
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
