@@ -82,7 +82,7 @@ def _absolute(pattern: str) -> bool:
 
 
 async def check(session: HostSession, host: HostConfig) -> Check:
-    """The artifacts on the host whose current version was not pulled here; no request when no pattern is set."""
+    """The artifacts on the host whose current version was not pulled here (one listing per job dir)."""
     result = Check(host.name)
     jobs = await session.list_jobs()
     wanted: dict[tuple[str | None, str], list[str]] = {}  # (job, base) -> patterns
@@ -102,13 +102,13 @@ async def check(session: HostSession, host: HostConfig) -> Check:
         wanted = dict(list(wanted.items())[:MAX_DIRS])
     record = pulled.load(host.name)
     seen: set[str] = set()
-    for (job, base), patterns in wanted.items():
+    for (job_id, base), patterns in wanted.items():
         try:
             res = await request_retrying(
                 session, P.OP_FILES_LIST, base=base, patterns=list(dict.fromkeys(patterns))
             )
         except AgentError as exc:
-            where = f"job {job}'s dir {base}" if job else base
+            where = f"job {job_id}'s dir {base}" if job_id else base
             result.problems.append(f"{', '.join(patterns)} in {where}: {exc}")
             continue
         for f in res["files"]:
@@ -117,7 +117,7 @@ async def check(session: HostSession, host: HostConfig) -> Check:
             seen.add(f["path"])
             remote = Remote(f["path"], f["rel"], int(f["size"]), float(f["mtime"]), int(f["mode"]))
             if not pulled.is_fetched(record, remote.path, remote.size, remote.mtime):
-                result.unpulled.append(Artifact(job, remote))
+                result.unpulled.append(Artifact(job_id, remote))
     return result
 
 
