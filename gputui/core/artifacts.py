@@ -61,7 +61,8 @@ class Check:
             names = ", ".join(a.dest_rel for a in self.unpulled[:limit])
             names += f" and {n - limit} more" if n > limit else ""
             size = f"{self.bytes / 1e6:,.1f} MB"
-            parts.append(f"{n} artifact file{'s' if n != 1 else ''} ({size}) changed since the last pull: {names}")
+            files = f"{n} artifact file{'s' if n != 1 else ''}"
+            parts.append(f"{files} ({size}) changed since the last pull: {names}")
         parts += [f"could not check artifacts: {p}" for p in self.problems[:limit]]
         return "; ".join(parts)
 

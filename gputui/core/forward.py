@@ -58,8 +58,9 @@ def job_urls(lines: Iterable[str]) -> list[WebUrl]:
             break
         for m in reversed(list(_URL.finditer(line))):
             port = int(m.group("port"))
-            if 0 < port < 65536 and port not in found:
-                found[port] = WebUrl(m.group(0).rstrip(".,;:)]"), port, (m.group("tail") or "").rstrip(".,;:)]"))
+            if 0 < port < 65536 and port not in found:  # a sentence's closing punctuation is not the URL's
+                tail = (m.group("tail") or "").rstrip(".,;:)]")
+                found[port] = WebUrl(m.group(0).rstrip(".,;:)]"), port, tail)
     return list(found.values())
 
 

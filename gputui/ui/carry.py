@@ -49,7 +49,9 @@ def wants_artifact_check(conf: HostConfig | None, snap: M.HostSnapshot | None) -
     return bool(conf.artifacts) or any(j.record.get("artifacts") for j in (snap.jobs if snap else ()))
 
 
-async def ask_release(app: GpuTuiApp, request: ReleaseRequest, body: str, ask_plain: Callable[[], None]) -> None:
+async def ask_release(
+    app: GpuTuiApp, request: ReleaseRequest, body: str, ask_plain: Callable[[], None]
+) -> None:
     """Look for artifacts changed since the last pull; none: the plain confirmation; else the release dialog
     that offers to pull them first."""
     host = request.host
@@ -77,7 +79,8 @@ async def pull_then_release(app: GpuTuiApp, request: ReleaseRequest, found: Chec
     try:
         outcomes = await pull_artifacts(app.source.session(host), found.unpulled, DEFAULT_DEST)
     except Exception as exc:
-        app.notify(f"pulling the artifacts failed: {exc}", title="not released", severity="error", timeout=2 * NOTIFY_S)
+        app.notify(f"pulling the artifacts failed: {exc}", title="not released", severity="error",
+                   timeout=2 * NOTIFY_S)  # fmt: skip
         return
     kept = [o for o in outcomes if o.status == "newer here"]
     if kept:
