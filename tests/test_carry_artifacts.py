@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,3 +99,52 @@ def test_artifacts_setting_and_flag_are_checked(ssh_home: SshHome, tmp_path: Pat
     ].artifacts == ("ckpt/", "/data/out")
     res = ssh_home.cli("run", "box", "--artifacts", "a\x1bb", "--", "true")
     assert res.returncode == 2 and "--artifacts" in res.stderr and "Traceback" not in res.stderr
+
+
+def _answer_prompts(home: SshHome, args: list[str], answers: dict[str, str]) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal, answering each prompt that ends with one of ``answers``' keys."""
+    main, sub = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputui", *args], env=home.env, stdin=sub, stdout=sub, stderr=sub
+    )  # fmt: skip
+    os.close(sub)
+    out, deadline = b"", time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([main], [], [], 1.0)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            out += chunk
+            for prompt, reply in answers.items():
+                if out.rstrip().endswith(prompt.encode()):
+                    os.write(main, reply.encode() + b"\n")
+        return proc.wait(timeout=30), out.decode("utf-8", "replace")
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_release_on_a_terminal_offers_to_pull_first(ssh_home: SshHome, tmp_path: Path) -> None:
+    marker = tmp_path / "released"
+    ssh_home.configure(artifacts=["ckpt/"], release_remote=["touch", str(marker)])
+    work = tmp_path / "work"
+    (work / "ckpt").mkdir(parents=True)
+    (work / "ckpt" / "a.pt").write_bytes(b"weights")
+    job = ssh_home.cli("run", "box", "--cwd", str(work), "--", "true", check=True).stdout.strip()
+    dest = tmp_path / "saved"
+
+    # "n" to the pull, "n" to releasing without them: nothing happens.
+    args = ["release", "box", "--to", str(dest)]
+    code, out = _answer_prompts(ssh_home, args, {"first? [y/N]": "n", "lost. [y/N]": "n"})
+    assert code == 1 and "not released" in out and not marker.exists() and not dest.exists(), out
+    # "y" to the pull, then "y" to the release.
+    code, out = _answer_prompts(ssh_home, args, {"first? [y/N]": "y", "instance. [y/N]": "y"})
+    assert code == 0 and marker.exists(), out
+    assert (dest / "box" / job / "ckpt" / "a.pt").read_bytes() == b"weights"
