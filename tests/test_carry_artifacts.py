@@ -32,6 +32,8 @@ def test_release_pulls_changed_artifacts_first_or_refuses(ssh_home: SshHome, tmp
     ).stdout.strip()
     record = json.loads(ssh_home.remote_job_dir(job).joinpath("job.json").read_text())
     assert record["artifacts"] == ["runs/"]
+    [run] = json.loads(ssh_home.cli("history", "box", "--json", check=True).stdout)
+    assert run["artifacts"] == ["runs/"]
 
     # --yes alone: refused, nothing run on the host, both artifacts named.
     res = ssh_home.cli("release", "box", "--yes")
