@@ -185,6 +185,9 @@ class Agent:
         code = a.get("code")  # what code ran (gputui run --sync): tree hash, git commit and dirty flag
         if isinstance(code, dict) and len(P.encode(code)) <= 4096:
             extra["code"] = code
+        arts = a.get("artifacts")  # what to bring back before release (gputui run --artifacts)
+        if isinstance(arts, list) and all(isinstance(x, str) for x in arts) and len(json.dumps(arts)) <= 4096:
+            extra["artifacts"] = arts
         job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job

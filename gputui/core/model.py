@@ -163,6 +163,8 @@ class Job:
             record["log_error"] = d["log_error"]
         if "code" in d:
             record["code"] = d["code"]
+        if "artifacts" in d:
+            record["artifacts"] = d["artifacts"]
         return cls(
             host=host,
             id=str(d["id"]),
