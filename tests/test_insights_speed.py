@@ -1,4 +1,6 @@
-"""The bulk reading of tqdm redraw runs (insights/redraws.py) gives what reading each line gives."""
+"""The fast paths of the parser give what reading each line through every rule gives: the bulk reading of
+tqdm redraw runs (insights/redraws.py) and the pre-filter that passes over lines no rule can match
+(patterns.line_needs)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ def bench_log(size: int) -> bytes:
 
 
 def parse(data: bytes, chunk: int, bulk: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The snapshot after feeding ``data``; ``bulk=False``: every line read on its own through every rule."""
     with monkeypatch.context() as m:
         if not bulk:
             m.setattr(parser, "read_run", lambda *a: None)
+            m.setattr(parser, "line_needs", lambda raw: 3)
         ins = LogInsights(clock=lambda: 0.0)
         for i in range(0, len(data), chunk):
             ins.feed(data[i : i + chunk])
@@ -41,6 +45,7 @@ REDRAWS = (
     b"Epoch 1/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.4]\r"
     b"Epoch 1/3:  30%|###  | 3/10 [00:03<00:07, 1.00it/s, loss=nan]\n"
     b"a plain line\n"
+    b"\xe3\x80\x80\n"
     b"Epoch 1/3:  40%|#### | 4/10 [00:04<00:06, 1.00it/s]\r"
     b"Epoch 1/3:  50%|#####| 5/10 [00:05<00:05, 1.00it/s, loss=0.3, acc=0.8]\r"
     b"Epoch 1/3:  60%|#####| 6/10 [00:06<00:04, 1.00it/s, loss=0.2, acc=0.9]\r"
@@ -52,6 +57,11 @@ REDRAWS = (
     b"Epoch 1/3: 100%|#####| 10/10 [00:10<00:00, 1.00it/s, loss=0.1]garbage\r"
     b"Epoch 2/3:  10%|#    | 1/10 [00:01<00:09, 1.00it/s, loss=0.09]\r"
     b"Epoch 2/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.08]\r"
+    b"Downloading data files\n"
+    b"Epoch 2/3:  30%|###  | 3/10 [00:03<00:07, 1.00it/s, loss=0.07]\r"
+    b"\x1b[1mva\x1b[0ml_lo\x1b[0mss 0.5\n"
+    b"Epoch 2/3:  40%|#### | 4/10 [00:04<00:06, 1.00it/s, loss=0.06]\r"
+    b"a last plain line\n   \n\xe3\x80\x80\n"
 )
 
 

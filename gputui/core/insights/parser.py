@@ -28,6 +28,7 @@ from .patterns import (
     ETA,
     INNER,
     KV,
+    MAX_LINE,
     STEP,
     TABLE_HEAD,
     TABLE_ROW,
@@ -37,6 +38,7 @@ from .patterns import (
     TQDM_COUNT,
     eta_seconds,
     hms,
+    line_needs,
     skipped_bar,
     table_columns,
     to_float,
@@ -48,7 +50,6 @@ from .snapshot import Hint, JobInsights, cap_line
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
 _EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evaluation loop
 
-MAX_LINE = 4096  # bytes of one line kept (the tail) before parsing
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
 MAX_BARS = 4  # progress bars (by total) remembered at once
@@ -126,7 +127,7 @@ class LogInsights:
         self._partial = bytearray()
         self._metrics: dict[str, Metric] = {}
         self._loss_name: str | None = None
-        self._loss_history: deque[float] = deque(maxlen=LOSS_HISTORY)
+        self._loss_history: deque[float | bytes] = deque(maxlen=LOSS_HISTORY)  # bytes: read when shown
         self._hints: dict[str, Hint] = {}
         self._last_line = ""
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
@@ -175,23 +176,36 @@ class LogInsights:
         self._track_rate()
 
     def _lines(self, lines: list[bytes]) -> None:
-        """Read complete lines; runs of redraws of one tqdm bar in bulk (see redraws.read_run)."""
+        """Read complete lines; runs of redraws of one tqdm bar in bulk (see redraws.read_run), and
+        lines that no rule can match (see patterns.line_needs) only as the last line shown."""
         i, n = 0, len(lines)
+        skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
             if self._redraws is not None:
-                run = read_run(self._redraws, lines, i, self._bar_post_bytes())
+                run = read_run(self._redraws, lines, i, self._bar_post_bytes(), line_needs, LOSS_HISTORY)
                 if run is not None:
                     if run.last:
                         self._apply_run(run)
                     else:
                         for raw in lines[i : run.stop]:
                             self._line(raw[-MAX_LINE:])
-                    i = run.stop
+                    i, skipped = run.stop, None
                     continue
             raw = lines[i]
-            if raw:
-                self._line(raw[-MAX_LINE:] if len(raw) > MAX_LINE else raw)
             i += 1
+            if not raw:
+                continue
+            if len(raw) > MAX_LINE:
+                raw = raw[-MAX_LINE:]
+            needs = 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(raw)
+            if not needs:
+                if raw.strip() and (raw.isascii() or raw.decode("utf-8", "replace").strip()):
+                    skipped = raw
+                continue
+            skipped = None
+            self._line(raw, hints=needs > 1)
+        if skipped is not None:
+            self._last_line = skipped.decode("utf-8", "replace").strip()
 
     def flush(self) -> None:
         """Treat the unfinished last line as complete (call once the job's output has ended)."""
@@ -210,7 +224,8 @@ class LogInsights:
         if len(self._partial) > 2 * MAX_LINE:
             del self._partial[:-MAX_LINE]
 
-    def _line(self, raw: bytes) -> None:
+    def _line(self, raw: bytes, hints: bool = True) -> None:
+        """Read one line (``hints=False``: it holds no hint's key)."""
         text = raw.decode("utf-8", "replace")
         if "\x1b" in text:
             text = ANSI.sub("", text)
@@ -218,7 +233,8 @@ class LogInsights:
         if not text:
             return
         self._last_line = text
-        add_line_hints(text, self._hints)
+        if hints:
+            add_line_hints(text, self._hints)
         self._parse(text)
 
     # ---- parsing --------------------------------------------------------------------------
@@ -488,12 +504,18 @@ class LogInsights:
         if run.posts:
             self._bar_post = run.posts[-1].decode()
             self._parse_postfix(run.posts[0].decode())
-            for name, values in run.columns:
-                metric = self._metrics.get(name)
-                if metric is not None and values:
-                    metric.extend(values)
-                    if name == self._loss_name:
-                        self._loss_history.extend(values)
+            for column in run.columns:
+                metric = self._metrics.get(column.name)
+                if metric is not None:
+                    metric.merge(column.count, column.last, column.low, column.high)
+                    if column.name == self._loss_name:
+                        self._loss_history.extend(column.newest)
+        for (
+            raw
+        ) in run.others:  # lines between the redraws that may hold a hint (no parsing rule matches them)
+            raw = raw[-MAX_LINE:]
+            if line_needs(raw) & 2:
+                add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
         text = run.last_text.decode("utf-8", "replace")
         self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
 
@@ -679,7 +701,7 @@ class LogInsights:
             step=step,
             total_steps=total_steps,
             metrics={k: {"last": m.last, "best": m.best, "count": m.count} for k, m in self._metrics.items()},
-            loss_history=tuple(self._loss_history),
+            loss_history=tuple(map(float, self._loss_history)),
             hints=tuple(self._hints.values()),
             last_line=self._last_line,
             phase=self._phase,
