@@ -48,9 +48,14 @@ _EVAL_TOKENS = frozenset(["val", "valid", "validation", "eval", "test", "dev"])
 
 
 @lru_cache(maxsize=2048)
+def is_eval_name(name: str) -> bool:
+    """A validation/test/evaluation metric's name ("val_loss", "eval/acc", "test accuracy")."""
+    return not _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))
+
+
 def is_train_loss(name: str) -> bool:
     """A loss that is not a validation/test loss (those stay out of the sparkline)."""
-    return "loss" in name and _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))
+    return "loss" in name and not is_eval_name(name)
 
 
 class Metric:

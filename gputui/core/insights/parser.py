@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from .log_hints import add_line_hints
-from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind
+from .metrics import MAIN_LOSSES, Metric, is_eval_name, is_train_loss, metric_kind
 from .patterns import (
     ANSI,
     ASCII_BAR,
@@ -27,6 +27,7 @@ from .patterns import (
     EPOCH,
     ETA,
     INNER,
+    KERAS3_BAR,
     KV,
     MAX_LINE,
     STEP,
@@ -249,7 +250,7 @@ class LogInsights:
             self._parse_eval_row(text)
             return
         epoch = self._parse_epoch(text) if "poch" in text or "POCH" in text else None  # may reset bars
-        post = self._parse_bar(text) if "[" in text else None
+        post = self._parse_bar(text) if "[" in text or KERAS3_BAR in text else None
         if post is None:
             self._parse_plain(text, summary=epoch is False)
             return
@@ -269,7 +270,9 @@ class LogInsights:
         """A tqdm or ascii bar line -> its postfix text; None when the line is no bar."""
         self._glued = ""
         post = self._parse_tqdm(text)
-        if post is None and ("##" in text or "==" in text or ".." in text or "#." in text):
+        if post is None and (
+            "##" in text or "==" in text or ".." in text or "#." in text or KERAS3_BAR in text
+        ):
             post = self._parse_ascii_bar(text)
         return post
 
@@ -291,8 +294,8 @@ class LogInsights:
         found = False
         if "': " in text or '": ' in text:
             found = self._parse_dict(text)
-        if not found:
-            found = self._parse_kv(text)
+        if not found:  # after keras evaluate(): "Loss: 0.45" is the evaluation's, not the training loss
+            found = self._parse_kv(text, prefix="eval_" if self._phase == "eval" else "")
         if found and summary:
             self._epoch_done = True
             self._bars.clear()
@@ -520,11 +523,14 @@ class LogInsights:
         self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
 
     def _parse_kv(self, text: str, prefix: str = "") -> bool:
-        """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key)."""
+        """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key,
+        unless the name already says it is an evaluation's: "val_loss")."""
         found = False
         for split, key, num, pct in KV.findall(text):
             value = to_float(num)
-            name = prefix + (f"{split}_{key}".lower() if split else key.lower())
+            name = f"{split}_{key}".lower() if split else key.lower()
+            if prefix and not is_eval_name(name):
+                name = prefix + name
             if value is not None and pct and metric_kind(name) == "max":
                 value /= 100.0  # "74.87%" next to "0.73": one scale
             if value is not None and self._add_metric(name, value):

@@ -55,10 +55,11 @@ TQDM = re.compile(
     r"\[(?P<el>\d+(?::\d\d)+)(?:<(?P<rem>\d+(?::\d\d)+|\?))?,\s*(?P<rate>[^,\[\]]*)(?:,\s*(?P<post>[^\[\]]*))?\]"
 )
 TQDM_COUNT = re.compile(r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*")
-# ascii bars: "Epoch 2/5 [#####.....] 45%" or keras "120/469 [=====>....]"
+# ascii bars: "Epoch 2/5 [#####.....] 45%", keras "120/469 [=====>....]" or keras 3 "625/625 ━━━━━━━━━━━━"
 ASCII_BAR = re.compile(
-    r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?\[[#=>.\-]{4,}[#=>.\- ]*\]\s*(?:(?P<pct>\d{1,3})%)?"
+    r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?(?:\[[#=>.\-]{4,}[#=>.\- ]*\]|(?<=\s)━{4,}[━╸╺─ ]*)\s*(?:(?P<pct>\d{1,3})%)?"
 )
+KERAS3_BAR = "━━"  # the start of a keras 3 bar
 
 DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")  # a line's shape: rules tell no digit from another
 # The pre-filter, over a raw line's shape: a line that does not match can change nothing but the last line
@@ -69,7 +70,8 @@ RULE_GATE = re.compile(
     + b"|".join(
         re.escape(w.encode().translate(DIGITS_AS_0)) for w in sorted(METRIC_WORDS, key=lambda w: (-len(w), w))
     )
-    + rb")\d*(?![a-z0-9])|epoch|step|iter|eta|\((?:val|test)\)|\[\d+:\d\d|\[[#=>.\-]{4}"
+    + rb")\d*(?![a-z0-9])|epoch|step|iter|eta|\((?:val|test)\)|\[\d+:\d\d|\[[#=>.\-]{4}|"
+    + re.escape(KERAS3_BAR.encode())
 )
 HINT_GATE = re.compile(b"|".join(re.escape(key.encode().translate(DIGITS_AS_0)) for key in HINT_KEYS))
 
