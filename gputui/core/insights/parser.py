@@ -501,8 +501,7 @@ class LogInsights:
         desc = self._redraws.desc.decode()
         if "poch" in desc or "POCH" in desc:
             self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
-        n, total, el, rem, rate, _post = (part.decode() for part in run.last)
-        self._set_bar(_Bar(n, total, el, rem, rate))
+        self._set_bar(_Bar(*map(bytes.decode, run.last)))  # n, total, elapsed, remaining, rate
         self._glued = ""
         if run.posts:
             self._bar_post = run.posts[-1].decode()
@@ -510,7 +509,7 @@ class LogInsights:
             for column in run.columns:
                 metric = self._metrics.get(column.name)
                 if metric is not None:
-                    metric.merge(column.count, column.last, column.low, column.high)
+                    metric.merge(column.added, column.last, column.low, column.high)
                     if column.name == self._loss_name:
                         self._loss_history.extend(column.newest)
         for (

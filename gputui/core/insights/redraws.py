@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
-from itertools import groupby, islice, takewhile
+from itertools import compress, groupby, islice, takewhile
 from operator import methodcaller
+from typing import NamedTuple
 
 from .log_hints import HINT_KEYS, first_hint_key
 from .patterns import EPOCH, MAX_LINE, TABLE_ROW
@@ -27,7 +28,6 @@ _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
 _PREFIX = re.compile(r"(.{0,200}?)[ \t]*\d{1,3}%\|[^|\[\]\x1b]{0,400}\|[ \t]*")
 _PCT = re.compile(rb"[ \t]*\d{1,3}%\|")  # how a bar without a description starts
-_KEY = re.compile(r"[A-Za-z_][\w./\-]{0,47}")
 _EPOCH_STOPS = frozenset(" \t/o([]0123456789")  # characters that an epoch match could run on into
 
 
@@ -63,6 +63,8 @@ def _tail(keep: str) -> re.Pattern[bytes]:
 
 
 _TAIL = _tail("n total el rem rate post")  # a redraw's fields
+# one "key=number" part of a plain postfix ("loss=0.123", " lr = 1e-05")
+_PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM + rb")[ \t]*")
 _DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
 _SHAPE_HINT = re.compile(b"|".join(re.escape(key.encode().translate(_DIGITS_AS_0)) for key in HINT_KEYS))
 
@@ -77,8 +79,7 @@ class Redraws:
     POCH: int
 
 
-@dataclass
-class Run:
+class Run(NamedTuple):
     """Lines ``start..stop`` of a feed: redraws of one bar and lines that can only hold hints. ``last`` is
     empty when they must be read line by line; else the last redraw's n, total, elapsed, remaining, rate
     and postfix, ``posts`` the postfixes that differ from the one before them, ``columns`` the metric
@@ -87,9 +88,9 @@ class Run:
     stop: int
     last: tuple[bytes, ...] = ()
     last_text: bytes = b""
-    posts: list[bytes] = field(default_factory=list)
-    columns: list[Column] = field(default_factory=list)
-    others: list[bytes] = field(default_factory=list)  # the lines between the redraws, in order
+    posts: list[bytes] = []  # noqa: RUF012 (never changed)
+    columns: list[Column] = []  # noqa: RUF012
+    others: list[bytes] = []  # noqa: RUF012  the lines between the redraws, in order
 
 
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
@@ -111,26 +112,6 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         if e is None or e.end() >= len(desc) or desc[e.end()] in _EPOCH_STOPS:
             return None
     return Redraws(desc.encode(), total.encode(), desc.count("poch"), desc.count("POCH"))
-
-
-@lru_cache(maxsize=64)
-def _postfix_shape(keys: tuple[str, ...]) -> re.Pattern[bytes]:
-    """One postfix per line with exactly these keys in this order, each with a plain number."""
-    body = rb",[ \t]*".join(re.escape(k.encode()) + rb"[ \t]*=[ \t]*(" + _SEG_NUM + rb")" for k in keys)
-    return re.compile(rb"(?m)^" + body + rb"$")
-
-
-def _postfix_keys(post: bytes) -> tuple[str, ...] | None:
-    """The keys of a postfix made only of "key=number" parts ("loss=0.12, acc=0.9"), else None."""
-    keys = []
-    for part in post.decode("ascii", "replace").split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or not _KEY.fullmatch(key) or re.fullmatch(_SEG_NUM.decode(), value.strip()) is None:
-            return None
-        keys.append(key)
-    names = [k.lower() for k in keys]
-    return tuple(keys) if len(set(names)) == len(names) else None
 
 
 def read_run(
@@ -165,122 +146,151 @@ def read_run(
         if j in (gap, n) or not is_redraw(lines[j]):
             break  # the lines after the last redraw are not part of the run
         others += [line for line in lines[gap:j] if line]
-    posts = _posts(reds, len(r.desc), r.total)
-    if posts is None:
-        return Run(stop)
-    if posts:  # the changed ones only
-        posts = [p for p, before in zip(posts, [bar_post, *posts[:-1]], strict=True) if p != before]
-    columns = _postfix_columns(posts, keep) if posts else []
-    if columns is None:
-        return Run(stop)
-    m = _TAIL.match(reds[-1][len(r.desc) :])
-    assert m is not None  # it matched above
-    return Run(stop, m.groups(default=b""), reds[-1], posts, columns, others)
+    return _bulk(reds, len(desc), r.total, bar_post, keep, stop, others)
 
 
-def _posts(reds: list[bytes], d: int, total: bytes) -> list[bytes] | None:
-    """The non-empty postfixes of these redraws (whose description is ``d`` bytes long), stripped; None
-    when one is not a plain redraw of a bar of this total.
+class Layout(NamedTuple):
+    """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
+    remaining and rate; the text from the total to the times; the stripped postfix; per "key=number" part of a plain postfix (else None) the key's
+    and the number's; and the shapes of those numbers."""
 
-    Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
-    values change) parse the same way, since no rule tells one digit from another: so one regex match
-    per such shape (cached) tells where the total and the postfix are in all of them.
-    """
-    body = b"\n".join(reds)
-    shapes = body.translate(_DIGITS_AS_0).split(b"\n")
-    posts: list[bytes] = []
-    start = offset = 0
-    for shape, group in groupby(shapes):
-        k = len(list(group))
-        spans = _shape(shape, d)
-        if spans is None:
-            return None
-        t0, p0, p1 = spans
-        width = len(shape) + 1  # the lines of a group are as long as their shape
-        end = offset + k * width
-        for c in range(len(total)):  # the total, one byte column of the group at a time
-            if body[offset + t0 + c : end : width] != total[c : c + 1] * k:
-                return None
-        if p1 > p0:
-            posts += [line[p0:p1] for line in reds[start : start + k]]
-        start += k
-        offset = end
-    return posts
+    fields: tuple[tuple[int, int], ...]
+    after_total: bytes  # from the end of the total to the "[" of the times
+    post: tuple[int, int]
+    pairs: tuple[tuple[int, int, int, int], ...] | None
+    numbers: tuple[bytes, ...]
 
 
-@lru_cache(maxsize=256)
-def _shape(shape: bytes, d: int) -> tuple[int, int, int] | None:
-    """Where the total starts and the stripped postfix starts and ends in redraws of this shape (digits
-    read 0) after a description of ``d`` bytes; None when it is no redraw, names an epoch or may hold a hint."""
-    tail = shape[d:]
-    m = _TAIL.match(tail)
-    if m is None or b"poch" in tail or b"POCH" in tail or _SHAPE_HINT.search(tail):
-        return None
-    p0, p1 = m.span(6)
-    post = tail[p0:p1] if p0 >= 0 else b""
-    p0 = d + max(p0, 0) + len(post) - len(post.lstrip())
-    return d + m.start(2), p0, p0 + len(post.strip())
-
-
-@dataclass(frozen=True)
-class Column:
-    """The values of one postfix key over a run: how many, the last, the lowest, the highest and the
-    newest ``keep`` of them (all finite; as text, which ``float()`` reads, or as floats)."""
+class Column(NamedTuple):
+    """One postfix key's values over a run (all finite): how many, the last, the lowest, the highest and
+    the newest ``keep`` of them (as text, which ``float()`` reads, or as floats)."""
 
     name: str
-    count: int
+    added: int
     last: float
     low: float
     high: float
     newest: list[bytes] | list[float]
 
 
-def _postfix_columns(posts: list[bytes], keep: int) -> list[Column] | None:
-    """One :class:`Column` per key of posts[1:], for postfixes that all have the same plain-number keys;
-    None when they do not, a key may hold a hint or a value is not finite."""
-    keys = _postfix_keys(posts[0])
-    if keys is None or first_hint_key(",".join(keys).encode()) >= 0:
+@lru_cache(maxsize=256)
+def _layout(shape: bytes, d: int) -> Layout | None:
+    """The :class:`Layout` of redraws of this shape (digits read 0) after a description of ``d`` bytes;
+    None when such a line is no redraw, names an epoch or may hold a hint."""
+    tail = shape[d:]
+    m = _TAIL.match(tail)
+    if m is None or b"poch" in tail or b"POCH" in tail or _SHAPE_HINT.search(tail):
         return None
-    values: list[list[bytes]] | list[tuple[bytes, ...]] = []
-    if len(keys) == 1:  # the usual "loss=0.123": no regex
-        mark = b"\n" + keys[0].encode() + b"="
-        blob = b"\n" + b"\n".join(posts)
-        if blob.count(mark) == len(posts):
-            values = [blob.replace(mark, b"\n")[1:].split(b"\n")]
-    if not values:
-        rows = _postfix_shape(keys).findall(b"\n".join(posts))
-        if len(rows) != len(posts):
-            return None
-        values = [rows] if len(keys) == 1 else list(zip(*rows, strict=True))
-    columns = []
-    for key, column in zip(keys, values, strict=True):
-        summary = _summary(list(column[1:]), keep)
-        if summary is None:
-            return None
-        if summary:
-            columns.append(Column(key.lower(), *summary))
-    return columns
+    fields = tuple((d + a, d + b) if a >= 0 else (0, 0) for a, b in (m.span(g) for g in range(1, 6)))
+    p0, p1 = m.span(6)
+    post = tail[p0:p1] if p0 >= 0 else b""
+    p0 = d + max(p0, 0) + len(post) - len(post.lstrip())
+    post = post.strip()
+    pairs: list[tuple[int, int, int, int]] | None = []
+    at = p0
+    for part in post.split(b",") if post else ():
+        pm = _PAIR.fullmatch(part)
+        if pm is None or pairs is None:
+            pairs = None
+            break
+        pairs.append((at + pm.start(1), at + pm.end(1), at + pm.start(2), at + pm.end(2)))
+        at += len(part) + 1
+    if pairs is not None:
+        names = [shape[a:b].lower() for a, b, _, _ in pairs]
+        if len(set(names)) != len(names):
+            pairs = None  # "loss" twice: only the line-by-line reading knows which wins
+    numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
+    after_total = shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
+    return Layout(
+        fields, after_total, (p0, p0 + len(post)), tuple(pairs) if pairs is not None else None, numbers
+    )
+
+
+def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
+    """Whether every line of a block of lines ``width`` bytes apart (newline included) holds ``want`` at
+    ``at``: one byte column of the block at a time, so without a Python loop over its lines."""
+    lines = (len(block) + 1) // width
+    return all(block[at + c :: width] == want[c : c + 1] * lines for c in range(len(want)))
+
+
+def _bulk(
+    reds: list[bytes], d: int, total: bytes, bar_post: bytes | None, keep: int, stop: int, others: list[bytes]
+) -> Run:
+    """The :class:`Run` of these redraws (after a description of ``d`` bytes), or one to read line by line.
+
+    Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
+    values change) parse the same way, since no rule tells one digit from another: so one regex match
+    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfix
+    values are read by column with slices.
+    """
+    body = b"\n".join(reds)
+    shapes = body.translate(_DIGITS_AS_0).split(b"\n")
+    posts: list[bytes] = []
+    keys: list[bytes] = []
+    columns: list[list[bytes]] = []
+    numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
+    counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
+    start = offset = 0
+    for shape, group in groupby(shapes):
+        k = len(list(group))
+        layout = _layout(shape, d)
+        if layout is None:
+            return Run(stop)
+        width = len(shape) + 1  # the lines of a group are as long as their shape
+        lines = reds[start : start + k]
+        block = (offset, offset + k * width)
+        start += k
+        offset += k * width
+        counts.add(b"/" + total + layout.after_total)
+        p0, p1 = layout.post
+        if p0 == p1:
+            continue  # no postfix: it neither counts nor changes the last one
+        if layout.pairs is None or (keys and len(layout.pairs) != len(keys)):
+            return Run(stop)
+        if not keys:
+            keys = [lines[0][a:b] for a, b, _, _ in layout.pairs]
+            columns = [[] for _ in keys]
+            numbers = layout.numbers
+        for (a, b, v0, v1), key, column in zip(layout.pairs, keys, columns, strict=True):
+            if b"0" in shape[a:b] and not _same(body[block[0] : block[1]], width, a, key):
+                return Run(stop)  # a key with digits ("top1") must be the same in every line
+            column += [line[v0:v1] for line in lines]
+        if layout.numbers != numbers:
+            numbers = None
+        posts += [line[p0:p1] for line in lines]
+    if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
+        return Run(stop)
+    kept = (
+        [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)] if posts else []
+    )
+    posts = list(compress(posts, kept))
+    out: list[Column] = []
+    for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
+        values = list(compress(column, kept))[1:]  # the first changed postfix is read on its own
+        decimal = numbers is not None and _DECIMAL.fullmatch(numbers[n]) is not None
+        summary = _summary(values, keep, decimal) if values else None
+        if values and summary is None:
+            return Run(stop)
+        if summary is not None:
+            out.append(Column(key.decode().lower(), *summary))
+    last = reds[-1]
+    layout = _layout(shapes[-1], d)
+    assert layout is not None  # read above
+    return Run(stop, tuple(last[a:b] for a, b in layout.fields), last, posts, out, others)
 
 
 _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned decimal (digits read 0)
 
 
 def _summary(
-    values: list[bytes], keep: int
-) -> tuple[int, float, float, float, list[bytes] | list[float]] | tuple[()] | None:
-    """(count, last, lowest, highest, newest ``keep``) of numbers as text; () when there are none, None when
-    one is not a finite number. Plain decimals of one shape ("0.1234") compare as text, so only the last,
+    values: list[bytes], keep: int, decimal: bool
+) -> tuple[int, float, float, float, list[bytes] | list[float]] | None:
+    """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
+    ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
     the lowest and the highest are read as floats."""
-    if not values:
-        return ()
-    shapes = b"\n".join(values).translate(_DIGITS_AS_0) + b"\n"
-    first = shapes[: shapes.index(b"\n") + 1]
-    if shapes == first * len(values) and _DECIMAL.fullmatch(first, 0, len(first) - 1):
+    if decimal:
         return len(values), float(values[-1]), float(min(values)), float(max(values)), values[-keep:]
-    try:
-        floats = list(map(float, values))
-    except ValueError:
-        return None
+    floats = list(map(float, values))
     if not all(map(math.isfinite, floats)):
         return None
     return len(floats), floats[-1], min(floats), max(floats), floats[-keep:]
