@@ -24,6 +24,8 @@ from .patterns import (
     COLON_COUNT,
     CONFIG_DUMP,
     DICT_KV,
+    DICT_STATE_KEYS,
+    DIGITS_AS_0,
     EPOCH,
     ETA,
     INNER,
@@ -46,6 +48,7 @@ from .patterns import (
     tqdm_count,
 )
 from .redraws import Redraws, Run, read_run, redraw_pattern
+from .repeats import PlainLayout, Span, plain_layout, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
@@ -54,6 +57,7 @@ _EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evalu
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
 MAX_BARS = 4  # progress bars (by total) remembered at once
+PLAIN_MAX = 512  # bytes of a line beyond which lines of its shape are not read in bulk
 BURST_S = 0.2  # progress changes closer together than this (a log replay) do not start the ETA clock
 
 
@@ -113,6 +117,13 @@ _BAR_STATE = (
     "_zero_based",
     "_total_epochs",
 )
+
+
+def _kv_name(split: str, key: str, prefix: str) -> str:
+    """The metric name of a key=value pair: "valid loss" -> "valid_loss"; ``prefix`` + it unless it
+    already says it is an evaluation's."""
+    name = f"{split}_{key}".lower() if split else key.lower()
+    return prefix + name if prefix and not is_eval_name(name) else name
 
 
 class LogInsights:
@@ -204,9 +215,71 @@ class LogInsights:
                     skipped = raw
                 continue
             skipped = None
+            if needs == 1 and len(raw) <= PLAIN_MAX:
+                i = self._plain_run(lines, i - 1)
+                continue
             self._line(raw, hints=needs > 1)
         if skipped is not None:
             self._last_line = skipped.decode("utf-8", "replace").strip()
+
+    def _plain_run(self, lines: list[bytes], i: int) -> int:
+        """Read line ``i`` and the lines of its shape right after it (see repeats.py); the index after them."""
+        first = lines[i]
+        shape = first.translate(DIGITS_AS_0)
+        group, j, n, stop = [first], i + 1, len(lines), i + 1
+        while j < n and (
+            not lines[j] or (len(lines[j]) == len(first) and lines[j].translate(DIGITS_AS_0) == shape)
+        ):
+            if lines[j]:
+                group.append(lines[j])
+                stop = j + 1
+            j += 1
+        if len(group) < 3:
+            self._line(first, hints=False)
+            return i + 1
+        layout = plain_layout(shape)
+        if layout is None or not same_digits(b"\n".join(group), len(first) + 1, first, layout.fixed):
+            for raw in group:
+                self._line(raw, hints=False)
+            return stop
+        self._line(first, hints=False)
+        if not self._merge_columns(first, group[1:-1], layout):
+            for raw in group[1:-1]:
+                self._line(raw, hints=False)
+        self._line(group[-1], hints=False)
+        return stop
+
+    def _merge_columns(self, first: bytes, lines: list[bytes], layout: PlainLayout) -> bool:
+        """Add the metric numbers of ``lines`` (of ``first``'s shape, read just before) column by column;
+        False when that is not what reading them one by one does (a name twice, a number not finite)."""
+        text = first.decode()
+        columns: list[tuple[str, Span, bool]] = []
+        if "': " in text or '": ' in text:  # the dict rules come first; key=value only when they find nothing
+            for key, value in layout.items:
+                name = text[key[0] : key[1]].strip().lower().replace(" ", "_")
+                if name in self._metrics:
+                    columns.append((name, value, False))
+        if not columns:
+            prefix = "eval_" if self._phase == "eval" else ""
+            for split, key, value, pct in layout.pairs:
+                name = _kv_name(text[split[0] : split[1]], text[key[0] : key[1]], prefix)
+                if name in self._metrics:
+                    columns.append((name, value, pct and metric_kind(name) == "max"))
+        if len({name for name, _, _ in columns}) != len(columns):
+            return False
+        merged: list[tuple[Metric, str, list[float]]] = []
+        for name, (a, b), pct in columns:
+            values = list(map(float, [line[a:b] for line in lines]))
+            if pct:
+                values = [v / 100.0 for v in values]
+            if not all(map(math.isfinite, values)):
+                return False
+            merged.append((self._metrics[name], name, values))
+        for metric, name, values in merged:
+            metric.merge(len(values), values[-1], min(values), max(values))
+            if name == self._loss_name:
+                self._loss_history.extend(values)
+        return True
 
     def flush(self) -> None:
         """Treat the unfinished last line as complete (call once the job's output has ended)."""
@@ -463,7 +536,10 @@ class LogInsights:
             key, value = m.group("k").strip().lower().replace(" ", "_"), to_float(m.group("v"))
             if value is None:
                 continue
-            if key == "epoch":
+            if key not in DICT_STATE_KEYS:
+                if self._add_metric(key, value):
+                    found = True
+            elif key == "epoch":
                 self._dict_epoch(value)
             elif key in ("step", "global_step"):
                 self._step = int(value)
@@ -471,8 +547,6 @@ class LogInsights:
                 self._total_epochs = int(value) or None
             elif key in ("max_steps", "total_steps", "num_training_steps"):
                 self._total_steps = int(value) or None
-            elif self._add_metric(key, value):
-                found = True
         return found
 
     def _dict_epoch(self, value: float) -> None:
@@ -527,9 +601,7 @@ class LogInsights:
         found = False
         for split, key, num, pct in KV.findall(text):
             value = to_float(num)
-            name = f"{split}_{key}".lower() if split else key.lower()
-            if prefix and not is_eval_name(name):
-                name = prefix + name
+            name = _kv_name(split, key, prefix)
             if value is not None and pct and metric_kind(name) == "max":
                 value /= 100.0  # "74.87%" next to "0.73": one scale
             if value is not None and self._add_metric(name, value):

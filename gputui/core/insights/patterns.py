@@ -35,6 +35,22 @@ CONFIG_DUMP = re.compile(r"\b(?:Namespace|\w*(?:Config|Arguments|Args))\(\w+=")
 DICT_KV = re.compile(
     r"""(["'])(?P<k>[\w./\-@ ]{1,64})\1\s*:\s*(?:np\.float\d*\(|tensor\()?(?P<v>""" + NUM + r")"
 )
+# dict keys that set the epoch, the step or their totals (the rest may be metrics)
+DICT_STATE_KEYS = frozenset(
+    [
+        "epoch",
+        "step",
+        "global_step",
+        "num_train_epochs",
+        "num_epochs",
+        "epochs",
+        "total_epochs",
+        "max_epochs",
+        "max_steps",
+        "total_steps",
+        "num_training_steps",
+    ]
+)
 ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
 # "Epoch 2/5", "epoch 3 of 10", "Epoch: [4]", optionally followed by an inner "(996/1926)"
 EPOCH = re.compile(
