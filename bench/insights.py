@@ -4,7 +4,8 @@ ETA of a cold read (gputui jobs --json, one poll) next to the app's long-lived p
 Run: python bench/insights.py [--mb 8] [--runs 5]. Prints lines/s and MB/s (median of the runs)
 for LogInsights.feed() in 64 KiB chunks and, as peers over the same bytes in the same run, the round-1
 parser (gputui/core/insights.py at commit ROUND1, read from git history) and a plain
-bytes.splitlines(); plus the ratios; for a mixed training log and for a log of step prints. Then, for a simulated MNIST-style job (5 epochs of 20 s training
+bytes.splitlines(); plus the ratios; for a mixed training log and for a log of step prints. Times are
+this process's CPU time, so other work on a shared machine does not count. Then, for a simulated MNIST-style job (5 epochs of 20 s training
 + 4 s evaluation, an ascii bar and epoch summaries), the ETA at a few moments: the app's parser fed
 live, a cold read with the runner's offset -> time index, and one without it. No asserts.
 """
@@ -91,18 +92,18 @@ def round1_parser() -> type | None:
 
 def time_insights(data: bytes, parser: type = LogInsights) -> float:
     ins = parser(clock=lambda: 0.0)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for i in range(0, len(data), CHUNK):
         ins.feed(data[i : i + CHUNK])
     ins.snapshot()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def time_splitlines(data: bytes) -> float:
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for i in range(0, len(data), CHUNK):
         data[i : i + CHUNK].splitlines()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 EPOCHS, TRAIN_S, EVAL_S = 5, 20.0, 4.0
