@@ -226,19 +226,20 @@ class LogInsights:
         """Read line ``i`` and the lines of its shape right after it (see repeats.py); the index after them."""
         first = lines[i]
         shape = first.translate(DIGITS_AS_0)
+        layout = plain_layout(shape)
         group, j, n, stop = [first], i + 1, len(lines), i + 1
-        while j < n and (
-            not lines[j] or (len(lines[j]) == len(first) and lines[j].translate(DIGITS_AS_0) == shape)
-        ):
-            if lines[j]:
-                group.append(lines[j])
+        while layout is not None and j < n:
+            line = lines[j]
+            if line and (len(line) != len(first) or line.translate(DIGITS_AS_0) != shape):
+                break
+            if line:
+                group.append(line)
                 stop = j + 1
             j += 1
-        if len(group) < 3:
+        if layout is None or len(group) < 3:
             self._line(first, hints=False)
             return i + 1
-        layout = plain_layout(shape)
-        if layout is None or not same_digits(b"\n".join(group), len(first) + 1, first, layout.fixed):
+        if not same_digits(b"\n".join(group), len(first) + 1, first, layout.fixed):
             for raw in group:
                 self._line(raw, hints=False)
             return stop
