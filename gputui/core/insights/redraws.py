@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, groupby, islice, takewhile
 from operator import methodcaller
 from typing import NamedTuple
 
-from .log_hints import HINT_KEYS, first_hint_key
-from .patterns import EPOCH, MAX_LINE, TABLE_ROW
+from .log_hints import first_hint_key
+from .patterns import DIGITS_AS_0, EPOCH, HINT_GATE, MAX_LINE, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
@@ -65,32 +65,28 @@ def _tail(keep: str) -> re.Pattern[bytes]:
 _TAIL = _tail("n total el rem rate post")  # a redraw's fields
 # one "key=number" part of a plain postfix ("loss=0.123", " lr = 1e-05")
 _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM + rb")[ \t]*")
-_DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
-_SHAPE_HINT = re.compile(b"|".join(re.escape(key.encode().translate(_DIGITS_AS_0)) for key in HINT_KEYS))
 
 
 @dataclass(frozen=True)
 class Redraws:
-    """The bar a run of redraws must belong to; ``poch``/``POCH``: their counts in its description."""
+    """The bar a run of redraws must belong to: its description and total."""
 
     desc: bytes
     total: bytes
-    poch: int
-    POCH: int
 
 
 class Run(NamedTuple):
     """Lines ``start..stop`` of a feed: redraws of one bar and lines that can only hold hints. ``last`` is
-    empty when they must be read line by line; else the last redraw's n, total, elapsed, remaining, rate
-    and postfix, ``posts`` the postfixes that differ from the one before them, ``columns`` the metric
-    values of posts[1:] and ``others`` the lines that are no redraws."""
+    empty when they must be read line by line; else the last redraw's n, total, elapsed, remaining and rate,
+    ``last_text`` that redraw, ``posts`` the postfixes that differ from the one before them, ``columns``
+    the metric values of posts[1:] and ``others`` the lines between the redraws, in order."""
 
     stop: int
     last: tuple[bytes, ...] = ()
     last_text: bytes = b""
-    posts: list[bytes] = []  # noqa: RUF012 (never changed)
-    columns: list[Column] = []  # noqa: RUF012
-    others: list[bytes] = []  # noqa: RUF012  the lines between the redraws, in order
+    posts: Sequence[bytes] = ()
+    columns: Sequence[Column] = ()
+    others: Sequence[bytes] = ()
 
 
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
@@ -111,7 +107,7 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         e = EPOCH.search(desc)
         if e is None or e.end() >= len(desc) or desc[e.end()] in _EPOCH_STOPS:
             return None
-    return Redraws(desc.encode(), total.encode(), desc.count("poch"), desc.count("POCH"))
+    return Redraws(desc.encode(), total.encode())
 
 
 def read_run(
@@ -151,8 +147,8 @@ def read_run(
 
 class Layout(NamedTuple):
     """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
-    remaining and rate; the text from the total to the times; the stripped postfix; per "key=number" part of a plain postfix (else None) the key's
-    and the number's; and the shapes of those numbers."""
+    remaining and rate; the text from the total to the times; the stripped postfix; per "key=number"
+    part of a plain postfix (else None) the key's and the number's; and the shapes of those numbers."""
 
     fields: tuple[tuple[int, int], ...]
     after_total: bytes  # from the end of the total to the "[" of the times
@@ -179,7 +175,7 @@ def _layout(shape: bytes, d: int) -> Layout | None:
     None when such a line is no redraw, names an epoch or may hold a hint."""
     tail = shape[d:]
     m = _TAIL.match(tail)
-    if m is None or b"poch" in tail or b"POCH" in tail or _SHAPE_HINT.search(tail):
+    if m is None or b"poch" in tail or b"POCH" in tail or HINT_GATE.search(tail):
         return None
     fields = tuple((d + a, d + b) if a >= 0 else (0, 0) for a, b in (m.span(g) for g in range(1, 6)))
     p0, p1 = m.span(6)
@@ -224,7 +220,7 @@ def _bulk(
     values are read by column with slices.
     """
     body = b"\n".join(reds)
-    shapes = body.translate(_DIGITS_AS_0).split(b"\n")
+    shapes = body.translate(DIGITS_AS_0).split(b"\n")
     posts: list[bytes] = []
     keys: list[bytes] = []
     columns: list[list[bytes]] = []
