@@ -2,8 +2,10 @@
 ETA of a cold read (gputui jobs --json, one poll) next to the app's long-lived parser.
 
 Run: python bench/insights.py [--mb 8] [--runs 5]. Prints lines/s and MB/s (median of the runs)
-for LogInsights.feed() in 64 KiB chunks and, as a peer over the same bytes, a plain
-bytes.splitlines(); plus the ratio. Then, for a simulated MNIST-style job (5 epochs of 20 s training
+for LogInsights.feed() in 64 KiB chunks and, as peers over the same bytes in the same run, the round-1
+parser (gputui/core/insights.py at commit ROUND1, read from git history) and a plain
+bytes.splitlines(); plus the ratios; for a mixed training log and for a log of step prints. Times are
+this process's CPU time, so other work on a shared machine does not count. Then, for a simulated MNIST-style job (5 epochs of 20 s training
 + 4 s evaluation, an ascii bar and epoch summaries), the ETA at a few moments: the app's parser fed
 live, a cold read with the runner's offset -> time index, and one without it. No asserts.
 """
@@ -13,11 +15,14 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import tempfile  # noqa: E402
 
@@ -26,6 +31,7 @@ from gputui.core.records import TAIL_BYTES  # noqa: E402
 from remote_agent.logclock import LogClock, read_times  # noqa: E402
 
 CHUNK = 64 * 1024
+ROUND1 = "41e2194"  # main before round 2's insights work; its parser was gputui/core/insights.py
 
 
 def make_log(target_bytes: int, seed: int = 0) -> bytes:
@@ -68,20 +74,36 @@ def make_log(target_bytes: int, seed: int = 0) -> bytes:
     return "".join(out).encode()
 
 
-def time_insights(data: bytes) -> float:
-    ins = LogInsights(clock=lambda: 0.0)
-    t0 = time.perf_counter()
+def round1_parser() -> type | None:
+    """LogInsights of the round-1 parser, loaded from git history (None without git or the commit)."""
+    try:
+        src = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{ROUND1}:gputui/core/insights.py"],
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    mod = types.ModuleType("insights_round1")
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up
+    exec(compile(src, f"{ROUND1}:gputui/core/insights.py", "exec"), mod.__dict__)
+    return mod.LogInsights  # type: ignore[no-any-return]
+
+
+def time_insights(data: bytes, parser: type = LogInsights) -> float:
+    ins = parser(clock=lambda: 0.0)
+    t0 = time.process_time()
     for i in range(0, len(data), CHUNK):
         ins.feed(data[i : i + CHUNK])
     ins.snapshot()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def time_splitlines(data: bytes) -> float:
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for i in range(0, len(data), CHUNK):
         data[i : i + CHUNK].splitlines()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 EPOCHS, TRAIN_S, EVAL_S = 5, 20.0, 4.0
@@ -133,20 +155,51 @@ def eta_table() -> None:
         print(f"{until:6.0f}  {true:6.0f}  {shown[0]:>10}  {shown[1]:>11}  {shown[2]:>8}  {ratio}")
 
 
+def step_log(target_bytes: int) -> bytes:
+    """A training loop's print per step, as bench/ui_tick.py floods the app with (\\r\\n line ends)."""
+    out, size, i = [], 0, 0
+    while size < target_bytes:
+        line = b"step %d/100000 loss=%.4f lr=3.0e-04 grad_norm=1.02 tokens/s=31337 | epoch 2\r\n" % (
+            i,
+            2.0 / (1 + i / 1e4),
+        )
+        out.append(line)
+        size += len(line)
+        i += 1
+    return b"".join(out)
+
+
+def throughput(title: str, data: bytes, runs: int, old: type | None) -> None:
+    """Lines/s of LogInsights, the round-1 parser and splitlines over ``data`` (interleaved runs, median)."""
+    lines = len(data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").splitlines())
+    mb = len(data) / 1e6
+    times: dict[str, list[float]] = {"now": [], "round1": [], "split": []}
+    for _ in range(runs):  # interleaved, so a busy machine slows all three alike
+        times["now"].append(time_insights(data))
+        if old is not None:
+            times["round1"].append(time_insights(data, old))
+        times["split"].append(time_splitlines(data))
+    ins, spl = statistics.median(times["now"]), statistics.median(times["split"])
+    print(f"{title}: {mb:.1f} MB, {lines} lines (\\r redraws count as lines), {runs} runs, median")
+    print(f"  LogInsights.feed     : {lines / ins:12,.0f} lines/s  {mb / ins:8.1f} MB/s")
+    if old is not None:
+        r1 = statistics.median(times["round1"])
+        print(f"  round-1 parser ({ROUND1}): {lines / r1:8,.0f} lines/s  {mb / r1:8.1f} MB/s")
+    print(f"  bytes.splitlines peer: {lines / spl:12,.0f} lines/s  {mb / spl:8.1f} MB/s")
+    print(f"  ratio (splitlines / LogInsights): {ins / spl:.0f}x")
+    if old is not None:
+        print(f"  speed-up over the round-1 parser: {r1 / ins:.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=8.0, help="size of the synthetic log")
+    ap.add_argument("--mb", type=float, default=8.0, help="size of each synthetic log")
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    data = make_log(int(args.mb * 1024 * 1024))
-    lines = len(data.replace(b"\r", b"\n").splitlines())
-    mb = len(data) / 1e6
-    ins = statistics.median(time_insights(data) for _ in range(args.runs))
-    spl = statistics.median(time_splitlines(data) for _ in range(args.runs))
-    print(f"log: {mb:.1f} MB, {lines} lines (\\r redraws count as lines), {args.runs} runs, median")
-    print(f"LogInsights.feed     : {lines / ins:12,.0f} lines/s  {mb / ins:8.1f} MB/s")
-    print(f"bytes.splitlines peer: {lines / spl:12,.0f} lines/s  {mb / spl:8.1f} MB/s")
-    print(f"ratio (splitlines / LogInsights): {ins / spl:.0f}x")
+    size = int(args.mb * 1024 * 1024)
+    old = round1_parser()
+    throughput("mixed log (tqdm redraws, HF dicts, warnings)", make_log(size), args.runs, old)
+    throughput("step prints (bench/ui_tick.py's flood line)", step_log(size), args.runs, old)
     eta_table()
 
 

@@ -66,6 +66,7 @@ CLEAN_FIXTURES = [
     "nanogpt_iters.log",
     "openpcdet_timm_style.log",
     "keras_evaluate.log",
+    "keras3_evaluate_print.log",
     "fairseq_epochs.log",
     "deepspeed_steps.log",
 ]
@@ -562,6 +563,21 @@ def test_keras_evaluate_after_fit_is_not_training() -> None:
     assert snap.metrics["eval_loss"]["last"] == 0.0267 and snap.metrics["eval_accuracy"]["last"] == 0.9983
     mid = parse(data.rsplit(b"\n", 2)[0] + b"\n1200/2671 [=====>........] - ETA: 0s - loss: 0.0300\n")
     assert (mid.progress, mid.step, mid.total_steps) == (1.0, 4451, 4451)  # the evaluation bar is not the run
+
+
+def test_keras_loss_printed_after_evaluate_is_not_the_training_loss() -> None:
+    """fit() prints ``loss``; after evaluate() the script prints ``Loss: ...``: the evaluation's (keras 3 bars)."""
+    snap = parse(read("keras3_evaluate_print.log"))
+    assert (snap.progress, snap.epoch, snap.total_epochs, snap.phase) == (1.0, 10, 10, "eval")
+    assert snap.metrics["loss"] == {"last": 0.1345, "best": 0.1345, "count": 3}
+    assert snap.loss_history == (0.1606, 0.147, 0.1345)
+    assert snap.metrics["eval_loss"]["last"] == pytest.approx(
+        0.4551878
+    )  # the printed one, after the bar's 0.4580
+    assert snap.metrics["eval_accuracy"]["last"] == pytest.approx(0.85048)
+    assert snap.metrics["eval_binary_accuracy"]["last"] == 0.8505 and snap.metrics["val_loss"]["count"] == 3
+    training = parse(read("keras3_evaluate_print.log").split(b"782/782")[0] + b"Loss: 0.2\n")
+    assert training.metrics["loss"]["last"] == 0.2  # no evaluation ran: a printed Loss is the training loss
 
 
 def test_fairseq_and_deepspeed_lines() -> None:

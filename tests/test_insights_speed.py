@@ -1,4 +1,6 @@
-"""The bulk reading of tqdm redraw runs (insights/redraws.py) gives what reading each line gives."""
+"""The fast paths of the parser give what reading each line through every rule gives: the bulk reading of
+tqdm redraw runs (insights/redraws.py) and the pre-filter that passes over lines no rule can match
+(patterns.line_needs), and the bulk reading of runs of plain lines of one shape (insights/repeats.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ def bench_log(size: int) -> bytes:
 
 
 def parse(data: bytes, chunk: int, bulk: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The snapshot after feeding ``data``; ``bulk=False``: every line read on its own through every rule."""
     with monkeypatch.context() as m:
         if not bulk:
             m.setattr(parser, "read_run", lambda *a: None)
+            m.setattr(parser, "line_needs", lambda raw: 3)
         ins = LogInsights(clock=lambda: 0.0)
         for i in range(0, len(data), chunk):
             ins.feed(data[i : i + chunk])
@@ -41,6 +45,7 @@ REDRAWS = (
     b"Epoch 1/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.4]\r"
     b"Epoch 1/3:  30%|###  | 3/10 [00:03<00:07, 1.00it/s, loss=nan]\n"
     b"a plain line\n"
+    b"\xe3\x80\x80\n"
     b"Epoch 1/3:  40%|#### | 4/10 [00:04<00:06, 1.00it/s]\r"
     b"Epoch 1/3:  50%|#####| 5/10 [00:05<00:05, 1.00it/s, loss=0.3, acc=0.8]\r"
     b"Epoch 1/3:  60%|#####| 6/10 [00:06<00:04, 1.00it/s, loss=0.2, acc=0.9]\r"
@@ -52,7 +57,57 @@ REDRAWS = (
     b"Epoch 1/3: 100%|#####| 10/10 [00:10<00:00, 1.00it/s, loss=0.1]garbage\r"
     b"Epoch 2/3:  10%|#    | 1/10 [00:01<00:09, 1.00it/s, loss=0.09]\r"
     b"Epoch 2/3:  20%|##   | 2/10 [00:02<00:08, 1.00it/s, loss=0.08]\r"
+    b"Downloading data files\n"
+    b"Epoch 2/3:  30%|###  | 3/10 [00:03<00:07, 1.00it/s, loss=0.07]\r"
+    b"\x1b[1mva\x1b[0ml_lo\x1b[0mss 0.5\n"
+    b"Epoch 2/3:  40%|#### | 4/10 [00:04<00:06, 1.00it/s, loss=0.06]\r"
+    b"a last plain line\n   \n\xe3\x80\x80\n"
+    b"{'epoch': 1.6}\n"
+    b"Epoch 2/3:  50%|#####| 5/10 [00:05<00:05, 1.00it/s, top1=0.5, acc=0.9]\r"
+    b"Epoch 2/3:  60%|#####| 6/10 [00:06<00:04, 1.00it/s, top1=0.6, acc=0.9]\r"
+    b"Epoch 2/3:  60%|#####| 6/10 [00:06<00:04, 1.00it/s, top5=0.7, acc=0.9]\r"
+    b"Epoch 2/3:  70%|#####| 7/10 [00:07<00:03, 1.00it/s, top1=0.7, acc=0.8]\n"
+    b"{'epoch': 1.7}\n"
+    b"Epoch 2/3:  70%|#####| 7/10 [00:07<00:03, 1.00it/s, top1=0.7, acc=0.8]\r"
+    b"Epoch 2/3:  80%|#####| 8/10 [00:08<00:02, 1.00it/s, top1=0.8, acc=0.8]\r"
+    b"Epoch 2/3:  80%|#####| 8/11 [00:08<00:02, 1.00it/s, top1=0.8, acc=0.7]\r"
+    b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.9, acc=0.6]\n"
+    b"{'epoch': 1.8}\n"
+    b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.9, acc=1e999]\r"
+    b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.9, acc=0.95]\r"
 )
+
+
+def plain(line: bytes, n: int, start: int = 0) -> bytes:
+    return b"".join(line % ((i,) * line.count(b"%d")) for i in range(start, start + n))
+
+
+STEPS = b"step %d/100000 loss=0.%d lr=3.0e-04 grad_norm=1.02 tokens/s=31337 | epoch "
+PLAIN_RUNS = [  # each: lines of one shape where reading only the first, the last and the metric columns would go wrong
+    b"  Num Epochs = 5\n"  # an epoch changes mid-run, one is 0 (so epochs count from 0)
+    + plain(STEPS + b"2\r\n", 30, 10)
+    + plain(STEPS + b"3\n", 3, 40)
+    + b"step 43/100000 loss=0.43 lr=3.0e-04 grad_norm=1.02 tokens/s=31337 | epoch 0\n"
+    + plain(STEPS + b"3\n", 3, 44),
+    plain(b"iter %d: loss %de308\n", 5, 1) + b"step 47/100000 loss=nan | epoch 3\n",  # inf mid-run
+    plain(b"loss %d loss 1%d\n", 4, 1),  # a name twice in a line
+    plain(b"top1=0.%d acc: 9%d.0%% | valid loss 0.%d\n", 6, 1),  # percent accuracies
+    plain(b"iter %d: loss %d.5, time 30.%dms, mfu 12.%d%%\n", 12, 10)
+    + plain(b"{'loss': 0.%d, 'learning_rate': 4.5e-05, 'epoch': 1.%d}\n", 12, 10)
+    + plain(b"{'loss': 0.%d, 'learning_rate': 4.5e-05, 'epoch': %d.0}\n", 4, 1)
+    + plain(b"Epoch %d/9 train_loss=0.%d test_acc=0.9%d lr=0.001 time=12.%ds\n", 9, 1)
+    + plain(b"Epoch(val) [%d][10/10] accuracy/top1: 7%d.0 eta: 0:00:0%d\n", 5, 1)
+    + plain(b"loss %d loss 1%d\n", 4, 1)  # after an evaluation: eval_loss
+    + plain(b"total_steps = %d00\n", 4, 1),
+]
+
+
+@pytest.mark.parametrize("log", range(len(PLAIN_RUNS)))
+@pytest.mark.parametrize("chunk", [7, 1 << 16])
+def test_bulk_plain_runs_equal_line_by_line(log: int, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines of one shape (a step print) read in bulk give what reading each line gives (repeats.py)."""
+    data = PLAIN_RUNS[log]
+    assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 16])

@@ -15,7 +15,8 @@ Pure and headless: no I/O, no UI imports. The modules:
 from .gpu_hints import hints_from_metrics
 from .job import job_hints, with_exit_hint
 from .log_hints import hint_for_exit
-from .parser import LOSS_HISTORY, MAX_LINE, MAX_METRICS, LogInsights
+from .parser import LOSS_HISTORY, MAX_METRICS, LogInsights
+from .patterns import MAX_LINE
 from .snapshot import Hint, JobInsights
 from .timed import timed_parser
 

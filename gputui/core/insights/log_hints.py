@@ -244,8 +244,9 @@ _RULES: tuple[_Rule, ...] = (
 
 
 _RULE_KEYS: tuple[tuple[str, _Rule], ...] = tuple((key, rule) for rule in _RULES for key in rule.keys)
+HINT_KEYS: tuple[str, ...] = tuple(sorted({key for key, _ in _RULE_KEYS}))  # no hint without one of these
 # One search over all keys first: most keys start with a capital, so this skips clean lines fast.
-_HINT_GATE = re.compile("|".join(sorted({re.escape(key) for key, _ in _RULE_KEYS})))
+_HINT_GATE = re.compile("|".join(map(re.escape, HINT_KEYS)))
 _HINT_GATE_BYTES = re.compile(_HINT_GATE.pattern.encode())
 
 

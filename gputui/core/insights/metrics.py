@@ -17,6 +17,7 @@ _HIGHER_BETTER = words(
 )
 # times are per step, per epoch or totals depending on the line: their "best" means nothing
 _NEUTRAL = words("lr learning grad norm time runtime seconds secs")
+METRIC_WORDS = _LOWER_BETTER | _HIGHER_BETTER | _NEUTRAL  # a metric's name has one of these as a token
 _NOT_METRICS = words(
     "epoch epochs step global_step iter iteration batch v_num total_flos num_epochs acc_iter"
 )
@@ -47,9 +48,14 @@ _EVAL_TOKENS = frozenset(["val", "valid", "validation", "eval", "test", "dev"])
 
 
 @lru_cache(maxsize=2048)
+def is_eval_name(name: str) -> bool:
+    """A validation/test/evaluation metric's name ("val_loss", "eval/acc", "test accuracy")."""
+    return not _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))
+
+
 def is_train_loss(name: str) -> bool:
     """A loss that is not a validation/test loss (those stay out of the sparkline)."""
-    return "loss" in name and _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))
+    return "loss" in name and not is_eval_name(name)
 
 
 class Metric:
@@ -70,13 +76,13 @@ class Metric:
         else:
             self.best = max(self.best, value)
 
-    def extend(self, values: list[float]) -> None:
-        """``add()`` each of these finite values, at once."""
-        self.last = values[-1]
-        self.count += len(values)
+    def merge(self, count: int, last: float, low: float, high: float) -> None:
+        """``add()`` ``count`` finite values at once, given the last, the lowest and the highest."""
+        self.last = last
+        self.count += count
         if self.kind == "last":
-            self.best = values[-1]
+            self.best = last
         elif self.kind == "min":
-            self.best = min(values) if math.isnan(self.best) else min(self.best, min(values))
+            self.best = low if math.isnan(self.best) else min(self.best, low)
         else:
-            self.best = max(values) if math.isnan(self.best) else max(self.best, max(values))
+            self.best = high if math.isnan(self.best) else max(self.best, high)

@@ -17,17 +17,21 @@ from collections import deque
 from collections.abc import Callable
 
 from .log_hints import add_line_hints
-from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind
+from .metrics import MAIN_LOSSES, Metric, is_eval_name, is_train_loss, metric_kind
 from .patterns import (
     ANSI,
     ASCII_BAR,
     COLON_COUNT,
     CONFIG_DUMP,
     DICT_KV,
+    DICT_STATE_KEYS,
+    DIGITS_AS_0,
     EPOCH,
     ETA,
     INNER,
+    KERAS3_BAR,
     KV,
+    MAX_LINE,
     STEP,
     TABLE_HEAD,
     TABLE_ROW,
@@ -37,21 +41,23 @@ from .patterns import (
     TQDM_COUNT,
     eta_seconds,
     hms,
+    line_needs,
     skipped_bar,
     table_columns,
     to_float,
     tqdm_count,
 )
 from .redraws import Redraws, Run, read_run, redraw_pattern
+from .repeats import PlainLayout, Span, plain_layout, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
 _EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evaluation loop
 
-MAX_LINE = 4096  # bytes of one line kept (the tail) before parsing
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
 MAX_BARS = 4  # progress bars (by total) remembered at once
+PLAIN_MAX = 512  # bytes of a line beyond which lines of its shape are not read in bulk
 BURST_S = 0.2  # progress changes closer together than this (a log replay) do not start the ETA clock
 
 
@@ -113,6 +119,13 @@ _BAR_STATE = (
 )
 
 
+def _kv_name(split: str, key: str, prefix: str) -> str:
+    """The metric name of a key=value pair: "valid loss" -> "valid_loss"; ``prefix`` + it unless it
+    already says it is an evaluation's."""
+    name = f"{split}_{key}".lower() if split else key.lower()
+    return prefix + name if prefix and not is_eval_name(name) else name
+
+
 class LogInsights:
     """Incremental parser of one job's log: ``feed()`` raw bytes, read ``snapshot()``; call
     ``flush()`` when the output has ended so an unterminated last line is read too.
@@ -126,7 +139,7 @@ class LogInsights:
         self._partial = bytearray()
         self._metrics: dict[str, Metric] = {}
         self._loss_name: str | None = None
-        self._loss_history: deque[float] = deque(maxlen=LOSS_HISTORY)
+        self._loss_history: deque[float | bytes] = deque(maxlen=LOSS_HISTORY)  # bytes: read when shown
         self._hints: dict[str, Hint] = {}
         self._last_line = ""
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
@@ -175,23 +188,99 @@ class LogInsights:
         self._track_rate()
 
     def _lines(self, lines: list[bytes]) -> None:
-        """Read complete lines; runs of redraws of one tqdm bar in bulk (see redraws.read_run)."""
+        """Read complete lines; runs of redraws of one tqdm bar in bulk (see redraws.read_run), and
+        lines that no rule can match (see patterns.line_needs) only as the last line shown."""
         i, n = 0, len(lines)
+        skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
             if self._redraws is not None:
-                run = read_run(self._redraws, lines, i, self._bar_post_bytes())
+                run = read_run(self._redraws, lines, i, self._bar_post_bytes(), line_needs, LOSS_HISTORY)
                 if run is not None:
                     if run.last:
                         self._apply_run(run)
                     else:
                         for raw in lines[i : run.stop]:
                             self._line(raw[-MAX_LINE:])
-                    i = run.stop
+                    i, skipped = run.stop, None
                     continue
             raw = lines[i]
-            if raw:
-                self._line(raw[-MAX_LINE:] if len(raw) > MAX_LINE else raw)
             i += 1
+            if not raw:
+                continue
+            if len(raw) > MAX_LINE:
+                raw = raw[-MAX_LINE:]
+            needs = 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(raw)
+            if not needs:
+                if raw.strip() and (raw.isascii() or raw.decode("utf-8", "replace").strip()):
+                    skipped = raw
+                continue
+            skipped = None
+            if needs == 1 and len(raw) <= PLAIN_MAX:
+                i = self._plain_run(lines, i - 1)
+                continue
+            self._line(raw, hints=needs > 1)
+        if skipped is not None:
+            self._last_line = skipped.decode("utf-8", "replace").strip()
+
+    def _plain_run(self, lines: list[bytes], i: int) -> int:
+        """Read line ``i`` and the lines of its shape right after it (see repeats.py); the index after them."""
+        first = lines[i]
+        shape = first.translate(DIGITS_AS_0)
+        layout = plain_layout(shape)
+        group, j, n, stop = [first], i + 1, len(lines), i + 1
+        while layout is not None and j < n:
+            line = lines[j]
+            if line and (len(line) != len(first) or line.translate(DIGITS_AS_0) != shape):
+                break
+            if line:
+                group.append(line)
+                stop = j + 1
+            j += 1
+        if layout is None or len(group) < 3:
+            self._line(first, hints=False)
+            return i + 1
+        if not same_digits(b"\n".join(group), len(first) + 1, first, layout.fixed):
+            for raw in group:
+                self._line(raw, hints=False)
+            return stop
+        self._line(first, hints=False)
+        if not self._merge_columns(first, group[1:-1], layout):
+            for raw in group[1:-1]:
+                self._line(raw, hints=False)
+        self._line(group[-1], hints=False)
+        return stop
+
+    def _merge_columns(self, first: bytes, lines: list[bytes], layout: PlainLayout) -> bool:
+        """Add the metric numbers of ``lines`` (of ``first``'s shape, read just before) column by column;
+        False when that is not what reading them one by one does (a name twice, a number not finite)."""
+        text = first.decode()
+        columns: list[tuple[str, Span, bool]] = []
+        if "': " in text or '": ' in text:  # the dict rules come first; key=value only when they find nothing
+            for key, value in layout.items:
+                name = text[key[0] : key[1]].strip().lower().replace(" ", "_")
+                if name in self._metrics:
+                    columns.append((name, value, False))
+        if not columns:
+            prefix = "eval_" if self._phase == "eval" else ""
+            for split, key, value, pct in layout.pairs:
+                name = _kv_name(text[split[0] : split[1]], text[key[0] : key[1]], prefix)
+                if name in self._metrics:
+                    columns.append((name, value, pct and metric_kind(name) == "max"))
+        if len({name for name, _, _ in columns}) != len(columns):
+            return False
+        merged: list[tuple[Metric, str, list[float]]] = []
+        for name, (a, b), pct in columns:
+            values = list(map(float, [line[a:b] for line in lines]))
+            if pct:
+                values = [v / 100.0 for v in values]
+            if not all(map(math.isfinite, values)):
+                return False
+            merged.append((self._metrics[name], name, values))
+        for metric, name, values in merged:
+            metric.merge(len(values), values[-1], min(values), max(values))
+            if name == self._loss_name:
+                self._loss_history.extend(values)
+        return True
 
     def flush(self) -> None:
         """Treat the unfinished last line as complete (call once the job's output has ended)."""
@@ -210,7 +299,8 @@ class LogInsights:
         if len(self._partial) > 2 * MAX_LINE:
             del self._partial[:-MAX_LINE]
 
-    def _line(self, raw: bytes) -> None:
+    def _line(self, raw: bytes, hints: bool = True) -> None:
+        """Read one line (``hints=False``: it holds no hint's key)."""
         text = raw.decode("utf-8", "replace")
         if "\x1b" in text:
             text = ANSI.sub("", text)
@@ -218,7 +308,8 @@ class LogInsights:
         if not text:
             return
         self._last_line = text
-        add_line_hints(text, self._hints)
+        if hints:
+            add_line_hints(text, self._hints)
         self._parse(text)
 
     # ---- parsing --------------------------------------------------------------------------
@@ -233,7 +324,7 @@ class LogInsights:
             self._parse_eval_row(text)
             return
         epoch = self._parse_epoch(text) if "poch" in text or "POCH" in text else None  # may reset bars
-        post = self._parse_bar(text) if "[" in text else None
+        post = self._parse_bar(text) if "[" in text or KERAS3_BAR in text else None
         if post is None:
             self._parse_plain(text, summary=epoch is False)
             return
@@ -253,7 +344,9 @@ class LogInsights:
         """A tqdm or ascii bar line -> its postfix text; None when the line is no bar."""
         self._glued = ""
         post = self._parse_tqdm(text)
-        if post is None and ("##" in text or "==" in text or ".." in text or "#." in text):
+        if post is None and (
+            "##" in text or "==" in text or ".." in text or "#." in text or KERAS3_BAR in text
+        ):
             post = self._parse_ascii_bar(text)
         return post
 
@@ -275,8 +368,8 @@ class LogInsights:
         found = False
         if "': " in text or '": ' in text:
             found = self._parse_dict(text)
-        if not found:
-            found = self._parse_kv(text)
+        if not found:  # after keras evaluate(): "Loss: 0.45" is the evaluation's, not the training loss
+            found = self._parse_kv(text, prefix="eval_" if self._phase == "eval" else "")
         if found and summary:
             self._epoch_done = True
             self._bars.clear()
@@ -444,7 +537,10 @@ class LogInsights:
             key, value = m.group("k").strip().lower().replace(" ", "_"), to_float(m.group("v"))
             if value is None:
                 continue
-            if key == "epoch":
+            if key not in DICT_STATE_KEYS:
+                if self._add_metric(key, value):
+                    found = True
+            elif key == "epoch":
                 self._dict_epoch(value)
             elif key in ("step", "global_step"):
                 self._step = int(value)
@@ -452,8 +548,6 @@ class LogInsights:
                 self._total_epochs = int(value) or None
             elif key in ("max_steps", "total_steps", "num_training_steps"):
                 self._total_steps = int(value) or None
-            elif self._add_metric(key, value):
-                found = True
         return found
 
     def _dict_epoch(self, value: float) -> None:
@@ -482,27 +576,33 @@ class LogInsights:
         desc = self._redraws.desc.decode()
         if "poch" in desc or "POCH" in desc:
             self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
-        n, total, el, rem, rate, _post = (part.decode() for part in run.last)
-        self._set_bar(_Bar(n, total, el, rem, rate))
+        self._set_bar(_Bar(*map(bytes.decode, run.last)))  # n, total, elapsed, remaining, rate
         self._glued = ""
         if run.posts:
             self._bar_post = run.posts[-1].decode()
             self._parse_postfix(run.posts[0].decode())
-            for name, values in run.columns:
-                metric = self._metrics.get(name)
-                if metric is not None and values:
-                    metric.extend(values)
-                    if name == self._loss_name:
-                        self._loss_history.extend(values)
+            for column in run.columns:
+                metric = self._metrics.get(column.name)
+                if metric is not None:
+                    metric.merge(column.added, column.last, column.low, column.high)
+                    if column.name == self._loss_name:
+                        self._loss_history.extend(column.newest)
+        for (
+            raw
+        ) in run.others:  # lines between the redraws that may hold a hint (no parsing rule matches them)
+            raw = raw[-MAX_LINE:]
+            if line_needs(raw) & 2:
+                add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
         text = run.last_text.decode("utf-8", "replace")
         self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
 
     def _parse_kv(self, text: str, prefix: str = "") -> bool:
-        """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key)."""
+        """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key,
+        unless the name already says it is an evaluation's: "val_loss")."""
         found = False
         for split, key, num, pct in KV.findall(text):
             value = to_float(num)
-            name = prefix + (f"{split}_{key}".lower() if split else key.lower())
+            name = _kv_name(split, key, prefix)
             if value is not None and pct and metric_kind(name) == "max":
                 value /= 100.0  # "74.87%" next to "0.73": one scale
             if value is not None and self._add_metric(name, value):
@@ -679,7 +779,7 @@ class LogInsights:
             step=step,
             total_steps=total_steps,
             metrics={k: {"last": m.last, "best": m.best, "count": m.count} for k, m in self._metrics.items()},
-            loss_history=tuple(self._loss_history),
+            loss_history=tuple(map(float, self._loss_history)),
             hints=tuple(self._hints.values()),
             last_line=self._last_line,
             phase=self._phase,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
-from .metrics import words
+from .log_hints import HINT_KEYS
+from .metrics import METRIC_WORDS, words
 
+MAX_LINE = 4096  # bytes of one line kept (the tail) before parsing
 NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)"
 # key=value, key: value, key value (the key is filtered by metric_kind afterwards), with the word that
 # says which split a bare key belongs to ("valid loss 4.35", "train Loss: 2.7") and a percent sign
@@ -32,6 +35,22 @@ CONFIG_DUMP = re.compile(r"\b(?:Namespace|\w*(?:Config|Arguments|Args))\(\w+=")
 DICT_KV = re.compile(
     r"""(["'])(?P<k>[\w./\-@ ]{1,64})\1\s*:\s*(?:np\.float\d*\(|tensor\()?(?P<v>""" + NUM + r")"
 )
+# dict keys that set the epoch, the step or their totals (the rest may be metrics)
+DICT_STATE_KEYS = frozenset(
+    [
+        "epoch",
+        "step",
+        "global_step",
+        "num_train_epochs",
+        "num_epochs",
+        "epochs",
+        "total_epochs",
+        "max_epochs",
+        "max_steps",
+        "total_steps",
+        "num_training_steps",
+    ]
+)
 ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
 # "Epoch 2/5", "epoch 3 of 10", "Epoch: [4]", optionally followed by an inner "(996/1926)"
 EPOCH = re.compile(
@@ -52,10 +71,37 @@ TQDM = re.compile(
     r"\[(?P<el>\d+(?::\d\d)+)(?:<(?P<rem>\d+(?::\d\d)+|\?))?,\s*(?P<rate>[^,\[\]]*)(?:,\s*(?P<post>[^\[\]]*))?\]"
 )
 TQDM_COUNT = re.compile(r"(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?:/(?P<total>\d+(?:\.\d+)?[kMGTP]?))?[A-Za-z]*")
-# ascii bars: "Epoch 2/5 [#####.....] 45%" or keras "120/469 [=====>....]"
+# ascii bars: "Epoch 2/5 [#####.....] 45%", keras "120/469 [=====>....]" or keras 3 "625/625 ━━━━━━━━━━━━"
 ASCII_BAR = re.compile(
-    r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?\[[#=>.\-]{4,}[#=>.\- ]*\]\s*(?:(?P<pct>\d{1,3})%)?"
+    r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?(?:\[[#=>.\-]{4,}[#=>.\- ]*\]|(?<=\s)━{4,}[━╸╺─ ]*)\s*(?:(?P<pct>\d{1,3})%)?"
 )
+KERAS3_BAR = "━━"  # the start of a keras 3 bar
+
+DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")  # a line's shape: rules tell no digit from another
+# The pre-filter, over a raw line's shape: a line that does not match can change nothing but the last line
+# shown, since every rule needs one of these: a metric word as a token of a name ("val_loss", "top1"), an
+# epoch, step or eta, an mmengine "(val)", the start of a tqdm or ascii bar. HINT_GATE: a hint's key.
+RULE_GATE = re.compile(
+    rb"(?i)(?<![a-z0-9])(?:"
+    + b"|".join(
+        re.escape(w.encode().translate(DIGITS_AS_0)) for w in sorted(METRIC_WORDS, key=lambda w: (-len(w), w))
+    )
+    + rb")\d*(?![a-z0-9])|epoch|step|iter|eta|\((?:val|test)\)|\[\d+:\d\d|\[[#=>.\-]{4}|"
+    + re.escape(KERAS3_BAR.encode())
+)
+HINT_GATE = re.compile(b"|".join(re.escape(key.encode().translate(DIGITS_AS_0)) for key in HINT_KEYS))
+
+
+@lru_cache(maxsize=1024)
+def _shape_needs(shape: bytes) -> int:
+    return (RULE_GATE.search(shape) is not None) | (HINT_GATE.search(shape) is not None) << 1
+
+
+def line_needs(raw: bytes) -> int:
+    """What reading a raw line may need: 1 the parsing rules, 2 the hint rules (0: it is shown, no more)."""
+    shape = raw.translate(DIGITS_AS_0)
+    return _shape_needs(shape) if len(shape) <= 512 else _shape_needs.__wrapped__(shape)
+
 
 # tqdm bars that are not the training run (their description starts with one of these)
 SKIP_BAR_DESCS = tuple(

@@ -3,26 +3,31 @@
 A tqdm bar redraws itself with ``\\r`` several times a second, so a log holds long runs of redraws of
 one bar that differ only in their count, times and postfix. Once the parser has read one redraw line
 by line, :func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run
-of its redraws that follows with one regex over all of them and the postfix metrics by column, instead
-of a pass per line. The parser applies the result so that its state is the same as if it had read every
-redraw on its own (tests/test_insights_speed.py checks this on every fixture and on the bench log).
+of its redraws that follows (and the lines between them that no parsing rule can match) without a
+regex per line: neighbouring redraws have the same shape once each digit reads 0, one cached regex
+match per shape says where the total and the postfix are, and the postfix metrics are read by column.
+The parser applies the result so that its state is the same as if it had read every line on its own
+(tests/test_insights_speed.py checks this on every fixture, edge cases and the bench log).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
+from itertools import compress, groupby, islice, takewhile
+from operator import methodcaller
+from typing import NamedTuple
 
 from .log_hints import first_hint_key
-from .patterns import EPOCH, TABLE_ROW
+from .patterns import DIGITS_AS_0, EPOCH, HINT_GATE, MAX_LINE, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
 _PREFIX = re.compile(r"(.{0,200}?)[ \t]*\d{1,3}%\|[^|\[\]\x1b]{0,400}\|[ \t]*")
 _PCT = re.compile(rb"[ \t]*\d{1,3}%\|")  # how a bar without a description starts
-_KEY = re.compile(r"[A-Za-z_][\w./\-]{0,47}")
 _EPOCH_STOPS = frozenset(" \t/o([]0123456789")  # characters that an epoch match could run on into
 
 
@@ -57,31 +62,31 @@ def _tail(keep: str) -> re.Pattern[bytes]:
     )
 
 
-_TAIL = _tail("n total el rem rate post")  # the last redraw of a run: all its fields
-_TAIL_POSTS = _tail("total post")  # every redraw of a run
+_TAIL = _tail("n total el rem rate post")  # a redraw's fields
+# one "key=number" part of a plain postfix ("loss=0.123", " lr = 1e-05")
+_PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM + rb")[ \t]*")
 
 
 @dataclass(frozen=True)
 class Redraws:
-    """The bar a run of redraws must belong to; ``poch``/``POCH``: their counts in its description."""
+    """The bar a run of redraws must belong to: its description and total."""
 
     desc: bytes
     total: bytes
-    poch: int
-    POCH: int
 
 
-@dataclass
-class Run:
-    """Lines ``start..stop`` of a feed: redraws of one bar. ``last`` is empty when they must be read
-    line by line; else the last one's n, total, elapsed, remaining, rate and postfix, ``posts`` the
-    postfixes that differ from the one before them and ``columns`` the metric values of posts[1:]."""
+class Run(NamedTuple):
+    """Lines ``start..stop`` of a feed: redraws of one bar and lines that can only hold hints. ``last`` is
+    empty when they must be read line by line; else the last redraw's n, total, elapsed, remaining and rate,
+    ``last_text`` that redraw, ``posts`` the postfixes that differ from the one before them, ``columns``
+    the metric values of posts[1:] and ``others`` the lines between the redraws, in order."""
 
     stop: int
     last: tuple[bytes, ...] = ()
     last_text: bytes = b""
-    posts: list[bytes] = field(default_factory=list)
-    columns: list[tuple[str, list[float]]] = field(default_factory=list)
+    posts: Sequence[bytes] = ()
+    columns: Sequence[Column] = ()
+    others: Sequence[bytes] = ()
 
 
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
@@ -102,92 +107,186 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         e = EPOCH.search(desc)
         if e is None or e.end() >= len(desc) or desc[e.end()] in _EPOCH_STOPS:
             return None
-    return Redraws(desc.encode(), total.encode(), desc.count("poch"), desc.count("POCH"))
+    return Redraws(desc.encode(), total.encode())
 
 
-@lru_cache(maxsize=64)
-def _postfix_shape(keys: tuple[str, ...]) -> re.Pattern[bytes]:
-    """One postfix per line with exactly these keys in this order, each with a plain number."""
-    body = rb",[ \t]*".join(re.escape(k.encode()) + rb"[ \t]*=[ \t]*(" + _SEG_NUM + rb")" for k in keys)
-    return re.compile(rb"(?m)^" + body + rb"$")
-
-
-def _postfix_keys(post: bytes) -> tuple[str, ...] | None:
-    """The keys of a postfix made only of "key=number" parts ("loss=0.12, acc=0.9"), else None."""
-    keys = []
-    for part in post.decode("ascii", "replace").split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or not _KEY.fullmatch(key) or re.fullmatch(_SEG_NUM.decode(), value.strip()) is None:
-            return None
-        keys.append(key)
-    names = [k.lower() for k in keys]
-    return tuple(keys) if len(set(names)) == len(names) else None
-
-
-def read_run(r: Redraws, lines: list[bytes], i: int, bar_post: bytes | None) -> Run | None:
-    """The redraws of ``r``'s bar in ``lines`` from ``i`` on (None: line ``i`` is not one).
+def read_run(
+    r: Redraws,
+    lines: list[bytes],
+    i: int,
+    bar_post: bytes | None,
+    needs: Callable[[bytes], int],
+    keep: int,
+) -> Run | None:
+    """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one), and the
+    lines between them that no parsing rule can match (``needs(line) & 1 == 0``: they may only hold hints);
+    ``keep``: how many of each metric's newest values are read (see :class:`Column`).
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
     has a postfix that may hold a hint, names an epoch, is not plain numbers or has a non-finite value.
     """
-    desc, n, j = r.desc, len(lines), i
-    if not lines[i]:
+    desc = r.desc
+    if not (lines[i].startswith(desc) if desc else _PCT.match(lines[i])):
         return None
-    if desc:
-        while j < n and (lines[j].startswith(desc) or not lines[j]):
+    is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
+    reds: list[bytes] = []
+    others: list[bytes] = []
+    j, n = i, len(lines)
+    while True:
+        seg = list(takewhile(is_redraw, islice(lines, j, None)))  # no Python loop over the redraws
+        reds += seg
+        stop = j = j + len(seg)
+        gap = j
+        while j < n and (not lines[j] or (b"\x1b" not in lines[j] and not needs(lines[j][-MAX_LINE:]) & 1)):
             j += 1
-    else:
-        while j < n and (not lines[j] or _PCT.match(lines[j])):
-            j += 1
-    segs = lines[i:j]
-    count = len(segs) - segs.count(b"")
-    if not count:
+        if j in (gap, n) or not is_redraw(lines[j]):
+            break  # the lines after the last redraw are not part of the run
+        others += [line for line in lines[gap:j] if line]
+    return _bulk(reds, len(desc), r.total, bar_post, keep, stop, others)
+
+
+class Layout(NamedTuple):
+    """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
+    remaining and rate; the text from the total to the times; the stripped postfix; per "key=number"
+    part of a plain postfix (else None) the key's and the number's; and the shapes of those numbers."""
+
+    fields: tuple[tuple[int, int], ...]
+    after_total: bytes  # from the end of the total to the "[" of the times
+    post: tuple[int, int]
+    pairs: tuple[tuple[int, int, int, int], ...] | None
+    numbers: tuple[bytes, ...]
+
+
+class Column(NamedTuple):
+    """One postfix key's values over a run (all finite): how many, the last, the lowest, the highest and
+    the newest ``keep`` of them (as text, which ``float()`` reads, or as floats)."""
+
+    name: str
+    added: int
+    last: float
+    low: float
+    high: float
+    newest: list[bytes] | list[float]
+
+
+@lru_cache(maxsize=256)
+def _layout(shape: bytes, d: int) -> Layout | None:
+    """The :class:`Layout` of redraws of this shape (digits read 0) after a description of ``d`` bytes;
+    None when such a line is no redraw, names an epoch or may hold a hint."""
+    tail = shape[d:]
+    m = _TAIL.match(tail)
+    if m is None or b"poch" in tail or b"POCH" in tail or HINT_GATE.search(tail):
         return None
-    body = b"\n".join(segs)
-    if desc:
-        body = body.replace(b"\n" + desc, b"\n")[len(desc) :]
-    rows = _TAIL_POSTS.findall(body)
-    if len(rows) != count or b"poch" in body or b"POCH" in body or {t for t, _ in rows} != {r.total}:
-        return Run(j)
+    fields = tuple((d + a, d + b) if a >= 0 else (0, 0) for a, b in (m.span(g) for g in range(1, 6)))
+    p0, p1 = m.span(6)
+    post = tail[p0:p1] if p0 >= 0 else b""
+    p0 = d + max(p0, 0) + len(post) - len(post.lstrip())
+    post = post.strip()
+    pairs: list[tuple[int, int, int, int]] | None = []
+    at = p0
+    for part in post.split(b",") if post else ():
+        pm = _PAIR.fullmatch(part)
+        if pm is None or pairs is None:
+            pairs = None
+            break
+        pairs.append((at + pm.start(1), at + pm.end(1), at + pm.start(2), at + pm.end(2)))
+        at += len(part) + 1
+    if pairs is not None:
+        names = [shape[a:b].lower() for a, b, _, _ in pairs]
+        if len(set(names)) != len(names):
+            pairs = None  # "loss" twice: only the line-by-line reading knows which wins
+    numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
+    after_total = shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
+    return Layout(
+        fields, after_total, (p0, p0 + len(post)), tuple(pairs) if pairs is not None else None, numbers
+    )
+
+
+def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
+    """Whether every line of a block of lines ``width`` bytes apart (newline included) holds ``want`` at
+    ``at``: one byte column of the block at a time, so without a Python loop over its lines."""
+    lines = (len(block) + 1) // width
+    return all(block[at + c :: width] == want[c : c + 1] * lines for c in range(len(want)))
+
+
+def _bulk(
+    reds: list[bytes], d: int, total: bytes, bar_post: bytes | None, keep: int, stop: int, others: list[bytes]
+) -> Run:
+    """The :class:`Run` of these redraws (after a description of ``d`` bytes), or one to read line by line.
+
+    Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
+    values change) parse the same way, since no rule tells one digit from another: so one regex match
+    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfix
+    values are read by column with slices.
+    """
+    body = b"\n".join(reds)
+    shapes = body.translate(DIGITS_AS_0).split(b"\n")
     posts: list[bytes] = []
-    prev = bar_post
-    for _, post in rows:
-        post = post.strip()
-        if post and post != prev:
-            posts.append(post)
-            prev = post
-    columns = _postfix_columns(posts) if posts else []
-    if columns is None:
-        return Run(j)
-    last = next(line for line in reversed(segs) if line)
-    m = _TAIL.match(last[len(desc) :])
-    assert m is not None  # it matched above, inside the body
-    return Run(j, m.groups(default=b""), last, posts, columns)
+    keys: list[bytes] = []
+    columns: list[list[bytes]] = []
+    numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
+    counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
+    start = offset = 0
+    for shape, group in groupby(shapes):
+        k = len(list(group))
+        layout = _layout(shape, d)
+        if layout is None:
+            return Run(stop)
+        width = len(shape) + 1  # the lines of a group are as long as their shape
+        lines = reds[start : start + k]
+        block = (offset, offset + k * width)
+        start += k
+        offset += k * width
+        counts.add(b"/" + total + layout.after_total)
+        p0, p1 = layout.post
+        if p0 == p1:
+            continue  # no postfix: it neither counts nor changes the last one
+        if layout.pairs is None or (keys and len(layout.pairs) != len(keys)):
+            return Run(stop)
+        if not keys:
+            keys = [lines[0][a:b] for a, b, _, _ in layout.pairs]
+            columns = [[] for _ in keys]
+            numbers = layout.numbers
+        for (a, b, v0, v1), key, column in zip(layout.pairs, keys, columns, strict=True):
+            if b"0" in shape[a:b] and not _same(body[block[0] : block[1]], width, a, key):
+                return Run(stop)  # a key with digits ("top1") must be the same in every line
+            column += [line[v0:v1] for line in lines]
+        if layout.numbers != numbers:
+            numbers = None
+        posts += [line[p0:p1] for line in lines]
+    if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
+        return Run(stop)
+    kept = (
+        [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)] if posts else []
+    )
+    posts = list(compress(posts, kept))
+    out: list[Column] = []
+    for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
+        values = list(compress(column, kept))[1:]  # the first changed postfix is read on its own
+        decimal = numbers is not None and _DECIMAL.fullmatch(numbers[n]) is not None
+        summary = _summary(values, keep, decimal) if values else None
+        if values and summary is None:
+            return Run(stop)
+        if summary is not None:
+            out.append(Column(key.decode().lower(), *summary))
+    last = reds[-1]
+    layout = _layout(shapes[-1], d)
+    assert layout is not None  # read above
+    return Run(stop, tuple(last[a:b] for a, b in layout.fields), last, posts, out, others)
 
 
-def _postfix_columns(posts: list[bytes]) -> list[tuple[str, list[float]]] | None:
-    """(metric name, values of posts[1:]) per key of postfixes that all have the same plain-number
-    keys; None when they do not, a key may hold a hint or a value is not finite."""
-    keys = _postfix_keys(posts[0])
-    if keys is None or first_hint_key(",".join(keys).encode()) >= 0:
+_DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned decimal (digits read 0)
+
+
+def _summary(
+    values: list[bytes], keep: int, decimal: bool
+) -> tuple[int, float, float, float, list[bytes] | list[float]] | None:
+    """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
+    ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
+    the lowest and the highest are read as floats."""
+    if decimal:
+        return len(values), float(values[-1]), float(min(values)), float(max(values)), values[-keep:]
+    floats = list(map(float, values))
+    if not all(map(math.isfinite, floats)):
         return None
-    prefix = keys[0].encode() + b"="
-    table: list[tuple[float, ...]] = []
-    if len(keys) == 1 and all(p.startswith(prefix) for p in posts):  # the usual "loss=0.123"
-        try:
-            table = [(float(p[len(prefix) :]),) for p in posts]
-        except ValueError:
-            table = []
-    if not table:
-        rows = _postfix_shape(keys).findall(b"\n".join(posts))
-        if len(rows) != len(posts):
-            return None
-        table = [(float(v),) for v in rows] if len(keys) == 1 else [tuple(map(float, row)) for row in rows]
-    columns = []
-    for k, key in enumerate(keys):
-        column = [row[k] for row in table]
-        if not all(map(math.isfinite, column)):
-            return None
-        columns.append((key.lower(), column[1:]))
-    return columns
+    return len(floats), floats[-1], min(floats), max(floats), floats[-keep:]
