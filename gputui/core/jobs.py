@@ -24,6 +24,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: str | None = None
     code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
+    queue: dict[str, Any] | None = None  # wait in the host's queue: gpus, after, after_ok (remote_agent/queue.py)
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -54,7 +55,14 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     return await session.start_job(
         list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
         price_per_hour=job_price(session, config), code=spec.code,
+        queue=None if spec.queue is None else {**spec.queue, "idle_util_percent": idle_util(config, session.name)},  # type: ignore[typeddict-item]
     )  # fmt: skip
+
+
+def idle_util(config: Config, name: str) -> float:
+    """The host's idle threshold (%): a GPU at or above it is busy, for autostop and for the queue alike."""
+    host = config.hosts.get(name)
+    return host.idle_util_percent if host is not None else 5.0
 
 
 async def collect_jobs(
@@ -67,7 +75,7 @@ async def collect_jobs(
     from .records import with_insights  # log parsing: only the commands that show insights load it
 
     async def collect(s: HostSession) -> list[M.Job]:
-        jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
+        jobs = [j for j in await s.list_jobs() if not ended_only or j.state in M.JOB_ENDED_STATES]
         return await with_insights(s, jobs)
 
     results: dict[str, Outcome[list[M.Job]]] = await gather_hosts(fleet, names, collect, connect=connect)
