@@ -411,7 +411,7 @@ async def cmd_notify(args: argparse.Namespace) -> int:
     """``notify HOST --test``: the host sends a test message with its [notify] settings now."""
     settings = autostop.notify_settings(cfg.load(args.config).host(args.host))
     if settings is None:
-        raise CliError(f"{args.host} has no notifications: set [notify] webhook or command in the config", EXIT_USAGE)
+        raise CliError(f"{args.host} has no notifications: set [notify] webhook, ntfy or command in the config", EXIT_USAGE)
 
     async def body(s: HostSession) -> int:
         result = await s.notify_test(settings)
