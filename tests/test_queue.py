@@ -86,6 +86,31 @@ def test_a_foreign_process_and_a_busy_gpu_hold_a_job_back(tmp_path: Path, monkey
     assert Q.plan([queued("1", gpu_count=1)], [], idle, [])["start"] == [("1", "0")]
 
 
+def test_the_real_scheduler_holds_a_job_back_while_a_foreign_process_uses_the_gpu(tmp_path: Path) -> None:
+    """The agent reads the H100 under gpu_burn (recorded): the job waits and says why; the recording goes idle
+    (gpu_burn gone) with no client connected, and the job starts."""
+    state = tmp_path / "state"
+    agent = AgentProc(state, "--nvidia-smi", fake_smi(tmp_path, H100, "load"))
+    try:
+        jid = agent.call("jobs.start", argv=["true"], queue={"gpu_count": 1})["result"]["id"]
+
+        def reason() -> str:
+            return str(agent.call("jobs.get", job=jid)["result"].get("queue_reason"))
+
+        wait_for(lambda: "used by pid" in reason(), timeout=60, what="the scheduler's reason")
+        why = reason()
+        assert why.startswith("needs 1 free GPU, 0 free; GPU 0 used by pid 11327")
+        assert "used by pid 11345" in why and "at 100% utilisation" in why
+        assert not (state / "jobs" / jid / "pid.json").exists()
+        agent.close()
+        fake_smi(tmp_path, H100, "idle")  # the same nvidia-smi now replays the idle recording
+        wait_for(lambda: (state / "jobs" / jid / "status.json").exists(), timeout=60, what="the job to run")
+        assert read_json(str(state / "jobs" / jid / "env.json"))["CUDA_VISIBLE_DEVICES"] == "0"
+    finally:
+        agent.close()
+        stop_host(state)
+
+
 def test_after_waits_and_after_ok_on_a_failed_job_never_starts(tmp_path: Path) -> None:
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
     jobs = [ended("1", "failed", 3), {"id": "2", "state": "running"}, queued("3", gpu_count=1, after=["1"]),
