@@ -302,7 +302,9 @@ class JobQueue:
             for jid, gpus in decided["start"]:
                 self._start(jid, gpus)
             gone = set(decided["fail"]) | {jid for jid, _ in decided["start"]} | {str(j["id"]) for j in relaunch}
+            listed = {str(j.get("id")) for j in jobs}
             order = [str(j["id"]) for j in queued if str(j["id"]) not in gone]
+            order += [i for i in map(str, saved.get("order") or []) if i not in listed]  # queued since the listing
             waiting = {jid: why for jid, why in decided["wait"].items() if jid in order}
             write_json(self.path, dict(saved, order=order, waiting=waiting, boot_id=boot, t=time.time()))
         return len(order)
@@ -317,13 +319,26 @@ class JobQueue:
                 out.append({"id": str(job["id"]), "gpus": known["gpus"] if known else grant_of(job)})
         return out
 
-    def _fail(self, job_id: str, why: str) -> None:
+    def _still_queued(self, job_id: str) -> bool:
+        """Not removed nor picked since the pass listed the jobs (the caller holds the lock)."""
+        job_dir = self.store.job_dir(job_id)
+        record = read_json(os.path.join(job_dir, "job.json"))
+        return not os.path.exists(os.path.join(job_dir, "status.json")) and not (
+            isinstance(record, dict) and record.get("dequeued_at") is not None
+        )
+
+    def _fail(self, job_id: str, why: str, picked: bool = False) -> None:
+        """End a queued job that never started (``picked``: one picked before, whose runner never came up)."""
+        if not picked and not self._still_queued(job_id):
+            return
         write_json(os.path.join(self.store.job_dir(job_id), "status.json"),
                    {"exit_code": None, "error": why, "ended_at": time.time()})  # fmt: skip
         self.log("queue: job %s %s" % (job_id, why))
 
     def _start(self, job_id: str, gpus: Optional[str]) -> None:
         """Pick a job (one atomic job.json write: its GPUs and ``dequeued_at``), then launch it."""
+        if not self._still_queued(job_id):
+            return
         job_dir = self.store.job_dir(job_id)
         record = read_json(os.path.join(job_dir, "job.json"))
         env = read_json(os.path.join(job_dir, "env.json"))
@@ -346,11 +361,11 @@ class JobQueue:
         jid = str(job["id"])
         job_dir = self.store.job_dir(jid)
         record = read_json(os.path.join(job_dir, "job.json"))
-        if not isinstance(record, dict):
-            return
+        if not isinstance(record, dict) or self.store.describe(jid).get("state") != P.JOB_QUEUED:
+            return  # it came up (or ended) since the pass listed the jobs
         attempts = int(record.get("start_attempts") or 0)
         if attempts >= MAX_START_ATTEMPTS:
-            self._fail(jid, "not started: its runner did not come up in %d attempts" % attempts)
+            self._fail(jid, "not started: its runner did not come up in %d attempts" % attempts, picked=True)
             return
         record.update(dequeued_at=time.time(), start_attempts=attempts + 1)
         write_json(os.path.join(job_dir, "job.json"), record)

@@ -186,6 +186,29 @@ def test_a_crash_between_pick_and_start_neither_loses_nor_repeats_the_job(tmp_pa
         stop_host(state)
 
 
+def test_a_remove_move_or_submit_while_a_pass_samples_is_not_undone(tmp_path: Path) -> None:
+    """The scheduler lists the jobs before it takes the lock: what changed meanwhile wins."""
+    from remote_agent.__main__ import launcher
+
+    state = tmp_path / "state"
+    store = JobStore(str(state), launcher())
+    queue = Q.JobQueue(store)
+    try:
+        req = Q.parse_request({"gpus": "none"})
+        a, b, c = (queue.submit(req, ["true"], None, None, None, {}, "x") for _ in range(3))
+        stale = store.list()  # the pass's listing ...
+        queue.remove(a, "removed from the queue before it started")  # ... then the user acts
+        queue.move(c, 1)
+        d = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "x")
+        assert queue.run_pass({"gpus": []}, stale, "x") == 1  # b and c start; d waits (no GPU)
+        assert store.describe(a)["state"] == "killed" and not (state / "jobs" / a / "pid.json").exists()
+        assert read_json(str(state / "jobs" / a / "job.json")).get("dequeued_at") is None
+        assert [j["id"] for j in queue.queued()] == [d] and queue.state()["order"] == [d]
+        assert [store.describe(j)["state"] != "queued" for j in (b, c)] == [True, True]
+    finally:
+        stop_host(state)
+
+
 def test_after_a_reboot_the_queue_resumes_and_says_so(tmp_path: Path) -> None:
     from remote_agent.__main__ import launcher
 
