@@ -321,3 +321,14 @@ def test_bad_queue_requests_are_clear_errors(home: Home, args: list[str], messag
     res = home.cli("queue", "local", "--move", "3")
     assert res.returncode == 2 and "--move ID and --to N go together" in res.stderr
 
+
+
+def test_release_refuses_while_a_job_waits_in_the_queue(home: Home, tmp_path: Path) -> None:
+    """A queued job would be lost with the host: release names it and wants --force, like a running one."""
+    gone = tmp_path / "gone"
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+                      f'release = ["touch", "{gone}"]\n')  # fmt: skip
+    jid = home.cli("run", "local", "--queue", "--gpus", "1", "--", "true", check=True).stdout.strip()
+    res = home.cli("release", "local", "--yes")
+    assert res.returncode == 1 and f"running jobs: {jid} (true)" in res.stderr and "--force" in res.stderr
+    assert not gone.exists()

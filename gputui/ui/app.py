@@ -636,11 +636,12 @@ class GpuTuiApp(App[None]):
             release_not_configured(self, host)  # before asking: there would be nothing to confirm
             return
         snap = self.hosts.get(host)
-        running = [j for j in snap.jobs if j.running] if snap else []
+        running = [j for j in snap.jobs if j.running or j.state == M.JOB_QUEUED] if snap else []
         body = f"Release {safetext.clean(host, limit=NAME_CHARS)}?\n\nThe machine goes back to its provider and billing stops."
         if running:
             n = len(running)
-            body += f" {n} running job{'s' if n != 1 else ''} and everything on its disk will be lost: "
+            kind = "running or queued" if any(j.state == M.JOB_QUEUED for j in running) else "running"
+            body += f" {n} {kind} job{'s' if n != 1 else ''} and everything on its disk will be lost: "
             body += safetext.clean(
                 ", ".join(f"{j.id} ({fmt.job_name(j.name, j.command)})" for j in running[:5]),
                 limit=2 * NAME_CHARS,
