@@ -203,10 +203,10 @@ class Agent:
 
     def op_kill(self, a: P.KillArgs) -> P.JobRecord:
         """Kill a running job; a queued one is removed from the queue (it never starts)."""
-        job_id = str(a.get("job"))
+        job_id, grace = str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S)
         job = self.queue.remove(job_id, "removed from the queue before it started")
         if job is None:  # not queued (any more): it runs, or it ended
-            job = self.jobs.kill(job_id, P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S))
+            job = self.jobs.kill(job_id, grace)
         self.emit(P.EV_JOB, job)
         return job
 
