@@ -262,11 +262,14 @@ class JobQueue:
         self.log("queue: job %s removed (%s)" % (job_id, why))
         return self.store.describe(job_id)
 
-    def marks(self, records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """The records, with ``queue_position`` and ``queue_reason`` added to each queued job's."""
+    def marks(
+        self, records: List[Dict[str, Any]], jobs: Optional[List[Dict[str, Any]]] = None
+    ) -> List[Dict[str, Any]]:
+        """The records, with ``queue_position`` and ``queue_reason`` added to each queued job's (``jobs``: every
+        job, when the caller has them: else they are listed)."""
         if not any(r.get("state") == P.JOB_QUEUED for r in records):
             return records
-        positions = {str(j["id"]): n for n, j in enumerate(self.queued(), 1)}
+        positions = {str(j["id"]): n for n, j in enumerate(self.queued(jobs), 1)}
         waiting = self.state().get("waiting") or {}
         out = []
         for record in records:

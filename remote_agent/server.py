@@ -267,7 +267,7 @@ class Agent:
 
     def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
         job = self.jobs.describe(job_id)
-        if job["state"] == RUNNING:
+        if job["state"] in (RUNNING, P.JOB_QUEUED):  # a queued job's log is still to come
             return None
         return {"job_state": job["state"], "exit_code": job["exit_code"]}
 
@@ -485,7 +485,7 @@ class Agent:
         # another client, even one that already ended) or whose state changed is pushed.
         def seen(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # a stalled or queue mark changing is a change
             stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
-            marked = self.queue.marks(jobs)
+            marked = self.queue.marks(jobs, jobs)
             return {job["id"]: (job["state"], job["id"] in stalled, job.get("queue_position"),
                                 job.get("queue_reason")) for job in marked}  # fmt: skip
 

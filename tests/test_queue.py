@@ -332,3 +332,24 @@ def test_release_refuses_while_a_job_waits_in_the_queue(home: Home, tmp_path: Pa
     res = home.cli("release", "local", "--yes")
     assert res.returncode == 1 and f"running jobs: {jid} (true)" in res.stderr and "--force" in res.stderr
     assert not gone.exists()
+
+
+def test_logs_follow_of_a_queued_job_waits_for_it_to_run_and_end(home: Home, tmp_path: Path) -> None:
+    import subprocess
+
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    go = tmp_path / "go"
+    home.cli("run", "local", "--", sys.executable, "-c",
+             f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)", check=True)  # fmt: skip
+    jid = home.cli("run", "local", "--queue", "--", sys.executable, "-c", "print('from the queue'); raise SystemExit(4)",
+                   check=True).stdout.strip()  # fmt: skip
+    follow = subprocess.Popen([sys.executable, "-m", "gputui", "logs", "local", jid, "-f"], env=home.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: "running" in home.cli("jobs", "local").stdout, what="the blocker to run")
+        assert follow.poll() is None  # still waiting: the job has not even started
+        go.touch()
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert (follow.returncode, out) == (4, "from the queue\n"), err
