@@ -309,6 +309,8 @@ class JobQueue:
             order = [str(j["id"]) for j in queued if str(j["id"]) not in gone]
             order += [i for i in map(str, saved.get("order") or []) if i not in listed]  # queued since the listing
             waiting = {jid: why for jid, why in decided["wait"].items() if jid in order}
+            if not order:
+                saved.pop("resumed_at", None)  # the resumed queue is done
             write_json(self.path, dict(saved, order=order, waiting=waiting, boot_id=boot, t=time.time()))
         return len(order)
 

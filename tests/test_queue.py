@@ -4,6 +4,7 @@ recording (``--state q`` of the nvidia-smi stand-in) and the H100 capture under 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -222,6 +223,34 @@ def test_after_a_reboot_the_queue_resumes_and_says_so(tmp_path: Path) -> None:
     assert queue.state()["resumed_at"] and queue.queued()[0]["id"] == jid
 
 
+def test_after_a_reboot_the_next_connect_restarts_the_scheduler(tmp_path: Path) -> None:
+    """The watchdog is gone (as after a reboot) and the queue file is of another boot: the next agent starts
+    the scheduler again, which says the queue resumed."""
+    import signal
+
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    try:
+        jid = agent.call("jobs.start", argv=["true"], queue={"gpu_count": 1})["result"]["id"]  # no GPU: waits
+        wait_for(lambda: "no GPU readings" in str(agent.call("queue.list")["result"]["jobs"][0]["queue_reason"]),
+                 timeout=60, what="the scheduler's first pass")  # fmt: skip
+        agent.close()
+        pid = int((state / W.LOG).read_text().split("started (pid ")[1].split(")")[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
+                 what="the scheduler to be gone")  # fmt: skip
+        saved = read_json(str(state / Q.QUEUE))
+        write_json(str(state / Q.QUEUE), dict(saved, boot_id="the-boot-before"))
+        agent = AgentProc(state)  # the next connect
+        wait_for(lambda: "queue resumed after a reboot: 1 job waiting" in (state / W.LOG).read_text(), timeout=60,
+                 what="the resumed scheduler")  # fmt: skip
+        listing = agent.call("queue.list")["result"]
+        assert [j["id"] for j in listing["jobs"]] == [jid] and listing["resumed_at"] is not None
+    finally:
+        agent.close()
+        stop_host(state)
+
+
 def test_the_queue_file_is_bounded_and_a_lost_order_loses_no_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from remote_agent.__main__ import launcher
     from remote_agent.jobs import JobError
@@ -278,6 +307,8 @@ def test_two_2_gpu_jobs_run_one_after_the_other_with_the_client_gone(ssh_home: S
              timeout=60, what="the scheduler's reason")  # fmt: skip
     why = json.loads(ssh_home.cli("queue", "box", "--json", check=True).stdout)["jobs"][0]["waits_for"]
     assert why == f"needs 2 free GPUs, 0 free; GPU 0 held by job {one}; GPU 1 held by job {one}"
+    [waiting] = [j for j in json.loads(ssh_home.cli("jobs", "box", "--json", check=True).stdout) if j["id"] == two]
+    assert (waiting["state"], waiting["queue_position"], waiting["queue_reason"]) == ("queued", 1, why)
     assert not (remote / two / "pid.json").exists()
     go.touch()  # no client is connected now: the scheduler alone starts job two
     wait_for(lambda: (remote / two / "status.json").exists(), timeout=90, what="the second job to run and end")
