@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from remote_agent import protocol as P
 
 from . import model as M
 from .config import Config
@@ -55,8 +57,13 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     return await session.start_job(
         list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
         price_per_hour=job_price(session, config), code=spec.code,
-        queue=None if spec.queue is None else {**spec.queue, "idle_util_percent": idle_util(config, session.name)},  # type: ignore[typeddict-item]
+        queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
     )  # fmt: skip
+
+
+def queue_request(asked: Mapping[str, Any], idle_util_percent: float) -> P.QueueRequest:
+    """What the host's queue is asked: ``asked`` (gpus or gpu_count, after, after_ok) with the idle threshold."""
+    return cast(P.QueueRequest, {**asked, "idle_util_percent": idle_util_percent})
 
 
 def idle_util(config: Config, name: str) -> float:
