@@ -254,7 +254,7 @@ class JobQueue:
         with self.locked():
             job_dir = self.store.job_dir(job_id)
             record = self.store.describe(job_id)
-            if record.get("state") != P.JOB_QUEUED or record.get("dequeued_at") is not None:
+            if record.get("state") != P.JOB_QUEUED:  # (a job picked before a crash but never started still is)
                 return None
             now = time.time()
             write_json(os.path.join(job_dir, "kill.json"), {"asked_at": now, "grace_s": 0.0})

@@ -187,6 +187,21 @@ def test_a_crash_between_pick_and_start_neither_loses_nor_repeats_the_job(tmp_pa
         stop_host(state)
 
 
+def test_a_job_picked_before_a_crash_can_still_be_removed(tmp_path: Path) -> None:
+    from remote_agent.__main__ import launcher
+
+    state = tmp_path / "state"
+    store = JobStore(str(state), launcher())
+    queue = Q.JobQueue(store)
+    jid = queue.submit(Q.parse_request({"gpus": "none"}), ["true"], None, None, None, {}, "b")
+    job_json = state / "jobs" / jid / "job.json"
+    write_json(str(job_json), dict(json.loads(job_json.read_text()), dequeued_at=time.time() - 60, start_attempts=1))
+    removed = queue.remove(jid, "removed from the queue before it started")
+    assert removed is not None and removed["state"] == "killed"
+    assert queue.run_pass({"gpus": []}, store.list(), "b") == 0
+    assert not (state / "jobs" / jid / "pid.json").exists()
+
+
 def test_a_remove_move_or_submit_while_a_pass_samples_is_not_undone(tmp_path: Path) -> None:
     """The scheduler lists the jobs before it takes the lock: what changed meanwhile wins."""
     from remote_agent.__main__ import launcher
