@@ -399,3 +399,20 @@ def test_logs_follow_of_a_queued_job_waits_for_it_to_run_and_end(home: Home, tmp
     finally:
         follow.kill()
     assert (follow.returncode, out) == (4, "from the queue\n"), err
+
+
+def test_cli_queue_move_and_kill(home: Home, tmp_path: Path) -> None:
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    go = tmp_path / "go"
+    home.cli("run", "local", "--", sys.executable, "-c",
+             f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)", check=True)  # fmt: skip
+    a, b = (home.cli("run", "local", "--queue", "--name", n, "--", "true", check=True).stdout.strip() for n in "ab")
+    moved = home.cli("queue", "local", "--move", b, "--to", "1", check=True).stdout.splitlines()
+    assert moved[0].split() == ["POS", "ID", "GPUS", "NAME", "WAITS", "FOR"]
+    assert [line.split()[:4] for line in moved[1:]] == [["1", b, "all", "b"], ["2", a, "all", "a"]]
+    res = home.cli("kill", "local", a, "--yes", check=True)
+    assert res.stdout.strip() == f"job {a} on local: removed from the queue (it never started)"
+    assert [j["id"] for j in json.loads(home.cli("queue", "local", "--json", check=True).stdout)["jobs"]] == [b]
+    res = home.cli("queue", "local", "--move", a, "--to", "1")
+    assert res.returncode == 5 and f"job {a} is not queued on this host" in res.stderr
+    go.touch()
