@@ -19,6 +19,8 @@ from .core import autostop, jsonout, safetext
 from .core import config as cfg
 from .core import doctor as D
 from .core import model as M
+from .core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
+from .core.artifacts import check_patterns
 from .core.fleet import Fleet
 from .core.gather import gather_hosts
 from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
@@ -137,6 +139,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         )
     queue = _queue_request(args)
     gpu_items = [] if queue is not None and (args.gpus or "").isdigit() else _gpu_items(args.gpus)
+    try:
+        artifacts = check_patterns(args.artifacts)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     config = cfg.load(args.config)
     host_cfg = config.host(args.host)
     cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
@@ -147,8 +153,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         if args.sync is not None:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
             code, job_cwd = synced.code(), synced.target
-        spec = JobSpec(args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
-                       gpus=None if queue is not None else args.gpus, code=code, queue=queue)  # fmt: skip
+        spec = JobSpec(
+            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
+            gpus=None if queue is not None else args.gpus, code=code, artifacts=artifacts, queue=queue,
+        )
         job = await start_job(s, config, spec)
         print(job.id)
         if job.state == M.JOB_QUEUED:
@@ -355,6 +363,47 @@ async def cmd_cost(args: argparse.Namespace) -> int:
     return status
 
 
+def _ask(question: str) -> bool:
+    return input(question).strip().lower() in ("y", "yes")
+
+
+async def _artifacts_first(args: argparse.Namespace, session: HostSession, host: cfg.HostConfig) -> None:
+    """Before a release: the artifacts changed on the host since the last pull, pulled when asked (--pull, or
+    yes on a terminal); a CliError (not released) when some would be lost and nobody said so."""
+    from .core.artifacts import check, pull_artifacts
+    from .core.pull import PullError
+
+    if args.pull is False:
+        return
+    found = await check(session, host)
+    if not found.at_risk:
+        return
+    print(f"gputui: {args.host}: {safetext.clean(found.summary(), limit=2000)}", file=sys.stderr)
+    if args.pull is None:
+        if args.yes or not sys.stdin.isatty():
+            raise CliError(
+                f"not released: {args.host} has artifacts that would be lost; pass --pull to fetch them "
+                "first or --no-pull to release without them", EXIT_FAIL,
+            )  # fmt: skip
+        if not _ask(f"Pull them to {args.to}/{args.host}/ first? [y/N] "):
+            if not _ask("Release without them? They will be lost. [y/N] "):
+                raise CliError("not released", EXIT_FAIL)
+            return
+    if found.problems:
+        raise CliError(
+            f"not released: {args.host}'s artifacts could not all be checked (--no-pull releases anyway)"
+        )
+    try:
+        outcomes = await pull_artifacts(session, found.unpulled, args.to, _progress_printer())
+    except (PullError, OSError) as exc:
+        raise CliError(f"not released: pulling the artifacts failed: {exc}") from None
+    kept = [o for o in outcomes if o.status == "newer here"]
+    if kept:
+        raise CliError(f"not released: {kept[0].target} here is newer than the host's {kept[0].rel} "
+                       "(move it away, or --no-pull)")  # fmt: skip
+    print(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/", file=sys.stderr)
+
+
 async def cmd_release(args: argparse.Namespace) -> int:
     config = cfg.load(args.config)
     host = config.host(args.host)
@@ -362,20 +411,19 @@ async def cmd_release(args: argparse.Namespace) -> int:
         check_configured(host)
     except ReleaseError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CliError(
-                f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", EXIT_USAGE
-            )
-        answer = input(
-            f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
+    if not args.yes and not sys.stdin.isatty():
+        raise CliError(
+            f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", EXIT_USAGE
         )
-        if answer.strip().lower() not in ("y", "yes"):
-            raise CliError("not released", EXIT_FAIL)
     fleet = Fleet(config)
     session = fleet.session(args.host)
     try:
         await session.start()
+        await _artifacts_first(args, session, host)
+        if not args.yes and not _ask(
+            f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
+        ):
+            raise CliError("not released", EXIT_FAIL)
         result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force))
     except ReleaseError as exc:
         raise CliError(str(exc), EXIT_FAIL) from None
@@ -623,6 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
+    r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
+                   help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
     r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
     r.set_defaults(func=cmd_run)
 
@@ -683,6 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("host")
     rl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     rl.add_argument("--force", action="store_true", help="release even while jobs run")
+    rp = rl.add_mutually_exclusive_group()
+    rp.add_argument("--pull", action="store_true", dest="pull", default=None,
+                    help="pull artifacts changed since the last pull first (release only if all arrive)")  # fmt: skip
+    rp.add_argument("--no-pull", action="store_false", dest="pull", help="release without pulling artifacts")
+    rl.add_argument("--to", default=ARTIFACTS_DEST, metavar="DIR",
+                    help=f"where --pull puts them: DIR/HOST/JOB/PATH (default: ./{ARTIFACTS_DEST})")  # fmt: skip
     rl.set_defaults(func=cmd_release)
 
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")

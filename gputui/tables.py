@@ -175,6 +175,16 @@ def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:
         )
 
 
+def code_cell(r: dict[str, Any]) -> str:
+    """What code ran, short: the synced tree's hash (run --sync), then the git commit, ``*`` when dirty."""
+    code = r.get("code") if isinstance(r.get("code"), dict) else {}
+    git = code.get("git") or r.get("git")
+    out = [str(code["tree_sha256"])[:8]] if code.get("tree_sha256") else []
+    if isinstance(git, dict) and git.get("commit"):
+        out.append(str(git["commit"])[:7] + ("*" if git.get("dirty") else ""))
+    return " ".join(out) or "-"
+
+
 def print_history(records: list[dict[str, Any]]) -> None:
     """One line per run; its final metrics, most important first (``core.headline``), as many as fit."""
     rows = []
@@ -183,7 +193,7 @@ def print_history(records: list[dict[str, Any]]) -> None:
         rows.append([
             r["host"], r["id"], r["state"], fmt(r["exit_code"]),
             "-" if r["duration_s"] is None else duration(r["duration_s"]),
-            "-" if r["cost"] is None else f"{r['cost']:.2f}", r["name"], metrics or ["-"],
+            "-" if r["cost"] is None else f"{r['cost']:.2f}", code_cell(r), r["name"], metrics or ["-"],
         ])  # fmt: skip
-    header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "NAME", "METRICS"]
-    _table(header, rows, "lrlrrrl", caps={0: 16, 6: max(20, _columns() // 4)})
+    header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "CODE", "NAME", "METRICS"]
+    _table(header, rows, "lrlrrrll", caps={0: 16, 6: 17, 7: max(16, _columns() // 4 - 4)})

@@ -336,8 +336,25 @@ def manifest_page(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
     return {"target": target, "entries": [entries[r] for r in page], "more": len(rels) > len(page)}
 
 
+def _remove_empty_parents(target: str, parts: List[str]) -> None:
+    """Remove the directories above a deleted file that it left empty, innermost first, never the target
+    itself; stops at the first one that still holds something (or is not a plain directory)."""
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            dfd = _open_parent(target, parts[:i], create=False)
+        except (OSError, ValueError):
+            return
+        try:
+            os.rmdir(parts[i - 1], dir_fd=dfd)
+        except OSError:
+            return
+        finally:
+            os.close(dfd)
+
+
 def delete_files(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
-    """Remove files sync wrote earlier (only those in the manifest, unchanged since) from the target."""
+    """Remove files sync wrote earlier (only those in the manifest, unchanged since) from the target, and the
+    directories that leaves empty."""
     target = target_dir(a.get("target"))
     rels = a.get("rels")
     if not isinstance(rels, list) or len(rels) > MAX_DELETE:
@@ -355,6 +372,7 @@ def delete_files(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
             pass
         finally:
             os.close(dfd)
+        _remove_empty_parents(target, parts)
         deleted.append(rel)
     _journal(state_dir, target, [{"rel": r, "del": True} for r in deleted])
     return {"deleted": deleted}

@@ -272,6 +272,7 @@ class JobRecord(TypedDict, total=False):
     nvidia_smi: str
     git: Optional[Dict[str, Any]]  # {"commit", "branch", "dirty"}
     code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
+    artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
     gpu_inventory: List[GpuFact]
     price_per_hour: Optional[float]
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/usage.py)
@@ -305,6 +306,7 @@ class StartArgs(TypedDict, total=False):
     price_per_hour: Optional[float]
     code: Dict[str, Any]  # see JobRecord.code
     queue: QueueRequest  # wait on the host for GPUs and other jobs instead of starting now
+    artifacts: List[str]  # see JobRecord.artifacts
 
 
 class JobArgs(TypedDict):

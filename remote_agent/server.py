@@ -189,6 +189,9 @@ class Agent:
         code = a.get("code")  # what code ran (gputui run --sync): tree hash, git commit and dirty flag
         if isinstance(code, dict) and len(P.encode(code)) <= 4096:
             extra["code"] = code
+        arts = a.get("artifacts")  # what to bring back before release (gputui run --artifacts)
+        if isinstance(arts, list) and all(isinstance(x, str) for x in arts) and len(json.dumps(arts)) <= 4096:
+            extra["artifacts"] = arts
         if a.get("queue") is not None:  # wait on the host for its GPUs (remote_agent/queue.py)
             request = parse_request(a.get("queue"))
             job_id = self.queue.submit(

@@ -136,3 +136,19 @@ def test_forward_cli_prints_its_url_and_serves_until_interrupted(fwd_home: SshHo
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_job_urls_finds_local_servers_newest_first_with_their_tokens() -> None:
+    from gputui.core.forward import job_urls
+
+    lines = [  # newest first, as the app hands them over
+        "Serving on http://0.0.0.0:8000.",
+        "TensorBoard 2.15 at http://localhost:6006/ (Press CTRL+C to quit)",
+        "see https://example.com:443/docs and http://10.0.0.5:9999/",  # not this host's own address
+        "    http://127.0.0.1:8888/lab?token=abc123",
+        "old: http://localhost:6006/ and http://localhost:99999/",
+    ]
+    urls = job_urls(lines)
+    assert [(u.port, u.tail) for u in urls] == [(8000, ""), (6006, "/"), (8888, "/lab?token=abc123")]
+    assert urls[2].here(41234) == "http://127.0.0.1:41234/lab?token=abc123"
+    assert urls[0].here(5000) == "http://127.0.0.1:5000/"

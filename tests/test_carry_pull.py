@@ -66,7 +66,7 @@ def test_pull_through_a_reset_ends_byte_identical(
     assert (dest / "model.pt").read_bytes() == big
     assert (dest / "opt.pt").read_bytes() == mid
     assert (dest / "small.pt").read_bytes() == b"tiny"
-    assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "opt.pt", "small.pt"]  # no .part left
+    assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "opt.pt", "small.pt"]  # no part file left
 
 
 def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp_path: Path) -> None:
@@ -78,18 +78,26 @@ def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp
     dest = tmp_path / "out"
     dest.mkdir()
 
-    # A .part from an earlier, dropped pull: the transfer continues at its end.
-    (dest / "a.pt.part").write_bytes(data[:1_000_000])
+    # A part file from an earlier, dropped pull: the transfer continues at its end. A user's own
+    # a.pt.part is not ours: left alone.
+    (dest / ".a.pt.gputui-part").write_bytes(data[:1_000_000])
+    (dest / "a.pt.part").write_bytes(b"the user's")
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/*.pt", str(dest), check=True)
     assert res.stdout.startswith("resumed:"), res.stdout
-    assert (dest / "a.pt").read_bytes() == data and not (dest / "a.pt.part").exists()
+    assert (dest / "a.pt").read_bytes() == data and not (dest / ".a.pt.gputui-part").exists()
+    assert (dest / "a.pt.part").read_bytes() == b"the user's"
 
-    # A .part of some other content fails the sha256 check and is fetched again from byte 0.
+    # A part file of some other content fails the sha256 check and is fetched again from byte 0.
     os.unlink(dest / "a.pt")
-    (dest / "a.pt.part").write_bytes(b"x" * 2_000_000)
+    (dest / ".a.pt.gputui-part").write_bytes(b"x" * 2_000_000)
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
     assert res.stdout.startswith("pulled:"), res.stdout
     assert (dest / "a.pt").read_bytes() == data
+
+    # A part file left over beside a file that is now up to date: removed when the pull is redone.
+    (dest / ".a.pt.gputui-part").write_bytes(data[:10])
+    res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
+    assert res.stdout.startswith("up to date:") and not (dest / ".a.pt.gputui-part").exists(), res.stdout
 
     assert ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True).stdout.startswith("pulled:")
     res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -76,10 +77,22 @@ def test_sync_carries_the_repo_incrementally_and_keeps_writes_inside(
     assert "1 of 6 files sent" in res.stderr and (target / "train.py").read_text().startswith("print(")
 
     # --delete removes what an earlier sync put there and SRC lost; never a file the host made itself.
+    # Directories it leaves empty go too; one that still holds something, or was empty before, stays.
+    (repo / "old" / "deep").mkdir(parents=True)
+    (repo / "old" / "deep" / "a.txt").write_text("a")
+    (repo / "kept").mkdir()
+    (repo / "kept" / "b.txt").write_text("b")
+    ssh_home.cli("sync", "box", str(repo), "--to", str(target), check=True)
+    (target / "kept" / "host-made").mkdir()
+    (target / "empty-before").mkdir()
     os.unlink(repo / "notes.md")
+    shutil.rmtree(repo / "old")
+    shutil.rmtree(repo / "kept")
     (target / "host-made.txt").write_text("mine")
     ssh_home.cli("sync", "box", str(repo), "--to", str(target), "--delete", check=True)
     assert not (target / "notes.md").exists() and (target / "host-made.txt").read_text() == "mine"
+    assert not (target / "old").exists() and not (target / "kept" / "b.txt").exists()
+    assert (target / "kept" / "host-made").is_dir() and (target / "empty-before").is_dir()
 
     # A symlink planted on the host cannot lead a write out of the target.
     outside = tmp_path / "outside"
@@ -120,6 +133,10 @@ def test_run_sync_runs_in_the_synced_dir_and_records_the_code(ssh_home: SshHome,
     record2 = next(r for r in json.loads(ssh_home.cli("history", "box", "--json").stdout) if r["id"] == job2)
     assert record2["code"]["git"]["dirty"] is True
     assert record2["code"]["tree_sha256"] != record["code"]["tree_sha256"]
+    # The history table's CODE column: short tree hash, then the commit with * when dirty.
+    rows = {ln.split()[1]: ln for ln in ssh_home.cli("history", "box", check=True).stdout.splitlines()[1:]}
+    assert f" {record['code']['tree_sha256'][:8]} {head[:7]} " in rows[job], rows
+    assert f" {record2['code']['tree_sha256'][:8]} {head[:7]}* " in rows[job2], rows
 
 
 def test_agent_write_refuses_paths_outside_the_target(agent: AgentProc, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ def test_mnist_example_trains_under_gputui_and_is_recorded(home: Home, tmp_path:
     assert rec["metrics"]["test_acc"]["best"] >= rec["metrics"]["test_acc"]["last"] > 0.90
     table = home.cli("history", check=True)
     assert "history" not in table.stderr
-    assert table.stdout.splitlines()[1].split()[7].startswith("test_acc=0.9")  # what the run is judged by
+    assert table.stdout.splitlines()[1].split()[8].startswith("test_acc=0.9")  # what the run is judged by
     assert "test_acc=0.9" in home.cli("jobs", check=True).stdout
 
 
@@ -98,7 +98,7 @@ def test_history_table_leads_with_final_accuracy_in_80_columns(home: Home) -> No
     assert home.cli("logs", "-f", "local", job_id).returncode == 0
     home.env["COLUMNS"] = "80"
     out = home.cli("history", check=True).stdout.splitlines()
-    assert out[0].split() == ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "NAME", "METRICS"]
+    assert out[0].split() == ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "CODE", "NAME", "METRICS"]
     assert all(len(line) <= 80 for line in out), out
     metrics = out[1].split("…", 1)[1].split()  # after the clipped name
     assert metrics[0] == "test_acc=0.9812" and metrics[-1] == "…"  # the rest did not fit

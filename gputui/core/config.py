@@ -87,6 +87,8 @@ class HostConfig:
     stall_minutes: float | None = None
     stalled_counts_as_idle: bool = False  # autostop may then release a host whose only jobs are stalled
     notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
+    # files to bring back before release (gputui release): relative to each job's dir, or absolute on the host
+    artifacts: tuple[str, ...] = ()
 
     @property
     def address(self) -> str:
@@ -121,11 +123,12 @@ class Config:
 
 
 ARGV = "argv"  # a list of strings, or one string split like a shell would (never run through a shell)
+PATHS = "paths"  # a list of path patterns
 DATETIME = "datetime"
 _TYPES: dict[str, Any] = {
     "str": (str,), "str | None": (str,), "int | None": (int,), "int": (int,), "bool": (bool,),
     "float": (float, int), "float | None": (float, int),
-    "tuple[str, ...] | None": ARGV, "dt.datetime | None": DATETIME,
+    "tuple[str, ...] | None": ARGV, "dt.datetime | None": DATETIME, "tuple[str, ...]": PATHS,
 }  # fmt: skip
 # What each key accepts (int is accepted where float is).
 HOST_FIELDS: dict[str, Any] = {
@@ -141,6 +144,7 @@ BUDGET_FIELDS = {
 }
 ON_EXCEED = ("warn", "release-idle")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
+MAX_PATHS = 32
 # Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
 DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
@@ -344,6 +348,12 @@ def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any
             value = _argv(value)
             if value is None:
                 raise fail(where, key, "must be a command: a list of strings, or a string split like a shell")
+        elif kind == PATHS:
+            if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+                raise fail(where, key, f'must be a list of paths like ["ckpt/", "runs/"], not {value!r}')
+            if len(value) > MAX_PATHS or any(len(v) > 1024 for v in value):
+                raise fail(where, key, f"at most {MAX_PATHS} paths of at most 1024 characters each")
+            value = tuple(v.strip() for v in value)
         elif kind == DATETIME:
             if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
                 value = dt.datetime.combine(value, dt.time())

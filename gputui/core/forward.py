@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import asyncssh
@@ -24,6 +26,42 @@ log = logging.getLogger(__name__)
 #: How long a new local connection waits for the host's link to come back before it is closed.
 RECONNECT_WAIT_S = 60.0
 CHUNK = 64 * 1024
+
+
+#: A URL a job printed for a server on the host's own addresses (TensorBoard, Jupyter, Gradio...).
+_URL = re.compile(
+    r"https?://(?:localhost|127(?:\.\d{1,3}){3}|0\.0\.0\.0|\[::1?\])"
+    r":(?P<port>\d{1,5})(?P<tail>[/?#][^\s\"'<>`]*)?"
+)
+#: How much of a log ``job_urls`` looks at (the newest lines first).
+URL_SCAN_LINES = 2000
+
+
+@dataclass(frozen=True)
+class WebUrl:
+    """A URL as the job printed it; ``tail`` is its path, query (a Jupyter token) and fragment."""
+
+    text: str
+    port: int
+    tail: str
+
+    def here(self, local_port: int) -> str:
+        """The same page through a forward at 127.0.0.1:``local_port``, token and all."""
+        return f"http://127.0.0.1:{local_port}{self.tail or '/'}"
+
+
+def job_urls(lines: Iterable[str]) -> list[WebUrl]:
+    """The local web URLs in ``lines`` (given newest first), newest first, one per port."""
+    found: dict[int, WebUrl] = {}
+    for n, line in enumerate(lines):
+        if n >= URL_SCAN_LINES:
+            break
+        for m in reversed(list(_URL.finditer(line))):
+            port = int(m.group("port"))
+            if 0 < port < 65536 and port not in found:  # a sentence's closing punctuation is not the URL's
+                tail = (m.group("tail") or "").rstrip(".,;:)]")
+                found[port] = WebUrl(m.group(0).rstrip(".,;:)]"), port, tail)
+    return list(found.values())
 
 
 class ForwardError(Exception):

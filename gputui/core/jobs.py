@@ -27,6 +27,8 @@ class JobSpec:
     gpus: str | None = None
     code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
     queue: dict[str, Any] | None = None  # wait in the host's queue: gpus, after, after_ok (remote_agent/queue.py)
+    artifacts: tuple[str, ...] = ()  # files to bring back before release (gputui run --artifacts)
+    sync: str | None = None  # a local dir to sync to the host first (into cwd); the job then runs there
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -56,7 +58,7 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     """Start ``spec`` on the session's host; the job's record keeps the host's price, so history has its cost."""
     return await session.start_job(
         list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
-        price_per_hour=job_price(session, config), code=spec.code,
+        price_per_hour=job_price(session, config), code=spec.code, artifacts=spec.artifacts,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
     )  # fmt: skip
 

@@ -168,6 +168,8 @@ class Job:
             record["code"] = d["code"]
         if "queue" in d:
             record["queue"] = d["queue"]
+        if "artifacts" in d:
+            record["artifacts"] = d["artifacts"]
         return cls(
             host=host,
             id=str(d["id"]),

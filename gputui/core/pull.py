@@ -1,14 +1,16 @@
 """gputui pull: files from a host to here, over the agent channel the session already holds.
 
-Each file goes to ``NAME.part`` first, in bounded chunks (a few in flight), and is renamed into place only
-after its sha256 matches the host's. A dropped link costs nothing: the session reconnects and the transfer
-goes on from the byte it reached; a later ``pull`` continues an old ``.part`` the same way.
+Each file goes to ``.NAME.gputui-part`` first, in bounded chunks (a few in flight), and is renamed into place
+only after its sha256 matches the host's. A dropped link costs nothing: the session reconnects and the transfer
+goes on from the byte it reached; a later ``pull`` continues an old part file the same way, and removes one
+left over for a file it finds up to date or newer here. What each pull fetched is noted (``pulled.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import os
 import re
 import time
@@ -18,6 +20,7 @@ from typing import Any, BinaryIO
 
 from remote_agent import protocol as P
 
+from . import pulled
 from .link import AgentError, LinkClosed
 from .paths import sha256_file
 from .session import HostSession
@@ -57,6 +60,8 @@ class Outcome:
     target: str
     status: str  # "pulled", "resumed", "up to date", "newer here"
     size: int
+    path: str = ""  # on the host
+    mtime: float = 0.0  # the host's, of the version pulled
 
 
 def split_spec(spec: str) -> tuple[str | None, str]:
@@ -119,6 +124,21 @@ def local_target(dest_dir: str, rel: str) -> str:
         raise PullError(f"refusing to overwrite the symlink {target}")
     return target
 
+
+
+def part_path(target: str) -> str:
+    """Where ``target`` is pulled to before its sha256 is checked: ``.NAME.gputui-part`` beside it (a name
+    of gputui's own, never a user's ``NAME.part``)."""
+    head, name = os.path.split(target)
+    if len(name) > 200:
+        name = name[:160] + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(head, f".{name}.gputui-part")
+
+
+def _drop_part(part: str) -> None:
+    """Remove a part file left by an earlier pull of a file now up to date (ours: never a symlink followed)."""
+    if os.path.isfile(part) and not os.path.islink(part):
+        os.unlink(part)
 
 
 async def _download(session: HostSession, f: Remote, part: str, on_progress: Progress | None) -> int:
@@ -211,15 +231,17 @@ async def _same(session: HostSession, f: Remote, local: str) -> bool:
 async def pull_file(
     session: HostSession, f: Remote, target: str, force: bool = False, on_progress: Progress | None = None
 ) -> Outcome:
-    """One file to ``target`` (resuming ``target.part``); checked by sha256 before it takes the name."""
+    """One file to ``target`` (resuming its part file); checked by sha256 before it takes the name."""
+    part = part_path(target)
     if os.path.exists(target):
         st = os.stat(target)
         if st.st_size == f.size and await _same(session, f, target):
-            return Outcome(f.rel, target, "up to date", f.size)
+            _drop_part(part)
+            return Outcome(f.rel, target, "up to date", f.size, f.path, f.mtime)
         if st.st_mtime > f.mtime and not force:
-            return Outcome(f.rel, target, "newer here", st.st_size)
+            _drop_part(part)
+            return Outcome(f.rel, target, "newer here", st.st_size, f.path, f.mtime)
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    part = target + ".part"
     if os.path.islink(part):
         raise PullError(f"refusing to write through the symlink {part}")
     for attempt in range(3):
@@ -231,7 +253,7 @@ async def pull_file(
             os.chmod(part, f.mode & 0o777)
             os.utime(part, (f.mtime, f.mtime))
             os.replace(part, target)
-            return Outcome(f.rel, target, "resumed" if resumed else "pulled", f.size)
+            return Outcome(f.rel, target, "resumed" if resumed else "pulled", f.size, f.path, f.mtime)
         # The file changed on the host (or the old .part was of another version): start over, fresh.
         os.unlink(part)
         if attempt < 2:
@@ -271,5 +293,19 @@ async def pull(
     by itself while this runs."""
     session.run_in_background()
     files = await list_remote(session, specs)
-    plan = plan_targets(files, specs, dest)
-    return [await pull_file(session, f, target, force, on_progress) for f, target in plan]
+    return await pull_planned(session, plan_targets(files, specs, dest), force, on_progress)
+
+
+async def pull_planned(
+    session: HostSession, plan: list[tuple[Remote, str]], force: bool = False, on_progress: Progress | None = None
+) -> list[Outcome]:
+    """Each (host file, local target) in turn; what arrived is noted in the host's pull record, even when a
+    later file fails."""
+    done: list[Outcome] = []
+    try:
+        for f, target in plan:
+            done.append(await pull_file(session, f, target, force, on_progress))
+    finally:
+        held = [o for o in done if o.status != "newer here"]
+        pulled.note(session.name, [(o.path, o.size, o.mtime, os.path.abspath(o.target)) for o in held])
+    return done

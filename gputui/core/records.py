@@ -82,6 +82,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "cwd": job.cwd,
         "git": job.record.get("git"),
         "code": job.record.get("code"),  # run --sync: the synced tree's hash, git commit and dirty flag
+        "artifacts": job.record.get("artifacts") or [],  # run --artifacts: what release brings back first
         "gpus": {
             "selection": job.gpus or "all",
             "indices": [g.get("index") for g in gpus],

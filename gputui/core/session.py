@@ -349,6 +349,7 @@ class HostSession:
         price_per_hour: float | None = None,
         code: dict[str, Any] | None = None,
         queue: P.QueueRequest | None = None,
+        artifacts: tuple[str, ...] = (),
     ) -> M.Job:
         """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
@@ -357,6 +358,8 @@ class HostSession:
             args["code"] = code
         if queue is not None:
             args["queue"] = queue
+        if artifacts:
+            args["artifacts"] = list(artifacts)
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()

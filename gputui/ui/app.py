@@ -31,7 +31,7 @@ from gputui.core.insights import Hint, JobInsights, job_hints
 from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from gputui.core.spend import fleet_spend, idle_release_candidates
 
-from . import fmt, notices
+from . import carry, fmt, notices
 from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
 from .logstream import LogStream
@@ -63,6 +63,10 @@ APP_KEYS = [
         "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
     ),
     Binding("r", "release", "Release", tooltip="Release the selected host (asks first)"),
+    Binding(
+        "o", "forward_url", "Open URL", show=False,
+        tooltip="Forward the web URL the job printed (TensorBoard, Jupyter) to 127.0.0.1 here; token kept",
+    ),  # fmt: skip
     Binding(
         "z", "snooze_autostop", "Snooze autostop", tooltip="Postpone the host's idle autostop by an hour"
     ),
@@ -182,6 +186,7 @@ class GpuTuiApp(App[None]):
         self._state_path = state_path or T.state_path()
         self._ui_state = T.UiState.load(self._state_path)
         self._theme_errors = self._load_themes(theme_dirs)
+        self.forwards = carry.Forwards()
 
     def notify(  # type: ignore[override]
         self,
@@ -248,6 +253,7 @@ class GpuTuiApp(App[None]):
 
     async def on_unmount(self) -> None:
         self._shutting_down = True
+        await self.forwards.close()
         await self.source.close()
 
     # --- the snapshot path ------------------------------------------------------------------------------------
@@ -570,6 +576,11 @@ class GpuTuiApp(App[None]):
             self.run_worker(self._start_job(spec), group="command")
 
     async def _start_job(self, spec: jobs.JobSpec) -> None:
+        if spec.sync is not None:  # the tree goes first; the job then runs in the synced dir
+            synced = await carry.sync_first(self, spec)
+            if synced is None:
+                return
+            spec = synced
         try:
             job = await jobs.start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
@@ -658,7 +669,20 @@ class GpuTuiApp(App[None]):
             if yes:
                 self.run_worker(self._release(request), group="command")
 
-        self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
+        def ask() -> None:
+            self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
+
+        if self._release_hooked or not carry.wants_artifact_check(conf, snap):
+            ask()
+        else:  # artifacts first: which changed since the last pull (a request to the host)
+            self.run_worker(carry.ask_release(self, request, body, ask), group="command")
+
+    def action_forward_url(self) -> None:
+        job = self.current_job()
+        if job is None:
+            self.notify("no job selected: pick the job that printed the URL", timeout=NOTIFY_S)
+            return
+        self.run_worker(carry.forward_url(self, job, self.forwards), group="command")
 
     async def _release(self, request: ReleaseRequest) -> None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 
 from rich.text import Text
@@ -77,8 +78,13 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
             yield Select(hosts, value=self.host, allow_blank=False, id="host")
             yield Label("Command (split like a shell, run without one)")
             yield PlainInput(placeholder="python train.py --epochs 10", id="command")
-            yield Label("Working directory")
-            yield PlainInput(id="cwd")
+            with Horizontal(classes="row"):
+                with Vertical():
+                    yield Label("Working directory")
+                    yield PlainInput(id="cwd")
+                with Vertical():  # the job then runs in the synced dir (default ~/gputui-work/NAME)
+                    yield Label("Sync first from (local dir)")
+                    yield PlainInput(placeholder="none; . for here", id="sync")
             with Horizontal(classes="row"):
                 with Vertical():
                     yield Label("GPUs (CUDA_VISIBLE_DEVICES)")
@@ -147,6 +153,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         if not argv:
             raise ValueError("command: what should run? e.g. python train.py")
         env = parse_env(value("env"))
+        sync, cwd = self._sync(value("sync"), value("cwd"))
         gpus, queue = value("gpus") or None, None
         if self.query_one("#queue", Checkbox).value:  # the host's queue starts it when its GPUs are free
             count = gpus is not None and gpus.isdigit()
@@ -157,9 +164,23 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         return JobSpec(
             host=self.host,
             argv=argv,
-            cwd=value("cwd") or None,
+            cwd=cwd,
             gpus=gpus,
             name=value("name") or None,
             env=env,
+            sync=sync,
             queue=queue,
         )
+
+    def _sync(self, src: str, cwd: str) -> tuple[str | None, str | None]:
+        """(local dir to sync, host dir): with a sync the working dir is where it goes; the local host's
+        prefilled dir (the app's own) or the source itself mean the default target, never a copy over them."""
+        if not src:
+            return None, cwd or None
+        path = os.path.abspath(os.path.join(self.local_cwd, os.path.expanduser(src)))
+        if not os.path.isdir(path):
+            raise ValueError(f"sync: {path} is not a directory here")
+        here = self.host in self.local_hosts
+        if here and cwd and (cwd == self.local_cwd or os.path.abspath(os.path.expanduser(cwd)) == path):
+            cwd = ""
+        return path, cwd or None
