@@ -179,7 +179,11 @@ def plan(
             wait[jid] = _clip("; ".join(why))
             reserved |= set(named) if named and request.get("gpus") is not None else set(free)
             continue
-        spec = "none" if count == 0 else None if request.get("gpus") is None and count is None else ",".join(str(i) for i in take)
+        spec: Optional[str] = ",".join(str(i) for i in take)
+        if count == 0:
+            spec = "none"
+        elif count is None and request.get("gpus") is None:
+            spec = None  # the whole host: CUDA_VISIBLE_DEVICES stays unset
         start.append((jid, spec))
         grants.append({"id": jid, "gpus": spec})
         reserved |= set(take)

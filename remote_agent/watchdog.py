@@ -194,12 +194,11 @@ class Watchdog:
             events.append({"key": "stalled:%s:%s" % (jid, verdict.get("since")), "event": "stalled",
                            "text": "job %s stalled: %s" % (jid, verdict.get("why"))})  # fmt: skip
         autostop_at = state.get("autostop_at")
+        start = window_start(config, float(state.get("idle_since") or now))  # of this idle stretch
         if autostop_at is not None and state.get("action") is None and autostop_at - now <= notify.SOON_S:
-            start = window_start(config, float(state.get("idle_since") or now))
             text = "autostop releases the host in %.0f min" % (max(0.0, autostop_at - now) / 60.0)
             key = "autostop_soon:%s:%s" % (config.get("boot_id"), start)  # once per idle stretch
             events.append({"key": key, "event": "autostop_soon", "text": text})
-        start = window_start(config, float(state.get("idle_since") or now))
         events += notify.host_events(config, state, self.jobs, start, now)
         if state.get("action") == "released":
             events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
