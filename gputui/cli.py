@@ -29,7 +29,7 @@ from .core.release import ReleaseError, ReleaseRequest, check_configured, releas
 from .core.session import MAX_KILL_GRACE_S, HostSession
 from .core.spend import fleet_spend
 from .core.transport import HostError, HostUnavailable
-from .tables import print_cost, print_history, print_jobs, print_status
+from .tables import print_cost, print_history, print_jobs, print_queue, print_status, queue_gpus
 
 # Exit statuses (documented in README.md).
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
@@ -137,7 +137,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             "nothing to run: give the command after --, e.g. gputui run local -- python train.py", EXIT_USAGE
         )
-    gpu_items = _gpu_items(args.gpus)
+    queue = _queue_request(args)
+    gpu_items = [] if queue is not None and (args.gpus or "").isdigit() else _gpu_items(args.gpus)
     try:
         artifacts = check_patterns(args.artifacts)
     except ValueError as exc:
@@ -153,11 +154,59 @@ async def cmd_run(args: argparse.Namespace) -> int:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
-            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env), gpus=args.gpus, code=code,
-            artifacts=artifacts,
+            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
+            gpus=None if queue is not None else args.gpus, code=code, artifacts=artifacts, queue=queue,
         )
         job = await start_job(s, config, spec)
         print(job.id)
+        if job.state == M.JOB_QUEUED:
+            print(f"gputui: job {job.id} queued on {args.host} at position {job.queue_position}", file=sys.stderr)
+        return EXIT_OK
+
+    return await _with_session(args, args.host, body)
+
+
+def _queue_request(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What ``run --queue`` (or ``--after``/``--after-ok``, which imply it) asks the host's queue for; None: run now.
+
+    With the queue, ``--gpus N`` (a bare number) is a count: any N free GPUs; a list names the GPUs."""
+    after, after_ok = args.after or [], args.after_ok or []
+    if not (args.queue or after or after_ok):
+        return None
+    bad = [i for i in after + after_ok if not i.isdigit()]
+    if bad:
+        raise CliError(f"--after/--after-ok {bad[0]!r}: expected job ids (numbers)", EXIT_USAGE)
+    gpus = args.gpus
+    if gpus is not None and gpus.isdigit():
+        if not 1 <= int(gpus) <= 1024:
+            raise CliError(f"--gpus {gpus} with --queue: a GPU count from 1 to 1024, or none", EXIT_USAGE)
+        return {"gpu_count": int(gpus), "after": after, "after_ok": after_ok}
+    return {"gpus": None if gpus == "all" else gpus, "after": after, "after_ok": after_ok}
+
+
+async def cmd_queue(args: argparse.Namespace) -> int:
+    """``queue HOST``: the queued jobs in order and what each waits for; ``--move ID --to N`` reorders."""
+    if (args.move is None) != (args.to is None):
+        raise CliError("--move ID and --to N go together", EXIT_USAGE)
+
+    async def body(s: HostSession) -> int:
+        if args.move is not None:
+            listing = await s.move_queued(args.move, int(args.to))
+        else:
+            listing = await s.list_queue()
+        jobs = [M.Job.from_wire(args.host, j) for j in listing["jobs"]]
+        resumed = listing.get("resumed_at")
+        if args.json:
+            out = [{"position": j.queue_position, "id": j.id, "name": j.name, "command": list(j.command),
+                    "gpus": queue_gpus(j), "after": (j.record.get("queue") or {}).get("after"),
+                    "after_ok": (j.record.get("queue") or {}).get("after_ok"), "waits_for": j.queue_reason}
+                   for j in jobs]  # fmt: skip
+            print(jsonout.dumps({"host": args.host, "jobs": out, "resumed_after_reboot_at": resumed}))
+            return EXIT_OK
+        if resumed:
+            when = datetime.datetime.fromtimestamp(resumed).strftime("%Y-%m-%d %H:%M")
+            print(f"{args.host}: the queue resumed after a reboot ({when})")
+        print_queue(jobs)
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
@@ -250,7 +299,10 @@ async def cmd_kill(args: argparse.Namespace) -> int:
 
     async def body(s: HostSession) -> int:
         job = await s.kill_job(args.job, args.grace)
-        print(f"job {job.id} on {args.host}: {job.state} (exit {job.exit_code})")
+        if job.state == M.JOB_KILLED and job.started_at is None:
+            print(f"job {job.id} on {args.host}: removed from the queue (it never started)")
+        else:
+            print(f"job {job.id} on {args.host}: {job.state} (exit {job.exit_code})")
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
@@ -407,7 +459,7 @@ async def cmd_notify(args: argparse.Namespace) -> int:
     """``notify HOST --test``: the host sends a test message with its [notify] settings now."""
     settings = autostop.notify_settings(cfg.load(args.config).host(args.host))
     if settings is None:
-        raise CliError(f"{args.host} has no notifications: set [notify] webhook or command in the config", EXIT_USAGE)
+        raise CliError(f"{args.host} has no notifications: set [notify] webhook, ntfy or command in the config", EXIT_USAGE)
 
     async def body(s: HostSession) -> int:
         result = await s.notify_test(settings)
@@ -608,7 +660,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="start a job in tmux on a host; prints its id")
     r.add_argument("host")
     r.add_argument("--name", help="display name (free text)")
-    r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1")
+    r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1; "
+                   "with --queue a bare number N is a count: any N free GPUs")  # fmt: skip
+    r.add_argument("--queue", action="store_true",
+                   help="wait on the host until the GPUs are free (no other job, no foreign process, idle)")  # fmt: skip
+    r.add_argument("--after", action="extend", nargs="+", metavar="ID", help="queue: start after these jobs end")
+    r.add_argument("--after-ok", action="extend", nargs="+", metavar="ID",
+                   help="queue: start only after these jobs succeeded (else it never starts, and says why)")  # fmt: skip
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
@@ -648,6 +706,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     k.set_defaults(func=cmd_kill)
+
+    qu = sub.add_parser("queue", help="the host's queued jobs: position and what each waits for; reorder")
+    qu.add_argument("host")
+    qu.add_argument("--json", action="store_true")
+    qu.add_argument("--move", metavar="ID", help="move this queued job ...")
+    qu.add_argument("--to", type=_bounded(1, 1_000_000, integer=True), metavar="N", help="... to position N (1 = next)")
+    qu.set_defaults(func=cmd_queue)
 
     st = sub.add_parser("status", help="hosts, GPUs and jobs")
     st.add_argument("--json", action="store_true")

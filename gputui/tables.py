@@ -104,6 +104,26 @@ def print_jobs(jobs: list[M.Job]) -> None:
     _table(header, rows, "lrlrrlrl", caps={0: 16, 7: 24})
 
 
+def queue_gpus(job: M.Job) -> str:
+    """The GPUs a queued job asked for: a count, a list, none, or all."""
+    request = job.record.get("queue") or {}
+    count = request.get("gpu_count")
+    return str(count) if count is not None else request.get("gpus") or "all"
+
+
+def print_queue(jobs: list[M.Job]) -> None:
+    """One line per queued job, in queue order: position, GPUs asked for, and what it waits for."""
+    rows = [
+        [str(j.queue_position or "-"), j.id, queue_gpus(j), j.name,
+         [j.queue_reason or "-"]]
+        for j in jobs
+    ]  # fmt: skip
+    if not rows:
+        print("no queued jobs")
+        return
+    _table(["POS", "ID", "GPUS", "NAME", "WAITS FOR"], rows, "rrll", caps={3: 30})
+
+
 def _idle_text(c: M.CostInfo) -> str:
     if c.idle:
         return f"idle {duration(c.idle_seconds)}"

@@ -51,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.cmd == "watchdog":
         from .watchdog import run as run_watchdog
 
-        sys.exit(run_watchdog(os.path.abspath(os.path.expanduser(args.state_dir))))
+        sys.exit(run_watchdog(os.path.abspath(os.path.expanduser(args.state_dir)), launcher()))
 
     if args.cmd == "runner":
         from .runner import run

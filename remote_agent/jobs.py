@@ -8,6 +8,9 @@ Layout under the state dir (all 0700 / 0600)::
     jobs/<id>/output.log   every byte the job printed, append-only
     jobs/<id>/status.json  written by the runner when the job ends: exit_code, signal, ended_at
     jobs/<id>/kill.json    written when a kill was asked for (so the end state is "killed")
+
+A queued job (remote_agent/queue.py) has job.json (with its ``queue`` request) and env.json but no runner until
+the scheduler picks it (``dequeued_at``, its GPUs) and launches it.
 """
 
 import hashlib
@@ -26,6 +29,7 @@ from .fsutil import ensure_private_dir, open_regular, read_json, write_json
 from .jobindex import EndedIndex, Entry, Key, job_key, to_json
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = P.JOB_RUNNING, P.JOB_SUCCEEDED, P.JOB_FAILED, P.JOB_KILLED, P.JOB_LOST
+QUEUED = P.JOB_QUEUED
 #: A job whose runner has not yet written pid.json is still "starting" for this long.
 START_GRACE_S = 10.0
 MAX_NAME = 200
@@ -183,6 +187,19 @@ class JobStore:
         extra: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
         """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show)."""
+        job_id = self.create(argv, cwd, env, name, gpus, extra)
+        return self.launch(job_id)
+
+    def create(
+        self,
+        argv: List[str],
+        cwd: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+        name: Optional[str] = None,
+        gpus: Optional[str] = None,
+        extra: Optional[Dict[str, Any]] = None,
+    ) -> str:
+        """Check a job request and write its job dir (record and environment); its id. Nothing runs yet."""
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise JobError("command must be a non-empty list of strings", "bad_args")
         if any("\x00" in a for a in argv):
@@ -229,11 +246,19 @@ class JobStore:
         record.update(extra or {})
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
-        res = self._tmux(
-            "new-session", "-d", "-s", self.session_name(job_id), "-x", "200", "-y", "50", "--",
-            *self.launcher, "runner", job_dir,
-        )  # fmt: skip
-        if res.returncode != 0:
+        return job_id
+
+    def launch(self, job_id: str) -> Dict[str, Any]:
+        """Run a created job's runner in its tmux session; a failed start ends the job with tmux's error."""
+        job_dir = self.job_dir(job_id)
+        for _ in range(3):  # a server that is exiting as its last session ends refuses a new one: try again
+            res = self._tmux(
+                "new-session", "-d", "-s", self.session_name(job_id), "-x", "200", "-y", "50", "--",
+                *self.launcher, "runner", job_dir,
+            )  # fmt: skip
+            if res.returncode == 0 or self.session_name(job_id) in (self.tmux_sessions() or set()):
+                break
+        else:
             err = res.stderr.decode("utf-8", "replace").strip()
             write_json(
                 os.path.join(job_dir, "status.json"),
@@ -331,7 +356,8 @@ class JobStore:
         pids = read_json(os.path.join(path, "pid.json"))
         pids = pids if isinstance(pids, dict) else {}
         killed = os.path.exists(os.path.join(path, "kill.json"))
-        record["started_at"] = pids.get("started_at", record.get("created_at"))
+        queued = isinstance(record.get("queue"), dict)  # a queued job starts when it is picked, if ever
+        record["started_at"] = pids.get("started_at", record.get("dequeued_at" if queued else "created_at"))
         record["pid"] = pids.get("pid")
         live = self._live_state(record, pids, sessions) if not isinstance(status, dict) else None
         if live == LOST:  # the runner may have written its status and exited since we looked
@@ -358,10 +384,15 @@ class JobStore:
             return RUNNING
         if pids:
             return LOST  # the runner is gone without writing a status
-        created = record.get("created_at")
+        queued = isinstance(record.get("queue"), dict)  # a job of the queue (remote_agent/queue.py)
+        created = record.get("dequeued_at") if queued else record.get("created_at")
+        if queued and created is None:
+            return QUEUED  # still waiting
         if isinstance(created, (int, float)) and time.time() - created < START_GRACE_S:
             return RUNNING  # the runner has not written its pid yet
-        return RUNNING if record.get("tmux_session") in sessions() else LOST
+        if record.get("tmux_session") in sessions():
+            return RUNNING
+        return QUEUED if queued else LOST  # picked but never started (a crash): the scheduler starts it again
 
     def list(self) -> List[Dict[str, Any]]:
         """Every job's listing record, in job order."""

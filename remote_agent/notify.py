@@ -3,13 +3,15 @@
 ``config["notify"]`` (from the client's ``[notify]``): ``command`` (an argv run on the host; the text on its
 stdin and in ``GPUTUI_NOTIFY_TEXT``, the event in ``GPUTUI_NOTIFY_EVENT``), ``webhook`` (an http(s) URL that
 gets a JSON POST whose text is in ``text`` (Slack), ``content`` (Discord) and ``message`` (ntfy)), and
-``events`` (which to send). Each event has a key; a key is sent once: ``notify_sent.json`` records the keys
+``ntfy`` (a topic: the plain text is POSTed to ``ntfy_server``/topic, https://ntfy.sh by default),
+``idle_minutes`` (when the ``idle`` event fires) and ``events`` (which to send). Each event has a key; a key is sent once: ``notify_sent.json`` records the keys
 delivered, ``notify_outbox.json`` the ones still owed, retried with backoff (``RETRY_S``) up to ``MAX_ATTEMPTS``.
 Every attempt goes to the watchdog log. The text names the job by id and name only, never its environment.
 """
 
 import json
 import os
+import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -25,9 +27,15 @@ EVENTS = (
     "stalled",
     "autostop_soon",
     "released",
+    "queue_empty",
+    "idle",
+    "deadline_soon",
     "test",
 )
 SOON_S = 600.0  # autostop_soon: sent once per idle stretch when the release is at most this far off
+DEADLINE_SOON_S = 3600.0  # deadline_soon: sent once per deadline when it is at most this far off
+NTFY_SERVER = "https://ntfy.sh"
+_TOPIC = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SENT, OUTBOX = "notify_sent.json", "notify_outbox.json"
 RETRY_S = (5.0, 30.0, 120.0, 600.0)  # waits after the 1st, 2nd, ... failure (the last one repeats)
 MAX_ATTEMPTS = 8
@@ -41,22 +49,21 @@ MAX_TEXT = 1000
 def deliver(notify: Dict[str, Any], event: str, text: str) -> Optional[str]:
     """Send once through every configured channel; the first problem, or None when all went through."""
     problems = []
+    topic = notify.get("ntfy")
+    if topic:
+        server = str(notify.get("ntfy_server") or NTFY_SERVER).rstrip("/")
+        problem = _post(server + "/" + str(topic), text.encode("utf-8"), "text/plain; charset=utf-8", "ntfy")
+        if problem:
+            problems.append(problem)
     url = notify.get("webhook")
     if url:
         if not str(url).startswith(("http://", "https://")):
             problems.append("webhook must be an http or https URL")
         else:
             body = json.dumps({"text": text, "content": text, "message": text, "event": event}).encode()
-            req = urllib.request.Request(
-                url, data=body, method="POST", headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
-                    resp.read(4096)
-            except urllib.error.HTTPError as exc:
-                problems.append("webhook answered HTTP %d" % exc.code)
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                problems.append("webhook failed: %s" % getattr(exc, "reason", exc))
+            problem = _post(url, body, "application/json", "webhook")
+            if problem:
+                problems.append(problem)
     argv = notify.get("command")
     if argv:
         env = dict(os.environ, GPUTUI_NOTIFY_EVENT=event, GPUTUI_NOTIFY_TEXT=text)
@@ -71,9 +78,22 @@ def deliver(notify: Dict[str, Any], event: str, text: str) -> Optional[str]:
             problems.append("command timed out")
         except OSError as exc:
             problems.append("command cannot run: %s" % exc)
-    if not url and not argv:
-        problems.append("no webhook or command configured")
+    if not url and not argv and not topic:
+        problems.append("no webhook, ntfy topic or command configured")
     return "; ".join(problems) or None
+
+
+def _post(url: str, body: bytes, content_type: str, what: str) -> Optional[str]:
+    """POST ``body``; the problem, or None when the server accepted it."""
+    req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+            resp.read(4096)
+    except urllib.error.HTTPError as exc:
+        return "%s answered HTTP %d" % (what, exc.code)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return "%s failed: %s" % (what, getattr(exc, "reason", exc))
+    return None
 
 
 def clean(text: str) -> str:
@@ -154,10 +174,20 @@ def checked(notify: Any) -> Dict[str, Any]:
         raise ValueError("notify.command must be a non-empty list of strings")
     if not isinstance(events, list) or any(e not in EVENTS for e in events):
         raise ValueError("notify.events must be a list of: %s" % ", ".join(EVENTS))
+    topic, server, idle = notify.get("ntfy"), notify.get("ntfy_server"), notify.get("idle_minutes")
+    if topic is not None and not (isinstance(topic, str) and _TOPIC.match(topic)):
+        raise ValueError("notify.ntfy must be a topic name (letters, digits, - and _)")
+    if server is not None and not (isinstance(server, str) and server.startswith(("http://", "https://"))):
+        raise ValueError("notify.ntfy_server must be an http or https URL")
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 < idle <= 1e6):
+        raise ValueError("notify.idle_minutes must be a number of minutes above 0")
     host = notify.get("host")
     return {
         "webhook": url,
         "command": argv,
+        "ntfy": topic,
+        "ntfy_server": server,
+        "idle_minutes": idle,
         "events": events,
         "host": clean(host) if isinstance(host, str) else None,
     }
@@ -168,7 +198,7 @@ def enabled(notify: Any) -> bool:
     return (
         isinstance(notify, dict)
         and bool(notify.get("events"))
-        and bool(notify.get("webhook") or notify.get("command"))
+        and bool(notify.get("webhook") or notify.get("command") or notify.get("ntfy"))
     )
 
 
@@ -190,4 +220,34 @@ def job_events(jobs: List[Dict[str, Any]], since: float) -> List[Dict[str, str]]
                 "key": "job_%s:%s:%s" % (state, job.get("id"), ended), "event": "job_" + str(state),
                 "text": "job %s %s %s%s" % (job.get("id"), name, state, tail),
             })  # fmt: skip
+    return out
+
+
+def host_events(
+    config: Dict[str, Any], state: Dict[str, Any], jobs: List[Dict[str, Any]], start: float, now: float
+) -> List[Dict[str, str]]:
+    """The queue, idle and deadline events of a watchdog pass: each keyed so that it is sent once.
+
+    ``start``: when the current idle stretch began for autostop (see watchdog.window_start).
+    """
+    out = []
+    boot, armed = config.get("boot_id"), float(config.get("armed_at") or 0.0)
+    queued = [j for j in jobs if j.get("state") == "queued"]
+    left = [
+        j for j in jobs
+        if isinstance(j.get("queue"), dict) and j.get("state") != "queued"
+        and max(float(j.get("dequeued_at") or 0.0), float(j.get("ended_at") or 0.0)) >= armed
+    ]  # fmt: skip
+    if not queued and left:
+        last = max(left, key=lambda j: int(j["id"]))
+        out.append({"key": "queue_empty:%s" % last["id"], "event": "queue_empty",
+                    "text": "the queue is empty (last job: %s)" % last["id"]})  # fmt: skip
+    minutes = (config.get("notify") or {}).get("idle_minutes")
+    if minutes and not state.get("reasons") and now - start >= float(minutes) * 60.0:
+        out.append({"key": "idle:%s:%s" % (boot, start), "event": "idle",
+                    "text": "host idle for %.0f min" % ((now - start) / 60.0)})  # fmt: skip
+    release_at = config.get("release_at")
+    if release_at is not None and 0.0 <= float(release_at) - now <= DEADLINE_SOON_S:
+        out.append({"key": "deadline_soon:%s:%s" % (boot, release_at), "event": "deadline_soon",
+                    "text": "deadline releases the host in %.0f min" % ((float(release_at) - now) / 60.0)})  # fmt: skip
     return out

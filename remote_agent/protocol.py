@@ -54,6 +54,8 @@ OP_JOBS_START = "jobs.start"
 OP_JOBS_LIST = "jobs.list"  # args: after (job id), limit; result: {"jobs": [listing records], "more": bool}
 OP_JOBS_GET = "jobs.get"  # one job's full record (listings cut long commands)
 OP_JOBS_KILL = "jobs.kill"
+OP_QUEUE_LIST = "queue.list"  # the queued jobs in order, with position and what each waits for
+OP_QUEUE_MOVE = "queue.move"  # args: job, to (1 = next); result as queue.list
 OP_LOGS_READ = "logs.read"
 OP_LOGS_FOLLOW = "logs.follow"
 OP_LOGS_UNFOLLOW = "logs.unfollow"
@@ -94,7 +96,8 @@ E_FAILED = "failed"
 
 # --- the schema ---------------------------------------------------------------------------------------------------
 #: A job's state: running, or how it ended (lost: gone without an exit status, or its record is unreadable).
-JobState = Literal["running", "succeeded", "failed", "killed", "lost"]
+JobState = Literal["queued", "running", "succeeded", "failed", "killed", "lost"]
+JOB_QUEUED: JobState = "queued"
 JOB_RUNNING: JobState = "running"
 JOB_SUCCEEDED: JobState = "succeeded"
 JOB_FAILED: JobState = "failed"
@@ -236,6 +239,17 @@ class MetricsSample(TypedDict, total=False):
     activity: Activity
 
 
+class QueueRequest(TypedDict, total=False):
+    """What a queued job waits for (``jobs.start`` args ``queue``; remote_agent/queue.py)."""
+
+    gpus: Optional[str]  # None: every GPU; "0,1": those GPUs; "none": no GPU
+    gpu_count: Optional[int]  # instead of gpus: any this many free GPUs
+    after: List[str]  # job ids that must end first
+    after_ok: List[str]  # job ids that must succeed first
+    idle_util_percent: float  # a GPU at or above this utilisation is busy
+    queued_at: float  # set by the agent
+
+
 class JobRecord(TypedDict, total=False):
     """A job as ``jobs.*`` replies and ``job`` events carry it (remote_agent/jobs.py)."""
 
@@ -267,6 +281,11 @@ class JobRecord(TypedDict, total=False):
     stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/stall.py)
     stalled_since: float  # when it was last seen active (a busy GPU, a growing log)
     stalled_reason: str
+    queue: QueueRequest  # set on a job submitted to the queue (remote_agent/queue.py)
+    dequeued_at: float  # when the scheduler picked it
+    start_attempts: int
+    queue_position: int  # set only while queued: 1 = next
+    queue_reason: str  # set only while queued: what it waits for
 
 
 class DoctorCheck(TypedDict):
@@ -286,6 +305,7 @@ class StartArgs(TypedDict, total=False):
     gpus: Optional[str]  # CUDA_VISIBLE_DEVICES
     price_per_hour: Optional[float]
     code: Dict[str, Any]  # see JobRecord.code
+    queue: QueueRequest  # wait on the host for GPUs and other jobs instead of starting now
     artifacts: List[str]  # see JobRecord.artifacts
 
 
@@ -303,6 +323,17 @@ class ListArgs(TypedDict, total=False):
 class ListResult(TypedDict):
     jobs: List[JobRecord]
     more: bool
+
+
+class QueueMoveArgs(TypedDict):
+    job: str
+    to: int  # the new position, 1 = next
+
+
+class QueueListResult(TypedDict):
+    jobs: List[JobRecord]  # queued jobs in order, each with queue_position and queue_reason
+    resumed_at: Optional[float]  # when the queue resumed after a reboot, if it did
+    scheduler_t: Optional[float]  # the scheduler's last pass
 
 
 class KillArgs(JobArgs, total=False):

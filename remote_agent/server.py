@@ -28,6 +28,7 @@ from .jobs import RUNNING, JobError, JobStore
 from .logclock import TIMES_NAME, read_times
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
+from .queue import JobQueue, parse_request
 
 #: Longest wait an argument may ask for (kill grace, exec timeout): a day.
 MAX_WAIT_S = 86400.0
@@ -74,6 +75,7 @@ class Agent:
         from .metrics import MetricsSampler
 
         self.jobs = JobStore(state_dir, launcher, nvidia_smi)
+        self.queue = JobQueue(self.jobs, lambda message: W.log_line(self.jobs.state_dir, message))
         self.launcher = launcher
         self.activity = ActivityLog(self.jobs.state_dir)
         self.idle_rule: Dict[str, Any] = {"idle_util_percent": 5.0, "count_sessions": True}
@@ -100,15 +102,17 @@ class Agent:
             P.OP_PING: lambda a: {"t": time.time()},
             P.OP_HOST_INFO: lambda a: self.facts(),
             P.OP_JOBS_START: self.op_start,
-            P.OP_JOBS_LIST: lambda a: self._mark_stalled_page(
+            P.OP_JOBS_LIST: lambda a: self._mark_page(
                 self.jobs.page(
                     P.int_arg(a, "after", 0),
                     P.int_arg(a, "limit", P.LIST_PAGE_JOBS, 1, P.LIST_PAGE_JOBS),
                     P.LIST_PAGE_BYTES,
                 )
             ),
-            P.OP_JOBS_GET: lambda a: self._mark_stalled(self.jobs.full_record(str(a.get("job")))),
+            P.OP_JOBS_GET: lambda a: self._mark(self.jobs.full_record(str(a.get("job")))),
             P.OP_JOBS_KILL: self.op_kill,
+            P.OP_QUEUE_LIST: lambda a: self.queue_listing(),
+            P.OP_QUEUE_MOVE: self.op_queue_move,
             P.OP_LOGS_READ: self.op_read,
             P.OP_LOGS_FOLLOW: self.op_follow,
             P.OP_LOGS_UNFOLLOW: self.op_unfollow,
@@ -188,14 +192,39 @@ class Agent:
         arts = a.get("artifacts")  # what to bring back before release (gputui run --artifacts)
         if isinstance(arts, list) and all(isinstance(x, str) for x in arts) and len(json.dumps(arts)) <= 4096:
             extra["artifacts"] = arts
-        job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
+        if a.get("queue") is not None:  # wait on the host for its GPUs (remote_agent/queue.py)
+            request = parse_request(a.get("queue"))
+            job_id = self.queue.submit(
+                request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra, self.facts()["boot_id"]
+            )
+            W.ensure_running(self.jobs.state_dir, self.launcher)
+            job = self._mark(self.jobs.describe(job_id))
+        else:
+            job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
         self.emit(P.EV_JOB, job)
         return job
 
     def op_kill(self, a: P.KillArgs) -> P.JobRecord:
-        job = self.jobs.kill(str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S))
+        """Kill a running job; a queued one is removed from the queue (it never starts)."""
+        job_id, grace = str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S)
+        job = self.queue.remove(job_id, "removed from the queue before it started")
+        if job is None:  # not queued (any more): it runs, or it ended
+            job = self.jobs.kill(job_id, grace)
         self.emit(P.EV_JOB, job)
         return job
+
+    def queue_listing(self) -> P.QueueListResult:
+        """The queued jobs in order, each with its position and what it waits for."""
+        state = self.queue.state()
+        return {"jobs": self.queue.marks(self.queue.queued()), "resumed_at": state.get("resumed_at"),
+                "scheduler_t": state.get("t")}  # fmt: skip
+
+    def op_queue_move(self, a: P.QueueMoveArgs) -> P.QueueListResult:
+        self.queue.move(str(a.get("job")), P.int_arg(a, "to", 1, 1, 1 << 30))
+        listing = self.queue_listing()
+        for job in listing["jobs"]:
+            self.emit(P.EV_JOB, job)  # positions changed: the app learns them live
+        return listing
 
     def op_read(self, a: P.ReadArgs) -> P.ReadResult:
         path = self.jobs.log_path(str(a.get("job")))
@@ -241,7 +270,7 @@ class Agent:
 
     def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
         job = self.jobs.describe(job_id)
-        if job["state"] == RUNNING:
+        if job["state"] in (RUNNING, P.JOB_QUEUED):  # a queued job's log is still to come
             return None
         return {"job_state": job["state"], "exit_code": job["exit_code"]}
 
@@ -364,11 +393,13 @@ class Agent:
         )
         return {"sent": problem is None, "error": problem}
 
-    def _mark_stalled(
-        self, record: Dict[str, Any], stalled: Optional[Dict[str, Any]] = None
-    ) -> Dict[str, Any]:
+    def _mark(self, record: Dict[str, Any]) -> Dict[str, Any]:
+        """One record with its stalled and queue marks."""
+        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+        return self.queue.marks([self._mark_stalled(record, stalled)])[0]
+
+    def _mark_stalled(self, record: Dict[str, Any], stalled: Dict[str, Any]) -> Dict[str, Any]:
         """Add ``stalled``, ``stalled_since`` and ``stalled_reason`` to a running job the watchdog found stalled."""
-        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"]) if stalled is None else stalled
         verdict = stalled.get(str(record.get("id")))
         if verdict is not None and record.get("state") == P.JOB_RUNNING:
             return dict(
@@ -376,13 +407,13 @@ class Agent:
             )
         return record
 
-    def _mark_stalled_page(self, page: P.Raw) -> P.Raw:
-        """A listing page with stalled jobs marked (re-encoded only when some job is stalled)."""
+    def _mark_page(self, page: P.Raw) -> P.Raw:
+        """A listing page with stalled and queued jobs marked (re-encoded only when some job is either)."""
         stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
-        if not stalled:
+        if not stalled and '"state":"queued"' not in page:
             return page
         reply = json.loads(page)
-        reply["jobs"] = [self._mark_stalled(job, stalled) for job in reply["jobs"]]
+        reply["jobs"] = self.queue.marks([self._mark_stalled(job, stalled) for job in reply["jobs"]])
         return P.Raw(json.dumps(reply, separators=(",", ":")))
 
     def _update_watchdog(self, **changes: Any) -> Dict[str, Any]:
@@ -455,9 +486,11 @@ class Agent:
 
         # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
         # another client, even one that already ended) or whose state changed is pushed.
-        def seen(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # a stalled mark coming or going is a change
+        def seen(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # a stalled or queue mark changing is a change
             stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
-            return {job["id"]: (job["state"], job["id"] in stalled) for job in jobs}
+            marked = self.queue.marks(jobs, jobs)
+            return {job["id"]: (job["state"], job["id"] in stalled, job.get("queue_position"),
+                                job.get("queue_reason")) for job in marked}  # fmt: skip
 
         try:
             states = seen(self.jobs.list())
@@ -476,7 +509,7 @@ class Agent:
                 now_seen = seen(jobs)
                 for job in jobs:
                     if states.get(job["id"]) != now_seen[job["id"]]:
-                        self.emit(P.EV_JOB, self._mark_stalled(job))
+                        self.emit(P.EV_JOB, self._mark(job))
                     states[job["id"]] = now_seen[job["id"]]
 
     def _handle(self, frame: Dict[str, Any]) -> None:
@@ -545,8 +578,17 @@ class Agent:
         for follow in list(self._follows.values()):
             follow.stop()
 
+    def _resume_queue(self) -> None:
+        """Jobs wait in the queue (kept on disk across reboots): make sure the scheduler runs."""
+        try:
+            if self.queue.queued():
+                W.ensure_running(self.jobs.state_dir, self.launcher)
+        except OSError:
+            pass  # the next submission or connect tries again
+
     def serve(self) -> int:
         self.emit(P.EV_HELLO, {"protocol": P.PROTOCOL_VERSION, "build": build_id(), "host": self.facts()})
+        self._resume_queue()
         self.credit.restart()  # flow control counts the bytes after the hello frame
         for target in (self._sample_loop, self._push_loop, self._watch_loop):
             threading.Thread(target=target, daemon=True).start()

@@ -137,6 +137,7 @@ class Watchdog:
         self.stalled: Dict[str, Dict[str, Any]] = {}  # job id -> {"since", "why"}, as last logged
         self.notifier = notify.Notifier(state_dir, self.log)
         self.jobs: List[Dict[str, Any]] = []  # as last sampled
+        self.queue_held = False  # the queue kept the host busy in the last pass
         self.retry_at = 0.0
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
         self._deadline: Optional[Tuple[float, float]] = (
@@ -193,11 +194,12 @@ class Watchdog:
             events.append({"key": "stalled:%s:%s" % (jid, verdict.get("since")), "event": "stalled",
                            "text": "job %s stalled: %s" % (jid, verdict.get("why"))})  # fmt: skip
         autostop_at = state.get("autostop_at")
+        start = window_start(config, float(state.get("idle_since") or now))  # of this idle stretch
         if autostop_at is not None and state.get("action") is None and autostop_at - now <= notify.SOON_S:
-            start = window_start(config, float(state.get("idle_since") or now))
             text = "autostop releases the host in %.0f min" % (max(0.0, autostop_at - now) / 60.0)
             key = "autostop_soon:%s:%s" % (config.get("boot_id"), start)  # once per idle stretch
             events.append({"key": key, "event": "autostop_soon", "text": text})
+        events += notify.host_events(config, state, self.jobs, start, now)
         if state.get("action") == "released":
             events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
                            "text": "released (%s)" % state.get("due")})  # fmt: skip
@@ -225,6 +227,7 @@ class Watchdog:
         except Exception as exc:  # never release on doubt
             idle = {"reasons": ["activity check failed: %r" % exc], "idle_since": now, "idle_seconds": 0.0}
         self._log_stalls(stalled, bool(config.get("stalled_counts_as_idle")))
+        self._log_queue(idle["reasons"])
         if idle["reasons"]:
             self.watched_since = None
         elif self.watched_since is None:
@@ -243,6 +246,13 @@ class Watchdog:
         for jid in sorted(set(self.stalled) - set(stalled)):
             self.log("job %s no longer stalled" % jid)
         self.stalled = stalled
+
+    def _log_queue(self, reasons: List[str]) -> None:
+        """Log when the queue starts and stops holding the host busy (autostop waits for it)."""
+        held = next((r for r in reasons if " queued (" in r), None)
+        if bool(held) != self.queue_held:
+            self.log("autostop waits: %s" % held if held else "the queue is empty: it no longer holds autostop")
+            self.queue_held = bool(held)
 
     def _deadline_held(self, release_at: Optional[float], now: float, mono: float) -> bool:
         """A deadline must also have come on the monotonic clock, counted from when this process first saw it."""
@@ -286,44 +296,72 @@ class Watchdog:
             self.retry_at = now + RETRY_AFTER_FAILURE_S
 
 
-def run(state_dir: str) -> int:
-    """The watchdog's main loop; returns when disarmed, after a release, or when another one runs."""
+def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
+    """The watchdog's main loop; returns when disarmed (and no job is queued), after a release, or when another
+    one runs. ``launcher``: the argv that runs this agent build (to launch the queue's jobs)."""
     with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0  # one watchdog per state dir
-        return _loop(state_dir)
+        return _loop(state_dir, launcher or [])
 
 
-def _loop(state_dir: str) -> int:
+def _loop(state_dir: str, launcher: List[str]) -> int:
     from .jobs import JobStore
     from .metrics import MetricsSampler
+    from .queue import PASS_S, QUEUE, JobQueue
 
     dog = Watchdog(state_dir)
-    jobs = JobStore(state_dir, launcher=[])
+    jobs = JobStore(state_dir, launcher=launcher)
+    queue = JobQueue(jobs, dog.log)
     first = dog.read_config() or {}
-    smi = first.get("nvidia_smi")
+    smi = first.get("nvidia_smi") or queue.state().get("nvidia_smi")
     sampler = MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi")
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     dog.log("started (pid %d)" % os.getpid())
-
-    def sample_fn() -> Any:
-        return sampler.sample(jobs.owner_lookup()), jobs.list()
 
     try:
         while True:
             config = dog.read_config()
             why = disarmed_because(config, facts["boot_id"])
-            if why is not None:
+            try:
+                taken: Any = (sampler.sample(jobs.owner_lookup()), jobs.list())
+            except Exception as exc:  # the activity check counts this as activity; the queue waits
+                taken = exc
+            waiting = queue.run_pass(None if isinstance(taken, Exception) else taken[0],
+                                     [] if isinstance(taken, Exception) else taken[1], facts["boot_id"])  # fmt: skip
+            if why is not None and not waiting:
                 dog.log("disarmed: %s" % why)
                 return 0
-            state = dog.check(config, facts, sample_fn)
-            if state["action"] == "released":
-                return 0
-            time.sleep(float(config.get("interval", 15.0)))
+            if why is None:
+                state = dog.check(config, facts, lambda taken=taken: _taken(taken, jobs))
+                if state["action"] == "released":
+                    return 0
+            interval = float((config or {}).get("interval", 15.0)) if why is None else PASS_S
+            _nap(min(interval, PASS_S) if waiting else interval, os.path.join(state_dir, QUEUE))
     finally:
         sampler.close()
+
+
+def _taken(taken: Any, jobs: Any) -> Any:
+    """This pass's sample with the jobs as they are now (the queue may have started some); raises its error."""
+    if isinstance(taken, Exception):
+        raise taken
+    return taken[0], jobs.list()
+
+
+def _nap(seconds: float, queue_file: str) -> None:
+    """Sleep, waking early when the queue file changes (a submission)."""
+    def mtime() -> float:
+        try:
+            return os.stat(queue_file).st_mtime
+        except OSError:
+            return 0.0
+
+    seen, end = mtime(), time.monotonic() + seconds
+    while time.monotonic() < end and mtime() == seen:
+        time.sleep(min(0.25, max(0.0, end - time.monotonic())))
 
 
 def ensure_running(state_dir: str, launcher: List[str]) -> bool:

@@ -150,7 +150,7 @@ def test_the_notify_test_op_reports_success_and_failure(agent: AgentProc, hook: 
         ('[notify]\nwebhook = "ftp://x"\n', "notify.webhook: must be an http:// or https:// URL"),
         ('[notify]\nwebhook = "https://x"\nevents = ["job_exploded"]\n', "notify.events: unknown event"),
         ("[notify]\ncommand = 3\n", "notify.command: must be a command"),
-        ('[notify]\nevents = ["stalled"]\n', "notify: needs a webhook or a command"),
+        ('[notify]\nevents = ["stalled"]\n', "notify: needs a webhook, an ntfy topic or a command"),
         ('[notify]\nwebhok = "https://x"\n', "notify.webhok: unknown setting"),
     ],
 )

@@ -120,7 +120,7 @@ def test_client_gpu_sample_has_every_schema_field_and_gives_them_back(tmp_path: 
 
 
 def test_job_states_and_doctor_statuses_are_the_schema_literals() -> None:
-    assert set(typing.get_args(P.JobState)) == {P.JOB_RUNNING} | P.JOB_ENDED_STATES
+    assert set(typing.get_args(P.JobState)) == {P.JOB_QUEUED, P.JOB_RUNNING} | P.JOB_ENDED_STATES
     assert typing.get_args(P.DoctorStatus) == P.DOCTOR_STATUSES
 
 
@@ -159,6 +159,13 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     event(P.EV_LOG_END, P.LogEndData, job=job["id"])
     assert agent.call(P.OP_LOGS_UNFOLLOW, job=job["id"])["result"] is None
     result(P.OP_JOBS_LIST, P.ListResult, after=0, limit=10)
+    queued = [result(P.OP_JOBS_START, P.JobRecord, argv=["true"], queue={"gpu_count": 1, "after": [job["id"]]})
+              for _ in range(2)]  # fmt: skip
+    event(P.EV_JOB, P.JobRecord, id=queued[0]["id"])
+    result(P.OP_QUEUE_LIST, P.QueueListResult)
+    result(P.OP_QUEUE_MOVE, P.QueueListResult, job=queued[1]["id"], to=1)
+    result(P.OP_JOBS_LIST, P.ListResult, after=0, limit=10)  # with queue marks
+    result(P.OP_JOBS_KILL, P.JobRecord, job=queued[0]["id"])
     result(P.OP_EXEC, P.ExecResult, argv=["true"], timeout_s=10)
     result(P.OP_WATCHDOG_CONFIGURE, P.WatchdogConfigureResult, config={})
     result(P.OP_NOTIFY_TEST, P.NotifyTestResult, notify={"command": ["true"]})

@@ -40,6 +40,9 @@ def notify_settings(host: HostConfig) -> dict[str, Any] | None:
     return {
         "webhook": host.notify.webhook,
         "command": list(host.notify.command) if host.notify.command else None,
+        "ntfy": host.notify.ntfy,
+        "ntfy_server": host.notify.ntfy_server,
+        "idle_minutes": host.notify.idle_minutes,
         "events": list(host.notify.events),
         "host": host.name,
     }

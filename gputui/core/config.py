@@ -33,8 +33,9 @@ class ConfigError(ValueError):
     """A config problem, worded as ``file:line: field: what is wrong``."""
 
 
-NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released")
-NOTIFY_FIELDS = ("command", "webhook", "events")
+NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
+                 "queue_empty", "idle", "deadline_soon")  # fmt: skip
+NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,11 @@ class Notify:
 
     command: tuple[str, ...] | None = None  # argv run on the host; the text on stdin and in GPUTUI_NOTIFY_TEXT
     webhook: str | None = None  # http(s) URL: a JSON POST with the text in text / content / message
-    events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released")
+    ntfy: str | None = None  # an ntfy topic: the plain text is POSTed to ntfy_server/topic
+    ntfy_server: str | None = None  # default https://ntfy.sh
+    idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
+    events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
+                               "queue_empty", "idle", "deadline_soon")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -381,17 +386,25 @@ def _check_notify(table: dict[str, Any], where: str, fail: Any) -> Notify | None
         isinstance(webhook, str) and re.match(r"^https?://[^/\s]+", webhook, re.IGNORECASE)
     ):
         raise fail(where, "webhook", f"must be an http:// or https:// URL, not {webhook!r}")
+    ntfy, server, idle = table.get("ntfy"), table.get("ntfy_server"), table.get("idle_minutes")
+    if ntfy is not None and not (isinstance(ntfy, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", ntfy)):
+        raise fail(where, "ntfy", f"must be an ntfy topic name (letters, digits, - and _), not {ntfy!r}")
+    if server is not None and not (isinstance(server, str) and re.match(r"^https?://[^/\s]+", server, re.IGNORECASE)):
+        raise fail(where, "ntfy_server", f"must be an http:// or https:// URL, not {server!r}")
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 < idle <= 1e6):
+        raise fail(where, "idle_minutes", f"must be a number of minutes above 0, not {idle!r}")
     events = table.get("events", Notify.events)
     if not isinstance(events, (list, tuple)) or not all(isinstance(e, str) for e in events):
         raise fail(where, "events", f"must be a list of event names ({', '.join(NOTIFY_EVENTS)})")
     for event in events:
         if event not in NOTIFY_EVENTS:
             raise fail(where, "events", f"unknown event {event!r} (known: {', '.join(NOTIFY_EVENTS)})")
-    if command is None and webhook is None:
+    if command is None and webhook is None and ntfy is None:
         if table:
-            raise fail(where, "", "needs a webhook or a command to send with")
+            raise fail(where, "", "needs a webhook, an ntfy topic or a command to send with")
         return None
-    return Notify(command=command, webhook=webhook, events=tuple(events))
+    return Notify(command=command, webhook=webhook, ntfy=ntfy, ntfy_server=server,
+                  idle_minutes=None if idle is None else float(idle), events=tuple(events))  # fmt: skip
 
 
 def _argv(value: Any) -> tuple[str, ...] | None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from remote_agent import protocol as P
 
 from . import model as M
 from .config import Config
@@ -24,6 +26,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: str | None = None
     code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
+    queue: dict[str, Any] | None = None  # wait in the host's queue: gpus, after, after_ok (remote_agent/queue.py)
     artifacts: tuple[str, ...] = ()  # files to bring back before release (gputui run --artifacts)
     sync: str | None = None  # a local dir to sync to the host first (into cwd); the job then runs there
 
@@ -56,7 +59,19 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     return await session.start_job(
         list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
         price_per_hour=job_price(session, config), code=spec.code, artifacts=spec.artifacts,
+        queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
     )  # fmt: skip
+
+
+def queue_request(asked: Mapping[str, Any], idle_util_percent: float) -> P.QueueRequest:
+    """What the host's queue is asked: ``asked`` (gpus or gpu_count, after, after_ok) with the idle threshold."""
+    return cast(P.QueueRequest, {**asked, "idle_util_percent": idle_util_percent})
+
+
+def idle_util(config: Config, name: str) -> float:
+    """The host's idle threshold (%): a GPU at or above it is busy, for autostop and for the queue alike."""
+    host = config.hosts.get(name)
+    return host.idle_util_percent if host is not None else 5.0
 
 
 async def collect_jobs(
@@ -69,7 +84,7 @@ async def collect_jobs(
     from .records import with_insights  # log parsing: only the commands that show insights load it
 
     async def collect(s: HostSession) -> list[M.Job]:
-        jobs = [j for j in await s.list_jobs() if not (ended_only and j.running)]
+        jobs = [j for j in await s.list_jobs() if not ended_only or j.state in M.JOB_ENDED_STATES]
         return await with_insights(s, jobs)
 
     results: dict[str, Outcome[list[M.Job]]] = await gather_hosts(fleet, names, collect, connect=connect)

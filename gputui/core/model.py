@@ -15,6 +15,7 @@ from remote_agent.protocol import JOB_ENDED_STATES as JOB_ENDED_STATES
 from remote_agent.protocol import JOB_FAILED as JOB_FAILED
 from remote_agent.protocol import JOB_KILLED as JOB_KILLED
 from remote_agent.protocol import JOB_LOST as JOB_LOST
+from remote_agent.protocol import JOB_QUEUED as JOB_QUEUED
 from remote_agent.protocol import JOB_RUNNING as JOB_RUNNING
 from remote_agent.protocol import JOB_SUCCEEDED as JOB_SUCCEEDED
 
@@ -143,6 +144,8 @@ class Job:
     stalled: bool = False  # the host's watchdog found it stalled (GPUs idle, log silent): see stall_minutes
     stalled_since: float | None = None  # when it was last seen active
     stalled_reason: str | None = None
+    queue_position: int | None = None  # while queued on the host: 1 = next
+    queue_reason: str | None = None  # while queued: what it waits for (GPUs busy, another job)
     insights: JobInsights | None = field(default=None, compare=False)  # progress, metrics, hints from the log
     # the rest of the host's run record: git, gpu_inventory, price_per_hour, usage (peak memory, mean util)
     record: P.JobRecord = field(default_factory=lambda: P.JobRecord(), compare=False, hash=False)
@@ -163,6 +166,8 @@ class Job:
             record["log_error"] = d["log_error"]
         if "code" in d:
             record["code"] = d["code"]
+        if "queue" in d:
+            record["queue"] = d["queue"]
         if "artifacts" in d:
             record["artifacts"] = d["artifacts"]
         return cls(
@@ -181,6 +186,8 @@ class Job:
             stalled=d.get("stalled") is True,
             stalled_since=d.get("stalled_since"),
             stalled_reason=d.get("stalled_reason"),
+            queue_position=d.get("queue_position"),
+            queue_reason=d.get("queue_reason"),
             record=record,
         )
 

@@ -84,7 +84,8 @@ async def release_host(
     while any job runs or the host is not idle under its idle rule.
     """
     check_configured(host)
-    running = [j for j in await session.list_jobs() if j.running]
+    # a queued job is lost with the host too: it counts as a running one here (named, confirmed or refused)
+    running = [j for j in await session.list_jobs() if j.running or j.state == M.JOB_QUEUED]
     if request.idle_only:
         if running:
             raise ReleaseError(f"{host.name} was not released automatically: {_named(running)} running")

@@ -348,12 +348,16 @@ class HostSession:
         gpus: str | None = None,
         price_per_hour: float | None = None,
         code: dict[str, Any] | None = None,
+        queue: P.QueueRequest | None = None,
         artifacts: tuple[str, ...] = (),
     ) -> M.Job:
+        """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
                                 "price_per_hour": price_per_hour}  # fmt: skip
         if code:
             args["code"] = code
+        if queue is not None:
+            args["queue"] = queue
         if artifacts:
             args["artifacts"] = list(artifacts)
         data = await self.request(P.OP_JOBS_START, **args)
@@ -371,6 +375,16 @@ class HostSession:
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]
+
+    async def list_queue(self) -> P.QueueListResult:
+        """The host's queued jobs in order, each with its position and what it waits for."""
+        result: P.QueueListResult = await self.request(P.OP_QUEUE_LIST)
+        return result
+
+    async def move_queued(self, job: str, to: int) -> P.QueueListResult:
+        """Put a queued job at position ``to`` (1 = next); the queue after the move."""
+        result: P.QueueListResult = await self.request(P.OP_QUEUE_MOVE, job=job, to=to)
+        return result
 
     async def sample(self) -> M.MetricsSample:
         sample = self._add_sample(await self.request(P.OP_METRICS_SAMPLE, **self.sample_args))

@@ -587,15 +587,17 @@ class GpuTuiApp(App[None]):
             self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
             return
         self._started.add((spec.host, job.id))
-        self.notify(
-            f"started job {job.id} ({fmt.job_name(job.name, job.command)}) on {spec.host}", timeout=NOTIFY_S
-        )
+        verb = f"queued (position {job.queue_position})" if job.state == M.JOB_QUEUED else "started"
+        self.notify(f"{verb} job {job.id} ({fmt.job_name(job.name, job.command)}) on {spec.host}", timeout=NOTIFY_S)
         self.select_job(spec.host, job.id)
 
     def action_kill_job(self) -> None:
         job = self.current_job()
         if job is None:
             self.notify("no job selected: pick a running job in the jobs table", timeout=NOTIFY_S)
+            return
+        if job.state == M.JOB_QUEUED:
+            self._remove_queued(job)
             return
         if not job.running:
             self.notify(f"job {job.id} is not running ({job.state}): nothing to kill", timeout=NOTIFY_S)
@@ -616,6 +618,17 @@ class GpuTuiApp(App[None]):
 
         self.push_screen(ConfirmScreen("Kill job", body, "Kill"), answered)
 
+    def _remove_queued(self, job: M.Job) -> None:
+        """Kill of a queued job: it leaves the host's queue and never starts (confirmed like a kill)."""
+        name, host = (safetext.clean(t, limit=NAME_CHARS) for t in (fmt.job_name(job.name, job.command), job.host))
+        body = f"Remove job {safetext.clean(job.id, limit=NAME_CHARS)} ({name}) from the queue on {host}?\n\nIt never starts."
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._kill(job), group="command")
+
+        self.push_screen(ConfirmScreen("Remove queued job", body, "Remove"), answered)
+
     async def _kill(self, job: M.Job) -> None:
         self.notify(f"killing job {job.id} on {job.host}…", timeout=NOTIFY_S)
         try:
@@ -623,7 +636,8 @@ class GpuTuiApp(App[None]):
         except Exception as exc:
             self.notify(f"could not kill job {job.id}: {exc}", severity="error", timeout=NOTIFY_S)
             return
-        self.notify(f"job {done.id} on {job.host}: {done.state} (exit {done.exit_code})", timeout=NOTIFY_S)
+        outcome = "removed from the queue" if done.started_at is None else f"{done.state} (exit {done.exit_code})"
+        self.notify(f"job {done.id} on {job.host}: {outcome}", timeout=NOTIFY_S)
 
     def action_release(self) -> None:
         host = self.selected_host
@@ -633,11 +647,12 @@ class GpuTuiApp(App[None]):
             release_not_configured(self, host)  # before asking: there would be nothing to confirm
             return
         snap = self.hosts.get(host)
-        running = [j for j in snap.jobs if j.running] if snap else []
+        running = [j for j in snap.jobs if j.running or j.state == M.JOB_QUEUED] if snap else []
         body = f"Release {safetext.clean(host, limit=NAME_CHARS)}?\n\nThe machine goes back to its provider and billing stops."
         if running:
             n = len(running)
-            body += f" {n} running job{'s' if n != 1 else ''} and everything on its disk will be lost: "
+            kind = "running or queued" if any(j.state == M.JOB_QUEUED for j in running) else "running"
+            body += f" {n} {kind} job{'s' if n != 1 else ''} and everything on its disk will be lost: "
             body += safetext.clean(
                 ", ".join(f"{j.id} ({fmt.job_name(j.name, j.command)})" for j in running[:5]),
                 limit=2 * NAME_CHARS,

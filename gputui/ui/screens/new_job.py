@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from gputui.core import jobs, safetext
 from gputui.core import model as M
@@ -95,6 +95,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
             yield Static("", id="gpu-hint", classes="hint")
             yield Label("Environment")
             yield PlainInput(placeholder="KEY=VALUE OTHER='with spaces'", id="env")
+            yield Checkbox("Queue: wait on the host until these GPUs are free (a number N: any N GPUs)", id="queue")
             yield Static("", id="error", classes="error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Cancel (esc)", id="cancel")
@@ -153,14 +154,22 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
             raise ValueError("command: what should run? e.g. python train.py")
         env = parse_env(value("env"))
         sync, cwd = self._sync(value("sync"), value("cwd"))
+        gpus, queue = value("gpus") or None, None
+        if self.query_one("#queue", Checkbox).value:  # the host's queue starts it when its GPUs are free
+            count = gpus is not None and gpus.isdigit()
+            if count and not 1 <= int(gpus or 0) <= 1024:
+                raise ValueError("GPUs: with the queue, a count from 1 to 1024, a list like 0,1, or empty for all")
+            queue = {"gpu_count": int(gpus or 0)} if count else {"gpus": None if gpus == "all" else gpus}
+            gpus = None
         return JobSpec(
             host=self.host,
             argv=argv,
             cwd=cwd,
-            gpus=value("gpus") or None,
+            gpus=gpus,
             name=value("name") or None,
             env=env,
             sync=sync,
+            queue=queue,
         )
 
     def _sync(self, src: str, cwd: str) -> tuple[str | None, str | None]:

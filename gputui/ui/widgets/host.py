@@ -189,6 +189,7 @@ class GpuGrid(Vertical):
 def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tuple[object, ...]:
     progress, eta = progress_text(ins)
     state_style = {
+        M.JOB_QUEUED: pal.muted,
         M.JOB_RUNNING: pal.ok,
         M.JOB_SUCCEEDED: pal.muted,
         M.JOB_FAILED: pal.hot,
@@ -198,18 +199,23 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
     state = job.state
     if job.running and job.stalled:  # still running, but its GPUs idle and its log silent (stall_minutes)
         state, state_style = "stalled", pal.warm
+    name = Text(safetext.clean(fmt.job_name(job.name, job.command), limit=500), no_wrap=True, overflow="ellipsis")
+    gpus = job.gpus or "all"
+    if job.state == M.JOB_QUEUED:  # its place in the host's queue, and what it waits for (host text: plain)
+        state = f"queued #{job.queue_position}" if job.queue_position else "queued"
+        name.append(" · " + safetext.clean(job.queue_reason or "waiting", limit=300), style=pal.muted)
+        count = (job.record.get("queue") or {}).get("gpu_count")
+        gpus = f"any {count}" if count else gpus
     runtime = None
     if job.started_at is not None:
         runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
     exit_style = pal.hot if job.exit_code not in (None, 0) else ""
     return (
         Text(safetext.clean(job.id, limit=50), justify="right"),
-        Text(
-            safetext.clean(fmt.job_name(job.name, job.command), limit=500), no_wrap=True, overflow="ellipsis"
-        ),
+        name,
         Text(safetext.clean(state), style=state_style),
         Text(fmt.duration(runtime), justify="right"),
-        Text(safetext.clean(job.gpus or "all")),
+        Text(safetext.clean(gpus)),
         Text(progress, justify="right"),
         Text(eta, justify="right"),
         Text("" if job.exit_code is None else str(job.exit_code), style=exit_style, justify="right"),

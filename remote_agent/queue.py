@@ -1,0 +1,388 @@
+"""The GPU-aware queue: jobs that wait on the host for their GPUs, started by the detached watchdog process.
+
+A queued job gets its job dir at once (its id, job.json with a ``queue`` request, env.json) but no runner. The
+request: ``gpus`` (None: every GPU, exclusively; ``"0,1"``: those GPUs; ``"none"``: no GPU) or ``gpu_count``
+(any N free GPUs), ``after`` and ``after_ok`` (job ids that must end first; ``after_ok`` ones must also succeed)
+and ``idle_util_percent``.
+
+``queue.json`` in the state dir keeps the order (ids) and what each job waits for, as the scheduler last saw it;
+the job dirs stay the truth of what is queued, so a lost or damaged order file loses no job (they fall back to
+submission order). Every change holds ``queue.lock`` (submit, move, remove, pick), and a pick is one atomic
+write of job.json (``dequeued_at`` and the GPUs) before the runner is launched: a crash in between leaves a job
+that is picked but has no runner, no status and no tmux session, which the next pass launches (tmux refuses a
+second session of the same name, so it never runs twice).
+
+A GPU is free for the queue when no running gputui job holds it, no process outside gputui uses it, and its
+utilisation is below the job's idle threshold. Jobs are taken in order; a job that must wait keeps the GPUs it
+named (or, asking for a count or every GPU, all the GPUs still free) from the jobs behind it, so a big job is
+never starved by small ones. A job waiting only for other jobs to end keeps nothing.
+"""
+
+import contextlib
+import fcntl
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+from . import protocol as P
+from .container import grant_of, holders
+from .fsutil import open_regular, read_json, write_json
+from .jobs import _GPU_SPEC, JobError, JobStore, running_jobs
+
+QUEUE, LOCK = "queue.json", "queue.lock"
+MAX_QUEUED = 1000  # jobs waiting at once; a submission beyond it is refused
+MAX_DEPS = 50  # job ids one job may wait for
+MAX_REASON = 300
+MAX_START_ATTEMPTS = 3  # launches of a picked job whose runner never came up, before it is failed
+PASS_S = 2.0  # the scheduler's pass interval while jobs wait
+
+
+def parse_request(queue: Any) -> Dict[str, Any]:
+    """The ``queue`` of a jobs.start request, checked; ValueError says what is wrong."""
+    if not isinstance(queue, dict):
+        raise ValueError("queue must be an object")
+    gpus, count = queue.get("gpus"), queue.get("gpu_count")
+    if gpus == "all":
+        gpus = None
+    if gpus is not None and not (isinstance(gpus, str) and len(gpus) <= 200 and _GPU_SPEC.match(gpus)):
+        raise ValueError("queue.gpus must be none or a comma list of GPUs like 0,1, not %r" % str(gpus)[:60])
+    if count is not None:
+        if gpus is not None:
+            raise ValueError("queue: give gpus or gpu_count, not both")
+        count = P.int_arg(queue, "gpu_count", 1, 1, 1024)
+    deps = {}
+    for key in ("after", "after_ok"):
+        ids = queue.get(key) or []
+        if not isinstance(ids, list) or len(ids) > MAX_DEPS or not all(str(i).isdigit() for i in ids):
+            raise ValueError("queue.%s must be a list of at most %d job ids" % (key, MAX_DEPS))
+        deps[key] = [str(int(i)) for i in ids]
+    util = P.number_arg(queue, "idle_util_percent", 5.0, 0.0, 100.0)
+    return {"gpus": gpus, "gpu_count": count, "after": deps["after"], "after_ok": deps["after_ok"],
+            "idle_util_percent": util}  # fmt: skip
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+# --- deciding ---------------------------------------------------------------------------------------------------
+def gpu_blockers(
+    sample: Dict[str, Any], grants: List[Dict[str, Any]], util_percent: float
+) -> Dict[int, List[str]]:
+    """Per GPU index of ``sample``: why the queue may not use it now (empty: free).
+
+    ``grants``: the running jobs and what they hold (``id``, ``gpus``: their CUDA_VISIBLE_DEVICES, None: all).
+    """
+    out: Dict[int, List[str]] = {}
+    for gpu in sample.get("gpus") or []:
+        why = []
+        held = holders(gpu, grants)
+        why += ["held by job %s" % j["id"] for j in held]
+        for proc in gpu.get("processes") or []:
+            if proc.get("job") or (proc.get("hidden") and held):
+                continue  # a gputui job's own (or, from another PID namespace, most likely its holder's)
+            name = proc.get("name")
+            why.append("used by pid %s%s" % (proc.get("pid"), " (%s)" % name if name else ""))
+        util = gpu.get("util_percent")
+        if util is not None and util >= util_percent and not held:
+            why.append("at %.0f%% utilisation" % util)
+        out[int(gpu.get("index"))] = why
+    return out
+
+
+def _named(gpu: Dict[str, Any], item: str) -> bool:
+    uuid = gpu.get("uuid") or ""
+    return item == str(gpu.get("index")) or (len(item) > 4 and uuid.startswith(item))
+
+
+def _wants(request: Dict[str, Any], sample_gpus: List[Dict[str, Any]]) -> Tuple[Optional[int], List[int], List[str]]:
+    """(count or None, indices named, items naming no GPU) of a request."""
+    gpus = request.get("gpus")
+    if request.get("gpu_count") is not None:
+        return int(request["gpu_count"]), [], []
+    if gpus == "none":
+        return 0, [], []
+    if gpus is None:
+        return None, [int(g["index"]) for g in sample_gpus], []
+    named, missing = [], []
+    for item in gpus.split(","):
+        hit = [int(g["index"]) for g in sample_gpus if _named(g, item)]
+        named += hit[:1]
+        missing += [] if hit else [item]
+    return None, named, missing
+
+
+def _deps(job: Dict[str, Any], by_id: Dict[str, Dict[str, Any]]) -> Tuple[Optional[str], Optional[str]]:
+    """(why it must wait, why it can never start) for the jobs ``job`` waits for."""
+    request = job["queue"]
+    for key in ("after_ok", "after"):
+        for dep in request.get(key) or []:
+            other = by_id.get(dep)
+            if other is None:
+                return None, "job %s it waits for (--%s) does not exist" % (dep, key.replace("_", "-"))
+            state = other.get("state")
+            if state in (P.JOB_QUEUED, P.JOB_RUNNING):
+                return "after job %s (%s)" % (dep, state), None
+            if key == "after_ok" and state != P.JOB_SUCCEEDED:
+                code = other.get("exit_code")
+                how = "%s%s" % (state, " (exit %s)" % code if code is not None else "")
+                return None, "never started: job %s it waits for (--after-ok) ended %s" % (dep, how)
+    return None, None
+
+
+def plan(
+    queued: List[Dict[str, Any]], jobs: List[Dict[str, Any]], sample: Dict[str, Any],
+    grants: List[Dict[str, Any]],
+) -> Dict[str, Any]:  # fmt: skip
+    """What to do with the queued jobs (in queue order) now: ``{"start": [(id, gpus or None)], "wait": {id:
+    reason}, "fail": {id: reason}}``. ``gpus`` of a start: the CUDA_VISIBLE_DEVICES to give (None: all)."""
+    by_id = {str(j.get("id")): j for j in jobs}
+    sample_gpus = sorted(sample.get("gpus") or [], key=lambda g: int(g.get("index")))
+    reserved: set = set()
+    grants = list(grants)
+    start: List[Tuple[str, Optional[str]]] = []
+    wait: Dict[str, str] = {}
+    fail: Dict[str, str] = {}
+    for job in queued:
+        jid, request = str(job["id"]), job["queue"]
+        waits_for, never = _deps(job, by_id)
+        if never:
+            fail[jid] = never
+            continue
+        if waits_for:
+            wait[jid] = waits_for
+            continue
+        blockers = gpu_blockers(sample, grants, float(request.get("idle_util_percent", 5.0)))
+        count, named, missing = _wants(request, sample_gpus)
+        free = [i for i in sorted(blockers) if not blockers[i] and i not in reserved]
+        why: List[str] = []
+        if missing:
+            why.append("no GPU %s on this host" % ", ".join(missing))
+        if count is not None:
+            if count and not sample_gpus:
+                why.append("no GPU readings (%s)" % (sample.get("gpu_error") or "no GPU found"))
+            elif len(free) < count:
+                why.append("needs %d free GPU%s, %d free" % (count, "s" if count > 1 else "", len(free)))
+                why += ["GPU %d %s" % (i, "; ".join(b)) for i, b in sorted(blockers.items()) if b]
+            take = free[:count]
+        else:
+            take = named
+            for i in named:
+                if i in reserved:
+                    why.append("GPU %d kept for an earlier job of the queue" % i)
+                elif blockers[i]:
+                    why.append("GPU %d %s" % (i, "; ".join(blockers[i])))
+            if request.get("gpus") is None:
+                exclusive = [g["id"] for g in grants if g.get("gpus") is None and not sample_gpus]
+                why += ["job %s running (this job asks for the whole host)" % j for j in exclusive]
+        if why:
+            wait[jid] = _clip("; ".join(why))
+            reserved |= set(named) if named and request.get("gpus") is not None else set(free)
+            continue
+        spec: Optional[str] = ",".join(str(i) for i in take)
+        if count == 0:
+            spec = "none"
+        elif count is None and request.get("gpus") is None:
+            spec = None  # the whole host: CUDA_VISIBLE_DEVICES stays unset
+        start.append((jid, spec))
+        grants.append({"id": jid, "gpus": spec})
+        reserved |= set(take)
+    return {"start": start, "wait": wait, "fail": fail}
+
+
+# --- the queue on disk -------------------------------------------------------------------------------------------
+class JobQueue:
+    """Submitting, ordering, removing and starting queued jobs of one state dir."""
+
+    def __init__(self, store: JobStore, log: Callable[[str], None] = lambda m: None) -> None:
+        self.store = store
+        self.path = os.path.join(store.state_dir, QUEUE)
+        self.log = log
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = open_regular(os.path.join(self.store.state_dir, LOCK), os.O_WRONLY | os.O_CREAT)
+        with os.fdopen(fd, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def state(self) -> Dict[str, Any]:
+        saved = read_json(self.path)
+        return saved if isinstance(saved, dict) else {}
+
+    def _write(self, **changes: Any) -> None:
+        write_json(self.path, dict(self.state(), **changes))
+
+    def queued(self, jobs: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+        """The queued jobs' records, in queue order: the saved order first, then any others by id."""
+        jobs = self.store.list() if jobs is None else jobs
+        waiting = {str(j["id"]): j for j in jobs if j.get("state") == P.JOB_QUEUED}
+        order = [str(i) for i in self.state().get("order") or [] if str(i) in waiting]
+        rest = sorted((i for i in waiting if i not in set(order)), key=int)
+        return [waiting[i] for i in order + rest]
+
+    def submit(
+        self, request: Dict[str, Any], argv: Any, cwd: Any, env: Any, name: Any, extra: Dict[str, Any],
+        boot: Optional[str],
+    ) -> str:  # fmt: skip
+        """Queue a job; its id. The jobs it waits for must exist."""
+        with self.locked():
+            jobs = self.store.list()
+            ids = {str(j["id"]) for j in jobs}
+            unknown = [d for d in request["after"] + request["after_ok"] if d not in ids]
+            if unknown:
+                raise JobError("no job %s on this host to wait for" % ", ".join(unknown), P.E_BAD_ARGS)
+            queued = self.queued(jobs)
+            if len(queued) >= MAX_QUEUED:
+                raise JobError("the queue is full (%d jobs wait)" % len(queued), P.E_FAILED)
+            job_id = self.store.create(argv, cwd, env, name, request["gpus"], dict(extra, queue=dict(request, queued_at=time.time())))
+            order = [str(j["id"]) for j in queued] + [job_id]
+            self._write(order=order, boot_id=self.state().get("boot_id") or boot, nvidia_smi=self.store.nvidia_smi)
+        self.log("queue: job %s queued at position %d" % (job_id, len(order)))
+        return job_id
+
+    def move(self, job_id: str, to: int) -> List[str]:
+        """Put a queued job at position ``to`` (1 = next); the new order."""
+        with self.locked():
+            order = [str(j["id"]) for j in self.queued()]
+            if job_id not in order:
+                raise JobError("job %s is not queued on this host" % job_id[:100], P.E_NOT_FOUND)
+            order.remove(job_id)
+            order.insert(max(0, min(len(order), to - 1)), job_id)
+            self._write(order=order)
+        self.log("queue: job %s moved to position %d" % (job_id, order.index(job_id) + 1))
+        return order
+
+    def remove(self, job_id: str, why: str) -> Optional[Dict[str, Any]]:
+        """End a queued job before it starts (state killed); None when it is not queued any more."""
+        with self.locked():
+            job_dir = self.store.job_dir(job_id)
+            record = self.store.describe(job_id)
+            if record.get("state") != P.JOB_QUEUED:  # (a job picked before a crash but never started still is)
+                return None
+            now = time.time()
+            write_json(os.path.join(job_dir, "kill.json"), {"asked_at": now, "grace_s": 0.0})
+            write_json(os.path.join(job_dir, "status.json"), {"exit_code": None, "error": why, "ended_at": now})
+        self.log("queue: job %s removed (%s)" % (job_id, why))
+        return self.store.describe(job_id)
+
+    def marks(
+        self, records: List[Dict[str, Any]], jobs: Optional[List[Dict[str, Any]]] = None
+    ) -> List[Dict[str, Any]]:
+        """The records, with ``queue_position`` and ``queue_reason`` added to each queued job's (``jobs``: every
+        job, when the caller has them: else they are listed)."""
+        if not any(r.get("state") == P.JOB_QUEUED for r in records):
+            return records
+        positions = {str(j["id"]): n for n, j in enumerate(self.queued(jobs), 1)}
+        waiting = self.state().get("waiting") or {}
+        out = []
+        for record in records:
+            jid = str(record.get("id"))
+            if record.get("state") == P.JOB_QUEUED and jid in positions:
+                reason = waiting.get(jid) if isinstance(waiting, dict) else None
+                record = dict(record, queue_position=positions[jid],
+                              queue_reason=str(reason or "waiting for the scheduler's next pass"))  # fmt: skip
+            out.append(record)
+        return out
+
+    # --- the scheduler (in the watchdog process) ------------------------------------------------------------
+    def run_pass(self, sample: Optional[Dict[str, Any]], jobs: List[Dict[str, Any]], boot: Optional[str]) -> int:
+        """One scheduling pass; how many jobs still wait. ``sample``: None when the GPUs could not be read."""
+        with self.locked():
+            queued = self.queued(jobs)
+            saved = self.state()
+            if queued and saved.get("boot_id") not in (None, boot):
+                self.log("queue resumed after a reboot: %d job%s waiting" % (len(queued), "s" if len(queued) > 1 else ""))
+                saved = dict(saved, resumed_at=time.time())
+            relaunch = [j for j in queued if j.get("dequeued_at") is not None]
+            fresh = [j for j in queued if j.get("dequeued_at") is None]
+            for job in relaunch:
+                self._relaunch(job)
+            if sample is None:
+                decided: Dict[str, Any] = {"start": [], "fail": {}, "wait": {
+                    str(j["id"]): "GPU reading failed" for j in fresh}}  # fmt: skip
+            else:
+                grants = self._grants(jobs) + [{"id": j["id"], "gpus": j.get("gpus")} for j in relaunch]
+                decided = plan(fresh, jobs, sample, grants)
+            for jid, why in decided["fail"].items():
+                self._fail(jid, why)
+            for jid, gpus in decided["start"]:
+                self._start(jid, gpus)
+            gone = set(decided["fail"]) | {jid for jid, _ in decided["start"]} | {str(j["id"]) for j in relaunch}
+            listed = {str(j.get("id")) for j in jobs}
+            order = [str(j["id"]) for j in queued if str(j["id"]) not in gone]
+            order += [i for i in map(str, saved.get("order") or []) if i not in listed]  # queued since the listing
+            waiting = {jid: why for jid, why in decided["wait"].items() if jid in order}
+            if not order:
+                saved.pop("resumed_at", None)  # the resumed queue is done
+            write_json(self.path, dict(saved, order=order, waiting=waiting, boot_id=boot, t=time.time()))
+        return len(order)
+
+    def _grants(self, jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """What each running job holds: its CUDA_VISIBLE_DEVICES as it runs (None: every GPU)."""
+        live = {j["id"]: j for j in running_jobs(self.store.jobs_dir)}
+        out = []
+        for job in jobs:
+            if job.get("state") == P.JOB_RUNNING:
+                known = live.get(str(job["id"]))
+                out.append({"id": str(job["id"]), "gpus": known["gpus"] if known else grant_of(job)})
+        return out
+
+    def _still_queued(self, job_id: str) -> bool:
+        """Not removed nor picked since the pass listed the jobs (the caller holds the lock)."""
+        job_dir = self.store.job_dir(job_id)
+        record = read_json(os.path.join(job_dir, "job.json"))
+        return not os.path.exists(os.path.join(job_dir, "status.json")) and not (
+            isinstance(record, dict) and record.get("dequeued_at") is not None
+        )
+
+    def _fail(self, job_id: str, why: str, picked: bool = False) -> None:
+        """End a queued job that never started (``picked``: one picked before, whose runner never came up)."""
+        if not picked and not self._still_queued(job_id):
+            return
+        write_json(os.path.join(self.store.job_dir(job_id), "status.json"),
+                   {"exit_code": None, "error": why, "ended_at": time.time()})  # fmt: skip
+        self.log("queue: job %s %s" % (job_id, why))
+
+    def _start(self, job_id: str, gpus: Optional[str]) -> None:
+        """Pick a job (one atomic job.json write: its GPUs and ``dequeued_at``), then launch it."""
+        if not self._still_queued(job_id):
+            return
+        job_dir = self.store.job_dir(job_id)
+        record = read_json(os.path.join(job_dir, "job.json"))
+        env = read_json(os.path.join(job_dir, "env.json"))
+        if not isinstance(record, dict) or not isinstance(env, dict):
+            self._fail(job_id, "not started: its job files cannot be read")
+            return
+        user_env = record.get("env") if isinstance(record.get("env"), dict) else {}
+        if gpus is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
+            env["CUDA_VISIBLE_DEVICES"] = "" if gpus == "none" else gpus
+        write_json(os.path.join(job_dir, "env.json"), env)
+        waited = time.time() - float((record.get("queue") or {}).get("queued_at") or time.time())
+        record.update(gpus=gpus, dequeued_at=time.time(), start_attempts=1)
+        write_json(os.path.join(job_dir, "job.json"), record)
+        where = "the whole host" if gpus is None else "no GPU" if gpus == "none" else "GPU " + gpus
+        self.log("queue: starting job %s on %s after %.1f min in the queue" % (job_id, where, waited / 60.0))
+        self._launch(job_id)
+
+    def _relaunch(self, job: Dict[str, Any]) -> None:
+        """A job picked before a crash whose runner never came up: launch it again (a bounded number of times)."""
+        jid = str(job["id"])
+        job_dir = self.store.job_dir(jid)
+        record = read_json(os.path.join(job_dir, "job.json"))
+        if not isinstance(record, dict) or self.store.describe(jid).get("state") != P.JOB_QUEUED:
+            return  # it came up (or ended) since the pass listed the jobs
+        attempts = int(record.get("start_attempts") or 0)
+        if attempts >= MAX_START_ATTEMPTS:
+            self._fail(jid, "not started: its runner did not come up in %d attempts" % attempts, picked=True)
+            return
+        record.update(dequeued_at=time.time(), start_attempts=attempts + 1)
+        write_json(os.path.join(job_dir, "job.json"), record)
+        self.log("queue: job %s was picked but never started (a crash?): launching it again" % jid)
+        self._launch(jid)
+
+    def _launch(self, job_id: str) -> None:
+        try:
+            self.store.launch(job_id)
+        except JobError as exc:
+            self.log("queue: job %s could not start: %s" % (job_id, exc))
