@@ -128,6 +128,26 @@ def _job_exit(info: dict[str, Any]) -> int:
     return EXIT_FAIL
 
 
+def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, Any] | None:
+    """The sbatch settings of ``gputui run`` on a Slurm host (None elsewhere; Slurm flags there are an error)."""
+    flags = {"--nodes": args.nodes, "--partition": args.partition, "--time": args.time,
+             "--sbatch-arg": args.sbatch_arg or None}  # fmt: skip
+    if host.scheduler != "slurm":
+        used = [flag for flag, value in flags.items() if value is not None]
+        if used:
+            raise CliError(f"{', '.join(used)}: only for a Slurm host ({host.name} has no scheduler = \"slurm\")",
+                           EXIT_USAGE)  # fmt: skip
+        return None
+    gpus = None
+    if args.gpus is not None:
+        if not args.gpus.isdigit():
+            raise CliError(f"--gpus {args.gpus!r}: on a Slurm host, the GPUs per node (e.g. 2)", EXIT_USAGE)
+        gpus = int(args.gpus)
+    request = {"gpus": gpus, "nodes": args.nodes, "partition": args.partition, "time": args.time,
+               "sbatch_args": list(args.sbatch_arg or [])}  # fmt: skip
+    return {k: v for k, v in request.items() if v is not None}
+
+
 # --- commands -------------------------------------------------------------------------------------------------
 async def cmd_run(args: argparse.Namespace) -> int:
     argv = args.command
@@ -135,9 +155,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(
             "nothing to run: give the command after --, e.g. gputui run local -- python train.py", EXIT_USAGE
         )
-    gpu_items = _gpu_items(args.gpus)
     config = cfg.load(args.config)
     host_cfg = config.host(args.host)
+    slurm = _slurm_request(args, host_cfg)
+    gpu_items = [] if slurm is not None else _gpu_items(args.gpus)
     cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
 
     async def body(s: HostSession) -> int:
@@ -147,8 +168,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
-            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env), gpus=args.gpus, code=code
-        )
+            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
+            gpus=None if slurm is not None else args.gpus, code=code, slurm=slurm,
+        )  # fmt: skip
         job = await start_job(s, config, spec)
         print(job.id)
         return EXIT_OK
@@ -566,6 +588,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
+    sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")
+    sl.add_argument("--nodes", type=_bounded(1, 100000, integer=True), metavar="N", help="nodes (sbatch --nodes)")
+    sl.add_argument("--partition", metavar="P", help="partition (sbatch --partition)")
+    sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
+    sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
+                    help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")  # fmt: skip
     r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
     r.set_defaults(func=cmd_run)
 

@@ -94,7 +94,8 @@ E_FAILED = "failed"
 
 # --- the schema ---------------------------------------------------------------------------------------------------
 #: A job's state: running, or how it ended (lost: gone without an exit status, or its record is unreadable).
-JobState = Literal["running", "succeeded", "failed", "killed", "lost"]
+JobState = Literal["queued", "running", "succeeded", "failed", "killed", "lost"]
+JOB_QUEUED: JobState = "queued"
 JOB_RUNNING: JobState = "running"
 JOB_SUCCEEDED: JobState = "succeeded"
 JOB_FAILED: JobState = "failed"
@@ -236,6 +237,31 @@ class MetricsSample(TypedDict, total=False):
     activity: Activity
 
 
+class SlurmJob(TypedDict, total=False):
+    """A Slurm job's request and Slurm's word on it (remote_agent/slurm.py)."""
+
+    job_id: str  # Slurm's job id
+    state: Optional[str]  # Slurm's state: PENDING, RUNNING, COMPLETED, TIMEOUT, ...
+    reason: Optional[str]  # why it waits (Resources, Priority, ...) or how it ended
+    nodes: Optional[str]  # the allocated node list
+    error: str  # Slurm could not be asked (squeue failed): the state is the last one known
+    gpus: int  # what was asked: GPUs per node, nodes, partition, time limit, extra sbatch options
+    nodes_count: int
+    partition: str
+    time: str
+    sbatch_args: List[str]
+
+
+class SlurmRequest(TypedDict, total=False):
+    """The ``slurm`` args of ``jobs.start``: submit with sbatch instead of starting in tmux."""
+
+    gpus: int
+    nodes: int
+    partition: str
+    time: str
+    sbatch_args: List[str]
+
+
 class JobRecord(TypedDict, total=False):
     """A job as ``jobs.*`` replies and ``job`` events carry it (remote_agent/jobs.py)."""
 
@@ -266,6 +292,8 @@ class JobRecord(TypedDict, total=False):
     stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/stall.py)
     stalled_since: float  # when it was last seen active (a busy GPU, a growing log)
     stalled_reason: str
+    scheduler: str  # "slurm" for a job Slurm runs (absent: tmux on the host)
+    slurm: SlurmJob
 
 
 class DoctorCheck(TypedDict):
@@ -285,6 +313,7 @@ class StartArgs(TypedDict, total=False):
     gpus: Optional[str]  # CUDA_VISIBLE_DEVICES
     price_per_hour: Optional[float]
     code: Dict[str, Any]  # see JobRecord.code
+    slurm: SlurmRequest  # submit to Slurm (the host is a Slurm login node)
 
 
 class JobArgs(TypedDict):

@@ -24,7 +24,7 @@ from .boot import boot_id, boot_time
 from .doctor import run_doctor
 from .flow import Credit
 from .fsutil import read_json, write_json
-from .jobs import RUNNING, JobError, JobStore
+from .jobs import JobError, JobStore
 from .logclock import TIMES_NAME, read_times
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
@@ -185,7 +185,8 @@ class Agent:
         code = a.get("code")  # what code ran (gputui run --sync): tree hash, git commit and dirty flag
         if isinstance(code, dict) and len(P.encode(code)) <= 4096:
             extra["code"] = code
-        job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
+        job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra,
+                              a.get("slurm"))  # fmt: skip
         self.emit(P.EV_JOB, job)
         return job
 
@@ -238,7 +239,7 @@ class Agent:
 
     def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
         job = self.jobs.describe(job_id)
-        if job["state"] == RUNNING:
+        if job["state"] not in P.JOB_ENDED_STATES:
             return None
         return {"job_state": job["state"], "exit_code": job["exit_code"]}
 

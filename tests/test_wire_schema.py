@@ -120,7 +120,7 @@ def test_client_gpu_sample_has_every_schema_field_and_gives_them_back(tmp_path: 
 
 
 def test_job_states_and_doctor_statuses_are_the_schema_literals() -> None:
-    assert set(typing.get_args(P.JobState)) == {P.JOB_RUNNING} | P.JOB_ENDED_STATES
+    assert set(typing.get_args(P.JobState)) == {P.JOB_QUEUED, P.JOB_RUNNING} | P.JOB_ENDED_STATES
     assert typing.get_args(P.DoctorStatus) == P.DOCTOR_STATUSES
 
 

@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 LOCAL = "local"
 TRANSPORTS = ("ssh", "local")
+SCHEDULERS = ("slurm",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -82,6 +83,8 @@ class HostConfig:
     stall_minutes: float | None = None
     stalled_counts_as_idle: bool = False  # autostop may then release a host whose only jobs are stalled
     notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
+    # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/slurm.py)
+    scheduler: str | None = None
 
     @property
     def address(self) -> str:
@@ -289,6 +292,11 @@ def parse(text: str, path: Path) -> Config:
         )
         if values.get("transport", "ssh") not in TRANSPORTS:
             raise fail(f"hosts.{name}", "transport", f"must be one of {', '.join(TRANSPORTS)}")
+        if values.get("scheduler") is not None and values["scheduler"] not in SCHEDULERS:
+            raise fail(
+                f"hosts.{name}", "scheduler",
+                f"{values['scheduler']!r} is not a scheduler gputui drives (known: {', '.join(SCHEDULERS)})",
+            )  # fmt: skip
         if "port" in values and not 0 < values["port"] < 65536:
             raise fail(f"hosts.{name}", "port", "must be between 1 and 65535")
         if values.get("currency") is not None and not _CURRENCY.match(values["currency"]):

@@ -24,6 +24,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: str | None = None
     code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
+    slurm: dict[str, Any] | None = None  # sbatch settings (gpus, nodes, partition, time, sbatch_args)
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -50,10 +51,13 @@ def job_price(session: HostSession, config: Config) -> float | None:
 
 
 async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Job:
-    """Start ``spec`` on the session's host; the job's record keeps the host's price, so history has its cost."""
+    """Start ``spec`` on the session's host; the job's record keeps the host's price, so history has its cost.
+    On a Slurm host (``scheduler = "slurm"``) the job is submitted with sbatch, with ``spec.slurm`` or defaults."""
+    host = config.hosts.get(session.name)
+    slurm = spec.slurm if spec.slurm is not None or host is None or host.scheduler != "slurm" else {}
     return await session.start_job(
-        list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
-        price_per_hour=job_price(session, config), code=spec.code,
+        list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env),
+        gpus=None if slurm is not None else spec.gpus, price_per_hour=job_price(session, config), code=spec.code, slurm=slurm,
     )  # fmt: skip
 
 

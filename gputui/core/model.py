@@ -163,6 +163,8 @@ class Job:
             record["log_error"] = d["log_error"]
         if "code" in d:
             record["code"] = d["code"]
+        if "slurm" in d:
+            record["slurm"] = d["slurm"]
         return cls(
             host=host,
             id=str(d["id"]),
@@ -188,6 +190,7 @@ class Job:
         d["insights"] = self.insights.to_json() if self.insights is not None else None
         d["error"] = self.record.get("error")  # this job's own problem (unreadable files), never the host's
         d["log_error"] = self.record.get("log_error")  # e.g. "disk full at offset N": the log stops there
+        d["slurm"] = self.record.get("slurm")  # a Slurm job: job_id, state, reason, nodes (None otherwise)
         return d
 
 

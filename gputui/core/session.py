@@ -348,11 +348,14 @@ class HostSession:
         gpus: str | None = None,
         price_per_hour: float | None = None,
         code: dict[str, Any] | None = None,
+        slurm: dict[str, Any] | None = None,
     ) -> M.Job:
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
                                 "price_per_hour": price_per_hour}  # fmt: skip
         if code:
             args["code"] = code
+        if slurm is not None:
+            args["slurm"] = slurm  # submit with sbatch on a Slurm login node
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()

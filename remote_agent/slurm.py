@@ -1,0 +1,314 @@
+"""Slurm as a job's scheduler: ``sbatch`` submits, one ``squeue`` per refresh gives every job's state, ``scancel``
+signals and ends. gputui never schedules anything itself.
+
+The batch script is this agent's own runner (``slurm-batch.sh`` just ``exec``s its arguments), so a Slurm job
+writes the same files as a tmux job, in its job dir on the shared state dir: ``output.log`` (byte offsets,
+times), ``pid.json``, ``status.json``. ``slurm.json`` holds the Slurm job id. Slurm's own view decides the state:
+
+    PENDING (any not yet running)  -> queued, with Slurm's reason (Resources, Priority, ...)
+    RUNNING, COMPLETING, ...       -> running
+    COMPLETED -> succeeded; FAILED, OUT_OF_MEMORY, TIMEOUT, DEADLINE -> failed; CANCELLED -> killed;
+    NODE_FAIL, BOOT_FAIL, PREEMPTED -> lost; a kill asked through gputui -> killed
+
+A record is final once Slurm says the job ended (or forgot it: then ``status.json``, else ``sacct`` if
+accounting is on, else lost). This module must stay stdlib-only and Python 3.8 compatible.
+"""
+
+import os
+import re
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import protocol as P
+from .fsutil import read_json, write_json
+
+#: How long one squeue/sacct answer serves every listing (one refresh); a submit or kill forgets it at once.
+VIEW_MAX_AGE_S = 1.0
+#: A job whose submission has not written slurm.json yet is still being submitted for this long.
+SUBMIT_GRACE_S = 30.0
+#: Longest Slurm text (a reason, a node list) a record carries.
+MAX_TEXT = 500
+COMMAND_TIMEOUT_S = 30.0
+BATCH_SCRIPT = "slurm-batch.sh"
+_BATCH_TEXT = b'#!/bin/sh\n# gputui: a Slurm batch job runs the gputui runner given as arguments\nexec "$@"\n'
+_PARTITION = re.compile(r"^[A-Za-z0-9_.,-]{1,200}$")
+_TIME = re.compile(r"^(UNLIMITED|INFINITE|[0-9]{1,7}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$", re.IGNORECASE)
+#: sbatch options gputui sets itself (the log, the working dir, the batch script): not allowed in sbatch_args.
+_OWN_OPTIONS = ("--output", "-o", "--error", "-e", "--chdir", "-D", "--wrap", "--parsable", "--open-mode")
+
+_ENDED: Dict[str, Tuple[str, str]] = {  # Slurm state -> (gputui state, what to say when there is no reason)
+    "COMPLETED": (P.JOB_SUCCEEDED, ""),
+    "FAILED": (P.JOB_FAILED, "the job exited non-zero"),
+    "OUT_OF_MEMORY": (P.JOB_FAILED, "out of memory"),
+    "TIMEOUT": (P.JOB_FAILED, "time limit reached"),
+    "DEADLINE": (P.JOB_FAILED, "deadline reached"),
+    "CANCELLED": (P.JOB_KILLED, "cancelled"),
+    "NODE_FAIL": (P.JOB_LOST, "node failure"),
+    "BOOT_FAIL": (P.JOB_LOST, "node boot failure"),
+    "PREEMPTED": (P.JOB_LOST, "preempted"),
+    "REVOKED": (P.JOB_LOST, "revoked (federation)"),
+}
+_QUEUED = (
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+    "CONFIGURING",
+)
+
+
+class SlurmError(Exception):
+    """A Slurm command failed or is missing; the message says which and why."""
+
+
+def _run(argv: List[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
+    """stdout of a Slurm command (argv list, never a shell); SlurmError with its stderr when it fails."""
+    try:
+        res = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError("%s is not installed on this host: is it a Slurm login node?" % argv[0]) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError("%s did not answer within %.0f s" % (argv[0], timeout)) from None
+    except OSError as exc:
+        raise SlurmError("cannot run %s: %s" % (argv[0], exc.strerror or exc)) from None
+    if res.returncode != 0:
+        err = res.stderr.decode("utf-8", "replace").strip()[-MAX_TEXT:]
+        raise SlurmError("%s failed: %s" % (argv[0], err or "exit status %d" % res.returncode))
+    return res.stdout.decode("utf-8", "replace")
+
+
+def _text(value: str) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]", " ", value)[:MAX_TEXT].strip()
+
+
+def check_request(req: Any) -> Dict[str, Any]:
+    """The ``slurm`` args of jobs.start, checked: gpus, nodes, partition, time, sbatch_args."""
+    if not isinstance(req, dict):
+        raise ValueError("slurm must be an object")
+    unknown = set(req) - {"gpus", "nodes", "partition", "time", "sbatch_args"}
+    if unknown:
+        raise ValueError("unknown slurm settings: %s" % ", ".join(sorted(map(str, unknown)))[:200])
+    out: Dict[str, Any] = {}
+    for key, hi in (("gpus", 1024), ("nodes", 100000)):
+        if req.get(key) is not None:
+            out[key] = P.int_arg(req, key, 0, 0 if key == "gpus" else 1, hi)
+    partition = req.get("partition")
+    if partition is not None:
+        if not isinstance(partition, str) or not _PARTITION.match(partition):
+            raise ValueError(
+                "partition %r: letters, digits, '_', '.', '-' (a comma list)" % str(partition)[:100]
+            )
+        out["partition"] = partition
+    limit = req.get("time")
+    if limit is not None:
+        if not isinstance(limit, str) or not _TIME.match(limit):
+            raise ValueError(
+                "time %r: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS or UNLIMITED, as sbatch --time takes"
+                % str(limit)[:100]
+            )
+        out["time"] = limit
+    extra = req.get("sbatch_args") or []
+    if not isinstance(extra, list) or not all(isinstance(a, str) and a.startswith("-") for a in extra):
+        raise ValueError("sbatch_args must be a list of options, each starting with '-' (e.g. --qos=high)")
+    for arg in extra:
+        if (
+            "\x00" in arg
+            or arg.split("=", 1)[0] in _OWN_OPTIONS
+            or (len(arg) > 2 and arg[:2] in ("-o", "-e", "-D"))
+        ):
+            raise ValueError("sbatch argument %r: gputui sets the log, the working dir and the script itself"
+                             % arg[:100])  # fmt: skip
+    out["sbatch_args"] = list(extra)
+    return out
+
+
+def batch_script(state_dir: str) -> str:
+    """The tiny batch script (written once, 0700): Slurm copies it and runs it with the runner's argv."""
+    path = os.path.join(state_dir, BATCH_SCRIPT)
+    try:
+        with open(path, "rb") as f:
+            if f.read() == _BATCH_TEXT:
+                return path
+    except OSError:
+        pass
+    tmp = path + ".tmp%d" % os.getpid()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
+    try:
+        os.write(fd, _BATCH_TEXT)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def sbatch_argv(
+    req: Dict[str, Any], job_id: str, job_dir: str, cwd: str, script: str, runner: List[str]
+) -> List[str]:
+    """The sbatch command for one job: the runner (argv, never a shell string) is the batch script's payload."""
+    argv = ["sbatch", "--parsable", "--job-name=gputui-%s" % job_id, "--chdir=" + cwd,
+            "--output=" + os.path.join(job_dir, "slurm.out")]  # fmt: skip
+    if req.get("partition"):
+        argv.append("--partition=" + req["partition"])
+    if req.get("nodes"):
+        argv.append("--nodes=%d" % req["nodes"])
+    if req.get("time"):
+        argv.append("--time=" + req["time"])
+    if req.get("gpus"):
+        argv.append("--gres=gpu:%d" % req["gpus"])  # per node, as torchrun's --nproc-per-node counts them
+    return argv + list(req.get("sbatch_args") or []) + [script] + runner
+
+
+def submit(argv: List[str], job_dir: str) -> str:
+    """Run sbatch; write and return the Slurm job id (``--parsable`` prints ``id`` or ``id;cluster``)."""
+    out = _run(argv).strip()
+    slurm_id = out.split(";", 1)[0].strip()
+    if not slurm_id.isdigit():
+        raise SlurmError("sbatch printed no job id: %r" % out[:200])
+    write_json(os.path.join(job_dir, "slurm.json"), {"job_id": slurm_id, "submitted_at": time.time()})
+    return slurm_id
+
+
+class SlurmView:
+    """Slurm's word on this user's jobs: one ``squeue`` for all of them per refresh (and one ``sacct`` for the
+    jobs squeue no longer lists, when accounting is on). ``commands`` counts the Slurm commands run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at = -1e9
+        self._jobs: Dict[str, Tuple[str, str, str]] = {}  # Slurm id -> (state, reason, nodes)
+        self._error: Optional[str] = None
+        self._sacct: Optional[Dict[str, Tuple[str, str, str]]] = None
+        self._sacct_off = False  # sacct said accounting is disabled: never ask again
+        self.commands = 0
+
+    def forget(self) -> None:
+        with self._lock:
+            self._at = -1e9
+
+    def _fresh(self) -> None:
+        if time.monotonic() - self._at < VIEW_MAX_AGE_S:
+            return
+        self._sacct = None
+        self.commands += 1
+        try:
+            out = _run(
+                ["squeue", "--noheader", "--states=all", "--user=%d" % os.getuid(), "--format=%i|%T|%N|%r"]
+            )
+            self._jobs = dict(_parse_line(line) for line in out.splitlines() if line.count("|") >= 3)
+            self._error = None
+        except SlurmError as exc:
+            self._error = str(exc)
+        self._at = time.monotonic()
+
+    def queue(self, slurm_id: str) -> "tuple[Optional[Tuple[str, str, str]], Optional[str]]":
+        """(state, reason, nodes) of a job squeue lists, or None; and squeue's error, if it failed."""
+        with self._lock:
+            self._fresh()
+            return self._jobs.get(slurm_id), self._error
+
+    def accounting(self, slurm_id: str) -> Optional[Tuple[str, str, str]]:
+        """A finished job squeue forgot, from sacct (one call per refresh for all jobs); None without accounting."""
+        with self._lock:
+            if self._sacct_off:
+                return None
+            if self._sacct is None:
+                self.commands += 1
+                try:
+                    out = _run(["sacct", "--noheader", "--parsable2", "--allocations", "--user=%d" % os.getuid(),
+                                "--starttime=now-30days", "--format=JobID,State,NodeList,Reason"])  # fmt: skip
+                except SlurmError as exc:
+                    self._sacct_off = "disabled" in str(exc) or "not installed" in str(exc)
+                    return None
+                self._sacct = dict(_parse_line(line) for line in out.splitlines() if line.count("|") >= 3)
+            return self._sacct.get(slurm_id)
+
+
+def _parse_line(line: str) -> Tuple[str, Tuple[str, str, str]]:
+    slurm_id, state, nodes, reason = line.split("|", 3)
+    # sacct says "CANCELLED by 0"; a reason may come as "(Resources)"
+    return slurm_id.strip(), (
+        state.split()[0] if state.strip() else "",
+        _text(reason.strip("() \n")),
+        _text(nodes),
+    )
+
+
+def fill_record(
+    record: Dict[str, Any], job_dir: str, status: Any, killed: bool, view: SlurmView
+) -> Dict[str, Any]:
+    """Set state, exit_code, ended_at and ``slurm`` (job id, Slurm state, reason, nodes) of a Slurm job's record."""
+    info: Dict[str, Any] = dict(record.get("slurm") or {})
+    submitted = read_json(os.path.join(job_dir, "slurm.json"))
+    record["exit_code"] = status.get("exit_code") if isinstance(status, dict) else None
+    record["ended_at"] = None
+    if not isinstance(submitted, dict) or not submitted.get("job_id"):
+        created = record.get("created_at")
+        if isinstance(status, dict) or not (
+            isinstance(created, (int, float)) and time.time() - created < SUBMIT_GRACE_S
+        ):
+            record["state"] = P.JOB_FAILED if isinstance(status, dict) else P.JOB_LOST
+            record["ended_at"] = (status or {}).get("ended_at") or time.time()
+            record.setdefault("error", "never submitted to Slurm")
+        else:
+            record["state"] = P.JOB_QUEUED  # sbatch is still running
+        record["slurm"] = info
+        return record
+    slurm_id = str(submitted["job_id"])
+    info["job_id"] = slurm_id
+    seen, error = view.queue(slurm_id)
+    if seen is None and error is None:
+        seen = view.accounting(slurm_id)
+    if error is not None and seen is None:
+        info["error"] = error  # Slurm cannot be asked now: the job is where it was, as far as we know
+        record["state"] = P.JOB_RUNNING if record.get("pid") else P.JOB_QUEUED
+        record["slurm"] = info
+        return record
+    state, reason, nodes = seen if seen is not None else ("", "", "")
+    info.update(state=state or None, reason=reason or None, nodes=nodes or None)
+    if state in _QUEUED or state.startswith("REQUEUE"):
+        record["state"], record["started_at"] = P.JOB_QUEUED, None
+    elif state in _ENDED or seen is None:
+        mapped, why = _ENDED.get(
+            state, (P.JOB_LOST, "Slurm no longer knows the job and it left no exit status")
+        )
+        if seen is None and isinstance(status, dict):
+            mapped, why = (P.JOB_SUCCEEDED if record["exit_code"] == 0 else P.JOB_FAILED), ""
+        record["state"] = P.JOB_KILLED if killed else mapped
+        if why and (not info["reason"] or info["reason"] == "None"):
+            info["reason"] = why
+        record["ended_at"] = (status or {}).get("ended_at") if isinstance(status, dict) else None
+        record["ended_at"] = record["ended_at"] or time.time()
+    else:  # RUNNING, COMPLETING, SUSPENDED, STOPPED, RESIZING, SIGNALING, STAGE_OUT
+        record["state"] = P.JOB_RUNNING
+    record["slurm"] = info
+    return record
+
+
+def kill(slurm_id: str, queued: bool, grace_s: float, ended: Callable[[float], bool]) -> None:
+    """SIGINT, then SIGTERM to the batch step (the runner passes them to the job's process group), then SIGKILL
+    to every step, ``grace_s`` apart; then ``scancel`` ends the allocation. ``ended(timeout)`` waits for the
+    runner's status.json. A queued job is just cancelled."""
+    if not queued:
+        for sig, scope in (("INT", "--batch"), ("TERM", "--batch"), ("KILL", "--full")):
+            try:
+                _run(["scancel", scope, "--signal=" + sig, slurm_id])
+            except SlurmError:
+                break  # the job ended meanwhile (or never started): scancel below settles it
+            if ended(grace_s):
+                break
+    try:
+        _run(["scancel", slurm_id])
+    except SlurmError:
+        pass  # it ended already
+
+
+def env_file(env: Dict[str, str]) -> Dict[str, str]:
+    """What env.json holds for a Slurm job: defaults and the user's variables only. The runner puts them over the
+    allocation's own environment (SLURM_*, CUDA_VISIBLE_DEVICES), which only exists on the compute node."""
+    out = {"PYTHONUNBUFFERED": "1", "TERM": "xterm-256color"}
+    out.update(env)
+    return out

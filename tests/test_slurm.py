@@ -1,0 +1,259 @@
+"""Slurm clusters as a backend, against a real slurmctld (tests/slurmctl.py): submit, queued with a reason, run,
+follow by byte offset, kill with escalation, a failing job, TIMEOUT; the same over the real sshd."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Home, SshHome, stop_host, wait_for
+from slurmctl import SlurmCluster, slurm_available
+
+# A job that says which signal it got and goes on, until SIGKILL: proves the escalation's steps.
+TRAPPER = (
+    "import signal, sys, time\n"
+    "def got(n, f):\n"
+    "    print('got', signal.Signals(n).name, flush=True)\n"
+    "signal.signal(signal.SIGINT, got)\n"
+    "signal.signal(signal.SIGTERM, got)\n"
+    "print('ready', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.1)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    why = slurm_available()
+    if why:
+        pytest.skip(why)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+class ClusterHome(Home):
+    """A client HOME whose config has one Slurm host, ``hpc`` (the login node is this machine)."""
+
+    def __init__(self, root: Path, cluster: SlurmCluster) -> None:
+        super().__init__(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.env["SLURM_CONF"] = cluster.env["SLURM_CONF"]  # the agent inherits it (local transport)
+        self.write_config('[hosts.hpc]\ntransport = "local"\nscheduler = "slurm"\n')
+
+    def run(self, *args: str) -> str:
+        res = self.cli("run", "hpc", *args, check=True)
+        return res.stdout.strip()
+
+    def job(self, job_id: str, host: str = "hpc") -> dict[str, Any]:
+        jobs = json.loads(self.cli("jobs", host, "--json", check=True).stdout)
+        return next(j for j in jobs if j["id"] == job_id)
+
+
+@pytest.fixture
+def chome(tmp_path: Path, cluster: SlurmCluster) -> Iterator[ClusterHome]:
+    h = ClusterHome(tmp_path / "home", cluster)
+    yield h
+    cluster.run("scancel", "--user", "root", check=False)
+    stop_host(h.state_dir)
+
+
+def py(code: str) -> list[str]:
+    return ["--", sys.executable, "-c", code]
+
+
+def wait_state(h: ClusterHome, job_id: str, states: tuple[str, ...], timeout: float = 60) -> dict[str, Any]:
+    return wait_for(lambda: (j := h.job(job_id))["state"] in states and j, timeout, 0.3, f"job in {states}")
+
+
+def test_run_follow_and_succeed(chome: ClusterHome, cluster: SlurmCluster) -> None:
+    job_id = chome.run("--gpus", "1", *py("import os\nfor i in range(3): print('line', i)\nprint(os.environ['SLURM_JOB_ID'])"))
+    assert job_id.isdigit()  # the gputui id, printed at once
+    res = chome.cli_bytes("logs", "hpc", job_id, "-f", timeout=90)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.replace(b"\r\n", b"\n").decode().splitlines()
+    job = chome.job(job_id)
+    slurm_id = job["slurm"]["job_id"]
+    assert lines == ["line 0", "line 1", "line 2", slurm_id]  # every byte, from offset 0, once
+    assert job["state"] == "succeeded" and job["exit_code"] == 0
+    assert job["slurm"]["state"] == "COMPLETED" and job["slurm"]["gpus"] == 1
+    shown = cluster.run("scontrol", "show", "job", slurm_id).stdout
+    assert "gres:gpu:1" in shown and f"JobName=gputui-{job_id}" in shown
+    # reading by byte offset: from the middle of the log on
+    tail = chome.cli_bytes("logs", "hpc", job_id, "--tail", "1").stdout.decode().strip()
+    assert tail == slurm_id
+
+
+def test_queued_with_reason_then_runs(chome: ClusterHome, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    hold = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)\nprint('released')"
+    first = chome.run("--gpus", "2", *py(hold))  # both GPUs of the node
+    wait_state(chome, first, ("running",))
+    second = chome.run("--gpus", "1", *py("print('my turn')"))
+    queued = wait_state(chome, second, ("queued",))
+    assert queued["slurm"]["state"] == "PENDING"
+    wait_for(lambda: chome.job(second)["slurm"]["reason"] == "Resources", 30, 0.3, "reason Resources")
+    table = chome.cli("jobs", "hpc", check=True).stdout
+    assert "queued" in table
+    gate.touch()
+    assert wait_state(chome, second, ("succeeded",))["exit_code"] == 0
+    assert chome.job(first)["state"] == "succeeded"
+    assert chome.cli("logs", "hpc", second, check=True).stdout.strip() == "my turn"
+
+
+def test_more_gpus_than_exist_is_refused_clearly(chome: ClusterHome) -> None:
+    res = chome.cli("run", "hpc", "--gpus", "3", *py("print(1)"))
+    assert res.returncode != 0
+    assert "Requested node configuration is not available" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_kill_escalates_sigint_sigterm_sigkill(chome: ClusterHome) -> None:
+    job_id = chome.run(*py(TRAPPER))
+    wait_for(lambda: b"ready" in chome.cli_bytes("logs", "hpc", job_id).stdout, 60, 0.3, "job ready")
+    res = chome.cli("kill", "hpc", job_id, "--grace", "1", "-y", timeout=90)
+    assert res.returncode == 0, res.stderr
+    assert "killed" in res.stdout
+    log = chome.cli("logs", "hpc", job_id, check=True).stdout
+    assert "got SIGINT" in log and "got SIGTERM" in log
+    assert log.index("got SIGINT") < log.index("got SIGTERM")
+    job = chome.job(job_id)
+    assert job["state"] == "killed" and job["ended_at"] is not None
+
+
+def test_kill_queued_job(chome: ClusterHome) -> None:
+    job_id = chome.run("--sbatch-arg=--hold", *py("print('never')"))
+    assert wait_state(chome, job_id, ("queued",))["slurm"]["reason"] == "JobHeldUser"
+    res = chome.cli("kill", "hpc", job_id, "-y", timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = chome.job(job_id)
+    assert job["state"] == "killed" and job["slurm"]["state"] == "CANCELLED"
+
+
+def test_failing_job(chome: ClusterHome) -> None:
+    job_id = chome.run(*py("import sys\nprint('bad input', flush=True)\nsys.exit(3)"))
+    job = wait_state(chome, job_id, ("failed",))
+    assert job["exit_code"] == 3 and job["slurm"]["state"] == "FAILED"
+    assert chome.cli("logs", "hpc", job_id, check=True).stdout.strip() == "bad input"
+
+
+def test_bad_slurm_input_is_a_clear_error(chome: ClusterHome) -> None:
+    for args, words in (
+        (("--time", "soon"), "time 'soon'"),
+        (("--gpus", "0,1"), "the GPUs per node"),
+        (("--partition", "nope"), "invalid partition"),
+        (("--sbatch-arg=--output=/tmp/x",), "gputui sets the log"),
+    ):
+        res = chome.cli("run", "hpc", *args, *py("print(1)"))
+        assert res.returncode != 0 and words in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr
+    chome.write_config('[hosts.hpc]\ntransport = "local"\nscheduler = "pbs"\n')
+    res = chome.cli("jobs", "hpc")
+    assert res.returncode == 2 and "config.toml:3: hosts.hpc.scheduler: 'pbs' is not a scheduler" in res.stderr
+    chome.write_config('[hosts.box]\ntransport = "local"\n')
+    res = chome.cli("run", "box", "--partition", "main", *py("print(1)"))
+    assert res.returncode == 2 and "--partition: only for a Slurm host" in res.stderr
+
+
+def test_timeout_fails_with_the_reason(chome: ClusterHome) -> None:
+    """``--time 1`` (one minute, Slurm's smallest limit; it checks limits every 30 s): about 60-90 s."""
+    job_id = chome.run("--time", "1", *py(TRAPPER))
+    job = wait_state(chome, job_id, ("failed",), timeout=180)
+    assert job["slurm"]["state"] == "TIMEOUT" and job["slurm"]["reason"] == "TimeLimit"
+    assert "got SIGTERM" in chome.cli("logs", "hpc", job_id, check=True).stdout  # Slurm's own TERM, passed on
+
+
+# --- the login node over SSH --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm_sshd(tmp_path_factory: pytest.TempPathFactory, cluster: SlurmCluster) -> Iterator[Any]:
+    """The real sshd, whose sessions get SLURM_CONF (the login node's Slurm config) through authorized_keys."""
+    from sshd import Sshd, ssh_available
+
+    why = ssh_available()
+    if why:
+        pytest.skip(why)
+    server = Sshd(tmp_path_factory.mktemp("sshd-slurm"))
+    server.config.write_text(server.config.read_text().replace("PermitUserEnvironment HOME,PATH,",
+                                                               "PermitUserEnvironment HOME,PATH,SLURM_CONF,"))  # fmt: skip
+    server.client_key("ok")
+    line = server.authorized.read_text()
+    server.authorized.write_text(f'environment="SLURM_CONF={cluster.conf}",' + line)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_over_ssh_run_follow_kill(tmp_path: Path, slurm_sshd: Any, cluster: SlurmCluster) -> None:
+    h = SshHome(tmp_path / "home", slurm_sshd)
+    h.configure(scheduler="slurm")
+    try:
+        job_id = h.cli("run", "box", "--gpus", "1", *py("print('over ssh')"), check=True).stdout.strip()
+        res = h.cli_bytes("logs", "box", job_id, "-f", timeout=90)
+        assert res.returncode == 0 and res.stdout.strip() == b"over ssh", res.stderr
+        jobs = json.loads(h.cli("jobs", "box", "--json", check=True).stdout)
+        assert jobs[0]["slurm"]["state"] == "COMPLETED"
+    finally:
+        cluster.run("scancel", "--user", "root", check=False)
+        stop_host(h.remote_dir)
+
+
+# --- the agent: the wire schema, and one squeue per refresh ------------------------------------------------------
+def test_agent_records_are_in_the_schema(tmp_path: Path, cluster: SlurmCluster) -> None:
+    from conftest import AgentProc
+    from test_wire_schema import conforms
+
+    from remote_agent import protocol as P
+
+    state = tmp_path / "state"
+    agent = AgentProc(state, env=cluster.env)
+    try:
+        reply = agent.call(P.OP_JOBS_START, argv=[sys.executable, "-c", "print(1)"], slurm={"gpus": 1, "time": "5"})
+        assert reply["ok"], reply
+        assert conforms(reply["result"], P.JobRecord), reply["result"]
+        job_id = reply["result"]["id"]
+        ended = agent.wait_event(P.EV_JOB, timeout=60, id=job_id, state="succeeded")
+        assert conforms(ended["data"], P.JobRecord)
+        listed = agent.call(P.OP_JOBS_LIST)["result"]
+        assert conforms(listed, P.ListResult) and listed["jobs"][0]["slurm"]["time"] == "5"
+        bad = agent.call(P.OP_JOBS_START, argv=["true"], slurm={"gpus": -1})
+        assert bad["error"]["code"] == "bad_args" and "gpus" in bad["error"]["message"]
+    finally:
+        agent.close()
+        stop_host(state)
+
+
+def test_one_squeue_per_refresh_for_all_jobs(
+    tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from remote_agent import slurm
+    from remote_agent.__main__ import launcher
+    from remote_agent.jobs import JobStore
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    monkeypatch.setattr(slurm, "VIEW_MAX_AGE_S", 60.0)  # one refresh, however slow this machine is
+    store = JobStore(str(tmp_path / "state"), launcher())
+    try:
+        ids = [store.start(["true"], slurm={"sbatch_args": ["--hold"]})["id"] for _ in range(5)]
+        store.slurm.forget()  # a new refresh
+        before = store.slurm.commands
+        jobs = store.list()
+        assert [j["state"] for j in jobs] == ["queued"] * 5
+        assert store.slurm.commands - before == 1  # one squeue for the five jobs, never one per job
+        store.start(["true"], slurm={})
+        store.kill(ids[0], grace_s=0.1)
+        before = store.slurm.commands
+        assert store.describe(ids[0])["state"] == "killed"  # final: from the ended index from now on
+        for _ in range(2):
+            store.slurm.forget()
+            store.list()
+        assert store.slurm.commands - before == 2  # the job that is still queued: one squeue per refresh
+    finally:
+        cluster.run("scancel", "--user", "root", check=False)
+        stop_host(tmp_path / "state")
