@@ -277,6 +277,8 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
     async def probe(s: HostSession) -> None:
         await s.sample()
         await s.list_jobs()
+        if s.scheduler == "slurm":
+            await s.cluster_info()
 
     results = await gather_hosts(fleet, list(fleet.sessions), probe)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}

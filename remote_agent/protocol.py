@@ -75,6 +75,7 @@ OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}
 OP_FILES_WRITE = "files.write"  # args: target, rel, offset, b64, truncate, commit {sha256, mode, mtime_ns}
 OP_FILES_MANIFEST = "files.manifest"  # args: target, after; result: {target, entries, more}
 OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
+OP_SLURM_INFO = "slurm.info"  # a Slurm login node: partitions and nodes with their GPUs (one sinfo)
 
 # Events the agent pushes.
 EV_HELLO = "hello"
@@ -260,6 +261,39 @@ class SlurmRequest(TypedDict, total=False):
     partition: str
     time: str
     sbatch_args: List[str]
+
+
+class Partition(TypedDict):
+    """A Slurm partition as ``slurm.info`` lists it; GPUs summed over its nodes."""
+
+    name: str
+    default: bool
+    available: str  # up, down, drain, inact
+    time_limit: str
+    nodes: int
+    gpus: int
+    gpus_used: int
+
+
+class SlurmNode(TypedDict):
+    name: str
+    partitions: List[str]
+    state: str  # idle, mixed, allocated, down, drained, ...
+    gpus: Optional[int]  # None: no GPU GRES
+    gpus_used: Optional[int]
+    cpus_alloc: Optional[int]
+    cpus: Optional[int]
+    reason: Optional[str]  # why it is down or drained
+
+
+class ClusterInfo(TypedDict):
+    """Result of ``slurm.info``: one sinfo call. ``nodes`` holds at most MAX_NODES; ``nodes_total`` all."""
+
+    partitions: List[Partition]
+    nodes: List[SlurmNode]
+    nodes_total: int
+    error: Optional[str]  # sinfo failed: why (the lists are empty)
+    t: float
 
 
 class JobRecord(TypedDict, total=False):

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional
 from . import container, notify
 from . import files as F
 from . import protocol as P
+from . import slurm as S
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
 from .boot import boot_id, boot_time
@@ -133,6 +134,7 @@ class Agent:
             P.OP_FILES_WRITE: lambda a: F.write_file(self.jobs.state_dir, a),
             P.OP_FILES_MANIFEST: lambda a: F.manifest_page(self.jobs.state_dir, a),
             P.OP_FILES_DELETE: lambda a: F.delete_files(self.jobs.state_dir, a),
+            P.OP_SLURM_INFO: lambda a: S.cluster_info(),
         }
         self._facts: Optional[P.HostFacts] = None
 

@@ -312,3 +312,55 @@ def env_file(env: Dict[str, str]) -> Dict[str, str]:
     out = {"PYTHONUNBUFFERED": "1", "TERM": "xterm-256color"}
     out.update(env)
     return out
+
+
+#: Most nodes one slurm.info reply lists (a cluster may have tens of thousands); the partitions count them all.
+MAX_NODES = 2000
+_SINFO_FIELDS = "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|,CPUsState:|,Available:|,Time:|,Reason:"
+_GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:([0-9]+)")
+
+
+def _gpus(gres: str) -> Optional[int]:
+    """GPUs in a GRES text like ``gpu:a100:4(S:0-1),mps:100`` (None: no GPU GRES at all)."""
+    counts = [int(n) for n in _GPU_COUNT.findall(re.sub(r"\([^)]*\)", "", gres))]
+    return sum(counts) if counts else None
+
+
+def cluster_info() -> P.ClusterInfo:
+    """Partitions and nodes with their state and GPUs, from ONE ``sinfo`` call (op ``slurm.info``)."""
+    info: P.ClusterInfo = {"partitions": [], "nodes": [], "nodes_total": 0, "error": None, "t": time.time()}
+    try:
+        out = _run(["sinfo", "--noheader", "--Node", "--Format=" + _SINFO_FIELDS])
+    except SlurmError as exc:
+        info["error"] = str(exc)
+        return info
+    nodes: Dict[str, P.SlurmNode] = {}
+    parts: Dict[str, P.Partition] = {}
+    for line in out.splitlines():
+        fields = line.split("|", 8)
+        if len(fields) < 9:
+            continue
+        name, part, state, gres, used, cpus, avail, limit, reason = (_text(f) for f in fields)
+        default = part.endswith("*")
+        part = part.rstrip("*")
+        gpus, gpus_used = _gpus(gres), _gpus(used)
+        p = parts.setdefault(part, {"name": part, "default": default, "available": avail, "time_limit": limit,
+                                    "nodes": 0, "gpus": 0, "gpus_used": 0})  # fmt: skip
+        p["nodes"] += 1
+        p["gpus"] += gpus or 0
+        p["gpus_used"] += gpus_used or 0
+        node = nodes.get(name)
+        if node is not None:
+            node["partitions"].append(part)
+            continue
+        cpu = cpus.split("/")
+        nodes[name] = {
+            "name": name, "partitions": [part], "state": state, "gpus": gpus, "gpus_used": gpus_used,
+            "cpus_alloc": int(cpu[0]) if len(cpu) == 4 and cpu[0].isdigit() else None,
+            "cpus": int(cpu[3]) if len(cpu) == 4 and cpu[3].isdigit() else None,
+            "reason": None if reason in ("", "none") else reason,
+        }  # fmt: skip
+    info["partitions"] = list(parts.values())
+    info["nodes"] = list(nodes.values())[:MAX_NODES]
+    info["nodes_total"] = len(nodes)
+    return info

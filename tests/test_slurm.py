@@ -222,6 +222,8 @@ def test_agent_records_are_in_the_schema(tmp_path: Path, cluster: SlurmCluster) 
         assert conforms(ended["data"], P.JobRecord)
         listed = agent.call(P.OP_JOBS_LIST)["result"]
         assert conforms(listed, P.ListResult) and listed["jobs"][0]["slurm"]["time"] == "5"
+        info = agent.call(P.OP_SLURM_INFO)["result"]
+        assert conforms(info, P.ClusterInfo) and info["nodes"][0]["gpus"] == 2, info
         bad = agent.call(P.OP_JOBS_START, argv=["true"], slurm={"gpus": -1})
         assert bad["error"]["code"] == "bad_args" and "gpus" in bad["error"]["message"]
     finally:
@@ -257,3 +259,29 @@ def test_one_squeue_per_refresh_for_all_jobs(
     finally:
         cluster.run("scancel", "--user", "root", check=False)
         stop_host(tmp_path / "state")
+
+
+# --- the fleet view: partitions and nodes from one sinfo ----------------------------------------------------------
+def test_status_shows_partitions_and_nodes_with_gpus(chome: ClusterHome, cluster: SlurmCluster, tmp_path: Path) -> None:
+    from gputui.core import model as M
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.host import host_info
+
+    gate = tmp_path / "gate"
+    job_id = chome.run("--gpus", "1", *py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    wait_state(chome, job_id, ("running",))
+    status = json.loads(chome.cli("status", "--json", check=True).stdout)
+    info = status["hosts"][0]["cluster"]
+    assert info["error"] is None and info["nodes_total"] == 1
+    assert info["partitions"] == [{"name": "main", "default": True, "available": "up", "time_limit": "infinite",
+                                   "nodes": 1, "gpus": 2, "gpus_used": 1}]  # fmt: skip
+    node = info["nodes"][0]
+    assert (node["name"], node["state"], node["gpus"], node["gpus_used"]) == (cluster.node, "mixed", 2, 1)
+    assert node["cpus_alloc"] == 1 and node["cpus"] == 32 and node["partitions"] == ["main"]
+    text = chome.cli("status", check=True).stdout
+    assert "slurm: main* up 1 nodes GPUs 1/2 · nodes 1 mixed" in text
+    # the app's host pane: the same line, as data (a node name is never markup)
+    snap = M.HostSnapshot(name="hpc", cluster=dict(info, nodes=[dict(node, state="[bold]down")]))
+    assert "nodes 1 [bold]down" in host_info(snap, Palette()).plain
+    gate.touch()
+    wait_state(chome, job_id, ("succeeded",))

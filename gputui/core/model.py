@@ -232,6 +232,8 @@ class HostSnapshot:
     updated_at: float = 0.0
     history: tuple[MetricsSample, ...] = field(default=(), compare=False, repr=False)  # oldest first
     cost: CostInfo | None = None
+    # a Slurm login node (scheduler = "slurm"): partitions and nodes from its last sinfo
+    cluster: P.ClusterInfo | None = field(default=None, compare=False, hash=False)
 
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
@@ -253,6 +255,7 @@ class HostSnapshot:
             "host": asdict(m.host) if m else {},
             "jobs": [j.to_json() for j in self.jobs],
             "cost": self.cost.to_json() if self.cost is not None else None,
+            "cluster": self.cluster,
         }
 
 
