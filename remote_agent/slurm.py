@@ -269,6 +269,8 @@ def fill_record(
         return record
     state, reason, nodes = seen if seen is not None else ("", "", "")
     info.update(state=state or None, reason=reason or None, nodes=nodes or None)
+    if record.get("pid") is None:
+        record["started_at"] = None  # the runner never started: queue time is not run time (nor billed)
     if state in _QUEUED or state.startswith("REQUEUE"):
         record["state"], record["started_at"] = P.JOB_QUEUED, None
     elif state in _ENDED or seen is None:

@@ -285,3 +285,46 @@ def test_status_shows_partitions_and_nodes_with_gpus(chome: ClusterHome, cluster
     assert "nodes 1 [bold]down" in host_info(snap, Palette()).plain
     gate.touch()
     wait_state(chome, job_id, ("succeeded",))
+
+
+def test_cost_is_price_per_gpu_hour_times_gpus_while_running(chome: ClusterHome) -> None:
+    chome.write_config('[hosts.hpc]\ntransport = "local"\nscheduler = "slurm"\nprice_per_gpu_hour = 1.8\n')
+    ran = chome.run("--gpus", "2", *py("import time; time.sleep(1)"))
+    held = chome.run("--gpus", "1", "--sbatch-arg=--hold", *py("print(1)"))
+    wait_state(chome, ran, ("succeeded",))
+    chome.cli("kill", "hpc", held, "-y", check=True)
+    runs = {r["id"]: r for r in json.loads(chome.cli("history", "hpc", "--json", check=True).stdout)}
+    run = runs[ran]
+    assert run["duration_s"] >= 1 and run["cost"] == pytest.approx(run["duration_s"] * 2 * 1.8 / 3600)
+    assert runs[held]["duration_s"] is None and runs[held]["cost"] is None  # never ran: queue time is free
+
+
+def test_app_session_keeps_the_cluster_view(tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connected session with metrics on (the app's) asks for the cluster view by itself, and again later."""
+    import asyncio
+
+    from gputui.core import config as cfg
+    from gputui.core.fleet import Fleet
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    state = tmp_path / "state"
+    text = f'[hosts.hpc]\ntransport = "local"\nscheduler = "slurm"\nremote_dir = "{state}"\n'
+
+    async def main() -> list[Any]:
+        fleet = Fleet(cfg.parse(text, tmp_path / "config.toml"), metrics_interval=1.0)
+        session = fleet.session("hpc")
+        seen: list[Any] = []
+        try:
+            fleet.run_in_background()
+            while len(seen) < 2:
+                info = session.snapshot.cluster
+                if info is not None and (not seen or info["t"] != seen[-1]["t"]):
+                    seen.append(info)
+                await asyncio.sleep(0.1)
+        finally:
+            await fleet.close()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(main(), 120))
+    assert seen[0]["partitions"][0]["name"] == "main" and seen[1]["t"] > seen[0]["t"]
+    stop_host(state)

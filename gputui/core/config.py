@@ -85,6 +85,7 @@ class HostConfig:
     notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
     # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/slurm.py)
     scheduler: str | None = None
+    price_per_gpu_hour: float | None = None  # a Slurm job's price: this x its GPUs x nodes, while it runs
 
     @property
     def address(self) -> str:
@@ -142,7 +143,7 @@ _CURRENCY = re.compile(r"^[A-Z]{3}$")
 # Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
 DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
-    "price_per_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
+    "price_per_hour": (0, None, True), "price_per_gpu_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
     "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
     "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True), "stall_minutes": (0, 1e6, True),
     "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),

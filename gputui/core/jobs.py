@@ -55,9 +55,12 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     On a Slurm host (``scheduler = "slurm"``) the job is submitted with sbatch, with ``spec.slurm`` or defaults."""
     host = config.hosts.get(session.name)
     slurm = spec.slurm if spec.slurm is not None or host is None or host.scheduler != "slurm" else {}
+    price = job_price(session, config)
+    if slurm is not None and host is not None and host.price_per_gpu_hour is not None:
+        price = host.price_per_gpu_hour * slurm.get("gpus", 0) * slurm.get("nodes", 1)  # what the job holds
     return await session.start_job(
         list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env),
-        gpus=None if slurm is not None else spec.gpus, price_per_hour=job_price(session, config), code=spec.code, slurm=slurm,
+        gpus=None if slurm is not None else spec.gpus, price_per_hour=price, code=spec.code, slurm=slurm,
     )  # fmt: skip
 
 
