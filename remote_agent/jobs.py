@@ -501,6 +501,8 @@ def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
         path = os.path.join(jobs_dir, job_id)
         if os.path.exists(os.path.join(path, "status.json")):
             continue
+        if os.path.exists(os.path.join(path, "slurm.json")):
+            continue  # a Slurm job: its pids are a compute node's, not this host's
         pids = read_json(os.path.join(path, "pid.json"))
         if not isinstance(pids, dict) or not isinstance(pids.get("pid"), int):
             continue

@@ -328,3 +328,29 @@ def test_app_session_keeps_the_cluster_view(tmp_path: Path, cluster: SlurmCluste
     seen = asyncio.run(asyncio.wait_for(main(), 120))
     assert seen[0]["partitions"][0]["name"] == "main" and seen[1]["t"] > seen[0]["t"]
     stop_host(state)
+
+
+def test_slurm_unreachable_keeps_the_state_and_says_why(
+    chome: ClusterHome, tmp_path: Path, cluster: SlurmCluster
+) -> None:
+    """squeue failing (slurmctld down, a network blip) never turns a job final or lost: it stays as it was."""
+    gate = tmp_path / "gate"
+    job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    wait_state(chome, job_id, ("running",))
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    (broken / "squeue").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n"
+    )
+    (broken / "squeue").chmod(0o755)
+    path = chome.env["PATH"]
+    chome.env["PATH"] = f"{broken}:{path}"
+    try:
+        job = chome.job(job_id)
+        assert job["state"] == "running" and job["ended_at"] is None
+        assert "Unable to contact slurm controller" in job["slurm"]["error"]
+    finally:
+        chome.env["PATH"] = path
+    gate.touch()
+    job = wait_state(chome, job_id, ("succeeded",))  # never cached as final while Slurm could not be asked
+    assert "error" not in job["slurm"]
