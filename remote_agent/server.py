@@ -81,6 +81,7 @@ class Agent:
         self.inp, self.out = inp, out
         self.idle_timeout, self.heartbeat_s = idle_timeout, heartbeat_s
         self.sampler = MetricsSampler(self.jobs.state_dir, nvidia_smi=nvidia_smi)
+        self.node_gpus = S.NodeGpus(launcher, self.jobs.state_dir, nvidia_smi)  # running Slurm jobs' nodes
         self._out_lock = threading.Lock()
         self.credit = Credit()
         self._last_rx = time.monotonic()
@@ -404,11 +405,15 @@ class Agent:
         return self._update_watchdog(cancelled=True)
 
     # --- loops ------------------------------------------------------------------------------------------------
-    def _sample(self) -> P.MetricsSample:
+    def _sample(self, nodes: bool = False) -> P.MetricsSample:
+        """A sample; ``nodes`` (the sampling loop only): with the GPUs of running Slurm jobs' nodes."""
         sample = self.sampler.sample(self.jobs.owner_lookup())
         try:
+            jobs = self.jobs.list()
+            if nodes:
+                self.node_gpus.add_to(sample, jobs)
             sample["activity"] = idle_status(
-                sample, self.jobs.list(), self.activity, self.facts(),
+                sample, jobs, self.activity, self.facts(),
                 self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
                 idle_jobs=W.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
             )  # fmt: skip
@@ -429,7 +434,7 @@ class Agent:
             start = time.monotonic()
             if interval is not None and self.ring.try_own():
                 try:
-                    sample = self._sample()
+                    sample = self._sample(nodes=True)
                     with self._ring_lock:
                         self.ring.append(sample)
                     self._push_wake.set()
@@ -542,6 +547,7 @@ class Agent:
 
     def _stop(self) -> None:
         self._stopping.set()
+        self.node_gpus.close()
         for follow in list(self._follows.values()):
             follow.stop()
 

@@ -354,3 +354,39 @@ def test_slurm_unreachable_keeps_the_state_and_says_why(
     gate.touch()
     job = wait_state(chome, job_id, ("succeeded",))  # never cached as final while Slurm could not be asked
     assert "error" not in job["slurm"]
+
+
+def test_gpu_cards_of_a_running_jobs_node_come_from_inside_its_allocation(
+    tmp_path: Path, cluster: SlurmCluster
+) -> None:
+    """The agent streams a running job's node GPUs with one ``srun --overlap`` (the sampler on the node, here a
+    recorded H100 nvidia-smi); they join the metrics samples as ``node: model`` cards and go when the job ends."""
+    from conftest import AgentProc
+    from test_metrics_smi import H100, fake_smi
+
+    from remote_agent import protocol as P
+
+    state, gate = tmp_path / "state", tmp_path / "gate"
+    agent = AgentProc(state, "--nvidia-smi", fake_smi(tmp_path, H100, "load"), env=cluster.env)
+    try:
+        code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"
+        job = agent.call(P.OP_JOBS_START, argv=[sys.executable, "-c", code], slurm={"gpus": 1})["result"]
+        agent.wait_event(P.EV_JOB, timeout=60, id=job["id"], state="running")
+        agent.call(P.OP_METRICS_SUBSCRIBE, interval=0.5)
+
+        def node_gpus() -> list[dict[str, Any]]:
+            sample = agent.wait_event(P.EV_METRICS, timeout=30)["data"]
+            return [g for g in sample["gpus"] if g["name"].startswith(f"{cluster.node}: ")]
+
+        gpus = wait_for(node_gpus, 60, 0, "the node's GPUs in a sample")
+        assert gpus[0]["name"] == f"{cluster.node}: NVIDIA H100 80GB HBM3" and gpus[0]["index"] == 1  # after GPU 0
+        assert gpus[0]["util_percent"] is not None
+        slurm_id = agent.call(P.OP_JOBS_GET, job=job["id"])["result"]["slurm"]["job_id"]
+        steps = cluster.run("squeue", "--steps", "--noheader", "--jobs", slurm_id, "--format=%i %j").stdout
+        assert f"{slurm_id}.0 gputui-gpus" in steps  # a step of the job itself: inside its allocation
+        gate.touch()
+        agent.wait_event(P.EV_JOB, timeout=60, id=job["id"], state="succeeded")
+        wait_for(lambda: not node_gpus(), 60, 0, "the node's GPUs gone with the job")
+    finally:
+        agent.close()
+        stop_host(state)
