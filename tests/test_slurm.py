@@ -4,6 +4,7 @@ follow by byte offset, kill with escalation, a failing job, TIMEOUT; the same ov
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -390,3 +391,35 @@ def test_gpu_cards_of_a_running_jobs_node_come_from_inside_its_allocation(
     finally:
         agent.close()
         stop_host(state)
+
+
+def test_attach_opens_a_shell_on_the_jobs_node(chome: ClusterHome, tmp_path: Path, cluster: SlurmCluster) -> None:
+    """The app's attach on a Slurm job: ``srun --overlap --pty`` into the job's allocation, run here on a pty."""
+    import pty
+    import select
+    import time
+
+    from gputui.core import model as M
+    from gputui.ui.attach import attach_argv
+
+    gate = tmp_path / "gate"
+    job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    record = wait_state(chome, job_id, ("running",))
+    job = M.Job.from_wire("hpc", {**record, "argv": record["command"]})
+    argv = attach_argv([], M.HostSnapshot(name="hpc"), job)
+    assert argv == ["srun", f"--jobid={record['slurm']['job_id']}", "--overlap", "--pty", "bash"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the terminal the user would hand over
+        os.execvpe(argv[0], argv, cluster.env)
+    os.write(fd, b"echo inside-$SLURM_JOB_ID; exit\n")
+    out, deadline = b"", time.monotonic() + 60
+    while b"inside-" + record["slurm"]["job_id"].encode() not in out and time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+    os.waitpid(pid, 0)
+    assert b"inside-" + record["slurm"]["job_id"].encode() in out, out
+    gate.touch()
+    wait_state(chome, job_id, ("succeeded",))
