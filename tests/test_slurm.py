@@ -423,3 +423,32 @@ def test_attach_opens_a_shell_on_the_jobs_node(chome: ClusterHome, tmp_path: Pat
     assert b"inside-" + record["slurm"]["job_id"].encode() in out, out
     gate.touch()
     wait_state(chome, job_id, ("succeeded",))
+
+
+async def test_app_shows_the_cluster_and_kills_a_queued_job(
+    chome: ClusterHome, tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_ui_app import SIZE, until
+    from ui_fixtures import screen_text
+
+    from gputui.core import config as cfg
+    from gputui.core import model as M
+    from gputui.ui.app import GpuTuiApp
+    from gputui.ui.screens.confirm import ConfirmScreen
+
+    job_id = chome.run("--sbatch-arg=--hold", *py("print('never')"))
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    path = chome.write_config(
+        f'[hosts.hpc]\ntransport = "local"\nscheduler = "slurm"\nremote_dir = "{chome.state_dir}"\n'
+    )
+    app = GpuTuiApp(cfg.load(str(path)), state_path=tmp_path / "ui.json")
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: "slurm: main* up 1 nodes GPUs 0/2 · nodes 1 idle" in screen_text(app), 60,
+                    what="the cluster line")  # fmt: skip
+        app.select_job("hpc", job_id)
+        await until(pilot, lambda: (j := app.current_job()) is not None and j.state == "queued", what="queued")
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await pilot.press("y")
+        await until(pilot, lambda: app.current_job().state == M.JOB_KILLED, 60, what="killed")
+    assert chome.job(job_id)["slurm"]["state"] == "CANCELLED"
