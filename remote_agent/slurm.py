@@ -30,6 +30,11 @@ VIEW_MAX_AGE_S = 1.0
 SUBMIT_GRACE_S = 30.0
 #: Longest Slurm text (a reason, a node list) a record carries.
 MAX_TEXT = 500
+#: Most extra sbatch options, and longest one, a job may carry.
+MAX_SBATCH_ARGS, MAX_SBATCH_ARG = 64, 1000
+#: A job squeue does not list is taken as forgotten by Slurm only when squeue was asked this long after sbatch
+#: returned (a listing that asked squeue while sbatch ran must not end a job that is just being born).
+FORGOTTEN_AFTER_S = 5.0
 COMMAND_TIMEOUT_S = 30.0
 BATCH_SCRIPT = "slurm-batch.sh"
 _BATCH_TEXT = b'#!/bin/sh\n# gputui: a Slurm batch job runs the gputui runner given as arguments\nexec "$@"\n'
@@ -112,8 +117,13 @@ def check_request(req: Any) -> Dict[str, Any]:
             )
         out["time"] = limit
     extra = req.get("sbatch_args") or []
-    if not isinstance(extra, list) or not all(isinstance(a, str) and a.startswith("-") for a in extra):
-        raise ValueError("sbatch_args must be a list of options, each starting with '-' (e.g. --qos=high)")
+    if (
+        not isinstance(extra, list)
+        or len(extra) > MAX_SBATCH_ARGS
+        or not all(isinstance(a, str) and a.startswith("-") and len(a) <= MAX_SBATCH_ARG for a in extra)
+    ):
+        raise ValueError("sbatch_args must be a list of at most %d options, each starting with '-' (e.g. "
+                         "--qos=high), at most %d characters" % (MAX_SBATCH_ARGS, MAX_SBATCH_ARG))  # fmt: skip
     for arg in extra:
         if (
             "\x00" in arg
@@ -149,8 +159,8 @@ def sbatch_argv(
     req: Dict[str, Any], job_id: str, job_dir: str, cwd: str, script: str, runner: List[str]
 ) -> List[str]:
     """The sbatch command for one job: the runner (argv, never a shell string) is the batch script's payload."""
-    argv = ["sbatch", "--parsable", "--job-name=gputui-%s" % job_id, "--chdir=" + cwd,
-            "--output=" + os.path.join(job_dir, "slurm.out")]  # fmt: skip
+    out = os.path.join(job_dir, "slurm.out").replace("%", "%%")  # sbatch expands %j, %u, ... in the name
+    argv = ["sbatch", "--parsable", "--job-name=gputui-%s" % job_id, "--chdir=" + cwd, "--output=" + out]
     if req.get("partition"):
         argv.append("--partition=" + req["partition"])
     if req.get("nodes"):
@@ -181,6 +191,7 @@ class SlurmView:
         self._at = -1e9
         self._jobs: Dict[str, Tuple[str, str, str]] = {}  # Slurm id -> (state, reason, nodes)
         self._error: Optional[str] = None
+        self._asked_at = 0.0  # wall time when the squeue now held was started
         self._sacct: Optional[Dict[str, Tuple[str, str, str]]] = None
         self._sacct_off = False  # sacct said accounting is disabled: never ask again
         self.commands = 0
@@ -194,6 +205,7 @@ class SlurmView:
             return
         self._sacct = None
         self.commands += 1
+        self._asked_at = time.time()
         try:
             out = _run(
                 ["squeue", "--noheader", "--states=all", "--user=%d" % os.getuid(), "--format=%i|%T|%N|%r"]
@@ -204,11 +216,12 @@ class SlurmView:
             self._error = str(exc)
         self._at = time.monotonic()
 
-    def queue(self, slurm_id: str) -> "tuple[Optional[Tuple[str, str, str]], Optional[str]]":
-        """(state, reason, nodes) of a job squeue lists, or None; and squeue's error, if it failed."""
+    def queue(self, slurm_id: str) -> "tuple[Optional[Tuple[str, str, str]], Optional[str], float]":
+        """(state, reason, nodes) of a job squeue lists, or None; squeue's error, if it failed; and when that
+        squeue was asked (wall time)."""
         with self._lock:
             self._fresh()
-            return self._jobs.get(slurm_id), self._error
+            return self._jobs.get(slurm_id), self._error, self._asked_at
 
     def accounting(self, slurm_id: str) -> Optional[Tuple[str, str, str]]:
         """A finished job squeue forgot, from sacct (one call per refresh for all jobs); None without accounting."""
@@ -259,11 +272,14 @@ def fill_record(
         return record
     slurm_id = str(submitted["job_id"])
     info["job_id"] = slurm_id
-    seen, error = view.queue(slurm_id)
+    seen, error, asked_at = view.queue(slurm_id)
     if seen is None and error is None:
         seen = view.accounting(slurm_id)
-    if error is not None and seen is None:
-        info["error"] = error  # Slurm cannot be asked now: the job is where it was, as far as we know
+    submitted_at = submitted.get("submitted_at")
+    born = isinstance(submitted_at, (int, float)) and asked_at < submitted_at + FORGOTTEN_AFTER_S
+    if seen is None and (error is not None or born):
+        if error is not None:
+            info["error"] = error  # Slurm cannot be asked now: the job is where it was, as far as we know
         record["state"] = P.JOB_RUNNING if record.get("pid") else P.JOB_QUEUED
         record["slurm"] = info
         return record

@@ -452,3 +452,51 @@ async def test_app_shows_the_cluster_and_kills_a_queued_job(
         await pilot.press("y")
         await until(pilot, lambda: app.current_job().state == M.JOB_KILLED, 60, what="killed")
     assert chome.job(job_id)["slurm"]["state"] == "CANCELLED"
+
+
+def test_a_listing_older_than_the_submission_never_ends_the_job(
+    tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing that asked squeue while sbatch ran does not see the new job: it must not call it lost (and
+    make that final), only wait for the next refresh."""
+    from remote_agent import slurm
+    from remote_agent.__main__ import launcher
+    from remote_agent.jobs import JobStore
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    monkeypatch.setattr(slurm, "VIEW_MAX_AGE_S", 60.0)
+    store = JobStore(str(tmp_path / "state"), launcher())
+    try:
+        store.list()  # an (empty) listing: squeue asked now, before the job exists
+        store.slurm.queue("0")
+        monkeypatch.setattr(store.slurm, "forget", lambda: None)  # the submit's own refresh comes too late
+        job = store.start(["true"], slurm={"sbatch_args": ["--hold"]})
+        assert job["state"] == "queued" and job["ended_at"] is None
+        monkeypatch.undo()
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        store.slurm.forget()
+        assert store.describe(job["id"])["slurm"]["reason"] == "JobHeldUser"
+    finally:
+        cluster.run("scancel", "--user", "root", check=False)
+        stop_host(tmp_path / "state")
+
+
+def test_a_state_dir_with_percent_signs_is_taken_literally(
+    tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch expands %j, %u, ... in --output: gputui's paths are escaped, so slurm.out lands in the job dir."""
+    from remote_agent.__main__ import launcher
+    from remote_agent.jobs import JobStore
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    state = tmp_path / "st%j%u"
+    store = JobStore(str(state), launcher())
+    try:
+        job = store.start([sys.executable, "-c", "print('ok')"], slurm={})
+        wait_for(lambda: store.describe(job["id"])["state"] == "succeeded", 60, 0.2, "job done")
+        assert (state / "jobs" / job["id"] / "slurm.out").exists()
+        assert (state / "jobs" / job["id"] / "output.log").read_bytes().strip() == b"ok"
+        with pytest.raises(ValueError, match="at most 64 options"):
+            store.start(["true"], slurm={"sbatch_args": ["--hold"] * 65})
+    finally:
+        stop_host(state)
