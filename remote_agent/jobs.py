@@ -366,10 +366,6 @@ class JobStore:
             status = read_json(os.path.join(path, "status.json"))
         if on_slurm:  # Slurm's word decides the state (remote_agent/slurm.py)
             S.fill_record(record, path, status, killed, self.slurm)
-        if isinstance(status, dict) and on_slurm:
-            for key in ("error", "log_error"):
-                if status.get(key):
-                    record[key] = str(status[key])
         elif isinstance(status, dict):
             code = status.get("exit_code")
             record["exit_code"] = code
@@ -378,7 +374,7 @@ class JobStore:
             for key in ("error", "log_error"):
                 if status.get(key):
                     record[key] = str(status[key])
-        elif not on_slurm:
+        else:
             record["exit_code"] = None
             record["ended_at"] = None
             record["state"] = live

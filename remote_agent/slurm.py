@@ -258,6 +258,9 @@ def fill_record(
     submitted = read_json(os.path.join(job_dir, "slurm.json"))
     record["exit_code"] = status.get("exit_code") if isinstance(status, dict) else None
     record["ended_at"] = None
+    for key in ("error", "log_error"):  # sbatch's refusal; the runner's "disk full at offset N"
+        if isinstance(status, dict) and status.get(key):
+            record[key] = str(status[key])
     if not isinstance(submitted, dict) or not submitted.get("job_id"):
         created = record.get("created_at")
         if isinstance(status, dict) or not (
