@@ -192,14 +192,35 @@ def slurm_sshd(tmp_path_factory: pytest.TempPathFactory, cluster: SlurmCluster) 
 
 
 def test_over_ssh_run_follow_kill(tmp_path: Path, slurm_sshd: Any, cluster: SlurmCluster) -> None:
+    """The login node reached over SSH (the agent deployed there): submit, queued with a reason, follow, kill with
+    escalation, a failing job; the agent, runner and batch script are the deployed build's."""
     h = SshHome(tmp_path / "home", slurm_sshd)
     h.configure(scheduler="slurm")
+
+    def job(job_id: str) -> dict[str, Any]:
+        return next(j for j in json.loads(h.cli("jobs", "box", "--json", check=True).stdout) if j["id"] == job_id)
+
+    def run(*args: str) -> str:
+        return h.cli("run", "box", *args, check=True).stdout.strip()
+
     try:
-        job_id = h.cli("run", "box", "--gpus", "1", *py("print('over ssh')"), check=True).stdout.strip()
-        res = h.cli_bytes("logs", "box", job_id, "-f", timeout=90)
+        held = run("--sbatch-arg=--hold", *py("print('never')"))
+        ok = run("--gpus", "1", *py("print('over ssh')"))
+        res = h.cli_bytes("logs", "box", ok, "-f", timeout=90)
         assert res.returncode == 0 and res.stdout.strip() == b"over ssh", res.stderr
-        jobs = json.loads(h.cli("jobs", "box", "--json", check=True).stdout)
-        assert jobs[0]["slurm"]["state"] == "COMPLETED"
+        assert job(ok)["slurm"]["state"] == "COMPLETED" and job(ok)["state"] == "succeeded"
+        assert job(held)["state"] == "queued" and job(held)["slurm"]["reason"] == "JobHeldUser"
+        bad = run(*py("import sys; sys.exit(4)"))
+        assert h.cli_bytes("logs", "box", bad, "-f", timeout=90).returncode == 4
+        assert job(bad)["state"] == "failed" and job(bad)["exit_code"] == 4
+        trapped = run(*py(TRAPPER))
+        wait_for(lambda: b"ready" in h.cli_bytes("logs", "box", trapped).stdout, 60, 0.3, "job ready")
+        killed = h.cli("kill", "box", trapped, "--grace", "1", "-y", timeout=90)
+        assert killed.returncode == 0 and "killed" in killed.stdout, killed.stderr
+        log = h.cli("logs", "box", trapped, check=True).stdout
+        assert log.index("got SIGINT") < log.index("got SIGTERM")
+        assert h.cli("kill", "box", held, "-y", timeout=60).returncode == 0
+        assert job(held)["state"] == "killed"
     finally:
         cluster.run("scancel", "--user", "root", check=False)
         stop_host(h.remote_dir)
