@@ -521,3 +521,15 @@ def test_a_state_dir_with_percent_signs_is_taken_literally(
             store.start(["true"], slurm={"sbatch_args": ["--hold"] * 65})
     finally:
         stop_host(state)
+
+
+def test_a_slurm_job_is_never_judged_stalled_by_the_login_nodes_gpus() -> None:
+    from remote_agent.stall import StallTracker
+
+    idle_gpu = {"index": 0, "util_percent": 0.0, "processes": []}
+    jobs = [{"id": "1", "state": "running", "log_size": 0, "gpus": None, "scheduler": "slurm"},
+            {"id": "2", "state": "running", "log_size": 0, "gpus": None}]  # fmt: skip
+    tracker = StallTracker()
+    tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 0.0, 0.0)
+    stalled = tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 120.0, 120.0)
+    assert list(stalled) == ["2"]  # the tmux job on this host's idle GPU is; the Slurm job runs elsewhere
