@@ -130,6 +130,26 @@ def _job_exit(info: dict[str, Any]) -> int:
     return EXIT_FAIL
 
 
+def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, Any] | None:
+    """The sbatch settings of ``gputui run`` on a Slurm host (None elsewhere; Slurm flags there are an error)."""
+    flags = {"--nodes": args.nodes, "--partition": args.partition, "--time": args.time,
+             "--sbatch-arg": args.sbatch_arg or None}  # fmt: skip
+    if host.scheduler != "slurm":
+        used = [flag for flag, value in flags.items() if value is not None]
+        if used:
+            raise CliError(f"{', '.join(used)}: only for a Slurm host ({host.name} has no scheduler = \"slurm\")",
+                           EXIT_USAGE)  # fmt: skip
+        return None
+    gpus = None
+    if args.gpus is not None:
+        if not args.gpus.isdigit():
+            raise CliError(f"--gpus {args.gpus!r}: on a Slurm host, the GPUs per node (e.g. 2)", EXIT_USAGE)
+        gpus = int(args.gpus)
+    request = {"gpus": gpus, "nodes": args.nodes, "partition": args.partition, "time": args.time,
+               "sbatch_args": list(args.sbatch_arg or [])}  # fmt: skip
+    return {k: v for k, v in request.items() if v is not None}
+
+
 # --- commands -------------------------------------------------------------------------------------------------
 async def cmd_run(args: argparse.Namespace) -> int:
     argv = args.command
@@ -138,13 +158,17 @@ async def cmd_run(args: argparse.Namespace) -> int:
             "nothing to run: give the command after --, e.g. gputui run local -- python train.py", EXIT_USAGE
         )
     queue = _queue_request(args)
-    gpu_items = [] if queue is not None and (args.gpus or "").isdigit() else _gpu_items(args.gpus)
     try:
         artifacts = check_patterns(args.artifacts)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     config = cfg.load(args.config)
     host_cfg = config.host(args.host)
+    slurm = _slurm_request(args, host_cfg)
+    if slurm is not None and queue is not None:
+        raise CliError(f"--queue/--after: {args.host} is a Slurm host; its jobs wait in Slurm's queue", EXIT_USAGE)
+    counted = slurm is not None or (queue is not None and (args.gpus or "").isdigit())
+    gpu_items = [] if counted else _gpu_items(args.gpus)
     cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
 
     async def body(s: HostSession) -> int:
@@ -155,11 +179,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
-            gpus=None if queue is not None else args.gpus, code=code, artifacts=artifacts, queue=queue,
-        )
+            gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
+            queue=queue, slurm=slurm,
+        )  # fmt: skip
         job = await start_job(s, config, spec)
         print(job.id)
-        if job.state == M.JOB_QUEUED:
+        if job.state == M.JOB_QUEUED and job.queue_position is not None:
             print(f"gputui: job {job.id} queued on {args.host} at position {job.queue_position}", file=sys.stderr)
         return EXIT_OK
 
@@ -314,6 +339,8 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
     async def probe(s: HostSession) -> None:
         await s.sample()
         await s.list_jobs()
+        if s.scheduler == "slurm":
+            await s.cluster_info()
 
     results = await gather_hosts(fleet, list(fleet.sessions), probe)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
@@ -673,6 +700,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
                    help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
+    sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")
+    sl.add_argument("--nodes", type=_bounded(1, 100000, integer=True), metavar="N", help="nodes (sbatch --nodes)")
+    sl.add_argument("--partition", metavar="P", help="partition (sbatch --partition)")
+    sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
+    sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
+                    help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")  # fmt: skip
     r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
     r.set_defaults(func=cmd_run)
 

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .core import model as M
+from .core.cluster import cluster_text
 from .core.durations import duration
 from .core.headline import headline, ranked
 from .core.safetext import clean
@@ -150,6 +151,8 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
             )
         running = [j for j in s.jobs if j.running]
         print(f"  jobs  {len(running)} running, {len(s.jobs)} total")
+        if s.cluster is not None:
+            print(f"  {clean(cluster_text(s.cluster), limit=2000)}")
         c = s.cost
         if c is not None:
             price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"

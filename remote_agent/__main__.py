@@ -34,6 +34,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     cat = sub.add_parser("cat", help="write a regular file's bytes from OFFSET to stdout (gputui pull)")
     cat.add_argument("path")
     cat.add_argument("offset", type=int)
+    stream = sub.add_parser("gpu-stream", help="a Slurm job's node: its GPUs as JSON lines (run by srun --overlap)")
+    stream.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
+    stream.add_argument("--nvidia-smi", default="nvidia-smi")
+    stream.add_argument("--interval", type=float, default=2.0)
     receive = sub.add_parser("receive", help="write files from a raw upload stream into TARGET (gputui sync)")
     receive.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
     receive.add_argument("target")
@@ -44,6 +48,10 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         state_dir = os.path.expanduser(args.state_dir)
         sys.exit(run_receive(state_dir, args.target, sys.stdin.buffer, sys.stdout.buffer))
+    if args.cmd == "gpu-stream":
+        from .slurm import gpu_stream
+
+        sys.exit(gpu_stream(os.path.expanduser(args.state_dir), args.nvidia_smi, max(0.1, args.interval)))
     if args.cmd == "cat":
         from .files import cat_file
 

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import protocol as P
+from . import slurm as S
 from .container import Owners
 from .fsutil import ensure_private_dir, open_regular, read_json, write_json
 from .jobindex import EndedIndex, Entry, Key, job_key, to_json
@@ -133,6 +134,7 @@ class JobStore:
         self.ended = EndedIndex(self.jobs_dir)  # records of jobs with a status.json: they never change
         self._checked_mtime: Optional[int] = None  # jobs dir mtime when every cached entry was last checked
         self.launcher = launcher
+        self.slurm = S.SlurmView()  # Slurm's word on this user's jobs, asked once per refresh
         # One private tmux server per state dir, never the user's default server.
         self.socket = "gputui-" + hashlib.sha1(self.state_dir.encode("utf-8")).hexdigest()[:10]
 
@@ -185,10 +187,16 @@ class JobStore:
         name: Optional[str] = None,
         gpus: Optional[str] = None,
         extra: Optional[Dict[str, Any]] = None,
+        slurm: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
-        """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show)."""
-        job_id = self.create(argv, cwd, env, name, gpus, extra)
-        return self.launch(job_id)
+        """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show).
+        ``slurm``: submit it with sbatch instead (remote_agent/slurm.py); ``gpus`` is then not used."""
+        request = None if slurm is None else S.check_request(slurm)
+        job_id = self.create(argv, cwd, env, name, gpus, extra, request)
+        if request is None:
+            return self.launch(job_id)
+        job_dir = self.job_dir(job_id)
+        return self._submit(job_id, job_dir, read_json(os.path.join(job_dir, "job.json"))["cwd"], request)
 
     def create(
         self,
@@ -198,8 +206,10 @@ class JobStore:
         name: Optional[str] = None,
         gpus: Optional[str] = None,
         extra: Optional[Dict[str, Any]] = None,
+        request: Optional[Dict[str, Any]] = None,
     ) -> str:
-        """Check a job request and write its job dir (record and environment); its id. Nothing runs yet."""
+        """Check a job request and write its job dir (record and environment); its id. Nothing runs yet.
+        ``request``: a checked Slurm request (the job is then submitted with sbatch, not run in tmux)."""
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise JobError("command must be a non-empty list of strings", "bad_args")
         if any("\x00" in a for a in argv):
@@ -216,7 +226,7 @@ class JobStore:
             raise JobError(
                 "GPU selection %r: use 'all', 'none' or a comma list like 0,1" % str(gpus)[:100], "bad_args"
             )
-        if shutil.which("tmux") is None:
+        if request is None and shutil.which("tmux") is None:
             raise JobError("tmux is not installed on the host: install it (e.g. apt install tmux)", "failed")
 
         job_env = {k: v for k, v in os.environ.items() if not k.startswith("TMUX")}
@@ -227,6 +237,8 @@ class JobStore:
         elif gpus and gpus != "all":
             job_env["CUDA_VISIBLE_DEVICES"] = gpus
         job_env.update(env)  # the user's explicit env wins over every default
+        if request is not None:
+            job_env, gpus = S.env_file(env), None
 
         job_id, job_dir = self._new_job_dir()
         display = _CONTROL.sub(" ", name if name else " ".join(argv))[:MAX_NAME].strip() or job_id
@@ -243,6 +255,10 @@ class JobStore:
             "git": git_info(cwd),
             "nvidia_smi": self.nvidia_smi,
         }
+        if request is not None:
+            del record["tmux_session"], record["tmux_socket"]
+            asked = {("nodes_count" if k == "nodes" else k): v for k, v in request.items()}
+            record.update(scheduler="slurm", slurm=asked)
         record.update(extra or {})
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
@@ -265,6 +281,20 @@ class JobStore:
                 {"exit_code": None, "error": err, "ended_at": time.time()},
             )
             raise JobError("tmux could not start the job: %s" % err)
+        return self.describe(job_id)
+
+    def _submit(self, job_id: str, job_dir: str, cwd: str, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Submit a job to Slurm: the batch job is this agent's runner, writing the same files as in tmux."""
+        script = S.batch_script(self.state_dir)
+        argv = S.sbatch_argv(request, job_id, job_dir, cwd, script, self.launcher + ["runner", job_dir])
+        try:
+            S.submit(argv, job_dir)
+        except S.SlurmError as exc:
+            end = {"exit_code": None, "error": str(exc), "ended_at": time.time()}
+            write_json(os.path.join(job_dir, "status.json"), end)
+            raise JobError(str(exc)) from None
+        finally:
+            self.slurm.forget()
         return self.describe(job_id)
 
     # --- inspect ----------------------------------------------------------------------------------------------
@@ -359,10 +389,13 @@ class JobStore:
         queued = isinstance(record.get("queue"), dict)  # a queued job starts when it is picked, if ever
         record["started_at"] = pids.get("started_at", record.get("dequeued_at" if queued else "created_at"))
         record["pid"] = pids.get("pid")
-        live = self._live_state(record, pids, sessions) if not isinstance(status, dict) else None
+        on_slurm = record.get("scheduler") == "slurm"
+        live = self._live_state(record, pids, sessions) if not (isinstance(status, dict) or on_slurm) else None
         if live == LOST:  # the runner may have written its status and exited since we looked
             status = read_json(os.path.join(path, "status.json"))
-        if isinstance(status, dict):
+        if on_slurm:  # Slurm's word decides the state (remote_agent/slurm.py)
+            S.fill_record(record, path, status, killed, self.slurm)
+        elif isinstance(status, dict):
             code = status.get("exit_code")
             record["exit_code"] = code
             record["ended_at"] = status.get("ended_at") or time.time()
@@ -447,6 +480,8 @@ class JobStore:
         """
         path = self.job_dir(job_id)
         info = self.describe(job_id)
+        if info.get("scheduler") == "slurm":
+            return self._kill_slurm(job_id, path, info, grace_s)
         if info["state"] != RUNNING:
             raise JobError("job %s is not running (%s)" % (job_id, info["state"]), "bad_args")
         pgid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
@@ -463,6 +498,21 @@ class JobStore:
             self._tmux("kill-session", "-t", "=" + self.session_name(job_id))
         self._wait_ended(path, 5.0)
         return self.describe(job_id)
+
+    def _kill_slurm(self, job_id: str, path: str, info: Dict[str, Any], grace_s: float) -> Dict[str, Any]:
+        """Kill a Slurm job (escalating as ``kill`` does, with scancel) and wait until Slurm says it ended."""
+        slurm_id = (info.get("slurm") or {}).get("job_id")
+        if info["state"] not in (RUNNING, P.JOB_QUEUED) or not slurm_id:
+            raise JobError("job %s is not running or queued (%s)" % (job_id, info["state"]), "bad_args")
+        write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
+        S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t))
+        deadline = time.time() + 30.0
+        while True:
+            self.slurm.forget()
+            record = self.describe(job_id)
+            if record["ended_at"] is not None or time.time() > deadline:
+                return record
+            time.sleep(0.2)
 
     def _wait_ended(self, path: str, timeout: float) -> bool:
         deadline = time.time() + timeout
@@ -481,6 +531,8 @@ def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
         path = os.path.join(jobs_dir, job_id)
         if os.path.exists(os.path.join(path, "status.json")):
             continue
+        if os.path.exists(os.path.join(path, "slurm.json")):
+            continue  # a Slurm job: its pids are a compute node's, not this host's
         pids = read_json(os.path.join(path, "pid.json"))
         if not isinstance(pids, dict) or not isinstance(pids.get("pid"), int):
             continue

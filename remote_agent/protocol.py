@@ -77,6 +77,7 @@ OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}
 OP_FILES_WRITE = "files.write"  # args: target, rel, offset, b64, truncate, commit {sha256, mode, mtime_ns}
 OP_FILES_MANIFEST = "files.manifest"  # args: target, after; result: {target, entries, more}
 OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
+OP_SLURM_INFO = "slurm.info"  # a Slurm login node: partitions and nodes with their GPUs (one sinfo)
 
 # Events the agent pushes.
 EV_HELLO = "hello"
@@ -248,6 +249,62 @@ class QueueRequest(TypedDict, total=False):
     after_ok: List[str]  # job ids that must succeed first
     idle_util_percent: float  # a GPU at or above this utilisation is busy
     queued_at: float  # set by the agent
+class SlurmJob(TypedDict, total=False):
+    """A Slurm job's request and Slurm's word on it (remote_agent/slurm.py)."""
+
+    job_id: str  # Slurm's job id
+    state: Optional[str]  # Slurm's state: PENDING, RUNNING, COMPLETED, TIMEOUT, ...
+    reason: Optional[str]  # why it waits (Resources, Priority, ...) or how it ended
+    nodes: Optional[str]  # the allocated node list
+    error: str  # Slurm could not be asked (squeue failed): the state is the last one known
+    gpus: int  # what was asked: GPUs per node, nodes, partition, time limit, extra sbatch options
+    nodes_count: int
+    partition: str
+    time: str
+    sbatch_args: List[str]
+
+
+class SlurmRequest(TypedDict, total=False):
+    """The ``slurm`` args of ``jobs.start``: submit with sbatch instead of starting in tmux."""
+
+    gpus: int
+    nodes: int
+    partition: str
+    time: str
+    sbatch_args: List[str]
+
+
+class Partition(TypedDict):
+    """A Slurm partition as ``slurm.info`` lists it; GPUs summed over its nodes."""
+
+    name: str
+    default: bool
+    available: str  # up, down, drain, inact
+    time_limit: str
+    nodes: int
+    gpus: int
+    gpus_used: int
+
+
+class SlurmNode(TypedDict):
+    name: str
+    partitions: List[str]
+    state: str  # idle, mixed, allocated, down, drained, ...
+    gpus: Optional[int]  # None: no GPU GRES
+    gpus_used: Optional[int]
+    cpus_alloc: Optional[int]
+    cpus: Optional[int]
+    reason: Optional[str]  # why it is down or drained
+
+
+class ClusterInfo(TypedDict):
+    """Result of ``slurm.info``: one sinfo call. ``nodes`` holds at most MAX_NODES; ``nodes_total`` all."""
+
+    partitions: List[Partition]
+    nodes: List[SlurmNode]
+    nodes_total: int
+    error: Optional[str]  # sinfo failed: why (the lists are empty)
+    t: float
 
 
 class JobRecord(TypedDict, total=False):
@@ -286,6 +343,8 @@ class JobRecord(TypedDict, total=False):
     start_attempts: int
     queue_position: int  # set only while queued: 1 = next
     queue_reason: str  # set only while queued: what it waits for
+    scheduler: str  # "slurm" for a job Slurm runs (absent: tmux on the host)
+    slurm: SlurmJob
 
 
 class DoctorCheck(TypedDict):
@@ -307,6 +366,7 @@ class StartArgs(TypedDict, total=False):
     code: Dict[str, Any]  # see JobRecord.code
     queue: QueueRequest  # wait on the host for GPUs and other jobs instead of starting now
     artifacts: List[str]  # see JobRecord.artifacts
+    slurm: SlurmRequest  # submit to Slurm (the host is a Slurm login node)
 
 
 class JobArgs(TypedDict):

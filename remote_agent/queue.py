@@ -191,6 +191,11 @@ def plan(
 
 
 # --- the queue on disk -------------------------------------------------------------------------------------------
+
+def host_queued(record: Dict[str, Any]) -> bool:
+    """Whether a job waits in this host's queue (a queued Slurm job waits in Slurm's)."""
+    return record.get("state") == P.JOB_QUEUED and record.get("scheduler") != "slurm"
+
 class JobQueue:
     """Submitting, ordering, removing and starting queued jobs of one state dir."""
 
@@ -216,7 +221,7 @@ class JobQueue:
     def queued(self, jobs: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
         """The queued jobs' records, in queue order: the saved order first, then any others by id."""
         jobs = self.store.list() if jobs is None else jobs
-        waiting = {str(j["id"]): j for j in jobs if j.get("state") == P.JOB_QUEUED}
+        waiting = {str(j["id"]): j for j in jobs if host_queued(j)}
         order = [str(i) for i in self.state().get("order") or [] if str(i) in waiting]
         rest = sorted((i for i in waiting if i not in set(order)), key=int)
         return [waiting[i] for i in order + rest]
@@ -258,7 +263,7 @@ class JobQueue:
         with self.locked():
             job_dir = self.store.job_dir(job_id)
             record = self.store.describe(job_id)
-            if record.get("state") != P.JOB_QUEUED:  # (a job picked before a crash but never started still is)
+            if not host_queued(record):  # (a job picked before a crash but never started still is)
                 return None
             now = time.time()
             write_json(os.path.join(job_dir, "kill.json"), {"asked_at": now, "grace_s": 0.0})

@@ -113,6 +113,9 @@ def run(job_dir: str) -> int:
         job = json.loads(f.read().decode("utf-8"))
     with open(os.path.join(job_dir, "env.json"), "rb") as f:
         env = json.loads(f.read().decode("utf-8"))
+    on_slurm = job.get("scheduler") == "slurm"  # a Slurm batch job: the allocation's environment is the base
+    if on_slurm:
+        env = dict(os.environ, **env)
 
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
@@ -144,7 +147,7 @@ def run(job_dir: str) -> int:
         saved_tty = termios.tcgetattr(stdin_fd)
         tty.setraw(stdin_fd)  # keystrokes (Ctrl-C too) reach the job through its pty, untouched
     out_fd = sys.stdout.fileno()
-    pane_ok = True
+    pane_ok = not on_slurm  # a Slurm batch job has no pane: its stdout (slurm.out) is for the runner's errors
     status: Optional[int] = None
     try:
         while True:

@@ -18,13 +18,14 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional
 from . import container, notify
 from . import files as F
 from . import protocol as P
+from . import slurm as S
 from . import watchdog as W
 from .activity import ActivityLog, idle_status
 from .boot import boot_id, boot_time
 from .doctor import run_doctor
 from .flow import Credit
 from .fsutil import read_json, write_json
-from .jobs import RUNNING, JobError, JobStore
+from .jobs import JobError, JobStore
 from .logclock import TIMES_NAME, read_times
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
@@ -82,6 +83,7 @@ class Agent:
         self.inp, self.out = inp, out
         self.idle_timeout, self.heartbeat_s = idle_timeout, heartbeat_s
         self.sampler = MetricsSampler(self.jobs.state_dir, nvidia_smi=nvidia_smi)
+        self.node_gpus = S.NodeGpus(launcher, self.jobs.state_dir, nvidia_smi)  # running Slurm jobs' nodes
         self._out_lock = threading.Lock()
         self.credit = Credit()
         self._last_rx = time.monotonic()
@@ -137,6 +139,7 @@ class Agent:
             P.OP_FILES_WRITE: lambda a: F.write_file(self.jobs.state_dir, a),
             P.OP_FILES_MANIFEST: lambda a: F.manifest_page(self.jobs.state_dir, a),
             P.OP_FILES_DELETE: lambda a: F.delete_files(self.jobs.state_dir, a),
+            P.OP_SLURM_INFO: lambda a: S.cluster_info(),
         }
         self._facts: Optional[P.HostFacts] = None
 
@@ -192,6 +195,8 @@ class Agent:
         arts = a.get("artifacts")  # what to bring back before release (gputui run --artifacts)
         if isinstance(arts, list) and all(isinstance(x, str) for x in arts) and len(json.dumps(arts)) <= 4096:
             extra["artifacts"] = arts
+        if a.get("queue") is not None and a.get("slurm") is not None:
+            raise JobError("a Slurm job waits in Slurm's queue, not the host's: drop --queue", "bad_args")
         if a.get("queue") is not None:  # wait on the host for its GPUs (remote_agent/queue.py)
             request = parse_request(a.get("queue"))
             job_id = self.queue.submit(
@@ -200,7 +205,8 @@ class Agent:
             W.ensure_running(self.jobs.state_dir, self.launcher)
             job = self._mark(self.jobs.describe(job_id))
         else:
-            job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra)
+            job = self.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra,
+                                  a.get("slurm"))  # fmt: skip
         self.emit(P.EV_JOB, job)
         return job
 
@@ -270,7 +276,7 @@ class Agent:
 
     def _ended(self, job_id: str) -> Optional[Dict[str, Any]]:
         job = self.jobs.describe(job_id)
-        if job["state"] in (RUNNING, P.JOB_QUEUED):  # a queued job's log is still to come
+        if job["state"] not in P.JOB_ENDED_STATES:
             return None
         return {"job_state": job["state"], "exit_code": job["exit_code"]}
 
@@ -435,11 +441,15 @@ class Agent:
         return self._update_watchdog(cancelled=True)
 
     # --- loops ------------------------------------------------------------------------------------------------
-    def _sample(self) -> P.MetricsSample:
+    def _sample(self, nodes: bool = False) -> P.MetricsSample:
+        """A sample; ``nodes`` (the sampling loop only): with the GPUs of running Slurm jobs' nodes."""
         sample = self.sampler.sample(self.jobs.owner_lookup())
         try:
+            jobs = self.jobs.list()
+            if nodes:
+                self.node_gpus.add_to(sample, jobs)
             sample["activity"] = idle_status(
-                sample, self.jobs.list(), self.activity, self.facts(),
+                sample, jobs, self.activity, self.facts(),
                 self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
                 idle_jobs=W.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
             )  # fmt: skip
@@ -460,7 +470,7 @@ class Agent:
             start = time.monotonic()
             if interval is not None and self.ring.try_own():
                 try:
-                    sample = self._sample()
+                    sample = self._sample(nodes=True)
                     with self._ring_lock:
                         self.ring.append(sample)
                     self._push_wake.set()
@@ -575,6 +585,7 @@ class Agent:
 
     def _stop(self) -> None:
         self._stopping.set()
+        self.node_gpus.close()
         for follow in list(self._follows.values()):
             follow.stop()
 

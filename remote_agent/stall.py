@@ -35,8 +35,8 @@ class StallTracker:
         window = float(minutes) * 60.0
         active, stalled = {}, {}
         for job in jobs:
-            if job.get("state") != JOB_RUNNING:
-                continue
+            if job.get("state") != JOB_RUNNING or job.get("scheduler") == "slurm":
+                continue  # ended, or a Slurm job: its GPUs are a compute node's, not this host's
             jid = str(job.get("id"))
             gpus = job_gpus(sample, job)
             quiet = [

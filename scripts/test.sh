@@ -12,6 +12,10 @@ command -v tmux >/dev/null || need+=(tmux)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null || need+=(openssh-client)
 [ -x "$venv/bin/python" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+if [ "$(id -u)" = 0 ]; then  # a real single-node Slurm for tests/test_slurm.py (skipped without root)
+  [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
+  [ -x /usr/sbin/munged ] || need+=(munge)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq

@@ -26,6 +26,7 @@ else:  # pragma: no cover
 
 LOCAL = "local"
 TRANSPORTS = ("ssh", "local")
+SCHEDULERS = ("slurm",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -89,6 +90,9 @@ class HostConfig:
     notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
     # files to bring back before release (gputui release): relative to each job's dir, or absolute on the host
     artifacts: tuple[str, ...] = ()
+    # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/slurm.py)
+    scheduler: str | None = None
+    price_per_gpu_hour: float | None = None  # a Slurm job's price: this x its GPUs x nodes, while it runs
 
     @property
     def address(self) -> str:
@@ -148,7 +152,7 @@ MAX_PATHS = 32
 # Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
 DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
-    "price_per_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
+    "price_per_hour": (0, None, True), "price_per_gpu_hour": (0, None, True), "idle_minutes": (0, 1e6, True), "idle_util_percent": (0, 100, True),
     "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
     "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True), "stall_minutes": (0, 1e6, True),
     "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),
@@ -298,6 +302,11 @@ def parse(text: str, path: Path) -> Config:
         )
         if values.get("transport", "ssh") not in TRANSPORTS:
             raise fail(f"hosts.{name}", "transport", f"must be one of {', '.join(TRANSPORTS)}")
+        if values.get("scheduler") is not None and values["scheduler"] not in SCHEDULERS:
+            raise fail(
+                f"hosts.{name}", "scheduler",
+                f"{values['scheduler']!r} is not a scheduler gputui drives (known: {', '.join(SCHEDULERS)})",
+            )  # fmt: skip
         if "port" in values and not 0 < values["port"] < 65536:
             raise fail(f"hosts.{name}", "port", "must be between 1 and 65535")
         if values.get("currency") is not None and not _CURRENCY.match(values["currency"]):

@@ -58,6 +58,7 @@ class Fleet:
                     "count_sessions": host.count_ssh_sessions,
                 },
                 on_connect=functools.partial(autostop.arm, host=host),  # every host: settings removed must disarm
+                scheduler=host.scheduler,
             )
 
     def _changed(self, snap: M.HostSnapshot) -> None:

@@ -29,6 +29,7 @@ class JobSpec:
     queue: dict[str, Any] | None = None  # wait in the host's queue: gpus, after, after_ok (remote_agent/queue.py)
     artifacts: tuple[str, ...] = ()  # files to bring back before release (gputui run --artifacts)
     sync: str | None = None  # a local dir to sync to the host first (into cwd); the job then runs there
+    slurm: dict[str, Any] | None = None  # sbatch settings (gpus, nodes, partition, time, sbatch_args)
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -55,10 +56,17 @@ def job_price(session: HostSession, config: Config) -> float | None:
 
 
 async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Job:
-    """Start ``spec`` on the session's host; the job's record keeps the host's price, so history has its cost."""
+    """Start ``spec`` on the session's host; the job's record keeps the host's price, so history has its cost.
+    On a Slurm host (``scheduler = "slurm"``) the job is submitted with sbatch, with ``spec.slurm`` or defaults."""
+    host = config.hosts.get(session.name)
+    slurm = spec.slurm if spec.slurm is not None or host is None or host.scheduler != "slurm" else {}
+    price = job_price(session, config)
+    if slurm is not None and host is not None and host.price_per_gpu_hour is not None:
+        price = host.price_per_gpu_hour * slurm.get("gpus", 0) * slurm.get("nodes", 1)  # what the job holds
     return await session.start_job(
-        list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env), gpus=spec.gpus,
-        price_per_hour=job_price(session, config), code=spec.code, artifacts=spec.artifacts,
+        list(spec.argv), name=spec.name, cwd=spec.cwd, env=dict(spec.env),
+        gpus=None if slurm is not None or spec.queue is not None else spec.gpus, price_per_hour=price,
+        code=spec.code, artifacts=spec.artifacts, slurm=slurm,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
     )  # fmt: skip
 

@@ -127,6 +127,11 @@ class MetricsSample:
         )
 
 
+def _slurm_reason(d: P.JobRecord) -> str | None:
+    """Why a queued Slurm job waits, in Slurm's word (Resources, Priority, ...)."""
+    return (d.get("slurm") or {}).get("reason") if d.get("state") == JOB_QUEUED else None
+
+
 @dataclass(frozen=True)
 class Job:
     host: str
@@ -170,6 +175,8 @@ class Job:
             record["queue"] = d["queue"]
         if "artifacts" in d:
             record["artifacts"] = d["artifacts"]
+        if "slurm" in d:
+            record["slurm"] = d["slurm"]
         return cls(
             host=host,
             id=str(d["id"]),
@@ -187,7 +194,7 @@ class Job:
             stalled_since=d.get("stalled_since"),
             stalled_reason=d.get("stalled_reason"),
             queue_position=d.get("queue_position"),
-            queue_reason=d.get("queue_reason"),
+            queue_reason=d.get("queue_reason") or _slurm_reason(d),
             record=record,
         )
 
@@ -197,6 +204,7 @@ class Job:
         d["insights"] = self.insights.to_json() if self.insights is not None else None
         d["error"] = self.record.get("error")  # this job's own problem (unreadable files), never the host's
         d["log_error"] = self.record.get("log_error")  # e.g. "disk full at offset N": the log stops there
+        d["slurm"] = self.record.get("slurm")  # a Slurm job: job_id, state, reason, nodes (None otherwise)
         return d
 
 
@@ -238,6 +246,8 @@ class HostSnapshot:
     updated_at: float = 0.0
     history: tuple[MetricsSample, ...] = field(default=(), compare=False, repr=False)  # oldest first
     cost: CostInfo | None = None
+    # a Slurm login node (scheduler = "slurm"): partitions and nodes from its last sinfo
+    cluster: P.ClusterInfo | None = field(default=None, compare=False, hash=False)
 
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
@@ -259,6 +269,7 @@ class HostSnapshot:
             "host": asdict(m.host) if m else {},
             "jobs": [j.to_json() for j in self.jobs],
             "cost": self.cost.to_json() if self.cost is not None else None,
+            "cluster": self.cluster,
         }
 
 

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 HISTORY_SAMPLES = 600  # ten minutes at 1 Hz
 PING_EVERY_S = 5.0
+#: How often a connected app asks a Slurm login node for its partitions and nodes (one sinfo each time).
+CLUSTER_EVERY_S = 10.0
 SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
 MAX_KILL_GRACE_S = P.MAX_KILL_GRACE_S  # the agent refuses a longer grace between kill signals
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
@@ -90,6 +92,7 @@ class HostSession:
         metrics_interval: float | None = None,
         sample_args: dict[str, Any] | None = None,
         on_connect: Callable[[HostSession], Awaitable[None]] | None = None,
+        scheduler: str | None = None,
     ) -> None:
         self.name, self.transport = name, transport
         self.on_change = on_change
@@ -107,6 +110,8 @@ class HostSession:
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
+        self.scheduler = scheduler  # "slurm": a login node; with metrics on, its cluster view is kept fresh
+        self._cluster_task: asyncio.Task[None] | None = None
 
     # --- state ------------------------------------------------------------------------------------------------
     @property
@@ -217,6 +222,8 @@ class HostSession:
         self._publish()
         self._connected.set()
         self._pinger = asyncio.create_task(self._ping_loop(link))
+        if self.scheduler == "slurm" and self.metrics_interval is not None:
+            self._cluster_task = asyncio.create_task(self._cluster_loop())
 
     async def _fetch_jobs(self, request: Callable[..., Awaitable[Any]]) -> None:
         """Every job's record, page by page (one reply must stay small however many jobs the host has)."""
@@ -244,10 +251,19 @@ class HostSession:
                 with contextlib.suppress(RequestTimeout):
                     await link.request(P.OP_PING, timeout=PING_EVERY_S)
 
+    async def _cluster_loop(self) -> None:
+        """Refresh the Slurm cluster view while connected (sinfo's own failures come back in its ``error``)."""
+        with contextlib.suppress(LinkClosed, AgentError, RequestTimeout):
+            while True:
+                await self.cluster_info()
+                await asyncio.sleep(CLUSTER_EVERY_S)
+
     async def _drop_link(self) -> None:
         self._connected.clear()
         if self._pinger is not None:
             self._pinger.cancel()
+        if self._cluster_task is not None:
+            self._cluster_task.cancel()
         if self.link is not None:
             await self.link.close()
         if self._channel is not None:
@@ -350,6 +366,7 @@ class HostSession:
         code: dict[str, Any] | None = None,
         queue: P.QueueRequest | None = None,
         artifacts: tuple[str, ...] = (),
+        slurm: dict[str, Any] | None = None,
     ) -> M.Job:
         """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
@@ -360,10 +377,18 @@ class HostSession:
             args["queue"] = queue
         if artifacts:
             args["artifacts"] = list(artifacts)
+        if slurm is not None:
+            args["slurm"] = slurm  # submit with sbatch on a Slurm login node
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]
+
+    async def cluster_info(self) -> P.ClusterInfo:
+        """A Slurm login node's partitions and nodes (one sinfo on the host), kept in the snapshot."""
+        info: P.ClusterInfo = await self.request(P.OP_SLURM_INFO, timeout=60)
+        self._publish(cluster=info)
+        return info
 
     async def list_jobs(self) -> list[M.Job]:
         await self._fetch_jobs(self.request)

@@ -596,10 +596,10 @@ class GpuTuiApp(App[None]):
         if job is None:
             self.notify("no job selected: pick a running job in the jobs table", timeout=NOTIFY_S)
             return
-        if job.state == M.JOB_QUEUED:
+        if job.state == M.JOB_QUEUED and not job.record.get("slurm"):  # the host's queue: remove it
             self._remove_queued(job)
             return
-        if not job.running:
+        if job.state in M.JOB_ENDED_STATES:  # a queued Slurm job may be killed: it is cancelled
             self.notify(f"job {job.id} is not running ({job.state}): nothing to kill", timeout=NOTIFY_S)
             return
         g = self.kill_grace_s

@@ -12,9 +12,13 @@ Runner = Callable[[list[str]], int]
 
 
 def attach_argv(prefix: Sequence[str], snapshot: M.HostSnapshot, job: M.Job) -> list[str]:
-    """``prefix + tmux -L SOCKET attach -t =SESSION``; raises ValueError when there is nothing to attach."""
+    """``prefix + tmux -L SOCKET attach -t =SESSION``; raises ValueError when there is nothing to attach.
+    A Slurm job: a shell on its (first) node inside its allocation, ``srun --jobid=ID --overlap --pty bash``."""
     if not job.running:
         raise ValueError(f"job {job.id} has ended ({job.state}): nothing to attach to")
+    slurm_id = str((job.record.get("slurm") or {}).get("job_id") or "")
+    if slurm_id.isdigit():
+        return [*prefix, "srun", f"--jobid={slurm_id}", "--overlap", "--pty", "bash"]
     socket = snapshot.facts.get("tmux_socket")
     if not socket or not job.tmux_session:
         raise ValueError(f"job {job.id}: the host did not report its tmux session")

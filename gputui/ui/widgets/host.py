@@ -9,6 +9,7 @@ from textual.containers import Container, Vertical
 
 from gputui.core import model as M
 from gputui.core import safetext
+from gputui.core.cluster import cluster_text
 from gputui.core.insights import JobInsights
 
 from .. import fmt
@@ -84,7 +85,11 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
         if parts:
             out.append("\n")
             out.append_text(parts)
+    if snap.cluster is not None:
+        out.append("\n")
+        out.append(safetext.clean(cluster_text(snap.cluster), limit=4 * NAME_CHARS), style=pal.muted)
     return out
+
 
 
 Series = dict[int, tuple[list[float | None], list[float | None], list[float | None]]]

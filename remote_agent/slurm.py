@@ -1,0 +1,500 @@
+"""Slurm as a job's scheduler: ``sbatch`` submits, one ``squeue`` per refresh gives every job's state, ``scancel``
+signals and ends. gputui never schedules anything itself.
+
+The batch script is this agent's own runner (``slurm-batch.sh`` just ``exec``s its arguments), so a Slurm job
+writes the same files as a tmux job, in its job dir on the shared state dir: ``output.log`` (byte offsets,
+times), ``pid.json``, ``status.json``. ``slurm.json`` holds the Slurm job id. Slurm's own view decides the state:
+
+    PENDING (any not yet running)  -> queued, with Slurm's reason (Resources, Priority, ...)
+    RUNNING, COMPLETING, ...       -> running
+    COMPLETED -> succeeded; FAILED, OUT_OF_MEMORY, TIMEOUT, DEADLINE -> failed; CANCELLED -> killed;
+    NODE_FAIL, BOOT_FAIL, PREEMPTED -> lost; a kill asked through gputui -> killed
+
+A record is final once Slurm says the job ended (or forgot it: then ``status.json``, else ``sacct`` if
+accounting is on, else lost). This module must stay stdlib-only and Python 3.8 compatible.
+"""
+
+import os
+import re
+import subprocess
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import protocol as P
+from .fsutil import read_json, write_json
+
+#: How long one squeue/sacct answer serves every listing (one refresh); a submit or kill forgets it at once.
+VIEW_MAX_AGE_S = 1.0
+#: A job whose submission has not written slurm.json yet is still being submitted for this long.
+SUBMIT_GRACE_S = 30.0
+#: Longest Slurm text (a reason, a node list) a record carries.
+MAX_TEXT = 500
+#: Most extra sbatch options, and longest one, a job may carry.
+MAX_SBATCH_ARGS, MAX_SBATCH_ARG = 64, 1000
+#: A job squeue does not list is taken as forgotten by Slurm only when squeue was asked this long after sbatch
+#: returned (a listing that asked squeue while sbatch ran must not end a job that is just being born).
+FORGOTTEN_AFTER_S = 5.0
+COMMAND_TIMEOUT_S = 30.0
+BATCH_SCRIPT = "slurm-batch.sh"
+_BATCH_TEXT = b'#!/bin/sh\n# gputui: a Slurm batch job runs the gputui runner given as arguments\nexec "$@"\n'
+_PARTITION = re.compile(r"^[A-Za-z0-9_.,-]{1,200}$")
+_TIME = re.compile(r"^(UNLIMITED|INFINITE|[0-9]{1,7}(-[0-9]{1,2})?(:[0-9]{1,2}){0,2})$", re.IGNORECASE)
+#: sbatch options gputui sets itself (the log, the working dir, the batch script): not allowed in sbatch_args.
+_OWN_OPTIONS = ("--output", "-o", "--error", "-e", "--chdir", "-D", "--wrap", "--parsable", "--open-mode")
+
+_ENDED: Dict[str, Tuple[str, str]] = {  # Slurm state -> (gputui state, what to say when there is no reason)
+    "COMPLETED": (P.JOB_SUCCEEDED, ""),
+    "FAILED": (P.JOB_FAILED, "the job exited non-zero"),
+    "OUT_OF_MEMORY": (P.JOB_FAILED, "out of memory"),
+    "TIMEOUT": (P.JOB_FAILED, "time limit reached"),
+    "DEADLINE": (P.JOB_FAILED, "deadline reached"),
+    "CANCELLED": (P.JOB_KILLED, "cancelled"),
+    "NODE_FAIL": (P.JOB_LOST, "node failure"),
+    "BOOT_FAIL": (P.JOB_LOST, "node boot failure"),
+    "PREEMPTED": (P.JOB_LOST, "preempted"),
+    "REVOKED": (P.JOB_LOST, "revoked (federation)"),
+}
+_QUEUED = (
+    "PENDING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "RESV_DEL_HOLD",
+    "SPECIAL_EXIT",
+    "CONFIGURING",
+)
+
+
+class SlurmError(Exception):
+    """A Slurm command failed or is missing; the message says which and why."""
+
+
+def _run(argv: List[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
+    """stdout of a Slurm command (argv list, never a shell); SlurmError with its stderr when it fails."""
+    try:
+        res = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError("%s is not installed on this host: is it a Slurm login node?" % argv[0]) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError("%s did not answer within %.0f s" % (argv[0], timeout)) from None
+    except OSError as exc:
+        raise SlurmError("cannot run %s: %s" % (argv[0], exc.strerror or exc)) from None
+    if res.returncode != 0:
+        err = res.stderr.decode("utf-8", "replace").strip()[-MAX_TEXT:]
+        raise SlurmError("%s failed: %s" % (argv[0], err or "exit status %d" % res.returncode))
+    return res.stdout.decode("utf-8", "replace")
+
+
+def _text(value: str) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]", " ", value)[:MAX_TEXT].strip()
+
+
+def check_request(req: Any) -> Dict[str, Any]:
+    """The ``slurm`` args of jobs.start, checked: gpus, nodes, partition, time, sbatch_args."""
+    if not isinstance(req, dict):
+        raise ValueError("slurm must be an object")
+    unknown = set(req) - {"gpus", "nodes", "partition", "time", "sbatch_args"}
+    if unknown:
+        raise ValueError("unknown slurm settings: %s" % ", ".join(sorted(map(str, unknown)))[:200])
+    out: Dict[str, Any] = {}
+    for key, hi in (("gpus", 1024), ("nodes", 100000)):
+        if req.get(key) is not None:
+            out[key] = P.int_arg(req, key, 0, 0 if key == "gpus" else 1, hi)
+    partition = req.get("partition")
+    if partition is not None:
+        if not isinstance(partition, str) or not _PARTITION.match(partition):
+            raise ValueError(
+                "partition %r: letters, digits, '_', '.', '-' (a comma list)" % str(partition)[:100]
+            )
+        out["partition"] = partition
+    limit = req.get("time")
+    if limit is not None:
+        if not isinstance(limit, str) or not _TIME.match(limit):
+            raise ValueError(
+                "time %r: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM:SS or UNLIMITED, as sbatch --time takes"
+                % str(limit)[:100]
+            )
+        out["time"] = limit
+    extra = req.get("sbatch_args") or []
+    if (
+        not isinstance(extra, list)
+        or len(extra) > MAX_SBATCH_ARGS
+        or not all(isinstance(a, str) and a.startswith("-") and len(a) <= MAX_SBATCH_ARG for a in extra)
+    ):
+        raise ValueError("sbatch_args must be a list of at most %d options, each starting with '-' (e.g. "
+                         "--qos=high), at most %d characters" % (MAX_SBATCH_ARGS, MAX_SBATCH_ARG))  # fmt: skip
+    for arg in extra:
+        if (
+            "\x00" in arg
+            or arg.split("=", 1)[0] in _OWN_OPTIONS
+            or (len(arg) > 2 and arg[:2] in ("-o", "-e", "-D"))
+        ):
+            raise ValueError("sbatch argument %r: gputui sets the log, the working dir and the script itself"
+                             % arg[:100])  # fmt: skip
+    out["sbatch_args"] = list(extra)
+    return out
+
+
+def batch_script(state_dir: str) -> str:
+    """The tiny batch script (written once, 0700): Slurm copies it and runs it with the runner's argv."""
+    path = os.path.join(state_dir, BATCH_SCRIPT)
+    try:
+        with open(path, "rb") as f:
+            if f.read() == _BATCH_TEXT:
+                return path
+    except OSError:
+        pass
+    tmp = path + ".tmp%d" % os.getpid()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
+    try:
+        os.write(fd, _BATCH_TEXT)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def sbatch_argv(
+    req: Dict[str, Any], job_id: str, job_dir: str, cwd: str, script: str, runner: List[str]
+) -> List[str]:
+    """The sbatch command for one job: the runner (argv, never a shell string) is the batch script's payload."""
+    out = os.path.join(job_dir, "slurm.out").replace("%", "%%")  # sbatch expands %j, %u, ... in the name
+    argv = ["sbatch", "--parsable", "--job-name=gputui-%s" % job_id, "--chdir=" + cwd, "--output=" + out]
+    if req.get("partition"):
+        argv.append("--partition=" + req["partition"])
+    if req.get("nodes"):
+        argv.append("--nodes=%d" % req["nodes"])
+    if req.get("time"):
+        argv.append("--time=" + req["time"])
+    if req.get("gpus"):
+        argv.append("--gres=gpu:%d" % req["gpus"])  # per node, as torchrun's --nproc-per-node counts them
+    return argv + list(req.get("sbatch_args") or []) + [script] + runner
+
+
+def submit(argv: List[str], job_dir: str) -> str:
+    """Run sbatch; write and return the Slurm job id (``--parsable`` prints ``id`` or ``id;cluster``)."""
+    out = _run(argv).strip()
+    slurm_id = out.split(";", 1)[0].strip()
+    if not slurm_id.isdigit():
+        raise SlurmError("sbatch printed no job id: %r" % out[:200])
+    write_json(os.path.join(job_dir, "slurm.json"), {"job_id": slurm_id, "submitted_at": time.time()})
+    return slurm_id
+
+
+class SlurmView:
+    """Slurm's word on this user's jobs: one ``squeue`` for all of them per refresh (and one ``sacct`` for the
+    jobs squeue no longer lists, when accounting is on). ``commands`` counts the Slurm commands run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at = -1e9
+        self._jobs: Dict[str, Tuple[str, str, str]] = {}  # Slurm id -> (state, reason, nodes)
+        self._error: Optional[str] = None
+        self._asked_at = 0.0  # wall time when the squeue now held was started
+        self._sacct: Optional[Dict[str, Tuple[str, str, str]]] = None
+        self._sacct_off = False  # sacct said accounting is disabled: never ask again
+        self.commands = 0
+
+    def forget(self) -> None:
+        with self._lock:
+            self._at = -1e9
+
+    def _fresh(self) -> None:
+        if time.monotonic() - self._at < VIEW_MAX_AGE_S:
+            return
+        self._sacct = None
+        self.commands += 1
+        self._asked_at = time.time()
+        try:
+            out = _run(
+                ["squeue", "--noheader", "--states=all", "--user=%d" % os.getuid(), "--format=%i|%T|%N|%r"]
+            )
+            self._jobs = dict(_parse_line(line) for line in out.splitlines() if line.count("|") >= 3)
+            self._error = None
+        except SlurmError as exc:
+            self._error = str(exc)
+        self._at = time.monotonic()
+
+    def queue(self, slurm_id: str) -> "tuple[Optional[Tuple[str, str, str]], Optional[str], float]":
+        """(state, reason, nodes) of a job squeue lists, or None; squeue's error, if it failed; and when that
+        squeue was asked (wall time)."""
+        with self._lock:
+            self._fresh()
+            return self._jobs.get(slurm_id), self._error, self._asked_at
+
+    def accounting(self, slurm_id: str) -> Optional[Tuple[str, str, str]]:
+        """A finished job squeue forgot, from sacct (one call per refresh for all jobs); None without accounting."""
+        with self._lock:
+            if self._sacct_off:
+                return None
+            if self._sacct is None:
+                self.commands += 1
+                try:
+                    out = _run(["sacct", "--noheader", "--parsable2", "--allocations", "--user=%d" % os.getuid(),
+                                "--starttime=now-30days", "--format=JobID,State,NodeList,Reason"])  # fmt: skip
+                except SlurmError as exc:
+                    self._sacct_off = "disabled" in str(exc) or "not installed" in str(exc)
+                    return None
+                self._sacct = dict(_parse_line(line) for line in out.splitlines() if line.count("|") >= 3)
+            return self._sacct.get(slurm_id)
+
+
+def _parse_line(line: str) -> Tuple[str, Tuple[str, str, str]]:
+    slurm_id, state, nodes, reason = line.split("|", 3)
+    # sacct says "CANCELLED by 0"; a reason may come as "(Resources)"
+    return slurm_id.strip(), (
+        state.split()[0] if state.strip() else "",
+        _text(reason.strip("() \n")),
+        _text(nodes),
+    )
+
+
+def fill_record(
+    record: Dict[str, Any], job_dir: str, status: Any, killed: bool, view: SlurmView
+) -> Dict[str, Any]:
+    """Set state, exit_code, ended_at and ``slurm`` (job id, Slurm state, reason, nodes) of a Slurm job's record."""
+    info: Dict[str, Any] = dict(record.get("slurm") or {})
+    submitted = read_json(os.path.join(job_dir, "slurm.json"))
+    record["exit_code"] = status.get("exit_code") if isinstance(status, dict) else None
+    record["ended_at"] = None
+    for key in ("error", "log_error"):  # sbatch's refusal; the runner's "disk full at offset N"
+        if isinstance(status, dict) and status.get(key):
+            record[key] = str(status[key])
+    if not isinstance(submitted, dict) or not submitted.get("job_id"):
+        created = record.get("created_at")
+        if isinstance(status, dict) or not (
+            isinstance(created, (int, float)) and time.time() - created < SUBMIT_GRACE_S
+        ):
+            record["state"] = P.JOB_FAILED if isinstance(status, dict) else P.JOB_LOST
+            record["ended_at"] = (status or {}).get("ended_at") or time.time()
+            record.setdefault("error", "never submitted to Slurm")
+        else:
+            record["state"] = P.JOB_QUEUED  # sbatch is still running
+        record["slurm"] = info
+        return record
+    slurm_id = str(submitted["job_id"])
+    info["job_id"] = slurm_id
+    seen, error, asked_at = view.queue(slurm_id)
+    if seen is None and error is None:
+        seen = view.accounting(slurm_id)
+    submitted_at = submitted.get("submitted_at")
+    born = isinstance(submitted_at, (int, float)) and asked_at < submitted_at + FORGOTTEN_AFTER_S
+    if seen is None and (error is not None or born):
+        if error is not None:
+            info["error"] = error  # Slurm cannot be asked now: the job is where it was, as far as we know
+        record["state"] = P.JOB_RUNNING if record.get("pid") else P.JOB_QUEUED
+        record["slurm"] = info
+        return record
+    state, reason, nodes = seen if seen is not None else ("", "", "")
+    info.update(state=state or None, reason=reason or None, nodes=nodes or None)
+    if record.get("pid") is None:
+        record["started_at"] = None  # the runner never started: queue time is not run time (nor billed)
+    if state in _QUEUED or state.startswith("REQUEUE"):
+        record["state"], record["started_at"] = P.JOB_QUEUED, None
+    elif state in _ENDED or seen is None:
+        mapped, why = _ENDED.get(
+            state, (P.JOB_LOST, "Slurm no longer knows the job and it left no exit status")
+        )
+        if seen is None and isinstance(status, dict):
+            mapped, why = (P.JOB_SUCCEEDED if record["exit_code"] == 0 else P.JOB_FAILED), ""
+        record["state"] = P.JOB_KILLED if killed else mapped
+        if why and (not info["reason"] or info["reason"] == "None"):
+            info["reason"] = why
+        record["ended_at"] = (status or {}).get("ended_at") if isinstance(status, dict) else None
+        record["ended_at"] = record["ended_at"] or time.time()
+    else:  # RUNNING, COMPLETING, SUSPENDED, STOPPED, RESIZING, SIGNALING, STAGE_OUT
+        record["state"] = P.JOB_RUNNING
+    record["slurm"] = info
+    return record
+
+
+def kill(slurm_id: str, queued: bool, grace_s: float, ended: Callable[[float], bool]) -> None:
+    """SIGINT, then SIGTERM to the batch step (the runner passes them to the job's process group), then SIGKILL
+    to every step, ``grace_s`` apart; then ``scancel`` ends the allocation. ``ended(timeout)`` waits for the
+    runner's status.json. A queued job is just cancelled."""
+    if not queued:
+        for sig, scope in (("INT", "--batch"), ("TERM", "--batch"), ("KILL", "--full")):
+            try:
+                _run(["scancel", scope, "--signal=" + sig, slurm_id])
+            except SlurmError:
+                break  # the job ended meanwhile (or never started): scancel below settles it
+            if ended(grace_s):
+                break
+    try:
+        _run(["scancel", slurm_id])
+    except SlurmError:
+        pass  # it ended already
+
+
+def env_file(env: Dict[str, str]) -> Dict[str, str]:
+    """What env.json holds for a Slurm job: defaults and the user's variables only. The runner puts them over the
+    allocation's own environment (SLURM_*, CUDA_VISIBLE_DEVICES), which only exists on the compute node."""
+    out = {"PYTHONUNBUFFERED": "1", "TERM": "xterm-256color"}
+    out.update(env)
+    return out
+
+
+#: Most nodes one slurm.info reply lists (a cluster may have tens of thousands); the partitions count them all.
+MAX_NODES = 2000
+_SINFO_FIELDS = "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|,CPUsState:|,Available:|,Time:|,Reason:"
+_GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:([0-9]+)")
+
+
+def _gpus(gres: str) -> Optional[int]:
+    """GPUs in a GRES text like ``gpu:a100:4(S:0-1),mps:100`` (None: no GPU GRES at all)."""
+    counts = [int(n) for n in _GPU_COUNT.findall(re.sub(r"\([^)]*\)", "", gres))]
+    return sum(counts) if counts else None
+
+
+def cluster_info() -> P.ClusterInfo:
+    """Partitions and nodes with their state and GPUs, from ONE ``sinfo`` call (op ``slurm.info``)."""
+    info: P.ClusterInfo = {"partitions": [], "nodes": [], "nodes_total": 0, "error": None, "t": time.time()}
+    try:
+        out = _run(["sinfo", "--noheader", "--Node", "--Format=" + _SINFO_FIELDS])
+    except SlurmError as exc:
+        info["error"] = str(exc)
+        return info
+    nodes: Dict[str, P.SlurmNode] = {}
+    parts: Dict[str, P.Partition] = {}
+    for line in out.splitlines():
+        fields = line.split("|", 8)
+        if len(fields) < 9:
+            continue
+        name, part, state, gres, used, cpus, avail, limit, reason = (_text(f) for f in fields)
+        default = part.endswith("*")
+        part = part.rstrip("*")
+        gpus, gpus_used = _gpus(gres), _gpus(used)
+        p = parts.setdefault(part, {"name": part, "default": default, "available": avail, "time_limit": limit,
+                                    "nodes": 0, "gpus": 0, "gpus_used": 0})  # fmt: skip
+        p["nodes"] += 1
+        p["gpus"] += gpus or 0
+        p["gpus_used"] += gpus_used or 0
+        node = nodes.get(name)
+        if node is not None:
+            node["partitions"].append(part)
+            continue
+        cpu = cpus.split("/")
+        nodes[name] = {
+            "name": name, "partitions": [part], "state": state, "gpus": gpus, "gpus_used": gpus_used,
+            "cpus_alloc": int(cpu[0]) if len(cpu) == 4 and cpu[0].isdigit() else None,
+            "cpus": int(cpu[3]) if len(cpu) == 4 and cpu[3].isdigit() else None,
+            "reason": None if reason in ("", "none") else reason,
+        }  # fmt: skip
+    info["partitions"] = list(parts.values())
+    info["nodes"] = list(nodes.values())[:MAX_NODES]
+    info["nodes_total"] = len(nodes)
+    return info
+
+
+# --- GPUs of the nodes running our jobs -------------------------------------------------------------------------
+#: Seconds between two readings a node streams; a node silent for 3 of them is dropped from the samples.
+NODE_INTERVAL_S = 2.0
+#: A job's stream that ended (its step refused, the job ending) is started again after this long at the earliest.
+RESTART_S = 30.0
+MAX_LINE = 1024 * 1024
+
+
+def gpu_stream(state_dir: str, nvidia_smi: str, interval: float) -> int:
+    """``gpu-stream``: run on a job's node inside its allocation (srun --overlap); one JSON line per interval
+    with this node's GPUs, from the agent's own sampler (NVML, else nvidia-smi)."""
+    import json
+    import socket
+    import sys
+
+    from .metrics import MetricsSampler
+
+    sampler = MetricsSampler(state_dir, nvidia_smi=nvidia_smi)
+    node = socket.gethostname().split(".")[0]
+    try:
+        while True:
+            s = sampler.sample(lambda pid: None)
+            line = {"node": node, "job": os.environ.get("SLURM_JOB_ID"), "t": s["t"], "gpus": s["gpus"],
+                    "gpu_source": s.get("gpu_source"), "gpu_error": s.get("gpu_error")}  # fmt: skip
+            sys.stdout.write(json.dumps(line) + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0
+    finally:
+        sampler.close()
+
+
+class _Stream:
+    """One running job's ``srun --overlap`` streaming its nodes' GPUs; the latest reading of each node."""
+
+    def __init__(self, argv: List[str]) -> None:
+        self.latest: Dict[str, Dict[str, Any]] = {}
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        import json
+
+        assert self.proc.stdout is not None
+        for line in iter(lambda: self.proc.stdout.readline(MAX_LINE), b""):  # type: ignore[union-attr]
+            try:
+                reading = json.loads(line.decode("utf-8"))
+                if isinstance(reading, dict) and isinstance(reading.get("gpus"), list):
+                    reading["seen"] = time.monotonic()
+                    self.latest[_text(str(reading.get("node")))] = reading
+            except ValueError:
+                continue  # a line cut at MAX_LINE, or srun's own words
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # srun passes it to the step, whose end is Slurm's business
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class NodeGpus:
+    """The GPUs of the nodes where this user's Slurm jobs run, as GPU cards of the login node's samples: one
+    long-lived ``srun --jobid=ID --overlap`` per running job runs ``gpu-stream`` on each of its nodes (never a
+    process per reading). Each GPU is named ``node: model`` and its processes belong to that job."""
+
+    def __init__(self, launcher: List[str], state_dir: str, nvidia_smi: str) -> None:
+        self.launcher, self.state_dir, self.nvidia_smi = launcher, state_dir, nvidia_smi
+        self._streams: Dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+
+    def add_to(self, sample: Dict[str, Any], jobs: List[Dict[str, Any]]) -> None:
+        """Append the running Slurm jobs' node GPUs to ``sample["gpus"]`` (indices after the host's own)."""
+        running = {j["id"]: (j.get("slurm") or {}).get("job_id") for j in jobs
+                   if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}  # fmt: skip
+        with self._lock:
+            for job_id in list(self._streams):
+                if job_id not in running:
+                    self._streams.pop(job_id).stop()
+            for job_id, slurm_id in running.items():
+                stream = self._streams.get(job_id)
+                if slurm_id and (stream is None or (stream.proc.poll() is not None
+                                                    and time.monotonic() - stream.started > RESTART_S)):  # fmt: skip
+                    self._streams[job_id] = _Stream(self._argv(str(slurm_id)))
+            streams = sorted(self._streams.items(), key=lambda kv: int(kv[0]))
+        gpus = sample.setdefault("gpus", [])
+        fresh = time.monotonic() - 3 * NODE_INTERVAL_S
+        for job_id, stream in streams:
+            for node, reading in sorted(stream.latest.items()):
+                if reading["seen"] < fresh:
+                    continue
+                for gpu in reading["gpus"]:
+                    gpu = dict(gpu, index=len(gpus), name="%s: %s" % (node, gpu.get("name") or "GPU"))
+                    gpu["processes"] = [dict(p, job=job_id) for p in gpu.get("processes") or []]
+                    gpus.append(gpu)
+
+    def _argv(self, slurm_id: str) -> List[str]:
+        return ["srun", "--jobid=" + slurm_id, "--overlap", "--ntasks-per-node=1", "--quiet", "--job-name=gputui-gpus",
+                *self.launcher, "gpu-stream", "--state-dir", self.state_dir, "--nvidia-smi", self.nvidia_smi,
+                "--interval", str(NODE_INTERVAL_S)]  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.stop()
