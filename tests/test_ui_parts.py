@@ -156,3 +156,5 @@ def test_attach_command() -> None:
     ]  # fmt: skip
     with pytest.raises(ValueError, match="has ended"):
         attach_argv([], snap, replace(snap.jobs[0], state=M.JOB_SUCCEEDED))
+    with pytest.raises(ValueError, match="is queued: it has not started yet"):
+        attach_argv([], snap, replace(snap.jobs[0], state=M.JOB_QUEUED))

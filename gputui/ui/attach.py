@@ -14,6 +14,8 @@ Runner = Callable[[list[str]], int]
 def attach_argv(prefix: Sequence[str], snapshot: M.HostSnapshot, job: M.Job) -> list[str]:
     """``prefix + tmux -L SOCKET attach -t =SESSION``; raises ValueError when there is nothing to attach.
     A Slurm job: a shell on its (first) node inside its allocation, ``srun --jobid=ID --overlap --pty bash``."""
+    if job.state == M.JOB_QUEUED:
+        raise ValueError(f"job {job.id} is queued: it has not started yet, nothing to attach to")
     if not job.running:
         raise ValueError(f"job {job.id} has ended ({job.state}): nothing to attach to")
     slurm_id = str((job.record.get("slurm") or {}).get("job_id") or "")
