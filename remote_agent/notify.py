@@ -11,8 +11,6 @@ Every attempt goes to the watchdog log. The text names the job by id and name on
 import json
 import os
 import subprocess
-import urllib.error
-import urllib.request
 from typing import Any, Callable, Dict, List, Optional
 
 from .fsutil import read_json, write_json
@@ -46,6 +44,9 @@ def deliver(notify: Dict[str, Any], event: str, text: str) -> Optional[str]:
         if not str(url).startswith(("http://", "https://")):
             problems.append("webhook must be an http or https URL")
         else:
+            import urllib.error  # here: 50 ms to import, and most agents never send a webhook
+            import urllib.request
+
             body = json.dumps({"text": text, "content": text, "message": text, "event": event}).encode()
             req = urllib.request.Request(
                 url, data=body, method="POST", headers={"Content-Type": "application/json"}

@@ -26,7 +26,7 @@ from remote_agent.protocol import MAX_FRAME_BYTES
 from . import known_hosts as kh
 from .bundle import agent_build, installer_source, tree_hash, unpacked_name
 from .config import HostConfig
-from .transport import AgentChannel, HostError, HostUnavailable, Transport
+from .transport import AGENT_PYTHON_FLAGS, AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
@@ -434,7 +434,7 @@ class SSHTransport(Transport):
         if self._agent is None:
             self._agent = await self._deploy(conn)
         agent = self._agent
-        argv = [agent.python, agent.build, "serve", "--state-dir", agent.state_dir]
+        argv = [agent.python, *AGENT_PYTHON_FLAGS, agent.build, "serve", "--state-dir", agent.state_dir]
         argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
         # The newline ends whatever a login script printed without one, so the agent's hello starts a line.
         main = shlex.quote(f"{agent.build}/__main__.py")
@@ -460,7 +460,7 @@ class SSHTransport(Transport):
         conn = await self._connection()
         if self._agent is None:
             self._agent = await self._deploy(conn)
-        argv = [self._agent.python, self._agent.build, *args]
+        argv = [self._agent.python, *AGENT_PYTHON_FLAGS, self._agent.build, *args]
         try:
             proc = await asyncio.wait_for(
                 conn.create_process(sh(f"exec {shlex.join(argv)}"), encoding=None), self.cfg.connect_timeout

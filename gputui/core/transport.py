@@ -17,6 +17,10 @@ from remote_agent.protocol import MAX_FRAME_BYTES
 from .bundle import ensure_local_build
 from .link import ByteReader, ByteWriter
 
+#: The agent is stdlib-only (pynvml comes in its build): ``-S`` skips site-packages and every ``.pth`` file in
+#: them, which can cost more than the rest of the interpreter's start.
+AGENT_PYTHON_FLAGS = ["-S"]
+
 
 class HostUnavailable(ConnectionError):
     """The host cannot be reached right now; trying again later may work (refused, timeout, link loss)."""
@@ -102,7 +106,7 @@ class LocalTransport(Transport):
         self, args: list[str], stop: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kw: Any
     ) -> AgentChannel:
         """The local agent build run with ``args`` on pipes; ``stop(proc)`` ends it when the channel closes."""
-        argv = [self.python, str(ensure_local_build(self.cache_dir)), *args]
+        argv = [self.python, *AGENT_PYTHON_FLAGS, str(ensure_local_build(self.cache_dir)), *args]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
