@@ -8,6 +8,7 @@ mode, ECC count, memory clock: 4 calls) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -43,6 +44,10 @@ class NvmlUnavailable(Exception):
     """NVML cannot be used; the message is meant for a human."""
 
 
+class _LibraryNotFound(Exception):
+    value = _ERR_LIBRARY_NOT_FOUND
+
+
 def throttle_names(mask: Optional[int]) -> Optional[List[str]]:
     if mask is None:
         return None
@@ -68,9 +73,17 @@ def init_error_message(nvml: Any, err: BaseException) -> str:
 
 
 def load_nvml(nvml: Any = None) -> Any:
-    """The given pynvml-like module, or pynvml imported now."""
+    """The given pynvml-like module, or pynvml imported now (not on a host without the NVML library: pynvml
+    defines hundreds of classes, ~20 ms of every agent start, to find that out)."""
     if nvml is not None:
         return nvml
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libnvidia-ml.so.1")  # what pynvml's nvmlInit loads; cached by the dynamic linker
+        except OSError:
+            raise NvmlUnavailable(init_error_message(None, _LibraryNotFound())) from None
     try:
         import pynvml  # optional at run time
     except Exception as e:  # ImportError, or a broken install

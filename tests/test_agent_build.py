@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import subprocess
@@ -56,7 +57,8 @@ def test_a_local_build_already_unpacked_is_found_without_making_the_zipapp(tmp_p
 
 
 def test_the_agent_starts_without_site_packages_and_without_http(tmp_path: Path) -> None:
-    """``-S``: no site-packages ``.pth`` files at every start; notify's urllib only when a webhook is sent."""
+    """``-S``: no site-packages ``.pth`` files at every start; notify's urllib only when a webhook is sent;
+    pynvml only where the NVML library is."""
     build = ensure_local_build(tmp_path)
     argv = [sys.executable, *AGENT_PYTHON_FLAGS, "-X", "importtime", str(build), "serve"]
     res = subprocess.run([*argv, "--state-dir", str(tmp_path / "state"), "--linger", "0"],
@@ -65,3 +67,7 @@ def test_the_agent_starts_without_site_packages_and_without_http(tmp_path: Path)
     imported = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     assert "remote_agent.server" in imported
     assert {"site", "urllib.request", "http.client"} & imported == set()
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:  # no NVIDIA driver here: pynvml is not even imported
+        assert "pynvml" not in imported
