@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from .core import earlystart  # noqa: F401 - first: the local agent starts while the imports below load
+
+# isort: split
 import argparse
 import asyncio
 import contextlib

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from gputui.core import agent_install, bundle
+from gputui.core.agentproc import AGENT_PYTHON_FLAGS
 from gputui.core.bundle import agent_build, ensure_local_build, tree_hash
-from gputui.core.transport import AGENT_PYTHON_FLAGS
 
 
 def test_local_build_is_unpacked_checked_and_repaired(tmp_path: Path) -> None:

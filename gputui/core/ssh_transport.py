@@ -24,9 +24,10 @@ from asyncssh.encryption import get_default_encryption_algs
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 from . import known_hosts as kh
+from .agentproc import AGENT_PYTHON_FLAGS
 from .bundle import agent_build, installer_source, tree_hash, unpacked_name
 from .config import HostConfig
-from .transport import AGENT_PYTHON_FLAGS, AgentChannel, HostError, HostUnavailable, Transport
+from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
 
