@@ -211,12 +211,8 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         else:
             offset = 0
         if not args.follow:
-            while True:
-                offset, data, size = await s.read_log(args.job, offset)
-                write(data)
-                offset += len(data)
-                if not data or offset >= size:
-                    return EXIT_OK
+            await s.copy_log(args.job, offset, write)
+            return EXIT_OK
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         s.run_in_background()  # survive link drops: the follow resumes from its cursor
 

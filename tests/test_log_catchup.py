@@ -115,3 +115,32 @@ async def test_a_follow_near_the_end_uses_no_raw_stream(ssh_home: SshHome, tmp_p
         assert streams == []
     finally:
         await s.close()
+
+
+async def test_logs_without_follow_copy_a_big_log_over_a_raw_stream(ssh_home: SshHome, tmp_path: Path) -> None:
+    stop = tmp_path / "stop"
+    stop.touch()  # the job ends right after its big write
+    s = session(ssh_home)
+    streams: list[list[str]] = []
+    open_stream = s.transport.open_agent_stream
+
+    async def counted(args: list[str]) -> AgentChannel:
+        streams.append(args)
+        return await open_stream(args)
+
+    s.transport.open_agent_stream = counted  # type: ignore[method-assign]
+    await s.start()
+    try:
+        job = await s.start_job(["python3", "-c", BIG_THEN_WAIT, str(stop), "8"])
+        while (await s.list_jobs())[0].running:
+            await asyncio.sleep(0.1)
+        received = bytearray()
+        end = await s.copy_log(job.id, 100, received.extend)
+        log = (ssh_home.remote_job_dir(job.id) / "output.log").read_bytes()
+        assert end == len(log) and bytes(received) == log[100:]
+        assert [args[0] for args in streams] == ["cat"]
+    finally:
+        await s.close()
+    res = ssh_home.cli_bytes("logs", "box", job.id)  # the CLI prints the same bytes
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == log

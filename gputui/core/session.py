@@ -409,6 +409,21 @@ class HostSession:
         res = await self.request(P.OP_LOGS_READ, job=job, offset=offset, tail_lines=tail_lines)
         return int(res["offset"]), P.unb64(res["b64"]), int(res["size"])
 
+    async def copy_log(self, job: str, offset: int, on_data: Callable[[bytes], None]) -> int:
+        """Every byte of the job's log from ``offset`` to its end, handed to ``on_data`` in order; returns the
+        offset reached. Far from the end the bytes come as a raw stream (as a follow's catch-up does)."""
+        copy = LogFollow(job, offset, on_data, lambda _msg: None, lambda _info: None)
+        target = await self._far_behind(await self._linked(30.0), copy)
+        if target is not None:
+            await self._catch_up(copy, *target)
+        while True:
+            _, data, size = await self.read_log(job, copy.cursor)
+            if data:
+                copy.cursor += len(data)
+                on_data(data)
+            if not data or copy.cursor >= size:
+                return copy.cursor
+
     async def log_times(self, job: str, start: int, end: int) -> list[tuple[int, float]]:
         """When the job's log bytes ``start..end`` were written: (offset, unix time) pairs, oldest first."""
         res = await self.request(P.OP_LOGS_TIMES, job=job, start=start, end=end)
