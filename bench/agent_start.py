@@ -1,8 +1,8 @@
 """Agent start: the zipapp (zipimport compiles every module at every start) beside the same build unpacked
 next to its hash with bytecode cached (what gputui runs), same run, same interpreter.
 
-Run: python bench/agent_start.py [--runs 15]. Each start is `python3 BUILD serve` up to its hello frame on
-stdout (stdin then closed: the agent exits). Prints the median and min per build and the ratio. No asserts.
+Run: python bench/agent_start.py [--runs 15]. Each start is `python3 -S BUILD serve` (as gputui starts it) up
+to its hello frame on stdout (stdin then closed: the agent exits). Prints the median and min per build and the ratio. No asserts.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gputui.core.agentproc import AGENT_PYTHON_FLAGS  # noqa: E402
 from gputui.core.bundle import build_bytes, ensure_local_build  # noqa: E402
 
 
 def start_once(build: Path, state_dir: str) -> float:
     """Seconds from spawn to the agent's first line (its hello)."""
-    argv = [sys.executable, str(build), "serve", "--state-dir", state_dir, "--linger", "0"]
+    argv = [sys.executable, *AGENT_PYTHON_FLAGS, str(build), "serve", "--state-dir", state_dir, "--linger", "0"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdin is not None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from .core import earlystart  # noqa: F401 - first: the local agent starts while the imports below load
+
+# isort: split
 import argparse
 import asyncio
 import contextlib
@@ -289,12 +292,8 @@ async def cmd_logs(args: argparse.Namespace) -> int:
         else:
             offset = 0
         if not args.follow:
-            while True:
-                offset, data, size = await s.read_log(args.job, offset)
-                write(data)
-                offset += len(data)
-                if not data or offset >= size:
-                    return EXIT_OK
+            await s.copy_log(args.job, offset, write)
+            return EXIT_OK
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         s.run_in_background()  # survive link drops: the follow resumes from its cursor
 

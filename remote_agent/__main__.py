@@ -31,9 +31,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     runner.add_argument("job_dir")
     watchdog = sub.add_parser("watchdog", help="autostop/deadline watchdog (started detached by the agent)")
     watchdog.add_argument("state_dir")
-    cat = sub.add_parser("cat", help="write a regular file's bytes from OFFSET to stdout (gputui pull)")
+    cat = sub.add_parser("cat", help="write a regular file's bytes from OFFSET to stdout (pull, log catch-up)")
     cat.add_argument("path")
     cat.add_argument("offset", type=int)
+    cat.add_argument("limit", type=int, nargs="?", help="copy at most this many bytes")
     stream = sub.add_parser("gpu-stream", help="a Slurm job's node: its GPUs as JSON lines (run by srun --overlap)")
     stream.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
     stream.add_argument("--nvidia-smi", default="nvidia-smi")
@@ -55,7 +56,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.cmd == "cat":
         from .files import cat_file
 
-        sys.exit(cat_file(args.path, args.offset))
+        sys.exit(cat_file(args.path, args.offset, args.limit))
     if args.cmd == "watchdog":
         from .watchdog import run as run_watchdog
 

@@ -13,7 +13,7 @@ import os
 import stat
 import sys
 import threading
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from . import protocol as P
 from .fsutil import open_regular, write_atomic
@@ -109,9 +109,10 @@ def read_range(path: str, offset: int, max_bytes: int) -> P.Raw:
     )
 
 
-def cat_file(path: str, offset: int, block: int = 1024 * 1024) -> int:
-    """Copy the regular file ``path`` from ``offset`` to stdout: the raw byte stream for big pulls (no JSON,
-    no base64). Exit status 2 with the reason on stderr when it cannot be read."""
+def cat_file(path: str, offset: int, limit: Optional[int] = None, block: int = 1024 * 1024) -> int:
+    """Copy the regular file ``path`` from ``offset`` (at most ``limit`` bytes) to stdout: the raw byte stream
+    for big pulls and log catch-ups (no JSON, no base64). Exit status 2 with the reason on stderr when it
+    cannot be read."""
     try:
         fd = open_regular(path)
     except OSError as exc:
@@ -119,8 +120,9 @@ def cat_file(path: str, offset: int, block: int = 1024 * 1024) -> int:
         return 2
     out = sys.stdout.buffer
     try:
-        while True:
-            data = os.pread(fd, block, offset)
+        end = None if limit is None else offset + max(0, limit)
+        while end is None or offset < end:
+            data = os.pread(fd, block if end is None else min(block, end - offset), offset)
             if not data:
                 break
             out.write(data)

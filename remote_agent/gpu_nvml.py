@@ -1,16 +1,24 @@
 """GPU readings through NVML (pynvml), one long-lived context per sampler.
 
 Every field is queried on its own: NotSupported (fan speed on H100/T4) or any other NVML error makes that
-one field None. Fast fields are read on every call; slow ones at most every ``slow_interval`` seconds.
+one field None. Three tiers keep a 1 Hz sampler under 5 NVML calls per GPU per second: fast fields
+(utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
+throttle reasons, fan: 5 calls) at most every ``slow_interval`` seconds, settings (power limit, persistence
+mode, ECC count, memory clock: 4 calls) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 from . import protocol as P
 
 MIB = 1024 * 1024
+#: Slow fields at most this often by default: 5 calls / 6 s per GPU.
+SLOW_INTERVAL_S = 6.0
+#: Settings (power limit, persistence mode, ECC count, memory clock) change rarely, if ever, under a job.
+SETTINGS_INTERVAL_S = 60.0
 
 # NVML return codes (nvml.h); read from the module when it has them.
 _ERR_NO_PERMISSION = 4
@@ -31,8 +39,13 @@ THROTTLE_BITS = (
     (0x100, "display_clocks"),
 )
 
+
 class NvmlUnavailable(Exception):
     """NVML cannot be used; the message is meant for a human."""
+
+
+class _LibraryNotFound(Exception):
+    value = _ERR_LIBRARY_NOT_FOUND
 
 
 def throttle_names(mask: Optional[int]) -> Optional[List[str]]:
@@ -60,9 +73,17 @@ def init_error_message(nvml: Any, err: BaseException) -> str:
 
 
 def load_nvml(nvml: Any = None) -> Any:
-    """The given pynvml-like module, or pynvml imported now."""
+    """The given pynvml-like module, or pynvml imported now (not on a host without the NVML library: pynvml
+    defines hundreds of classes, ~20 ms of every agent start, to find that out)."""
     if nvml is not None:
         return nvml
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libnvidia-ml.so.1")  # what pynvml's nvmlInit loads; cached by the dynamic linker
+        except OSError:
+            raise NvmlUnavailable(init_error_message(None, _LibraryNotFound())) from None
     try:
         import pynvml  # optional at run time
     except Exception as e:  # ImportError, or a broken install
@@ -75,9 +96,15 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, nvml: Any = None, slow_interval: float = 5.0) -> None:
+    def __init__(
+        self, nvml: Any = None, slow_interval: float = SLOW_INTERVAL_S, only: Optional[List[str]] = None
+    ) -> None:
+        """``only``: read just these GPUs (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them)."""
         self.nvml = load_nvml(nvml)
         self.slow_interval = slow_interval
+        self.settings_interval = (
+            SETTINGS_INTERVAL_S if slow_interval > 0 else 0.0
+        )  # 0: every field, every call
         try:
             self.nvml.nvmlInit()
         except Exception as e:
@@ -85,7 +112,12 @@ class NvmlSource:
         self._open = True
         try:
             count = self.nvml.nvmlDeviceGetCount()
-            self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self.indices = list(range(count))
+            self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
+            if only is not None:
+                keep = [k for k, h in enumerate(self.handles) if self._is_one_of(k, h, set(only))]
+                self.indices = [self.indices[k] for k in keep]
+                self.handles = [self.handles[k] for k in keep]
         except Exception as e:
             self.close()
             raise NvmlUnavailable("NVML could not list the GPUs: {}".format(e)) from None
@@ -95,7 +127,14 @@ class NvmlSource:
             self._reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons"
         self._slow: List[Dict[str, Any]] = [{} for _ in self.handles]
         self._slow_at: List[Optional[float]] = [None for _ in self.handles]
+        self._settings: List[Dict[str, Any]] = [{} for _ in self.handles]
+        self._settings_at: List[Optional[float]] = [None for _ in self.handles]
         self._facts: Optional[P.GpuFacts] = None
+
+    def _is_one_of(self, index: int, handle: Any, names: "set[str]") -> bool:
+        if str(index) in names:
+            return True
+        return any(not n.isdigit() for n in names) and self._str("nvmlDeviceGetUUID", handle) in names
 
     def _get(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args), or None on any NVML error (NotSupported included)."""
@@ -114,11 +153,11 @@ class NvmlSource:
             driver = self._call("nvmlSystemGetDriverVersion")
             nvml_version = self._call("nvmlSystemGetNVMLVersion")
             gpus: List[P.GpuFact] = []
-            for i, h in enumerate(self.handles):
+            for k, h in enumerate(self.handles):
                 mem = self._call("nvmlDeviceGetMemoryInfo", h)
                 gpus.append(
                     {
-                        "index": i,
+                        "index": self.indices[k],
                         "uuid": self._str("nvmlDeviceGetUUID", h),
                         "name": self._str("nvmlDeviceGetName", h),
                         "mem_total_mib": mem.total // MIB if mem is not None else None,
@@ -140,21 +179,38 @@ class NvmlSource:
         """The fields of ``protocol.Gpu`` read every few seconds only."""
         nv = self.nvml
         pstate = self._call("nvmlDeviceGetPerformanceState", h)
-        persistence = self._call("nvmlDeviceGetPersistenceMode", h)
         return {
+            "temp_c": self._call("nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
             "fan_percent": self._call("nvmlDeviceGetFanSpeed", h),
             "sm_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
-            "mem_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2)),
             "pstate": "P{}".format(pstate) if pstate is not None and 0 <= pstate <= 15 else None,
+            "throttle_reasons": throttle_names(self._call(self._reasons_fn, h)),
+        }
+
+    def _read_settings(self, h: Any) -> Dict[str, Any]:
+        """The fields of ``protocol.Gpu`` that are settings more than readings: read once a minute."""
+        nv = self.nvml
+        limit = self._call("nvmlDeviceGetEnforcedPowerLimit", h)
+        persistence = self._call("nvmlDeviceGetPersistenceMode", h)
+        return {
+            "power_limit_w": limit / 1000.0 if limit is not None else None,
+            "mem_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2)),
             "ecc_errors_uncorrected": self._call(
                 "nvmlDeviceGetTotalEccErrors",
                 h,
                 getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                 getattr(nv, "NVML_VOLATILE_ECC", 0),
             ),
-            "throttle_reasons": throttle_names(self._call(self._reasons_fn, h)),
             "persistence_mode": bool(persistence) if persistence is not None else None,
         }
+
+    @staticmethod
+    def _due(at: List[Optional[float]], i: int, now: float, every: float) -> bool:
+        """Whether GPU ``i``'s cached tier is older than ``every`` seconds (marking it read now if so)."""
+        if at[i] is not None and now - at[i] < every:  # type: ignore[operator]
+            return False
+        at[i] = now
+        return True
 
     def sample(self) -> List[Dict[str, Any]]:
         """One ``protocol.Gpu`` per GPU, but processes carry pid and mem_mib only (the sampler adds the rest)."""
@@ -165,26 +221,22 @@ class NvmlSource:
             util = self._call("nvmlDeviceGetUtilizationRates", h)
             mem = self._call("nvmlDeviceGetMemoryInfo", h)
             power = self._call("nvmlDeviceGetPowerUsage", h)
-            limit = self._call("nvmlDeviceGetEnforcedPowerLimit", h)
-            last = self._slow_at[i]
-            if last is None or now - last >= self.slow_interval:
+            if self._due(self._slow_at, i, now, self.slow_interval):
                 self._slow[i] = self._read_slow(h)
-                self._slow_at[i] = now
+            if self._due(self._settings_at, i, now, self.settings_interval):
+                self._settings[i] = self._read_settings(h)
             gpu: Dict[str, Any] = {
-                "index": i,
+                "index": self.indices[i],
                 "uuid": facts[i]["uuid"],
                 "name": facts[i]["name"],
                 "util_percent": util.gpu if util is not None else None,
                 "mem_used_mib": mem.used // MIB if mem is not None else None,
                 "mem_total_mib": mem.total // MIB if mem is not None else None,
-                "temp_c": self._call(
-                    "nvmlDeviceGetTemperature", h, getattr(self.nvml, "NVML_TEMPERATURE_GPU", 0)
-                ),
                 "power_w": power / 1000.0 if power is not None else None,
-                "power_limit_w": limit / 1000.0 if limit is not None else None,
                 "processes": self._processes(h),
             }
             gpu.update(self._slow[i])
+            gpu.update(self._settings[i])
             out.append(gpu)
         return out
 

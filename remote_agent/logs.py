@@ -1,12 +1,75 @@
 """Job logs served from a byte offset: one-shot reads and follows that push chunks as the file grows."""
 
 import os
+import select
 import threading
 from typing import BinaryIO, Callable, Dict, Optional
 
 from .fsutil import open_regular
 from .jobs import JobError
 from .protocol import LOG_CHUNK_BYTES, LOG_FRAME_BYTES, b64
+
+#: A follow with nothing new re-reads at least this often even when the file watch saw nothing.
+QUIET_CHECK_S = 5.0
+#: Shortest time between two reads of a busy log: writes that come close together go out together.
+MIN_GAP_S = 0.05
+#: Without a file watch: a quiet log is polled this often at first, backing off to POLL_MAX_S.
+POLL_MIN_S, POLL_MAX_S = 0.1, 1.0
+
+_IN_NONBLOCK_CLOEXEC = 0o4000 | 0o2000000
+#: IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE, IN_DELETE_SELF,
+#: IN_MOVE_SELF: a write to the log, its status file renamed into place, the log replaced or deleted.
+_IN_EVENTS = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+
+
+class DirWatch:
+    """Wakes a waiter when anything in one directory changes: Linux inotify through ctypes.
+
+    ``DirWatch.open(path)`` is None where inotify is unavailable (not Linux, no libc, out of watches).
+    """
+
+    def __init__(self, fd: int, wake_r: int, wake_w: int) -> None:
+        self._fd, self._wake_r, self._wake_w = fd, wake_r, wake_w
+        self._lock = threading.Lock()  # wake() from another thread never writes to a closed (reused) fd
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str) -> "Optional[DirWatch]":
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK_CLOEXEC)
+        except (OSError, AttributeError):
+            return None
+        if fd < 0:
+            return None
+        if libc.inotify_add_watch(fd, os.fsencode(path), _IN_EVENTS) < 0:
+            os.close(fd)
+            return None
+        wake_r, wake_w = os.pipe()
+        return cls(fd, wake_r, wake_w)
+
+    def wait(self, timeout: float) -> None:
+        """Until something in the directory changed, ``wake()`` was called, or ``timeout`` passed."""
+        ready, _, _ = select.select([self._fd, self._wake_r], [], [], timeout)
+        if self._fd in ready:
+            try:
+                while os.read(self._fd, 65536):  # the events themselves do not matter: the caller re-reads
+                    pass
+            except BlockingIOError:
+                pass
+
+    def wake(self) -> None:
+        with self._lock:
+            if not self._closed:
+                os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for fd in (self._fd, self._wake_r, self._wake_w):
+                os.close(fd)
 
 
 def _open_log(path: str) -> BinaryIO:
@@ -69,6 +132,9 @@ class Follow(threading.Thread):
     (flow control; 0 means stop). A log that shrinks, is replaced or deleted is reported as a gap (``reset``)
     and followed again from its start; one that cannot be read (a dir, a FIFO, EIO...) gets an ``error``
     notice and is retried until the job ends, when ``log_end`` carries the error.
+
+    Between reads it waits on the job dir (``DirWatch``): a quiet log costs no polling. Without inotify it
+    polls, backing off from POLL_MIN_S to POLL_MAX_S while nothing comes.
     """
 
     def __init__(
@@ -78,18 +144,31 @@ class Follow(threading.Thread):
         offset: int,
         send: Callable[[str, Dict], None],
         job_ended: Callable[[], Optional[Dict]],
-        poll_s: float = 0.1,
         room: Callable[[threading.Event], int] = lambda stopped: LOG_FRAME_BYTES,
+        watch: bool = True,
     ) -> None:
         super().__init__(name="follow-%s" % job_id, daemon=True)
         self.job_id, self.path, self.offset = job_id, path, max(0, int(offset))
-        self.send, self.job_ended, self.poll_s, self.room = send, job_ended, poll_s, room
+        self.send, self.job_ended, self.room = send, job_ended, room
         self.stopped = threading.Event()
+        self._watch = DirWatch.open(os.path.dirname(path) or ".") if watch else None
+        self._poll_s = POLL_MIN_S
         self._inode: Optional[int] = None
         self._problem: Optional[str] = None  # why the log cannot be read now, as last told to the client
 
     def stop(self) -> None:
         self.stopped.set()
+        if self._watch is not None:
+            self._watch.wake()
+
+    def _wait(self) -> None:
+        """Until the log may have changed: the dir watch fired (or QUIET_CHECK_S passed), else a backoff poll."""
+        if self._watch is None:
+            self.stopped.wait(self._poll_s)
+            self._poll_s = min(POLL_MAX_S, self._poll_s * 2)
+            return
+        self._watch.wait(QUIET_CHECK_S)
+        self.stopped.wait(MIN_GAP_S)  # let a burst of writes finish: one read for all of them
 
     def _check_replaced(self) -> None:
         try:
@@ -122,6 +201,9 @@ class Follow(threading.Thread):
         except Exception as exc:  # never leave the client waiting for a follow that died
             self.send("log_end", {"job": self.job_id, "offset": self.offset, "job_state": None,
                                   "exit_code": None, "error": "log follow failed: %r" % exc})  # fmt: skip
+        finally:
+            if self._watch is not None:
+                self._watch.close()
 
     def _read(self, limit: int) -> Optional[bytes]:
         """New bytes (maybe none), or None while the log cannot be read (the client was told why)."""
@@ -143,6 +225,7 @@ class Follow(threading.Thread):
             if data:
                 self.send("log", {"job": self.job_id, "offset": self.offset, "b64": b64(data)})
                 self.offset += len(data)
+                self._poll_s = POLL_MIN_S
                 continue
             try:
                 ended = self.job_ended()
@@ -159,4 +242,7 @@ class Follow(threading.Thread):
                     self.send("log_end", end)
                     return
                 continue
-            self.stopped.wait(self.poll_s if data is not None else 1.0)
+            if data is None:  # unreadable now: retried every second
+                self.stopped.wait(1.0)
+            elif not self.stopped.is_set():
+                self._wait()

@@ -29,16 +29,18 @@ class MetricsSampler:
         state_dir: str,
         nvidia_smi: str = "nvidia-smi",
         nvml: Any = None,
-        slow_interval: float = 5.0,
+        slow_interval: float = gpu_nvml.SLOW_INTERVAL_S,
         smi_timeout: float = 10.0,
+        only: Optional[List[str]] = None,
     ) -> None:
+        """``only``: NVML reads just these GPUs (indices or UUIDs); nvidia-smi reads all in its one call."""
         self.host = HostStats(state_dir)
         self.source: Any = None
         self.gpu_error: Optional[str] = None
         self.hidden = HiddenAttribution()  # GPU processes from another PID namespace (a pod)
         self._facts: Optional[Dict[str, Any]] = None  # protocol.GpuFacts + gpu_source, gpu_error
         try:
-            self.source = gpu_nvml.NvmlSource(nvml, slow_interval)
+            self.source = gpu_nvml.NvmlSource(nvml, slow_interval, only)
             return
         except gpu_nvml.NvmlUnavailable as e:
             nvml_error = str(e)

@@ -13,11 +13,35 @@ import collections
 import fcntl
 import json
 import os
+import time
 from typing import Any, Deque, Dict, List, Optional
 
 from .fsutil import ensure_private_dir, open_regular, write_atomic
 
 RING_SAMPLES = 600  # ten minutes at 1 Hz
+#: ``latest_sample`` reads at most this much of the ring's end (a sample line is a few KiB per GPU).
+LATEST_READ_BYTES = 1024 * 1024
+
+
+def ring_path(state_dir: str) -> str:
+    return os.path.join(state_dir, "metrics", "ring.jsonl")
+
+
+def latest_sample(state_dir: str, max_age_s: float) -> Optional[Dict[str, Any]]:
+    """The ring's newest sample when an agent wrote it at most ``max_age_s`` ago, else None: what a job's
+    runner or the watchdog reads instead of asking NVML themselves while an agent samples."""
+    try:
+        with os.fdopen(open_regular(ring_path(state_dir)), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - LATEST_READ_BYTES))
+            data = f.read(LATEST_READ_BYTES)
+    except OSError:  # no ring (no agent sampled yet), or not a regular file
+        return None
+    lines = data[: data.rfind(b"\n") + 1].splitlines()
+    samples = _parse(lines[-1:])
+    if not samples or not isinstance(samples[0].get("t"), (int, float)):
+        return None
+    return samples[0] if 0 <= time.time() - samples[0]["t"] <= max_age_s else None
 
 
 def _dump(sample: Dict[str, Any]) -> bytes:
@@ -44,7 +68,7 @@ class MetricsRing:
 
     def __init__(self, state_dir: str, maxlen: int = RING_SAMPLES) -> None:
         self.dir = ensure_private_dir(os.path.join(state_dir, "metrics"))
-        self.path = os.path.join(self.dir, "ring.jsonl")
+        self.path = ring_path(state_dir)
         self.maxlen = maxlen
         self._lock_fd: Optional[int] = None
         self._seq = 0

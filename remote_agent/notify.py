@@ -13,8 +13,6 @@ import json
 import os
 import re
 import subprocess
-import urllib.error
-import urllib.request
 from typing import Any, Callable, Dict, List, Optional
 
 from .fsutil import read_json, write_json
@@ -85,6 +83,9 @@ def deliver(notify: Dict[str, Any], event: str, text: str) -> Optional[str]:
 
 def _post(url: str, body: bytes, content_type: str, what: str) -> Optional[str]:
     """POST ``body``; the problem, or None when the server accepted it."""
+    import urllib.error  # here: 50 ms to import, and most agents never send anything
+    import urllib.request
+
     req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:

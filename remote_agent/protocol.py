@@ -410,6 +410,7 @@ class ReadResult(TypedDict):
     offset: int
     b64: str
     size: int
+    path: str  # the log on the host: what the agent's ``cat`` streams a catch-up from
 
 
 class FollowArgs(JobArgs, total=False):

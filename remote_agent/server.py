@@ -240,7 +240,8 @@ class Agent:
         data, size = read_chunk(
             path, offset, P.int_arg(a, "max_bytes", P.LOG_CHUNK_BYTES, 0, P.LOG_CHUNK_BYTES)
         )
-        return {"offset": offset, "b64": P.b64(data), "size": size}
+        # The path lets the client fetch a long stretch as a raw stream instead (the agent's ``cat``).
+        return {"offset": offset, "b64": P.b64(data), "size": size, "path": path}
 
     def op_times(self, a: P.TimesArgs) -> P.TimesResult:
         """When the bytes start..end of the job's log were written: [[offset, unix time], ...]."""

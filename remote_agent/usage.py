@@ -4,6 +4,9 @@ Written to ``usage.json`` in the job dir: peak GPU memory held by the job's proc
 utilisation of the GPUs the job was given (all of them when it was not restricted). In a pod, where NVML's
 pids are not in this /proc, the job's GPU processes are inferred as the agent does (container.py), and
 ``gpu_mem_inferred`` says so.
+
+While an agent samples the host (a client is connected), the runner takes the agent's newest sample from the
+metrics ring: no NVML call of its own. Otherwise it reads NVML itself, only the GPUs the job was given.
 """
 
 import os
@@ -13,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from .container import Owners
 from .fsutil import write_json
 from .jobs import running_jobs
+from .mring import latest_sample
 
 EVERY_S = 5.0
 
@@ -71,15 +75,27 @@ class UsageRecorder(threading.Thread):
             jobs.append({"id": self.job_id, "pid": self.job_pid, "gpus": None, "started_at": None})
         return Owners(jobs)
 
-    def run(self) -> None:
-        from .metrics import MetricsSampler
+    def _own_sample(self) -> Optional[Dict[str, Any]]:
+        """A reading of this job's GPUs by the runner itself; None on a host without GPUs."""
+        if self._sampler is None:
+            from .metrics import MetricsSampler
 
-        sampler = MetricsSampler(self.job_dir, nvidia_smi=self.nvidia_smi)
+            self._sampler = MetricsSampler(self.job_dir, nvidia_smi=self.nvidia_smi, only=self.visible)
+        if self._sampler.gpu_source is None:
+            return None
+        return self._sampler.sample(self.owners())
+
+    def run(self) -> None:
+        state_dir = os.path.dirname(os.path.dirname(os.path.normpath(self.job_dir)))
+        self._sampler = None  # type: Optional[Any]
         try:
-            if sampler.gpu_source is None:
-                return
             while True:
-                self.add(sampler.sample(self.owners()))
+                sample = latest_sample(state_dir, self.every_s)
+                if sample is None or (not sample.get("gpus") and sample.get("gpu_source") is None):
+                    sample = self._own_sample()
+                    if sample is None:
+                        return  # no GPU on this host
+                self.add(sample)
                 try:
                     write_json(os.path.join(self.job_dir, "usage.json"), self.usage)
                 except OSError:
@@ -87,4 +103,5 @@ class UsageRecorder(threading.Thread):
                 if self.stopped.wait(self.every_s):
                     return
         finally:
-            sampler.close()
+            if self._sampler is not None:
+                self._sampler.close()

@@ -24,10 +24,13 @@ from . import notify
 from .activity import ActivityLog, idle_status
 from .boot import boot_id, boot_time
 from .fsutil import open_regular, read_json, write_json
+from .mring import latest_sample
 from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 RETRY_AFTER_FAILURE_S = 300.0
+#: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
+RING_FRESH_S = 5.0
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
@@ -317,16 +320,26 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
     queue = JobQueue(jobs, dog.log)
     first = dog.read_config() or {}
     smi = first.get("nvidia_smi") or queue.state().get("nvidia_smi")
-    sampler = MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi")
+    samplers: List[MetricsSampler] = []  # opened only while no agent samples into the metrics ring
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     dog.log("started (pid %d)" % os.getpid())
+
+    def sample_fn() -> Any:
+        fresh = latest_sample(state_dir, RING_FRESH_S)  # an agent's reading: no NVML calls of our own
+        if fresh is not None:
+            return fresh, jobs.list()
+        if not samplers:
+            samplers.append(
+                MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi")
+            )
+        return samplers[0].sample(jobs.owner_lookup()), jobs.list()
 
     try:
         while True:
             config = dog.read_config()
             why = disarmed_because(config, facts["boot_id"])
             try:
-                taken: Any = (sampler.sample(jobs.owner_lookup()), jobs.list())
+                taken: Any = sample_fn()
             except Exception as exc:  # the activity check counts this as activity; the queue waits
                 taken = exc
             waiting = queue.run_pass(None if isinstance(taken, Exception) else taken[0],
@@ -341,7 +354,8 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
             interval = float((config or {}).get("interval", 15.0)) if why is None else PASS_S
             _nap(min(interval, PASS_S) if waiting else interval, os.path.join(state_dir, QUEUE))
     finally:
-        sampler.close()
+        for sampler in samplers:
+            sampler.close()
 
 
 def _taken(taken: Any, jobs: Any) -> Any:

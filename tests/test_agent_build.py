@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import subprocess
@@ -9,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from gputui.core import agent_install
+from gputui.core import agent_install, bundle
+from gputui.core.agentproc import AGENT_PYTHON_FLAGS
 from gputui.core.bundle import agent_build, ensure_local_build, tree_hash
 
 
@@ -41,3 +43,31 @@ def test_unpack_refuses_a_build_that_does_not_match_its_hash(tmp_path: Path) -> 
     else:
         raise AssertionError("a build with the wrong hash was unpacked")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_local_build_already_unpacked_is_found_without_making_the_zipapp(tmp_path: Path, monkeypatch) -> None:
+    build = ensure_local_build(tmp_path)
+    (tmp_path / "gputui-agent-0123456789abcdef").mkdir()  # an older build beside it: not this one
+
+    def no_zipapp() -> bytes:
+        raise AssertionError("the zipapp was made (zlib at every CLI start)")
+
+    monkeypatch.setattr(bundle, "build_bytes", no_zipapp)
+    assert ensure_local_build(tmp_path) == build
+
+
+def test_the_agent_starts_without_site_packages_and_without_http(tmp_path: Path) -> None:
+    """``-S``: no site-packages ``.pth`` files at every start; notify's urllib only when a webhook is sent;
+    pynvml only where the NVML library is."""
+    build = ensure_local_build(tmp_path)
+    argv = [sys.executable, *AGENT_PYTHON_FLAGS, "-X", "importtime", str(build), "serve"]
+    res = subprocess.run([*argv, "--state-dir", str(tmp_path / "state"), "--linger", "0"],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.stdout.startswith('{"event":"hello"'), res.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "remote_agent.server" in imported
+    assert {"site", "urllib.request", "http.client"} & imported == set()
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:  # no NVIDIA driver here: pynvml is not even imported
+        assert "pynvml" not in imported

@@ -189,3 +189,30 @@ def test_real_pynvml_without_a_gpu(tmp_path):
     facts = s.facts()
     assert facts["gpu_source"] is None and facts["gpus"] == []
     assert facts["gpu_error"].startswith("no NVIDIA driver: nvidia-smi not found and NVML unavailable (")
+
+
+def test_a_1hz_sampler_makes_at_most_5_nvml_calls_per_gpu_per_second(tmp_path, monkeypatch):
+    """Fast fields every second, slow ones every few seconds, settings (power limit...) once a minute."""
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.gpu_nvml.time, "monotonic", lambda: clock[0])
+    nv = NvmlDouble(A100_X8)
+    s = MetricsSampler(str(tmp_path), nvml=nv)
+    s.sample(lambda pid: None)  # facts and every tier once
+    nv.calls.clear()
+    seconds = 600
+    for _ in range(seconds):
+        clock[0] += 1.0
+        out = s.sample(lambda pid: None)
+    per_gpu_per_s = sum(nv.calls.values()) / 8 / seconds
+    assert per_gpu_per_s <= 5.0, nv.calls
+    assert nv.calls["nvmlDeviceGetEnforcedPowerLimit"] == 8 * seconds // 60
+    assert [g["power_limit_w"] for g in out["gpus"]] == [400.0] * 8  # cached settings still in every sample
+
+
+def test_a_runner_reads_only_its_own_gpus(tmp_path):
+    nv = NvmlDouble(A100_X8)
+    s = MetricsSampler(str(tmp_path), nvml=nv, only=["3", A100_GPUS[5][0]])
+    nv.calls.clear()
+    out = s.sample(lambda pid: None)
+    assert [(g["index"], g["uuid"]) for g in out["gpus"]] == [(3, A100_GPUS[3][0]), (5, A100_GPUS[5][0])]
+    assert nv.calls["nvmlDeviceGetUtilizationRates"] == 2

@@ -28,6 +28,12 @@ SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every
 MAX_KILL_GRACE_S = P.MAX_KILL_GRACE_S  # the agent refuses a longer grace between kill signals
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
+#: A follow this far behind the log's end catches up over a raw stream (the agent's ``cat`` on a channel of
+#: its own: no JSON, no base64) before it follows on the agent channel.
+CATCHUP_MIN_BYTES = 4 * 1024 * 1024
+CATCHUP_READ = 1024 * 1024
+#: Raw streams in a row that may fail without a byte before the follow goes on over the agent channel.
+CATCHUP_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,9 @@ class LogFollow:
     on_gap: Callable[[str], None]
     on_end: Callable[[dict[str, Any]], None]
     ended: bool = False
+    catchup: asyncio.Task[None] | None = None  # a raw-stream catch-up runs; the agent does not follow yet
+    starting: bool = False  # _start_follow is asking the agent about this follow
+    stream_failures: int = 0  # raw streams in a row that brought no byte
 
 
 class Backoff:
@@ -148,7 +157,7 @@ class HostSession:
             self._on_log(data)
         elif name == P.EV_LOG_END and isinstance(data, dict):
             follow = self._follows.get(str(data.get("job")))
-            if follow is not None and int(data.get("offset", -1)) == follow.cursor:
+            if follow is not None and follow.catchup is None and int(data.get("offset", -1)) == follow.cursor:
                 follow.ended = True
                 self._follows.pop(follow.job, None)
                 follow.on_end(data)
@@ -163,7 +172,7 @@ class HostSession:
 
     def _on_log(self, data: dict[str, Any]) -> None:
         follow = self._follows.get(str(data.get("job")))
-        if follow is None:
+        if follow is None or follow.catchup is not None:
             return
         offset = int(data["offset"])
         if data.get("error"):  # the log cannot be read now (a dir, a FIFO, EIO...): the agent retries
@@ -216,7 +225,7 @@ class HostSession:
             for sample in res.get("backlog") or ():
                 self._add_sample(sample)
         for follow in list(self._follows.values()):
-            await link.request(P.OP_LOGS_FOLLOW, job=follow.job, offset=follow.cursor)
+            await self._start_follow(link, follow)
         if self.on_connect is not None:
             await self.on_connect(self)
         self._publish()
@@ -335,12 +344,31 @@ class HostSession:
         if self.metrics_interval is not None and self.link is not None and not self.link.closed.is_set():
             with contextlib.suppress(LinkClosed, AgentError):  # a deliberate close: no lingering sampler
                 await self.link.request(P.OP_SHUTDOWN, timeout=2.0)
+        for follow in list(self._follows.values()):
+            if follow.catchup is not None:
+                follow.catchup.cancel()
         await self._drop_link()
         with contextlib.suppress(Exception):
             await self.transport.close()
         self._publish(state=M.CLOSED)
 
     # --- commands ---------------------------------------------------------------------------------------------
+    async def _linked(self, timeout: float | None) -> Link:
+        """The open link, waiting for the reconnect when the session is reconnecting (LinkClosed if it is not
+        reconnecting, or not back within ``timeout``)."""
+        while (link := self.link) is None or link.closed.is_set():
+            if self._runner is None or self._runner.done():
+                raise LinkClosed(self._snapshot.error or "not connected")
+            if link is not None and self._connected.is_set():
+                await asyncio.sleep(0.05)  # closed but not yet dropped: the runner drops it next
+                continue
+            try:
+                await asyncio.wait_for(self._connected.wait(), timeout)
+            except asyncio.TimeoutError:  # an OSError on Python >= 3.11, and without a message
+                why = self._snapshot.error or "still connecting"
+                raise LinkClosed(f"{self.name}: not connected within {timeout:g} s ({why})") from None
+        return link
+
     async def request(self, op: str, timeout: float | None = 30.0, **args: Any) -> Any:
         """Send one request, waiting for a connection first when the session is reconnecting."""
         if self.link is None or self.link.closed.is_set():
@@ -423,6 +451,21 @@ class HostSession:
         res = await self.request(P.OP_LOGS_READ, job=job, offset=offset, tail_lines=tail_lines)
         return int(res["offset"]), P.unb64(res["b64"]), int(res["size"])
 
+    async def copy_log(self, job: str, offset: int, on_data: Callable[[bytes], None]) -> int:
+        """Every byte of the job's log from ``offset`` to its end, handed to ``on_data`` in order; returns the
+        offset reached. Far from the end the bytes come as a raw stream (as a follow's catch-up does)."""
+        copy = LogFollow(job, offset, on_data, lambda _msg: None, lambda _info: None)
+        target = await self._far_behind(await self._linked(30.0), copy)
+        if target is not None:
+            await self._catch_up(copy, *target)
+        while True:
+            _, data, size = await self.read_log(job, copy.cursor)
+            if data:
+                copy.cursor += len(data)
+                on_data(data)
+            if not data or copy.cursor >= size:
+                return copy.cursor
+
     async def log_times(self, job: str, start: int, end: int) -> list[tuple[int, float]]:
         """When the job's log bytes ``start..end`` were written: (offset, unix time) pairs, oldest first."""
         res = await self.request(P.OP_LOGS_TIMES, job=job, start=start, end=end)
@@ -465,17 +508,84 @@ class HostSession:
         on_end: Callable[[dict[str, Any]], None],
         on_gap: Callable[[str], None] = lambda _msg: None,
     ) -> LogFollow:
-        """Stream the job's log from ``offset``; resumes from the cursor after every reconnect."""
+        """Stream the job's log from ``offset``; resumes from the cursor after every reconnect.
+
+        Far behind the log's end, the bytes come first as a raw stream on a channel of their own (see
+        ``_catch_up``), then the agent follows the log from there on its channel.
+        """
+        if job in self._follows:
+            await self.unfollow_log(job)
         follow = LogFollow(job, offset, on_data, on_gap, on_end)
         self._follows[job] = follow
         try:
-            await self.request(P.OP_LOGS_FOLLOW, job=job, offset=offset)
+            await self._start_follow(await self._linked(30.0), follow)
         except LinkClosed:
             if self._runner is None:
                 self._follows.pop(job, None)
                 raise
             # the link dropped under the request: the reconnect resumes every follow from its cursor
+        except BaseException:
+            self._follows.pop(job, None)
+            raise
         return follow
+
+    async def _start_follow(self, link: Link, follow: LogFollow) -> None:
+        """Have the agent follow the log from the cursor, or start a raw catch-up when far behind."""
+        if follow.catchup is not None or follow.starting:
+            return
+        follow.starting = True
+        try:
+            target = await self._far_behind(link, follow)
+            if target is None:
+                await link.request(P.OP_LOGS_FOLLOW, job=follow.job, offset=follow.cursor)
+            elif self._follows.get(follow.job) is follow:
+                follow.catchup = asyncio.create_task(self._catch_up_then_follow(follow, *target))
+        finally:
+            follow.starting = False
+
+    async def _far_behind(self, link: Link, follow: LogFollow) -> tuple[str, int] | None:
+        """(path on the host, size) of the log when it reaches CATCHUP_MIN_BYTES past the cursor and a raw
+        stream may fetch them; None to follow on the agent channel (which also reports an unreadable log)."""
+        if follow.stream_failures >= CATCHUP_TRIES or type(self.transport).open_agent_stream is (
+            Transport.open_agent_stream
+        ):
+            return None
+        try:
+            res = await link.request(P.OP_LOGS_READ, job=follow.job, offset=follow.cursor, max_bytes=0)
+        except AgentError:
+            return None
+        size, path = int(res["size"]), res.get("path")
+        return (str(path), size) if path and size - follow.cursor >= CATCHUP_MIN_BYTES else None
+
+    async def _catch_up_then_follow(self, follow: LogFollow, path: str, size: int) -> None:
+        try:
+            await self._catch_up(follow, path, size)
+        finally:
+            follow.catchup = None
+        if self._follows.get(follow.job) is not follow:
+            return
+        with contextlib.suppress(LinkClosed, AgentError):  # the reconnect resumes it (it has no catch-up now)
+            await self._start_follow(await self._linked(None), follow)
+
+    async def _catch_up(self, follow: LogFollow, path: str, size: int) -> None:
+        """The log's bytes from the cursor up to ``size`` as the agent's ``cat`` writes them on a channel of
+        its own: no JSON, no base64. The cursor counts every byte received, so a cut stream loses nothing:
+        the next start goes on from there (a stream again while still far behind)."""
+        start = follow.cursor
+        try:
+            channel = await self.transport.open_agent_stream(["cat", path, str(start), str(size - start)])
+            try:
+                while follow.cursor < size and (data := await channel.reader.read(CATCHUP_READ)):
+                    data = data[: size - follow.cursor]
+                    follow.cursor += len(data)
+                    follow.on_data(data)
+            finally:
+                await channel.close()
+        except Exception as exc:  # link lost (OSError, asyncssh errors), no channel: the follow goes on
+            log.info(
+                "%s: log catch-up of job %s stopped at %d: %s", self.name, follow.job, follow.cursor, exc
+            )
+        follow.stream_failures = 0 if follow.cursor > start else follow.stream_failures + 1
 
     async def exec(self, argv: list[str], timeout_s: float) -> dict[str, Any]:
         """Run ``argv`` on the host (no shell), killed after ``timeout_s``: ``exit_code``, ``stdout``, ``stderr``."""
@@ -508,6 +618,9 @@ class HostSession:
         await self.request(P.OP_WATCHDOG_CANCEL)
 
     async def unfollow_log(self, job: str) -> None:
-        if self._follows.pop(job, None) is not None and self.link is not None:
+        follow = self._follows.pop(job, None)
+        if follow is not None and follow.catchup is not None:
+            follow.catchup.cancel()
+        if follow is not None and self.link is not None:
             with contextlib.suppress(LinkClosed, AgentError):
                 await self.link.request(P.OP_LOGS_UNFOLLOW, job=job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import subprocess
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -14,7 +15,7 @@ from typing import Any
 
 from remote_agent.protocol import MAX_FRAME_BYTES
 
-from .bundle import ensure_local_build
+from . import agentproc
 from .link import ByteReader, ByteWriter
 
 
@@ -91,18 +92,21 @@ class LocalTransport(Transport):
         return []
 
     async def open_agent(self) -> AgentChannel:
-        argv = ["serve", "--state-dir", self.state_dir]
-        argv += ["--idle-timeout", str(self.idle_timeout), "--nvidia-smi", self.nvidia_smi]
+        argv = agentproc.serve_argv(
+            self.python, self.cache_dir, self.state_dir, self.idle_timeout, self.nvidia_smi
+        )
+        early = agentproc.take(argv)  # started while the CLI imported (agentproc.start_early)
+        if early is not None:
+            return await _adopt(early)
         return await self._spawn(argv, _stop_process, limit=2 * MAX_FRAME_BYTES)
 
     async def open_agent_stream(self, args: list[str]) -> AgentChannel:
-        return await self._spawn(args, _end_process)
+        return await self._spawn(agentproc.build_argv(self.python, self.cache_dir) + args, _end_process)
 
     async def _spawn(
-        self, args: list[str], stop: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kw: Any
+        self, argv: list[str], stop: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kw: Any
     ) -> AgentChannel:
-        """The local agent build run with ``args`` on pipes; ``stop(proc)`` ends it when the channel closes."""
-        argv = [self.python, str(ensure_local_build(self.cache_dir)), *args]
+        """The local agent build run as ``argv`` on pipes; ``stop(proc)`` ends it when the channel closes."""
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -118,6 +122,30 @@ class LocalTransport(Transport):
         channel = AgentChannel(proc.stdout, proc.stdin, lambda: stop(proc))
         channel.collect_stderr(proc.stderr)
         return channel
+
+
+async def _adopt(proc: subprocess.Popen[bytes]) -> AgentChannel:
+    """An agent started early (``subprocess.Popen``) as an AgentChannel on this event loop."""
+    assert proc.stdin and proc.stdout and proc.stderr
+    loop = asyncio.get_running_loop()
+    out, err = asyncio.StreamReader(limit=2 * MAX_FRAME_BYTES), asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(out), proc.stdout)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(err), proc.stderr)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, proc.stdin)
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+    async def stop() -> None:  # as _stop_process: EOF on stdin, killed if it lingers
+        writer.close()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(None, proc.wait), 5)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await loop.run_in_executor(None, proc.wait)
+
+    channel = AgentChannel(out, writer, stop)
+    channel.collect_stderr(err)
+    return channel
 
 
 async def _end_process(proc: asyncio.subprocess.Process) -> None:
