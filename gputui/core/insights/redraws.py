@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, groupby, islice, takewhile
 from operator import methodcaller
+from struct import Struct
 from typing import NamedTuple
 
 from .log_hints import first_hint_key
@@ -147,14 +148,16 @@ def read_run(
 
 class Layout(NamedTuple):
     """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
-    remaining and rate; the text from the total to the times; the stripped postfix; per "key=number"
-    part of a plain postfix (else None) the key's and the number's; and the shapes of those numbers."""
+    remaining and rate; the text from "/" before the total to the "[" of the times; the stripped postfix;
+    per "key=number" part of a plain postfix (else None) the key's and the number's; the shapes of those
+    numbers; and the :mod:`struct` formats that cut a line's postfix and its numbers out of it."""
 
     fields: tuple[tuple[int, int], ...]
-    after_total: bytes  # from the end of the total to the "[" of the times
+    count: bytes  # "/{total}" and what follows it up to the "[" of the times
     post: tuple[int, int]
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
+    cuts: tuple[str, str]
 
 
 class Column(NamedTuple):
@@ -166,13 +169,28 @@ class Column(NamedTuple):
     last: float
     low: float
     high: float
-    newest: list[bytes] | list[float]
+    newest: Sequence[bytes] | list[float]
+
+
+def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
+    """The :mod:`struct` format that reads these byte spans (in order, apart) out of a ``width``-byte line."""
+    fmt, at = [], 0
+    for a, b in spans:
+        fmt.append(f"{a - at}x{b - a}s")
+        at = b
+    return "".join(fmt) + f"{width - at}x"
+
+
+@lru_cache(maxsize=512)
+def _cutter(fmt: str, lines: int) -> Struct:
+    """A :class:`struct.Struct` that cuts ``fmt``'s fields out of ``lines`` lines at once (in C)."""
+    return Struct(fmt * lines)
 
 
 @lru_cache(maxsize=256)
-def _layout(shape: bytes, d: int) -> Layout | None:
-    """The :class:`Layout` of redraws of this shape (digits read 0) after a description of ``d`` bytes;
-    None when such a line is no redraw, names an epoch or may hold a hint."""
+def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
+    """The :class:`Layout` of redraws of this shape (digits read 0) after a description of ``d`` bytes, of
+    a bar of this total; None when such a line is no redraw, names an epoch or may hold a hint."""
     tail = shape[d:]
     m = _TAIL.match(tail)
     if m is None or b"poch" in tail or b"POCH" in tail or HINT_GATE.search(tail):
@@ -196,10 +214,11 @@ def _layout(shape: bytes, d: int) -> Layout | None:
         if len(set(names)) != len(names):
             pairs = None  # "loss" twice: only the line-by-line reading knows which wins
     numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
-    after_total = shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
-    return Layout(
-        fields, after_total, (p0, p0 + len(post)), tuple(pairs) if pairs is not None else None, numbers
-    )
+    count = b"/" + total + shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
+    width = len(shape) + 1
+    post_span = (p0, p0 + len(post))
+    cuts = (_cut([post_span], width), _cut([(v0, v1) for _, _, v0, v1 in pairs or ()], width))
+    return Layout(fields, count, post_span, tuple(pairs) if pairs is not None else None, numbers, cuts)
 
 
 def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
@@ -216,53 +235,58 @@ def _bulk(
 
     Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
     values change) parse the same way, since no rule tells one digit from another: so one regex match
-    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfix
-    values are read by column with slices.
+    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfixes
+    and their values are cut out of the block of those lines by one cached :class:`struct.Struct`.
     """
     body = b"\n".join(reds)
     shapes = body.translate(DIGITS_AS_0).split(b"\n")
+    body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
     posts: list[bytes] = []
     keys: list[bytes] = []
+    key_shapes: list[bytes] = []
     columns: list[list[bytes]] = []
     numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
     counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
-    start = offset = 0
+    offset = 0
+    layout: Layout | None = None
     for shape, group in groupby(shapes):
         k = len(list(group))
-        layout = _layout(shape, d)
+        layout = _layout(shape, d, total)
         if layout is None:
             return Run(stop)
         width = len(shape) + 1  # the lines of a group are as long as their shape
-        lines = reds[start : start + k]
-        block = (offset, offset + k * width)
-        start += k
-        offset += k * width
-        counts.add(b"/" + total + layout.after_total)
+        start, offset = offset, offset + k * width
+        counts.add(layout.count)
         p0, p1 = layout.post
         if p0 == p1:
             continue  # no postfix: it neither counts nor changes the last one
-        if layout.pairs is None or (keys and len(layout.pairs) != len(keys)):
+        pairs = layout.pairs
+        if pairs is None or (keys and len(pairs) != len(keys)):
             return Run(stop)
         if not keys:
-            keys = [lines[0][a:b] for a, b, _, _ in layout.pairs]
+            keys = [body[start + a : start + b] for a, b, _, _ in pairs]
+            key_shapes = [shape[a:b] for a, b, _, _ in pairs]
             columns = [[] for _ in keys]
             numbers = layout.numbers
-        for (a, b, v0, v1), key, column in zip(layout.pairs, keys, columns, strict=True):
-            if b"0" in shape[a:b] and not _same(body[block[0] : block[1]], width, a, key):
-                return Run(stop)  # a key with digits ("top1") must be the same in every line
-            column += [line[v0:v1] for line in lines]
+        block = body[start:offset]
+        for (a, b, _, _), key, key_shape in zip(pairs, keys, key_shapes, strict=True):
+            if shape[a:b] != key_shape or (b"0" in key_shape and not _same(block, width, a, key)):
+                return Run(stop)  # every line has the first one's keys ("top1" too, digits and all)
         if layout.numbers != numbers:
             numbers = None
-        posts += [line[p0:p1] for line in lines]
-    if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
+        posts += _cutter(layout.cuts[0], k).unpack(block)
+        values = _cutter(layout.cuts[1], k).unpack(block)
+        for n, column in enumerate(columns):
+            column += values[n :: len(columns)]
+    if layout is None or sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": this total
         return Run(stop)
-    kept = (
-        [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)] if posts else []
-    )
-    posts = list(compress(posts, kept))
+    if posts and (posts[0] == bar_post or len(set(posts)) < len(posts)):  # else every postfix changed
+        kept = [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)]
+        posts = list(compress(posts, kept))
+        columns = [list(compress(column, kept)) for column in columns]
     out: list[Column] = []
     for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
-        values = list(compress(column, kept))[1:]  # the first changed postfix is read on its own
+        values = column[1:]  # the first changed postfix is read on its own
         decimal = numbers is not None and _DECIMAL.fullmatch(numbers[n]) is not None
         summary = _summary(values, keep, decimal) if values else None
         if values and summary is None:
@@ -270,8 +294,6 @@ def _bulk(
         if summary is not None:
             out.append(Column(key.decode().lower(), *summary))
     last = reds[-1]
-    layout = _layout(shapes[-1], d)
-    assert layout is not None  # read above
     return Run(stop, tuple(last[a:b] for a, b in layout.fields), last, posts, out, others)
 
 
@@ -279,8 +301,8 @@ _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned dec
 
 
 def _summary(
-    values: list[bytes], keep: int, decimal: bool
-) -> tuple[int, float, float, float, list[bytes] | list[float]] | None:
+    values: Sequence[bytes], keep: int, decimal: bool
+) -> tuple[int, float, float, float, Sequence[bytes] | list[float]] | None:
     """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
     ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
     the lowest and the highest are read as floats."""
