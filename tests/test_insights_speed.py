@@ -80,6 +80,67 @@ REDRAWS = (
 )
 
 
+def bar(epoch: int, n: int, post: bytes = b"") -> bytes:
+    """A redraw of a tqdm bar of 20 batches in epoch ``epoch`` of 3 (``post``: its postfix)."""
+    return b"Epoch %d/3:  %2d%%|##   | %d/20 [00:%02d<00:10, 1.00it/s%s]\r" % (epoch, 5 * n, n, n, post)
+
+
+GAPS = (  # lines to read on their own between redraws of one bar: the run is read in segments around them
+    bar(1, 1, b", loss=0.9")
+    + bar(1, 2, b", loss=0.8")
+    + b"\n{'loss': 0.5, 'learning_rate': 4.5e-05, 'epoch': 0.1}\n"  # the same metric, between two redraws
+    + bar(1, 3, b", loss=0.8")  # the postfix did not change: not counted again
+    + bar(1, 4, b", loss=0.7")
+    + b"\nstep 5/100 loss=0.6\nstep 6/100 loss=0.6\nstep 7/100 loss=0.5\n"  # a plain run between them
+    + bar(1, 5, b", loss=0.6")
+    + bar(1, 6, b", loss=0.5")
+    + b"\nValidation: 50%|###  | 1/2 [00:00<00:00, 9.00it/s]\n"  # another bar
+    + bar(1, 7, b", loss=0.4")
+    + b"\n\x1b[1mtrain loss\x1b[0m 0.3\nCUDA out of memory.\n   \n\x1b[0m\n"
+    + bar(1, 8, b", loss=0.3")
+    + bar(1, 9, b", loss=0.3")
+    + b"\nEpoch 1/3 train_loss=0.25\n"  # a summary: the bars start afresh
+    + bar(1, 10, b", loss=0.2")
+    + bar(1, 11, b", loss=0.2")
+    + b"\n{'epoch': 2.0}\n"  # the epoch changes under the bar
+    + bar(1, 12, b", loss=0.2")
+    + bar(1, 13, b", loss=0.1")
+    + b"\nTrain:  50%|##   | 1/2 [00:00<00:00, 9.00it/s]\n"  # another bar that may be read in bulk
+    + bar(1, 13, b", loss=0.1")
+    + bar(1, 14, b", loss=0.05")
+    + b"\nNum Epochs = 7\n"
+    + bar(1, 15, b", loss_cls=0.1")
+    + bar(1, 15, b", loss_cls=0.2")
+    + b"\nloss_box 0.4\nloss 0.3\n"  # the main loss comes after another one: the loss history restarts
+    + bar(1, 16, b", loss_cls=0.3")
+    + bar(1, 17, b", loss_cls=0.4")
+    + b"\nEpoch GPU_mem box_loss Instances Size\n"  # a table header: what follows is read line by line
+    + bar(1, 18, b", loss_cls=0.5")
+    + bar(1, 19, b", loss_cls=inf")
+    + b"\nloss 0.25\n"
+    + bar(1, 19, b", loss_cls=nan")
+    + b"".join(b"\nloss 0.%d\n" % i for i in range(9))  # more lines than a gap holds
+    + bar(1, 20, b", loss_cls=0.6")
+    + b"\nloss 0.2\n"
+    + bar(1, 20, b", loss_cls=0.7")
+    + b"\n  5/20  3.2G  1.23  4  640: \n"
+    + bar(2, 1, b", loss=0.1")
+    + b"\nEpoch 1/3:  10%|#  | 1/7 [00:01<00:09, 1.00it/s, loss=0.5]\n"  # another bar, same description
+    + bar(2, 2, b", loss=0.1")
+    + bar(2, 3, b", loss=0.05")
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 16])
+def test_bulk_redraws_with_lines_between_them_equal_line_by_line(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines read on their own between the redraws of a run (see redraws.read_run's segments)."""
+    for cut in (len(GAPS), GAPS.index(b"\nNum Epochs")):  # with and without the table at the end
+        data = GAPS[:cut]
+        assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
+
+
 def plain(line: bytes, n: int, start: int = 0) -> bytes:
     return b"".join(line % ((i,) * line.count(b"%d")) for i in range(start, start + n))
 

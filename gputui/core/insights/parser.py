@@ -194,33 +194,43 @@ class LogInsights:
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
             if self._redraws is not None:
-                run = read_run(self._redraws, lines, i, self._bar_post_bytes(), line_needs, LOSS_HISTORY)
+                run = read_run(self._redraws, lines, i, self._run_post(), line_needs, LOSS_HISTORY)
                 if run is not None:
-                    if run.last:
-                        self._apply_run(run)
+                    if run.segments:
+                        i = self._apply_run(run, lines)
                     else:
                         for raw in lines[i : run.stop]:
                             self._line(raw[-MAX_LINE:])
-                    i, skipped = run.stop, None
+                        i = run.stop
+                    skipped = None
                     continue
             raw = lines[i]
-            i += 1
             if not raw:
+                i += 1
                 continue
-            if len(raw) > MAX_LINE:
-                raw = raw[-MAX_LINE:]
-            needs = 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(raw)
+            raw = raw[-MAX_LINE:]
+            needs = self._needs(raw)
             if not needs:
                 if raw.strip() and (raw.isascii() or raw.decode("utf-8", "replace").strip()):
                     skipped = raw
+                i += 1
                 continue
             skipped = None
-            if needs == 1 and len(raw) <= PLAIN_MAX:
-                i = self._plain_run(lines, i - 1)
-                continue
-            self._line(raw, hints=needs > 1)
+            i = self._read(lines, i, raw, needs)
         if skipped is not None:
             self._last_line = skipped.decode("utf-8", "replace").strip()
+
+    def _needs(self, raw: bytes) -> int:
+        """What reading this (capped) line needs (see patterns.line_needs): everything under a table."""
+        return 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(raw)
+
+    def _read(self, lines: list[bytes], i: int, raw: bytes, needs: int) -> int:
+        """Read line ``i`` (``raw``: capped; ``needs``: not 0) and, for a plain line, the lines of its shape
+        right after it; the index after them."""
+        if needs == 1 and len(raw) <= PLAIN_MAX:
+            return self._plain_run(lines, i)
+        self._line(raw, hints=needs > 1)
+        return i + 1
 
     def _plain_run(self, lines: list[bytes], i: int) -> int:
         """Read line ``i`` and the lines of its shape right after it (see repeats.py); the index after them."""
@@ -567,34 +577,60 @@ class LogInsights:
                 if num is not None:
                     self._add_metric(key.strip().lower(), num)
 
-    def _bar_post_bytes(self) -> bytes | None:
-        return None if self._bar_post is None else self._bar_post.encode()
+    def _run_post(self) -> bytes | None:
+        """The postfix that the first redraw of a run is compared with: none when its epoch starts afresh."""
+        epoch = self._redraws.epoch if self._redraws else None
+        if self._bar_post is None or (epoch is not None and epoch != self._epoch):
+            return None
+        return self._bar_post.encode()
 
-    def _apply_run(self, run: Run) -> None:
-        """The state after reading the redraws of ``run`` one by one (see redraws.read_run)."""
-        assert self._redraws is not None
-        desc = self._redraws.desc.decode()
-        if "poch" in desc or "POCH" in desc:
-            self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
-        self._set_bar(_Bar(*map(bytes.decode, run.last)))  # n, total, elapsed, remaining, rate
-        self._glued = ""
-        if run.posts:
-            self._bar_post = run.posts[-1].decode()
-            self._parse_postfix(run.posts[0].decode())
-            for column in run.columns:
+    def _apply_run(self, run: Run, lines: list[bytes]) -> int:
+        """The state after reading the lines of ``run`` one by one (see redraws.read_run); the index of
+        the line to read next: ``run.stop``, or the next segment's first redraw when a line read between
+        two segments changed what reading its redraws in bulk assumed (then they are read afresh)."""
+        redraws = self._redraws
+        assert redraws is not None
+        desc = redraws.desc.decode()
+        epoch = "poch" in desc or "POCH" in desc
+        for seg in run.segments:
+            if epoch:
+                self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
+            self._set_bar(_Bar(*map(bytes.decode, seg.last)))  # n, total, elapsed, remaining and rate
+            self._glued = ""
+            if seg.posts:
+                self._bar_post = seg.posts[-1].decode()
+                if seg.first:
+                    self._parse_postfix(seg.posts[0].decode())
+            for column in seg.columns:
                 metric = self._metrics.get(column.name)
                 if metric is not None:
                     metric.merge(column.added, column.last, column.low, column.high)
                     if column.name == self._loss_name:
                         self._loss_history.extend(column.newest)
-        for (
-            raw
-        ) in run.others:  # lines between the redraws that may hold a hint (no parsing rule matches them)
-            raw = raw[-MAX_LINE:]
-            if line_needs(raw) & 2:
-                add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
-        text = run.last_text.decode("utf-8", "replace")
-        self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
+            for (
+                raw
+            ) in seg.others:  # lines between the redraws that may hold a hint (no parsing rule matches them)
+                raw = raw[-MAX_LINE:]
+                if line_needs(raw) & 2:
+                    add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
+            text = seg.last_text.decode("utf-8", "replace")
+            self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
+            if seg.gap > seg.stop:
+                post, at = self._bar_post, self._epoch
+                i = seg.stop
+                while i < seg.gap:
+                    raw = lines[i][-MAX_LINE:]
+                    needs = self._needs(raw) if raw else 0
+                    i = self._read(lines, i, raw, needs) if needs else i + 1
+                if (
+                    self._redraws is not redraws
+                    or self._bar_post != post
+                    or self._epoch != at
+                    or self._table
+                    or self._eval_table
+                ):
+                    return seg.gap
+        return run.stop
 
     def _parse_kv(self, text: str, prefix: str = "") -> bool:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key,

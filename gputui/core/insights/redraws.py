@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress, groupby, islice, takewhile
-from operator import methodcaller
+from operator import eq, methodcaller
 from struct import Struct
 from typing import NamedTuple
 
@@ -70,24 +70,40 @@ _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM 
 
 @dataclass(frozen=True)
 class Redraws:
-    """The bar a run of redraws must belong to: its description and total."""
+    """The bar a run of redraws must belong to: its description and total, and the epoch it names."""
 
     desc: bytes
     total: bytes
+    epoch: int | None = None
+
+
+class Segment(NamedTuple):
+    """Redraws of a run up to a line that must be read on its own (a print between two redraws), or to the
+    run's end: ``stop`` the line after its last redraw and ``gap`` the line of the next segment's first
+    redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
+    ``last_text`` that redraw; ``posts`` its postfixes that differ from the one before them, ``first``
+    whether posts[0] is the run's first such postfix (read on its own), ``columns`` the metric values of
+    the other posts; ``others`` the lines between its redraws that can only hold hints, in order."""
+
+    stop: int
+    gap: int
+    last: tuple[bytes, ...]
+    last_text: bytes
+    posts: Sequence[bytes]
+    first: bool
+    columns: Sequence[Column]
+    others: Sequence[bytes]
 
 
 class Run(NamedTuple):
-    """Lines ``start..stop`` of a feed: redraws of one bar and lines that can only hold hints. ``last`` is
-    empty when they must be read line by line; else the last redraw's n, total, elapsed, remaining and rate,
-    ``last_text`` that redraw, ``posts`` the postfixes that differ from the one before them, ``columns``
-    the metric values of posts[1:] and ``others`` the lines between the redraws, in order."""
+    """Lines ``start..stop`` of a feed: redraws of one bar and the lines between them, in segments (see
+    :class:`Segment`); no segments when they must be read line by line."""
 
     stop: int
-    last: tuple[bytes, ...] = ()
-    last_text: bytes = b""
-    posts: Sequence[bytes] = ()
-    columns: Sequence[Column] = ()
-    others: Sequence[bytes] = ()
+    segments: Sequence[Segment] = ()
+
+
+GAP_LINES = 8  # lines between two redraws of a run, one of them to be read on its own, at most
 
 
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
@@ -104,11 +120,13 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         or first_hint_key(desc.encode()) >= 0
     ):
         return None  # a hint, an epoch total or a count that could run on into the varying text
+    epoch = None
     if "poch" in desc or "POCH" in desc:  # the epoch must be read from the description alone
         e = EPOCH.search(desc)
         if e is None or e.end() >= len(desc) or desc[e.end()] in _EPOCH_STOPS:
             return None
-    return Redraws(desc.encode(), total.encode())
+        epoch = int(e.group(1))
+    return Redraws(desc.encode(), total.encode(), epoch)
 
 
 def read_run(
@@ -119,8 +137,10 @@ def read_run(
     needs: Callable[[bytes], int],
     keep: int,
 ) -> Run | None:
-    """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one), and the
-    lines between them that no parsing rule can match (``needs(line) & 1 == 0``: they may only hold hints);
+    """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one) and the
+    lines between them: any number that no parsing rule can match (``needs(line) & 1 == 0``: they may
+    only hold hints), or up to :data:`GAP_LINES` lines of which some must be read on their own (a print
+    between redraws: the run is cut into segments there, and the parser reads them between its segments);
     ``keep``: how many of each metric's newest values are read (see :class:`Column`).
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
@@ -131,19 +151,35 @@ def read_run(
         return None
     is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     reds: list[bytes] = []
-    others: list[bytes] = []
+    others: list[list[bytes]] = [[]]  # per segment
+    cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
     while True:
         seg = list(takewhile(is_redraw, islice(lines, j, None)))  # no Python loop over the redraws
         reds += seg
         stop = j = j + len(seg)
-        gap = j
-        while j < n and (not lines[j] or (b"\x1b" not in lines[j] and not needs(lines[j][-MAX_LINE:]) & 1)):
+        read = False  # whether a line of the gap must be read on its own
+        while j < n and not is_redraw(lines[j]):
+            line = lines[j]
+            if line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
+                read = True
+            if read and j - stop >= GAP_LINES:
+                break
             j += 1
-        if j in (gap, n) or not is_redraw(lines[j]):
+        if j == n or not is_redraw(lines[j]):
             break  # the lines after the last redraw are not part of the run
-        others += [line for line in lines[gap:j] if line]
-    return _bulk(reds, len(desc), r.total, bar_post, keep, stop, others)
+        if read:
+            cuts.append((len(reds), stop, j))
+            others.append([])
+        else:
+            others[-1] += [line for line in lines[stop:j] if line]
+    cuts.append((len(reds), stop, stop))
+    while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
+        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others)
+        if run is not None or len(cuts) == 1:
+            return run or Run(cuts[0][1])
+        cuts = cuts[: len(cuts) // 2]
+        cuts[-1] = (cuts[-1][0], cuts[-1][1], cuts[-1][1])  # the last segment ends the run
 
 
 class Layout(NamedTuple):
@@ -158,6 +194,8 @@ class Layout(NamedTuple):
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
     cuts: tuple[str, str]
+    keys: tuple[bytes, ...]  # the postfix's keys (digits read 0)
+    digit_keys: tuple[tuple[int, int], ...]  # the index and the offset of each key with a digit
 
 
 class Column(NamedTuple):
@@ -218,7 +256,11 @@ def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
     width = len(shape) + 1
     post_span = (p0, p0 + len(post))
     cuts = (_cut([post_span], width), _cut([(v0, v1) for _, _, v0, v1 in pairs or ()], width))
-    return Layout(fields, count, post_span, tuple(pairs) if pairs is not None else None, numbers, cuts)
+    keys = tuple(shape[a:b] for a, b, _, _ in pairs or ())
+    digit_keys = tuple((n, a) for n, (a, b, _, _) in enumerate(pairs or ()) if b"0" in shape[a:b])
+    return Layout(
+        fields, count, post_span, tuple(pairs) if pairs is not None else None, numbers, cuts, keys, digit_keys
+    )
 
 
 def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
@@ -229,72 +271,101 @@ def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
 
 
 def _bulk(
-    reds: list[bytes], d: int, total: bytes, bar_post: bytes | None, keep: int, stop: int, others: list[bytes]
-) -> Run:
-    """The :class:`Run` of these redraws (after a description of ``d`` bytes), or one to read line by line.
+    reds: list[bytes],
+    d: int,
+    total: bytes,
+    bar_post: bytes | None,
+    keep: int,
+    cuts: list[tuple[int, int, int]],
+    others: list[list[bytes]],
+) -> Run | None:
+    """The :class:`Run` of these redraws (after a description of ``d`` bytes) in segments (``cuts``: per
+    segment, the redraws up to its end, its stop and its gap; ``others``: its lines that can only hold
+    hints); None when they must be read line by line.
 
     Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
     values change) parse the same way, since no rule tells one digit from another: so one regex match
     per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfixes
-    and their values are cut out of the block of those lines by one cached :class:`struct.Struct`.
+    and their numbers are cut out of the block of those lines by one cached :class:`struct.Struct`.
     """
     body = b"\n".join(reds)
     shapes = body.translate(DIGITS_AS_0).split(b"\n")
     body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
     posts: list[bytes] = []
-    keys: list[bytes] = []
-    key_shapes: list[bytes] = []
+    keys: list[bytes] = []  # the first postfix's keys
+    key_shapes: tuple[bytes, ...] | None = None
     columns: list[list[bytes]] = []
     numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
     counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
-    offset = 0
-    layout: Layout | None = None
+    posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
+    offset = first = 0
     for shape, group in groupby(shapes):
         k = len(list(group))
         layout = _layout(shape, d, total)
         if layout is None:
-            return Run(stop)
+            return None
         width = len(shape) + 1  # the lines of a group are as long as their shape
         start, offset = offset, offset + k * width
+        first += k
         counts.add(layout.count)
-        p0, p1 = layout.post
-        if p0 == p1:
+        if layout.post[0] == layout.post[1]:
             continue  # no postfix: it neither counts nor changes the last one
-        pairs = layout.pairs
-        if pairs is None or (keys and len(pairs) != len(keys)):
-            return Run(stop)
-        if not keys:
-            keys = [body[start + a : start + b] for a, b, _, _ in pairs]
-            key_shapes = [shape[a:b] for a, b, _, _ in pairs]
+        if layout.pairs is None:
+            return None
+        if layout.keys != key_shapes:
+            if key_shapes is not None:
+                return None  # every redraw has the first one's keys
+            key_shapes, numbers = layout.keys, layout.numbers
+            keys = [body[start + a : start + b] for a, b, _, _ in layout.pairs]
             columns = [[] for _ in keys]
-            numbers = layout.numbers
         block = body[start:offset]
-        for (a, b, _, _), key, key_shape in zip(pairs, keys, key_shapes, strict=True):
-            if shape[a:b] != key_shape or (b"0" in key_shape and not _same(block, width, a, key)):
-                return Run(stop)  # every line has the first one's keys ("top1" too, digits and all)
+        for n, a in layout.digit_keys:  # "top1" in every line, not "top5"
+            if not _same(block, width, a, keys[n]):
+                return None
         if layout.numbers != numbers:
             numbers = None
+        posted.append((first - k, k))
         posts += _cutter(layout.cuts[0], k).unpack(block)
         values = _cutter(layout.cuts[1], k).unpack(block)
-        for n, column in enumerate(columns):
-            column += values[n :: len(columns)]
-    if layout is None or sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": this total
-        return Run(stop)
-    if posts and (posts[0] == bar_post or len(set(posts)) < len(posts)):  # else every postfix changed
+        if len(columns) == 1:
+            columns[0] += values
+        else:
+            for n, column in enumerate(columns):
+                column += values[n :: len(columns)]
+    if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
+        return None
+    kept: list[bool] | None = None  # None: every postfix changed
+    if posts and (posts[0] == bar_post or any(map(eq, posts, islice(posts, 1, None)))):
         kept = [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)]
         posts = list(compress(posts, kept))
         columns = [list(compress(column, kept)) for column in columns]
-    out: list[Column] = []
-    for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
-        values = column[1:]  # the first changed postfix is read on its own
-        decimal = numbers is not None and _DECIMAL.fullmatch(numbers[n]) is not None
-        summary = _summary(values, keep, decimal) if values else None
-        if values and summary is None:
-            return Run(stop)
-        if summary is not None:
-            out.append(Column(key.decode().lower(), *summary))
-    last = reds[-1]
-    return Run(stop, tuple(last[a:b] for a, b in layout.fields), last, posts, out, others)
+    decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
+    segments: list[Segment] = []
+    lo = g = done = 0  # done: the postfixes of the groups before group g
+    for end, stop, gap in cuts:
+        while g < len(posted) and posted[g][0] + posted[g][1] <= end:
+            done += posted[g][1]
+            g += 1
+        hi = done + (max(end - posted[g][0], 0) if g < len(posted) else 0)  # postfixes up to ``end``
+        if kept is not None:
+            hi = sum(kept[:hi])
+        out: list[Column] = []
+        for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
+            values = column[max(lo, 1) : hi]  # the run's first changed postfix is read on its own
+            summary = _summary(values, keep, decimal[n] if decimal else False) if values else None
+            if values and summary is None:
+                return None
+            if summary is not None:
+                out.append(Column(key.decode().lower(), *summary))
+        last = reds[end - 1]
+        layout = _layout(shapes[end - 1], d, total)
+        assert layout is not None  # read above
+        fields = tuple(last[a:b] for a, b in layout.fields)
+        segments.append(
+            Segment(stop, gap, fields, last, posts[lo:hi], lo == 0 < hi, out, others[len(segments)])
+        )
+        lo = hi
+    return Run(cuts[-1][1], segments)
 
 
 _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned decimal (digits read 0)
