@@ -204,3 +204,29 @@ def test_the_app_parses_every_line_of_a_flood() -> None:
     assert stream.drain()
     snap = stream.snapshot()
     assert snap.metrics["loss"]["count"] == 150_000 and snap.step == 149_999
+
+
+def test_matches_cached_by_shape_equal_the_regexes() -> None:
+    """The parser's regexes read through the cache by line shape (patterns.search, kv_pairs, dict_items) find
+    what the regexes themselves find, on every line of every fixture log and of the bench log."""
+    from gputui.core.insights import patterns as p
+
+    data = b"".join(path.read_bytes() for path in sorted(LOGS.glob("*.log"))) + bench_log(100_000)
+    texts = {line.decode("utf-8", "replace").strip() for line in data.replace(b"\r", b"\n").split(b"\n")}
+    texts |= {"epoch 9:  1000 / 2737", "Epoch 10/20 Step [3/7] eta: 1 day, 2:03:04 loss 9.5e-3 top1=99.5%"}
+    searched = (p.EPOCH, p.INNER, p.STEP, p.ETA, p.TQDM, p.TOTAL_EPOCHS, p.TOTAL_STEPS, p.CONFIG_DUMP)
+    for text in texts:
+        for pattern in searched:
+            for pos in (0, 5):
+                for anchored in (False, True):
+                    want = (pattern.match if anchored else pattern.search)(text, pos)
+                    got = p.search(pattern, text, pos, anchored)
+                    assert (got is None) == (want is None), (pattern.pattern, text)
+                    if want is not None and got is not None:
+                        assert (got.start(), got.end(), got.groups()) == (
+                            want.start(),
+                            want.end(),
+                            want.groups(),
+                        )
+        assert p.kv_pairs(text) == p.KV.findall(text), text
+        assert p.dict_items(text) == [(m.group("k"), m.group("v")) for m in p.DICT_KV.finditer(text)], text

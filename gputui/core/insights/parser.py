@@ -23,14 +23,12 @@ from .patterns import (
     ASCII_BAR,
     COLON_COUNT,
     CONFIG_DUMP,
-    DICT_KV,
     DICT_STATE_KEYS,
     DIGITS_AS_0,
     EPOCH,
     ETA,
     INNER,
     KERAS3_BAR,
-    KV,
     MAX_LINE,
     STEP,
     TABLE_HEAD,
@@ -39,9 +37,12 @@ from .patterns import (
     TOTAL_STEPS,
     TQDM,
     TQDM_COUNT,
+    dict_items,
     eta_seconds,
     hms,
+    kv_pairs,
     line_needs,
+    search,
     skipped_bar,
     table_columns,
     to_float,
@@ -373,7 +374,7 @@ class LogInsights:
             self._parse_eta(text)
         else:
             self._phase = "eval"
-        if "(" in text and CONFIG_DUMP.search(text):
+        if "(" in text and search(CONFIG_DUMP, text):
             return  # Namespace(lr=0.1, epochs=14, ...): its totals are read above, the rest are settings
         found = False
         if "': " in text or '": ' in text:
@@ -386,7 +387,7 @@ class LogInsights:
 
     def _parse_tqdm(self, text: str) -> str | None:
         """tqdm line -> its postfix ("" when none); None when not tqdm; _IGNORED when skipped."""
-        m = TQDM.search(text)
+        m = search(TQDM, text)
         if m is None:
             return None
         head = text[: m.start()].rstrip()
@@ -484,10 +485,10 @@ class LogInsights:
     def _parse_epoch(self, text: str) -> bool | None:
         """Epoch counters and totals. None: no epoch number; True: it came with an inner "(i/N)"."""
         if "pochs" in text or "POCHS" in text:  # "Num Epochs = 3", "epochs=5"
-            m2 = TOTAL_EPOCHS.search(text)
+            m2 = search(TOTAL_EPOCHS, text)
             if m2:
                 self._total_epochs = int(m2.group(1)) or None
-        m = EPOCH.search(text)
+        m = search(EPOCH, text)
         if m is None:
             return None
         self._set_epoch(int(m.group(1)), from_text=True)
@@ -496,14 +497,14 @@ class LogInsights:
         if m.group(4):
             self._set_bar(_Bar(m.group(3), m.group(4)))
             return True
-        inner = INNER.search(text, m.end())  # "| epoch 2 | 200/2983 batches |": in the epoch, not done
+        inner = search(INNER, text, m.end())  # "| epoch 2 | 200/2983 batches |": in the epoch, not done
         if inner:
             n, total = (
                 (inner.group(1), inner.group(2)) if inner.group(1) else (inner.group(3), inner.group(4))
             )
             self._set_bar(_Bar(n, total))
             return True
-        colon = COLON_COUNT.match(text, m.end())  # fairseq "epoch 009:   1000 / 2737"
+        colon = search(COLON_COUNT, text, m.end(), anchored=True)  # fairseq "epoch 009:   1000 / 2737"
         if colon:
             self._set_bar(_Bar(colon.group(1), colon.group(2)))
             return True
@@ -523,18 +524,18 @@ class LogInsights:
     def _parse_eta(self, text: str) -> None:
         """detectron2 / mmcv / keras style "eta: 0:05:12", "eta: 1 day, 16:44:26", "ETA: 3s"."""
         if "eta" in text or "ETA" in text:
-            m = ETA.search(text)
+            m = search(ETA, text)
             if m:
                 self._log_eta = eta_seconds(m)
 
     def _parse_step(self, text: str, low: str) -> bool:
         """Step totals, and "step 50/100" / "Step [50/100]" counts (True: a count was read)."""
         if "total optimization steps" in low or "max_steps" in low or "total_steps" in low:
-            m = TOTAL_STEPS.search(text)
+            m = search(TOTAL_STEPS, text)
             if m:
                 self._total_steps = int(m.group(1).replace(",", "")) or None
             return False
-        m = STEP.search(text)
+        m = search(STEP, text)
         if m and m.group(2):  # only "step i/N" shapes (a bar of its own); a bare "step 5" is ambiguous
             self._set_bar(_Bar(m.group(1), m.group(2)))
             return True
@@ -543,8 +544,8 @@ class LogInsights:
     def _parse_dict(self, text: str) -> bool:
         """JSON lines / Python dict reprs: epoch, step and metric keys."""
         found = False
-        for m in DICT_KV.finditer(text):
-            key, value = m.group("k").strip().lower().replace(" ", "_"), to_float(m.group("v"))
+        for key, num in dict_items(text):
+            key, value = key.strip().lower().replace(" ", "_"), to_float(num)
             if value is None:
                 continue
             if key not in DICT_STATE_KEYS:
@@ -636,7 +637,7 @@ class LogInsights:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key,
         unless the name already says it is an evaluation's: "val_loss")."""
         found = False
-        for split, key, num, pct in KV.findall(text):
+        for split, key, num, pct in kv_pairs(text):
             value = to_float(num)
             name = _kv_name(split, key, prefix)
             if value is not None and pct and metric_kind(name) == "max":

@@ -189,7 +189,7 @@ class Layout(NamedTuple):
     numbers; and the :mod:`struct` formats that cut a line's postfix and its numbers out of it."""
 
     fields: tuple[tuple[int, int], ...]
-    count: bytes  # "/{total}" and what follows it up to the "[" of the times
+    counted: bytes  # "/{total}" and what follows it up to the "[" of the times
     post: tuple[int, int]
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
@@ -252,14 +252,21 @@ def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
         if len(set(names)) != len(names):
             pairs = None  # "loss" twice: only the line-by-line reading knows which wins
     numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
-    count = b"/" + total + shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
+    counted = b"/" + total + shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
     width = len(shape) + 1
     post_span = (p0, p0 + len(post))
     cuts = (_cut([post_span], width), _cut([(v0, v1) for _, _, v0, v1 in pairs or ()], width))
     keys = tuple(shape[a:b] for a, b, _, _ in pairs or ())
     digit_keys = tuple((n, a) for n, (a, b, _, _) in enumerate(pairs or ()) if b"0" in shape[a:b])
     return Layout(
-        fields, count, post_span, tuple(pairs) if pairs is not None else None, numbers, cuts, keys, digit_keys
+        fields,
+        counted,
+        post_span,
+        tuple(pairs) if pairs is not None else None,
+        numbers,
+        cuts,
+        keys,
+        digit_keys,
     )
 
 
@@ -307,7 +314,7 @@ def _bulk(
         width = len(shape) + 1  # the lines of a group are as long as their shape
         start, offset = offset, offset + k * width
         first += k
-        counts.add(layout.count)
+        counts.add(layout.counted)
         if layout.post[0] == layout.post[1]:
             continue  # no postfix: it neither counts nor changes the last one
         if layout.pairs is None:
@@ -326,12 +333,12 @@ def _bulk(
             numbers = None
         posted.append((first - k, k))
         posts += _cutter(layout.cuts[0], k).unpack(block)
-        values = _cutter(layout.cuts[1], k).unpack(block)
+        numbers_cut = _cutter(layout.cuts[1], k).unpack(block)
         if len(columns) == 1:
-            columns[0] += values
+            columns[0] += numbers_cut
         else:
             for n, column in enumerate(columns):
-                column += values[n :: len(columns)]
+                column += numbers_cut[n :: len(columns)]
     if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
         return None
     kept: list[bool] | None = None  # None: every postfix changed
