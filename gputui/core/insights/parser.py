@@ -194,8 +194,9 @@ class LogInsights:
         i, n = 0, len(lines)
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
-            if self._redraws is not None:
-                run = read_run(self._redraws, lines, i, self._run_post(), line_needs, LOSS_HISTORY)
+            bar = self._redraws
+            if bar is not None and (not bar.desc or lines[i].startswith(bar.desc)):  # else not a run's start
+                run = read_run(bar, lines, i, self._run_post(), line_needs, LOSS_HISTORY)
                 if run is not None:
                     if run.segments:
                         i = self._apply_run(run, lines)

@@ -159,14 +159,18 @@ def read_run(
         reds += seg
         stop = j = j + len(seg)
         read = False  # whether a line of the gap must be read on its own
-        while j < n and not is_redraw(lines[j]):
+        redraw = False  # whether the gap ends at a redraw
+        while j < n:
             line = lines[j]
-            if line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
+            if is_redraw(line):
+                redraw = True
+                break
+            if not read and line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
                 read = True
             if read and j - stop >= GAP_LINES:
                 break
             j += 1
-        if j == n or not is_redraw(lines[j]):
+        if not redraw:
             break  # the lines after the last redraw are not part of the run
         if read:
             cuts.append((len(reds), stop, j))
