@@ -595,8 +595,12 @@ class LogInsights:
         desc = redraws.desc.decode()
         epoch = "poch" in desc or "POCH" in desc
         for seg in run.segments:
-            if epoch:
-                self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
+            if redraws.of is not None:  # what each redraw's epoch says (see redraws.redraw_pattern)
+                self._set_epoch(redraws.epoch or 0, from_text=True)
+                if redraws.of:
+                    self._total_epochs = int(redraws.of) or None
+            elif epoch:
+                self._parse_epoch(desc)
             self._set_bar(_Bar(*map(bytes.decode, seg.last)))  # n, total, elapsed, remaining and rate
             self._glued = ""
             if seg.posts:

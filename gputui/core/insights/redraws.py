@@ -23,7 +23,7 @@ from struct import Struct
 from typing import NamedTuple
 
 from .log_hints import first_hint_key
-from .patterns import DIGITS_AS_0, EPOCH, HINT_GATE, MAX_LINE, TABLE_ROW
+from .patterns import COLON_COUNT, DIGITS_AS_0, EPOCH, HINT_GATE, INNER, MAX_LINE, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
@@ -70,11 +70,14 @@ _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM 
 
 @dataclass(frozen=True)
 class Redraws:
-    """The bar a run of redraws must belong to: its description and total, and the epoch it names."""
+    """The bar a run of redraws must belong to: its description and total; the epoch it names, and when
+    that is all it says of epochs ("Epoch 3/50: ", no count inside the epoch) the total it gives ("50" or
+    "") in ``of`` (else None: the parser reads the description's epoch on its own)."""
 
     desc: bytes
     total: bytes
     epoch: int | None = None
+    of: str | None = None
 
 
 class Segment(NamedTuple):
@@ -120,13 +123,15 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         or first_hint_key(desc.encode()) >= 0
     ):
         return None  # a hint, an epoch total or a count that could run on into the varying text
-    epoch = None
+    epoch = of = None
     if "poch" in desc or "POCH" in desc:  # the epoch must be read from the description alone
         e = EPOCH.search(desc)
         if e is None or e.end() >= len(desc) or desc[e.end()] in _EPOCH_STOPS:
             return None
         epoch = int(e.group(1))
-    return Redraws(desc.encode(), total.encode(), epoch)
+        if not (e.group(4) or INNER.search(desc, e.end()) or COLON_COUNT.match(desc, e.end())):
+            of = e.group(2) or ""
+    return Redraws(desc.encode(), total.encode(), epoch, of)
 
 
 def read_run(
