@@ -141,6 +141,13 @@ def test_bulk_redraws_with_lines_between_them_equal_line_by_line(
         assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
 
 
+def test_bulk_redraws_equal_line_by_line_on_a_long_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of redraws of one shape (cut by a struct in pieces, see redraws.CUT_LINES)."""
+    line = b"Train: %2d%%|#    | %d/999 [00:%02d<00:10, 1.00it/s, loss=0.%03d, acc=0.%03d]\r"
+    data = b"".join(line % (n * 100 // 999, n, n % 60, 999 - n, n % 7) for n in range(100, 400))
+    assert parse(data, 1 << 16, True, monkeypatch) == parse(data, 1 << 16, False, monkeypatch)
+
+
 def plain(line: bytes, n: int, start: int = 0) -> bytes:
     return b"".join(line % ((i,) * line.count(b"%d")) for i in range(start, start + n))
 

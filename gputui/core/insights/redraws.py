@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress, groupby, islice, takewhile
+from itertools import chain, compress, groupby, islice, takewhile
 from operator import eq, methodcaller
 from struct import Struct
 from typing import NamedTuple
@@ -228,10 +228,20 @@ def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
     return "".join(fmt) + f"{width - at}x"
 
 
-@lru_cache(maxsize=512)
+CUT_LINES = 64  # lines of one shape that one cached struct cuts at once (so a cached struct stays small)
+
+
+@lru_cache(maxsize=256)
 def _cutter(fmt: str, lines: int) -> Struct:
     """A :class:`struct.Struct` that cuts ``fmt``'s fields out of ``lines`` lines at once (in C)."""
     return Struct(fmt * lines)
+
+
+def _cut_block(fmt: str, block: bytes, lines: int) -> tuple[bytes, ...] | list[bytes]:
+    """``fmt``'s fields of each of the ``lines`` lines of ``block``, in order."""
+    if lines <= CUT_LINES:
+        return _cutter(fmt, lines).unpack(block)
+    return list(chain.from_iterable(_cutter(fmt, 1).iter_unpack(block)))
 
 
 @lru_cache(maxsize=256)
@@ -341,8 +351,8 @@ def _bulk(
         if layout.numbers != numbers:
             numbers = None
         posted.append((first - k, k))
-        posts += _cutter(layout.cuts[0], k).unpack(block)
-        numbers_cut = _cutter(layout.cuts[1], k).unpack(block)
+        posts += _cut_block(layout.cuts[0], block, k)
+        numbers_cut = _cut_block(layout.cuts[1], block, k)
         if len(columns) == 1:
             columns[0] += numbers_cut
         else:
