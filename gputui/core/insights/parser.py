@@ -595,8 +595,8 @@ class LogInsights:
         desc = redraws.desc.decode()
         epoch = "poch" in desc or "POCH" in desc
         for seg in run.segments:
-            if redraws.of is not None:  # what each redraw's epoch says (see redraws.redraw_pattern)
-                self._set_epoch(redraws.epoch or 0, from_text=True)
+            if redraws.of is not None and redraws.epoch is not None:  # what each redraw's epoch says
+                self._set_epoch(redraws.epoch, from_text=True)
                 if redraws.of:
                     self._total_epochs = int(redraws.of) or None
             elif epoch:
@@ -613,30 +613,33 @@ class LogInsights:
                     metric.merge(column.added, column.last, column.low, column.high)
                     if column.name == self._loss_name:
                         self._loss_history.extend(column.newest)
-            for (
-                raw
-            ) in seg.others:  # lines between the redraws that may hold a hint (no parsing rule matches them)
+            # lines between the redraws that may hold a hint (no parsing rule matches them)
+            for raw in seg.others:
                 raw = raw[-MAX_LINE:]
                 if line_needs(raw) & 2:
                     add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
             text = seg.last_text.decode("utf-8", "replace")
             self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
-            if seg.gap > seg.stop:
-                post, at = self._bar_post, self._epoch
-                i = seg.stop
-                while i < seg.gap:
-                    raw = lines[i][-MAX_LINE:]
-                    needs = self._needs(raw) if raw else 0
-                    i = self._read(lines, i, raw, needs) if needs else i + 1
-                if (
-                    self._redraws is not redraws
-                    or self._bar_post != post
-                    or self._epoch != at
-                    or self._table
-                    or self._eval_table
-                ):
-                    return seg.gap
+            if seg.gap > seg.stop and not self._read_gap(lines, seg.stop, seg.gap):
+                return seg.gap
         return run.stop
+
+    def _read_gap(self, lines: list[bytes], i: int, stop: int) -> bool:
+        """Read lines ``i..stop`` (between two segments of a run) as :meth:`_lines` would; False when they
+        changed what reading the next segment's redraws in bulk assumed: the bar, its last postfix, the
+        epoch, or no table."""
+        redraws, post, epoch = self._redraws, self._bar_post, self._epoch
+        while i < stop:
+            raw = lines[i][-MAX_LINE:]
+            needs = self._needs(raw) if raw else 0
+            i = self._read(lines, i, raw, needs) if needs else i + 1
+        return (
+            self._redraws is redraws
+            and self._bar_post == post
+            and self._epoch == epoch
+            and not self._table
+            and not self._eval_table
+        )
 
     def _parse_kv(self, text: str, prefix: str = "") -> bool:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key,

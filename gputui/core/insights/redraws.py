@@ -5,7 +5,10 @@ one bar that differ only in their count, times and postfix. Once the parser has 
 by line, :func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run
 of its redraws that follows (and the lines between them that no parsing rule can match) without a
 regex per line: neighbouring redraws have the same shape once each digit reads 0, one cached regex
-match per shape says where the total and the postfix are, and the postfix metrics are read by column.
+match per shape says where the total and the postfix are, and the postfix metrics are cut out by column
+with one cached :class:`struct.Struct`. A few lines that must be read on their own (a print, an HF dict
+line) cut the run into segments: the parser reads them between the segments and goes on in bulk while
+they change nothing that the bulk reading assumed.
 The parser applies the result so that its state is the same as if it had read every line on its own
 (tests/test_insights_speed.py checks this on every fixture, edge cases and the bench log).
 """
