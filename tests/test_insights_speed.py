@@ -141,6 +141,23 @@ def test_bulk_redraws_with_lines_between_them_equal_line_by_line(
         assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
 
 
+def test_bulk_redraws_first_changed_postfix_not_finite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss_nan hint of a run's first changed postfix cites its redraw, after a hint read before it."""
+    data = (
+        bar(1, 1, b", loss=0.5")
+        + bar(1, 2, b", loss=0.5")
+        + b"\nCUDA out of memory.\n"
+        + bar(1, 3, b", loss=1e999")
+        + bar(1, 4, b", loss=0.4")
+    )
+    hints = parse(data, 1 << 16, True, monkeypatch)["hints"]
+    assert [(h["code"], h["line"][:20]) for h in hints] == [
+        ("cuda_oom", "CUDA out of memory."),
+        ("loss_nan", "Epoch 1/3:  15%|##  "),
+    ]
+    assert parse(data, 1 << 16, False, monkeypatch)["hints"] == hints
+
+
 def test_bulk_redraws_equal_line_by_line_on_a_long_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hundreds of redraws of one shape (cut by a struct in pieces, see redraws.CUT_LINES)."""
     line = b"Train: %2d%%|#    | %d/999 [00:%02d<00:10, 1.00it/s, loss=0.%03d, acc=0.%03d]\r"

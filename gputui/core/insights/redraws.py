@@ -368,6 +368,8 @@ def _bulk(
         kept = [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)]
         posts = list(compress(posts, kept))
         columns = [list(compress(column, kept)) for column in columns]
+    if posts and not all(math.isfinite(float(column[0])) for column in columns):
+        return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
     decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
     segments: list[Segment] = []
     lo = g = done = 0  # done: the postfixes of the groups before group g
