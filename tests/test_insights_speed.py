@@ -75,7 +75,94 @@ REDRAWS = (
     b"{'epoch': 1.8}\n"
     b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.9, acc=1e999]\r"
     b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.9, acc=0.95]\r"
+    b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.9, lr=0.95]\r"  # another key, same place
+    b"Epoch 2/3:  90%|#####| 9/10 [00:09<00:01, 1.00it/s, top1=0.8, lr=0.94]\r"
 )
+
+
+def bar(epoch: int, n: int, post: bytes = b"") -> bytes:
+    """A redraw of a tqdm bar of 20 batches in epoch ``epoch`` of 3 (``post``: its postfix)."""
+    return b"Epoch %d/3:  %2d%%|##   | %d/20 [00:%02d<00:10, 1.00it/s%s]\r" % (epoch, 5 * n, n, n, post)
+
+
+GAPS = (  # lines to read on their own between redraws of one bar: the run is read in segments around them
+    bar(1, 1, b", loss=0.9")
+    + bar(1, 2, b", loss=0.8")
+    + b"\n{'loss': 0.5, 'learning_rate': 4.5e-05, 'epoch': 0.1}\n"  # the same metric, between two redraws
+    + bar(1, 3, b", loss=0.8")  # the postfix did not change: not counted again
+    + bar(1, 4, b", loss=0.7")
+    + b"\nstep 5/100 loss=0.6\nstep 6/100 loss=0.6\nstep 7/100 loss=0.5\n"  # a plain run between them
+    + bar(1, 5, b", loss=0.6")
+    + bar(1, 6, b", loss=0.5")
+    + b"\nValidation: 50%|###  | 1/2 [00:00<00:00, 9.00it/s]\n"  # another bar
+    + bar(1, 7, b", loss=0.4")
+    + b"\n\x1b[1mtrain loss\x1b[0m 0.3\nCUDA out of memory.\n   \n\x1b[0m\n"
+    + bar(1, 8, b", loss=0.3")
+    + bar(1, 9, b", loss=0.3")
+    + b"\nEpoch 1/3 train_loss=0.25\n"  # a summary: the bars start afresh
+    + bar(1, 10, b", loss=0.2")
+    + bar(1, 11, b", loss=0.2")
+    + b"\n{'epoch': 2.0}\n"  # the epoch changes under the bar
+    + bar(1, 12, b", loss=0.2")
+    + bar(1, 13, b", loss=0.1")
+    + b"\nTrain:  50%|##   | 1/2 [00:00<00:00, 9.00it/s]\n"  # another bar that may be read in bulk
+    + bar(1, 13, b", loss=0.1")
+    + bar(1, 14, b", loss=0.05")
+    + b"\nNum Epochs = 7\n"
+    + bar(1, 15, b", loss_cls=0.1")
+    + bar(1, 15, b", loss_cls=0.2")
+    + b"\nloss_box 0.4\nloss 0.3\n"  # the main loss comes after another one: the loss history restarts
+    + bar(1, 16, b", loss_cls=0.3")
+    + bar(1, 17, b", loss_cls=0.4")
+    + b"\nEpoch GPU_mem box_loss Instances Size\n"  # a table header: what follows is read line by line
+    + bar(1, 18, b", loss_cls=0.5")
+    + bar(1, 19, b", loss_cls=inf")
+    + b"\nloss 0.25\n"
+    + bar(1, 19, b", loss_cls=nan")
+    + b"".join(b"\nloss 0.%d\n" % i for i in range(9))  # more lines than a gap holds
+    + bar(1, 20, b", loss_cls=0.6")
+    + b"\nloss 0.2\n"
+    + bar(1, 20, b", loss_cls=0.7")
+    + b"\n  5/20  3.2G  1.23  4  640: \n"
+    + bar(2, 1, b", loss=0.1")
+    + b"\nEpoch 1/3:  10%|#  | 1/7 [00:01<00:09, 1.00it/s, loss=0.5]\n"  # another bar, same description
+    + bar(2, 2, b", loss=0.1")
+    + bar(2, 3, b", loss=0.05")
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 16])
+def test_bulk_redraws_with_lines_between_them_equal_line_by_line(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines read on their own between the redraws of a run (see redraws.read_run's segments)."""
+    for cut in (len(GAPS), GAPS.index(b"\nNum Epochs")):  # with and without the table at the end
+        data = GAPS[:cut]
+        assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
+
+
+def test_bulk_redraws_first_changed_postfix_not_finite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss_nan hint of a run's first changed postfix cites its redraw, after a hint read before it."""
+    data = (
+        bar(1, 1, b", loss=0.5")
+        + bar(1, 2, b", loss=0.5")
+        + b"\nCUDA out of memory.\n"
+        + bar(1, 3, b", loss=1e999")
+        + bar(1, 4, b", loss=0.4")
+    )
+    hints = parse(data, 1 << 16, True, monkeypatch)["hints"]
+    assert [(h["code"], h["line"][:20]) for h in hints] == [
+        ("cuda_oom", "CUDA out of memory."),
+        ("loss_nan", "Epoch 1/3:  15%|##  "),
+    ]
+    assert parse(data, 1 << 16, False, monkeypatch)["hints"] == hints
+
+
+def test_bulk_redraws_equal_line_by_line_on_a_long_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of redraws of one shape (cut by a struct in pieces, see redraws.CUT_LINES)."""
+    line = b"Train: %2d%%|#    | %d/999 [00:%02d<00:10, 1.00it/s, loss=0.%03d, acc=0.%03d]\r"
+    data = b"".join(line % (n * 100 // 999, n, n % 60, 999 - n, n % 7) for n in range(100, 400))
+    assert parse(data, 1 << 16, True, monkeypatch) == parse(data, 1 << 16, False, monkeypatch)
 
 
 def plain(line: bytes, n: int, start: int = 0) -> bytes:
@@ -141,3 +228,29 @@ def test_the_app_parses_every_line_of_a_flood() -> None:
     assert stream.drain()
     snap = stream.snapshot()
     assert snap.metrics["loss"]["count"] == 150_000 and snap.step == 149_999
+
+
+def test_matches_cached_by_shape_equal_the_regexes() -> None:
+    """The parser's regexes read through the cache by line shape (patterns.search, kv_pairs, dict_items) find
+    what the regexes themselves find, on every line of every fixture log and of the bench log."""
+    from gputui.core.insights import patterns as p
+
+    data = b"".join(path.read_bytes() for path in sorted(LOGS.glob("*.log"))) + bench_log(100_000)
+    texts = {line.decode("utf-8", "replace").strip() for line in data.replace(b"\r", b"\n").split(b"\n")}
+    texts |= {"epoch 9:  1000 / 2737", "Epoch 10/20 Step [3/7] eta: 1 day, 2:03:04 loss 9.5e-3 top1=99.5%"}
+    searched = (p.EPOCH, p.INNER, p.STEP, p.ETA, p.TQDM, p.TOTAL_EPOCHS, p.TOTAL_STEPS, p.CONFIG_DUMP)
+    for text in texts:
+        for pattern in searched:
+            for pos in (0, 5):
+                for anchored in (False, True):
+                    want = (pattern.match if anchored else pattern.search)(text, pos)
+                    got = p.search(pattern, text, pos, anchored)
+                    assert (got is None) == (want is None), (pattern.pattern, text)
+                    if want is not None and got is not None:
+                        assert (got.start(), got.end(), got.groups()) == (
+                            want.start(),
+                            want.end(),
+                            want.groups(),
+                        )
+        assert p.kv_pairs(text) == p.KV.findall(text), text
+        assert p.dict_items(text) == [(m.group("k"), m.group("v")) for m in p.DICT_KV.finditer(text)], text

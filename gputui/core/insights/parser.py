@@ -23,14 +23,12 @@ from .patterns import (
     ASCII_BAR,
     COLON_COUNT,
     CONFIG_DUMP,
-    DICT_KV,
     DICT_STATE_KEYS,
     DIGITS_AS_0,
     EPOCH,
     ETA,
     INNER,
     KERAS3_BAR,
-    KV,
     MAX_LINE,
     STEP,
     TABLE_HEAD,
@@ -39,9 +37,12 @@ from .patterns import (
     TOTAL_STEPS,
     TQDM,
     TQDM_COUNT,
+    dict_items,
     eta_seconds,
     hms,
+    kv_pairs,
     line_needs,
+    search,
     skipped_bar,
     table_columns,
     to_float,
@@ -193,34 +194,45 @@ class LogInsights:
         i, n = 0, len(lines)
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
-            if self._redraws is not None:
-                run = read_run(self._redraws, lines, i, self._bar_post_bytes(), line_needs, LOSS_HISTORY)
+            bar = self._redraws
+            if bar is not None and (not bar.desc or lines[i].startswith(bar.desc)):  # else not a run's start
+                run = read_run(bar, lines, i, self._run_post(), line_needs, LOSS_HISTORY)
                 if run is not None:
-                    if run.last:
-                        self._apply_run(run)
+                    if run.segments:
+                        i = self._apply_run(run, lines)
                     else:
                         for raw in lines[i : run.stop]:
                             self._line(raw[-MAX_LINE:])
-                    i, skipped = run.stop, None
+                        i = run.stop
+                    skipped = None
                     continue
             raw = lines[i]
-            i += 1
             if not raw:
+                i += 1
                 continue
-            if len(raw) > MAX_LINE:
-                raw = raw[-MAX_LINE:]
-            needs = 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(raw)
+            raw = raw[-MAX_LINE:]
+            needs = self._needs(raw)
             if not needs:
                 if raw.strip() and (raw.isascii() or raw.decode("utf-8", "replace").strip()):
                     skipped = raw
+                i += 1
                 continue
             skipped = None
-            if needs == 1 and len(raw) <= PLAIN_MAX:
-                i = self._plain_run(lines, i - 1)
-                continue
-            self._line(raw, hints=needs > 1)
+            i = self._read(lines, i, raw, needs)
         if skipped is not None:
             self._last_line = skipped.decode("utf-8", "replace").strip()
+
+    def _needs(self, raw: bytes) -> int:
+        """What reading this (capped) line needs (see patterns.line_needs): everything under a table."""
+        return 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(raw)
+
+    def _read(self, lines: list[bytes], i: int, raw: bytes, needs: int) -> int:
+        """Read line ``i`` (``raw``: capped; ``needs``: not 0) and, for a plain line, the lines of its shape
+        right after it; the index after them."""
+        if needs == 1 and len(raw) <= PLAIN_MAX:
+            return self._plain_run(lines, i)
+        self._line(raw, hints=needs > 1)
+        return i + 1
 
     def _plain_run(self, lines: list[bytes], i: int) -> int:
         """Read line ``i`` and the lines of its shape right after it (see repeats.py); the index after them."""
@@ -363,7 +375,7 @@ class LogInsights:
             self._parse_eta(text)
         else:
             self._phase = "eval"
-        if "(" in text and CONFIG_DUMP.search(text):
+        if "(" in text and search(CONFIG_DUMP, text):
             return  # Namespace(lr=0.1, epochs=14, ...): its totals are read above, the rest are settings
         found = False
         if "': " in text or '": ' in text:
@@ -376,7 +388,7 @@ class LogInsights:
 
     def _parse_tqdm(self, text: str) -> str | None:
         """tqdm line -> its postfix ("" when none); None when not tqdm; _IGNORED when skipped."""
-        m = TQDM.search(text)
+        m = search(TQDM, text)
         if m is None:
             return None
         head = text[: m.start()].rstrip()
@@ -474,10 +486,10 @@ class LogInsights:
     def _parse_epoch(self, text: str) -> bool | None:
         """Epoch counters and totals. None: no epoch number; True: it came with an inner "(i/N)"."""
         if "pochs" in text or "POCHS" in text:  # "Num Epochs = 3", "epochs=5"
-            m2 = TOTAL_EPOCHS.search(text)
+            m2 = search(TOTAL_EPOCHS, text)
             if m2:
                 self._total_epochs = int(m2.group(1)) or None
-        m = EPOCH.search(text)
+        m = search(EPOCH, text)
         if m is None:
             return None
         self._set_epoch(int(m.group(1)), from_text=True)
@@ -486,14 +498,14 @@ class LogInsights:
         if m.group(4):
             self._set_bar(_Bar(m.group(3), m.group(4)))
             return True
-        inner = INNER.search(text, m.end())  # "| epoch 2 | 200/2983 batches |": in the epoch, not done
+        inner = search(INNER, text, m.end())  # "| epoch 2 | 200/2983 batches |": in the epoch, not done
         if inner:
             n, total = (
                 (inner.group(1), inner.group(2)) if inner.group(1) else (inner.group(3), inner.group(4))
             )
             self._set_bar(_Bar(n, total))
             return True
-        colon = COLON_COUNT.match(text, m.end())  # fairseq "epoch 009:   1000 / 2737"
+        colon = search(COLON_COUNT, text, m.end(), anchored=True)  # fairseq "epoch 009:   1000 / 2737"
         if colon:
             self._set_bar(_Bar(colon.group(1), colon.group(2)))
             return True
@@ -513,18 +525,18 @@ class LogInsights:
     def _parse_eta(self, text: str) -> None:
         """detectron2 / mmcv / keras style "eta: 0:05:12", "eta: 1 day, 16:44:26", "ETA: 3s"."""
         if "eta" in text or "ETA" in text:
-            m = ETA.search(text)
+            m = search(ETA, text)
             if m:
                 self._log_eta = eta_seconds(m)
 
     def _parse_step(self, text: str, low: str) -> bool:
         """Step totals, and "step 50/100" / "Step [50/100]" counts (True: a count was read)."""
         if "total optimization steps" in low or "max_steps" in low or "total_steps" in low:
-            m = TOTAL_STEPS.search(text)
+            m = search(TOTAL_STEPS, text)
             if m:
                 self._total_steps = int(m.group(1).replace(",", "")) or None
             return False
-        m = STEP.search(text)
+        m = search(STEP, text)
         if m and m.group(2):  # only "step i/N" shapes (a bar of its own); a bare "step 5" is ambiguous
             self._set_bar(_Bar(m.group(1), m.group(2)))
             return True
@@ -533,8 +545,8 @@ class LogInsights:
     def _parse_dict(self, text: str) -> bool:
         """JSON lines / Python dict reprs: epoch, step and metric keys."""
         found = False
-        for m in DICT_KV.finditer(text):
-            key, value = m.group("k").strip().lower().replace(" ", "_"), to_float(m.group("v"))
+        for key, num in dict_items(text):
+            key, value = key.strip().lower().replace(" ", "_"), to_float(num)
             if value is None:
                 continue
             if key not in DICT_STATE_KEYS:
@@ -567,40 +579,73 @@ class LogInsights:
                 if num is not None:
                     self._add_metric(key.strip().lower(), num)
 
-    def _bar_post_bytes(self) -> bytes | None:
-        return None if self._bar_post is None else self._bar_post.encode()
+    def _run_post(self) -> bytes | None:
+        """The postfix that the first redraw of a run is compared with: none when its epoch starts afresh."""
+        epoch = self._redraws.epoch if self._redraws else None
+        if self._bar_post is None or (epoch is not None and epoch != self._epoch):
+            return None
+        return self._bar_post.encode()
 
-    def _apply_run(self, run: Run) -> None:
-        """The state after reading the redraws of ``run`` one by one (see redraws.read_run)."""
-        assert self._redraws is not None
-        desc = self._redraws.desc.decode()
-        if "poch" in desc or "POCH" in desc:
-            self._parse_epoch(desc)  # what each redraw's epoch says (see redraws.redraw_pattern)
-        self._set_bar(_Bar(*map(bytes.decode, run.last)))  # n, total, elapsed, remaining, rate
-        self._glued = ""
-        if run.posts:
-            self._bar_post = run.posts[-1].decode()
-            self._parse_postfix(run.posts[0].decode())
-            for column in run.columns:
+    def _apply_run(self, run: Run, lines: list[bytes]) -> int:
+        """The state after reading the lines of ``run`` one by one (see redraws.read_run); the index of
+        the line to read next: ``run.stop``, or the next segment's first redraw when a line read between
+        two segments changed what reading its redraws in bulk assumed (then they are read afresh)."""
+        redraws = self._redraws
+        assert redraws is not None
+        desc = redraws.desc.decode()
+        epoch = "poch" in desc or "POCH" in desc
+        for seg in run.segments:
+            if redraws.of is not None and redraws.epoch is not None:  # what each redraw's epoch says
+                self._set_epoch(redraws.epoch, from_text=True)
+                if redraws.of:
+                    self._total_epochs = int(redraws.of) or None
+            elif epoch:
+                self._parse_epoch(desc)
+            self._set_bar(_Bar(*map(bytes.decode, seg.last)))  # n, total, elapsed, remaining and rate
+            self._glued = ""
+            if seg.posts:
+                self._bar_post = seg.posts[-1].decode()
+                if seg.first:
+                    self._parse_postfix(seg.posts[0].decode())
+            for column in seg.columns:
                 metric = self._metrics.get(column.name)
                 if metric is not None:
                     metric.merge(column.added, column.last, column.low, column.high)
                     if column.name == self._loss_name:
                         self._loss_history.extend(column.newest)
-        for (
-            raw
-        ) in run.others:  # lines between the redraws that may hold a hint (no parsing rule matches them)
-            raw = raw[-MAX_LINE:]
-            if line_needs(raw) & 2:
-                add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
-        text = run.last_text.decode("utf-8", "replace")
-        self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
+            # lines between the redraws that may hold a hint (no parsing rule matches them)
+            for raw in seg.others:
+                raw = raw[-MAX_LINE:]
+                if line_needs(raw) & 2:
+                    add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
+            text = seg.last_text.decode("utf-8", "replace")
+            self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
+            if seg.gap > seg.stop and not self._read_gap(lines, seg.stop, seg.gap):
+                return seg.gap
+        return run.stop
+
+    def _read_gap(self, lines: list[bytes], i: int, stop: int) -> bool:
+        """Read lines ``i..stop`` (between two segments of a run) as :meth:`_lines` would; False when they
+        changed what reading the next segment's redraws in bulk assumed: the bar, its last postfix, the
+        epoch, or no table."""
+        redraws, post, epoch = self._redraws, self._bar_post, self._epoch
+        while i < stop:
+            raw = lines[i][-MAX_LINE:]
+            needs = self._needs(raw) if raw else 0
+            i = self._read(lines, i, raw, needs) if needs else i + 1
+        return (
+            self._redraws is redraws
+            and self._bar_post == post
+            and self._epoch == epoch
+            and not self._table
+            and not self._eval_table
+        )
 
     def _parse_kv(self, text: str, prefix: str = "") -> bool:
         """key=value / key: value / "Loss 0.12" pairs whose key looks like a metric (named ``prefix`` + key,
         unless the name already says it is an evaluation's: "val_loss")."""
         found = False
-        for split, key, num, pct in KV.findall(text):
+        for split, key, num, pct in kv_pairs(text):
             value = to_float(num)
             name = _kv_name(split, key, prefix)
             if value is not None and pct and metric_kind(name) == "max":

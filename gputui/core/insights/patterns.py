@@ -1,9 +1,12 @@
-"""The regexes of the log parser and the small text helpers around them (all precompiled, pure)."""
+"""The regexes of the log parser and the small text helpers around them (all precompiled, pure). The
+parser reads most of them through :func:`search`, :func:`kv_pairs` and :func:`dict_items`, which cache
+where the matches are by the line's shape (digits read 0): no rule tells one digit from another."""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import Any
 
 from .log_hints import HINT_KEYS
 from .metrics import METRIC_WORDS, words
@@ -92,6 +95,93 @@ RULE_GATE = re.compile(
 HINT_GATE = re.compile(b"|".join(re.escape(key.encode().translate(DIGITS_AS_0)) for key in HINT_KEYS))
 
 
+SHAPED_MAX = 512  # characters of a line beyond which its matches are not cached by shape
+
+
+@lru_cache(maxsize=1024)
+def _spans(pattern: re.Pattern[str], shape: bytes, groups: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Where the ``groups`` of each match of ``pattern`` are in a line of this shape (digits read 0): no
+    rule tells one digit from another, so lines equal once each digit reads 0 have their matches in the
+    same places."""
+    return tuple(sum((m.span(g) for g in groups), ()) for m in pattern.finditer(shape.decode()))
+
+
+_last_shape: tuple[str, bytes | None] = ("", None)  # the last call's text and shape: a line is searched often
+
+
+def _shape(text: str) -> bytes | None:
+    """The shape of a line's text for :func:`_spans`; None for long or non-ASCII text (not cached)."""
+    global _last_shape
+    last = _last_shape  # one tuple: threads that parse at once each see a matching pair
+    if text is last[0]:
+        return last[1]
+    shape = text.encode().translate(DIGITS_AS_0) if len(text) <= SHAPED_MAX and text.isascii() else None
+    _last_shape = (text, shape)
+    return shape
+
+
+@lru_cache(maxsize=2048)
+def _first(
+    pattern: re.Pattern[str], shape: bytes, pos: int, anchored: bool
+) -> tuple[tuple[int, int], ...] | None:
+    """The spans of the first match (``anchored``: at ``pos``) of ``pattern`` and its groups in a line of
+    this shape, from ``pos`` on; None when there is none."""
+    m = (pattern.match if anchored else pattern.search)(shape.decode(), pos)
+    return None if m is None else tuple(m.span(g) for g in range(1 + pattern.groups))
+
+
+class Found:
+    """A match read from the cache of :func:`search` (the part of :class:`re.Match` the parser uses)."""
+
+    __slots__ = ("_text", "_spans")
+
+    def __init__(self, text: str, spans: tuple[tuple[int, int], ...]) -> None:
+        self._text, self._spans = text, spans
+
+    def group(self, n: int = 0) -> str | Any:  # as re.Match's: None for a group that did not take part
+        a, b = self._spans[n]
+        return None if a < 0 else self._text[a:b]
+
+    def groups(self) -> tuple[str | Any, ...]:
+        return tuple(map(self.group, range(1, len(self._spans))))
+
+    def start(self) -> int:
+        return self._spans[0][0]
+
+    def end(self) -> int:
+        return self._spans[0][1]
+
+
+def search(
+    pattern: re.Pattern[str], text: str, pos: int = 0, anchored: bool = False
+) -> Found | re.Match[str] | None:
+    """``pattern.search(text, pos)`` (``anchored``: ``.match``), from a cache by the text's shape."""
+    shape = _shape(text)
+    if shape is None:
+        return (pattern.match if anchored else pattern.search)(text, pos)
+    spans = _first(pattern, shape, pos, anchored)
+    return None if spans is None else Found(text, spans)
+
+
+def kv_pairs(text: str) -> list[tuple[str, str, str, str]]:
+    """``KV.findall(text)``: (split word or "", key, number, percent sign or "") of each key=value pair."""
+    shape = _shape(text)
+    if shape is None:
+        return KV.findall(text)
+    return [
+        (text[a:b], text[c:d], text[e:f], text[g:h])
+        for a, b, c, d, e, f, g, h in _spans(KV, shape, (1, 2, 3, 4))
+    ]
+
+
+def dict_items(text: str) -> list[tuple[str, str]]:
+    """(key, value) of each item of a JSON line or a Python dict repr (see DICT_KV)."""
+    shape = _shape(text)
+    if shape is None:
+        return [(m.group("k"), m.group("v")) for m in DICT_KV.finditer(text)]
+    return [(text[a:b], text[c:d]) for a, b, c, d in _spans(DICT_KV, shape, (2, 3))]
+
+
 @lru_cache(maxsize=1024)
 def _shape_needs(shape: bytes) -> int:
     return (RULE_GATE.search(shape) is not None) | (HINT_GATE.search(shape) is not None) << 1
@@ -129,7 +219,7 @@ def hms(text: str) -> float:
     return total
 
 
-def eta_seconds(m: re.Match[str]) -> float:
+def eta_seconds(m: re.Match[str] | Found) -> float:
     days, val = m.group(1), m.group(2)
     secs = float(days or 0) * 86400
     if ":" in val:

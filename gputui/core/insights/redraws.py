@@ -5,7 +5,10 @@ one bar that differ only in their count, times and postfix. Once the parser has 
 by line, :func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run
 of its redraws that follows (and the lines between them that no parsing rule can match) without a
 regex per line: neighbouring redraws have the same shape once each digit reads 0, one cached regex
-match per shape says where the total and the postfix are, and the postfix metrics are read by column.
+match per shape says where the total and the postfix are, and the postfix metrics are cut out by column
+with one cached :class:`struct.Struct`. A few lines that must be read on their own (a print, an HF dict
+line) cut the run into segments: the parser reads them between the segments and goes on in bulk while
+they change nothing that the bulk reading assumed.
 The parser applies the result so that its state is the same as if it had read every line on its own
 (tests/test_insights_speed.py checks this on every fixture, edge cases and the bench log).
 """
@@ -17,12 +20,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress, groupby, islice, takewhile
-from operator import methodcaller
+from itertools import chain, compress, groupby, islice, takewhile
+from operator import eq, methodcaller
+from struct import Struct
 from typing import NamedTuple
 
 from .log_hints import first_hint_key
-from .patterns import DIGITS_AS_0, EPOCH, HINT_GATE, MAX_LINE, TABLE_ROW
+from .patterns import COLON_COUNT, DIGITS_AS_0, EPOCH, HINT_GATE, INNER, MAX_LINE, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
@@ -69,24 +73,43 @@ _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM 
 
 @dataclass(frozen=True)
 class Redraws:
-    """The bar a run of redraws must belong to: its description and total."""
+    """The bar a run of redraws must belong to: its description and total; the epoch it names, and when
+    that is all it says of epochs ("Epoch 3/50: ", no count inside the epoch) the total it gives ("50" or
+    "") in ``of`` (else None: the parser reads the description's epoch on its own)."""
 
     desc: bytes
     total: bytes
+    epoch: int | None = None
+    of: str | None = None
+
+
+class Segment(NamedTuple):
+    """Redraws of a run up to a line that must be read on its own (a print between two redraws), or to the
+    run's end: ``stop`` the line after its last redraw and ``gap`` the line of the next segment's first
+    redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
+    ``last_text`` that redraw; ``posts`` its postfixes that differ from the one before them, ``first``
+    whether posts[0] is the run's first such postfix (read on its own), ``columns`` the metric values of
+    the other posts; ``others`` the lines between its redraws that can only hold hints, in order."""
+
+    stop: int
+    gap: int
+    last: tuple[bytes, ...]
+    last_text: bytes
+    posts: Sequence[bytes]
+    first: bool
+    columns: Sequence[Column]
+    others: Sequence[bytes]
 
 
 class Run(NamedTuple):
-    """Lines ``start..stop`` of a feed: redraws of one bar and lines that can only hold hints. ``last`` is
-    empty when they must be read line by line; else the last redraw's n, total, elapsed, remaining and rate,
-    ``last_text`` that redraw, ``posts`` the postfixes that differ from the one before them, ``columns``
-    the metric values of posts[1:] and ``others`` the lines between the redraws, in order."""
+    """Lines ``start..stop`` of a feed: redraws of one bar and the lines between them, in segments (see
+    :class:`Segment`); no segments when they must be read line by line."""
 
     stop: int
-    last: tuple[bytes, ...] = ()
-    last_text: bytes = b""
-    posts: Sequence[bytes] = ()
-    columns: Sequence[Column] = ()
-    others: Sequence[bytes] = ()
+    segments: Sequence[Segment] = ()
+
+
+GAP_LINES = 8  # lines between two redraws of a run, one of them to be read on its own, at most
 
 
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
@@ -103,11 +126,15 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         or first_hint_key(desc.encode()) >= 0
     ):
         return None  # a hint, an epoch total or a count that could run on into the varying text
+    epoch = of = None
     if "poch" in desc or "POCH" in desc:  # the epoch must be read from the description alone
         e = EPOCH.search(desc)
         if e is None or e.end() >= len(desc) or desc[e.end()] in _EPOCH_STOPS:
             return None
-    return Redraws(desc.encode(), total.encode())
+        epoch = int(e.group(1))
+        if not (e.group(4) or INNER.search(desc, e.end()) or COLON_COUNT.match(desc, e.end())):
+            of = e.group(2) or ""
+    return Redraws(desc.encode(), total.encode(), epoch, of)
 
 
 def read_run(
@@ -118,8 +145,10 @@ def read_run(
     needs: Callable[[bytes], int],
     keep: int,
 ) -> Run | None:
-    """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one), and the
-    lines between them that no parsing rule can match (``needs(line) & 1 == 0``: they may only hold hints);
+    """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one) and the
+    lines between them: any number that no parsing rule can match (``needs(line) & 1 == 0``: they may
+    only hold hints), or up to :data:`GAP_LINES` lines of which some must be read on their own (a print
+    between redraws: the run is cut into segments there, and the parser reads them between its segments);
     ``keep``: how many of each metric's newest values are read (see :class:`Column`).
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
@@ -130,31 +159,55 @@ def read_run(
         return None
     is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     reds: list[bytes] = []
-    others: list[bytes] = []
+    others: list[list[bytes]] = [[]]  # per segment
+    cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
     while True:
         seg = list(takewhile(is_redraw, islice(lines, j, None)))  # no Python loop over the redraws
         reds += seg
         stop = j = j + len(seg)
-        gap = j
-        while j < n and (not lines[j] or (b"\x1b" not in lines[j] and not needs(lines[j][-MAX_LINE:]) & 1)):
+        read = False  # whether a line of the gap must be read on its own
+        redraw = False  # whether the gap ends at a redraw
+        while j < n:
+            line = lines[j]
+            if is_redraw(line):
+                redraw = True
+                break
+            if not read and line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
+                read = True
+            if read and j - stop >= GAP_LINES:
+                break
             j += 1
-        if j in (gap, n) or not is_redraw(lines[j]):
+        if not redraw:
             break  # the lines after the last redraw are not part of the run
-        others += [line for line in lines[gap:j] if line]
-    return _bulk(reds, len(desc), r.total, bar_post, keep, stop, others)
+        if read:
+            cuts.append((len(reds), stop, j))
+            others.append([])
+        else:
+            others[-1] += [line for line in lines[stop:j] if line]
+    cuts.append((len(reds), stop, stop))
+    while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
+        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others)
+        if run is not None or len(cuts) == 1:
+            return run or Run(cuts[0][1])
+        cuts = cuts[: len(cuts) // 2]
+        cuts[-1] = (cuts[-1][0], cuts[-1][1], cuts[-1][1])  # the last segment ends the run
 
 
 class Layout(NamedTuple):
     """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
-    remaining and rate; the text from the total to the times; the stripped postfix; per "key=number"
-    part of a plain postfix (else None) the key's and the number's; and the shapes of those numbers."""
+    remaining and rate; the text from "/" before the total to the "[" of the times; the stripped postfix;
+    per "key=number" part of a plain postfix (else None) the key's and the number's; the shapes of those
+    numbers; and the :mod:`struct` formats that cut a line's postfix and its numbers out of it."""
 
     fields: tuple[tuple[int, int], ...]
-    after_total: bytes  # from the end of the total to the "[" of the times
+    counted: bytes  # "/{total}" and what follows it up to the "[" of the times
     post: tuple[int, int]
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
+    cuts: tuple[str, str]
+    keys: tuple[bytes, ...]  # the postfix's keys (digits read 0)
+    digit_keys: tuple[tuple[int, int], ...]  # the index and the offset of each key with a digit
 
 
 class Column(NamedTuple):
@@ -166,13 +219,38 @@ class Column(NamedTuple):
     last: float
     low: float
     high: float
-    newest: list[bytes] | list[float]
+    newest: Sequence[bytes] | list[float]
+
+
+def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
+    """The :mod:`struct` format that reads these byte spans (in order, apart) out of a ``width``-byte line."""
+    fmt, at = [], 0
+    for a, b in spans:
+        fmt.append(f"{a - at}x{b - a}s")
+        at = b
+    return "".join(fmt) + f"{width - at}x"
+
+
+CUT_LINES = 64  # lines of one shape that one cached struct cuts at once (so a cached struct stays small)
 
 
 @lru_cache(maxsize=256)
-def _layout(shape: bytes, d: int) -> Layout | None:
-    """The :class:`Layout` of redraws of this shape (digits read 0) after a description of ``d`` bytes;
-    None when such a line is no redraw, names an epoch or may hold a hint."""
+def _cutter(fmt: str, lines: int) -> Struct:
+    """A :class:`struct.Struct` that cuts ``fmt``'s fields out of ``lines`` lines at once (in C)."""
+    return Struct(fmt * lines)
+
+
+def _cut_block(fmt: str, block: bytes, lines: int) -> tuple[bytes, ...] | list[bytes]:
+    """``fmt``'s fields of each of the ``lines`` lines of ``block``, in order."""
+    if lines <= CUT_LINES:
+        return _cutter(fmt, lines).unpack(block)
+    return list(chain.from_iterable(_cutter(fmt, 1).iter_unpack(block)))
+
+
+@lru_cache(maxsize=256)
+def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
+    """The :class:`Layout` of redraws of this shape (digits read 0) after a description of ``d`` bytes, of
+    a bar of this total; None when such a line is no redraw, names an epoch or may hold a hint."""
     tail = shape[d:]
     m = _TAIL.match(tail)
     if m is None or b"poch" in tail or b"POCH" in tail or HINT_GATE.search(tail):
@@ -196,9 +274,21 @@ def _layout(shape: bytes, d: int) -> Layout | None:
         if len(set(names)) != len(names):
             pairs = None  # "loss" twice: only the line-by-line reading knows which wins
     numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
-    after_total = shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
+    counted = b"/" + total + shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
+    width = len(shape) + 1
+    post_span = (p0, p0 + len(post))
+    cuts = (_cut([post_span], width), _cut([(v0, v1) for _, _, v0, v1 in pairs or ()], width))
+    keys = tuple(shape[a:b] for a, b, _, _ in pairs or ())
+    digit_keys = tuple((n, a) for n, (a, b, _, _) in enumerate(pairs or ()) if b"0" in shape[a:b])
     return Layout(
-        fields, after_total, (p0, p0 + len(post)), tuple(pairs) if pairs is not None else None, numbers
+        fields,
+        counted,
+        post_span,
+        tuple(pairs) if pairs is not None else None,
+        numbers,
+        cuts,
+        keys,
+        digit_keys,
     )
 
 
@@ -210,77 +300,111 @@ def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
 
 
 def _bulk(
-    reds: list[bytes], d: int, total: bytes, bar_post: bytes | None, keep: int, stop: int, others: list[bytes]
-) -> Run:
-    """The :class:`Run` of these redraws (after a description of ``d`` bytes), or one to read line by line.
+    reds: list[bytes],
+    d: int,
+    total: bytes,
+    bar_post: bytes | None,
+    keep: int,
+    cuts: list[tuple[int, int, int]],
+    others: list[list[bytes]],
+) -> Run | None:
+    """The :class:`Run` of these redraws (after a description of ``d`` bytes) in segments (``cuts``: per
+    segment, the redraws up to its end, its stop and its gap; ``others``: its lines that can only hold
+    hints); None when they must be read line by line.
 
     Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
     values change) parse the same way, since no rule tells one digit from another: so one regex match
-    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfix
-    values are read by column with slices.
+    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfixes
+    and their numbers are cut out of the block of those lines by one cached :class:`struct.Struct`.
     """
     body = b"\n".join(reds)
     shapes = body.translate(DIGITS_AS_0).split(b"\n")
+    body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
     posts: list[bytes] = []
-    keys: list[bytes] = []
+    keys: list[bytes] = []  # the first postfix's keys
+    key_shapes: tuple[bytes, ...] | None = None
     columns: list[list[bytes]] = []
     numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
     counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
-    start = offset = 0
+    posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
+    offset = first = 0
     for shape, group in groupby(shapes):
         k = len(list(group))
-        layout = _layout(shape, d)
+        layout = _layout(shape, d, total)
         if layout is None:
-            return Run(stop)
+            return None
         width = len(shape) + 1  # the lines of a group are as long as their shape
-        lines = reds[start : start + k]
-        block = (offset, offset + k * width)
-        start += k
-        offset += k * width
-        counts.add(b"/" + total + layout.after_total)
-        p0, p1 = layout.post
-        if p0 == p1:
+        start, offset = offset, offset + k * width
+        first += k
+        counts.add(layout.counted)
+        if layout.post[0] == layout.post[1]:
             continue  # no postfix: it neither counts nor changes the last one
-        if layout.pairs is None or (keys and len(layout.pairs) != len(keys)):
-            return Run(stop)
-        if not keys:
-            keys = [lines[0][a:b] for a, b, _, _ in layout.pairs]
+        if layout.pairs is None:
+            return None
+        if layout.keys != key_shapes:
+            if key_shapes is not None:
+                return None  # every redraw has the first one's keys
+            key_shapes, numbers = layout.keys, layout.numbers
+            keys = [body[start + a : start + b] for a, b, _, _ in layout.pairs]
             columns = [[] for _ in keys]
-            numbers = layout.numbers
-        for (a, b, v0, v1), key, column in zip(layout.pairs, keys, columns, strict=True):
-            if b"0" in shape[a:b] and not _same(body[block[0] : block[1]], width, a, key):
-                return Run(stop)  # a key with digits ("top1") must be the same in every line
-            column += [line[v0:v1] for line in lines]
+        block = body[start:offset]
+        for n, a in layout.digit_keys:  # "top1" in every line, not "top5"
+            if not _same(block, width, a, keys[n]):
+                return None
         if layout.numbers != numbers:
             numbers = None
-        posts += [line[p0:p1] for line in lines]
+        posted.append((first - k, k))
+        posts += _cut_block(layout.cuts[0], block, k)
+        numbers_cut = _cut_block(layout.cuts[1], block, k)
+        if len(columns) == 1:
+            columns[0] += numbers_cut
+        else:
+            for n, column in enumerate(columns):
+                column += numbers_cut[n :: len(columns)]
     if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
-        return Run(stop)
-    kept = (
-        [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)] if posts else []
-    )
-    posts = list(compress(posts, kept))
-    out: list[Column] = []
-    for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
-        values = list(compress(column, kept))[1:]  # the first changed postfix is read on its own
-        decimal = numbers is not None and _DECIMAL.fullmatch(numbers[n]) is not None
-        summary = _summary(values, keep, decimal) if values else None
-        if values and summary is None:
-            return Run(stop)
-        if summary is not None:
-            out.append(Column(key.decode().lower(), *summary))
-    last = reds[-1]
-    layout = _layout(shapes[-1], d)
-    assert layout is not None  # read above
-    return Run(stop, tuple(last[a:b] for a, b in layout.fields), last, posts, out, others)
+        return None
+    kept: list[bool] | None = None  # None: every postfix changed
+    if posts and (posts[0] == bar_post or any(map(eq, posts, islice(posts, 1, None)))):
+        kept = [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)]
+        posts = list(compress(posts, kept))
+        columns = [list(compress(column, kept)) for column in columns]
+    if posts and not all(math.isfinite(float(column[0])) for column in columns):
+        return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
+    decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
+    segments: list[Segment] = []
+    lo = g = done = 0  # done: the postfixes of the groups before group g
+    for end, stop, gap in cuts:
+        while g < len(posted) and posted[g][0] + posted[g][1] <= end:
+            done += posted[g][1]
+            g += 1
+        hi = done + (max(end - posted[g][0], 0) if g < len(posted) else 0)  # postfixes up to ``end``
+        if kept is not None:
+            hi = sum(kept[:hi])
+        out: list[Column] = []
+        for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
+            values = column[max(lo, 1) : hi]  # the run's first changed postfix is read on its own
+            summary = _summary(values, keep, decimal[n] if decimal else False) if values else None
+            if values and summary is None:
+                return None
+            if summary is not None:
+                out.append(Column(key.decode().lower(), *summary))
+        last = reds[end - 1]
+        layout = _layout(shapes[end - 1], d, total)
+        assert layout is not None  # read above
+        fields = tuple(last[a:b] for a, b in layout.fields)
+        segments.append(
+            Segment(stop, gap, fields, last, posts[lo:hi], lo == 0 < hi, out, others[len(segments)])
+        )
+        lo = hi
+    return Run(cuts[-1][1], segments)
 
 
 _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned decimal (digits read 0)
 
 
 def _summary(
-    values: list[bytes], keep: int, decimal: bool
-) -> tuple[int, float, float, float, list[bytes] | list[float]] | None:
+    values: Sequence[bytes], keep: int, decimal: bool
+) -> tuple[int, float, float, float, Sequence[bytes] | list[float]] | None:
     """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
     ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
     the lowest and the highest are read as floats."""
