@@ -28,23 +28,21 @@ HEADER = "gputui-insights-cache 1"  # the first line, with the parser version
 MAX_ENTRIES = 2000
 MAX_FILE_BYTES = 8 * 1024 * 1024
 MAX_ENTRY_BYTES = 64 * 1024
-_PARSER_SOURCES = ("insights", "records.py")  # under gputui/core: what a job's insights are made by
 
 
 @functools.lru_cache(maxsize=1)
 def parser_version() -> str:
-    """A digest of the parser's sources: any change to them (an upgrade, an edit) changes it."""
-    digest = hashlib.sha256()
-    core = Path(__file__).parent
-    for name in _PARSER_SOURCES:
-        for path in sorted(core.joinpath(name).rglob("*.py")) if name == "insights" else [core / name]:
-            digest.update(path.name.encode() + b"\0")
-            try:
-                digest.update(path.read_bytes())
-            except OSError:  # e.g. an install without sources: the version string stands in
-                from gputui import __version__
+    """A digest of gputui's version and the parser's sources: an upgrade or an edit changes it."""
+    from gputui import __version__
 
-                digest.update(__version__.encode())
+    digest = hashlib.sha256(__version__.encode() + b"\0")
+    core = Path(__file__).parent
+    for path in [*sorted((core / "insights").glob("*.py")), core / "records.py"]:
+        digest.update(path.name.encode() + b"\0")
+        try:
+            digest.update(path.read_bytes())
+        except OSError:  # an install without sources: the version stands for them
+            pass
     return digest.hexdigest()[:32]
 
 
