@@ -87,7 +87,7 @@ def main() -> None:
         env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
         env.pop("XDG_CONFIG_HOME", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui has its bytecode (pip compiles it)
-        cache = home / ".cache" / "gputui" / "insights.json"
+        cache = home / ".cache" / "gputui" / "insights.cache"
         for name in ("jobs --json, cold", "jobs --json, warm"):
             figures[name] = []
             for _ in range(args.runs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,9 @@ def test_a_log_that_moved_is_parsed_again_and_a_running_job_always(tmp_path: Pat
     assert host.asked == [["1", "2", "3"]]  # a running job's insights were not stored
 
 
-@pytest.mark.parametrize("bad", ["garbage", "huge", "foreign entry", "directory", "old parser"])
+@pytest.mark.parametrize(
+    "bad", ["garbage", "huge", "foreign entry", "directory", "old parser", "fifo", "symlink"]
+)
 def test_a_bad_cache_file_costs_a_parse_never_an_error(tmp_path: Path, bad: str) -> None:
     host = Host(tmp_path)
     make_jobs(host.state, 2)
@@ -116,6 +119,10 @@ def test_a_bad_cache_file_costs_a_parse_never_an_error(tmp_path: Path, bad: str)
             f.truncate(C.MAX_FILE_BYTES + 1)
     elif bad == "directory":
         path.mkdir()
+    elif bad == "fifo":  # reading it would wait for a writer forever
+        os.mkfifo(path)
+    elif bad == "symlink":
+        path.symlink_to("/dev/zero")
     else:
         host.insights(C.InsightsCache(path))  # a good file, then spoil it
         head, *lines = path.read_bytes().splitlines()
@@ -127,7 +134,7 @@ def test_a_bad_cache_file_costs_a_parse_never_an_error(tmp_path: Path, bad: str)
         path.write_bytes(b"\n".join([head, *lines]) + b"\n")
     got = host.insights(C.InsightsCache(path))
     assert same(got, fresh) and host.asked
-    if bad != "directory":  # rewritten good: the next call asks for nothing
+    if bad != "directory":  # replaced by a good file: the next call asks for nothing
         assert same(host.insights(C.InsightsCache(path)), fresh) and host.asked == []
 
 
@@ -155,7 +162,7 @@ def test_the_cache_never_grows_past_its_bounds(tmp_path: Path, monkeypatch: pyte
 def test_jobs_json_keeps_ended_jobs_insights_in_the_user_cache_dir(home: Home) -> None:
     make_jobs(home.state_dir, 3)
     first = json.loads(home.cli("jobs", "--json", check=True).stdout)
-    cache = Path(home.env["HOME"]) / ".cache" / "gputui" / "insights.json"
+    cache = Path(home.env["HOME"]) / ".cache" / "gputui" / "insights.cache"
     assert len(cache.read_bytes().splitlines()) == 1 + 3
     assert json.loads(home.cli("jobs", "--json", check=True).stdout) == first
     assert all(j["insights"]["hints"] for j in first)

@@ -15,10 +15,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from remote_agent.fsutil import open_regular
 
 from . import paths
 from .insights import Hint, JobInsights
@@ -57,10 +60,10 @@ def entry_key(host: Iterable[str | None], job: Job, log_size: int) -> str:
 
 
 class InsightsCache:
-    """The cache file at ``path`` (default: ``insights.json`` in the user's cache dir)."""
+    """The cache file at ``path`` (default: ``insights.cache`` in the user's cache dir)."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = path if path is not None else paths.cache_dir() / "insights.json"
+        self.path = path if path is not None else paths.cache_dir() / "insights.cache"
         self._entries: dict[str, tuple[float, str]] | None = None  # key -> (stored at, entry JSON)
         self._new: dict[str, tuple[float, str]] = {}
 
@@ -106,7 +109,7 @@ class InsightsCache:
         """The file's entries, (stored at, entry JSON) by key, read but not parsed (``get`` parses the ones
         asked for); empty when the file is missing, too big or not this parser's, a bad line skipped."""
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(open_regular(str(self.path)), "rb") as f:  # not a FIFO, a symlink, a device
                 raw = f.read(MAX_FILE_BYTES + 1)
         except OSError:
             return {}
