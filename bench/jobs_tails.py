@@ -3,8 +3,9 @@ paged) beside the way before it, a logs.read + logs.times request pair per job, 
 
 Run: python bench/jobs_tails.py [--jobs 200] [--kb 600] [--runs 3]. Makes N ended jobs with a realistic
 training log of KB each in a temp state dir, then prints the medians of: insights for every job, batched and
-per job (on one connected session), and the whole `gputui jobs --json` CLI (start, connect, list, insights).
-No asserts.
+per job (on one connected session, no insights cache), and the whole `gputui jobs --json` CLI (start, connect,
+list, insights): cold (the user's insights cache removed before each run: every tail read and parsed, then
+stored) and warm (the ended jobs' insights from the cache: no tail asked for). No asserts.
 """
 
 from __future__ import annotations
@@ -86,15 +87,24 @@ def main() -> None:
         env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
         env.pop("XDG_CONFIG_HOME", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui has its bytecode (pip compiles it)
-        figures["gputui jobs --json"] = []
+        cache = home / ".cache" / "gputui" / "insights.cache"
+        for name in ("jobs --json, cold", "jobs --json, warm"):
+            figures[name] = []
+            for _ in range(args.runs):
+                if name.endswith("cold"):
+                    cache.unlink(missing_ok=True)
+                t0 = time.perf_counter()
+                res = subprocess.run(
+                    [sys.executable, "-m", "gputui", "jobs", "--json"], env=env, capture_output=True
+                )
+                figures[name].append(time.perf_counter() - t0)
+                if res.returncode != 0:
+                    raise SystemExit(res.stderr.decode()[-2000:])
+        figures["python3 -c pass"] = []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            res = subprocess.run(
-                [sys.executable, "-m", "gputui", "jobs", "--json"], env=env, capture_output=True
-            )
-            figures["gputui jobs --json"].append(time.perf_counter() - t0)
-            if res.returncode != 0:
-                raise SystemExit(res.stderr.decode()[-2000:])
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            figures["python3 -c pass"].append(time.perf_counter() - t0)
     print(f"{args.jobs} jobs, {args.kb} KB logs, tails of {records.TAIL_BYTES // 1024} KiB, {args.runs} runs")
     for name, ts in figures.items():
         print(f"  {name:20s} median {statistics.median(ts):6.3f} s  min {min(ts):6.3f} s")

@@ -85,15 +85,19 @@ def idle_util(config: Config, name: str) -> float:
 async def collect_jobs(
     fleet: Fleetish, names: list[str], ended_only: bool = False, connect: bool = True
 ) -> tuple[list[M.Job], dict[str, BaseException]]:
-    """Every job of the named hosts with insights from its log tail; (jobs, errors by host).
+    """Every job of the named hosts with insights from its log tail; (jobs, errors by host). The insights
+    of ended jobs are kept in the user's cache dir (``insights_cache``), so their tails are read once.
 
     ``connect``: start each session first (the CLI); the app's sessions are connected already.
     """
+    from .insights_cache import InsightsCache
     from .records import with_insights  # log parsing: only the commands that show insights load it
+
+    cache = InsightsCache()
 
     async def collect(s: HostSession) -> list[M.Job]:
         jobs = [j for j in await s.list_jobs() if not ended_only or j.state in M.JOB_ENDED_STATES]
-        return await with_insights(s, jobs)
+        return await with_insights(s, jobs, cache)
 
     results: dict[str, Outcome[list[M.Job]]] = await gather_hosts(fleet, names, collect, connect=connect)
     jobs = [job for res in results.values() if not isinstance(res, BaseException) for job in res]

@@ -25,7 +25,7 @@ def state_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/gputui`` (``~/.cache/gputui``): the agent build."""
+    """``$XDG_CACHE_HOME/gputui`` (``~/.cache/gputui``): the agent build, ended jobs' insights."""
     return _xdg("XDG_CACHE_HOME", ".cache")
 
 

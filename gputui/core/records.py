@@ -9,6 +9,7 @@ from typing import Any
 from remote_agent import protocol as P
 
 from .insights import Hint, JobInsights, timed_parser, with_exit_hint
+from .insights_cache import InsightsCache, cacheable, entry_key
 from .model import JOB_RUNNING, Job
 from .session import HostSession, LogTail
 
@@ -16,24 +17,42 @@ from .session import HostSession, LogTail
 TAIL_BYTES = 64 * 1024
 
 
-async def jobs_insights(session: HostSession, jobs: Sequence[Job]) -> list[JobInsights]:
+async def jobs_insights(
+    session: HostSession, jobs: Sequence[Job], cache: InsightsCache | None = None
+) -> list[JobInsights]:
     """For each job: progress, metrics and hints parsed from the last TAIL_BYTES of its log, plus an
     exit-code hint; the tails come a page of jobs per request, not one request per job.
 
     The host's record of when the log's bytes were written gives the rates a live reader would have seen.
+    With a ``cache``, an ended job whose insights it holds is not asked for its tail, and the insights of the
+    ended jobs parsed here are stored in it; a running job's log moves, so it is always parsed.
     """
     found: dict[str, JobInsights] = {}
-    by_id = {job.id: job for job in jobs}
+    host = (session.name, session.snapshot.facts.get("hostname"), session.snapshot.facts.get("state_dir"))
+    if cache is not None:
+        for job in jobs:
+            hit = cache.get(entry_key(host, job, job.log_size)) if cacheable(job) else None
+            if hit is not None:
+                found[job.id] = hit
+    by_id = {job.id: job for job in jobs if job.id not in found}
     async for tails in session.log_tails(list(by_id), TAIL_BYTES):  # parsed while the next page comes
-        found.update(
-            (job_id, _insights(by_id[job_id], tail)) for job_id, tail in tails.items() if job_id in by_id
-        )
+        for job_id, tail in tails.items():
+            asked = by_id.get(job_id)
+            if asked is None:
+                continue
+            found[job_id] = _insights(asked, tail)
+            if cache is not None and cacheable(asked) and tail.error is None:
+                cache.put(entry_key(host, asked, tail.size), found[job_id])
+    if cache is not None:
+        cache.save()
     return [found[job.id] if job.id in found else _insights(job, None) for job in jobs]
 
 
-async def with_insights(session: HostSession, jobs: Sequence[Job]) -> list[Job]:
+async def with_insights(
+    session: HostSession, jobs: Sequence[Job], cache: InsightsCache | None = None
+) -> list[Job]:
     """The jobs, each with its ``insights`` (``jobs_insights``)."""
-    insights = await jobs_insights(session, jobs)
+    insights = await jobs_insights(session, jobs, cache)
     return [replace(job, insights=ins) for job, ins in zip(jobs, insights, strict=True)]
 
 
