@@ -127,6 +127,10 @@ class MetricsSample:
         )
 
 
+#: Optional parts of a host's job record that a Job keeps as they came.
+_KEPT_IF_SET = ("error", "log_error", "code", "queue", "artifacts", "slurm")
+
+
 def _slurm_reason(d: P.JobRecord) -> str | None:
     """Why a queued Slurm job waits, in Slurm's word (Resources, Priority, ...)."""
     return (d.get("slurm") or {}).get("reason") if d.get("state") == JOB_QUEUED else None
@@ -165,18 +169,9 @@ class Job:
             git=d.get("git"), gpu_inventory=d.get("gpu_inventory") or [], price_per_hour=d.get("price_per_hour"),
             usage=d.get("usage"),
         )  # fmt: skip
-        if "error" in d:
-            record["error"] = d["error"]
-        if "log_error" in d:
-            record["log_error"] = d["log_error"]
-        if "code" in d:
-            record["code"] = d["code"]
-        if "queue" in d:
-            record["queue"] = d["queue"]
-        if "artifacts" in d:
-            record["artifacts"] = d["artifacts"]
-        if "slurm" in d:
-            record["slurm"] = d["slurm"]
+        for key in _KEPT_IF_SET:  # the record's optional parts, only where the host set them
+            if key in d:
+                record[key] = d[key]  # type: ignore[literal-required]
         return cls(
             host=host,
             id=str(d["id"]),
