@@ -2,7 +2,8 @@
 
 Data flows one way. The core publishes frozen HostSnapshots through ``on_change``; the app keeps only
 the newest per host (coalescing) and applies them, with queued log output, in one batch at most
-``FLUSH_S`` apart. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
+``FLUSH_S`` apart (never later: a pending repaint timer is moved earlier). A change of state or jobs is drawn
+at once; metrics alone are drawn once per ``FLEET_EVERY_S``, fleet and selected host in the same frame. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class GpuTuiApp(App[None]):
         self.palette = Palette()
         self._pending: dict[str, M.HostSnapshot] = {}
         self._flush_timer: Timer | None = None
+        self._flush_at = 0.0  # when the pending flush timer fires (monotonic)
         self._job_timer: Timer | None = None
         self._last_flush = 0.0
         self._started: set[tuple[str, str]] = set()
@@ -176,6 +178,7 @@ class GpuTuiApp(App[None]):
         self._shutting_down = False
         self._keys_sig: tuple[object, ...] = ()
         self._fleet_dirty, self._last_fleet = False, 0.0
+        self._host_dirty = False  # the selected host's metrics moved: drawn with the next fleet repaint
         self._budget_seen: set[tuple[str, str]] = set()
         self._auto_released: set[str] = set()
         self._rows: dict[str, tuple[object, ...]] = {}
@@ -259,9 +262,19 @@ class GpuTuiApp(App[None]):
         self._wake()
 
     def _wake(self) -> None:
-        if self._flush_timer is None and not self._shutting_down and not self._exit and self.is_running:
-            delay = max(0.01, self._last_flush + FLUSH_S - time.monotonic())
-            self._flush_timer = self.set_timer(delay, self._apply_snapshots, name="flush")
+        """A flush at most ``FLUSH_S`` after the last one."""
+        self._flush_by(max(time.monotonic() + 0.01, self._last_flush + FLUSH_S))
+
+    def _flush_by(self, due: float) -> None:
+        """Make sure a flush runs by ``due`` (monotonic): a pending timer that fires later is moved earlier."""
+        if self._shutting_down or self._exit or not self.is_running:
+            return
+        if self._flush_timer is not None:
+            if self._flush_at <= due:
+                return
+            self._flush_timer.stop()
+        self._flush_at = due
+        self._flush_timer = self.set_timer(max(0.01, due - time.monotonic()), self._apply_snapshots, name="flush")
 
     def _apply_snapshots(self) -> None:
         """Apply pending snapshots and log output in one batch."""
@@ -277,18 +290,21 @@ class GpuTuiApp(App[None]):
                 self._apply(snaps)
             if self._fleet_dirty and time.monotonic() - self._last_fleet >= FLEET_EVERY_S:
                 self._render_fleet()
+                if self._host_dirty:
+                    self._render_host()
             stream = self.stream
-            if stream is not None and (stream.drain() or snaps):
+            drained = stream is not None and stream.drain()
+            if drained:
                 self.query_one(LogView).sync()
+            if stream is not None and (drained or snaps):
                 self._render_log_info()
                 if stream.job.host == self.selected_host and not snaps:  # progress/ETA cells of its row
                     self._render_jobs()
                 if stream.ended is not None and not stream.end_seen:
                     stream.end_seen = True
                     self._check_ended(stream)
-        if self._fleet_dirty and self._flush_timer is None:
-            due = max(0.01, self._last_fleet + FLEET_EVERY_S - time.monotonic())
-            self._flush_timer = self.set_timer(due, self._apply_snapshots, name="flush")
+        if self._fleet_dirty:
+            self._flush_by(self._last_fleet + FLEET_EVERY_S)
 
     def _check_ended(self, stream: LogStream) -> None:
         """The log ended: if the job list still says running, ask the host for the jobs again."""
@@ -305,10 +321,12 @@ class GpuTuiApp(App[None]):
 
     def _apply(self, snaps: dict[str, M.HostSnapshot]) -> None:
         started = frozenset(i for h, i in self._started)
-        urgent = False
+        urgent = host_urgent = False
         for name, snap in snaps.items():
             old = self.hosts.get(name)
-            urgent = urgent or old is None or old.state != snap.state or old.jobs != snap.jobs
+            changed = old is None or old.state != snap.state or old.jobs != snap.jobs
+            urgent = urgent or changed
+            host_urgent = host_urgent or (changed and name == self.selected_host)
             self.hosts[name] = snap
             self._rows.pop(name, None)
             if name not in self.host_order:
@@ -325,8 +343,10 @@ class GpuTuiApp(App[None]):
         if urgent:
             self._render_fleet()
         self._check_budget()
-        if self.selected_host in snaps:
+        if host_urgent:
             self._render_host()
+        elif self.selected_host in snaps:
+            self._host_dirty = True
         self._refresh_keys()
 
     def _check_budget(self) -> None:
@@ -379,6 +399,7 @@ class GpuTuiApp(App[None]):
         self.query_one(FleetTable).show(rows)
 
     def _render_host(self) -> None:
+        self._host_dirty = False
         snap = self.hosts.get(self.selected_host or "")
         pal = self.palette
         self.query_one("#host-info", TextBox).show(host_info(snap, pal) if snap else "")
