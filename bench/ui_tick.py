@@ -39,7 +39,7 @@ from gputui.core import model as M  # noqa: E402
 GPUS = 8
 HISTORY = 600
 FLOOD_LINES_PER_S = 20_000
-SCENARIOS = [(1, False), (8, False), (64, False), (8, True), (64, True)]
+SCENARIOS = [(1, False), (8, False), (64, False), (256, False), (8, True), (64, True)]
 WARMUP_S = 2.0
 
 

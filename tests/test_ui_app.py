@@ -377,6 +377,19 @@ async def test_a_snapshot_is_applied_by_the_next_flush_even_with_a_repaint_timer
         )
 
 
+async def test_a_change_of_state_is_applied_without_waiting_for_the_flush_spacing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "FLUSH_S", 3600.0)  # metrics alone: one batch an hour
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED, what="snapshots applied")
+        source = app.test_source["source"]  # type: ignore[attr-defined]
+        source.publish(replace(app.hosts["h100-a"], updated_at=T0 + 1))  # waits for the next batch
+        source.publish(replace(app.hosts["a100-pod"], state=M.ERROR, error="host key changed"))
+        await until(pilot, lambda: "host key changed" in screen_text(app), timeout=20, what="error shown")
+
+
 async def test_notifications_for_host_drop_return_and_job_end(tmp_path: Path) -> None:
     app = static_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:

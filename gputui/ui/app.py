@@ -2,8 +2,8 @@
 
 Data flows one way. The core publishes frozen HostSnapshots through ``on_change``; the app keeps only
 the newest per host (coalescing) and applies them, with queued log output, in one batch at most
-``FLUSH_S`` apart (never later: a pending repaint timer is moved earlier). A change of state or jobs is drawn
-at once; metrics alone are drawn once per ``FLEET_EVERY_S``, fleet and selected host in the same frame. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
+``FLUSH_S`` apart (never later: a pending repaint timer is moved earlier; a change of a host's state comes at
+once). A change of state or jobs is drawn at once; metrics alone are drawn once per ``FLEET_EVERY_S``, fleet and selected host in the same frame. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
 """
 
 from __future__ import annotations
@@ -255,11 +255,16 @@ class GpuTuiApp(App[None]):
 
     # --- the snapshot path ------------------------------------------------------------------------------------
     def _on_snapshot(self, snap: M.HostSnapshot) -> None:
-        """Called by the core for every change; a newer snapshot replaces an unapplied older one."""
+        """Called by the core for every change; a newer snapshot replaces an unapplied older one. A change of
+        state (up, down, reconnecting) is applied at once, without waiting out ``FLUSH_S``."""
         if self._shutting_down:
             return
+        last = self._pending.get(snap.name) or self.hosts.get(snap.name)
         self._pending[snap.name] = snap
-        self._wake()
+        if last is None or last.state != snap.state:
+            self._flush_by(time.monotonic())
+        else:
+            self._wake()
 
     def _wake(self) -> None:
         """A flush at most ``FLUSH_S`` after the last one."""
