@@ -227,7 +227,7 @@ class GpuTuiApp(App[None]):
     def compose(self) -> ComposeResult:
         yield TextBox(id="summary")
         yield FleetTable(id="hosts")
-        with Vertical(id="host-pane"):
+        with Vertical(id="host-pane", classes="-stale" if self._host_stale() else ""):  # no restyle at mount
             yield TextBox(id="host-info")
             yield GpuGrid(id="gpus")
             with Horizontal(id="lists"):
@@ -408,12 +408,17 @@ class GpuTuiApp(App[None]):
         snap = self.hosts.get(self.selected_host or "")
         pal = self.palette
         self.query_one("#host-info", TextBox).show(host_info(snap, pal) if snap else "")
-        set_class(self.query_one("#host-pane"), snap is not None and snap.state != M.CONNECTED, "-stale")
+        set_class(self.query_one("#host-pane"), self._host_stale(), "-stale")
         self.query_one(GpuGrid).show(snap, pal)
         jobs = self._render_jobs()
         self.query_one(ProcsTable).show(snap, pal)
         if self.selected_job is None or (snap and self.selected_job not in {j.id for j in snap.jobs}):
             self._select_job(jobs.cursor_key)
+
+    def _host_stale(self) -> bool:
+        """The selected host's data is its last known, not live (it is not connected)."""
+        snap = self.hosts.get(self.selected_host or "")
+        return snap is not None and snap.state != M.CONNECTED
 
     def _render_jobs(self) -> JobsTable:
         jobs = self.query_one(JobsTable)
