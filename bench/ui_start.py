@@ -113,7 +113,9 @@ def main() -> None:
             frame.append(seen["frame"])
             up.append(seen["up"])
     p, f, u = (statistics.median(x) * 1000 for x in (peer, frame, up))
-    print(f"{'launch -> first frame, minimal Textual app':44s} median {p:6.0f} ms  min {min(peer) * 1000:6.0f} ms")
+    print(
+        f"{'launch -> first frame, minimal Textual app':44s} median {p:6.0f} ms  min {min(peer) * 1000:6.0f} ms"
+    )
     print(f"{'launch -> first frame, gputui':44s} median {f:6.0f} ms  min {min(frame) * 1000:6.0f} ms  "
           f"{f / p:4.2f}x the minimal app")  # fmt: skip
     print(f"{'launch -> local host shown up, gputui':44s} median {u:6.0f} ms  min {min(up) * 1000:6.0f} ms")

@@ -372,9 +372,7 @@ async def test_a_snapshot_is_applied_by_the_next_flush_even_with_a_repaint_timer
         await until(pilot, lambda: app.hosts["h100-a"].updated_at == T0 + 1, what="metrics applied")
         await until(pilot, lambda: app._flush_timer is not None, what="repaint timer pending")
         source.publish(replace(app.hosts["a100-pod"], state=M.RECONNECTING, error="link lost"))
-        await until(
-            pilot, lambda: "reconnecting" in screen_text(app), timeout=20, what="state change shown"
-        )
+        await until(pilot, lambda: "reconnecting" in screen_text(app), timeout=20, what="state change shown")
 
 
 async def test_a_change_of_state_is_applied_without_waiting_for_the_flush_spacing(

@@ -14,7 +14,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -28,7 +28,6 @@ from gputui.core import autostop, jobs, safetext
 from gputui.core import config as cfg
 from gputui.core import model as M
 from gputui.core.doctor import run_doctor
-from gputui.core.insights import Hint, JobInsights, job_hints
 from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from gputui.core.spend import fleet_spend, idle_release_candidates
 
@@ -46,6 +45,9 @@ from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
 from .widgets.log import LOG_KEYS, LogPane, LogView
 from .widgets.textbox import TextBox, set_class
+
+if TYPE_CHECKING:  # the log parser loads with the first log shown, not before the first frame
+    from gputui.core.insights import Hint, JobInsights
 
 FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
 FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (state changes at once)
@@ -279,7 +281,9 @@ class GpuTuiApp(App[None]):
                 return
             self._flush_timer.stop()
         self._flush_at = due
-        self._flush_timer = self.set_timer(max(0.01, due - time.monotonic()), self._apply_snapshots, name="flush")
+        self._flush_timer = self.set_timer(
+            max(0.01, due - time.monotonic()), self._apply_snapshots, name="flush"
+        )
 
     def _apply_snapshots(self) -> None:
         """Apply pending snapshots and log output in one batch."""
@@ -449,7 +453,11 @@ class GpuTuiApp(App[None]):
         pane.show_info(job, ins, self._hints(job, ins), self.palette)
 
     def _hints(self, job: M.Job | None, ins: JobInsights | None) -> list[Hint]:
-        return job_hints(job, ins, self.hosts.get(job.host) if job is not None else None)
+        if job is None:
+            return []
+        from gputui.core.insights import job_hints
+
+        return job_hints(job, ins, self.hosts.get(job.host))
 
     # --- selection --------------------------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

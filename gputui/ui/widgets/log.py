@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -16,13 +18,15 @@ from textual.widgets import Input
 
 from gputui.core import model as M
 from gputui.core import safetext
-from gputui.core.insights import Hint, JobInsights
 
 from .. import fmt
 from ..logbuffer import MARK, LogBuffer
 from ..palette import Palette
 from .plain_input import PlainInput
 from .textbox import TextBox, set_display
+
+if TYPE_CHECKING:
+    from gputui.core.insights import Hint, JobInsights
 
 LOG_KEYS = [
     Binding("f", "follow", "Follow", tooltip="Jump to the end and keep following new output"),
