@@ -249,7 +249,9 @@ class GpuTuiApp(App[None]):
             self.notify(error, title="theme not loaded", severity="warning", timeout=NOTIFY_S)
         self._render_all()
         self.query_one(FleetTable).focus()
-        self.source.run_in_background()
+        # The links start once the first frame is out: building and spawning the local agent takes ~20 ms here,
+        # and its start-up shares the CPU with the first frame.
+        self.call_after_refresh(self.source.run_in_background)
 
     async def on_unmount(self) -> None:
         self._shutting_down = True
