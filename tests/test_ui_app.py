@@ -44,7 +44,7 @@ from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.help import HelpScreen, key_label
 from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.widgets.fleet import FleetTable
-from gputui.ui.widgets.host import JobsTable
+from gputui.ui.widgets.host import GpuCard, JobsTable
 from gputui.ui.widgets.log import LOG_KEYS, LogView
 
 SIZE = (160, 48)
@@ -357,6 +357,21 @@ async def test_a_changed_metric_redraws_its_cell_and_leaves_the_other_cells_rend
         assert kept <= now  # the other cells' renders are still the ones drawn: not rendered again
         drawn = [table._cell_render_cache[k] for k in now if k[0] == "a100-pod" and k[1] == "util"]
         assert drawn and all(new in "".join(s.text for s in lines[0]) for lines in drawn)  # no stale render
+
+
+async def test_new_metrics_of_the_selected_host_reach_its_gpu_cards(tmp_path: Path) -> None:
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED, what="snapshots applied")
+        card = app.query(GpuCard).first()
+        before = card.text.plain
+        old = app.hosts["h100-a"]
+        busy = with_load(old.gpus, 5)
+        assert busy[0].util_percent != old.gpus[0].util_percent
+        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]  # fmt: skip
+        want = f" {busy[0].util_percent:.0f}% "
+        await until(pilot, lambda: want in card.text.plain, what="the card's new utilisation")
+        assert card.text.plain != before
 
 
 async def test_a_snapshot_is_applied_by_the_next_flush_even_with_a_repaint_timer_pending(

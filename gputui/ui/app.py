@@ -3,7 +3,9 @@
 Data flows one way. The core publishes frozen HostSnapshots through ``on_change``; the app keeps only
 the newest per host (coalescing) and applies them, with queued log output, in one batch at most
 ``FLUSH_S`` apart (never later: a pending repaint timer is moved earlier; a change of a host's state comes at
-once). A change of state or jobs is drawn at once; metrics alone are drawn once per ``FLEET_EVERY_S``, fleet and selected host in the same frame. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
+once). A change of state or jobs is drawn at once; metrics alone are drawn once per ``FLEET_EVERY_S``, the fleet
+and the selected host in the same frame. Commands (start, kill, follow, release, attach) run as workers; widgets
+never do I/O.
 """
 
 from __future__ import annotations
@@ -300,9 +302,7 @@ class GpuTuiApp(App[None]):
             if snaps:
                 self._apply(snaps)
             if self._fleet_dirty and time.monotonic() - self._last_fleet >= FLEET_EVERY_S:
-                self._render_fleet()
-                if self._host_dirty:
-                    self._render_host()
+                self._render_metrics()
             stream = self.stream
             drained = stream is not None and stream.drain()
             if drained:
@@ -332,12 +332,10 @@ class GpuTuiApp(App[None]):
 
     def _apply(self, snaps: dict[str, M.HostSnapshot]) -> None:
         started = frozenset(i for h, i in self._started)
-        urgent = host_urgent = False
+        urgent = False
         for name, snap in snaps.items():
             old = self.hosts.get(name)
-            changed = old is None or old.state != snap.state or old.jobs != snap.jobs
-            urgent = urgent or changed
-            host_urgent = host_urgent or (changed and name == self.selected_host)
+            urgent = urgent or old is None or old.state != snap.state or old.jobs != snap.jobs
             self.hosts[name] = snap
             self._rows.pop(name, None)
             if name not in self.host_order:
@@ -351,13 +349,11 @@ class GpuTuiApp(App[None]):
         if self.selected_host is None and self.host_order:
             self.selected_host = self.host_order[0]
         self._fleet_dirty = True
-        if urgent:
-            self._render_fleet()
-        self._check_budget()
-        if host_urgent:
-            self._render_host()
-        elif self.selected_host in snaps:
+        if self.selected_host in snaps:
             self._host_dirty = True
+        if urgent:  # a change of state or jobs: drawn now; metrics alone wait for the once-a-second repaint
+            self._render_metrics()
+        self._check_budget()
         self._refresh_keys()
 
     def _check_budget(self) -> None:
@@ -395,6 +391,12 @@ class GpuTuiApp(App[None]):
             self._render_fleet()
             self._render_host()
             self._render_log_info()
+
+    def _render_metrics(self) -> None:
+        """The fleet, and the selected host if its snapshot moved: one frame."""
+        self._render_fleet()
+        if self._host_dirty:
+            self._render_host()
 
     def _render_fleet(self) -> None:
         self._fleet_dirty, self._last_fleet = False, time.monotonic()
