@@ -337,7 +337,7 @@ class GpuTuiApp(App[None]):
             old = self.hosts.get(name)
             urgent = urgent or old is None or old.state != snap.state or old.jobs != snap.jobs
             self.hosts[name] = snap
-            self._rows[name] = host_row(snap, self.palette)  # built as snapshots arrive, not all at the repaint
+            self._rows[name] = host_row(snap, self.palette)  # built now, not all hosts at the repaint
             if name not in self.host_order:
                 self.host_order.append(name)
             if old is not None and not self._shutting_down:
