@@ -5,9 +5,10 @@ its real terminal driver on a pseudo-terminal (160x48), fed by a synthetic fleet
 publishes one HostSnapshot per host per second through the app's own snapshot callback (the path the core
 uses), optionally with the open job's log flooding 20,000 lines/s. CPU is measured while watching (no keys),
 for the whole process (app + synthetic feed) as a percentage of one core; "feed" is the synthetic feed alone,
-measured the same way without the app. Then a key every 200-300 ms: ``l`` (full-screen log on and off, a
-relayout and full repaint), written as bytes into the terminal; latency runs from writing the key to the
-frame that shows it being handed to the terminal. No asserts.
+measured the same way without the app; frames/s: frames handed to the terminal while watching. Then a key
+every 200-300 ms: ``l`` (full-screen log on and off, a relayout and full repaint), written as bytes into the
+terminal; latency runs from writing the key to the frame that shows it being handed to the terminal. No
+asserts.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gputui.core import model as M  # noqa: E402
 GPUS = 8
 HISTORY = 600
 FLOOD_LINES_PER_S = 20_000
-SCENARIOS = [(1, False), (8, False), (64, False), (8, True), (64, True)]
+SCENARIOS = [(1, False), (8, False), (64, False), (256, False), (8, True), (64, True)]
 WARMUP_S = 2.0
 
 
@@ -168,7 +169,11 @@ async def feed_only(hosts: int, flood: bool, seconds: float) -> float:
 
 
 def run_app(hosts: int, flood: bool, seconds: float) -> dict[str, Any]:
+    import gc
+
     from gputui.ui.app import GpuTuiApp
+
+    gc.freeze()  # as gputui.ui.run does
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
@@ -235,8 +240,10 @@ def run_app(hosts: int, flood: bool, seconds: float) -> dict[str, Any]:
         app._driver.write = timed_write  # type: ignore[method-assign]
         await asyncio.sleep(WARMUP_S)  # warm up: history fills, the log flows
         c0, t0, n0 = cpu_s(), time.monotonic(), app.source.flood.lines  # type: ignore[attr-defined]
+        f0 = len(frames)
         await asyncio.sleep(seconds)  # watching, no keys: what leaving it open all day costs
         result["cpu"] = (cpu_s() - c0) / (time.monotonic() - t0) * 100
+        result["fps"] = (len(frames) - f0) / (time.monotonic() - t0)
         result["flood_rate"] = (app.source.flood.lines - n0) / (time.monotonic() - t0)  # type: ignore[attr-defined]
         result["rss"] = rss_mib()
         result["latency_ms"] = await keys([b"l"])
@@ -279,7 +286,7 @@ def main() -> None:
     print(f"gputui app under load: {GPUS} GPUs per host, 1 snapshot per host per second, 160x48 terminal, "
           f"{args.seconds:g} s per scenario")  # fmt: skip
     head = (f"{'hosts':>5}  {'log flood':>14}  {'CPU % (1 core)':>14}  {'of it feed':>10}  {'RSS MiB':>7}  "
-            f"{'l: median':>9}  {'p99':>6}  {'↓↑: median':>10}  {'p99':>6}")  # fmt: skip
+            f"{'frames/s':>8}  {'l: median':>9}  {'p99':>6}  {'↓↑: median':>10}  {'p99':>6}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for hosts, flood in SCENARIOS:
@@ -290,7 +297,7 @@ def main() -> None:
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         rate = f"{r['flood_rate']:,.0f} lines/s" if flood else "-"
-        print(f"{hosts:>5}  {rate:>14}  {r['cpu']:>14.1f}  {r['feed']:>10.1f}  {r['rss']:>7.0f}  "
+        print(f"{hosts:>5}  {rate:>14}  {r['cpu']:>14.1f}  {r['feed']:>10.1f}  {r['rss']:>7.0f}  {r['fps']:>8.1f}  "
               f"{ms(r['latency_ms'], 0.5):>9}  {ms(r['latency_ms'], 0.99):>6}  {ms(r['host_ms'], 0.5):>10}  {ms(r['host_ms'], 0.99):>6}")  # fmt: skip
     print(
         "l: full-screen log on/off; ↓↑: next/previous host (its GPUs, jobs and log swap in). Latency: key "

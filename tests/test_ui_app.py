@@ -30,19 +30,21 @@ from ui_fixtures import (
     screen_text,
     snapshot,
     static_factory,
+    with_load,
 )
 
 from gputui.core import config as cfg
 from gputui.core import model as M
 from gputui.core.fleet import Fleet
 from gputui.core.release import ReleaseRequest
+from gputui.ui import app as app_module
 from gputui.ui.app import APP_KEYS, GpuTuiApp
 from gputui.ui.logbuffer import MARK
 from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.help import HelpScreen, key_label
 from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.widgets.fleet import FleetTable
-from gputui.ui.widgets.host import JobsTable
+from gputui.ui.widgets.host import GpuCard, JobsTable
 from gputui.ui.widgets.log import LOG_KEYS, LogView
 
 SIZE = (160, 48)
@@ -331,6 +333,74 @@ async def test_snapshots_are_coalesced_and_applied_in_batches(tmp_path: Path) ->
             app.test_source["source"].publish(M.HostSnapshot(name="h100-a", state=M.CONNECTED, metrics=base.metrics, updated_at=i))  # type: ignore[attr-defined]  # fmt: skip
         await until(pilot, lambda: app.hosts["h100-a"].updated_at == 199, what="newest applied")
         assert sum(applied) <= 2 and len(applied) <= 2  # 200 snapshots, at most a couple of batches
+
+
+async def test_a_changed_metric_redraws_its_cell_and_leaves_the_other_cells_rendered(tmp_path: Path) -> None:
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(FleetTable)
+        await until(pilot, lambda: "A100-SXM4-40GB" in screen_text(app), what="fleet drawn")
+        util = table.get_cell("a100-pod", "util").plain
+        cached = set(table._cell_render_cache.keys())
+        kept = {k for k in cached if k[0] == "h100-a" or (k[0] == "a100-pod" and k[1] == "host")}
+        assert kept and any(k[0] == "a100-pod" and k[1] == "util" for k in cached)
+        count = table._update_count
+        old = app.hosts["a100-pod"]
+        busy = with_load(old.gpus, 5)
+        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]  # fmt: skip
+        await until(pilot, lambda: table.get_cell("a100-pod", "util").plain != util, what="util cell")
+        new = table.get_cell("a100-pod", "util").plain
+        row = next(line for line in screen_text(app).splitlines() if "a100-pod" in line and "●" in line)
+        assert f" {new} " in row and "h100-a" in screen_text(app)
+        assert table._update_count == count  # the count every cell's render-cache key holds did not move
+        now = set(table._cell_render_cache.keys())
+        assert kept <= now  # the other cells' renders are still the ones drawn: not rendered again
+        drawn = [table._cell_render_cache[k] for k in now if k[0] == "a100-pod" and k[1] == "util"]
+        assert drawn and all(new in "".join(s.text for s in lines[0]) for lines in drawn)  # no stale render
+
+
+async def test_new_metrics_of_the_selected_host_reach_its_gpu_cards(tmp_path: Path) -> None:
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED, what="snapshots applied")
+        card = app.query(GpuCard).first()
+        before = card.text.plain
+        old = app.hosts["h100-a"]
+        busy = with_load(old.gpus, 5)
+        assert busy[0].util_percent != old.gpus[0].util_percent
+        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]  # fmt: skip
+        want = f" {busy[0].util_percent:.0f}% "
+        await until(pilot, lambda: want in card.text.plain, what="the card's new utilisation")
+        assert card.text.plain != before
+
+
+async def test_a_snapshot_is_applied_by_the_next_flush_even_with_a_repaint_timer_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "FLEET_EVERY_S", 3600.0)  # the metrics repaint timer: an hour away
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED, what="snapshots applied")
+        source = app.test_source["source"]  # type: ignore[attr-defined]
+        base = app.hosts["h100-a"]
+        source.publish(replace(base, updated_at=T0 + 1))  # metrics only: the fleet repaint is due in an hour
+        await until(pilot, lambda: app.hosts["h100-a"].updated_at == T0 + 1, what="metrics applied")
+        await until(pilot, lambda: app._flush_timer is not None, what="repaint timer pending")
+        source.publish(replace(app.hosts["a100-pod"], state=M.RECONNECTING, error="link lost"))
+        await until(pilot, lambda: "reconnecting" in screen_text(app), timeout=20, what="state change shown")
+
+
+async def test_a_change_of_state_is_applied_without_waiting_for_the_flush_spacing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "FLUSH_S", 3600.0)  # metrics alone: one batch an hour
+    app = static_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED, what="snapshots applied")
+        source = app.test_source["source"]  # type: ignore[attr-defined]
+        source.publish(replace(app.hosts["h100-a"], updated_at=T0 + 1))  # waits for the next batch
+        source.publish(replace(app.hosts["a100-pod"], state=M.ERROR, error="host key changed"))
+        await until(pilot, lambda: "host key changed" in screen_text(app), timeout=20, what="error shown")
 
 
 async def test_notifications_for_host_drop_return_and_job_end(tmp_path: Path) -> None:

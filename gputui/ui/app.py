@@ -2,7 +2,10 @@
 
 Data flows one way. The core publishes frozen HostSnapshots through ``on_change``; the app keeps only
 the newest per host (coalescing) and applies them, with queued log output, in one batch at most
-``FLUSH_S`` apart. Commands (start, kill, follow, release, attach) run as workers; widgets never do I/O.
+``FLUSH_S`` apart (never later: a pending repaint timer is moved earlier; a change of a host's state comes at
+once). A change of state or jobs is drawn at once; metrics alone are drawn once per ``FLEET_EVERY_S``, the fleet
+and the selected host in the same frame. Commands (start, kill, follow, release, attach) run as workers; widgets
+never do I/O.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -27,7 +30,6 @@ from gputui.core import autostop, jobs, safetext
 from gputui.core import config as cfg
 from gputui.core import model as M
 from gputui.core.doctor import run_doctor
-from gputui.core.insights import Hint, JobInsights, job_hints
 from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from gputui.core.spend import fleet_spend, idle_release_candidates
 
@@ -45,6 +47,9 @@ from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
 from .widgets.log import LOG_KEYS, LogPane, LogView
 from .widgets.textbox import TextBox, set_class
+
+if TYPE_CHECKING:  # the log parser loads with the first log shown, not before the first frame
+    from gputui.core.insights import Hint, JobInsights
 
 FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
 FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (state changes at once)
@@ -173,6 +178,7 @@ class GpuTuiApp(App[None]):
         self.palette = Palette()
         self._pending: dict[str, M.HostSnapshot] = {}
         self._flush_timer: Timer | None = None
+        self._flush_at = 0.0  # when the pending flush timer fires (monotonic)
         self._job_timer: Timer | None = None
         self._last_flush = 0.0
         self._started: set[tuple[str, str]] = set()
@@ -180,6 +186,7 @@ class GpuTuiApp(App[None]):
         self._shutting_down = False
         self._keys_sig: tuple[object, ...] = ()
         self._fleet_dirty, self._last_fleet = False, 0.0
+        self._host_dirty = False  # the selected host's metrics moved: drawn with the next fleet repaint
         self._budget_seen: set[tuple[str, str]] = set()
         self._auto_released: set[str] = set()
         self._rows: dict[str, tuple[object, ...]] = {}
@@ -229,7 +236,7 @@ class GpuTuiApp(App[None]):
     def compose(self) -> ComposeResult:
         yield TextBox(id="summary")
         yield FleetTable(id="hosts")
-        with Vertical(id="host-pane"):
+        with Vertical(id="host-pane", classes="-stale" if self._host_stale() else ""):  # no restyle at mount
             yield TextBox(id="host-info")
             yield GpuGrid(id="gpus")
             with Horizontal(id="lists"):
@@ -249,7 +256,9 @@ class GpuTuiApp(App[None]):
             self.notify(error, title="theme not loaded", severity="warning", timeout=NOTIFY_S)
         self._render_all()
         self.query_one(FleetTable).focus()
-        self.source.run_in_background()
+        # The links start once the first frame is out: building and spawning the local agent takes ~20 ms here,
+        # and its start-up shares the CPU with the first frame.
+        self.call_after_refresh(self.source.run_in_background)
 
     async def on_unmount(self) -> None:
         self._shutting_down = True
@@ -258,16 +267,33 @@ class GpuTuiApp(App[None]):
 
     # --- the snapshot path ------------------------------------------------------------------------------------
     def _on_snapshot(self, snap: M.HostSnapshot) -> None:
-        """Called by the core for every change; a newer snapshot replaces an unapplied older one."""
+        """Called by the core for every change; a newer snapshot replaces an unapplied older one. A change of
+        state (up, down, reconnecting) is applied at once, without waiting out ``FLUSH_S``."""
         if self._shutting_down:
             return
+        last = self._pending.get(snap.name) or self.hosts.get(snap.name)
         self._pending[snap.name] = snap
-        self._wake()
+        if last is None or last.state != snap.state:
+            self._flush_by(time.monotonic())
+        else:
+            self._wake()
 
     def _wake(self) -> None:
-        if self._flush_timer is None and not self._shutting_down and not self._exit and self.is_running:
-            delay = max(0.01, self._last_flush + FLUSH_S - time.monotonic())
-            self._flush_timer = self.set_timer(delay, self._apply_snapshots, name="flush")
+        """A flush at most ``FLUSH_S`` after the last one."""
+        self._flush_by(max(time.monotonic() + 0.01, self._last_flush + FLUSH_S))
+
+    def _flush_by(self, due: float) -> None:
+        """Make sure a flush runs by ``due`` (monotonic): a pending timer that fires later is moved earlier."""
+        if self._shutting_down or self._exit or not self.is_running:
+            return
+        if self._flush_timer is not None:
+            if self._flush_at <= due:
+                return
+            self._flush_timer.stop()
+        self._flush_at = due
+        self._flush_timer = self.set_timer(
+            max(0.01, due - time.monotonic()), self._apply_snapshots, name="flush"
+        )
 
     def _apply_snapshots(self) -> None:
         """Apply pending snapshots and log output in one batch."""
@@ -282,19 +308,20 @@ class GpuTuiApp(App[None]):
             if snaps:
                 self._apply(snaps)
             if self._fleet_dirty and time.monotonic() - self._last_fleet >= FLEET_EVERY_S:
-                self._render_fleet()
+                self._render_metrics()
             stream = self.stream
-            if stream is not None and (stream.drain() or snaps):
+            drained = stream is not None and stream.drain()
+            if drained:
                 self.query_one(LogView).sync()
+            if stream is not None and (drained or snaps):
                 self._render_log_info()
                 if stream.job.host == self.selected_host and not snaps:  # progress/ETA cells of its row
                     self._render_jobs()
                 if stream.ended is not None and not stream.end_seen:
                     stream.end_seen = True
                     self._check_ended(stream)
-        if self._fleet_dirty and self._flush_timer is None:
-            due = max(0.01, self._last_fleet + FLEET_EVERY_S - time.monotonic())
-            self._flush_timer = self.set_timer(due, self._apply_snapshots, name="flush")
+        if self._fleet_dirty:
+            self._flush_by(self._last_fleet + FLEET_EVERY_S)
 
     def _check_ended(self, stream: LogStream) -> None:
         """The log ended: if the job list still says running, ask the host for the jobs again."""
@@ -316,7 +343,7 @@ class GpuTuiApp(App[None]):
             old = self.hosts.get(name)
             urgent = urgent or old is None or old.state != snap.state or old.jobs != snap.jobs
             self.hosts[name] = snap
-            self._rows.pop(name, None)
+            self._rows[name] = host_row(snap, self.palette)  # built now, not all hosts at the repaint
             if name not in self.host_order:
                 self.host_order.append(name)
             if old is not None and not self._shutting_down:
@@ -328,11 +355,11 @@ class GpuTuiApp(App[None]):
         if self.selected_host is None and self.host_order:
             self.selected_host = self.host_order[0]
         self._fleet_dirty = True
-        if urgent:
-            self._render_fleet()
-        self._check_budget()
         if self.selected_host in snaps:
-            self._render_host()
+            self._host_dirty = True
+        if urgent:  # a change of state or jobs: drawn now; metrics alone wait for the once-a-second repaint
+            self._render_metrics()
+        self._check_budget()
         self._refresh_keys()
 
     def _check_budget(self) -> None:
@@ -371,6 +398,12 @@ class GpuTuiApp(App[None]):
             self._render_host()
             self._render_log_info()
 
+    def _render_metrics(self) -> None:
+        """The fleet, and the selected host if its snapshot moved: one frame."""
+        self._render_fleet()
+        if self._host_dirty:
+            self._render_host()
+
     def _render_fleet(self) -> None:
         self._fleet_dirty, self._last_fleet = False, time.monotonic()
         pal = self.palette
@@ -385,15 +418,21 @@ class GpuTuiApp(App[None]):
         self.query_one(FleetTable).show(rows)
 
     def _render_host(self) -> None:
+        self._host_dirty = False
         snap = self.hosts.get(self.selected_host or "")
         pal = self.palette
         self.query_one("#host-info", TextBox).show(host_info(snap, pal) if snap else "")
-        set_class(self.query_one("#host-pane"), snap is not None and snap.state != M.CONNECTED, "-stale")
+        set_class(self.query_one("#host-pane"), self._host_stale(), "-stale")
         self.query_one(GpuGrid).show(snap, pal)
         jobs = self._render_jobs()
         self.query_one(ProcsTable).show(snap, pal)
         if self.selected_job is None or (snap and self.selected_job not in {j.id for j in snap.jobs}):
             self._select_job(jobs.cursor_key)
+
+    def _host_stale(self) -> bool:
+        """The selected host's data is its last known, not live (it is not connected)."""
+        snap = self.hosts.get(self.selected_host or "")
+        return snap is not None and snap.state != M.CONNECTED
 
     def _render_jobs(self) -> JobsTable:
         jobs = self.query_one(JobsTable)
@@ -424,7 +463,11 @@ class GpuTuiApp(App[None]):
         pane.show_info(job, ins, self._hints(job, ins), self.palette)
 
     def _hints(self, job: M.Job | None, ins: JobInsights | None) -> list[Hint]:
-        return job_hints(job, ins, self.hosts.get(job.host) if job is not None else None)
+        if job is None:
+            return []
+        from gputui.core.insights import job_hints
+
+        return job_hints(job, ins, self.hosts.get(job.host))
 
     # --- selection --------------------------------------------------------------------------------------------
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gputui.core import model as M
-from gputui.core.insights import JobInsights, LogInsights
 
 from . import fmt
 from .logbuffer import LogBuffer
+
+if TYPE_CHECKING:
+    from gputui.core.insights import JobInsights
 
 TAIL_FROM_BYTES = 4 << 20  # logs larger than this open at their tail instead of at byte 0
 
@@ -27,6 +29,8 @@ class LogStream:
     ) -> None:
         self.session, self.job, self._wake = session, job, wake
         self.buffer = LogBuffer(max_lines=max_lines)
+        from gputui.core.insights import LogInsights  # the parser loads with the first log shown
+
         self.insights = LogInsights()
         self.ended: dict[str, Any] | None = None
         self.end_seen = False  # the app has looked at ``ended``

@@ -45,7 +45,7 @@ def gpu_summary(snap: M.HostSnapshot) -> str:
     gpus = snap.gpus
     if not gpus:
         return "none" if snap.metrics is not None else "-"
-    names = {fmt.short_gpu_name(g.name) for g in gpus}
+    names = {fmt.short_gpu_name(n) for n in {g.name for g in gpus}}
     return f"{len(gpus)}× {names.pop() if len(names) == 1 else 'mixed'}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.containers import Container, Vertical
@@ -10,13 +11,15 @@ from textual.containers import Container, Vertical
 from gputui.core import model as M
 from gputui.core import safetext
 from gputui.core.cluster import cluster_text
-from gputui.core.insights import JobInsights
 
 from .. import fmt
 from ..logstream import progress_text
 from ..palette import Palette
 from .keyed_table import KeyedTable
 from .textbox import TextBox, set_display
+
+if TYPE_CHECKING:
+    from gputui.core.insights import JobInsights
 
 CARD_WIDTH = 40  # outer width of a GPU card, border included
 BAR_WIDTH = 10

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -16,13 +18,15 @@ from textual.widgets import Input
 
 from gputui.core import model as M
 from gputui.core import safetext
-from gputui.core.insights import Hint, JobInsights
 
 from .. import fmt
 from ..logbuffer import MARK, LogBuffer
 from ..palette import Palette
 from .plain_input import PlainInput
 from .textbox import TextBox, set_display
+
+if TYPE_CHECKING:
+    from gputui.core.insights import Hint, JobInsights
 
 LOG_KEYS = [
     Binding("f", "follow", "Follow", tooltip="Jump to the end and keep following new output"),
@@ -83,7 +87,8 @@ class LogView(ScrollView, can_focus=True):
         if dropped and self.match is not None:
             self.match = self.match - dropped if self.match >= dropped else None
         if self.follow:
-            self._move(lambda: self.scroll_end(animate=False, immediate=True, x_axis=False, force=True))
+            self._to_end()
+            self.call_after_refresh(self._to_end)  # again once laid out (a scrollbar may have taken a line)
         elif dropped:
             self._move(
                 lambda: self.scroll_to(y=max(0, self.scroll_y - dropped), animate=False, immediate=True)
@@ -104,9 +109,12 @@ class LogView(ScrollView, can_focus=True):
             if follow != self.follow:
                 self.follow = follow
 
-    def on_resize(self) -> None:
-        if self.follow:  # the pane changed height (hints appeared, search box closed): stay at the end
+    def _to_end(self) -> None:
+        if self.follow:
             self._move(lambda: self.scroll_end(animate=False, immediate=True, x_axis=False, force=True))
+
+    def on_resize(self) -> None:
+        self._to_end()  # the pane changed height (hints appeared, search box closed): stay at the end
 
     def watch_follow(self, follow: bool) -> None:
         self.post_message(self.StateChanged())
