@@ -127,6 +127,7 @@ class ReplaySession:
     def __init__(self, logs: dict[str, bytes] | None = None, end: bool = True) -> None:
         self.logs, self.end = logs or {}, end
         self.follows: list[tuple[str, int]] = []
+        self.name, self.snapshot = "gpu-box", M.HostSnapshot(name="gpu-box")  # as HostSession has them
 
     async def follow_log(
         self, job: str, offset: int, on_data: Callable, on_end: Callable, on_gap: Callable
