@@ -300,7 +300,14 @@ async def pull_planned(
     session: HostSession, plan: list[tuple[Remote, str]], force: bool = False, on_progress: Progress | None = None
 ) -> list[Outcome]:
     """Each (host file, local target) in turn; what arrived is noted in the host's pull record, even when a
-    later file fails."""
+    later file fails. Two host files bound for one local name are refused before anything is pulled: the
+    second would replace the first here while the record called both fetched."""
+    taken: dict[str, Remote] = {}
+    for f, target in plan:
+        other = taken.setdefault(os.path.normpath(target), f)
+        if other is not f:
+            raise PullError(f"{other.path} and {f.path} on the host would both be pulled to {target}: "
+                            "pull them one at a time, each to its own place")  # fmt: skip
     done: list[Outcome] = []
     try:
         for f, target in plan:
