@@ -223,18 +223,20 @@ async def cmd_queue(args: argparse.Namespace) -> int:
         else:
             listing = await s.list_queue()
         jobs = [M.Job.from_wire(args.host, j) for j in listing["jobs"]]
-        resumed = listing.get("resumed_at")
+        resumed, more = listing.get("resumed_at"), int(listing.get("more") or 0)  # (an older agent: no "more")
         if args.json:
             out = [{"position": j.queue_position, "id": j.id, "name": j.name, "command": list(j.command),
                     "gpus": queue_gpus(j), "after": (j.record.get("queue") or {}).get("after"),
                     "after_ok": (j.record.get("queue") or {}).get("after_ok"), "waits_for": j.queue_reason}
                    for j in jobs]  # fmt: skip
-            print(jsonout.dumps({"host": args.host, "jobs": out, "resumed_after_reboot_at": resumed}))
+            print(jsonout.dumps({"host": args.host, "jobs": out, "more": more, "resumed_after_reboot_at": resumed}))
             return EXIT_OK
         if resumed:
             when = datetime.datetime.fromtimestamp(resumed).strftime("%Y-%m-%d %H:%M")
             print(f"{args.host}: the queue resumed after a reboot ({when})")
         print_queue(jobs)
+        if more:
+            print(f"... and {more} more queued jobs (not listed)")
         return EXIT_OK
 
     return await _with_session(args, args.host, body)

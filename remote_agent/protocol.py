@@ -392,6 +392,7 @@ class QueueMoveArgs(TypedDict):
 
 class QueueListResult(TypedDict):
     jobs: List[JobRecord]  # queued jobs in order, each with queue_position and queue_reason
+    more: int  # queued jobs after these, left out to keep the reply bounded (LIST_PAGE_BYTES)
     resumed_at: Optional[float]  # when the queue resumed after a reboot, if it did
     scheduler_t: Optional[float]  # the scheduler's last pass
 

@@ -220,9 +220,18 @@ class Agent:
         return job
 
     def queue_listing(self) -> P.QueueListResult:
-        """The queued jobs in order, each with its position and what it waits for."""
+        """The queued jobs in order, each with its position and what it waits for: as many as LIST_PAGE_BYTES of
+        records hold (the first always), ``more`` counting the rest."""
         state = self.queue.state()
-        return {"jobs": self.queue.marks(self.queue.queued()), "resumed_at": state.get("resumed_at"),
+        queued = self.queue.marks(self.queue.queued())
+        jobs: List[Dict[str, Any]] = []
+        size = 0
+        for job in queued:
+            size += len(P.encode(job))
+            if jobs and size > P.LIST_PAGE_BYTES:
+                break
+            jobs.append(job)
+        return {"jobs": jobs, "more": len(queued) - len(jobs), "resumed_at": state.get("resumed_at"),
                 "scheduler_t": state.get("t")}  # fmt: skip
 
     def op_queue_move(self, a: P.QueueMoveArgs) -> P.QueueListResult:
