@@ -298,9 +298,11 @@ class SlurmNode(TypedDict):
 
 
 class ClusterInfo(TypedDict):
-    """Result of ``slurm.info``: one sinfo call. ``nodes`` holds at most MAX_NODES; ``nodes_total`` all."""
+    """Result of ``slurm.info``: one sinfo call. ``partitions`` and ``nodes`` hold the first ones (at most
+    slurm.MAX_PARTITIONS, slurm.MAX_NODES and MAX_NODE_BYTES); ``partitions_total`` and ``nodes_total`` count all."""
 
     partitions: List[Partition]
+    partitions_total: int
     nodes: List[SlurmNode]
     nodes_total: int
     error: Optional[str]  # sinfo failed: why (the lists are empty)

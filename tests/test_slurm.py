@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Home, SshHome, stop_host, wait_for
+from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 from slurmctl import SlurmCluster, slurm_available
 
 # A job that says which signal it got and goes on, until SIGKILL: proves the escalation's steps.
@@ -533,3 +533,31 @@ def test_a_slurm_job_is_never_judged_stalled_by_the_login_nodes_gpus() -> None:
     tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 0.0, 0.0)
     stalled = tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 120.0, 120.0)
     assert list(stalled) == ["2"]  # the tmux job on this host's idle GPU is; the Slurm job runs elsewhere
+
+
+def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
+    """A cluster (or a broken sinfo) with 30,000 partitions of 400-character names, each node in 100 of them:
+    slurm.info still answers, with the first partitions and nodes, counting all of them."""
+    from gputui.core.cluster import cluster_text
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sinfo").write_text(
+        f"#!{sys.executable}\nimport sys\nfor n in range(30000):\n"
+        "    for k in range(100 if n < 50 else 1):\n"
+        "        sys.stdout.write('node%d|%s%d|idle|gpu:4|gpu:0|0/4/0/4|up|infinite|none\\n'"
+        " % (n, 'p' * 400, n + k))\n"
+    )
+    (fake / "sinfo").chmod(0o755)
+    agent = AgentProc(tmp_path / "state", env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}"))
+    try:
+        reply = agent.call("slurm.info", timeout=120)
+        assert "error" not in reply, reply["error"]
+        info = reply["result"]
+        assert info["error"] is None and info["nodes_total"] == 30000 and info["partitions_total"] == 30000
+        assert 0 < len(info["partitions"]) < 30000 and 0 < len(info["nodes"]) < 30000
+        assert all(len(n["partitions"]) <= 32 for n in info["nodes"])
+        assert cluster_text(info).startswith("slurm: " + "p" * 400 + "0 up 1 nodes GPUs 0/4")
+        assert f"+{30000 - 6} more" in cluster_text(info)
+    finally:
+        agent.close()
