@@ -401,6 +401,7 @@ class QueueListResult(TypedDict):
 
 class KillArgs(JobArgs, total=False):
     grace_s: float
+    queued_only: bool  # only take it out of the host's queue: refused (nothing killed) when it left the queue
 
 
 class ReadArgs(JobArgs, total=False):

@@ -214,6 +214,10 @@ class Agent:
         """Kill a running job; a queued one is removed from the queue (it never starts)."""
         job_id, grace = str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S)
         job = self.queue.remove(job_id, "removed from the queue before it started")
+        if job is None and a.get("queued_only"):  # what was confirmed was a removal: never a kill of a running job
+            state = self.jobs.describe(job_id)["state"]
+            more = ": it started meanwhile; kill it again to stop it" if state == P.JOB_RUNNING else ""
+            raise JobError("job %s is no longer queued (%s), not killed%s" % (job_id, state, more), "bad_args")
         if job is None:  # not queued (any more): it runs, or it ended
             job = self.jobs.kill(job_id, grace)
         self.emit(P.EV_JOB, job)
