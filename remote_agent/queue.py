@@ -61,6 +61,16 @@ def parse_request(queue: Any) -> Dict[str, Any]:
             "idle_util_percent": util}  # fmt: skip
 
 
+def _damaged(job: Dict[str, Any]) -> Optional[str]:
+    """Why a queued job's stored request cannot be scheduled (edited by hand, another version), or None: such a
+    job fails alone instead of stopping every pass (and the watchdog's autostop with it)."""
+    try:
+        parse_request(job.get("queue"))
+    except (TypeError, ValueError) as exc:
+        return _clip("never started: its queue request cannot be read (%s)" % exc)
+    return None
+
+
 def _clip(text: str) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
@@ -301,6 +311,9 @@ class JobQueue:
                 saved = dict(saved, resumed_at=time.time())
             relaunch = [j for j in queued if j.get("dequeued_at") is not None]
             fresh = [j for j in queued if j.get("dequeued_at") is None]
+            damaged = {str(j["id"]): _damaged(j) for j in fresh}
+            damaged = {jid: why for jid, why in damaged.items() if why is not None}
+            fresh = [j for j in fresh if str(j["id"]) not in damaged]
             for job in relaunch:
                 self._relaunch(job)
             if sample is None:
@@ -309,6 +322,7 @@ class JobQueue:
             else:
                 grants = self._grants(jobs) + [{"id": j["id"], "gpus": j.get("gpus")} for j in relaunch]
                 decided = plan(fresh, jobs, sample, grants)
+            decided["fail"].update(damaged)
             for jid, why in decided["fail"].items():
                 self._fail(jid, why)
             for jid, gpus in decided["start"]:

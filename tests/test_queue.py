@@ -439,3 +439,25 @@ def test_a_queue_bigger_than_a_frame_is_listed_in_part_and_says_how_much_is_left
     assert [j["id"] for j in out["jobs"]] == shown and out["more"] == 100 - len(shown)
     res = home.cli("queue", "local", check=True)
     assert res.stdout.splitlines()[-1] == f"... and {100 - len(shown)} more queued jobs (not listed)"
+
+
+def test_a_damaged_queued_job_fails_alone_and_the_queue_goes_on(tmp_path: Path) -> None:
+    """A job.json whose queue request cannot be read (edited by hand, written by another gputui version) fails
+    that job with the reason; it never stops the scheduler (nor, with it, autostop) for every other job."""
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    try:
+        hold = tmp_path / "hold"
+        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]  # fmt: skip
+        after = {"gpus": "none", "after": [blocker["id"]]}
+        bad, good = (agent.call("jobs.start", argv=["true"], queue=after)["result"]["id"] for _ in range(2))
+        path = str(state / "jobs" / bad / "job.json")
+        write_json(path, dict(read_json(path), queue=dict(read_json(path)["queue"], gpus=5, idle_util_percent="x")))
+        hold.touch()
+        wait_for(lambda: (state / "jobs" / good / "status.json").exists(), timeout=60, what="the good job to run")
+        record = agent.call("jobs.get", job=bad)["result"]
+        assert record["state"] == "failed" and "queue request" in record["error"], record
+        assert not (state / "jobs" / bad / "pid.json").exists()
+    finally:
+        agent.close()
+        stop_host(state)
