@@ -461,3 +461,29 @@ def test_a_damaged_queued_job_fails_alone_and_the_queue_goes_on(tmp_path: Path) 
     finally:
         agent.close()
         stop_host(state)
+
+
+def test_a_failing_queue_pass_never_ends_the_watchdog(tmp_path: Path) -> None:
+    """queue.json cannot be written (a full disk, here a directory in its place) while no client is connected:
+    the watchdog says so once and goes on (its autostop with it); the queue resumes when the disk does."""
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    hold = tmp_path / "hold"
+    wait_py = [sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"]
+    try:
+        blocker = agent.call("jobs.start", argv=wait_py)["result"]
+        first = agent.call("jobs.start", argv=["true"], queue={"gpus": "none", "after": [blocker["id"]]})["result"]
+        last = agent.call("jobs.start", argv=["true"], queue={"gpus": "none", "after": [first["id"]]})["result"]
+        agent.close()
+        queue_file = state / Q.QUEUE
+        queue_file.unlink()
+        queue_file.mkdir()
+        wait_for(lambda: "queue pass failed" in (state / W.LOG).read_text() or "Traceback" in (state / W.LOG).read_text(),
+                 timeout=60, what="a failing pass")  # fmt: skip
+        queue_file.rmdir()
+        hold.touch()
+        wait_for(lambda: (state / "jobs" / last["id"] / "status.json").exists(), timeout=60, what="the queue to go on")
+        assert (state / W.LOG).read_text().count("queue pass failed") == 1
+    finally:
+        agent.close()
+        stop_host(state)
