@@ -61,6 +61,22 @@ def parse_request(queue: Any) -> Dict[str, Any]:
             "idle_util_percent": util}  # fmt: skip
 
 
+def never_fits(request: Dict[str, Any], gpus: List[Dict[str, Any]]) -> Optional[str]:
+    """Why a checked request can never start on a host with these GPUs (its facts), or None. Such a job would
+    wait forever, keeping GPUs from the jobs behind it and the host from autostop."""
+    has = "%d GPU%s" % (len(gpus), "" if len(gpus) == 1 else "s")
+    count = request.get("gpu_count")
+    if count is not None and count > len(gpus):
+        return "queue: %d GPUs asked for, this host has %s: the job would never start" % (count, has)
+    spec = request.get("gpus")
+    if spec is not None and spec != "none":
+        missing = [i for i in spec.split(",") if not i.startswith("MIG-") and not any(_named(g, i) for g in gpus)]
+        if missing:
+            return "queue: no GPU %s on this host (it has %s): the job would never start" % (
+                ", ".join(missing)[:200], has)
+    return None
+
+
 def _damaged(job: Dict[str, Any]) -> Optional[str]:
     """Why a queued job's stored request cannot be scheduled (edited by hand, another version), or None: such a
     job fails alone instead of stopping every pass (and the watchdog's autostop with it)."""

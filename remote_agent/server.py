@@ -29,7 +29,7 @@ from .jobs import JobError, JobStore
 from .logclock import TIMES_NAME, read_times
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
-from .queue import JobQueue, parse_request
+from .queue import JobQueue, never_fits, parse_request
 
 #: Longest wait an argument may ask for (kill grace, exec timeout): a day.
 MAX_WAIT_S = 86400.0
@@ -199,6 +199,9 @@ class Agent:
             raise JobError("a Slurm job waits in Slurm's queue, not the host's: drop --queue", "bad_args")
         if a.get("queue") is not None:  # wait on the host for its GPUs (remote_agent/queue.py)
             request = parse_request(a.get("queue"))
+            never = never_fits(request, self.facts().get("gpus") or [])
+            if never:
+                raise JobError(never, "bad_args")
             job_id = self.queue.submit(
                 request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra, self.facts()["boot_id"]
             )

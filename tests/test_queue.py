@@ -243,10 +243,10 @@ def test_after_a_reboot_the_next_connect_restarts_the_scheduler(tmp_path: Path) 
     import signal
 
     state = tmp_path / "state"
-    agent = AgentProc(state)
+    agent = AgentProc(state, "--nvidia-smi", fake_smi(tmp_path, H100, "load"))
     try:
-        jid = agent.call("jobs.start", argv=["true"], queue={"gpu_count": 1})["result"]["id"]  # no GPU: waits
-        wait_for(lambda: "no GPU readings" in str(agent.call("queue.list")["result"]["jobs"][0]["queue_reason"]),
+        jid = agent.call("jobs.start", argv=["true"], queue={"gpu_count": 1})["result"]["id"]  # gpu_burn: waits
+        wait_for(lambda: "used by pid" in str(agent.call("queue.list")["result"]["jobs"][0]["queue_reason"]),
                  timeout=60, what="the scheduler's first pass")  # fmt: skip
         agent.close()
         pid = int((state / W.LOG).read_text().split("started (pid ")[1].split(")")[0])
@@ -373,6 +373,8 @@ def test_release_refuses_while_a_job_waits_in_the_queue(home: Home, tmp_path: Pa
     gone = tmp_path / "gone"
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
                       f'release = ["touch", "{gone}"]\n')  # fmt: skip
+    fake_smi(tmp_path, H100, "load")  # the host's one GPU runs gpu_burn: the job waits
+    home.env["PATH"] = f"{tmp_path}:{home.env['PATH']}"
     jid = home.cli("run", "local", "--queue", "--gpus", "1", "--", "true", check=True).stdout.strip()
     res = home.cli("release", "local", "--yes")
     assert res.returncode == 1 and f"running jobs: {jid} (true)" in res.stderr and "--force" in res.stderr
@@ -487,3 +489,25 @@ def test_a_failing_queue_pass_never_ends_the_watchdog(tmp_path: Path) -> None:
     finally:
         agent.close()
         stop_host(state)
+
+
+def test_a_request_the_host_can_never_meet_is_refused_at_once(tmp_path: Path, home: Home) -> None:
+    """3 GPUs (or GPU 5) on a 2-GPU host would wait forever, keeping every free GPU from the jobs behind it
+    and the host from autostop: refused when submitted, saying why; nothing is queued."""
+    state = tmp_path / "state"
+    agent = AgentProc(state, "--nvidia-smi", str(a100s(tmp_path / "bin") / "nvidia-smi"))
+    try:
+        for request, words in (({"gpu_count": 3}, "3 GPUs asked for, this host has 2 GPUs"),
+                               ({"gpus": "0,5"}, "no GPU 5 on this host (it has 2 GPUs)")):  # fmt: skip
+            reply = agent.call("jobs.start", argv=["true"], queue=request)
+            assert "error" in reply and words in reply["error"]["message"], reply
+        assert agent.call("queue.list")["result"]["jobs"] == []
+        assert "error" not in agent.call("jobs.start", argv=["true"], queue={"gpu_count": 2})
+    finally:
+        agent.close()
+        stop_host(state)
+    # The CLI on a host without GPUs: a clear error, no traceback, nothing queued.
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    res = home.cli("run", "local", "--queue", "--gpus", "1", "--", "true")
+    assert res.returncode != 0 and "this host has 0 GPUs" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert home.cli("queue", "local", check=True).stdout.strip() == "no queued jobs"
