@@ -28,6 +28,7 @@ from .mring import latest_sample
 from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
+MAX_LOG_BYTES = 1024 * 1024
 RETRY_AFTER_FAILURE_S = 300.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
 RING_FRESH_S = 5.0
@@ -35,10 +36,17 @@ _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
 def log_line(state_dir: str, message: str) -> None:
-    """Append one stamped line to the watchdog log."""
+    """Append one stamped line to the watchdog log (past MAX_LOG_BYTES it becomes ``watchdog.log.1`` first,
+    replacing the one before: the log never takes more than about twice that)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    path = os.path.join(state_dir, LOG)
     try:
-        with os.fdopen(open_regular(os.path.join(state_dir, LOG), _APPEND), "a") as f:
+        if os.lstat(path).st_size > MAX_LOG_BYTES:
+            os.replace(path, path + ".1")
+    except OSError:
+        pass
+    try:
+        with os.fdopen(open_regular(path, _APPEND), "a") as f:
             f.write("%s %s\n" % (stamp, message))
     except OSError:
         pass  # e.g. a planted symlink: never write outside the state dir

@@ -511,3 +511,16 @@ def test_a_request_the_host_can_never_meet_is_refused_at_once(tmp_path: Path, ho
     res = home.cli("run", "local", "--queue", "--gpus", "1", "--", "true")
     assert res.returncode != 0 and "this host has 0 GPUs" in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert home.cli("queue", "local", check=True).stdout.strip() == "no queued jobs"
+
+
+def test_the_watchdog_log_is_bounded(tmp_path: Path) -> None:
+    """Months of queue, stall and notify lines: the log turns over at MAX_LOG_BYTES, the previous one kept."""
+    log = tmp_path / W.LOG
+    log.write_bytes(b"x" * 100 + b"\n" + b"old line\n" * (W.MAX_LOG_BYTES // 9))
+    W.log_line(str(tmp_path), "queue: job 7 queued at position 1")
+    assert log.stat().st_size < 200 and log.read_text().endswith("queue: job 7 queued at position 1\n")
+    assert (tmp_path / (W.LOG + ".1")).read_bytes().startswith(b"x" * 100)
+    for n in range(3 * W.MAX_LOG_BYTES // 40):
+        W.log_line(str(tmp_path), f"queue: job {n} started")
+    for path in (log, tmp_path / (W.LOG + ".1")):
+        assert path.stat().st_size <= W.MAX_LOG_BYTES + 100
