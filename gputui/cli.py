@@ -26,7 +26,7 @@ from .core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
 from .core.artifacts import check_patterns
 from .core.fleet import Fleet
 from .core.gather import gather_hosts
-from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
+from .core.jobs import MAX_QUEUE_DEPS, JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
 from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
 from .core.session import MAX_KILL_GRACE_S, HostSession
@@ -204,6 +204,9 @@ def _queue_request(args: argparse.Namespace) -> dict[str, Any] | None:
     bad = [i for i in after + after_ok if not i.isdigit()]
     if bad:
         raise CliError(f"--after/--after-ok {bad[0]!r}: expected job ids (numbers)", EXIT_USAGE)
+    for flag, ids in (("--after", after), ("--after-ok", after_ok)):
+        if len(ids) > MAX_QUEUE_DEPS:
+            raise CliError(f"{flag}: at most {MAX_QUEUE_DEPS} job ids, not {len(ids)}", EXIT_USAGE)
     gpus = args.gpus
     if gpus is not None and gpus.isdigit():
         if not 1 <= int(gpus) <= 1024:

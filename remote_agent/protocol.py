@@ -27,6 +27,8 @@ LOG_CHUNK_BYTES = 256 * 1024
 MAX_KILL_GRACE_S = 3600.0
 MAX_SNOOZE_MIN = 7 * 24 * 60
 #: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
+#: Job ids one queued job may wait for, per key (``after``, ``after_ok``).
+MAX_QUEUE_DEPS = 50
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
 #: logs.tails: most jobs one request names, most raw bytes of one job's tail, most raw bytes (tails and time

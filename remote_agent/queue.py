@@ -31,7 +31,7 @@ from .jobs import _GPU_SPEC, JobError, JobStore, running_jobs
 
 QUEUE, LOCK = "queue.json", "queue.lock"
 MAX_QUEUED = 1000  # jobs waiting at once; a submission beyond it is refused
-MAX_DEPS = 50  # job ids one job may wait for
+MAX_DEPS = P.MAX_QUEUE_DEPS  # job ids one job may wait for
 MAX_REASON = 300
 MAX_START_ATTEMPTS = 3  # launches of a picked job whose runner never came up, before it is failed
 PASS_S = 2.0  # the scheduler's pass interval while jobs wait

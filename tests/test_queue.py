@@ -357,12 +357,13 @@ def test_after_ok_on_a_failed_job_never_starts_and_says_why(home: Home) -> None:
         (["--after", "x"], "--after/--after-ok 'x': expected job ids"),
         (["--queue", "--gpus", "0"], "--gpus 0 with --queue"),
         (["--after", "99"], "no job 99 on this host to wait for"),
+        (["--after", *map(str, range(1, 52))], "--after: at most 50 job ids, not 51"),
     ],
 )
 def test_bad_queue_requests_are_clear_errors(home: Home, args: list[str], message: str) -> None:
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
     res = home.cli("run", "local", *args, "--", "true")
-    assert res.returncode != 0 and message in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode != 0 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
     res = home.cli("queue", "local", "--move", "3")
     assert res.returncode == 2 and "--move ID and --to N go together" in res.stderr
 
