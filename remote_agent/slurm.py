@@ -402,6 +402,9 @@ def cluster_info() -> P.ClusterInfo:
 NODE_INTERVAL_S = 2.0
 #: A job's stream that ended (its step refused, the job ending) is started again after this long at the earliest.
 RESTART_S = 30.0
+#: Running jobs whose nodes stream at once (the oldest ones): never one srun per job of a big sweep on a shared
+#: login node.
+MAX_NODE_STREAMS = 16
 MAX_LINE = 1024 * 1024
 
 
@@ -477,6 +480,7 @@ class NodeGpus:
         """Append the running Slurm jobs' node GPUs to ``sample["gpus"]`` (indices after the host's own)."""
         running = {j["id"]: (j.get("slurm") or {}).get("job_id") for j in jobs
                    if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}  # fmt: skip
+        running = dict(sorted(running.items(), key=lambda kv: int(kv[0]))[:MAX_NODE_STREAMS])
         with self._lock:
             for job_id in list(self._streams):
                 if job_id not in running:

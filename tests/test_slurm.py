@@ -561,3 +561,26 @@ def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
         assert f"+{30000 - 6} more" in cluster_text(info)
     finally:
         agent.close()
+
+
+def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with 40 running Slurm jobs: the app's samples stream the nodes of a bounded number of them, not one
+    long-lived srun per job on a shared login node (here a stand-in srun that just waits)."""
+    from remote_agent import slurm as S
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexec sleep 120\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
+               for n in range(1, 41)]  # fmt: skip
+    node_gpus = S.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
+    try:
+        node_gpus.add_to({"gpus": []}, running)
+        streams = node_gpus._streams
+        assert len(streams) == S.MAX_NODE_STREAMS and sorted(streams, key=int) == [str(n) for n in range(1, 17)]
+        node_gpus.add_to({"gpus": []}, running[1:])  # job 1 ended: its stream goes, job 17's comes
+        assert sorted(node_gpus._streams, key=int) == [str(n) for n in range(2, 18)]
+    finally:
+        node_gpus.close()
