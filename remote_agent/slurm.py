@@ -405,6 +405,8 @@ RESTART_S = 30.0
 #: Running jobs whose nodes stream at once (the oldest ones): never one srun per job of a big sweep on a shared
 #: login node.
 MAX_NODE_STREAMS = 16
+#: Node GPU cards one sample carries at most (a sample must stay well inside one frame).
+MAX_NODE_GPUS = 512
 MAX_LINE = 1024 * 1024
 
 
@@ -492,12 +494,13 @@ class NodeGpus:
                     self._streams[job_id] = _Stream(self._argv(str(slurm_id)))
             streams = sorted(self._streams.items(), key=lambda kv: int(kv[0]))
         gpus = sample.setdefault("gpus", [])
-        fresh = time.monotonic() - 3 * NODE_INTERVAL_S
+        fresh, room = time.monotonic() - 3 * NODE_INTERVAL_S, MAX_NODE_GPUS
         for job_id, stream in streams:
             for node, reading in sorted(stream.latest.items()):
                 if reading["seen"] < fresh:
                     continue
-                for gpu in reading["gpus"]:
+                for gpu in reading["gpus"][: max(0, room)]:
+                    room -= 1
                     gpu = dict(gpu, index=len(gpus), name="%s: %s" % (node, gpu.get("name") or "GPU"))
                     gpu["processes"] = [dict(p, job=job_id) for p in gpu.get("processes") or []]
                     gpus.append(gpu)

@@ -584,3 +584,35 @@ def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
         assert sorted(node_gpus._streams, key=int) == [str(n) for n in range(2, 18)]
     finally:
         node_gpus.close()
+
+
+def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight running 300-node jobs of 8 GPUs (stand-in sruns printing their readings): 19,200 node cards would
+    make a sample of over 4 MB, which the agent drops whole (no metrics at all); at most MAX_NODE_GPUS go in."""
+    from conftest import wait_for
+
+    from remote_agent import protocol as P
+    from remote_agent import slurm as S
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-" + "0" * 32, "util_percent": 99.0,
+           "mem_used_mib": 80000, "processes": [{"pid": 7, "name": "python", "mem_mib": 79000}]}  # fmt: skip
+    lines = "".join(json.dumps({"node": f"n{k}", "gpus": [dict(gpu, index=i) for i in range(8)]}) + "\n"
+                    for k in range(300))  # fmt: skip
+    (tmp_path / "readings.jsonl").write_text(lines)
+    (fake / "srun").write_text(f"#!/bin/sh\ncat {tmp_path / 'readings.jsonl'}\nexec sleep 120\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
+               for n in range(1, 9)]  # fmt: skip
+    node_gpus = S.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
+    try:
+        node_gpus.add_to({"gpus": []}, running)
+        wait_for(lambda: all(len(s.latest) == 300 for s in node_gpus._streams.values()), what="the readings")
+        sample: dict[str, Any] = {"gpus": [dict(gpu, name="login GPU")]}
+        node_gpus.add_to(sample, running)
+        assert len(sample["gpus"]) == 1 + S.MAX_NODE_GPUS and sample["gpus"][0]["name"] == "login GPU"
+        assert len(P.encode(P.event(P.EV_METRICS, sample))) < P.MAX_FRAME_BYTES // 4
+    finally:
+        node_gpus.close()
