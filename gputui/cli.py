@@ -26,7 +26,7 @@ from .core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
 from .core.artifacts import check_patterns
 from .core.fleet import Fleet
 from .core.gather import gather_hosts
-from .core.jobs import JobSpec, collect_history, collect_jobs, parse_env, start_job
+from .core.jobs import MAX_QUEUE_DEPS, JobSpec, collect_history, collect_jobs, parse_env, start_job
 from .core.link import AgentError, LinkClosed
 from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
 from .core.session import MAX_KILL_GRACE_S, HostSession
@@ -204,6 +204,9 @@ def _queue_request(args: argparse.Namespace) -> dict[str, Any] | None:
     bad = [i for i in after + after_ok if not i.isdigit()]
     if bad:
         raise CliError(f"--after/--after-ok {bad[0]!r}: expected job ids (numbers)", EXIT_USAGE)
+    for flag, ids in (("--after", after), ("--after-ok", after_ok)):
+        if len(ids) > MAX_QUEUE_DEPS:
+            raise CliError(f"{flag}: at most {MAX_QUEUE_DEPS} job ids, not {len(ids)}", EXIT_USAGE)
     gpus = args.gpus
     if gpus is not None and gpus.isdigit():
         if not 1 <= int(gpus) <= 1024:
@@ -223,18 +226,20 @@ async def cmd_queue(args: argparse.Namespace) -> int:
         else:
             listing = await s.list_queue()
         jobs = [M.Job.from_wire(args.host, j) for j in listing["jobs"]]
-        resumed = listing.get("resumed_at")
+        resumed, more = listing.get("resumed_at"), int(listing.get("more") or 0)  # (an older agent: no "more")
         if args.json:
             out = [{"position": j.queue_position, "id": j.id, "name": j.name, "command": list(j.command),
                     "gpus": queue_gpus(j), "after": (j.record.get("queue") or {}).get("after"),
                     "after_ok": (j.record.get("queue") or {}).get("after_ok"), "waits_for": j.queue_reason}
                    for j in jobs]  # fmt: skip
-            print(jsonout.dumps({"host": args.host, "jobs": out, "resumed_after_reboot_at": resumed}))
+            print(jsonout.dumps({"host": args.host, "jobs": out, "more": more, "resumed_after_reboot_at": resumed}))
             return EXIT_OK
         if resumed:
             when = datetime.datetime.fromtimestamp(resumed).strftime("%Y-%m-%d %H:%M")
             print(f"{args.host}: the queue resumed after a reboot ({when})")
         print_queue(jobs)
+        if more:
+            print(f"... and {more} more queued jobs (not listed)")
         return EXIT_OK
 
     return await _with_session(args, args.host, body)

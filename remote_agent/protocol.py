@@ -27,6 +27,8 @@ LOG_CHUNK_BYTES = 256 * 1024
 MAX_KILL_GRACE_S = 3600.0
 MAX_SNOOZE_MIN = 7 * 24 * 60
 #: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
+#: Job ids one queued job may wait for, per key (``after``, ``after_ok``).
+MAX_QUEUE_DEPS = 50
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
 #: logs.tails: most jobs one request names, most raw bytes of one job's tail, most raw bytes (tails and time
@@ -298,9 +300,11 @@ class SlurmNode(TypedDict):
 
 
 class ClusterInfo(TypedDict):
-    """Result of ``slurm.info``: one sinfo call. ``nodes`` holds at most MAX_NODES; ``nodes_total`` all."""
+    """Result of ``slurm.info``: one sinfo call. ``partitions`` and ``nodes`` hold the first ones (at most
+    slurm.MAX_PARTITIONS, slurm.MAX_NODES and MAX_NODE_BYTES); ``partitions_total`` and ``nodes_total`` count all."""
 
     partitions: List[Partition]
+    partitions_total: int
     nodes: List[SlurmNode]
     nodes_total: int
     error: Optional[str]  # sinfo failed: why (the lists are empty)
@@ -392,12 +396,14 @@ class QueueMoveArgs(TypedDict):
 
 class QueueListResult(TypedDict):
     jobs: List[JobRecord]  # queued jobs in order, each with queue_position and queue_reason
+    more: int  # queued jobs after these, left out to keep the reply bounded (LIST_PAGE_BYTES)
     resumed_at: Optional[float]  # when the queue resumed after a reboot, if it did
     scheduler_t: Optional[float]  # the scheduler's last pass
 
 
 class KillArgs(JobArgs, total=False):
     grace_s: float
+    queued_only: bool  # only take it out of the host's queue: refused (nothing killed) when it left the queue
 
 
 class ReadArgs(JobArgs, total=False):

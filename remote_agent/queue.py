@@ -31,7 +31,7 @@ from .jobs import _GPU_SPEC, JobError, JobStore, running_jobs
 
 QUEUE, LOCK = "queue.json", "queue.lock"
 MAX_QUEUED = 1000  # jobs waiting at once; a submission beyond it is refused
-MAX_DEPS = 50  # job ids one job may wait for
+MAX_DEPS = P.MAX_QUEUE_DEPS  # job ids one job may wait for
 MAX_REASON = 300
 MAX_START_ATTEMPTS = 3  # launches of a picked job whose runner never came up, before it is failed
 PASS_S = 2.0  # the scheduler's pass interval while jobs wait
@@ -59,6 +59,32 @@ def parse_request(queue: Any) -> Dict[str, Any]:
     util = P.number_arg(queue, "idle_util_percent", 5.0, 0.0, 100.0)
     return {"gpus": gpus, "gpu_count": count, "after": deps["after"], "after_ok": deps["after_ok"],
             "idle_util_percent": util}  # fmt: skip
+
+
+def never_fits(request: Dict[str, Any], gpus: List[Dict[str, Any]]) -> Optional[str]:
+    """Why a checked request can never start on a host with these GPUs (its facts), or None. Such a job would
+    wait forever, keeping GPUs from the jobs behind it and the host from autostop."""
+    has = "%d GPU%s" % (len(gpus), "" if len(gpus) == 1 else "s")
+    count = request.get("gpu_count")
+    if count is not None and count > len(gpus):
+        return "queue: %d GPUs asked for, this host has %s: the job would never start" % (count, has)
+    spec = request.get("gpus")
+    if spec is not None and spec != "none":
+        missing = [i for i in spec.split(",") if not i.startswith("MIG-") and not any(_named(g, i) for g in gpus)]
+        if missing:
+            return "queue: no GPU %s on this host (it has %s): the job would never start" % (
+                ", ".join(missing)[:200], has)
+    return None
+
+
+def _damaged(job: Dict[str, Any]) -> Optional[str]:
+    """Why a queued job's stored request cannot be scheduled (edited by hand, another version), or None: such a
+    job fails alone instead of stopping every pass (and the watchdog's autostop with it)."""
+    try:
+        parse_request(job.get("queue"))
+    except (TypeError, ValueError) as exc:
+        return _clip("never started: its queue request cannot be read (%s)" % exc)
+    return None
 
 
 def _clip(text: str) -> str:
@@ -301,6 +327,9 @@ class JobQueue:
                 saved = dict(saved, resumed_at=time.time())
             relaunch = [j for j in queued if j.get("dequeued_at") is not None]
             fresh = [j for j in queued if j.get("dequeued_at") is None]
+            damaged = {str(j["id"]): _damaged(j) for j in fresh}
+            damaged = {jid: why for jid, why in damaged.items() if why is not None}
+            fresh = [j for j in fresh if str(j["id"]) not in damaged]
             for job in relaunch:
                 self._relaunch(job)
             if sample is None:
@@ -309,6 +338,7 @@ class JobQueue:
             else:
                 grants = self._grants(jobs) + [{"id": j["id"], "gpus": j.get("gpus")} for j in relaunch]
                 decided = plan(fresh, jobs, sample, grants)
+            decided["fail"].update(damaged)
             for jid, why in decided["fail"].items():
                 self._fail(jid, why)
             for jid, gpus in decided["start"]:

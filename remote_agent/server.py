@@ -29,7 +29,7 @@ from .jobs import JobError, JobStore
 from .logclock import TIMES_NAME, read_times
 from .logs import Follow, read_chunk, tail_offset
 from .mring import MetricsRing
-from .queue import JobQueue, parse_request
+from .queue import JobQueue, never_fits, parse_request
 
 #: Longest wait an argument may ask for (kill grace, exec timeout): a day.
 MAX_WAIT_S = 86400.0
@@ -199,6 +199,9 @@ class Agent:
             raise JobError("a Slurm job waits in Slurm's queue, not the host's: drop --queue", "bad_args")
         if a.get("queue") is not None:  # wait on the host for its GPUs (remote_agent/queue.py)
             request = parse_request(a.get("queue"))
+            never = never_fits(request, self.facts().get("gpus") or [])
+            if never:
+                raise JobError(never, "bad_args")
             job_id = self.queue.submit(
                 request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra, self.facts()["boot_id"]
             )
@@ -214,15 +217,28 @@ class Agent:
         """Kill a running job; a queued one is removed from the queue (it never starts)."""
         job_id, grace = str(a.get("job")), P.number_arg(a, "grace_s", 10.0, 0.0, P.MAX_KILL_GRACE_S)
         job = self.queue.remove(job_id, "removed from the queue before it started")
+        if job is None and a.get("queued_only"):  # what was confirmed was a removal: never a kill of a running job
+            state = self.jobs.describe(job_id)["state"]
+            more = ": it started meanwhile; kill it again to stop it" if state == P.JOB_RUNNING else ""
+            raise JobError("job %s is no longer queued (%s), not killed%s" % (job_id, state, more), "bad_args")
         if job is None:  # not queued (any more): it runs, or it ended
             job = self.jobs.kill(job_id, grace)
         self.emit(P.EV_JOB, job)
         return job
 
     def queue_listing(self) -> P.QueueListResult:
-        """The queued jobs in order, each with its position and what it waits for."""
+        """The queued jobs in order, each with its position and what it waits for: as many as LIST_PAGE_BYTES of
+        records hold (the first always), ``more`` counting the rest."""
         state = self.queue.state()
-        return {"jobs": self.queue.marks(self.queue.queued()), "resumed_at": state.get("resumed_at"),
+        queued = self.queue.marks(self.queue.queued())
+        jobs: List[Dict[str, Any]] = []
+        size = 0
+        for job in queued:
+            size += len(P.encode(job))
+            if jobs and size > P.LIST_PAGE_BYTES:
+                break
+            jobs.append(job)
+        return {"jobs": jobs, "more": len(queued) - len(jobs), "resumed_at": state.get("resumed_at"),
                 "scheduler_t": state.get("t")}  # fmt: skip
 
     def op_queue_move(self, a: P.QueueMoveArgs) -> P.QueueListResult:

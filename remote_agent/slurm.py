@@ -335,8 +335,10 @@ def env_file(env: Dict[str, str]) -> Dict[str, str]:
     return out
 
 
-#: Most nodes one slurm.info reply lists (a cluster may have tens of thousands); the partitions count them all.
-MAX_NODES = 2000
+#: Most nodes and partitions one slurm.info reply lists (a cluster may have tens of thousands of nodes) and most
+#: bytes of node records in it; ``nodes_total`` and ``partitions_total`` count them all. Most partitions a node
+#: lists as its own.
+MAX_NODES, MAX_PARTITIONS, MAX_NODE_BYTES, MAX_NODE_PARTITIONS = 2000, 200, 1024 * 1024, 32
 _SINFO_FIELDS = "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|,CPUsState:|,Available:|,Time:|,Reason:"
 _GPU_COUNT = re.compile(r"(?:^|,)gpu(?::[^:(,]+)?:([0-9]+)")
 
@@ -349,7 +351,8 @@ def _gpus(gres: str) -> Optional[int]:
 
 def cluster_info() -> P.ClusterInfo:
     """Partitions and nodes with their state and GPUs, from ONE ``sinfo`` call (op ``slurm.info``)."""
-    info: P.ClusterInfo = {"partitions": [], "nodes": [], "nodes_total": 0, "error": None, "t": time.time()}
+    info: P.ClusterInfo = {"partitions": [], "partitions_total": 0, "nodes": [], "nodes_total": 0, "error": None,
+                           "t": time.time()}  # fmt: skip
     try:
         out = _run(["sinfo", "--noheader", "--Node", "--Format=" + _SINFO_FIELDS])
     except SlurmError as exc:
@@ -372,7 +375,8 @@ def cluster_info() -> P.ClusterInfo:
         p["gpus_used"] += gpus_used or 0
         node = nodes.get(name)
         if node is not None:
-            node["partitions"].append(part)
+            if len(node["partitions"]) < MAX_NODE_PARTITIONS:
+                node["partitions"].append(part)
             continue
         cpu = cpus.split("/")
         nodes[name] = {
@@ -381,8 +385,14 @@ def cluster_info() -> P.ClusterInfo:
             "cpus": int(cpu[3]) if len(cpu) == 4 and cpu[3].isdigit() else None,
             "reason": None if reason in ("", "none") else reason,
         }  # fmt: skip
-    info["partitions"] = list(parts.values())
-    info["nodes"] = list(nodes.values())[:MAX_NODES]
+    info["partitions"] = list(parts.values())[:MAX_PARTITIONS]
+    info["partitions_total"] = len(parts)
+    size = 0
+    for node in list(nodes.values())[:MAX_NODES]:
+        size += len(P.encode(node))
+        if size > MAX_NODE_BYTES:
+            break
+        info["nodes"].append(node)
     info["nodes_total"] = len(nodes)
     return info
 
@@ -392,6 +402,11 @@ def cluster_info() -> P.ClusterInfo:
 NODE_INTERVAL_S = 2.0
 #: A job's stream that ended (its step refused, the job ending) is started again after this long at the earliest.
 RESTART_S = 30.0
+#: Running jobs whose nodes stream at once (the oldest ones): never one srun per job of a big sweep on a shared
+#: login node.
+MAX_NODE_STREAMS = 16
+#: Node GPU cards one sample carries at most (a sample must stay well inside one frame).
+MAX_NODE_GPUS = 512
 MAX_LINE = 1024 * 1024
 
 
@@ -467,6 +482,7 @@ class NodeGpus:
         """Append the running Slurm jobs' node GPUs to ``sample["gpus"]`` (indices after the host's own)."""
         running = {j["id"]: (j.get("slurm") or {}).get("job_id") for j in jobs
                    if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}  # fmt: skip
+        running = dict(sorted(running.items(), key=lambda kv: int(kv[0]))[:MAX_NODE_STREAMS])
         with self._lock:
             for job_id in list(self._streams):
                 if job_id not in running:
@@ -478,12 +494,13 @@ class NodeGpus:
                     self._streams[job_id] = _Stream(self._argv(str(slurm_id)))
             streams = sorted(self._streams.items(), key=lambda kv: int(kv[0]))
         gpus = sample.setdefault("gpus", [])
-        fresh = time.monotonic() - 3 * NODE_INTERVAL_S
+        fresh, room = time.monotonic() - 3 * NODE_INTERVAL_S, MAX_NODE_GPUS
         for job_id, stream in streams:
             for node, reading in sorted(stream.latest.items()):
                 if reading["seen"] < fresh:
                     continue
-                for gpu in reading["gpus"]:
+                for gpu in reading["gpus"][: max(0, room)]:
+                    room -= 1
                     gpu = dict(gpu, index=len(gpus), name="%s: %s" % (node, gpu.get("name") or "GPU"))
                     gpu["processes"] = [dict(p, job=job_id) for p in gpu.get("processes") or []]
                     gpus.append(gpu)

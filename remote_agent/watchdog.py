@@ -28,6 +28,7 @@ from .mring import latest_sample
 from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
+MAX_LOG_BYTES = 1024 * 1024
 RETRY_AFTER_FAILURE_S = 300.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
 RING_FRESH_S = 5.0
@@ -35,10 +36,17 @@ _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
 def log_line(state_dir: str, message: str) -> None:
-    """Append one stamped line to the watchdog log."""
+    """Append one stamped line to the watchdog log (past MAX_LOG_BYTES it becomes ``watchdog.log.1`` first,
+    replacing the one before: the log never takes more than about twice that)."""
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    path = os.path.join(state_dir, LOG)
     try:
-        with os.fdopen(open_regular(os.path.join(state_dir, LOG), _APPEND), "a") as f:
+        if os.lstat(path).st_size > MAX_LOG_BYTES:
+            os.replace(path, path + ".1")
+    except OSError:
+        pass
+    try:
+        with os.fdopen(open_regular(path, _APPEND), "a") as f:
             f.write("%s %s\n" % (stamp, message))
     except OSError:
         pass  # e.g. a planted symlink: never write outside the state dir
@@ -313,7 +321,7 @@ def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
 def _loop(state_dir: str, launcher: List[str]) -> int:
     from .jobs import JobStore
     from .metrics import MetricsSampler
-    from .queue import PASS_S, QUEUE, JobQueue
+    from .queue import PASS_S, QUEUE, JobQueue, host_queued
 
     dog = Watchdog(state_dir)
     jobs = JobStore(state_dir, launcher=launcher)
@@ -322,6 +330,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
     smi = first.get("nvidia_smi") or queue.state().get("nvidia_smi")
     samplers: List[MetricsSampler] = []  # opened only while no agent samples into the metrics ring
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
+    queue_error: Optional[str] = None  # the last queue pass's failure, logged once
     dog.log("started (pid %d)" % os.getpid())
 
     def sample_fn() -> Any:
@@ -342,8 +351,15 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
                 taken: Any = sample_fn()
             except Exception as exc:  # the activity check counts this as activity; the queue waits
                 taken = exc
-            waiting = queue.run_pass(None if isinstance(taken, Exception) else taken[0],
-                                     [] if isinstance(taken, Exception) else taken[1], facts["boot_id"])  # fmt: skip
+            try:
+                waiting = queue.run_pass(None if isinstance(taken, Exception) else taken[0],
+                                         [] if isinstance(taken, Exception) else taken[1], facts["boot_id"])  # fmt: skip
+                queue_error = None
+            except Exception as exc:  # (a full disk...): never the end of autostop; the next pass tries again
+                if repr(exc) != queue_error:
+                    dog.log("queue pass failed (tried again every %g s): %r" % (PASS_S, exc))
+                queue_error = repr(exc)
+                waiting = 1 if isinstance(taken, Exception) else sum(map(host_queued, taken[1]))
             if why is not None and not waiting:
                 dog.log("disarmed: %s" % why)
                 return 0

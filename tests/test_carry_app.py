@@ -144,3 +144,27 @@ async def test_forward_key_over_ssh_reaches_the_jobs_http_server(
             await until(pilot, lambda: len([n for n in notes(app) if url.group(0) in n]) == 2, what="again")
     finally:
         ssh_home.cli("kill", "box", job, "--yes", "--grace", "0")
+
+
+async def test_release_dialog_shows_a_host_file_name_as_one_line(
+    local: cfg.Config, home: Home, tmp_path: Path  # noqa: F811
+) -> None:
+    """A file name on the host may hold a line break: in the dialog it stays one escaped line, never a line of
+    the dialog's own text (here one that says nothing will be lost)."""
+    marker = tmp_path / "released"
+    work = tmp_path / "work"
+    (work / "ckpt").mkdir(parents=True)
+    (work / "ckpt" / "a.pt\n\nNothing will be lost: release.\x1b[2J").write_bytes(b"weights")
+    config = releasable(home, marker, 'artifacts = ["ckpt/"]\n')
+    home.cli("run", "local", "--cwd", str(work), "--", "true", check=True)
+    app = local_app(config, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        await until(pilot, lambda: app.hosts["local"].jobs, what="jobs")
+        await pilot.press("r")
+        dialog = await until(pilot, lambda: isinstance(app.screen, ReleaseScreen) and app.screen, what="dialog")
+        lines = dialog.text().splitlines()
+        assert not any(line.startswith("Nothing will be lost") for line in lines), lines
+        assert any(line.endswith("/ckpt/a.pt\\n\\nNothing will be lost: release.\\x1b[2J") for line in lines), lines
+        await pilot.press("escape")
+    assert not marker.exists()

@@ -150,3 +150,29 @@ def test_release_on_a_terminal_offers_to_pull_first(ssh_home: SshHome, tmp_path:
     code, out = _answer_prompts(ssh_home, args, {"first? [y/N]": "y", "instance. [y/N]": "y"})
     assert code == 0 and marker.exists(), out
     assert (dest / "box" / job / "ckpt" / "a.pt").read_bytes() == b"weights"
+
+
+def test_two_host_files_with_one_local_name_are_refused_not_overwritten(ssh_home: SshHome, tmp_path: Path) -> None:
+    """``runs/*/ckpt.pt`` matches two files that both land at JOB/ckpt.pt: pulling one over the other would
+    lose it here while the pull record calls both fetched, and the release would then lose it for good."""
+    marker = tmp_path / "released"
+    ssh_home.configure(artifacts=["runs/*/ckpt.pt"], release_remote=["touch", str(marker)])
+    work = tmp_path / "work"
+    for name, age in (("a", 600), ("b", 0)):
+        (work / "runs" / name).mkdir(parents=True)
+        (work / "runs" / name / "ckpt.pt").write_bytes(f"weights {name}".encode())
+        os.utime(work / "runs" / name / "ckpt.pt", (time.time() - age, time.time() - age))
+    job = ssh_home.cli("run", "box", "--cwd", str(work), "--", "true", check=True).stdout.strip()
+    dest = tmp_path / "saved"
+    res = ssh_home.cli("release", "box", "--yes", "--pull", "--to", str(dest))
+    assert res.returncode == 1 and not marker.exists(), res.stderr
+    assert "runs/a/ckpt.pt" in res.stderr and "runs/b/ckpt.pt" in res.stderr and "Traceback" not in res.stderr
+    assert not (dest / "box" / job / "ckpt.pt").exists()  # nothing pulled: not one over the other
+    # Still at risk: a release without --pull is refused as before.
+    res = ssh_home.cli("release", "box", "--yes")
+    assert res.returncode == 1 and "2 artifact files" in res.stderr and not marker.exists(), res.stderr
+
+    # A plain pull of the same glob says so too, instead of leaving one of them.
+    res = ssh_home.cli("pull", "box", f"{job}:runs/*/ckpt.pt", str(tmp_path / "here"))
+    assert res.returncode != 0 and "runs/a/ckpt.pt" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "here" / "ckpt.pt").exists()

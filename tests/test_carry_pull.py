@@ -165,3 +165,30 @@ def test_agent_listing_is_bounded(agent: AgentProc, tmp_path: Path) -> None:
         (many / f"f{i}").touch()
     reply = agent.call(P.OP_FILES_LIST, base=str(tmp_path), patterns=["many"])
     assert not reply["ok"] and "narrow the pattern" in reply["error"]["message"]
+
+
+def test_a_local_file_written_during_the_pull_is_never_overwritten(ssh_home: SshHome, tmp_path: Path) -> None:
+    """The newer-here check runs before the transfer; a file saved at the target while the bytes come (an
+    editor, another pull) is kept, and the pull says so instead of replacing it."""
+    src = tmp_path / "host" / "model.pt"
+    src.parent.mkdir(parents=True)
+    src.write_bytes(os.urandom(9 * 1024 * 1024))
+    dest = tmp_path / "here"
+    mine = dest / "model.pt"
+
+    def progress(name: str, done: int, total: int) -> None:
+        if not mine.exists():
+            mine.write_bytes(b"saved here meanwhile")
+
+    async def main() -> None:
+        cfg = HostConfig(name="box", **ssh_home.host_settings())
+        session = HostSession("box", SSHTransport(cfg))
+        await session.start()
+        try:
+            with pytest.raises(PullError, match="changed here during the pull"):
+                await pull(session, [str(src)], str(dest) + "/", on_progress=progress)
+        finally:
+            await session.close()
+
+    asyncio.run(main())
+    assert mine.read_bytes() == b"saved here meanwhile"

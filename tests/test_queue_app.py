@@ -56,3 +56,38 @@ def test_a_queued_row_shows_host_text_as_plain_text() -> None:
     assert (row[2].plain, row[4].plain) == ("queued #2", "any 2")
     assert row[1].plain.startswith("sweep · GPU 0 used by pid 7 ([bold]x[/] ")
     assert "\x1b" not in row[1].plain
+
+
+async def test_removing_a_queued_job_that_started_meanwhile_does_not_kill_it(
+    local: cfg.Config,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The dialog promised "It never starts": if the scheduler starts the job while the dialog waits, the yes
+    does not kill a running job (that takes a kill of its own, with the kill's own dialog)."""
+    go = tmp_path / "go"
+    app = local_app(local, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        blocker = await start_from_dialog(pilot, py(f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"))  # fmt: skip
+        await pilot.press("n")
+        dialog = await until(pilot, lambda: isinstance(app.screen, NewJobScreen) and app.screen, what="dialog")
+        dialog.query_one("#command", Input).value = "sleep 600"
+        dialog.query_one("#queue", Checkbox).value = True
+        await pilot.press("enter")
+        queued = await until(pilot, lambda: [j for j in app.hosts["local"].jobs if j.state == M.JOB_QUEUED],
+                             what="the queued job")  # fmt: skip
+
+        def state() -> str:
+            return next(j for j in app.hosts["local"].jobs if j.id == queued[0].id).state
+
+        app.select_job("local", queued[0].id)
+        await pilot.press("k")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        assert "It never starts" in screen_text(app)
+        go.touch()  # the blocker ends: the scheduler starts the queued job while the dialog is open
+        await until(pilot, lambda: state() == M.JOB_RUNNING, timeout=60, what="the queued job to start")
+        await pilot.press("y")
+        await until(pilot, lambda: [n for n in app._notifications if "started meanwhile" in n.message],
+                    what="the refusal")  # fmt: skip
+        assert state() == M.JOB_RUNNING
+        assert next(j for j in app.hosts["local"].jobs if j.id == blocker.id).state == M.JOB_SUCCEEDED

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Home, SshHome, stop_host, wait_for
+from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 from slurmctl import SlurmCluster, slurm_available
 
 # A job that says which signal it got and goes on, until SIGKILL: proves the escalation's steps.
@@ -533,3 +533,86 @@ def test_a_slurm_job_is_never_judged_stalled_by_the_login_nodes_gpus() -> None:
     tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 0.0, 0.0)
     stalled = tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 120.0, 120.0)
     assert list(stalled) == ["2"]  # the tmux job on this host's idle GPU is; the Slurm job runs elsewhere
+
+
+def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
+    """A cluster (or a broken sinfo) with 30,000 partitions of 400-character names, each node in 100 of them:
+    slurm.info still answers, with the first partitions and nodes, counting all of them."""
+    from gputui.core.cluster import cluster_text
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sinfo").write_text(
+        f"#!{sys.executable}\nimport sys\nfor n in range(30000):\n"
+        "    for k in range(100 if n < 50 else 1):\n"
+        "        sys.stdout.write('node%d|%s%d|idle|gpu:4|gpu:0|0/4/0/4|up|infinite|none\\n'"
+        " % (n, 'p' * 400, n + k))\n"
+    )
+    (fake / "sinfo").chmod(0o755)
+    agent = AgentProc(tmp_path / "state", env=dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}"))
+    try:
+        reply = agent.call("slurm.info", timeout=120)
+        assert "error" not in reply, reply["error"]
+        info = reply["result"]
+        assert info["error"] is None and info["nodes_total"] == 30000 and info["partitions_total"] == 30000
+        assert 0 < len(info["partitions"]) < 30000 and 0 < len(info["nodes"]) < 30000
+        assert all(len(n["partitions"]) <= 32 for n in info["nodes"])
+        assert cluster_text(info).startswith("slurm: " + "p" * 400 + "0 up 1 nodes GPUs 0/4")
+        assert f"+{30000 - 6} more" in cluster_text(info)
+    finally:
+        agent.close()
+
+
+def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user with 40 running Slurm jobs: the app's samples stream the nodes of a bounded number of them, not one
+    long-lived srun per job on a shared login node (here a stand-in srun that just waits)."""
+    from remote_agent import slurm as S
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexec sleep 120\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
+               for n in range(1, 41)]  # fmt: skip
+    node_gpus = S.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
+    try:
+        node_gpus.add_to({"gpus": []}, running)
+        streams = node_gpus._streams
+        assert len(streams) == S.MAX_NODE_STREAMS and sorted(streams, key=int) == [str(n) for n in range(1, 17)]
+        node_gpus.add_to({"gpus": []}, running[1:])  # job 1 ended: its stream goes, job 17's comes
+        assert sorted(node_gpus._streams, key=int) == [str(n) for n in range(2, 18)]
+    finally:
+        node_gpus.close()
+
+
+def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight running 300-node jobs of 8 GPUs (stand-in sruns printing their readings): 19,200 node cards would
+    make a sample of over 4 MB, which the agent drops whole (no metrics at all); at most MAX_NODE_GPUS go in."""
+    from conftest import wait_for
+
+    from remote_agent import protocol as P
+    from remote_agent import slurm as S
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-" + "0" * 32, "util_percent": 99.0,
+           "mem_used_mib": 80000, "processes": [{"pid": 7, "name": "python", "mem_mib": 79000}]}  # fmt: skip
+    lines = "".join(json.dumps({"node": f"n{k}", "gpus": [dict(gpu, index=i) for i in range(8)]}) + "\n"
+                    for k in range(300))  # fmt: skip
+    (tmp_path / "readings.jsonl").write_text(lines)
+    (fake / "srun").write_text(f"#!/bin/sh\ncat {tmp_path / 'readings.jsonl'}\nexec sleep 120\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
+               for n in range(1, 9)]  # fmt: skip
+    node_gpus = S.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
+    try:
+        node_gpus.add_to({"gpus": []}, running)
+        wait_for(lambda: all(len(s.latest) == 300 for s in node_gpus._streams.values()), what="the readings")
+        sample: dict[str, Any] = {"gpus": [dict(gpu, name="login GPU")]}
+        node_gpus.add_to(sample, running)
+        assert len(sample["gpus"]) == 1 + S.MAX_NODE_GPUS and sample["gpus"][0]["name"] == "login GPU"
+        assert len(P.encode(P.event(P.EV_METRICS, sample))) < P.MAX_FRAME_BYTES // 4
+    finally:
+        node_gpus.close()

@@ -159,7 +159,8 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     event(P.EV_LOG_END, P.LogEndData, job=job["id"])
     assert agent.call(P.OP_LOGS_UNFOLLOW, job=job["id"])["result"] is None
     result(P.OP_JOBS_LIST, P.ListResult, after=0, limit=10)
-    queued = [result(P.OP_JOBS_START, P.JobRecord, argv=["true"], queue={"gpu_count": 1, "after": [job["id"]]})
+    blocker = result(P.OP_JOBS_START, P.JobRecord, argv=["sleep", "300"])  # the queued jobs wait for it
+    queued = [result(P.OP_JOBS_START, P.JobRecord, argv=["true"], queue={"gpus": "none", "after": [blocker["id"]]})
               for _ in range(2)]  # fmt: skip
     event(P.EV_JOB, P.JobRecord, id=queued[0]["id"])
     result(P.OP_QUEUE_LIST, P.QueueListResult)

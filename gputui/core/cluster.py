@@ -16,8 +16,9 @@ def cluster_text(info: P.ClusterInfo, most: int = 6) -> str:
         + (f" GPUs {p['gpus_used']}/{p['gpus']}" if p["gpus"] else "")
         for p in info["partitions"][:most]
     ]
-    if len(info["partitions"]) > most:
-        parts.append(f"+{len(info['partitions']) - most} more")
+    total = max(len(info["partitions"]), info.get("partitions_total") or 0)  # (an older agent: no total)
+    if total > most:
+        parts.append(f"+{total - most} more")
     states = collections.Counter(n["state"] for n in info["nodes"])
     nodes = ", ".join(f"{count} {state}" for state, count in states.most_common())
     shown = "" if info["nodes_total"] <= len(info["nodes"]) else f" (of the first {len(info['nodes'])})"

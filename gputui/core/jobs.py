@@ -71,6 +71,10 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     )  # fmt: skip
 
 
+#: Job ids a queued job may wait for, per flag (``--after``, ``--after-ok``).
+MAX_QUEUE_DEPS = P.MAX_QUEUE_DEPS
+
+
 def queue_request(asked: Mapping[str, Any], idle_util_percent: float) -> P.QueueRequest:
     """What the host's queue is asked: ``asked`` (gpus or gpu_count, after, after_ok) with the idle threshold."""
     return cast(P.QueueRequest, {**asked, "idle_util_percent": idle_util_percent})

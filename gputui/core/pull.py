@@ -244,6 +244,7 @@ async def pull_file(
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     if os.path.islink(part):
         raise PullError(f"refusing to write through the symlink {part}")
+    seen = _local_version(target)  # what the checks above judged: replaced only if still that
     for attempt in range(3):
         try:
             resumed = await _download(session, f, part, on_progress)
@@ -252,6 +253,8 @@ async def pull_file(
         if resumed >= 0 and await _same(session, f, part):
             os.chmod(part, f.mode & 0o777)
             os.utime(part, (f.mtime, f.mtime))
+            if _local_version(target) != seen:
+                raise PullError(f"{target} changed here during the pull: kept as it is (pull again to decide)")
             os.replace(part, target)
             return Outcome(f.rel, target, "resumed" if resumed else "pulled", f.size, f.path, f.mtime)
         # The file changed on the host (or the old .part was of another version): start over, fresh.
@@ -259,6 +262,15 @@ async def pull_file(
         if attempt < 2:
             f = await _restat(session, f)
     raise PullError(f"{f.path} keeps changing on {session.name} while it is read; try again when it is still")
+
+
+def _local_version(path: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a local file, None when there is none: tells whether it changed."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 async def _restat(session: HostSession, f: Remote) -> Remote:
@@ -300,7 +312,14 @@ async def pull_planned(
     session: HostSession, plan: list[tuple[Remote, str]], force: bool = False, on_progress: Progress | None = None
 ) -> list[Outcome]:
     """Each (host file, local target) in turn; what arrived is noted in the host's pull record, even when a
-    later file fails."""
+    later file fails. Two host files bound for one local name are refused before anything is pulled: the
+    second would replace the first here while the record called both fetched."""
+    taken: dict[str, Remote] = {}
+    for f, target in plan:
+        other = taken.setdefault(os.path.normpath(target), f)
+        if other is not f:
+            raise PullError(f"{other.path} and {f.path} on the host would both be pulled to {target}: "
+                            "pull them one at a time, each to its own place")  # fmt: skip
     done: list[Outcome] = []
     try:
         for f, target in plan:

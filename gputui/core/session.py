@@ -423,8 +423,11 @@ class HostSession:
         self._publish()
         return list(self._snapshot.jobs)
 
-    async def kill_job(self, job: str, grace_s: float = 10.0) -> M.Job:
-        data = await self.request(P.OP_JOBS_KILL, timeout=3 * grace_s + 30, job=job, grace_s=grace_s)
+    async def kill_job(self, job: str, grace_s: float = 10.0, queued_only: bool = False) -> M.Job:
+        """Kill a job (a queued one leaves the queue); ``queued_only``: only take it out of the queue, an
+        AgentError when it started (or ended) meanwhile."""
+        extra = {"queued_only": True} if queued_only else {}
+        data = await self.request(P.OP_JOBS_KILL, timeout=3 * grace_s + 30, job=job, grace_s=grace_s, **extra)
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]

@@ -667,15 +667,15 @@ class GpuTuiApp(App[None]):
         body = f"Remove job {safetext.clean(job.id, limit=NAME_CHARS)} ({name}) from the queue on {host}?\n\nIt never starts."
 
         def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._kill(job), group="command")
+            if yes:  # only the removal: a job the scheduler started meanwhile is not killed
+                self.run_worker(self._kill(job, queued_only=True), group="command")
 
         self.push_screen(ConfirmScreen("Remove queued job", body, "Remove"), answered)
 
-    async def _kill(self, job: M.Job) -> None:
+    async def _kill(self, job: M.Job, queued_only: bool = False) -> None:
         self.notify(f"killing job {job.id} on {job.host}…", timeout=NOTIFY_S)
         try:
-            done = await self.source.session(job.host).kill_job(job.id, self.kill_grace_s)
+            done = await self.source.session(job.host).kill_job(job.id, self.kill_grace_s, queued_only)
         except Exception as exc:
             self.notify(f"could not kill job {job.id}: {exc}", severity="error", timeout=NOTIFY_S)
             return

@@ -35,10 +35,11 @@ class ReleaseScreen(ModalScreen[str | None]):
         if n:
             size = f"{self.found.bytes / 1e6:,.1f} MB"
             lines.append(f"{n} artifact file{'s' if n != 1 else ''} ({size}) changed since the last pull:")
-            lines += [f"  {a.dest_rel}" for a in self.found.unpulled[:SHOWN]]
+            # host file names: one line each, whatever they hold (a line break must not fake a line of ours)
+            lines += [f"  {safetext.clean(a.dest_rel)}" for a in self.found.unpulled[:SHOWN]]
             lines += [f"  and {n - SHOWN} more"] if n > SHOWN else []
             lines.append(f"Pull first puts them in {self.dest}/{self.found.host}/.")
-        lines += [f"Could not check artifacts: {p}" for p in self.found.problems[:SHOWN]]
+        lines += [f"Could not check artifacts: {safetext.clean(p)}" for p in self.found.problems[:SHOWN]]
         return "\n".join(lines)
 
     def compose(self) -> ComposeResult:
