@@ -97,8 +97,9 @@ async def test_release_dialog_pulls_changed_artifacts_first(
         await pilot.press("r")
         dialog = await until(pilot, lambda: isinstance(app.screen, ReleaseScreen) and app.screen, what="dialog")
         assert f"{job}/ckpt/a.pt" in dialog.text() and "1 artifact file" in dialog.text()
+        await pilot.press("y")  # the plain confirmation's yes: here it releases nothing
         await pilot.press("escape")
-        await pilot.pause(0.1)
+        await until(pilot, lambda: not isinstance(app.screen, ReleaseScreen), what="dialog closed")
         assert not marker.exists()
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, ReleaseScreen), what="dialog again")

@@ -21,7 +21,8 @@ class ReleaseScreen(ModalScreen[str | None]):
 
     BINDINGS = [
         Binding("p", "answer('pull')", "Pull first"),
-        Binding("y", "answer('release')", "Release without"),
+        # not "y": the plain release confirmation's yes must never mean "without them" here (muscle memory)
+        Binding("d", "answer('release')", "Release without"),
         Binding("n,escape", "answer(None)", "Cancel"),
     ]
 
@@ -50,7 +51,7 @@ class ReleaseScreen(ModalScreen[str | None]):
                 yield Button("Cancel (n)", id="cancel")
                 if self.found.unpulled and not self.found.problems:
                     yield Button("Pull first (p)", id=PULL, variant="primary")
-                yield Button("Release without (y)", id=RELEASE, variant="error")
+                yield Button("Release without (d)", id=RELEASE, variant="error")
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
