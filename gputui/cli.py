@@ -210,7 +210,11 @@ def _queue_request(args: argparse.Namespace) -> dict[str, Any] | None:
     gpus = args.gpus
     if gpus is not None and gpus.isdigit():
         if not 1 <= int(gpus) <= 1024:
-            raise CliError(f"--gpus {gpus} with --queue: a GPU count from 1 to 1024, or none", EXIT_USAGE)
+            raise CliError(
+                f"--gpus {gpus} with --queue: a bare number is a GPU count (1 to 1024); to wait for particular"
+                " GPUs, list them (0,1) or name one by its UUID (gputui status --json shows them); none: no GPU",
+                EXIT_USAGE,
+            )
         return {"gpu_count": int(gpus), "after": after, "after_ok": after_ok}
     return {"gpus": None if gpus == "all" else gpus, "after": after, "after_ok": after_ok}
 

@@ -355,7 +355,7 @@ def test_after_ok_on_a_failed_job_never_starts_and_says_why(home: Home) -> None:
     ("args", "message"),
     [
         (["--after", "x"], "--after/--after-ok 'x': expected job ids"),
-        (["--queue", "--gpus", "0"], "--gpus 0 with --queue"),
+        (["--queue", "--gpus", "0"], "--gpus 0 with --queue: a bare number is a GPU count"),
         (["--after", "99"], "no job 99 on this host to wait for"),
         (["--after", *map(str, range(1, 52))], "--after: at most 50 job ids, not 51"),
     ],
