@@ -56,7 +56,9 @@ def launch(argv: list[str], marks: dict[str, re.Pattern[bytes]], env: dict[str, 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    proc = subprocess.Popen(  # cwd: `python -m gputui` imports from the current directory first
+        argv, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=ROOT
+    )
     os.close(slave)
     seen: dict[str, float] = {}
     out = b""

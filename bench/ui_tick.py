@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import fcntl
 import json
 import os
@@ -36,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gputui.core import model as M  # noqa: E402
+from gputui.core.metrics_history import MetricsRing  # noqa: E402
 
 GPUS = 8
 HISTORY = 600
@@ -50,7 +50,7 @@ class SyntheticHost:
     def __init__(self, name: str, rng: random.Random) -> None:
         self.name, self.rng, self.seq = name, rng, 0
         self.util = [rng.uniform(30, 95) for _ in range(GPUS)]
-        self.history: collections.deque[M.MetricsSample] = collections.deque(maxlen=HISTORY)
+        self.history = MetricsRing(HISTORY)  # as a HostSession keeps it
         self.job = M.Job(host=name, id="1", name="train", state=M.JOB_RUNNING, command=("python", "train.py"),
                          started_at=time.time() - 3600, tmux_session="gputui-1")  # fmt: skip
 
@@ -68,10 +68,9 @@ class SyntheticHost:
         host = M.HostStats(cpu_percent=r.uniform(20, 60), cpu_count=96, load1=12.0, mem_used_mib=400_000,
                            mem_total_mib=1_000_000, disk_free_gib=900, disk_total_gib=2000, uptime_s=86_400)  # fmt: skip
         sample = M.MetricsSample(seq=self.seq, t=now, host=host, gpus=tuple(gpus), gpu_source="nvml")
-        self.history.append(sample)
         cost = M.CostInfo(price_per_hour=2.49 * GPUS, accrued=2.49 * GPUS * 5)
         return M.HostSnapshot(name=self.name, state=M.CONNECTED, facts={"tmux_socket": "x"}, metrics=sample,
-                              jobs=(self.job,), updated_at=now, history=tuple(self.history), cost=cost)  # fmt: skip
+                              jobs=(self.job,), updated_at=now, history=self.history.append(sample), cost=cost)  # fmt: skip
 
 
 class FloodSession:

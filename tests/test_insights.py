@@ -820,11 +820,12 @@ def test_hint_line_is_capped() -> None:
 def test_job_hints_join_log_exit_and_gpu_telemetry() -> None:
     from gputui.core import model as M
     from gputui.core.insights import job_hints
+    from gputui.core.metrics_history import MetricsHistory
 
     idle = M.GpuSample(index=0, util_percent=5.0, processes=(M.GpuProcess(pid=9, mem_mib=900, job="j1"),))
     busy = M.GpuSample(index=1, util_percent=99.0, processes=(M.GpuProcess(pid=7, mem_mib=500),))
     samples = tuple(M.MetricsSample(seq=i, t=i, host=M.HostStats(), gpus=(idle, busy)) for i in range(12))
-    host = M.HostSnapshot(name="h", metrics=samples[-1], history=samples)
+    host = M.HostSnapshot(name="h", metrics=samples[-1], history=MetricsHistory.of(samples))
     running = M.Job(host="h", id="j1", name="j1", state=M.JOB_RUNNING, command=("python",))
     assert [h.code for h in job_hints(running, parse(read("cuda_oom_legacy.log")), host)] == [
         "cuda_oom",

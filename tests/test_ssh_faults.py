@@ -182,9 +182,9 @@ async def test_metrics_history_has_no_hole_across_reconnects(ssh_home: SshHome, 
                 ),
                 what=f"samples after {fault}",
             )
-        seqs = [x.seq for x in s.history]
+        seqs = s.history.seqs()
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-        times = [x.t for x in s.history]
+        times = s.history.times()
         gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         # No sampling period missing: the old agent kept sampling until the new one took over (a reconnect
         # without that leaves ~1 s holes here).

@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from gputui.core import model as M
+from gputui.core.metrics_history import MetricsHistory
 from gputui.core.session import LogTail
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -105,7 +106,7 @@ def snapshot(
         samples, facts = [], {}
     return M.HostSnapshot(
         name=name, state=state, error=error, detail=detail, facts=facts, metrics=samples[-1] if samples else None,
-        jobs=tuple(jobs), updated_at=T0, history=tuple(samples), cost=cost,
+        jobs=tuple(jobs), updated_at=T0, history=MetricsHistory.of(samples), cost=cost,
     )  # fmt: skip
 
 

@@ -19,6 +19,9 @@ from remote_agent.protocol import JOB_QUEUED as JOB_QUEUED
 from remote_agent.protocol import JOB_RUNNING as JOB_RUNNING
 from remote_agent.protocol import JOB_SUCCEEDED as JOB_SUCCEEDED
 
+from .metrics_history import EMPTY as EMPTY_HISTORY
+from .metrics_history import MetricsHistory
+
 if TYPE_CHECKING:
     from .insights import JobInsights
 
@@ -239,7 +242,7 @@ class HostSnapshot:
     metrics: MetricsSample | None = None
     jobs: tuple[Job, ...] = ()
     updated_at: float = 0.0
-    history: tuple[MetricsSample, ...] = field(default=(), compare=False, repr=False)  # oldest first
+    history: MetricsHistory = field(default=EMPTY_HISTORY, compare=False, repr=False)  # recent samples, compact
     cost: CostInfo | None = None
     # a Slurm login node (scheduler = "slurm"): partitions and nodes from its last sinfo
     cluster: P.ClusterInfo | None = field(default=None, compare=False, hash=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import random
@@ -16,6 +15,7 @@ from remote_agent import protocol as P
 
 from . import model as M
 from .link import AgentError, Link, LinkClosed, RequestTimeout
+from .metrics_history import MetricsHistory, MetricsRing
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class HostSession:
         self._snapshot = M.HostSnapshot(name=name)
         self._jobs: dict[str, M.Job] = {}
         self._jobs_changed = False  # the snapshot's sorted jobs tuple is rebuilt only after a job changed
-        self._history: collections.deque[M.MetricsSample] = collections.deque(maxlen=HISTORY_SAMPLES)
+        self._history = MetricsRing(HISTORY_SAMPLES)
         self._follows: dict[str, LogFollow] = {}
         self._connected = asyncio.Event()
         self._closing = False
@@ -128,8 +128,8 @@ class HostSession:
         return self._snapshot
 
     @property
-    def history(self) -> tuple[M.MetricsSample, ...]:
-        return tuple(self._history)
+    def history(self) -> MetricsHistory:
+        return self._history.view
 
     def _publish(self, **changes: Any) -> None:
         if self._jobs_changed:
@@ -164,10 +164,10 @@ class HostSession:
 
     def _add_sample(self, data: dict[str, Any]) -> M.MetricsSample:
         sample = M.MetricsSample.from_wire(cast(P.MetricsSample, data))
-        if self._history and sample.seq <= self._history[-1].seq and sample.t <= self._history[-1].t:
+        seq, t = self._history.view.last_seq, self._history.view.last_t
+        if seq is not None and t is not None and sample.seq <= seq and sample.t <= t:
             return sample  # already have it (backlog overlap)
-        self._history.append(sample)
-        self._snapshot = replace(self._snapshot, metrics=sample, history=tuple(self._history))
+        self._snapshot = replace(self._snapshot, metrics=sample, history=self._history.append(sample))
         return sample
 
     def _on_log(self, data: dict[str, Any]) -> None:
@@ -218,7 +218,7 @@ class HostSession:
         self._publish(state=M.CONNECTED, error=None, detail=None, facts=hello.get("host") or {})
         await self._fetch_jobs(link.request)
         if self.metrics_interval is not None:
-            since = self._history[-1].seq if self._history else None
+            since = self._history.view.last_seq
             res = await link.request(
                 P.OP_METRICS_SUBSCRIBE, interval=self.metrics_interval, since_seq=since, **self.sample_args
             )

@@ -29,19 +29,16 @@ from textual.widgets import DataTable, Footer
 from gputui.core import autostop, jobs, safetext
 from gputui.core import config as cfg
 from gputui.core import model as M
-from gputui.core.doctor import run_doctor
 from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from gputui.core.spend import fleet_spend, idle_release_candidates
 
-from . import carry, fmt, notices
+from . import fmt, notices
 from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
 from .logstream import LogStream
 from .palette import Palette
 from .screens.confirm import ConfirmScreen
 from .screens.help import HelpScreen, Section, key_label
-from .screens.new_job import NewJobScreen
-from .screens.reports import ReportScreen, doctor_table, history_table
 from .source import FleetSource, SourceFactory, fleet_factory
 from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
@@ -50,6 +47,8 @@ from .widgets.textbox import TextBox, set_class
 
 if TYPE_CHECKING:  # the log parser loads with the first log shown, not before the first frame
     from gputui.core.insights import Hint, JobInsights
+
+    from .carry import Forwards  # carry (sync, artifacts, forwards: asyncssh) loads when first used
 
 FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
 FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (state changes at once)
@@ -193,7 +192,16 @@ class GpuTuiApp(App[None]):
         self._state_path = state_path or T.state_path()
         self._ui_state = T.UiState.load(self._state_path)
         self._theme_errors = self._load_themes(theme_dirs)
-        self.forwards = carry.Forwards()
+        self._forwards: Forwards | None = None
+
+    @property
+    def forwards(self) -> Forwards:
+        """The web URLs forwarded here, kept until the app ends."""
+        if self._forwards is None:
+            from . import carry
+
+            self._forwards = carry.Forwards()
+        return self._forwards
 
     def notify(  # type: ignore[override]
         self,
@@ -262,7 +270,8 @@ class GpuTuiApp(App[None]):
 
     async def on_unmount(self) -> None:
         self._shutting_down = True
-        await self.forwards.close()
+        if self._forwards is not None:
+            await self._forwards.close()
         await self.source.close()
 
     # --- the snapshot path ------------------------------------------------------------------------------------
@@ -610,6 +619,8 @@ class GpuTuiApp(App[None]):
     def action_new_job(self) -> None:
         if self._no_host():
             return
+        from .screens.new_job import NewJobScreen  # dialogs and reports load when first opened
+
         local = frozenset(n for n, h in self.config.hosts.items() if h.transport == "local")
         screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
         self.push_screen(screen, self._on_job_spec)
@@ -620,6 +631,8 @@ class GpuTuiApp(App[None]):
 
     async def _start_job(self, spec: jobs.JobSpec) -> None:
         if spec.sync is not None:  # the tree goes first; the job then runs in the synced dir
+            from . import carry
+
             synced = await carry.sync_first(self, spec)
             if synced is None:
                 return
@@ -715,6 +728,8 @@ class GpuTuiApp(App[None]):
         def ask() -> None:
             self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
 
+        from . import carry
+
         if self._release_hooked or not carry.wants_artifact_check(conf, snap):
             ask()
         else:  # artifacts first: which changed since the last pull (a request to the host)
@@ -725,6 +740,8 @@ class GpuTuiApp(App[None]):
         if job is None:
             self.notify("no job selected: pick the job that printed the URL", timeout=NOTIFY_S)
             return
+        from . import carry
+
         self.run_worker(carry.forward_url(self, job, self.forwards), group="command")
 
     async def _release(self, request: ReleaseRequest) -> None:
@@ -755,6 +772,10 @@ class GpuTuiApp(App[None]):
         self.run_worker(send(), group="command")
 
     def action_doctor(self) -> None:
+        from gputui.core.doctor import run_doctor
+
+        from .screens.reports import ReportScreen, doctor_table
+
         host = self.selected_host
         if self._no_host() or host is None:
             return
@@ -765,6 +786,8 @@ class GpuTuiApp(App[None]):
         self.push_screen(ReportScreen(f"Doctor: {host}", load))
 
     def action_history(self) -> None:
+        from .screens.reports import ReportScreen, history_table
+
         async def load() -> Any:  # an unreachable host has no history to show right now
             recs, _errors = await jobs.collect_history(
                 self.source, self.config, self.host_order, connect=False

@@ -41,11 +41,7 @@ def job_hints(job: Job | None, ins: JobInsights | None, host: HostSnapshot | Non
     if host is not None and host.gpus:
         mine = [g for g in host.gpus if any(p.job == job.id for p in g.processes)]
         if mine:
-            idx = {g.index for g in mine}
-            util = [
-                sum(g.util_percent or 0 for g in s.gpus if g.index in idx) / len(idx)
-                for s in host.history[-UTIL_HISTORY:]
-            ]
+            util = host.history.mean_util({g.index for g in mine}, UTIL_HISTORY)
             oom = any(h.code == "cuda_oom" for h in hints)
             hints += hints_from_metrics(job.running, util, mine, job=job.id, oom=oom)
     return hints

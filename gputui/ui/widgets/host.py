@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -11,6 +11,7 @@ from textual.containers import Container, Vertical
 from gputui.core import model as M
 from gputui.core import safetext
 from gputui.core.cluster import cluster_text
+from gputui.core.metrics_history import GpuSeries, MetricsHistory
 
 from .. import fmt
 from ..logstream import progress_text
@@ -95,19 +96,12 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
 
 
 
-Series = dict[int, tuple[list[float | None], list[float | None], list[float | None]]]
+Series = dict[int, GpuSeries]
 
 
-def gpu_series(history: Sequence[M.MetricsSample], window: int = HISTORY_WINDOW) -> Series:
+def gpu_series(history: MetricsHistory, window: int = HISTORY_WINDOW) -> Series:
     """Per GPU index: (util %, memory fraction, temperature) over the last ``window`` samples."""
-    out: Series = {}
-    for sample in history[-window:]:
-        for g in sample.gpus:
-            util, mem, temp = out.setdefault(g.index, ([], [], []))
-            util.append(g.util_percent)
-            mem.append(fmt.ratio(g.mem_used_mib, g.mem_total_mib))
-            temp.append(g.temp_c)
-    return out
+    return history.gpus(window)
 
 
 def _bar(text: Text, fraction: float | None, color: str, pal: Palette) -> None:
@@ -115,7 +109,7 @@ def _bar(text: Text, fraction: float | None, color: str, pal: Palette) -> None:
     text.append(filled, style=f"{color} on {pal.empty}")
 
 
-def gpu_card(g: M.GpuSample, series: tuple[list, list, list] | None, pal: Palette) -> Text:
+def gpu_card(g: M.GpuSample, series: GpuSeries | None, pal: Palette) -> Text:
     """Three lines: utilisation, memory, temperature/power, each with its sparkline."""
     util_h, mem_h, temp_h = series or ([], [], [])
     memf = fmt.ratio(g.mem_used_mib, g.mem_total_mib)
@@ -142,7 +136,7 @@ class GpuCard(TextBox):
 
     _title = ""
 
-    def show_gpu(self, g: M.GpuSample, series: tuple[list, list, list] | None, pal: Palette) -> None:
+    def show_gpu(self, g: M.GpuSample, series: GpuSeries | None, pal: Palette) -> None:
         title = safetext.clean(f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}")
         subtitle = fmt.mem_pair(g.mem_used_mib, g.mem_total_mib)
         if title != self._title:  # border titles are markup when given as str: a Text is taken literally
