@@ -33,6 +33,19 @@ sys.exit(3)
 """
 
 
+def recorded_streams(s: S.HostSession) -> list[list[str]]:
+    """The argv of every raw agent stream ``s`` opens from now on (the list fills as they open)."""
+    streams: list[list[str]] = []
+    open_stream = s.transport.open_agent_stream
+
+    async def counted(args: list[str]) -> AgentChannel:
+        streams.append(args)
+        return await open_stream(args)
+
+    s.transport.open_agent_stream = counted  # type: ignore[method-assign]
+    return streams
+
+
 @pytest.fixture
 def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
     p = FaultProxy(ssh_home.sshd.port).start()
@@ -47,14 +60,7 @@ async def test_catch_up_cut_by_a_link_reset_resumes_byte_exact_over_raw_streams(
 ) -> None:
     stop = tmp_path / "stop"
     s = session(ssh_home, port=proxy.port)
-    streams: list[list[str]] = []
-    open_stream = s.transport.open_agent_stream
-
-    async def counted(args: list[str]) -> AgentChannel:
-        streams.append(args)
-        return await open_stream(args)
-
-    s.transport.open_agent_stream = counted  # type: ignore[method-assign]
+    streams = recorded_streams(s)
     await s.start()
     s.run_in_background()
     try:
@@ -91,14 +97,7 @@ async def test_catch_up_cut_by_a_link_reset_resumes_byte_exact_over_raw_streams(
 async def test_a_follow_near_the_end_uses_no_raw_stream(ssh_home: SshHome, tmp_path: Path) -> None:
     stop = tmp_path / "stop"
     s = session(ssh_home)
-    streams: list[list[str]] = []
-    open_stream = s.transport.open_agent_stream
-
-    async def counted(args: list[str]) -> AgentChannel:
-        streams.append(args)
-        return await open_stream(args)
-
-    s.transport.open_agent_stream = counted  # type: ignore[method-assign]
+    streams = recorded_streams(s)
     await s.start()
     s.run_in_background()
     try:
@@ -121,14 +120,7 @@ async def test_logs_without_follow_copy_a_big_log_over_a_raw_stream(ssh_home: Ss
     stop = tmp_path / "stop"
     stop.touch()  # the job ends right after its big write
     s = session(ssh_home)
-    streams: list[list[str]] = []
-    open_stream = s.transport.open_agent_stream
-
-    async def counted(args: list[str]) -> AgentChannel:
-        streams.append(args)
-        return await open_stream(args)
-
-    s.transport.open_agent_stream = counted  # type: ignore[method-assign]
+    streams = recorded_streams(s)
     await s.start()
     try:
         job = await s.start_job(["python3", "-c", BIG_THEN_WAIT, str(stop), "8"])
