@@ -265,6 +265,7 @@ def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.05, what: 
 
 
 # --- SSH hosts: a real OpenSSH sshd on 127.0.0.1 (tests/sshd.py) ----------------------------------------------
+from faultproxy import FaultProxy  # noqa: E402
 from sshd import Sshd, restricted_bin, ssh_available  # noqa: E402
 
 
@@ -323,3 +324,13 @@ def ssh_home(tmp_path: Path, sshd: Sshd) -> Iterator[SshHome]:
     h = SshHome(tmp_path / "home", sshd)
     yield h
     stop_host(h.remote_dir)
+
+
+@pytest.fixture
+def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
+    """A fault proxy (tests/faultproxy.py) in front of the sshd, its host key trusted at the proxy's port."""
+    p = FaultProxy(ssh_home.sshd.port).start()
+    with ssh_home.known_hosts.open("a") as f:
+        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
+    yield p
+    p.stop()

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,10 @@ from remote_agent import protocol as P
 
 
 @pytest.fixture
-def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
-    """A fault proxy in front of the sshd; the config's host ``box`` goes through it."""
-    p = FaultProxy(ssh_home.sshd.port).start()
-    with ssh_home.known_hosts.open("a") as f:
-        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
-    ssh_home.configure(port=p.port)
-    yield p
-    p.stop()
+def proxy(proxy: FaultProxy, ssh_home: SshHome) -> FaultProxy:
+    """conftest's fault proxy, with the config's host ``box`` going through it."""
+    ssh_home.configure(port=proxy.port)
+    return proxy
 
 
 def test_pull_through_a_reset_ends_byte_identical(

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import SshHome
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
@@ -44,15 +42,6 @@ def recorded_streams(s: S.HostSession) -> list[list[str]]:
 
     s.transport.open_agent_stream = counted  # type: ignore[method-assign]
     return streams
-
-
-@pytest.fixture
-def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
-    p = FaultProxy(ssh_home.sshd.port).start()
-    with ssh_home.known_hosts.open("a") as f:
-        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
-    yield p
-    p.stop()
 
 
 async def test_catch_up_cut_by_a_link_reset_resumes_byte_exact_over_raw_streams(

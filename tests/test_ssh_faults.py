@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,10 @@ sys.exit(code)
 
 
 @pytest.fixture
-def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
-    """A fault proxy in front of the sshd; the config's host ``box`` goes through it."""
-    p = FaultProxy(ssh_home.sshd.port).start()
-    with ssh_home.known_hosts.open("a") as f:
-        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
-    ssh_home.configure(port=p.port)
-    yield p
-    p.stop()
+def proxy(proxy: FaultProxy, ssh_home: SshHome) -> FaultProxy:
+    """conftest's fault proxy, with the config's host ``box`` going through it."""
+    ssh_home.configure(port=proxy.port)
+    return proxy
 
 
 def run_job(home: SshHome, *cmd: str) -> str:

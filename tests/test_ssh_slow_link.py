@@ -6,11 +6,9 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import SshHome, wait_for
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
@@ -32,15 +30,6 @@ while not os.path.exists(stop):
     time.sleep(1)
 print("done", flush=True)
 """
-
-
-@pytest.fixture
-def proxy(ssh_home: SshHome) -> Iterator[FaultProxy]:
-    p = FaultProxy(ssh_home.sshd.port).start()
-    with ssh_home.known_hosts.open("a") as f:
-        f.write(ssh_home.sshd.host_key_line(f"[127.0.0.1]:{p.port}"))
-    yield p
-    p.stop()
 
 
 async def test_backlog_streams_steadily_at_10_kb_per_s(
