@@ -4,7 +4,8 @@ and launch -> the local host shown up.
 Run: python bench/ui_start.py [--runs 9]. Each run starts a fresh process on a pseudo-terminal (160x48) and
 reads what it draws: the first frame is the first output that shows the table's "Host" column header (both
 apps have one); the local host is shown up when its row's "● up" or "● idle" arrives. gputui runs as
-`python3 -m gputui` from a throwaway HOME with no config (the local host only), with its bytecode cached
+users start it, the `gputui` script pip installed beside this python (else `python3 -m gputui`), importing
+this tree (PYTHONPATH), from a throwaway HOME with no config (the local host only), with its bytecode cached
 and its agent unpacked (a warm-up run of each does that); runs alternate between the apps. No asserts.
 """
 
@@ -94,6 +95,12 @@ def launch(argv: list[str], marks: dict[str, re.Pattern[bytes]], env: dict[str, 
     return seen
 
 
+def gputui_argv() -> list[str]:
+    """The `gputui` script beside this python (what a user runs: no runpy); else ``python -m gputui``."""
+    script = Path(sys.executable).parent / "gputui"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "gputui"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=9)
@@ -103,7 +110,7 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env.update(HOME=home, PYTHONPATH=str(ROOT), TERM="xterm-256color", COLUMNS="160", LINES="48")
         minimal = ([sys.executable, "-c", MINIMAL_APP], {"frame": FIRST_FRAME})
-        gputui = ([sys.executable, "-m", "gputui"], {"frame": FIRST_FRAME, "up": HOST_UP})
+        gputui = (gputui_argv(), {"frame": FIRST_FRAME, "up": HOST_UP})
         for argv, marks in (minimal, gputui):
             launch(argv, marks, env)  # warm-up: bytecode written, agent unpacked
         peer: list[float] = []

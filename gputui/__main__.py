@@ -1,3 +1,3 @@
-from gputui.cli import main
+from gputui.launch import main
 
 main()

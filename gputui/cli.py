@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from . import launch
 from .core import autostop, jsonout, safetext
 from .core import config as cfg
 from .core import doctor as D
@@ -35,7 +36,7 @@ from .core.transport import HostError, HostUnavailable
 from .tables import print_cost, print_history, print_jobs, print_queue, print_status, queue_gpus
 
 # Exit statuses (documented in README.md).
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_HOST, EXIT_NOT_FOUND = 0, 1, launch.EXIT_USAGE, 3, 4, 5
 EXIT_PIPE = 141  # the reader closed stdout: what a shell reports for a coreutils tool killed by SIGPIPE
 
 
@@ -831,18 +832,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run_app(args: argparse.Namespace) -> int:
-    """The Textual app; textual is imported only here, so the CLI and the core never load it."""
-    try:
-        config = cfg.load(args.config)
-    except cfg.ConfigError as exc:
-        print(f"gputui: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    from .ui import run
-
-    return run(config)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run one command; a reader that goes away (``gputui status --json | head``) ends it quietly."""
     try:
@@ -885,7 +874,7 @@ def _main(argv: list[str] | None = None) -> None:
         args.command = command
     if args.cmd is None:
         if sys.stdin.isatty() and sys.stdout.isatty():
-            sys.exit(_run_app(args))
+            sys.exit(launch.run_app(args.config))
         args = parser.parse_args([*argv, "status"])  # not a terminal: print the status instead
     safetext.guard_terminal()  # host text printed to a terminal is data: no raw control characters
     try:

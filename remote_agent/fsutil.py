@@ -9,7 +9,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 from typing import Any, Optional
 
 
@@ -56,6 +55,8 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
 
 def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` so that readers see either the old or the new content, never a mix."""
+    import tempfile  # here: it loads random and hashlib, which the app's first frame need not wait for
+
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 from conftest import Home, tmux_socket
+from rich.color import Color as RichColor
+from rich.style import Style
 from textual.command import CommandList, CommandPalette
 from textual.containers import VerticalScroll
 from textual.drivers.headless_driver import HeadlessDriver
@@ -40,6 +42,7 @@ from gputui.core.release import ReleaseRequest
 from gputui.ui import app as app_module
 from gputui.ui.app import APP_KEYS, GpuTuiApp
 from gputui.ui.logbuffer import MARK
+from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.help import HelpScreen, key_label
 from gputui.ui.screens.new_job import NewJobScreen
@@ -607,6 +610,27 @@ async def test_config_theme_applies_and_a_later_config_change_wins(tmp_path: Pat
     assert static_app(tmp_path, config=config).theme == "gputui-light"  # the user's later pick stays
     changed = cfg.Config(path=None, hosts={}, theme="gputui-dark")
     assert static_app(tmp_path, config=changed).theme == "gputui-dark"  # the config was edited since
+
+
+@pytest.mark.parametrize("theme", ["gputui-dark", "gputui-light", "gputui-contrast", "textual-light"])
+async def test_start_theme_is_the_watchers(tmp_path: Path, theme: str) -> None:
+    """The app starts in its theme without Textual's theme watcher (which parses all CSS again before the
+    first frame); what it draws must be exactly what the watcher's way draws: same variables, classes,
+    ANSI colour mapping and screen."""
+    started = static_app(tmp_path / "a", config=cfg.Config(path=None, hosts={}, theme=theme))
+    watched = static_app(tmp_path / "b", config=cfg.Config(path=None, hosts={}, theme="gputui-dark"))
+    watched.theme = theme  # the watcher's way (the app's own colours follow the theme as at start)
+    watched.palette = Palette.from_theme(watched.current_theme)
+    shots = []
+    for app in (started, watched):
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda app=app: app.hosts["a100-pod"].state == M.CONNECTED)
+            await pilot.pause()
+            red = app._filters[0].truecolor_style(Style(color="red"), RichColor.from_rgb(0, 0, 0))
+            shots.append((app.theme, dict(app.theme_variables), set(app.classes), red, app.export_screenshot()))
+    assert shots[0][0] == theme
+    for got, want in zip(shots[0][1:], shots[1][1:], strict=True):
+        assert got == want
 
 
 async def test_help_lists_every_key(tmp_path: Path) -> None:

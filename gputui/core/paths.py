@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -38,6 +37,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 def sha256_file(path: str | Path, block: int = 1024 * 1024) -> str:
     """The file's sha256, read a block at a time (never the whole file in memory)."""
+    import hashlib  # here: the app's first frame need not wait for it
+
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(block), b""):

@@ -11,6 +11,7 @@ never do I/O.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import shlex
 import time
@@ -26,29 +27,29 @@ from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer
 
-from gputui.core import autostop, jobs, safetext
+from gputui.core import autostop, safetext
 from gputui.core import config as cfg
 from gputui.core import model as M
-from gputui.core.release import ReleaseError, ReleaseRequest, release_host
 from gputui.core.spend import fleet_spend, idle_release_candidates
 
-from . import fmt, notices
+from . import fmt
 from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
 from .logstream import LogStream
 from .palette import Palette
-from .screens.confirm import ConfirmScreen
-from .screens.help import HelpScreen, Section, key_label
 from .source import FleetSource, SourceFactory, fleet_factory
 from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
 from .widgets.log import LOG_KEYS, LogPane, LogView
 from .widgets.textbox import TextBox, set_class
 
-if TYPE_CHECKING:  # the log parser loads with the first log shown, not before the first frame
+if TYPE_CHECKING:  # what only actions, dialogs or the first log need loads then, not before the first frame
     from gputui.core.insights import Hint, JobInsights
+    from gputui.core.jobs import JobSpec
+    from gputui.core.release import ReleaseRequest
 
     from .carry import Forwards  # carry (sync, artifacts, forwards: asyncssh) loads when first used
+    from .screens.help import Section
 
 FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
 FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (state changes at once)
@@ -58,7 +59,7 @@ NOTIFY_S = 8.0
 NOTIFY_CHARS = 600  # a notification shows at most this much of a message (a host may send megabytes)
 NAME_CHARS = 120  # a job's name or command in a dialog
 
-ReleaseHook = Callable[[ReleaseRequest], Awaitable[None]]
+ReleaseHook = Callable[["ReleaseRequest"], Awaitable[None]]
 
 APP_KEYS = [
     Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
@@ -125,6 +126,8 @@ def release_configured(app: GpuTuiApp, host: str) -> bool:
 async def release_with_fleet(app: GpuTuiApp, request: ReleaseRequest) -> None:
     """Run the host's configured release; the core checks again that it is still what was asked (the jobs the
     confirmation named, or an idle host for a budget release)."""
+    from gputui.core.release import ReleaseError, release_host
+
     host = request.host
     conf = app.config.hosts.get(host)
     ledger = getattr(app.source, "ledger", None)
@@ -227,9 +230,22 @@ class GpuTuiApp(App[None]):
         found, errors = T.load_themes(*(dirs or ()))
         for theme in found:
             self.register_theme(theme)
-        self.theme = T.pick_theme(self.config.theme, self._ui_state, set(self.available_themes))
+        self._start_theme(T.pick_theme(self.config.theme, self._ui_state, set(self.available_themes)))
         self.palette = Palette.from_theme(self.current_theme)
         return errors
+
+    def _start_theme(self, name: str) -> None:
+        """Set the theme the app starts in. ``self.theme = name`` runs Textual's theme watcher, which parses
+        every stylesheet again and restyles every widget before the first frame (~6 ms); before the app runs
+        nothing is parsed yet, so the theme's variables, classes and ANSI colours are all it takes
+        (``test_start_theme_is_the_watchers`` holds this to what the watcher does)."""
+        self.set_reactive(GpuTuiApp.theme, name)
+        dark = self.current_theme.dark
+        self.stylesheet.set_variables(self.get_css_variables())
+        self.set_class(True, f"-theme-{name}", update=False)
+        self.set_class(dark, "-dark-mode", update=False)
+        self.set_class(not dark, "-light-mode", update=False)
+        self._refresh_truecolor_filter(self.ansi_theme)
 
     def _on_theme_changed(self, theme: Theme) -> None:
         self.palette = Palette.from_theme(theme)
@@ -267,6 +283,14 @@ class GpuTuiApp(App[None]):
         # The links start once the first frame is out: building and spawning the local agent takes ~20 ms here,
         # and its start-up shares the CPU with the first frame.
         self.call_after_refresh(self.source.run_in_background)
+
+    def on_ready(self) -> None:
+        """The first frame is out. When the launch paused garbage collection for the start-up
+        (:func:`gputui.launch.run_app`), what the start-up built is frozen, so later collections skip it,
+        and collection resumes."""
+        if not gc.isenabled():
+            gc.freeze()
+            gc.enable()
 
     async def on_unmount(self) -> None:
         self._shutting_down = True
@@ -356,6 +380,8 @@ class GpuTuiApp(App[None]):
             if name not in self.host_order:
                 self.host_order.append(name)
             if old is not None and not self._shutting_down:
+                from . import notices
+
                 for n in notices.diff(
                     old, snap, started if any(h == name for h, _ in self._started) else frozenset()
                 ):
@@ -385,6 +411,8 @@ class GpuTuiApp(App[None]):
                 self.notify(
                     f"budget exceeded: releasing idle host {host}", severity="warning", timeout=NOTIFY_S
                 )
+                from gputui.core.release import ReleaseRequest
+
                 self.run_worker(self._release(ReleaseRequest(host, idle_only=True)), group="command")
 
     def _mark_stream(self, old: M.HostSnapshot | None, new: M.HostSnapshot) -> None:
@@ -581,9 +609,13 @@ class GpuTuiApp(App[None]):
         self.query_one(f"#{pane_id}").focus()
 
     def action_help(self) -> None:
+        from .screens.help import HelpScreen
+
         self.push_screen(HelpScreen(self.key_sections()))
 
     def key_sections(self) -> list[Section]:
+        from .screens.help import key_label
+
         return [
             ("Everywhere", [(key_label(b), b.tooltip or b.description) for b in APP_KEYS]),
             ("Log pane", [(key_label(b), b.tooltip or b.description) for b in LOG_KEYS]),
@@ -625,11 +657,11 @@ class GpuTuiApp(App[None]):
         screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
         self.push_screen(screen, self._on_job_spec)
 
-    def _on_job_spec(self, spec: jobs.JobSpec | None) -> None:
+    def _on_job_spec(self, spec: JobSpec | None) -> None:
         if spec is not None:
             self.run_worker(self._start_job(spec), group="command")
 
-    async def _start_job(self, spec: jobs.JobSpec) -> None:
+    async def _start_job(self, spec: JobSpec) -> None:
         if spec.sync is not None:  # the tree goes first; the job then runs in the synced dir
             from . import carry
 
@@ -637,8 +669,10 @@ class GpuTuiApp(App[None]):
             if synced is None:
                 return
             spec = synced
+        from gputui.core.jobs import start_job
+
         try:
-            job = await jobs.start_job(self.source.session(spec.host), self.config, spec)
+            job = await start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
             self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
             return
@@ -672,7 +706,7 @@ class GpuTuiApp(App[None]):
             if yes:
                 self.run_worker(self._kill(job), group="command")
 
-        self.push_screen(ConfirmScreen("Kill job", body, "Kill"), answered)
+        self._confirm("Kill job", body, "Kill", answered)
 
     def _remove_queued(self, job: M.Job) -> None:
         """Kill of a queued job: it leaves the host's queue and never starts (confirmed like a kill)."""
@@ -683,7 +717,13 @@ class GpuTuiApp(App[None]):
             if yes:  # only the removal: a job the scheduler started meanwhile is not killed
                 self.run_worker(self._kill(job, queued_only=True), group="command")
 
-        self.push_screen(ConfirmScreen("Remove queued job", body, "Remove"), answered)
+        self._confirm("Remove queued job", body, "Remove", answered)
+
+    def _confirm(self, title: str, body: str, verb: str, answered: Callable[[bool | None], None]) -> None:
+        """Ask before a kill, a removal or a release (``y``/``n``); ``answered`` gets the answer."""
+        from .screens.confirm import ConfirmScreen
+
+        self.push_screen(ConfirmScreen(title, body, verb), answered)
 
     async def _kill(self, job: M.Job, queued_only: bool = False) -> None:
         self.notify(f"killing job {job.id} on {job.host}…", timeout=NOTIFY_S)
@@ -714,6 +754,8 @@ class GpuTuiApp(App[None]):
                 limit=2 * NAME_CHARS,
             )
             body += f" and {n - 5} more." if n > 5 else "."
+        from gputui.core.release import ReleaseRequest
+
         request = ReleaseRequest(host, confirmed_jobs=frozenset(j.id for j in running))
         conf = self.config.hosts.get(host)
         if conf is not None:
@@ -726,7 +768,7 @@ class GpuTuiApp(App[None]):
                 self.run_worker(self._release(request), group="command")
 
         def ask() -> None:
-            self.push_screen(ConfirmScreen("Release host", body, "Release"), answered)
+            self._confirm("Release host", body, "Release", answered)
 
         from . import carry
 
@@ -789,7 +831,9 @@ class GpuTuiApp(App[None]):
         from .screens.reports import ReportScreen, history_table
 
         async def load() -> Any:  # an unreachable host has no history to show right now
-            recs, _errors = await jobs.collect_history(
+            from gputui.core.jobs import collect_history
+
+            recs, _errors = await collect_history(
                 self.source, self.config, self.host_order, connect=False
             )
             return history_table(recs, self.clock())
@@ -819,6 +863,8 @@ class GpuTuiApp(App[None]):
 
     # --- command palette --------------------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        from .screens.help import key_label
+
         yield from super().get_system_commands(screen)
         for b in APP_KEYS:
             if b.action in ("quit", "change_theme") or self.check_action(b.action.split("(")[0], ()) is False:

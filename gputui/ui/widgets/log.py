@@ -267,14 +267,15 @@ class LogPane(Vertical):
         yield TextBox(id="log-insights")
         yield TextBox(id="log-hints")
         yield LogView(id="log-view")
-        yield PlainInput(placeholder="search: Enter to find, Esc to close", id="log-search")
+        search = PlainInput(placeholder="search: Enter to find, Esc to close", id="log-search")
+        search.display = False  # until /: hidden before it mounts, so nothing is laid out twice
+        yield search
 
     @property
     def view(self) -> LogView:
         return self.query_one(LogView)
 
     def on_mount(self) -> None:
-        self.query_one("#log-search").display = False
         self.show_info(None, None, [], Palette())
 
     def show_info(
