@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,25 @@ def test_a_job_record_from_the_cache_is_the_same_json(tmp_path: Path) -> None:
     again = host.insights(C.InsightsCache(tmp_path / "c.txt"))[0]
     job = Job("local", "1", "n", "failed", ("x",))
     assert replace(job, insights=cached).to_json() == replace(job, insights=again).to_json()
+
+
+def test_parsing_and_the_cache_file_stay_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's history view asks for the insights of every ended job: parsing the tails and the cache's file
+    work run in a thread, so the app keeps drawing and answering keys meanwhile."""
+    host = Host(tmp_path)
+    make_jobs(host.state, 5)
+    on_loop: list[tuple[str, bool]] = []
+
+    def spy(name: str, real: Any) -> Any:
+        def call(*args: Any) -> Any:
+            on_loop.append((name, threading.current_thread() is threading.main_thread()))
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(records, "_insights", spy("parse", records._insights))
+    monkeypatch.setattr(C.InsightsCache, "_read", spy("read", C.InsightsCache._read))
+    host.insights(C.InsightsCache(tmp_path / "c.txt"))  # parses all 5, reads and writes the file
+    host.insights(C.InsightsCache(tmp_path / "c.txt"))  # all 5 from the file
+    assert {name for name, _ in on_loop} == {"parse", "read"}
+    assert [name for name, main in on_loop if main] == []

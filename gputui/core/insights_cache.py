@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,18 +61,21 @@ def entry_key(host: Iterable[str | None], job: Job, log_size: int) -> str:
 
 
 class InsightsCache:
-    """The cache file at ``path`` (default: ``insights.cache`` in the user's cache dir)."""
+    """The cache file at ``path`` (default: ``insights.cache`` in the user's cache dir). Threads may share
+    one: the jobs of several hosts are parsed at once, each host's in a thread."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else paths.cache_dir() / "insights.cache"
         self._entries: dict[str, tuple[float, str]] | None = None  # key -> (stored at, entry JSON)
         self._new: dict[str, tuple[float, str]] = {}
+        self._lock = threading.Lock()
 
     def get(self, key: str) -> JobInsights | None:
         """The insights stored under ``key``; None when missing or not readable (then parse again)."""
-        if self._entries is None:
-            self._entries = self._read()
-        found = self._new.get(key) or self._entries.get(key)
+        with self._lock:
+            if self._entries is None:
+                self._entries = self._read()
+            found = self._new.get(key) or self._entries.get(key)
         if found is None:
             return None
         try:
@@ -82,11 +86,16 @@ class InsightsCache:
     def put(self, key: str, insights: JobInsights) -> None:
         text = json.dumps(encode(insights), separators=(",", ":"))
         if len(text) <= MAX_ENTRY_BYTES:
-            self._new[key] = (time.time(), text)
+            with self._lock:
+                self._new[key] = (time.time(), text)
 
     def save(self) -> None:
         """Merge the new entries into the file as it is now (another process may have written it), drop the
         oldest past the bounds, and replace the file atomically; a failure to write costs only the cache."""
+        with self._lock:
+            self._save()
+
+    def _save(self) -> None:
         if not self._new:
             return
         merged = {**self._read(), **self._new}

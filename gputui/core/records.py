@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,27 +26,42 @@ async def jobs_insights(
 
     The host's record of when the log's bytes were written gives the rates a live reader would have seen.
     With a ``cache``, an ended job whose insights it holds is not asked for its tail, and the insights of the
-    ended jobs parsed here are stored in it; a running job's log moves, so it is always parsed.
+    ended jobs parsed here are stored in it; a running job's log moves, so it is always parsed. Parsing and
+    the cache's file work run in a thread, so an app that asks keeps drawing meanwhile.
     """
-    found: dict[str, JobInsights] = {}
     host = (session.name, session.snapshot.facts.get("hostname"), session.snapshot.facts.get("state_dir"))
-    if cache is not None:
-        for job in jobs:
-            hit = cache.get(entry_key(host, job, job.log_size)) if cacheable(job) else None
-            if hit is not None:
-                found[job.id] = hit
+    found = await asyncio.to_thread(_cached, cache, host, jobs) if cache is not None else {}
     by_id = {job.id: job for job in jobs if job.id not in found}
     async for tails in session.log_tails(list(by_id), TAIL_BYTES):  # parsed while the next page comes
-        for job_id, tail in tails.items():
-            asked = by_id.get(job_id)
-            if asked is None:
-                continue
-            found[job_id] = _insights(asked, tail)
-            if cache is not None and cacheable(asked) and tail.error is None:
-                cache.put(entry_key(host, asked, tail.size), found[job_id])
+        found.update(await asyncio.to_thread(_parse_page, tails, by_id, cache, host))
     if cache is not None:
-        cache.save()
+        await asyncio.to_thread(cache.save)
     return [found[job.id] if job.id in found else _insights(job, None) for job in jobs]
+
+
+def _cached(cache: InsightsCache, host: tuple[str | None, ...], jobs: Sequence[Job]) -> dict[str, JobInsights]:
+    """The insights the cache holds for these jobs, by job id."""
+    found = {}
+    for job in jobs:
+        hit = cache.get(entry_key(host, job, job.log_size)) if cacheable(job) else None
+        if hit is not None:
+            found[job.id] = hit
+    return found
+
+
+def _parse_page(
+    tails: dict[str, LogTail], by_id: dict[str, Job], cache: InsightsCache | None, host: tuple[str | None, ...]
+) -> dict[str, JobInsights]:
+    """The insights of a page of tails, by job id; an ended job's are stored in the cache."""
+    found = {}
+    for job_id, tail in tails.items():
+        asked = by_id.get(job_id)
+        if asked is None:
+            continue
+        found[job_id] = _insights(asked, tail)
+        if cache is not None and cacheable(asked) and tail.error is None:
+            cache.put(entry_key(host, asked, tail.size), found[job_id])
+    return found
 
 
 async def with_insights(
