@@ -15,6 +15,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from .log_hints import add_line_hints
 from .metrics import MAIN_LOSSES, Metric, is_eval_name, is_train_loss, metric_kind
@@ -48,8 +49,8 @@ from .patterns import (
     to_float,
     tqdm_count,
 )
-from .redraws import Redraws, Run, read_run, redraw_pattern
-from .repeats import PlainLayout, Span, plain_layout, same_digits
+from .redraws import Inline, Redraws, Run, other_epoch, read_run, redraw_pattern
+from .repeats import PlainLayout, Span, dict_plan, plain_layout, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
@@ -195,10 +196,14 @@ class LogInsights:
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
             bar = self._redraws
-            if bar is not None and (not bar.desc or lines[i].startswith(bar.desc)):  # else not a run's start
-                run = read_run(bar, lines, i, self._run_post(), line_needs, LOSS_HISTORY)
+            if bar is not None and bar.desc and not lines[i].startswith(bar.desc):
+                bar = other_epoch(bar, lines[i])  # else not a run's start
+            if bar is not None:
+                absorb = partial(self._absorb, bar=bar)
+                run = read_run(bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, absorb)
                 if run is not None:
                     if run.segments:
+                        self._redraws = bar
                         i = self._apply_run(run, lines)
                     else:
                         for raw in lines[i : run.stop]:
@@ -563,7 +568,9 @@ class LogInsights:
         return found
 
     def _dict_epoch(self, value: float) -> None:
-        """HF logs fractional epochs (0.3 = 30% into epoch 1); count them 1-based."""
+        """HF logs fractional epochs (0.3 = 30% into epoch 1); count them 1-based (nan and inf: none)."""
+        if not math.isfinite(value):
+            return
         if value.is_integer():
             self._set_epoch(int(value), from_text=False, fraction=value)
             self._epoch_done = value > 0
@@ -579,10 +586,32 @@ class LogInsights:
                 if num is not None:
                     self._add_metric(key.strip().lower(), num)
 
-    def _run_post(self) -> bytes | None:
-        """The postfix that the first redraw of a run is compared with: none when its epoch starts afresh."""
-        epoch = self._redraws.epoch if self._redraws else None
-        if self._bar_post is None or (epoch is not None and epoch != self._epoch):
+    def _absorb(self, raw: bytes, bar: Redraws) -> Inline | None:
+        """The metric values of a dict line between two redraws of ``bar`` when reading it on its own
+        would do no more than add them (see repeats.dict_plan and redraws.read_run): its metrics exist, none
+        is a train loss that could become the one shown, its values are finite and its epoch (if it has one)
+        is a fraction of the bar's, which the next redraw sets again; else None."""
+        plan = dict_plan(raw.translate(DIGITS_AS_0)) if len(raw) <= PLAIN_MAX else None
+        if plan is None or bar.epoch is None or self._table or self._eval_table:
+            return None
+        metrics, loss = self._metrics, self._loss_name
+        if not all(name in metrics for name in plan.names) or (
+            loss not in MAIN_LOSSES and any(name != loss and is_train_loss(name) for name in plan.names)
+        ):
+            return None
+        values = [float(raw[a:b]) for a, b in plan.values]
+        if not all(map(math.isfinite, values)):
+            return None
+        if plan.epoch is not None:
+            epoch = float(raw[plan.epoch[0] : plan.epoch[1]])
+            if not math.isfinite(epoch) or epoch.is_integer() or math.floor(epoch) + 1 != bar.epoch:
+                return None
+        return list(zip(plan.names, values, strict=True))
+
+    def _run_post(self, bar: Redraws) -> bytes | None:
+        """The postfix that the first redraw of a run of ``bar`` is compared with: none when its epoch
+        starts afresh."""
+        if self._bar_post is None or (bar.epoch is not None and bar.epoch != self._epoch):
             return None
         return self._bar_post.encode()
 

@@ -71,6 +71,9 @@ _TAIL = _tail("n total el rem rate post")  # a redraw's fields
 _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM + rb")[ \t]*")
 
 
+Inline = Sequence[tuple[str, float]]  # the metric values of a line read inside a run, in order
+
+
 @dataclass(frozen=True)
 class Redraws:
     """The bar a run of redraws must belong to: its description and total; the epoch it names, and when
@@ -137,6 +140,25 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
     return Redraws(desc.encode(), total.encode(), epoch, of)
 
 
+def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
+    """The bar of ``r`` in another epoch when ``line`` starts with ``r``'s description with other digits
+    ("Epoch 3/50:" after "Epoch 2/50:"), so that a new epoch's redraws are read in bulk from the first on;
+    None otherwise. Whether the rest of the line is a redraw is :func:`read_run`'s to check, as for any run."""
+    if r.epoch is None or not line.startswith(r.desc[: r.desc.translate(DIGITS_AS_0).find(b"0")]):
+        return None  # (most lines fail on the text before the description's first digit)
+    desc = line[: len(r.desc)]
+    if desc == r.desc or desc.translate(DIGITS_AS_0) != r.desc.translate(DIGITS_AS_0):
+        return None
+    return _epoch_bar(desc, r.total)
+
+
+@lru_cache(maxsize=64)
+def _epoch_bar(desc: bytes, total: bytes) -> Redraws | None:
+    """:func:`redraw_pattern` of a redraw with this description (same shape as a valid one's, so UTF-8)."""
+    r = redraw_pattern(desc.decode() + " 0%|| ", total.decode())
+    return r if r is not None and r.desc == desc else None
+
+
 def read_run(
     r: Redraws,
     lines: list[bytes],
@@ -144,12 +166,15 @@ def read_run(
     bar_post: bytes | None,
     needs: Callable[[bytes], int],
     keep: int,
+    absorb: Callable[[bytes], Inline | None] = lambda line: None,
 ) -> Run | None:
     """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one) and the
     lines between them: any number that no parsing rule can match (``needs(line) & 1 == 0``: they may
     only hold hints), or up to :data:`GAP_LINES` lines of which some must be read on their own (a print
     between redraws: the run is cut into segments there, and the parser reads them between its segments);
-    ``keep``: how many of each metric's newest values are read (see :class:`Column`).
+    ``keep``: how many of each metric's newest values are read (see :class:`Column`). A line to be read
+    on its own that ``absorb`` reads (a dict line of metrics that change nothing else) does not cut the run:
+    its values join the columns in line order.
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
     has a postfix that may hold a hint, names an epoch, is not plain numbers or has a non-finite value.
@@ -160,6 +185,9 @@ def read_run(
     is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     reds: list[bytes] = []
     others: list[list[bytes]] = [[]]  # per segment
+    inline: list[list[tuple[int, Inline]]] = [
+        []
+    ]  # per segment: (redraws before it, values) per absorbed line
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
     while True:
@@ -168,13 +196,18 @@ def read_run(
         stop = j = j + len(seg)
         read = False  # whether a line of the gap must be read on its own
         redraw = False  # whether the gap ends at a redraw
+        absorbed: list[tuple[int, Inline]] = []
         while j < n:
             line = lines[j]
             if is_redraw(line):
                 redraw = True
                 break
             if not read and line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
-                read = True
+                values = absorb(line)
+                if values is None:
+                    read = True
+                else:
+                    absorbed.append((len(reds), values))
             if read and j - stop >= GAP_LINES:
                 break
             j += 1
@@ -183,11 +216,13 @@ def read_run(
         if read:
             cuts.append((len(reds), stop, j))
             others.append([])
+            inline.append([])
         else:
             others[-1] += [line for line in lines[stop:j] if line]
+            inline[-1] += absorbed
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
-        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others)
+        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline)
         if run is not None or len(cuts) == 1:
             return run or Run(cuts[0][1])
         cuts = cuts[: len(cuts) // 2]
@@ -219,7 +254,7 @@ class Column(NamedTuple):
     last: float
     low: float
     high: float
-    newest: Sequence[bytes] | list[float]
+    newest: Sequence[bytes | float]
 
 
 def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
@@ -234,7 +269,7 @@ def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
 CUT_LINES = 64  # lines of one shape that one cached struct cuts at once (so a cached struct stays small)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def _cutter(fmt: str, lines: int) -> Struct:
     """A :class:`struct.Struct` that cuts ``fmt``'s fields out of ``lines`` lines at once (in C)."""
     return Struct(fmt * lines)
@@ -307,10 +342,12 @@ def _bulk(
     keep: int,
     cuts: list[tuple[int, int, int]],
     others: list[list[bytes]],
+    inline: list[list[tuple[int, Inline]]],
 ) -> Run | None:
     """The :class:`Run` of these redraws (after a description of ``d`` bytes) in segments (``cuts``: per
     segment, the redraws up to its end, its stop and its gap; ``others``: its lines that can only hold
-    hints); None when they must be read line by line.
+    hints; ``inline``: the values of its absorbed lines, see :func:`read_run`); None when they must be read
+    line by line.
 
     Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
     values change) parse the same way, since no rule tells one digit from another: so one regex match
@@ -372,6 +409,7 @@ def _bulk(
         return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
     decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
     segments: list[Segment] = []
+    names = [key.decode().lower() for key in keys]
     lo = g = done = 0  # done: the postfixes of the groups before group g
     for end, stop, gap in cuts:
         while g < len(posted) and posted[g][0] + posted[g][1] <= end:
@@ -381,13 +419,21 @@ def _bulk(
         if kept is not None:
             hi = sum(kept[:hi])
         out: list[Column] = []
-        for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
-            values = column[max(lo, 1) : hi]  # the run's first changed postfix is read on its own
+        start = max(lo, 1)  # the run's first changed postfix is read on its own
+        here = inline[len(segments)]
+        merged = _merged(names, columns, start, hi, _at(here, posted, kept)) if here else {}
+        if merged is None:
+            return None
+        for n, (name, column) in enumerate(zip(names, columns, strict=True)):
+            values = column[start:hi]
             summary = _summary(values, keep, decimal[n] if decimal else False) if values else None
             if values and summary is None:
                 return None
+            if name in merged:
+                summary = _joined(summary, *merged.pop(name), keep)
             if summary is not None:
-                out.append(Column(key.decode().lower(), *summary))
+                out.append(Column(name, *summary))
+        out += [Column(name, *_joined(None, *both, keep)) for name, both in merged.items()]
         last = reds[end - 1]
         layout = _layout(shapes[end - 1], d, total)
         assert layout is not None  # read above
@@ -399,12 +445,67 @@ def _bulk(
     return Run(cuts[-1][1], segments)
 
 
+def _at(
+    here: list[tuple[int, Inline]], posted: list[tuple[int, int]], kept: list[bool] | None
+) -> list[tuple[int, Inline]]:
+    """Per absorbed line (after how many redraws of the run it came), after how many of the changed
+    postfixes it came (``posted``: (first redraw, redraws) per group with a postfix; ``kept``: which
+    postfixes changed, None: all)."""
+    at = [(sum(min(k, p - first) for first, k in posted if first < p), values) for p, values in here]
+    return at if kept is None else [(sum(kept[:q]), values) for q, values in at]
+
+
+Values = list[bytes | float]
+
+
+def _merged(
+    names: list[str], columns: list[list[bytes]], start: int, hi: int, at: list[tuple[int, Inline]]
+) -> dict[str, tuple[Values, list[float]]] | None:
+    """Per metric of a segment's absorbed lines (``at``: per line, the changed postfixes before it and its
+    values), all its values in line order (``columns[start:hi]`` among them, for a postfix key) and those of
+    the absorbed lines; None when one comes before the run's first changed postfix (read on its own first)."""
+    if hi > 0 and any(q < start for q, _ in at):
+        return None
+    extra: dict[str, list[float]] = {}
+    for _, values in at:
+        for name, value in values:
+            extra.setdefault(name, []).append(value)
+    out: dict[str, tuple[Values, list[float]]] = {}
+    for name, added in extra.items():
+        if name not in names:
+            out[name] = (list(added), added)
+            continue
+        column, pos = columns[names.index(name)], start
+        ordered: Values = []
+        for q, values in at:
+            for key, value in values:
+                if key == name:
+                    ordered += column[pos : max(pos, q)]
+                    pos = max(pos, q)
+                    ordered.append(value)
+        ordered += column[pos:hi]
+        out[name] = (ordered, added)
+    return out
+
+
+def _joined(
+    summary: tuple[int, float, float, float, Sequence[bytes | float]] | None,
+    ordered: Values,
+    added: list[float],
+    keep: int,
+) -> tuple[int, float, float, float, Sequence[bytes | float]]:
+    """A column's summary (see :func:`_summary`; None: no postfix values) with the values ``added`` by the
+    absorbed lines; ``ordered``: all of them in line order."""
+    count, low, high = (summary[0], summary[2], summary[3]) if summary else (0, min(added), max(added))
+    return count + len(added), float(ordered[-1]), min(low, *added), max(high, *added), ordered[-keep:]
+
+
 _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned decimal (digits read 0)
 
 
 def _summary(
     values: Sequence[bytes], keep: int, decimal: bool
-) -> tuple[int, float, float, float, Sequence[bytes] | list[float]] | None:
+) -> tuple[int, float, float, float, Sequence[bytes | float]] | None:
     """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
     ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
     the lowest and the highest are read as floats."""
