@@ -594,17 +594,15 @@ class LogInsights:
         plan = dict_plan(raw.translate(DIGITS_AS_0)) if len(raw) <= PLAIN_MAX else None
         if plan is None or bar.epoch is None or self._table or self._eval_table:
             return None
-        metrics, loss = self._metrics, self._loss_name
-        if not all(name in metrics for name in plan.names) or (
-            loss not in MAIN_LOSSES and any(name != loss and is_train_loss(name) for name in plan.names)
-        ):
+        loss = self._loss_name
+        if not self._metrics.keys() >= set(plan.names) or not (loss in MAIN_LOSSES or plan.losses <= {loss}):
             return None
-        values = [float(raw[a:b]) for a, b in plan.values]
+        values = [float(raw[at]) for at in plan.values]
         if not all(map(math.isfinite, values)):
             return None
-        if plan.epoch is not None:
-            epoch = float(raw[plan.epoch[0] : plan.epoch[1]])
-            if not math.isfinite(epoch) or epoch.is_integer() or math.floor(epoch) + 1 != bar.epoch:
+        if plan.epoch:
+            epoch = values.pop()
+            if epoch.is_integer() or math.floor(epoch) + 1 != bar.epoch:
                 return None
         return list(zip(plan.names, values, strict=True))
 

@@ -6,9 +6,10 @@ by line, :func:`redraw_pattern` names the bar (description, total), and :func:`r
 of its redraws that follows (and the lines between them that no parsing rule can match) without a
 regex per line: neighbouring redraws have the same shape once each digit reads 0, one cached regex
 match per shape says where the total and the postfix are, and the postfix metrics are cut out by column
-with one cached :class:`struct.Struct`. A few lines that must be read on their own (a print, an HF dict
-line) cut the run into segments: the parser reads them between the segments and goes on in bulk while
-they change nothing that the bulk reading assumed.
+with one cached :class:`struct.Struct`. An HF dict line that only adds metric values joins the columns
+in line order (:func:`read_run`'s ``absorb``); other lines that must be read on their own (a print) cut
+the run into segments: the parser reads them between the segments and goes on in bulk while they change
+nothing that the bulk reading assumed. A new epoch's bar (:func:`other_epoch`) starts a run of its own.
 The parser applies the result so that its state is the same as if it had read every line on its own
 (tests/test_insights_speed.py checks this on every fixture, edge cases and the bench log).
 """
@@ -20,8 +21,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, compress, groupby, islice, takewhile
-from operator import eq, methodcaller
+from itertools import chain, compress, groupby, islice, repeat, takewhile
+from operator import eq, methodcaller, truth
 from struct import Struct
 from typing import NamedTuple
 
@@ -159,6 +160,14 @@ def _epoch_bar(desc: bytes, total: bytes) -> Redraws | None:
     return r if r is not None and r.desc == desc else None
 
 
+def _leading(lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
+    """The redraws of a bar of this description at ``lines[j:]``, up to the first other line (in C)."""
+    if not desc:
+        return list(takewhile(_PCT.match, islice(lines, j, None)))
+    count = len(list(takewhile(truth, map(bytes.startswith, islice(lines, j, None), repeat(desc)))))
+    return lines[j : j + count]
+
+
 def read_run(
     r: Redraws,
     lines: list[bytes],
@@ -185,13 +194,12 @@ def read_run(
     is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     reds: list[bytes] = []
     others: list[list[bytes]] = [[]]  # per segment
-    inline: list[list[tuple[int, Inline]]] = [
-        []
-    ]  # per segment: (redraws before it, values) per absorbed line
+    # per segment: (the redraws before it, its values) per absorbed line
+    inline: list[list[tuple[int, Inline]]] = [[]]
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
     while True:
-        seg = list(takewhile(is_redraw, islice(lines, j, None)))  # no Python loop over the redraws
+        seg = _leading(lines, j, desc)
         reds += seg
         stop = j = j + len(seg)
         read = False  # whether a line of the gap must be read on its own
@@ -279,7 +287,10 @@ def _cut_block(fmt: str, block: bytes, lines: int) -> tuple[bytes, ...] | list[b
     """``fmt``'s fields of each of the ``lines`` lines of ``block``, in order."""
     if lines <= CUT_LINES:
         return _cutter(fmt, lines).unpack(block)
-    return list(chain.from_iterable(_cutter(fmt, 1).iter_unpack(block)))
+    full, rest = divmod(lines, CUT_LINES)  # CUT_LINES lines at a time, then the rest
+    at = len(block) // lines * CUT_LINES * full
+    out = list(chain.from_iterable(_cutter(fmt, CUT_LINES).iter_unpack(block[:at])))
+    return out + list(_cutter(fmt, rest).unpack(block[at:])) if rest else out
 
 
 @lru_cache(maxsize=256)
@@ -451,7 +462,11 @@ def _at(
     """Per absorbed line (after how many redraws of the run it came), after how many of the changed
     postfixes it came (``posted``: (first redraw, redraws) per group with a postfix; ``kept``: which
     postfixes changed, None: all)."""
-    at = [(sum(min(k, p - first) for first, k in posted if first < p), values) for p, values in here]
+    total = sum(k for _, k in posted)
+    if not posted or total == posted[-1][0] + posted[-1][1]:  # no redraw before the last posted one lacks one
+        at = [(min(p, total), values) for p, values in here]
+    else:
+        at = [(sum(min(k, p - first) for first, k in posted if first < p), values) for p, values in here]
     return at if kept is None else [(sum(kept[:q]), values) for q, values in at]
 
 
@@ -464,7 +479,7 @@ def _merged(
     """Per metric of a segment's absorbed lines (``at``: per line, the changed postfixes before it and its
     values), all its values in line order (``columns[start:hi]`` among them, for a postfix key) and those of
     the absorbed lines; None when one comes before the run's first changed postfix (read on its own first)."""
-    if hi > 0 and any(q < start for q, _ in at):
+    if hi > 0 and at[0][0] < start:  # (``at`` is in line order)
         return None
     extra: dict[str, list[float]] = {}
     for _, values in at:
@@ -480,8 +495,9 @@ def _merged(
         for q, values in at:
             for key, value in values:
                 if key == name:
-                    ordered += column[pos : max(pos, q)]
-                    pos = max(pos, q)
+                    if q > pos:
+                        ordered += column[pos:q]
+                        pos = q
                     ordered.append(value)
         ordered += column[pos:hi]
         out[name] = (ordered, added)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from .metrics import metric_kind
+from .metrics import is_train_loss, metric_kind
 from .patterns import (
     COLON_COUNT,
     CONFIG_DUMP,
@@ -107,11 +107,13 @@ def same_digits(block: bytes, width: int, first: bytes, fixed: tuple[int, ...]) 
 
 class DictPlan(NamedTuple):
     """Where the values are in dict lines of one shape whose only effects are metric values and a
-    fractional epoch: the metric names, their numbers' spans and the epoch's span (in the raw line)."""
+    fractional epoch: the metric names, the slices of their numbers in the raw line and then the epoch's
+    (when ``epoch``), and which of the names are train losses."""
 
     names: tuple[str, ...]
-    values: tuple[Span, ...]
-    epoch: Span | None
+    values: tuple[slice, ...]
+    epoch: bool
+    losses: frozenset[str]
 
 
 @lru_cache(maxsize=256)
@@ -133,11 +135,11 @@ def dict_plan(shape: bytes) -> DictPlan | None:
     ):
         return None
     names: list[str] = []
-    values: list[Span] = []
-    epoch: Span | None = None
+    values: list[slice] = []
+    epoch: slice | None = None
     for m in DICT_KV.finditer(text):
         key = m.group("k").strip().lower().replace(" ", "_")
-        span = (lead + m.start("v"), lead + m.end("v"))
+        span = slice(lead + m.start("v"), lead + m.end("v"))
         if "0" in key or key in names or (key == "epoch" and epoch is not None):
             return None
         if key == "epoch":
@@ -147,4 +149,7 @@ def dict_plan(shape: bytes) -> DictPlan | None:
         elif metric_kind(key) is not None:
             names.append(key)
             values.append(span)
-    return DictPlan(tuple(names), tuple(values), epoch) if names else None
+    if not names:
+        return None
+    losses = frozenset(filter(is_train_loss, names))
+    return DictPlan(tuple(names), (*values, epoch) if epoch else tuple(values), epoch is not None, losses)
