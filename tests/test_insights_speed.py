@@ -296,6 +296,18 @@ RUNS = {  # whole logs: dict lines where a run starts or its keys change, a new 
     + b"Epoch 11/30:  10%|##   | 2/20 [00:02<00:10, 1.00it/s, loss=0.4]\r"
     + b"Epoch 12/30:  15%|##   | 3/20 [00:03<00:10, 1.00it/s, loss=0.3]",
 }
+RUNS["epochs in one run"] = (  # the next epoch's first postfix counts even when it did not change
+    PRELUDE
+    + bar(1, 3, b", loss=0.5")
+    + b"\nEpoch 1/3 train_loss=0.5\n"
+    + bar(2, 1, b", loss=0.5")
+    + bar(2, 2, b", loss=0.5")
+    + bar(3, 1, b", loss=0.5")  # no line between the epochs
+    + b"\n  \nCUDA out of memory. Tried\n"
+    + b"Epoch 3/4:  10%|##   | 2/20 [00:02<00:10, 1.00it/s, loss=0.5]\r"  # the same epoch of another total
+    + bar(1, 2, b", loss=0.5")  # an epoch back
+    + bar(1, 3, b", loss=0.4")
+)
 RUNS |= {  # the redraw after the line has the same postfix: it counts again when the line reset the bar
     name: PRELUDE + bar(1, 3, b", loss=0.7") + line + bar(1, 4, b", loss=0.7") + bar(1, 5, b", loss=0.5")
     for name, line in INSIDE.items()
@@ -316,20 +328,18 @@ def test_bulk_redraws_with_dict_lines_and_new_epochs_equal_line_by_line(
     assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
 
 
-def test_dict_lines_between_redraws_are_read_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path is taken: HF dict lines between redraws do not cut the run, a new epoch starts one."""
-    absorbed, starts = [], []
-    absorb, other = parser.LogInsights._absorb, parser.other_epoch
-    monkeypatch.setattr(
-        parser.LogInsights, "_absorb", lambda s, *a, **k: absorbed.append(absorb(s, *a, **k)) or absorbed[-1]
-    )
-    monkeypatch.setattr(parser, "other_epoch", lambda *a: starts.append(other(*a)) or starts[-1])
+def test_dict_lines_and_new_epochs_are_read_with_the_redraws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is taken: HF dict lines between redraws do not cut the run, the next epoch's bar goes on
+    in it (one run of one segment per epoch)."""
+    runs = []
+    read_run = parser.read_run
+    monkeypatch.setattr(parser, "read_run", lambda *a: runs.append(read_run(*a)) or runs[-1])
     data = b"".join(
         bar(e, n, b", loss=0.%d" % n) + hf(b"0.%d" % n, b"%d.5" % (e - 1))
-        for e in (1, 2)
+        for e in (1, 2, 3)
         for n in range(1, 9)
     )
     ins = LogInsights(clock=lambda: 0.0)
     ins.feed(data)
-    assert sum(v is not None for v in absorbed) >= 10 and any(starts)
-    assert ins.snapshot().metrics["loss"]["count"] == 32
+    assert [[seg.bar.epoch for seg in run.segments] for run in runs] == [[1, 2, 3]]
+    assert ins.snapshot().metrics["loss"]["count"] == 48

@@ -15,7 +15,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 
 from .log_hints import add_line_hints
 from .metrics import MAIN_LOSSES, Metric, is_eval_name, is_train_loss, metric_kind
@@ -199,11 +198,9 @@ class LogInsights:
             if bar is not None and bar.desc and not lines[i].startswith(bar.desc):
                 bar = other_epoch(bar, lines[i])  # else not a run's start
             if bar is not None:
-                absorb = partial(self._absorb, bar=bar)
-                run = read_run(bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, absorb)
+                run = read_run(bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb)
                 if run is not None:
                     if run.segments:
-                        self._redraws = bar
                         i = self._apply_run(run, lines)
                     else:
                         for raw in lines[i : run.stop]:
@@ -617,16 +614,13 @@ class LogInsights:
         """The state after reading the lines of ``run`` one by one (see redraws.read_run); the index of
         the line to read next: ``run.stop``, or the next segment's first redraw when a line read between
         two segments changed what reading its redraws in bulk assumed (then they are read afresh)."""
-        redraws = self._redraws
-        assert redraws is not None
-        desc = redraws.desc.decode()
-        epoch = "poch" in desc or "POCH" in desc
         for seg in run.segments:
+            redraws = self._redraws = seg.bar
             if redraws.of is not None and redraws.epoch is not None:  # what each redraw's epoch says
                 self._set_epoch(redraws.epoch, from_text=True)
                 if redraws.of:
                     self._total_epochs = int(redraws.of) or None
-            elif epoch:
+            elif "poch" in (desc := redraws.desc.decode()) or "POCH" in desc:
                 self._parse_epoch(desc)
             self._set_bar(_Bar(*map(bytes.decode, seg.last)))  # n, total, elapsed, remaining and rate
             self._glued = ""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain, compress, groupby, islice, repeat, takewhile
-from operator import eq, methodcaller, truth
+from operator import eq, methodcaller, ne, truth
 from struct import Struct
 from typing import NamedTuple
 
@@ -93,7 +93,8 @@ class Segment(NamedTuple):
     redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
     ``last_text`` that redraw; ``posts`` its postfixes that differ from the one before them, ``first``
     whether posts[0] is the run's first such postfix (read on its own), ``columns`` the metric values of
-    the other posts; ``others`` the lines between its redraws that can only hold hints, in order."""
+    the other posts; ``others`` the lines between its redraws that can only hold hints, in order; ``bar``
+    the bar its redraws are of (one epoch's)."""
 
     stop: int
     gap: int
@@ -103,6 +104,7 @@ class Segment(NamedTuple):
     first: bool
     columns: Sequence[Column]
     others: Sequence[bytes]
+    bar: Redraws
 
 
 class Run(NamedTuple):
@@ -145,12 +147,18 @@ def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
     """The bar of ``r`` in another epoch when ``line`` starts with ``r``'s description with other digits
     ("Epoch 3/50:" after "Epoch 2/50:"), so that a new epoch's redraws are read in bulk from the first on;
     None otherwise. Whether the rest of the line is a redraw is :func:`read_run`'s to check, as for any run."""
-    if r.epoch is None or not line.startswith(r.desc[: r.desc.translate(DIGITS_AS_0).find(b"0")]):
-        return None  # (most lines fail on the text before the description's first digit)
+    if r.epoch is None or not line.startswith(_lead(r.desc)):
+        return None
     desc = line[: len(r.desc)]
     if desc == r.desc or desc.translate(DIGITS_AS_0) != r.desc.translate(DIGITS_AS_0):
         return None
     return _epoch_bar(desc, r.total)
+
+
+@lru_cache(maxsize=64)
+def _lead(desc: bytes) -> bytes:
+    """The text of a description before its first digit (most lines that are no redraw fail on it)."""
+    return desc[: desc.translate(DIGITS_AS_0).find(b"0")]
 
 
 @lru_cache(maxsize=64)
@@ -175,7 +183,7 @@ def read_run(
     bar_post: bytes | None,
     needs: Callable[[bytes], int],
     keep: int,
-    absorb: Callable[[bytes], Inline | None] = lambda line: None,
+    absorb: Callable[[bytes, Redraws], Inline | None] = lambda line, bar: None,
 ) -> Run | None:
     """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one) and the
     lines between them: any number that no parsing rule can match (``needs(line) & 1 == 0``: they may
@@ -183,19 +191,20 @@ def read_run(
     between redraws: the run is cut into segments there, and the parser reads them between its segments);
     ``keep``: how many of each metric's newest values are read (see :class:`Column`). A line to be read
     on its own that ``absorb`` reads (a dict line of metrics that change nothing else) does not cut the run:
-    its values join the columns in line order.
+    its values join the columns in line order. The run goes on with the bar of the next epoch
+    (:func:`other_epoch`) in a segment of its own.
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
     has a postfix that may hold a hint, names an epoch, is not plain numbers or has a non-finite value.
     """
-    desc = r.desc
+    bar, desc = r, r.desc
     if not (lines[i].startswith(desc) if desc else _PCT.match(lines[i])):
         return None
     is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     reds: list[bytes] = []
-    others: list[list[bytes]] = [[]]  # per segment
-    # per segment: (the redraws before it, its values) per absorbed line
-    inline: list[list[tuple[int, Inline]]] = [[]]
+    bars = [r]  # per segment
+    others: list[list[bytes]] = [[]]
+    inline: list[list[tuple[int, Inline]]] = [[]]  # (the redraws before it, its values) per absorbed line
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
     while True:
@@ -204,14 +213,15 @@ def read_run(
         stop = j = j + len(seg)
         read = False  # whether a line of the gap must be read on its own
         redraw = False  # whether the gap ends at a redraw
+        after: Redraws | None = None  # the bar of that redraw when it is another epoch's
         absorbed: list[tuple[int, Inline]] = []
         while j < n:
             line = lines[j]
-            if is_redraw(line):
+            if is_redraw(line) or (line and (after := other_epoch(bar, line)) is not None):
                 redraw = True
                 break
             if not read and line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
-                values = absorb(line)
+                values = absorb(line, bar)
                 if values is None:
                     read = True
                 else:
@@ -221,16 +231,19 @@ def read_run(
             j += 1
         if not redraw:
             break  # the lines after the last redraw are not part of the run
-        if read:
+        if read or after is not None:
             cuts.append((len(reds), stop, j))
+            bars.append(after or bar)
             others.append([])
             inline.append([])
         else:
             others[-1] += [line for line in lines[stop:j] if line]
             inline[-1] += absorbed
+        if after is not None:
+            bar, desc, is_redraw = after, after.desc, methodcaller("startswith", after.desc)
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
-        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline)
+        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline, bars)
         if run is not None or len(cuts) == 1:
             return run or Run(cuts[0][1])
         cuts = cuts[: len(cuts) // 2]
@@ -354,11 +367,12 @@ def _bulk(
     cuts: list[tuple[int, int, int]],
     others: list[list[bytes]],
     inline: list[list[tuple[int, Inline]]],
+    bars: list[Redraws],
 ) -> Run | None:
     """The :class:`Run` of these redraws (after a description of ``d`` bytes) in segments (``cuts``: per
     segment, the redraws up to its end, its stop and its gap; ``others``: its lines that can only hold
-    hints; ``inline``: the values of its absorbed lines, see :func:`read_run`); None when they must be read
-    line by line.
+    hints; ``inline``: the values of its absorbed lines, see :func:`read_run`; ``bars``: its bar); None
+    when they must be read line by line. A segment of a new epoch compares its first postfix with none.
 
     Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
     values change) parse the same way, since no rule tells one digit from another: so one regex match
@@ -411,24 +425,30 @@ def _bulk(
                 column += numbers_cut[n :: len(columns)]
     if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
         return None
+    ends: list[int] = []  # the postfixes up to the end of each segment
+    g = done = 0  # done: the postfixes of the groups before group g
+    for end, _, _ in cuts:
+        while g < len(posted) and posted[g][0] + posted[g][1] <= end:
+            done += posted[g][1]
+            g += 1
+        ends.append(done + (max(end - posted[g][0], 0) if g < len(posted) else 0))
+    before: list[bytes | None] = [bar_post, *posts[:-1]]  # what each postfix is compared with
+    for s in range(1, len(cuts)):
+        if bars[s].epoch != bars[s - 1].epoch and ends[s - 1] < len(posts):
+            before[ends[s - 1]] = None  # the epoch starts afresh
     kept: list[bool] | None = None  # None: every postfix changed
-    if posts and (posts[0] == bar_post or any(map(eq, posts, islice(posts, 1, None)))):
-        kept = [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)]
+    if any(map(eq, posts, before)):
+        kept = list(map(ne, posts, before))
         posts = list(compress(posts, kept))
         columns = [list(compress(column, kept)) for column in columns]
+        ends = [sum(kept[:e]) for e in ends]
     if posts and not all(math.isfinite(float(column[0])) for column in columns):
         return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
     decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
     segments: list[Segment] = []
     names = [key.decode().lower() for key in keys]
-    lo = g = done = 0  # done: the postfixes of the groups before group g
-    for end, stop, gap in cuts:
-        while g < len(posted) and posted[g][0] + posted[g][1] <= end:
-            done += posted[g][1]
-            g += 1
-        hi = done + (max(end - posted[g][0], 0) if g < len(posted) else 0)  # postfixes up to ``end``
-        if kept is not None:
-            hi = sum(kept[:hi])
+    lo = 0
+    for (end, stop, gap), hi in zip(cuts, ends, strict=True):
         out: list[Column] = []
         start = max(lo, 1)  # the run's first changed postfix is read on its own
         here = inline[len(segments)]
@@ -450,7 +470,17 @@ def _bulk(
         assert layout is not None  # read above
         fields = tuple(last[a:b] for a, b in layout.fields)
         segments.append(
-            Segment(stop, gap, fields, last, posts[lo:hi], lo == 0 < hi, out, others[len(segments)])
+            Segment(
+                stop,
+                gap,
+                fields,
+                last,
+                posts[lo:hi],
+                lo == 0 < hi,
+                out,
+                others[len(segments)],
+                bars[len(segments)],
+            )
         )
         lo = hi
     return Run(cuts[-1][1], segments)
