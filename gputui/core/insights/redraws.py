@@ -27,6 +27,7 @@ from struct import Struct
 from typing import NamedTuple
 
 from .log_hints import first_hint_key
+from .metrics import metric_kind
 from .patterns import COLON_COUNT, DIGITS_AS_0, EPOCH, HINT_GATE, INNER, MAX_LINE, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -257,7 +258,6 @@ class Layout(NamedTuple):
     numbers; and the :mod:`struct` formats that cut a line's postfix and its numbers out of it."""
 
     fields: tuple[tuple[int, int], ...]
-    counted: bytes  # "/{total}" and what follows it up to the "[" of the times
     post: tuple[int, int]
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
@@ -267,8 +267,9 @@ class Layout(NamedTuple):
 
 
 class Column(NamedTuple):
-    """One postfix key's values over a run (all finite): how many, the last, the lowest, the highest and
-    the newest ``keep`` of them (as text, which ``float()`` reads, or as floats)."""
+    """One postfix key's values over a run (all finite): how many, the last, the lowest, the highest (only
+    the one that the metric's kind keeps as its best: see :func:`_summary`) and the newest ``keep`` of them
+    (as text, which ``float()`` reads, or as floats)."""
 
     name: str
     added: int
@@ -333,15 +334,13 @@ def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
         if len(set(names)) != len(names):
             pairs = None  # "loss" twice: only the line-by-line reading knows which wins
     numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
-    counted = b"/" + total + shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
     width = len(shape) + 1
     post_span = (p0, p0 + len(post))
-    cuts = (_cut([post_span], width), _cut([(v0, v1) for _, _, v0, v1 in pairs or ()], width))
+    cuts = (_cut([post_span], width), _cut([fields[1]] + [(v0, v1) for _, _, v0, v1 in pairs or ()], width))
     keys = tuple(shape[a:b] for a, b, _, _ in pairs or ())
     digit_keys = tuple((n, a) for n, (a, b, _, _) in enumerate(pairs or ()) if b"0" in shape[a:b])
     return Layout(
         fields,
-        counted,
         post_span,
         tuple(pairs) if pairs is not None else None,
         numbers,
@@ -387,7 +386,6 @@ def _bulk(
     key_shapes: tuple[bytes, ...] | None = None
     columns: list[list[bytes]] = []
     numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
-    counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
     posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
     offset = first = 0
     for shape, group in groupby(shapes):
@@ -398,7 +396,11 @@ def _bulk(
         width = len(shape) + 1  # the lines of a group are as long as their shape
         start, offset = offset, offset + k * width
         first += k
-        counts.add(layout.counted)
+        block = body[start:offset]
+        cut = _cut_block(layout.cuts[1], block, k)  # each line's total, then its numbers
+        step = 1 + len(layout.numbers)
+        if cut[::step].count(total) != k:  # (the shape reads every total's digits as 0)
+            return None
         if layout.post[0] == layout.post[1]:
             continue  # no postfix: it neither counts nor changes the last one
         if layout.pairs is None:
@@ -409,7 +411,6 @@ def _bulk(
             key_shapes, numbers = layout.keys, layout.numbers
             keys = [body[start + a : start + b] for a, b, _, _ in layout.pairs]
             columns = [[] for _ in keys]
-        block = body[start:offset]
         for n, a in layout.digit_keys:  # "top1" in every line, not "top5"
             if not _same(block, width, a, keys[n]):
                 return None
@@ -417,14 +418,8 @@ def _bulk(
             numbers = None
         posted.append((first - k, k))
         posts += _cut_block(layout.cuts[0], block, k)
-        numbers_cut = _cut_block(layout.cuts[1], block, k)
-        if len(columns) == 1:
-            columns[0] += numbers_cut
-        else:
-            for n, column in enumerate(columns):
-                column += numbers_cut[n :: len(columns)]
-    if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
-        return None
+        for n, column in enumerate(columns):
+            column += cut[n + 1 :: step]
     ends: list[int] = []  # the postfixes up to the end of each segment
     g = done = 0  # done: the postfixes of the groups before group g
     for end, _, _ in cuts:
@@ -457,7 +452,9 @@ def _bulk(
             return None
         for n, (name, column) in enumerate(zip(names, columns, strict=True)):
             values = column[start:hi]
-            summary = _summary(values, keep, decimal[n] if decimal else False) if values else None
+            summary = (
+                _summary(values, keep, bool(decimal) and decimal[n], metric_kind(name)) if values else None
+            )
             if values and summary is None:
                 return None
             if name in merged:
@@ -550,13 +547,17 @@ _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned dec
 
 
 def _summary(
-    values: Sequence[bytes], keep: int, decimal: bool
+    values: Sequence[bytes], keep: int, decimal: bool, kind: str | None
 ) -> tuple[int, float, float, float, Sequence[bytes | float]] | None:
     """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
-    ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
-    the lowest and the highest are read as floats."""
+    ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last
+    and the extreme that a metric of this ``kind`` keeps as its best are sought and read as floats (the
+    other one reads as the last)."""
     if decimal:
-        return len(values), float(values[-1]), float(min(values)), float(max(values)), values[-keep:]
+        last = float(values[-1])
+        low = float(min(values)) if kind == "min" else last
+        high = float(max(values)) if kind == "max" else last
+        return len(values), last, low, high, values[-keep:]
     floats = list(map(float, values))
     if not all(map(math.isfinite, floats)):
         return None
