@@ -634,11 +634,8 @@ class LogInsights:
                     metric.merge(column.added, column.last, column.low, column.high)
                     if column.name == self._loss_name:
                         self._loss_history.extend(column.newest)
-            # lines between the redraws that may hold a hint (no parsing rule matches them)
-            for raw in seg.others:
-                raw = raw[-MAX_LINE:]
-                if line_needs(raw) & 2:
-                    add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
+            for raw in seg.others:  # lines between the redraws that may hold a hint and no more
+                add_line_hints(raw[-MAX_LINE:].decode("utf-8", "replace").strip(), self._hints)
             text = seg.last_text.decode("utf-8", "replace")
             self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
             if seg.gap > seg.stop and not self._read_gap(lines, seg.stop, seg.gap):

@@ -94,7 +94,7 @@ class Segment(NamedTuple):
     redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
     ``last_text`` that redraw; ``posts`` its postfixes that differ from the one before them, ``first``
     whether posts[0] is the run's first such postfix (read on its own), ``columns`` the metric values of
-    the other posts; ``others`` the lines between its redraws that can only hold hints, in order; ``bar``
+    the other posts; ``others`` the lines between its redraws that may hold a hint (and no more), in order; ``bar``
     the bar its redraws are of (one epoch's)."""
 
     stop: int
@@ -216,17 +216,22 @@ def read_run(
         redraw = False  # whether the gap ends at a redraw
         after: Redraws | None = None  # the bar of that redraw when it is another epoch's
         absorbed: list[tuple[int, Inline]] = []
+        hinted: list[bytes] = []  # the lines that may hold a hint
         while j < n:
             line = lines[j]
             if is_redraw(line) or (line and (after := other_epoch(bar, line)) is not None):
                 redraw = True
                 break
-            if not read and line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
-                values = absorb(line, bar)
-                if values is None:
-                    read = True
-                else:
-                    absorbed.append((len(reds), values))
+            if not read and line:
+                need = 3 if b"\x1b" in line else needs(line[-MAX_LINE:])
+                if need & 1:
+                    values = absorb(line, bar)
+                    if values is None:
+                        read = True
+                    else:
+                        absorbed.append((len(reds), values))
+                elif need:
+                    hinted.append(line)
             if read and j - stop >= GAP_LINES:
                 break
             j += 1
@@ -238,7 +243,7 @@ def read_run(
             others.append([])
             inline.append([])
         else:
-            others[-1] += [line for line in lines[stop:j] if line]
+            others[-1] += hinted
             inline[-1] += absorbed
         if after is not None:
             bar, desc, is_redraw = after, after.desc, methodcaller("startswith", after.desc)
