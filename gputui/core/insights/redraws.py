@@ -258,9 +258,9 @@ def read_run(
 
 class Layout(NamedTuple):
     """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
-    remaining and rate; the text from "/" before the total to the "[" of the times; the stripped postfix;
-    per "key=number" part of a plain postfix (else None) the key's and the number's; the shapes of those
-    numbers; and the :mod:`struct` formats that cut a line's postfix and its numbers out of it."""
+    remaining and rate; the stripped postfix; per "key=number" part of a plain postfix (else None) the
+    key's and the number's; the shapes of those numbers; and the :mod:`struct` formats that cut a line's
+    postfix, and its total and numbers, out of it."""
 
     fields: tuple[tuple[int, int], ...]
     post: tuple[int, int]
@@ -432,6 +432,7 @@ def _bulk(
             done += posted[g][1]
             g += 1
         ends.append(done + (max(end - posted[g][0], 0) if g < len(posted) else 0))
+    total_posts = len(posts)
     before: list[bytes | None] = [bar_post, *posts[:-1]]  # what each postfix is compared with
     for s in range(1, len(cuts)):
         if bars[s].epoch != bars[s - 1].epoch and ends[s - 1] < len(posts):
@@ -452,7 +453,7 @@ def _bulk(
         out: list[Column] = []
         start = max(lo, 1)  # the run's first changed postfix is read on its own
         here = inline[len(segments)]
-        merged = _merged(names, columns, start, hi, _at(here, posted, kept)) if here else {}
+        merged = _merged(names, columns, start, hi, _at(here, posted, total_posts, kept)) if here else {}
         if merged is None:
             return None
         for n, (name, column) in enumerate(zip(names, columns, strict=True)):
@@ -489,12 +490,11 @@ def _bulk(
 
 
 def _at(
-    here: list[tuple[int, Inline]], posted: list[tuple[int, int]], kept: list[bool] | None
+    here: list[tuple[int, Inline]], posted: list[tuple[int, int]], total: int, kept: list[bool] | None
 ) -> list[tuple[int, Inline]]:
     """Per absorbed line (after how many redraws of the run it came), after how many of the changed
-    postfixes it came (``posted``: (first redraw, redraws) per group with a postfix; ``kept``: which
-    postfixes changed, None: all)."""
-    total = sum(k for _, k in posted)
+    postfixes it came (``posted``: (first redraw, redraws) per group with a postfix, ``total`` of them;
+    ``kept``: which postfixes changed, None: all)."""
     if not posted or total == posted[-1][0] + posted[-1][1]:  # no redraw before the last posted one lacks one
         at = [(min(p, total), values) for p, values in here]
     else:
