@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain, compress, groupby, islice, repeat, takewhile
@@ -169,12 +169,12 @@ def _epoch_bar(desc: bytes, total: bytes) -> Redraws | None:
     return r if r is not None and r.desc == desc else None
 
 
-def _leading(lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
-    """The redraws of a bar of this description at ``lines[j:]``, up to the first other line (in C)."""
+def _leading(rest: Iterator[bytes], lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
+    """The redraws of a bar of this description at ``lines[j:]``, up to the first other line, read (in C)
+    from ``rest``, an iterator at line ``j`` (left after that first other line)."""
     if not desc:
-        return list(takewhile(_PCT.match, islice(lines, j, None)))
-    count = len(list(takewhile(truth, map(bytes.startswith, islice(lines, j, None), repeat(desc)))))
-    return lines[j : j + count]
+        return list(takewhile(_PCT.match, rest))
+    return lines[j : j + len(list(takewhile(truth, map(bytes.startswith, rest, repeat(desc)))))]
 
 
 def read_run(
@@ -208,8 +208,9 @@ def read_run(
     inline: list[list[tuple[int, Inline]]] = [[]]  # (the redraws before it, its values) per absorbed line
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
+    rest = islice(lines, i, None)  # (a new islice per stretch of redraws would step over the lines before it)
     while True:
-        seg = _leading(lines, j, desc)
+        seg = _leading(rest, lines, j, desc)
         reds += seg
         stop = j = j + len(seg)
         read = False  # whether a line of the gap must be read on its own
@@ -247,6 +248,10 @@ def read_run(
             inline[-1] += absorbed
         if after is not None:
             bar, desc, is_redraw = after, after.desc, methodcaller("startswith", after.desc)
+        if j > stop:  # _leading read the gap's first line: step over the others
+            next(islice(rest, j - stop - 1, j - stop - 1), None)
+        else:  # it read this redraw (of the next epoch)
+            rest = islice(lines, j, None)
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
         run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline, bars)
