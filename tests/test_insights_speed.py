@@ -308,6 +308,10 @@ RUNS["epochs in one run"] = (  # the next epoch's first postfix counts even when
     + bar(1, 2, b", loss=0.5")  # an epoch back
     + bar(1, 3, b", loss=0.4")
 )
+ERRNO = b"Errno 2%d Epoch %d/3:  %2d%%|##   | %d/20 [00:%02d<00:10, 1.00it/s, loss=0.%d]\r"
+RUNS["a hint in the next epoch's description"] = b"".join(  # "Errno 28" (no space left) is a hint's key
+    ERRNO % (errno, epoch, 5 * n, n, n, n) for errno, epoch in ((7, 1), (7, 2), (8, 3)) for n in range(1, 4)
+)
 RUNS |= {  # the redraw after the line has the same postfix: it counts again when the line reset the bar
     name: PRELUDE + bar(1, 3, b", loss=0.7") + line + bar(1, 4, b", loss=0.7") + bar(1, 5, b", loss=0.5")
     for name, line in INSIDE.items()

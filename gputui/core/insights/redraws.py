@@ -151,9 +151,16 @@ def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
     if r.epoch is None or not line.startswith(_lead(r.desc)):
         return None
     desc = line[: len(r.desc)]
-    if desc == r.desc or desc.translate(DIGITS_AS_0) != r.desc.translate(DIGITS_AS_0):
+    if (
+        desc == r.desc
+        or desc.translate(DIGITS_AS_0) != r.desc.translate(DIGITS_AS_0)
+        or first_hint_key(desc) >= 0
+    ):
         return None
-    return _epoch_bar(desc, r.total)
+    # what redraw_pattern says of a description depends on its shape but for a hint's key ("Errno 28") and
+    # the numbers it reads, which are where r's are
+    epoch, of = _epoch_at(r.desc)
+    return Redraws(desc, r.total, int(desc[epoch].decode()), desc[of].decode() if r.of and of else r.of)
 
 
 @lru_cache(maxsize=64)
@@ -163,10 +170,19 @@ def _lead(desc: bytes) -> bytes:
 
 
 @lru_cache(maxsize=64)
-def _epoch_bar(desc: bytes, total: bytes) -> Redraws | None:
-    """:func:`redraw_pattern` of a redraw with this description (same shape as a valid one's, so UTF-8)."""
-    r = redraw_pattern(desc.decode() + " 0%|| ", total.decode())
-    return r if r is not None and r.desc == desc else None
+def _epoch_at(desc: bytes) -> tuple[slice, slice | None]:
+    """Where the epoch and the epochs' total are in a bar's description that names an epoch (bytes)."""
+    text = desc.decode()
+    e = EPOCH.search(text)
+    assert e is not None  # (see redraw_pattern)
+
+    def at(group: int) -> slice | None:
+        a, b = e.span(group)
+        return slice(len(text[:a].encode()), len(text[:b].encode())) if a >= 0 else None
+
+    epoch = at(1)
+    assert epoch is not None
+    return epoch, at(2)
 
 
 def _leading(rest: Iterator[bytes], lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
