@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core.insights import LogInsights, parser
+from gputui.core.insights import LogInsights, parser, redraws
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -347,3 +347,38 @@ def test_dict_lines_and_new_epochs_are_read_with_the_redraws(monkeypatch: pytest
     ins.feed(data)
     assert [[seg.bar.epoch for seg in run.segments] for run in runs] == [[1, 2, 3]]
     assert ins.snapshot().metrics["loss"]["count"] == 48
+
+
+def zero_epoch(k: int, post: bytes) -> bytes:
+    return b"Epoch 0/3:  %2d%%|##   | %d/20 [00:%02d<00:10, 1.00it/s, %s]\r" % (k % 100, k % 20, k % 60, post)
+
+
+CUT_SHORT = {  # runs of redraws that their bulk reading cannot read whole, again and again
+    # each HF dict line's epoch is not the bar's (0-based): the segment after it is read again
+    "dict epochs": b"".join(
+        zero_epoch(k, b"loss=0.%d" % (k % 7))
+        + zero_epoch(k + 1, b"loss=0.%d" % (k % 5))
+        + b"\n{'epoch': 0.5}\n"
+        for k in range(2000)
+    ),
+    # a value that is not finite in each segment: they are read line by line
+    "not finite": b"".join(
+        zero_epoch(k, b"loss=0.%d" % (k % 9))
+        + zero_epoch(k + 1, b"loss=inf")
+        + b"\nstep %d/100 loss=0.5\n" % k
+        for k in range(2000)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUT_SHORT))
+def test_runs_cut_short_again_and_again_are_read_in_linear_work(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose bulk reading stops early is read on from there: the runs read at once get shorter, so the
+    lines read in bulk stay in proportion to the log (they grew with its square: 7-40 s for these 8,000 lines)."""
+    data = CUT_SHORT[name]
+    bulk, read = [], redraws._bulk
+    monkeypatch.setattr(redraws, "_bulk", lambda *a: bulk.append(len(a[0])) or read(*a))
+    assert parse(data, len(data), True, monkeypatch) == parse(data, len(data), False, monkeypatch)
+    assert 0 < sum(bulk) < 2 * 4000

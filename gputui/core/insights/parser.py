@@ -59,6 +59,7 @@ MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
 MAX_BARS = 4  # progress bars (by total) remembered at once
 PLAIN_MAX = 512  # bytes of a line beyond which lines of its shape are not read in bulk
+RUN_SEGMENTS = 64  # segments of a run of redraws read in bulk at once, at most
 BURST_S = 0.2  # progress changes closer together than this (a log replay) do not start the ETA clock
 
 
@@ -152,6 +153,7 @@ class LogInsights:
         self._table_row: list[str] | tuple[str, ...] = ()
         self._eval_table: tuple[str, ...] = ()  # the columns of a YOLO validation table
         self._redraws: Redraws | None = None  # the last tqdm bar read: its redraws may be read in bulk
+        self._most = RUN_SEGMENTS  # segments of the next run of redraws at most
         self._epoch: int | None = None
         self._epoch_from_text = False
         self._epoch_float: float | None = None  # HF-style fractional epochs done (0.3 of epoch 1)
@@ -198,14 +200,21 @@ class LogInsights:
             if bar is not None and bar.desc and not lines[i].startswith(bar.desc):
                 bar = other_epoch(bar, lines[i])  # else not a run's start
             if bar is not None:
-                run = read_run(bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb)
+                run = read_run(
+                    bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most
+                )
                 if run is not None:
+                    whole = run.stop  # where the lines read in bulk end when the whole run was
                     if run.segments:
                         i = self._apply_run(run, lines)
                     else:
                         for raw in lines[i : run.stop]:
                             self._line(raw[-MAX_LINE:])
-                        i = run.stop
+                        i, whole = run.stop, -1
+                    # a run read in bulk in part (a line between two segments changed what the next one
+                    # assumed) or not at all is read on from there: fewer segments at once next time, so
+                    # that the work stays in proportion to the lines
+                    self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
                     skipped = None
                     continue
             raw = lines[i]

@@ -201,6 +201,7 @@ def read_run(
     needs: Callable[[bytes], int],
     keep: int,
     absorb: Callable[[bytes, Redraws], Inline | None] = lambda line, bar: None,
+    most: int = 64,
 ) -> Run | None:
     """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one) and the
     lines between them: any number that no parsing rule can match (``needs(line) & 1 == 0``: they may
@@ -209,7 +210,7 @@ def read_run(
     ``keep``: how many of each metric's newest values are read (see :class:`Column`). A line to be read
     on its own that ``absorb`` reads (a dict line of metrics that change nothing else) does not cut the run:
     its values join the columns in line order. The run goes on with the bar of the next epoch
-    (:func:`other_epoch`) in a segment of its own.
+    (:func:`other_epoch`) in a segment of its own; it has ``most`` segments at most.
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
     has a postfix that may hold a hint, names an epoch, is not plain numbers or has a non-finite value.
@@ -229,6 +230,8 @@ def read_run(
         seg = _leading(rest, lines, j, desc)
         reds += seg
         stop = j = j + len(seg)
+        if len(cuts) + 1 >= most:
+            break
         read = False  # whether a line of the gap must be read on its own
         redraw = False  # whether the gap ends at a redraw
         after: Redraws | None = None  # the bar of that redraw when it is another epoch's
