@@ -844,3 +844,11 @@ def test_no_rule_fires_on_any_line_of_a_clean_log() -> None:
             found: dict[str, Hint] = {}
             add_line_hints(line, found)
             assert not found, (name, line)
+
+
+def test_a_dict_epoch_that_is_not_finite_is_ignored() -> None:
+    """{'epoch': nan} or inf in a JSON/dict line (a diverged or odd logger) is no epoch, not a traceback."""
+    ins = LogInsights(clock=lambda: 0.0)
+    ins.feed(b"{'loss': 0.5, 'epoch': nan}\n{'loss': 0.4, 'epoch': inf}\n{\"epoch\": -inf}\n")
+    snap = ins.snapshot()
+    assert snap.epoch is None and snap.metrics["loss"]["last"] == 0.4

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core.insights import LogInsights, parser
+from gputui.core.insights import LogInsights, parser, redraws
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,3 +254,131 @@ def test_matches_cached_by_shape_equal_the_regexes() -> None:
                         )
         assert p.kv_pairs(text) == p.KV.findall(text), text
         assert p.dict_items(text) == [(m.group("k"), m.group("v")) for m in p.DICT_KV.finditer(text)], text
+
+
+def hf(loss: bytes, epoch: bytes = b"1.5", more: bytes = b", 'learning_rate': 4.5e-05") -> bytes:
+    """An HF Trainer dict line between redraws."""
+    return b"\n{'loss': %s%s, 'epoch': %s}\n" % (loss, more, epoch)
+
+
+PRELUDE = bar(1, 1, b", loss=0.9") + hf(b"0.95", b"0.5") + bar(1, 2, b", loss=0.8") + hf(b"0.85", b"0.5")
+INSIDE = {  # lines between redraws of a run, each read with them only when they just add metric values
+    "plain": hf(b"0.75", b"0.5"),
+    "two": hf(b"0.75", b"0.5") + hf(b"0.7", b"0.5", b""),
+    "nan": hf(b"nan", b"0.5"),
+    "inf epoch": hf(b"0.7", b"inf"),
+    "whole epoch": hf(b"0.7", b"1.0"),  # the epoch ended
+    "epoch 0": hf(b"0.7", b"0.0"),  # epochs count from 0
+    "other epoch": hf(b"0.7", b"2.5"),
+    "new metric": hf(b"0.7", b"0.5", b", 'grad_norm': 1.5"),
+    "step": hf(b"0.7", b"0.5", b", 'step': 9"),
+    "digit key": hf(b"0.7", b"0.5", b", 'top1': 0.5"),
+    "other loss": hf(b"0.7", b"0.5", b", 'loss_rpn': 0.1"),
+    "epoch text": hf(b"0.7", b"0.5", b", 'msg': 'epoch 3'"),
+    "step text": hf(b"0.7", b"0.5", b", 'msg': 'step 5/100'"),
+}
+RUNS = {  # whole logs: dict lines where a run starts or its keys change, a new epoch's redraws
+    "before the first change": bar(1, 1, b", loss=0.9")
+    + bar(1, 1, b", loss=0.9")
+    + hf(b"0.92", b"0.5", b"")
+    + bar(1, 2, b", loss=0.8")
+    + bar(1, 3, b", loss=0.7"),
+    "no postfix": PRELUDE + bar(1, 3) + hf(b"0.7", b"0.5") + bar(1, 4) + hf(b"0.6", b"0.5") + bar(1, 5),
+    "keys change": PRELUDE + bar(1, 3, b", acc=0.2") + hf(b"0.7", b"0.5") + bar(1, 4, b", acc=0.3"),
+    "new epochs": PRELUDE
+    + b"".join(bar(2, n, b", loss=0.0%d" % n) + hf(b"0.0%d" % n, b"1.5") for n in range(1, 12))
+    + bar(3, 1, b", loss=0.009")  # right after the last redraw
+    + hf(b"0.008", b"2.5")
+    + bar(3, 2, b", loss=0.007")
+    + b"\nEpoch 3/3:7  5%|#  | 1/20 [00:01<00:10, 1.00it/s]\r"  # the description's shape, not a redraw
+    + bar(3, 3, b", loss=0.006")
+    + b"\nEpoch 10/30:  5%|##   | 1/20 [00:01<00:10, 1.00it/s, loss=0.5]\r"  # another shape
+    + b"Epoch 11/30:  10%|##   | 2/20 [00:02<00:10, 1.00it/s, loss=0.4]\r"
+    + b"Epoch 12/30:  15%|##   | 3/20 [00:03<00:10, 1.00it/s, loss=0.3]",
+}
+RUNS["epochs in one run"] = (  # the next epoch's first postfix counts even when it did not change
+    PRELUDE
+    + bar(1, 3, b", loss=0.5")
+    + b"\nEpoch 1/3 train_loss=0.5\n"
+    + bar(2, 1, b", loss=0.5")
+    + bar(2, 2, b", loss=0.5")
+    + bar(3, 1, b", loss=0.5")  # no line between the epochs
+    + b"\n  \nCUDA out of memory. Tried\n"
+    + b"Epoch 3/4:  10%|##   | 2/20 [00:02<00:10, 1.00it/s, loss=0.5]\r"  # the same epoch of another total
+    + bar(1, 2, b", loss=0.5")  # an epoch back
+    + bar(1, 3, b", loss=0.4")
+)
+ERRNO = b"Errno 2%d Epoch %d/3:  %2d%%|##   | %d/20 [00:%02d<00:10, 1.00it/s, loss=0.%d]\r"
+RUNS["a hint in the next epoch's description"] = b"".join(  # "Errno 28" (no space left) is a hint's key
+    ERRNO % (errno, epoch, 5 * n, n, n, n) for errno, epoch in ((7, 1), (7, 2), (8, 3)) for n in range(1, 4)
+)
+RUNS |= {  # the redraw after the line has the same postfix: it counts again when the line reset the bar
+    name: PRELUDE + bar(1, 3, b", loss=0.7") + line + bar(1, 4, b", loss=0.7") + bar(1, 5, b", loss=0.5")
+    for name, line in INSIDE.items()
+}
+UNKNOWN_TIME = b"Epoch 1/3:  %d%%|#  | %d/20 [00:0%d<?, 1.00it/s, loss=0.%d]\r"  # the ETA is the log's
+RUNS["eta text"] = b"".join(
+    UNKNOWN_TIME % (5 * n, n, n, n) + hf(b"0.%d" % n, b"0.5", b", 'msg': 'eta %ds'" % n) for n in range(1, 5)
+) + UNKNOWN_TIME % (25, 5, 5, 5)
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("chunk", [1, 64, 1 << 16])
+def test_bulk_redraws_with_dict_lines_and_new_epochs_equal_line_by_line(
+    name: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dict lines read with the redraws around them, and a new epoch's redraws read in bulk from its first."""
+    data = RUNS[name]
+    assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
+
+
+def test_dict_lines_and_new_epochs_are_read_with_the_redraws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is taken: HF dict lines between redraws do not cut the run, the next epoch's bar goes on
+    in it (one run of one segment per epoch)."""
+    runs = []
+    read_run = parser.read_run
+    monkeypatch.setattr(parser, "read_run", lambda *a: runs.append(read_run(*a)) or runs[-1])
+    data = b"".join(
+        bar(e, n, b", loss=0.%d" % n) + hf(b"0.%d" % n, b"%d.5" % (e - 1))
+        for e in (1, 2, 3)
+        for n in range(1, 9)
+    )
+    ins = LogInsights(clock=lambda: 0.0)
+    ins.feed(data)
+    assert [[seg.bar.epoch for seg in run.segments] for run in runs] == [[1, 2, 3]]
+    assert ins.snapshot().metrics["loss"]["count"] == 48
+
+
+def zero_epoch(k: int, post: bytes) -> bytes:
+    return b"Epoch 0/3:  %2d%%|##   | %d/20 [00:%02d<00:10, 1.00it/s, %s]\r" % (k % 100, k % 20, k % 60, post)
+
+
+CUT_SHORT = {  # runs of redraws that their bulk reading cannot read whole, again and again
+    # each HF dict line's epoch is not the bar's (0-based): the segment after it is read again
+    "dict epochs": b"".join(
+        zero_epoch(k, b"loss=0.%d" % (k % 7))
+        + zero_epoch(k + 1, b"loss=0.%d" % (k % 5))
+        + b"\n{'epoch': 0.5}\n"
+        for k in range(2000)
+    ),
+    # a value that is not finite in each segment: they are read line by line
+    "not finite": b"".join(
+        zero_epoch(k, b"loss=0.%d" % (k % 9))
+        + zero_epoch(k + 1, b"loss=inf")
+        + b"\nstep %d/100 loss=0.5\n" % k
+        for k in range(2000)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUT_SHORT))
+def test_runs_cut_short_again_and_again_are_read_in_linear_work(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose bulk reading stops early is read on from there: the runs read at once get shorter, so the
+    lines read in bulk stay in proportion to the log (they grew with its square: 7-40 s for these 8,000 lines)."""
+    data = CUT_SHORT[name]
+    bulk, read = [], redraws._bulk
+    monkeypatch.setattr(redraws, "_bulk", lambda *a: bulk.append(len(a[0])) or read(*a))
+    assert parse(data, len(data), True, monkeypatch) == parse(data, len(data), False, monkeypatch)
+    assert 0 < sum(bulk) < 2 * 4000

@@ -48,8 +48,8 @@ from .patterns import (
     to_float,
     tqdm_count,
 )
-from .redraws import Redraws, Run, read_run, redraw_pattern
-from .repeats import PlainLayout, Span, plain_layout, same_digits
+from .redraws import Inline, Redraws, Run, other_epoch, read_run, redraw_pattern
+from .repeats import PlainLayout, Span, dict_plan, plain_layout, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
@@ -59,6 +59,7 @@ MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
 MAX_BARS = 4  # progress bars (by total) remembered at once
 PLAIN_MAX = 512  # bytes of a line beyond which lines of its shape are not read in bulk
+RUN_SEGMENTS = 64  # segments of a run of redraws read in bulk at once, at most
 BURST_S = 0.2  # progress changes closer together than this (a log replay) do not start the ETA clock
 
 
@@ -152,6 +153,7 @@ class LogInsights:
         self._table_row: list[str] | tuple[str, ...] = ()
         self._eval_table: tuple[str, ...] = ()  # the columns of a YOLO validation table
         self._redraws: Redraws | None = None  # the last tqdm bar read: its redraws may be read in bulk
+        self._most = RUN_SEGMENTS  # segments of the next run of redraws at most
         self._epoch: int | None = None
         self._epoch_from_text = False
         self._epoch_float: float | None = None  # HF-style fractional epochs done (0.3 of epoch 1)
@@ -195,15 +197,24 @@ class LogInsights:
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
             bar = self._redraws
-            if bar is not None and (not bar.desc or lines[i].startswith(bar.desc)):  # else not a run's start
-                run = read_run(bar, lines, i, self._run_post(), line_needs, LOSS_HISTORY)
+            if bar is not None and bar.desc and not lines[i].startswith(bar.desc):
+                bar = other_epoch(bar, lines[i])  # else not a run's start
+            if bar is not None:
+                run = read_run(
+                    bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most
+                )
                 if run is not None:
+                    whole = run.stop  # where the lines read in bulk end when the whole run was
                     if run.segments:
                         i = self._apply_run(run, lines)
                     else:
                         for raw in lines[i : run.stop]:
                             self._line(raw[-MAX_LINE:])
-                        i = run.stop
+                        i, whole = run.stop, -1
+                    # a run read in bulk in part (a line between two segments changed what the next one
+                    # assumed) or not at all is read on from there: fewer segments at once next time, so
+                    # that the work stays in proportion to the lines
+                    self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
                     skipped = None
                     continue
             raw = lines[i]
@@ -563,7 +574,9 @@ class LogInsights:
         return found
 
     def _dict_epoch(self, value: float) -> None:
-        """HF logs fractional epochs (0.3 = 30% into epoch 1); count them 1-based."""
+        """HF logs fractional epochs (0.3 = 30% into epoch 1); count them 1-based (nan and inf: none)."""
+        if not math.isfinite(value):
+            return
         if value.is_integer():
             self._set_epoch(int(value), from_text=False, fraction=value)
             self._epoch_done = value > 0
@@ -579,10 +592,30 @@ class LogInsights:
                 if num is not None:
                     self._add_metric(key.strip().lower(), num)
 
-    def _run_post(self) -> bytes | None:
-        """The postfix that the first redraw of a run is compared with: none when its epoch starts afresh."""
-        epoch = self._redraws.epoch if self._redraws else None
-        if self._bar_post is None or (epoch is not None and epoch != self._epoch):
+    def _absorb(self, raw: bytes, bar: Redraws) -> Inline | None:
+        """The metric values of a dict line between two redraws of ``bar`` when reading it on its own
+        would do no more than add them (see repeats.dict_plan and redraws.read_run): its metrics exist, none
+        is a train loss that could become the one shown, its values are finite and its epoch (if it has one)
+        is a fraction of the bar's, which the next redraw sets again; else None."""
+        plan = dict_plan(raw.translate(DIGITS_AS_0)) if len(raw) <= PLAIN_MAX else None
+        if plan is None or bar.epoch is None or self._table or self._eval_table:
+            return None
+        loss = self._loss_name
+        if not self._metrics.keys() >= set(plan.names) or not (loss in MAIN_LOSSES or plan.losses <= {loss}):
+            return None
+        values = [float(raw[at]) for at in plan.values]
+        if not all(map(math.isfinite, values)):
+            return None
+        if plan.epoch:
+            epoch = values.pop()
+            if epoch.is_integer() or math.floor(epoch) + 1 != bar.epoch:
+                return None
+        return list(zip(plan.names, values, strict=True))
+
+    def _run_post(self, bar: Redraws) -> bytes | None:
+        """The postfix that the first redraw of a run of ``bar`` is compared with: none when its epoch
+        starts afresh."""
+        if self._bar_post is None or (bar.epoch is not None and bar.epoch != self._epoch):
             return None
         return self._bar_post.encode()
 
@@ -590,16 +623,13 @@ class LogInsights:
         """The state after reading the lines of ``run`` one by one (see redraws.read_run); the index of
         the line to read next: ``run.stop``, or the next segment's first redraw when a line read between
         two segments changed what reading its redraws in bulk assumed (then they are read afresh)."""
-        redraws = self._redraws
-        assert redraws is not None
-        desc = redraws.desc.decode()
-        epoch = "poch" in desc or "POCH" in desc
         for seg in run.segments:
+            redraws = self._redraws = seg.bar
             if redraws.of is not None and redraws.epoch is not None:  # what each redraw's epoch says
                 self._set_epoch(redraws.epoch, from_text=True)
                 if redraws.of:
                     self._total_epochs = int(redraws.of) or None
-            elif epoch:
+            elif "poch" in (desc := redraws.desc.decode()) or "POCH" in desc:
                 self._parse_epoch(desc)
             self._set_bar(_Bar(*map(bytes.decode, seg.last)))  # n, total, elapsed, remaining and rate
             self._glued = ""
@@ -613,11 +643,8 @@ class LogInsights:
                     metric.merge(column.added, column.last, column.low, column.high)
                     if column.name == self._loss_name:
                         self._loss_history.extend(column.newest)
-            # lines between the redraws that may hold a hint (no parsing rule matches them)
-            for raw in seg.others:
-                raw = raw[-MAX_LINE:]
-                if line_needs(raw) & 2:
-                    add_line_hints(raw.decode("utf-8", "replace").strip(), self._hints)
+            for raw in seg.others:  # lines between the redraws that may hold a hint and no more
+                add_line_hints(raw[-MAX_LINE:].decode("utf-8", "replace").strip(), self._hints)
             text = seg.last_text.decode("utf-8", "replace")
             self._last_line = (ANSI.sub("", text) if "\x1b" in text else text).strip()
             if seg.gap > seg.stop and not self._read_gap(lines, seg.stop, seg.gap):

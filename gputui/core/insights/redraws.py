@@ -6,9 +6,10 @@ by line, :func:`redraw_pattern` names the bar (description, total), and :func:`r
 of its redraws that follows (and the lines between them that no parsing rule can match) without a
 regex per line: neighbouring redraws have the same shape once each digit reads 0, one cached regex
 match per shape says where the total and the postfix are, and the postfix metrics are cut out by column
-with one cached :class:`struct.Struct`. A few lines that must be read on their own (a print, an HF dict
-line) cut the run into segments: the parser reads them between the segments and goes on in bulk while
-they change nothing that the bulk reading assumed.
+with one cached :class:`struct.Struct`. An HF dict line that only adds metric values joins the columns
+in line order (:func:`read_run`'s ``absorb``); other lines that must be read on their own (a print) cut
+the run into segments: the parser reads them between the segments and goes on in bulk while they change
+nothing that the bulk reading assumed. A new epoch's bar (:func:`other_epoch`) starts a run of its own.
 The parser applies the result so that its state is the same as if it had read every line on its own
 (tests/test_insights_speed.py checks this on every fixture, edge cases and the bench log).
 """
@@ -17,15 +18,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, compress, groupby, islice, takewhile
-from operator import eq, methodcaller
+from itertools import chain, compress, groupby, islice, repeat, takewhile
+from operator import eq, methodcaller, ne, truth
 from struct import Struct
 from typing import NamedTuple
 
 from .log_hints import first_hint_key
+from .metrics import metric_kind
 from .patterns import COLON_COUNT, DIGITS_AS_0, EPOCH, HINT_GATE, INNER, MAX_LINE, TABLE_ROW
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -71,6 +73,9 @@ _TAIL = _tail("n total el rem rate post")  # a redraw's fields
 _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM + rb")[ \t]*")
 
 
+Inline = Sequence[tuple[str, float]]  # the metric values of a line read inside a run, in order
+
+
 @dataclass(frozen=True)
 class Redraws:
     """The bar a run of redraws must belong to: its description and total; the epoch it names, and when
@@ -89,7 +94,8 @@ class Segment(NamedTuple):
     redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
     ``last_text`` that redraw; ``posts`` its postfixes that differ from the one before them, ``first``
     whether posts[0] is the run's first such postfix (read on its own), ``columns`` the metric values of
-    the other posts; ``others`` the lines between its redraws that can only hold hints, in order."""
+    the other posts; ``others`` the lines between its redraws that may hold a hint (and no more), in order; ``bar``
+    the bar its redraws are of (one epoch's)."""
 
     stop: int
     gap: int
@@ -99,6 +105,7 @@ class Segment(NamedTuple):
     first: bool
     columns: Sequence[Column]
     others: Sequence[bytes]
+    bar: Redraws
 
 
 class Run(NamedTuple):
@@ -137,6 +144,55 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
     return Redraws(desc.encode(), total.encode(), epoch, of)
 
 
+def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
+    """The bar of ``r`` in another epoch when ``line`` starts with ``r``'s description with other digits
+    ("Epoch 3/50:" after "Epoch 2/50:"), so that a new epoch's redraws are read in bulk from the first on;
+    None otherwise. Whether the rest of the line is a redraw is :func:`read_run`'s to check, as for any run."""
+    if r.epoch is None or not line.startswith(_lead(r.desc)):
+        return None
+    desc = line[: len(r.desc)]
+    if (
+        desc == r.desc
+        or desc.translate(DIGITS_AS_0) != r.desc.translate(DIGITS_AS_0)
+        or first_hint_key(desc) >= 0
+    ):
+        return None
+    # what redraw_pattern says of a description depends on its shape but for a hint's key ("Errno 28") and
+    # the numbers it reads, which are where r's are
+    epoch, of = _epoch_at(r.desc)
+    return Redraws(desc, r.total, int(desc[epoch].decode()), desc[of].decode() if r.of and of else r.of)
+
+
+@lru_cache(maxsize=64)
+def _lead(desc: bytes) -> bytes:
+    """The text of a description before its first digit (most lines that are no redraw fail on it)."""
+    return desc[: desc.translate(DIGITS_AS_0).find(b"0")]
+
+
+@lru_cache(maxsize=64)
+def _epoch_at(desc: bytes) -> tuple[slice, slice | None]:
+    """Where the epoch and the epochs' total are in a bar's description that names an epoch (bytes)."""
+    text = desc.decode()
+    e = EPOCH.search(text)
+    assert e is not None  # (see redraw_pattern)
+
+    def at(group: int) -> slice | None:
+        a, b = e.span(group)
+        return slice(len(text[:a].encode()), len(text[:b].encode())) if a >= 0 else None
+
+    epoch = at(1)
+    assert epoch is not None
+    return epoch, at(2)
+
+
+def _leading(rest: Iterator[bytes], lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
+    """The redraws of a bar of this description at ``lines[j:]``, up to the first other line, read (in C)
+    from ``rest``, an iterator at line ``j`` (left after that first other line)."""
+    if not desc:
+        return list(takewhile(_PCT.match, rest))
+    return lines[j : j + len(list(takewhile(truth, map(bytes.startswith, rest, repeat(desc)))))]
+
+
 def read_run(
     r: Redraws,
     lines: list[bytes],
@@ -144,50 +200,80 @@ def read_run(
     bar_post: bytes | None,
     needs: Callable[[bytes], int],
     keep: int,
+    absorb: Callable[[bytes, Redraws], Inline | None] = lambda line, bar: None,
+    most: int = 64,
 ) -> Run | None:
     """The redraws of ``r``'s bar in ``lines`` from line ``i`` on (None: line ``i`` is not one) and the
     lines between them: any number that no parsing rule can match (``needs(line) & 1 == 0``: they may
     only hold hints), or up to :data:`GAP_LINES` lines of which some must be read on their own (a print
     between redraws: the run is cut into segments there, and the parser reads them between its segments);
-    ``keep``: how many of each metric's newest values are read (see :class:`Column`).
+    ``keep``: how many of each metric's newest values are read (see :class:`Column`). A line to be read
+    on its own that ``absorb`` reads (a dict line of metrics that change nothing else) does not cut the run:
+    its values join the columns in line order. The run goes on with the bar of the next epoch
+    (:func:`other_epoch`) in a segment of its own; it has ``most`` segments at most.
 
     All of them are left to the line-by-line reading when one does not parse as a redraw of the bar or
     has a postfix that may hold a hint, names an epoch, is not plain numbers or has a non-finite value.
     """
-    desc = r.desc
+    bar, desc = r, r.desc
     if not (lines[i].startswith(desc) if desc else _PCT.match(lines[i])):
         return None
     is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     reds: list[bytes] = []
-    others: list[list[bytes]] = [[]]  # per segment
+    bars = [r]  # per segment
+    others: list[list[bytes]] = [[]]
+    inline: list[list[tuple[int, Inline]]] = [[]]  # (the redraws before it, its values) per absorbed line
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
+    rest = islice(lines, i, None)  # (a new islice per stretch of redraws would step over the lines before it)
     while True:
-        seg = list(takewhile(is_redraw, islice(lines, j, None)))  # no Python loop over the redraws
+        seg = _leading(rest, lines, j, desc)
         reds += seg
         stop = j = j + len(seg)
+        if len(cuts) + 1 >= most:
+            break
         read = False  # whether a line of the gap must be read on its own
         redraw = False  # whether the gap ends at a redraw
+        after: Redraws | None = None  # the bar of that redraw when it is another epoch's
+        absorbed: list[tuple[int, Inline]] = []
+        hinted: list[bytes] = []  # the lines that may hold a hint
         while j < n:
             line = lines[j]
-            if is_redraw(line):
+            if is_redraw(line) or (line and (after := other_epoch(bar, line)) is not None):
                 redraw = True
                 break
-            if not read and line and (b"\x1b" in line or needs(line[-MAX_LINE:]) & 1):
-                read = True
+            if not read and line:
+                need = 3 if b"\x1b" in line else needs(line[-MAX_LINE:])
+                if need & 1:
+                    values = absorb(line, bar)
+                    if values is None:
+                        read = True
+                    else:
+                        absorbed.append((len(reds), values))
+                elif need:
+                    hinted.append(line)
             if read and j - stop >= GAP_LINES:
                 break
             j += 1
         if not redraw:
             break  # the lines after the last redraw are not part of the run
-        if read:
+        if read or after is not None:
             cuts.append((len(reds), stop, j))
+            bars.append(after or bar)
             others.append([])
+            inline.append([])
         else:
-            others[-1] += [line for line in lines[stop:j] if line]
+            others[-1] += hinted
+            inline[-1] += absorbed
+        if after is not None:
+            bar, desc, is_redraw = after, after.desc, methodcaller("startswith", after.desc)
+        if j > stop:  # _leading read the gap's first line: step over the others
+            next(islice(rest, j - stop - 1, j - stop - 1), None)
+        else:  # it read this redraw (of the next epoch)
+            rest = islice(lines, j, None)
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
-        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others)
+        run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline, bars)
         if run is not None or len(cuts) == 1:
             return run or Run(cuts[0][1])
         cuts = cuts[: len(cuts) // 2]
@@ -196,12 +282,11 @@ def read_run(
 
 class Layout(NamedTuple):
     """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
-    remaining and rate; the text from "/" before the total to the "[" of the times; the stripped postfix;
-    per "key=number" part of a plain postfix (else None) the key's and the number's; the shapes of those
-    numbers; and the :mod:`struct` formats that cut a line's postfix and its numbers out of it."""
+    remaining and rate; the stripped postfix; per "key=number" part of a plain postfix (else None) the
+    key's and the number's; the shapes of those numbers; and the :mod:`struct` formats that cut a line's
+    postfix, and its total and numbers, out of it."""
 
     fields: tuple[tuple[int, int], ...]
-    counted: bytes  # "/{total}" and what follows it up to the "[" of the times
     post: tuple[int, int]
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
@@ -211,15 +296,16 @@ class Layout(NamedTuple):
 
 
 class Column(NamedTuple):
-    """One postfix key's values over a run (all finite): how many, the last, the lowest, the highest and
-    the newest ``keep`` of them (as text, which ``float()`` reads, or as floats)."""
+    """One postfix key's values over a run (all finite): how many, the last, the lowest, the highest (only
+    the one that the metric's kind keeps as its best: see :func:`_summary`) and the newest ``keep`` of them
+    (as text, which ``float()`` reads, or as floats)."""
 
     name: str
     added: int
     last: float
     low: float
     high: float
-    newest: Sequence[bytes] | list[float]
+    newest: Sequence[bytes | float]
 
 
 def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
@@ -234,7 +320,7 @@ def _cut(spans: Sequence[tuple[int, int]], width: int) -> str:
 CUT_LINES = 64  # lines of one shape that one cached struct cuts at once (so a cached struct stays small)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=4096)
 def _cutter(fmt: str, lines: int) -> Struct:
     """A :class:`struct.Struct` that cuts ``fmt``'s fields out of ``lines`` lines at once (in C)."""
     return Struct(fmt * lines)
@@ -244,7 +330,10 @@ def _cut_block(fmt: str, block: bytes, lines: int) -> tuple[bytes, ...] | list[b
     """``fmt``'s fields of each of the ``lines`` lines of ``block``, in order."""
     if lines <= CUT_LINES:
         return _cutter(fmt, lines).unpack(block)
-    return list(chain.from_iterable(_cutter(fmt, 1).iter_unpack(block)))
+    full, rest = divmod(lines, CUT_LINES)  # CUT_LINES lines at a time, then the rest
+    at = len(block) // lines * CUT_LINES * full
+    out = list(chain.from_iterable(_cutter(fmt, CUT_LINES).iter_unpack(block[:at])))
+    return out + list(_cutter(fmt, rest).unpack(block[at:])) if rest else out
 
 
 @lru_cache(maxsize=256)
@@ -274,15 +363,13 @@ def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
         if len(set(names)) != len(names):
             pairs = None  # "loss" twice: only the line-by-line reading knows which wins
     numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
-    counted = b"/" + total + shape[fields[1][1] : shape.index(b"[", fields[1][1]) + 1]
     width = len(shape) + 1
     post_span = (p0, p0 + len(post))
-    cuts = (_cut([post_span], width), _cut([(v0, v1) for _, _, v0, v1 in pairs or ()], width))
+    cuts = (_cut([post_span], width), _cut([fields[1]] + [(v0, v1) for _, _, v0, v1 in pairs or ()], width))
     keys = tuple(shape[a:b] for a, b, _, _ in pairs or ())
     digit_keys = tuple((n, a) for n, (a, b, _, _) in enumerate(pairs or ()) if b"0" in shape[a:b])
     return Layout(
         fields,
-        counted,
         post_span,
         tuple(pairs) if pairs is not None else None,
         numbers,
@@ -307,10 +394,13 @@ def _bulk(
     keep: int,
     cuts: list[tuple[int, int, int]],
     others: list[list[bytes]],
+    inline: list[list[tuple[int, Inline]]],
+    bars: list[Redraws],
 ) -> Run | None:
     """The :class:`Run` of these redraws (after a description of ``d`` bytes) in segments (``cuts``: per
     segment, the redraws up to its end, its stop and its gap; ``others``: its lines that can only hold
-    hints); None when they must be read line by line.
+    hints; ``inline``: the values of its absorbed lines, see :func:`read_run`; ``bars``: its bar); None
+    when they must be read line by line. A segment of a new epoch compares its first postfix with none.
 
     Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
     values change) parse the same way, since no rule tells one digit from another: so one regex match
@@ -325,7 +415,6 @@ def _bulk(
     key_shapes: tuple[bytes, ...] | None = None
     columns: list[list[bytes]] = []
     numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
-    counts: set[bytes] = set()  # the text from "/" before the total to the "[" after it, per shape
     posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
     offset = first = 0
     for shape, group in groupby(shapes):
@@ -336,7 +425,11 @@ def _bulk(
         width = len(shape) + 1  # the lines of a group are as long as their shape
         start, offset = offset, offset + k * width
         first += k
-        counts.add(layout.counted)
+        block = body[start:offset]
+        cut = _cut_block(layout.cuts[1], block, k)  # each line's total, then its numbers
+        step = 1 + len(layout.numbers)
+        if cut[::step].count(total) != k:  # (the shape reads every total's digits as 0)
+            return None
         if layout.post[0] == layout.post[1]:
             continue  # no postfix: it neither counts nor changes the last one
         if layout.pairs is None:
@@ -347,7 +440,6 @@ def _bulk(
             key_shapes, numbers = layout.keys, layout.numbers
             keys = [body[start + a : start + b] for a, b, _, _ in layout.pairs]
             columns = [[] for _ in keys]
-        block = body[start:offset]
         for n, a in layout.digit_keys:  # "top1" in every line, not "top5"
             if not _same(block, width, a, keys[n]):
                 return None
@@ -355,61 +447,146 @@ def _bulk(
             numbers = None
         posted.append((first - k, k))
         posts += _cut_block(layout.cuts[0], block, k)
-        numbers_cut = _cut_block(layout.cuts[1], block, k)
-        if len(columns) == 1:
-            columns[0] += numbers_cut
-        else:
-            for n, column in enumerate(columns):
-                column += numbers_cut[n :: len(columns)]
-    if sum(map(body.count, counts)) != len(reds):  # each redraw has one "[": so each has this total
-        return None
+        for n, column in enumerate(columns):
+            column += cut[n + 1 :: step]
+    ends: list[int] = []  # the postfixes up to the end of each segment
+    g = done = 0  # done: the postfixes of the groups before group g
+    for end, _, _ in cuts:
+        while g < len(posted) and posted[g][0] + posted[g][1] <= end:
+            done += posted[g][1]
+            g += 1
+        ends.append(done + (max(end - posted[g][0], 0) if g < len(posted) else 0))
+    total_posts = len(posts)
+    before: list[bytes | None] = [bar_post, *posts[:-1]]  # what each postfix is compared with
+    for s in range(1, len(cuts)):
+        if bars[s].epoch != bars[s - 1].epoch and ends[s - 1] < len(posts):
+            before[ends[s - 1]] = None  # the epoch starts afresh
     kept: list[bool] | None = None  # None: every postfix changed
-    if posts and (posts[0] == bar_post or any(map(eq, posts, islice(posts, 1, None)))):
-        kept = [post != before for post, before in zip(posts, [bar_post, *posts[:-1]], strict=True)]
+    if any(map(eq, posts, before)):
+        kept = list(map(ne, posts, before))
         posts = list(compress(posts, kept))
         columns = [list(compress(column, kept)) for column in columns]
+        ends = [sum(kept[:e]) for e in ends]
     if posts and not all(math.isfinite(float(column[0])) for column in columns):
         return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
     decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
     segments: list[Segment] = []
-    lo = g = done = 0  # done: the postfixes of the groups before group g
-    for end, stop, gap in cuts:
-        while g < len(posted) and posted[g][0] + posted[g][1] <= end:
-            done += posted[g][1]
-            g += 1
-        hi = done + (max(end - posted[g][0], 0) if g < len(posted) else 0)  # postfixes up to ``end``
-        if kept is not None:
-            hi = sum(kept[:hi])
+    names = [key.decode().lower() for key in keys]
+    lo = 0
+    for (end, stop, gap), hi in zip(cuts, ends, strict=True):
         out: list[Column] = []
-        for n, (key, column) in enumerate(zip(keys, columns, strict=True)):
-            values = column[max(lo, 1) : hi]  # the run's first changed postfix is read on its own
-            summary = _summary(values, keep, decimal[n] if decimal else False) if values else None
+        start = max(lo, 1)  # the run's first changed postfix is read on its own
+        here = inline[len(segments)]
+        merged = _merged(names, columns, start, hi, _at(here, posted, total_posts, kept)) if here else {}
+        if merged is None:
+            return None
+        for n, (name, column) in enumerate(zip(names, columns, strict=True)):
+            values = column[start:hi]
+            summary = (
+                _summary(values, keep, bool(decimal) and decimal[n], metric_kind(name)) if values else None
+            )
             if values and summary is None:
                 return None
+            if name in merged:
+                summary = _joined(summary, *merged.pop(name), keep)
             if summary is not None:
-                out.append(Column(key.decode().lower(), *summary))
+                out.append(Column(name, *summary))
+        out += [Column(name, *_joined(None, *both, keep)) for name, both in merged.items()]
         last = reds[end - 1]
         layout = _layout(shapes[end - 1], d, total)
         assert layout is not None  # read above
         fields = tuple(last[a:b] for a, b in layout.fields)
         segments.append(
-            Segment(stop, gap, fields, last, posts[lo:hi], lo == 0 < hi, out, others[len(segments)])
+            Segment(
+                stop,
+                gap,
+                fields,
+                last,
+                posts[lo:hi],
+                lo == 0 < hi,
+                out,
+                others[len(segments)],
+                bars[len(segments)],
+            )
         )
         lo = hi
     return Run(cuts[-1][1], segments)
+
+
+def _at(
+    here: list[tuple[int, Inline]], posted: list[tuple[int, int]], total: int, kept: list[bool] | None
+) -> list[tuple[int, Inline]]:
+    """Per absorbed line (after how many redraws of the run it came), after how many of the changed
+    postfixes it came (``posted``: (first redraw, redraws) per group with a postfix, ``total`` of them;
+    ``kept``: which postfixes changed, None: all)."""
+    if not posted or total == posted[-1][0] + posted[-1][1]:  # no redraw before the last posted one lacks one
+        at = [(min(p, total), values) for p, values in here]
+    else:
+        at = [(sum(min(k, p - first) for first, k in posted if first < p), values) for p, values in here]
+    return at if kept is None else [(sum(kept[:q]), values) for q, values in at]
+
+
+Values = list[bytes | float]
+
+
+def _merged(
+    names: list[str], columns: list[list[bytes]], start: int, hi: int, at: list[tuple[int, Inline]]
+) -> dict[str, tuple[Values, list[float]]] | None:
+    """Per metric of a segment's absorbed lines (``at``: per line, the changed postfixes before it and its
+    values), all its values in line order (``columns[start:hi]`` among them, for a postfix key) and those of
+    the absorbed lines; None when one comes before the run's first changed postfix (read on its own first)."""
+    if hi > 0 and at[0][0] < start:  # (``at`` is in line order)
+        return None
+    extra: dict[str, list[float]] = {}
+    for _, values in at:
+        for name, value in values:
+            extra.setdefault(name, []).append(value)
+    out: dict[str, tuple[Values, list[float]]] = {}
+    for name, added in extra.items():
+        if name not in names:
+            out[name] = (list(added), added)
+            continue
+        column, pos = columns[names.index(name)], start
+        ordered: Values = []
+        for q, values in at:
+            for key, value in values:
+                if key == name:
+                    if q > pos:
+                        ordered += column[pos:q]
+                        pos = q
+                    ordered.append(value)
+        ordered += column[pos:hi]
+        out[name] = (ordered, added)
+    return out
+
+
+def _joined(
+    summary: tuple[int, float, float, float, Sequence[bytes | float]] | None,
+    ordered: Values,
+    added: list[float],
+    keep: int,
+) -> tuple[int, float, float, float, Sequence[bytes | float]]:
+    """A column's summary (see :func:`_summary`; None: no postfix values) with the values ``added`` by the
+    absorbed lines; ``ordered``: all of them in line order."""
+    count, low, high = (summary[0], summary[2], summary[3]) if summary else (0, min(added), max(added))
+    return count + len(added), float(ordered[-1]), min(low, *added), max(high, *added), ordered[-keep:]
 
 
 _DECIMAL = re.compile(rb"0+(?:\.0*)?|\.0+")  # the shape of a plain unsigned decimal (digits read 0)
 
 
 def _summary(
-    values: Sequence[bytes], keep: int, decimal: bool
-) -> tuple[int, float, float, float, Sequence[bytes] | list[float]] | None:
+    values: Sequence[bytes], keep: int, decimal: bool, kind: str | None
+) -> tuple[int, float, float, float, Sequence[bytes | float]] | None:
     """(count, last, lowest, highest, newest ``keep``) of numbers as text; None when one is not finite.
-    ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last,
-    the lowest and the highest are read as floats."""
+    ``decimal``: all are plain decimals of one shape ("0.1234"), which compare as text, so only the last
+    and the extreme that a metric of this ``kind`` keeps as its best are sought and read as floats (the
+    other one reads as the last)."""
     if decimal:
-        return len(values), float(values[-1]), float(min(values)), float(max(values)), values[-keep:]
+        last = float(values[-1])
+        low = float(min(values)) if kind == "min" else last
+        high = float(max(values)) if kind == "max" else last
+        return len(values), last, low, high, values[-keep:]
     floats = list(map(float, values))
     if not all(map(math.isfinite, floats)):
         return None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
+from .metrics import is_train_loss, metric_kind
 from .patterns import (
     COLON_COUNT,
     CONFIG_DUMP,
@@ -102,3 +103,53 @@ def same_digits(block: bytes, width: int, first: bytes, fixed: tuple[int, ...]) 
     digits at these positions (one byte column of the block at a time)."""
     lines = (len(block) + 1) // width
     return all(block[p::width] == first[p : p + 1] * lines for p in fixed)
+
+
+class DictPlan(NamedTuple):
+    """Where the values are in dict lines of one shape whose only effects are metric values and a
+    fractional epoch: the metric names, the slices of their numbers in the raw line and then the epoch's
+    (when ``epoch``), and which of the names are train losses."""
+
+    names: tuple[str, ...]
+    values: tuple[slice, ...]
+    epoch: bool
+    losses: frozenset[str]
+
+
+@lru_cache(maxsize=256)
+def dict_plan(shape: bytes) -> DictPlan | None:
+    """The :class:`DictPlan` of lines of this shape (digits read 0): a plain line (see :func:`plain_layout`)
+    that is a dict whose keys hold no digit, name no step or total and no metric twice, with no epoch, step
+    or eta for the other rules ("'epoch': 1.5" is a dict key to them, not an epoch); else None."""
+    if plain_layout(shape) is None:
+        return None
+    lead = len(shape) - len(shape.lstrip())
+    text = shape.decode().strip()
+    low = text.lower()
+    if (
+        not ("': " in text or '": ' in text)
+        or "(" in text
+        or "step" in low
+        or "iter" in low
+        or any(p.search(text) for p in (EPOCH, TOTAL_EPOCHS, ETA))
+    ):
+        return None
+    names: list[str] = []
+    values: list[slice] = []
+    epoch: slice | None = None
+    for m in DICT_KV.finditer(text):
+        key = m.group("k").strip().lower().replace(" ", "_")
+        span = slice(lead + m.start("v"), lead + m.end("v"))
+        if "0" in key or key in names or (key == "epoch" and epoch is not None):
+            return None
+        if key == "epoch":
+            epoch = span
+        elif key in DICT_STATE_KEYS:
+            return None
+        elif metric_kind(key) is not None:
+            names.append(key)
+            values.append(span)
+    if not names:
+        return None
+    losses = frozenset(filter(is_train_loss, names))
+    return DictPlan(tuple(names), (*values, epoch) if epoch else tuple(values), epoch is not None, losses)
