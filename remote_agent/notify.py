@@ -247,7 +247,7 @@ def host_events(
     if minutes and not state.get("reasons") and now - start >= float(minutes) * 60.0:
         out.append({"key": "idle:%s:%s" % (boot, start), "event": "idle",
                     "text": "host idle for %.0f min" % ((now - start) / 60.0)})  # fmt: skip
-    release_at = config.get("release_at")
+    release_at = state.get("release_at")  # the deadline in force (watchdog.deadline_at)
     if release_at is not None and 0.0 <= float(release_at) - now <= DEADLINE_SOON_S:
         out.append({"key": "deadline_soon:%s:%s" % (boot, release_at), "event": "deadline_soon",
                     "text": "deadline releases the host in %.0f min" % ((float(release_at) - now) / 60.0)})  # fmt: skip

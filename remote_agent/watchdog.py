@@ -32,6 +32,10 @@ MAX_LOG_BYTES = 1024 * 1024
 RETRY_AFTER_FAILURE_S = 300.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
 RING_FRESH_S = 5.0
+#: A deadline comes no sooner than this after it was set (``armed_at``): one that had already passed when it
+#: was armed (``release_after_hours`` on a host up longer, a ``release_at`` in the past) waits this long, and
+#: its countdown and ``deadline_soon`` say so, instead of releasing the host the moment the setting arrives.
+DEADLINE_GRACE_S = 600.0
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
@@ -73,6 +77,14 @@ def window_start(config: Dict[str, Any], idle_since: float) -> float:
     return max(idle_since, float(config.get("armed_at") or 0.0), float(config.get("snoozed_until") or 0.0))
 
 
+def deadline_at(config: Dict[str, Any]) -> Optional[float]:
+    """When the deadline releases the host: ``release_at``, but never sooner than DEADLINE_GRACE_S after arming."""
+    release_at = config.get("release_at")
+    if release_at is None:
+        return None
+    return max(float(release_at), float(config.get("armed_at") or 0.0) + DEADLINE_GRACE_S)
+
+
 def plan(
     config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None,
     deadline_held: bool = False,
@@ -89,9 +101,9 @@ def plan(
         autostop_at = window_start(config, idle["idle_since"]) + window
         if watched is not None:
             autostop_at = max(autostop_at, now + window - watched)
-    release_at = config.get("release_at")
+    release_at = deadline_at(config)
     due = None
-    if release_at is not None and now >= float(release_at) and not deadline_held:
+    if release_at is not None and now >= release_at and not deadline_held:
         due = "deadline reached"
     elif autostop_at is not None and now >= autostop_at:
         due = "idle for %.1f min" % ((now - idle["idle_since"]) / 60.0)
@@ -244,7 +256,7 @@ class Watchdog:
         elif self.watched_since is None:
             self.watched_since = mono
         watched = 0.0 if self.watched_since is None else mono - self.watched_since
-        decision = plan(config, idle, now, watched, self._deadline_held(config.get("release_at"), now, mono))
+        decision = plan(config, idle, now, watched, self._deadline_held(deadline_at(config), now, mono))
         state = dict(idle, **decision)
         state.update(t=now, pid=os.getpid(), action=None, stalled=stalled)
         return state

@@ -141,6 +141,17 @@ def test_deadline_from_release_after_hours() -> None:
     assert autostop.deadline(host(release_at=at), None) == at.timestamp()
 
 
+
+def test_the_deadline_countdown_is_the_hosts_when_it_holds_one() -> None:
+    """The host's watchdog may hold a deadline later than the config's (one past when set waits a grace):
+    the countdown shows when the host will really act."""
+    h = host(release_after_hours=10.0)
+    now = 1000.0 + 11 * H  # the config's deadline passed an hour ago
+    assert autostop.deadline_in_s({}, h, 1000.0, now) == 0.0
+    held = {"watchdog": {"release_at": now + 600.0}}
+    assert autostop.deadline_in_s(held, h, 1000.0, now) == 600.0  # type: ignore[arg-type]
+    assert autostop.deadline_in_s({}, host(), 1000.0, now) is None
+
 GPU_BUSY = {"index": 2, "util_percent": 43.0, "processes": [{"pid": 4411, "job": "7", "name": "python"}]}
 GPU_FOREIGN = {"index": 0, "util_percent": 0.0, "processes": [{"pid": 4411, "job": None, "name": "jupyter"}]}
 

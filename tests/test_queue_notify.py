@@ -90,6 +90,14 @@ def test_idle_for_n_minutes_and_deadline_in_an_hour_are_sent_once(tmp_path: Path
     assert hook.bodies[1]["text"] == "[gpu1] deadline releases the host in 60 min"
 
 
+def test_a_deadline_past_when_set_is_announced_at_once_with_its_grace(tmp_path: Path, hook: Hook) -> None:  # noqa: F811
+    config = _config(tmp_path, webhook=hook.url, events=["deadline_soon"])
+    config.update(release_at=T - 3600.0, release_remote=["true"])
+    write_json(str(tmp_path / W.CONFIG), config)
+    W.Watchdog(str(tmp_path)).check(config, FACTS, lambda: ({"gpus": []}, []), now=T + 1, mono=0)
+    assert [b["text"] for b in hook.bodies] == ["[gpu1] deadline releases the host in 10 min"]
+
+
 def test_ntfy_topic_gets_the_plain_text(agent: AgentProc, ntfy: Ntfy) -> None:
     reply = agent.call("notify.test", notify={"ntfy": "gputui-runs", "ntfy_server": ntfy.url, "host": "gpu1"})
     assert reply["result"] == {"sent": True, "error": None}

@@ -314,6 +314,28 @@ def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> Non
     assert state["due"] == "deadline reached" and state["action"] == "released"
 
 
+def test_a_deadline_already_past_when_set_waits_a_grace_and_says_so(tmp_path: Path) -> None:
+    """release_after_hours on a host up longer (or a release_at in the past) must not release it, running jobs
+    and all, the moment the setting arrives: the deadline comes DEADLINE_GRACE_S after arming, its countdown
+    shows that, and only then does it release."""
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    stopped, t = tmp_path / "stopped", 1_000_000.0
+    config = {"release_at": t - 7200, "armed_at": t, "boot_id": "b", "count_sessions": False,
+              "release_remote": ["touch", str(stopped)]}  # fmt: skip
+    write_json(str(tmp_path / W.CONFIG), config)
+    dog, facts, idle = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
+    first = dog.check(config, facts, idle, now=t + 1, mono=0.0)
+    assert first["due"] is None and first["release_at"] == t + W.DEADLINE_GRACE_S
+    assert dog.check(config, facts, idle, now=t + W.DEADLINE_GRACE_S - 5, mono=W.DEADLINE_GRACE_S - 6)["due"] is None
+    assert not stopped.exists()
+    done = dog.check(config, facts, idle, now=t + W.DEADLINE_GRACE_S + 1, mono=W.DEADLINE_GRACE_S)
+    assert done["due"] == "deadline reached" and done["action"] == "released" and stopped.exists()
+    # a deadline further off than the grace is kept as set
+    assert W.deadline_at(dict(config, release_at=t + 3600)) == t + 3600
+
+
 def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
     from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json

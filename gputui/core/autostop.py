@@ -97,6 +97,15 @@ def _no_autostop(host: str, exc: AgentError, what: str) -> None:
     ) from None
 
 
+def deadline_in_s(activity: P.Activity, host: HostConfig, boot_time: float | None, now: float) -> float | None:
+    """Seconds until the deadline releases the host: as the host's watchdog holds it (one already past when it
+    was set waits a grace: remote_agent/watchdog.py DEADLINE_GRACE_S), else as the config says."""
+    at = (activity.get("watchdog") or {}).get("release_at")
+    if at is None:
+        at = deadline(host, boot_time)
+    return None if at is None else max(0.0, float(at) - now)
+
+
 def autostop_in_s(activity: P.Activity, now: float) -> float | None:
     """Seconds until the host's watchdog releases it for idleness, as the host reports it (None: not armed)."""
     at = (activity.get("watchdog") or {}).get("autostop_at")

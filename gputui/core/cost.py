@@ -22,7 +22,7 @@ from remote_agent import protocol as P
 
 from . import model as M
 from . import paths
-from .autostop import autostop_in_s, deadline
+from .autostop import autostop_in_s, deadline_in_s
 from .config import Config, HostConfig
 
 SAVE_EVERY_S = 60.0
@@ -245,7 +245,6 @@ def cost_info(
     activity = snap.metrics.activity if snap.metrics is not None else {}
     idle, idle_seconds, reasons = idleness(activity, host)
     idle = idle and bool(snap.metrics)
-    limit = deadline(host, boot_time)
     return M.CostInfo(
         currency=host.currency or config.currency,
         price_per_hour=price,
@@ -258,5 +257,5 @@ def cost_info(
         reasons=reasons,
         released=ledger.released(host.name),
         autostop_in_s=autostop_in_s(activity, now),
-        deadline_in_s=None if limit is None else max(0.0, limit - now),
+        deadline_in_s=deadline_in_s(activity, host, boot_time, now),
     )
