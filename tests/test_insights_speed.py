@@ -316,6 +316,11 @@ RUNS |= {  # the redraw after the line has the same postfix: it counts again whe
     name: PRELUDE + bar(1, 3, b", loss=0.7") + line + bar(1, 4, b", loss=0.7") + bar(1, 5, b", loss=0.5")
     for name, line in INSIDE.items()
 }
+SAME_LOSS, MORE_ACC, SPACED = b", loss=0.5, acc=0.1", b", loss=0.5, acc=0.2", b", loss = 0.5, acc=0.2"
+RUNS["postfix shapes"] = b"".join(  # postfixes that differ in their text around the same numbers, or only in one
+    bar(1, n, post)
+    for n, post in enumerate((SAME_LOSS,) * 5 + (MORE_ACC, SPACED, SPACED, MORE_ACC, b", loss=0.4, acc=0.2"), 6)
+)
 UNKNOWN_TIME = b"Epoch 1/3:  %d%%|#  | %d/20 [00:0%d<?, 1.00it/s, loss=0.%d]\r"  # the ETA is the log's
 RUNS["eta text"] = b"".join(
     UNKNOWN_TIME % (5 * n, n, n, n) + hf(b"0.%d" % n, b"0.5", b", 'msg': 'eta %ds'" % n) for n in range(1, 5)
