@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, compress, groupby, islice, repeat, takewhile
-from operator import eq, methodcaller, ne, truth
+from itertools import chain, compress, count, groupby, repeat
+from operator import eq, ne, not_
 from struct import Struct
 from typing import NamedTuple
 
@@ -185,12 +185,16 @@ def _epoch_at(desc: bytes) -> tuple[slice, slice | None]:
     return epoch, at(2)
 
 
-def _leading(rest: Iterator[bytes], lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
-    """The redraws of a bar of this description at ``lines[j:]``, up to the first other line, read (in C)
-    from ``rest``, an iterator at line ``j`` (left after that first other line)."""
-    if not desc:
-        return list(takewhile(_PCT.match, rest))
-    return lines[j : j + len(list(takewhile(truth, map(bytes.startswith, rest, repeat(desc)))))]
+def _others(lines: list[bytes], j: int, desc: bytes) -> Iterator[int]:
+    """The lines from line ``j`` on that are no redraw of a bar of this description (do not start with it, or
+    do not look like a bar when it has none), in order: worked out in C a window of lines at a time, each
+    twice as long as the one before (so the work stays in proportion to the lines looked at)."""
+    size = 64
+    while j < len(lines):
+        window = lines[j : j + size]
+        redraws = map(bytes.startswith, window, repeat(desc)) if desc else map(_PCT.match, window)
+        yield from compress(count(j), map(not_, redraws))
+        j, size = j + size, size * 2
 
 
 def read_run(
@@ -218,7 +222,6 @@ def read_run(
     bar, desc = r, r.desc
     if not (lines[i].startswith(desc) if desc else _PCT.match(lines[i])):
         return None
-    is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
     lead = _lead(desc) if r.epoch is not None else None  # how another epoch's redraws start (see other_epoch)
     reds: list[bytes] = []
     bars = [r]  # per segment
@@ -226,11 +229,11 @@ def read_run(
     inline: list[list[tuple[int, Inline]]] = [[]]  # (the redraws before it, its values) per absorbed line
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
-    rest = islice(lines, i, None)  # (a new islice per stretch of redraws would step over the lines before it)
+    other = _others(lines, i, desc)
+    at = next(other, n)  # the first line from j on that is no redraw of the bar
     while True:
-        seg = _leading(rest, lines, j, desc)
-        reds += seg
-        stop = j = j + len(seg)
+        reds += lines[j:at]
+        stop = j = at
         if len(cuts) + 1 >= most:
             break
         read = False  # whether a line of the gap must be read on its own
@@ -239,10 +242,11 @@ def read_run(
         absorbed: list[tuple[int, Inline]] = []
         hinted: list[bytes] = []  # the lines that may hold a hint
         while j < n:
+            if j != at:  # a redraw: the next stretch of them starts here
+                redraw = True
+                break
             line = lines[j]
-            if is_redraw(line) or (
-                lead is not None and line.startswith(lead) and (after := other_epoch(bar, line)) is not None
-            ):
+            if lead is not None and line.startswith(lead) and (after := other_epoch(bar, line)) is not None:
                 redraw = True
                 break
             if not read and line:
@@ -258,6 +262,7 @@ def read_run(
             if read and j - stop >= GAP_LINES:
                 break
             j += 1
+            at = next(other, n)
         if not redraw:
             break  # the lines after the last redraw are not part of the run
         if read or after is not None:
@@ -268,17 +273,9 @@ def read_run(
         else:
             others[-1] += hinted
             inline[-1] += absorbed
-        if after is not None:
-            bar, desc, is_redraw, lead = (
-                after,
-                after.desc,
-                methodcaller("startswith", after.desc),
-                _lead(after.desc),
-            )
-        if j > stop:  # _leading read the gap's first line: step over the others
-            next(islice(rest, j - stop - 1, j - stop - 1), None)
-        else:  # it read this redraw (of the next epoch)
-            rest = islice(lines, j, None)
+        if after is not None:  # the next epoch's redraws from line j on
+            bar, lead, other = after, _lead(after.desc), _others(lines, j, after.desc)
+            at = next(other, n)
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
         run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline, bars)
