@@ -94,8 +94,8 @@ class Segment(NamedTuple):
     redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
     ``last_text`` that redraw; ``post`` the last of its postfixes that differ from the one before them (None:
     none does), ``first`` the run's first such postfix when it is in this segment (read on its own),
-    ``columns`` the metric values of the other changed postfixes; ``others`` the lines between its redraws that may hold a hint (and no more), in order; ``bar``
-    the bar its redraws are of (one epoch's)."""
+    ``columns`` the metric values of the other changed postfixes; ``others`` the lines between its redraws
+    that may hold a hint (and no more), in order; ``bar`` the bar its redraws are of (one epoch's)."""
 
     stop: int
     gap: int
