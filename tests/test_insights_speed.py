@@ -316,6 +316,15 @@ RUNS |= {  # the redraw after the line has the same postfix: it counts again whe
     name: PRELUDE + bar(1, 3, b", loss=0.7") + line + bar(1, 4, b", loss=0.7") + bar(1, 5, b", loss=0.5")
     for name, line in INSIDE.items()
 }
+# postfixes that differ in their text around the same numbers, or in one number of two; bars of other shapes
+SAME, MORE, SPACED = b", loss=0.5, acc=0.1", b", loss=0.5, acc=0.2", b", loss = 0.5, acc=0.2"
+POSTS = (SAME,) * 5 + (MORE, SPACED, SPACED, MORE, b", loss=0.4, acc=0.2")
+RUNS["postfix shapes"] = b"".join(bar(1, n, post) for n, post in enumerate(POSTS, 6))
+RUNS["no description"] = b"".join(  # redraws found by their shape, in windows of lines (see redraws._others)
+    b"%3d%%|##   | %d/200 [00:%02d<00:10, 1.00it/s, loss=0.%d]\r" % (n // 2, n, n % 60, n)
+    + (hf(b"0.%d" % n, b"0.5") if n % 7 == 0 else b"\nNCCL INFO ring %d\n" % n if n % 11 == 0 else b"")
+    for n in range(1, 200)
+)
 UNKNOWN_TIME = b"Epoch 1/3:  %d%%|#  | %d/20 [00:0%d<?, 1.00it/s, loss=0.%d]\r"  # the ETA is the log's
 RUNS["eta text"] = b"".join(
     UNKNOWN_TIME % (5 * n, n, n, n) + hf(b"0.%d" % n, b"0.5", b", 'msg': 'eta %ds'" % n) for n in range(1, 5)

@@ -633,10 +633,10 @@ class LogInsights:
                 self._parse_epoch(desc)
             self._set_bar(_Bar(*map(bytes.decode, seg.last)))  # n, total, elapsed, remaining and rate
             self._glued = ""
-            if seg.posts:
-                self._bar_post = seg.posts[-1].decode()
-                if seg.first:
-                    self._parse_postfix(seg.posts[0].decode())
+            if seg.post is not None:
+                self._bar_post = seg.post.decode()
+                if seg.first is not None:
+                    self._parse_postfix(seg.first.decode())
             for column in seg.columns:
                 metric = self._metrics.get(column.name)
                 if metric is not None:

@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import chain, compress, groupby, islice, repeat, takewhile
-from operator import eq, methodcaller, ne, truth
+from itertools import chain, compress, count, groupby, repeat
+from operator import eq, ne, not_
 from struct import Struct
 from typing import NamedTuple
 
@@ -92,17 +92,17 @@ class Segment(NamedTuple):
     """Redraws of a run up to a line that must be read on its own (a print between two redraws), or to the
     run's end: ``stop`` the line after its last redraw and ``gap`` the line of the next segment's first
     redraw (``stop`` for the last segment); ``last`` the last redraw's n, total, elapsed, remaining and rate,
-    ``last_text`` that redraw; ``posts`` its postfixes that differ from the one before them, ``first``
-    whether posts[0] is the run's first such postfix (read on its own), ``columns`` the metric values of
-    the other posts; ``others`` the lines between its redraws that may hold a hint (and no more), in order; ``bar``
-    the bar its redraws are of (one epoch's)."""
+    ``last_text`` that redraw; ``post`` the last of its postfixes that differ from the one before them (None:
+    none does), ``first`` the run's first such postfix when it is in this segment (read on its own),
+    ``columns`` the metric values of the other changed postfixes; ``others`` the lines between its redraws
+    that may hold a hint (and no more), in order; ``bar`` the bar its redraws are of (one epoch's)."""
 
     stop: int
     gap: int
     last: tuple[bytes, ...]
     last_text: bytes
-    posts: Sequence[bytes]
-    first: bool
+    post: bytes | None
+    first: bytes | None
     columns: Sequence[Column]
     others: Sequence[bytes]
     bar: Redraws
@@ -185,12 +185,16 @@ def _epoch_at(desc: bytes) -> tuple[slice, slice | None]:
     return epoch, at(2)
 
 
-def _leading(rest: Iterator[bytes], lines: list[bytes], j: int, desc: bytes) -> list[bytes]:
-    """The redraws of a bar of this description at ``lines[j:]``, up to the first other line, read (in C)
-    from ``rest``, an iterator at line ``j`` (left after that first other line)."""
-    if not desc:
-        return list(takewhile(_PCT.match, rest))
-    return lines[j : j + len(list(takewhile(truth, map(bytes.startswith, rest, repeat(desc)))))]
+def _others(lines: list[bytes], j: int, desc: bytes) -> Iterator[int]:
+    """The lines from line ``j`` on that are no redraw of a bar of this description (do not start with it, or
+    do not look like a bar when it has none), in order: worked out in C a window of lines at a time, each
+    twice as long as the one before (so the work stays in proportion to the lines looked at)."""
+    size = 64
+    while j < len(lines):
+        window = lines[j : j + size]
+        redraws = map(bytes.startswith, window, repeat(desc)) if desc else map(_PCT.match, window)
+        yield from compress(count(j), map(not_, redraws))
+        j, size = j + size, size * 2
 
 
 def read_run(
@@ -218,18 +222,18 @@ def read_run(
     bar, desc = r, r.desc
     if not (lines[i].startswith(desc) if desc else _PCT.match(lines[i])):
         return None
-    is_redraw = methodcaller("startswith", desc) if desc else _PCT.match
+    lead = _lead(desc) if r.epoch is not None else None  # how another epoch's redraws start (see other_epoch)
     reds: list[bytes] = []
     bars = [r]  # per segment
     others: list[list[bytes]] = [[]]
     inline: list[list[tuple[int, Inline]]] = [[]]  # (the redraws before it, its values) per absorbed line
     cuts: list[tuple[int, int, int]] = []  # per segment but the last: its redraws, stop and gap
     j, n = i, len(lines)
-    rest = islice(lines, i, None)  # (a new islice per stretch of redraws would step over the lines before it)
+    other = _others(lines, i, desc)
+    at = next(other, n)  # the first line from j on that is no redraw of the bar
     while True:
-        seg = _leading(rest, lines, j, desc)
-        reds += seg
-        stop = j = j + len(seg)
+        reds += lines[j:at]
+        stop = j = at
         if len(cuts) + 1 >= most:
             break
         read = False  # whether a line of the gap must be read on its own
@@ -238,8 +242,11 @@ def read_run(
         absorbed: list[tuple[int, Inline]] = []
         hinted: list[bytes] = []  # the lines that may hold a hint
         while j < n:
+            if j != at:  # a redraw: the next stretch of them starts here
+                redraw = True
+                break
             line = lines[j]
-            if is_redraw(line) or (line and (after := other_epoch(bar, line)) is not None):
+            if lead is not None and line.startswith(lead) and (after := other_epoch(bar, line)) is not None:
                 redraw = True
                 break
             if not read and line:
@@ -255,6 +262,7 @@ def read_run(
             if read and j - stop >= GAP_LINES:
                 break
             j += 1
+            at = next(other, n)
         if not redraw:
             break  # the lines after the last redraw are not part of the run
         if read or after is not None:
@@ -265,12 +273,9 @@ def read_run(
         else:
             others[-1] += hinted
             inline[-1] += absorbed
-        if after is not None:
-            bar, desc, is_redraw = after, after.desc, methodcaller("startswith", after.desc)
-        if j > stop:  # _leading read the gap's first line: step over the others
-            next(islice(rest, j - stop - 1, j - stop - 1), None)
-        else:  # it read this redraw (of the next epoch)
-            rest = islice(lines, j, None)
+        if after is not None:  # the next epoch's redraws from line j on
+            bar, lead, other = after, _lead(after.desc), _others(lines, j, after.desc)
+            at = next(other, n)
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
         run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline, bars)
@@ -282,15 +287,17 @@ def read_run(
 
 class Layout(NamedTuple):
     """Where the fields are in every redraw of one shape (byte offsets in the line): n, total, elapsed,
-    remaining and rate; the stripped postfix; per "key=number" part of a plain postfix (else None) the
-    key's and the number's; the shapes of those numbers; and the :mod:`struct` formats that cut a line's
-    postfix, and its total and numbers, out of it."""
+    remaining and rate; the stripped postfix and its shape; per "key=number" part of a plain postfix (else
+    None; () without a postfix) the key's and the number's; the shapes of those numbers; and the
+    :mod:`struct` format that cuts a line's total and numbers out of it."""
 
     fields: tuple[tuple[int, int], ...]
     post: tuple[int, int]
+    post_shape: bytes
     pairs: tuple[tuple[int, int, int, int], ...] | None
     numbers: tuple[bytes, ...]
-    cuts: tuple[str, str]
+    cut: str
+    step: int  # the fields that it cuts per line
     keys: tuple[bytes, ...]  # the postfix's keys (digits read 0)
     digit_keys: tuple[tuple[int, int], ...]  # the index and the offset of each key with a digit
 
@@ -364,16 +371,17 @@ def _layout(shape: bytes, d: int, total: bytes) -> Layout | None:
             pairs = None  # "loss" twice: only the line-by-line reading knows which wins
     numbers = tuple(shape[v0:v1] for _, _, v0, v1 in pairs) if pairs else ()
     width = len(shape) + 1
-    post_span = (p0, p0 + len(post))
-    cuts = (_cut([post_span], width), _cut([fields[1]] + [(v0, v1) for _, _, v0, v1 in pairs or ()], width))
+    cut = _cut([fields[1]] + [(v0, v1) for _, _, v0, v1 in pairs or ()], width)
     keys = tuple(shape[a:b] for a, b, _, _ in pairs or ())
     digit_keys = tuple((n, a) for n, (a, b, _, _) in enumerate(pairs or ()) if b"0" in shape[a:b])
     return Layout(
         fields,
-        post_span,
+        (p0, p0 + len(post)),
+        post,
         tuple(pairs) if pairs is not None else None,
         numbers,
-        cuts,
+        cut,
+        1 + len(numbers),
         keys,
         digit_keys,
     )
@@ -410,12 +418,14 @@ def _bulk(
     body = b"\n".join(reds)
     shapes = body.translate(DIGITS_AS_0).split(b"\n")
     body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
-    posts: list[bytes] = []
+    posted_at: list[int] = []  # the redraw of each postfix
+    post_shapes: list[int] = []  # the postfixes whose shape differs from the one before them
     keys: list[bytes] = []  # the first postfix's keys
     key_shapes: tuple[bytes, ...] | None = None
     columns: list[list[bytes]] = []
     numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
     posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
+    post_shape: bytes | None = None
     offset = first = 0
     for shape, group in groupby(shapes):
         k = len(list(group))
@@ -426,14 +436,14 @@ def _bulk(
         start, offset = offset, offset + k * width
         first += k
         block = body[start:offset]
-        cut = _cut_block(layout.cuts[1], block, k)  # each line's total, then its numbers
-        step = 1 + len(layout.numbers)
+        cut = _cutter(layout.cut, k).unpack(block) if k <= CUT_LINES else _cut_block(layout.cut, block, k)
+        step = layout.step  # each line's total, then its numbers
         if cut[::step].count(total) != k:  # (the shape reads every total's digits as 0)
             return None
-        if layout.post[0] == layout.post[1]:
+        if not layout.pairs:
+            if layout.pairs is None:
+                return None
             continue  # no postfix: it neither counts nor changes the last one
-        if layout.pairs is None:
-            return None
         if layout.keys != key_shapes:
             if key_shapes is not None:
                 return None  # every redraw has the first one's keys
@@ -445,8 +455,11 @@ def _bulk(
                 return None
         if layout.numbers != numbers:
             numbers = None
+        if layout.post_shape != post_shape:
+            post_shape = layout.post_shape
+            post_shapes.append(len(posted_at))
         posted.append((first - k, k))
-        posts += _cut_block(layout.cuts[0], block, k)
+        posted_at += range(first - k, first)
         for n, column in enumerate(columns):
             column += cut[n + 1 :: step]
     ends: list[int] = []  # the postfixes up to the end of each segment
@@ -456,18 +469,18 @@ def _bulk(
             done += posted[g][1]
             g += 1
         ends.append(done + (max(end - posted[g][0], 0) if g < len(posted) else 0))
-    total_posts = len(posts)
-    before: list[bytes | None] = [bar_post, *posts[:-1]]  # what each postfix is compared with
+    total_posts = len(posted_at)
+    fresh = post_shapes[1:]  # the postfixes that differ from the one before them in their shape
     for s in range(1, len(cuts)):
-        if bars[s].epoch != bars[s - 1].epoch and ends[s - 1] < len(posts):
-            before[ends[s - 1]] = None  # the epoch starts afresh
-    kept: list[bool] | None = None  # None: every postfix changed
-    if any(map(eq, posts, before)):
-        kept = list(map(ne, posts, before))
-        posts = list(compress(posts, kept))
+        if bars[s].epoch != bars[s - 1].epoch and ends[s - 1] < total_posts:
+            fresh.append(ends[s - 1])  # the epoch starts afresh
+    same = bool(posted_at) and _post(reds, posted_at, 0, d, total) == bar_post  # as the one read before
+    kept = _changed(columns, fresh, same)
+    if kept is not None:
+        posted_at = list(compress(posted_at, kept))
         columns = [list(compress(column, kept)) for column in columns]
         ends = [sum(kept[:e]) for e in ends]
-    if posts and not all(math.isfinite(float(column[0])) for column in columns):
+    if posted_at and not all(math.isfinite(float(column[0])) for column in columns):
         return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
     decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
     segments: list[Segment] = []
@@ -502,8 +515,8 @@ def _bulk(
                 gap,
                 fields,
                 last,
-                posts[lo:hi],
-                lo == 0 < hi,
+                _post(reds, posted_at, hi - 1, d, total) if hi > lo else None,
+                _post(reds, posted_at, 0, d, total) if lo == 0 < hi else None,
                 out,
                 others[len(segments)],
                 bars[len(segments)],
@@ -511,6 +524,30 @@ def _bulk(
         )
         lo = hi
     return Run(cuts[-1][1], segments)
+
+
+def _changed(columns: list[list[bytes]], fresh: list[int], same: bool) -> list[bool] | None:
+    """Whether each postfix differs from the one before it (None: all do), from the ``columns`` of their
+    numbers: postfixes of one shape with the same keys (see :func:`_bulk`) differ where a number does.
+    ``fresh``: the postfixes that differ anyway (another shape, or a new epoch's first); ``same``: whether
+    the first is the postfix read before the run."""
+    if not columns:
+        return None
+    rows: Sequence[object] = columns[0] if len(columns) == 1 else list(zip(*columns, strict=True))
+    before: list[object] = [rows[0] if same else None, *rows[:-1]]
+    for q in fresh:
+        before[q] = None
+    if not any(map(eq, rows, before)):
+        return None
+    return list(map(ne, rows, before))
+
+
+def _post(reds: list[bytes], posted_at: list[int], q: int, d: int, total: bytes) -> bytes:
+    """The text of postfix ``q`` (``posted_at``: the redraw of each)."""
+    line = reds[posted_at[q]]
+    layout = _layout(line.translate(DIGITS_AS_0), d, total)
+    assert layout is not None  # (read in bulk)
+    return line[layout.post[0] : layout.post[1]]
 
 
 def _at(
