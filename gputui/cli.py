@@ -13,6 +13,7 @@ import math
 import os
 import re
 import select
+import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -860,6 +861,27 @@ def _stdout_closed() -> bool:
         return False
 
 
+def _check_run_command(argv: list[str], before: list[str], extra: list[str], after: list[str] | None) -> None:
+    """Refuse a ``run`` whose job command argparse would split: without ``--`` an option-like word in the
+    command (``python train.py --name x``) is taken as gputui's own, or the words before ``--`` are dropped."""
+    if after is not None and before:
+        raise SystemExit(_usage_error(
+            f"run: {shlex.join(before)!r} comes before -- and would be dropped: put the whole command after --, "
+            f"e.g. gputui run HOST -- {shlex.join([*before, *after])}"
+        ))  # fmt: skip
+    if after is None and (extra or (before and argv[len(argv) - len(before) :] != before)):
+        taken = f" ({shlex.join(extra)!r} is not an option of gputui run)" if extra else ""
+        raise SystemExit(_usage_error(
+            f"run: the job's command holds options that gputui would take as its own{taken}: "
+            "put the command after --, e.g. gputui run HOST --name exp1 -- python train.py --lr 3e-4"
+        ))  # fmt: skip
+
+
+def _usage_error(message: str) -> int:
+    print(f"gputui: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     command: list[str] | None = None
@@ -867,7 +889,11 @@ def _main(argv: list[str] | None = None) -> None:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd == "run":
+        _check_run_command(argv, args.command, extra, command)
+    if extra:
+        parser.parse_args(argv)  # argparse's own error for them
     if command is not None:
         if args.cmd != "run":
             parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")

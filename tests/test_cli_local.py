@@ -140,6 +140,22 @@ def test_errors_are_clear_and_nonzero(home: Home) -> None:
     assert res.returncode == 2 and "KEY=VALUE" in res.stderr
 
 
+def test_run_never_splits_the_jobs_command(home: Home) -> None:
+    """Without ``--`` the job's own options were read as gputui's (``--name x`` renamed the job and was dropped
+    from its argv; ``-c`` was "unrecognized"), and words before ``--`` were dropped: each is refused, with the
+    form that works, and no job starts."""
+    for args, says in (
+        (["ls", "--name", "x"], "put the command after --"),
+        (["python3", "-c", "print(1)"], "'print(1)'\" is not an option of gputui run"),
+        (["echo", "--", "hi"], "'echo' comes before -- and would be dropped"),
+    ):
+        res = home.cli("run", "local", *args)
+        assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+    assert json.loads(home.cli("jobs", "--json", check=True).stdout) == []
+    job_id = home.cli("run", "local", "echo", "hi", check=True).stdout.strip()  # a plain one needs no --
+    assert home.cli("logs", "-f", "local", job_id, check=True).stdout.strip() == "hi"
+
+
 def test_broken_config_names_file_line_and_field(home: Home) -> None:
     path = home.write_config('[hosts.gpu1]\nhost = "10.0.0.1"\nprot = 22\n')
     res = home.cli("status")
