@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from test_ui_app import SIZE, static_app, until
-from ui_fixtures import ReplaySession, job, recorded_gpus, screen_text, snapshot
+from ui_fixtures import T0, ReplaySession, job, recorded_gpus, screen_text, snapshot
 
 from gputui.core import config as cfg
 from gputui.core import model as M
@@ -136,3 +136,17 @@ async def test_commands_show_shell_quoted(tmp_path: Path) -> None:
             pilot, lambda: "python3 -c 'import" in screen_text(app), what="quoted command in the jobs table"
         )
         await until(pilot, lambda: "python3 -c 'import time;[print(i) for i in range(3)]'" in screen_text(app), what="whole command in the log title")  # fmt: skip
+
+
+def test_an_ended_job_shows_no_eta() -> None:
+    """A killed job's row kept the ETA its log implied when it stopped (``50%  5s``), as if still coming;
+    the log header and ``gputui jobs`` already show an ETA only while a job runs."""
+    from gputui.core.insights import JobInsights
+    from gputui.ui.widgets.host import job_row
+
+    ins = JobInsights(progress=0.5, eta_s=5.0)
+    cells = job_row(job("box", "1", "train"), ins, T0, Palette())
+    assert (cells[5].plain, cells[6].plain) == ("50%", "5s")  # type: ignore[attr-defined]
+    for state in (M.JOB_KILLED, M.JOB_FAILED, M.JOB_SUCCEEDED, M.JOB_LOST):
+        cells = job_row(job("box", "1", "train", state, exit_code=130), ins, T0, Palette())
+        assert (cells[5].plain, cells[6].plain) == ("50%", ""), state  # type: ignore[attr-defined]
