@@ -163,7 +163,7 @@ def test_broken_config_names_file_line_and_field(home: Home) -> None:
     assert f"{path}:3: hosts.gpu1.prot: unknown setting" in res.stderr
     path = home.write_config('[hosts.gpu1]\nport = "22"\n')
     res = home.cli("jobs")
-    assert res.returncode == 2 and f"{path}:2: hosts.gpu1.port: must be a int" in res.stderr
+    assert res.returncode == 2 and f"{path}:2: hosts.gpu1.port: must be a whole number" in res.stderr
     home.write_config("[hosts.gpu1\n")
     res = home.cli("jobs")
     assert res.returncode == 2 and "invalid TOML" in res.stderr and "line 1" in res.stderr
