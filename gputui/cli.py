@@ -694,7 +694,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    r = sub.add_parser("run", help="start a job in tmux on a host; prints its id")
+    r = sub.add_parser(
+        "run", help="start a job in tmux on a host; prints its id", usage="%(prog)s [OPTIONS] host -- CMD [ARG ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
+    )  # fmt: skip
     r.add_argument("host")
     r.add_argument("--name", help="display name (free text)")
     r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1; "
@@ -716,7 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
     sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
                     help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")  # fmt: skip
-    r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
+    r.add_argument("command", nargs="*", metavar="CMD",
+                   help="the job's argv, after -- (passed untouched, never through a shell)")  # fmt: skip
     r.set_defaults(func=cmd_run)
 
     j = sub.add_parser("jobs", help="list jobs")
@@ -830,7 +834,32 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
                     help="seconds the torch probe may take (default 60)")  # fmt: skip
     dr.set_defaults(func=cmd_doctor)
+    _document(sub)
     return p
+
+
+RUN_EXAMPLES = """examples:
+  gputui run local -- python train.py --epochs 10
+  gputui run gpu1 --sync --name exp1 --gpus 0,1 -- python train.py
+  gputui run gpu1 --queue --gpus 2 -- torchrun --nproc-per-node=2 train.py"""
+SHARED_HELP = {
+    "host": "a host from the config (with no config: local); gputui status lists them",
+    "job": "the job's id, as gputui run printed it; gputui jobs HOST lists them",
+    "json": "print JSON (its keys are in README.md)",
+    "remote_port": "the port on the host, e.g. 6006 for TensorBoard",
+}
+
+
+def _document(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each command's --help opens with what it does, and the arguments the commands share say what they are."""
+    for listed in sub._choices_actions:
+        parser = sub.choices[listed.dest]
+        parser.description = parser.description or listed.help
+        for action in parser._actions:
+            if action.help is None:
+                action.help = SHARED_HELP.get(action.dest)
+                if action.dest == "host" and action.nargs == "?":
+                    action.help = "one host (default: every host)"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -156,6 +156,23 @@ def test_run_never_splits_the_jobs_command(home: Home) -> None:
     assert home.cli("logs", "-f", "local", job_id, check=True).stdout.strip() == "hi"
 
 
+def test_every_command_help_says_what_it_does_and_what_each_argument_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gputui logs --help` listed `host` and `job` with no word on either, `--json` bare, no line on what the
+    command does; `gputui run --help` showed `host [command ...]` with no `--` and no example."""
+    from gputui.cli import build_parser
+
+    [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in sub.choices.items():
+        assert parser.description, name
+        bare = [a.dest for a in parser._actions if not a.help]
+        assert not bare, (name, bare)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gputui run [OPTIONS] host -- CMD [ARG ...]")
+    assert "gputui run local -- python train.py" in out
+
+
 def test_broken_config_names_file_line_and_field(home: Home) -> None:
     path = home.write_config('[hosts.gpu1]\nhost = "10.0.0.1"\nprot = 22\n')
     res = home.cli("status")
