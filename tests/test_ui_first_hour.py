@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from test_ui_app import SIZE, static_app, until
+from test_ui_app import SIZE, connected, local, local_app, static_app, until  # noqa: F401 - local: a fixture
 from ui_fixtures import T0, ReplaySession, job, recorded_gpus, screen_text, snapshot
 
 from gputui.core import config as cfg
@@ -150,3 +150,39 @@ def test_an_ended_job_shows_no_eta() -> None:
     for state in (M.JOB_KILLED, M.JOB_FAILED, M.JOB_SUCCEEDED, M.JOB_LOST):
         cells = job_row(job("box", "1", "train", state, exit_code=130), ins, T0, Palette())
         assert (cells[5].plain, cells[6].plain) == ("50%", ""), state  # type: ignore[attr-defined]
+
+
+async def test_a_job_that_could_not_start_keeps_what_was_typed(
+    local: cfg.Config,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A start the host refused (a working dir it lacks) closed the dialog and its fields went with it: `n`
+    then opened an empty form. Now `n` brings them back with the reason, and after a start it is empty again."""
+    from textual.widgets import Input, Static
+
+    from gputui.ui.screens.new_job import NewJobScreen
+
+    app = local_app(local, tmp_path)
+    typed = {"command": "python3 train.py --lr '3e-4 x'", "cwd": str(tmp_path / "no-such-dir"), "name": "exp1",
+             "env": "A=1 'B=two words'", "gpus": "", "sync": ""}  # fmt: skip
+
+    async def dialog() -> NewJobScreen:
+        await pilot.press("n")
+        return await until(pilot, lambda: isinstance(app.screen, NewJobScreen) and app.screen, what="dialog")
+
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        form = await dialog()
+        for key, value in typed.items():
+            form.query_one(f"#{key}", Input).value = value
+        await pilot.press("enter")
+        await until(pilot, lambda: [n for n in app._notifications if "does not exist" in n.message], what="refusal")
+        assert not isinstance(app.screen, NewJobScreen) and not app.hosts["local"].jobs
+        form = await dialog()
+        assert {key: form.query_one(f"#{key}", Input).value for key in typed} == typed
+        assert "does not exist" in str(form.query_one("#error", Static).render())
+        form.query_one("#cwd", Input).value = str(tmp_path)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.hosts["local"].jobs, what="the job started")
+        form = await dialog()
+        assert form.query_one("#command", Input).value == ""

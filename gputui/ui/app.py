@@ -184,6 +184,7 @@ class GpuTuiApp(App[None]):
         self._job_timer: Timer | None = None
         self._last_flush = 0.0
         self._started: set[tuple[str, str]] = set()
+        self._draft: tuple[JobSpec, str] | None = None  # the new job that could not start, and why
         self._stream_lost = False
         self._shutting_down = False
         self._keys_sig: tuple[object, ...] = ()
@@ -654,7 +655,9 @@ class GpuTuiApp(App[None]):
         from .screens.new_job import NewJobScreen  # dialogs and reports load when first opened
 
         local = frozenset(n for n, h in self.config.hosts.items() if h.transport == "local")
-        screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
+        draft, self._draft = self._draft, None  # a job that could not start: its fields again
+        screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local,
+                              *(draft or (None, "")))  # fmt: skip
         self.push_screen(screen, self._on_job_spec)
 
     def _on_job_spec(self, spec: JobSpec | None) -> None:
@@ -662,11 +665,13 @@ class GpuTuiApp(App[None]):
             self.run_worker(self._start_job(spec), group="command")
 
     async def _start_job(self, spec: JobSpec) -> None:
+        asked = spec
         if spec.sync is not None:  # the tree goes first; the job then runs in the synced dir
             from . import carry
 
             synced = await carry.sync_first(self, spec)
             if synced is None:
+                self._draft = (asked, "the sync failed, the job did not start")
                 return
             spec = synced
         from gputui.core.jobs import start_job
@@ -674,7 +679,9 @@ class GpuTuiApp(App[None]):
         try:
             job = await start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
-            self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
+            self._draft = (asked, f"could not start: {exc}")  # n opens the dialog with it: nothing is retyped
+            self.notify(f"could not start the job on {spec.host}: {exc} (n: edit it and try again)",
+                        severity="error", timeout=NOTIFY_S)  # fmt: skip
             return
         self._started.add((spec.host, job.id))
         verb = f"queued (position {job.queue_position})" if job.state == M.JOB_QUEUED else "started"
