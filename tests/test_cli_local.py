@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, Home, wait_for
@@ -125,6 +126,29 @@ def test_kill_from_cli(home: Home, tmp_path) -> None:
     assert "killed" in res.stdout
     [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
     assert job["state"] == "killed" and job["exit_code"] == 130
+
+
+def test_an_ended_job_has_no_eta_in_jobs_json(home: Home, tmp_path: Path) -> None:
+    """A killed job's `insights.eta_s` stayed what its last progress line implied (the table showed `-`)."""
+    marker = tmp_path / "third"
+    code = (
+        "import pathlib, time\n"
+        "for e in range(1, 11):\n"
+        "    print(f'epoch {e}/10 loss={1 / e:.3f}', flush=True)\n"
+        f"    if e == 3: pathlib.Path({str(marker)!r}).touch()\n"
+        "    time.sleep(1.1 if e < 3 else 60)\n"  # the runner times the log by the second
+    )
+    job_id = run_job(home, sys.executable, "-c", code)
+    wait_for(marker.exists, what="third epoch")
+
+    def insights() -> dict:
+        [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
+        return job["insights"]
+
+    assert insights()["eta_s"] is not None  # while it runs
+    home.cli("kill", "local", job_id, "--grace", "2", check=True)
+    ended = insights()
+    assert ended["progress"] == 0.3 and ended["eta_s"] is None
 
 
 def test_errors_are_clear_and_nonzero(home: Home) -> None:
