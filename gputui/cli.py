@@ -689,9 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch, run and release jobs on GPU hosts.",
         epilog="Without a command gputui opens the app (on a terminal) or prints `gputui status` (when piped).",
     )
-    p.add_argument(
-        "--config", help="config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
-    )
+    p.add_argument("--config", help=CONFIG_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     r = sub.add_parser(
@@ -838,6 +836,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
 RUN_EXAMPLES = """examples:
   gputui run local -- python train.py --epochs 10
   gputui run gpu1 --sync --name exp1 --gpus 0,1 -- python train.py
@@ -851,10 +850,12 @@ SHARED_HELP = {
 
 
 def _document(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Each command's --help opens with what it does, and the arguments the commands share say what they are."""
+    """Each command's --help opens with what it does, and the arguments the commands share say what they are;
+    ``--config`` works after the command too (``gputui status --config c.toml``)."""
     for listed in sub._choices_actions:
         parser = sub.choices[listed.dest]
         parser.description = parser.description or listed.help
+        parser.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
         for action in parser._actions:
             if action.help is None:
                 action.help = SHARED_HELP.get(action.dest)

@@ -197,6 +197,21 @@ def test_every_command_help_says_what_it_does_and_what_each_argument_is(capsys: 
     assert "gputui run local -- python train.py" in out
 
 
+def test_config_flag_works_after_the_command_too(home: Home, tmp_path: Path) -> None:
+    """`gputui status --config c.toml` was "unrecognized arguments: --config": only `gputui --config c.toml status`
+    worked, and the README's `--config PATH` does not say where it goes."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'[hosts.mine]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    for args in (["--config", str(config), "jobs", "--json"], ["jobs", "--json", "--config", str(config)]):
+        res = home.cli(*args)
+        assert res.returncode == 0 and json.loads(res.stdout) == [], (args, res.stderr)
+    res = home.cli("status", "--config", str(tmp_path / "none.toml"))
+    assert res.returncode == 2 and "none.toml: config file not found" in res.stderr
+    res = home.cli("run", "mine", "--config", str(config), "--", "echo", "--config", "x")
+    assert res.returncode == 0, res.stderr
+    assert home.cli("logs", "-f", "mine", res.stdout.strip(), "--config", str(config)).stdout == "--config x\n"
+
+
 def test_broken_config_names_file_line_and_field(home: Home) -> None:
     path = home.write_config('[hosts.gpu1]\nhost = "10.0.0.1"\nprot = 22\n')
     res = home.cli("status")
