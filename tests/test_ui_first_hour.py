@@ -186,3 +186,30 @@ async def test_a_job_that_could_not_start_keeps_what_was_typed(
         await until(pilot, lambda: app.hosts["local"].jobs, what="the job started")
         form = await dialog()
         assert form.query_one("#command", Input).value == ""
+
+
+async def test_a_job_for_a_host_that_is_not_up_says_it_waits(
+    local: cfg.Config,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Enter in the new-job dialog for a host that is reconnecting gave no word for 30 s (then "not connected
+    within 30 s"): now it says at once that the job waits for the host."""
+    from sshd import free_port
+    from textual.widgets import Input
+
+    from gputui.ui.screens.new_job import NewJobScreen
+
+    off = cfg.HostConfig(name="off", host="127.0.0.1", port=free_port(), remote_dir=str(tmp_path / "off"))
+    app = local_app(replace(local, hosts={**local.hosts, "off": off}), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        await until(pilot, lambda: app.hosts["off"].state == M.RECONNECTING, what="off reconnecting")
+        app.selected_host = "off"
+        await pilot.press("n")
+        form = await until(pilot, lambda: isinstance(app.screen, NewJobScreen) and app.screen, what="dialog")
+        assert form.host == "off"
+        form.query_one("#command", Input).value = "echo hi"
+        await pilot.press("enter")
+        notes = lambda: [n.message for n in app._notifications]  # noqa: E731
+        await until(pilot, lambda: any("off is reconnecting: the job starts once it is up" in m for m in notes()))
+        assert not any("could not start" in m for m in notes())

@@ -676,6 +676,9 @@ class GpuTuiApp(App[None]):
             spec = synced
         from gputui.core.jobs import start_job
 
+        snap = self.hosts.get(spec.host)
+        if snap is not None and snap.state in (M.CONNECTING, M.RECONNECTING):  # else 30 s of silence
+            self.notify(f"{spec.host} is {snap.state}: the job starts once it is up (at most 30 s)…", timeout=NOTIFY_S)
         try:
             job = await start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
