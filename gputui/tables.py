@@ -128,7 +128,9 @@ def print_queue(jobs: list[M.Job]) -> None:
 def _idle_text(c: M.CostInfo) -> str:
     if c.idle:
         return f"idle {duration(c.idle_seconds)}"
-    return "busy: " + "; ".join(c.reasons[:3]) if c.reasons else "not idle yet"
+    if c.reasons:
+        return "busy: " + "; ".join(c.reasons[:3])
+    return f"quiet for {duration(c.idle_seconds)}, idle once that reaches idle_minutes"  # was "not idle yet"
 
 
 def print_status(snaps: list[M.HostSnapshot]) -> None:

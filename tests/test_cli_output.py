@@ -110,3 +110,13 @@ def test_every_client_file_lives_under_the_xdg_dirs(monkeypatch: pytest.MonkeyPa
     assert paths.state_dir() == tmp_path / "home/.local/state/gputui"
     paths.write_atomic(paths.state_dir() / "x.json", b"{}")  # the dir is made on the way
     assert (paths.state_dir() / "x.json").read_bytes() == b"{}"
+
+
+def test_status_says_how_long_a_quiet_host_has_been_quiet(home: Home) -> None:
+    """A host with no job and no GPU use said "not idle yet" (why not? until when?)."""
+    home.write_config(  # a login on the test machine would make it busy
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\n'
+    )
+    out = home.cli("status", check=True).stdout
+    cost = next(line for line in out.splitlines() if line.strip().startswith("cost"))
+    assert re.search(r"quiet for \d+s, idle once that reaches idle_minutes$", cost), out
