@@ -123,6 +123,11 @@ async def _with_session(
     session = await _session(args, host)
     try:
         return await body(session)
+    except AgentError as exc:
+        if exc.code == "not_found" and str(exc).startswith("no job "):  # which host, and where the ids are
+            said = str(exc).replace(" on this host", f" on {host}", 1)
+            raise CliError(f"{said}; gputui jobs {host} lists its jobs", EXIT_NOT_FOUND) from None
+        raise
     finally:
         await session.close()
 

@@ -153,7 +153,7 @@ def test_an_ended_job_has_no_eta_in_jobs_json(home: Home, tmp_path: Path) -> Non
 
 def test_errors_are_clear_and_nonzero(home: Home) -> None:
     res = home.cli("logs", "local", "42")
-    assert res.returncode == 5 and "no job '42'" in res.stderr
+    assert res.returncode == 5 and "no job '42' on local; gputui jobs local lists its jobs" in res.stderr
     res = home.cli("run", "nowhere", "--", "true")
     assert res.returncode == 2 and "unknown host 'nowhere'" in res.stderr and "local" in res.stderr
     res = home.cli("run", "local")
