@@ -213,3 +213,16 @@ async def test_a_job_for_a_host_that_is_not_up_says_it_waits(
         notes = lambda: [n.message for n in app._notifications]  # noqa: E731
         await until(pilot, lambda: any("off is reconnecting: the job starts once it is up" in m for m in notes()))
         assert not any("could not start" in m for m in notes())
+
+
+async def test_autostop_keys_with_no_autostop_say_why(tmp_path: Path) -> None:
+    """z and x did nothing at all on a host without autostop (their bindings are off then): a silent key
+    looks broken. Now they say what would arm it; the footer and help still list them only once."""
+    app = static_app(tmp_path, [snapshot("box", recorded_gpus("h100"))])
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.selected_host == "box", what="host selected")
+        for key in ("z", "x"):
+            app._notifications.clear()
+            await pilot.press(key)
+            await until(pilot, lambda: [n for n in app._notifications if "box has no autostop counting down" in n.message])
+        assert sum(key == "z" for key, _ in app.key_sections()[0][1]) == 1

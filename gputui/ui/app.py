@@ -149,7 +149,8 @@ class GpuTuiApp(App[None]):
 
     CSS_PATH = "gputui.tcss"
     TITLE = "gputui"
-    BINDINGS = APP_KEYS
+    # z and x with no autostop armed: the armed bindings above are off then, these say why (not in help/palette)
+    BINDINGS = [*APP_KEYS, Binding("z,x", "autostop_unarmed", show=False)]
 
     def __init__(
         self,
@@ -807,6 +808,12 @@ class GpuTuiApp(App[None]):
 
     def action_cancel_autostop(self) -> None:
         self._autostop(autostop.cancel, "autostop cancelled until the host reboots")
+
+    def action_autostop_unarmed(self) -> None:
+        host = self.selected_host
+        if not self._no_host():
+            self.notify(f"{host} has no autostop counting down: set autostop_minutes (with release_remote) "
+                        "or a deadline in its [hosts.NAME] table", timeout=NOTIFY_S)  # fmt: skip
 
     def _autostop(self, change: Callable[[Any], Awaitable[None]], done: str) -> None:
         host = self.selected_host
