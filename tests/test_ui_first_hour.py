@@ -226,3 +226,13 @@ async def test_autostop_keys_with_no_autostop_say_why(tmp_path: Path) -> None:
             await pilot.press(key)
             await until(pilot, lambda: [n for n in app._notifications if "box has no autostop counting down" in n.message])
         assert sum(key == "z" for key, _ in app.key_sections()[0][1]) == 1
+
+
+async def test_a_theme_the_config_names_wrongly_is_said(tmp_path: Path) -> None:
+    """`theme = "gputui-ligth"` in the config started the default theme without a word."""
+    config = cfg.Config(path=None, hosts={}, theme="gputui-ligth")
+    app = static_app(tmp_path, [snapshot("box")], config=config)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: [n for n in app._notifications if "'gputui-ligth' is no theme here" in n.message])
+        note = next(n.message for n in app._notifications if "gputui-ligth" in n.message)
+        assert "gputui-light" in note and app.theme == "gputui-dark"

@@ -234,6 +234,10 @@ class GpuTuiApp(App[None]):
             self.register_theme(theme)
         self._start_theme(T.pick_theme(self.config.theme, self._ui_state, set(self.available_themes)))
         self.palette = Palette.from_theme(self.current_theme)
+        if self.config.theme is not None and self.config.theme not in self.available_themes:  # a typo: say so
+            known = ", ".join(sorted(n for n in self.available_themes if n.startswith("gputui-")))
+            errors.append(f"the config's theme = {self.config.theme!r} is no theme here (gputui's: {known}; "
+                          "more in ~/.config/gputui/themes/)")  # fmt: skip
         return errors
 
     def _start_theme(self, name: str) -> None:
