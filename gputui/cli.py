@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from remote_agent import protocol as P
+
 from . import launch
 from .core import autostop, jsonout, safetext
 from .core import config as cfg
@@ -330,14 +332,9 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def cmd_kill(args: argparse.Namespace) -> int:
-    if not args.yes and sys.stdin.isatty():
-        answer = input(
-            f"Kill job {args.job} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] "
-        )
-        if answer.strip().lower() not in ("y", "yes"):
-            raise CliError("not killed", EXIT_FAIL)
-
     async def body(s: HostSession) -> int:
+        if not args.yes and sys.stdin.isatty():  # the question names the job: a mistyped id shows
+            await _confirm_kill(args, s)
         job = await s.kill_job(args.job, args.grace)
         if job.state == M.JOB_KILLED and job.started_at is None:
             print(f"job {job.id} on {args.host}: removed from the queue (it never started)")
@@ -346,6 +343,19 @@ async def cmd_kill(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
+
+
+async def _confirm_kill(args: argparse.Namespace, s: HostSession) -> None:
+    """Ask on the terminal whether to kill the job, naming it; a CliError when not (or when it is over)."""
+    job = M.Job.from_wire(args.host, await s.request(P.OP_JOBS_GET, job=args.job))
+    if job.state in M.JOB_ENDED_STATES:
+        raise CliError(f"job {job.id} is not running ({job.state})", EXIT_FAIL)
+    it = f"job {job.id} ({safetext.clean(job.name, limit=120)}, {job.state})"
+    queued = job.state == M.JOB_QUEUED
+    question = (f"Remove {it} from {args.host}'s queue? [y/N] " if queued else
+                f"Kill {it} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] ")  # fmt: skip
+    if not await asyncio.to_thread(_ask, question):  # the loop runs on: the link stays alive while we wait
+        raise CliError("not removed" if queued else "not killed", EXIT_FAIL)
 
 
 async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:

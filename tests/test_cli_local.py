@@ -151,6 +151,27 @@ def test_an_ended_job_has_no_eta_in_jobs_json(home: Home, tmp_path: Path) -> Non
     assert ended["progress"] == 0.3 and ended["eta_s"] is None
 
 
+def test_kill_on_a_terminal_names_the_job_before_asking(home: Home, tmp_path: Path) -> None:
+    """The question was "Kill job 7 on local?" whatever 7 was, asked even for a job that does not exist or had
+    ended: a mistyped id showed only after the yes. Now it names the job, and asks only when there is one."""
+    from test_carry_artifacts import _answer_prompts
+
+    marker = tmp_path / "ready"
+    job_id = run_job(home, "sh", "-c", f"touch {marker}; sleep 60", extra=("--name", "train-llama"))
+    wait_for(marker.exists, what="job start")
+    code, out = _answer_prompts(home, ["kill", "local", job_id], {"[y/N]": "n"})  # type: ignore[arg-type]
+    assert f"Kill job {job_id} (train-llama, running) on local (SIGINT" in out and code == 1, out
+    assert "not killed" in out
+    [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
+    assert job["state"] == "running"
+    code, out = _answer_prompts(home, ["kill", "local", "99"], {"[y/N]": "y"})  # type: ignore[arg-type]
+    assert code == 5 and "[y/N]" not in out and "no job '99' on local" in out, out
+    code, out = _answer_prompts(home, ["kill", "local", job_id], {"[y/N]": "y"})  # type: ignore[arg-type]
+    assert code == 0 and "killed (exit" in out, out
+    code, out = _answer_prompts(home, ["kill", "local", job_id], {"[y/N]": "y"})  # type: ignore[arg-type]
+    assert code == 1 and "[y/N]" not in out and "is not running (killed)" in out, out
+
+
 def test_errors_are_clear_and_nonzero(home: Home) -> None:
     res = home.cli("logs", "local", "42")
     assert res.returncode == 5 and "no job '42' on local; gputui jobs local lists its jobs" in res.stderr
