@@ -158,7 +158,9 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
         c = s.cost
         if c is not None:
             price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"
-            print(f"  cost  {price}, accrued {c.accrued:.2f}; {_idle_text(c)}")
+            stops = [f"{what} in {duration(left)}" for what, left in
+                     (("autostop", c.autostop_in_s), ("deadline release", c.deadline_in_s)) if left is not None]  # fmt: skip
+            print(f"  cost  {price}, accrued {c.accrued:.2f}; {'; '.join([_idle_text(c), *stops])}")
 
 
 def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:
