@@ -126,10 +126,11 @@ async def _with_session(
     try:
         return await body(session)
     except AgentError as exc:
-        if exc.code == "not_found" and str(exc).startswith("no job "):  # which host, and where the ids are
-            said = str(exc).replace(" on this host", f" on {host}", 1)
-            raise CliError(f"{said}; gputui jobs {host} lists its jobs", EXIT_NOT_FOUND) from None
-        raise
+        if exc.code != "not_found":
+            raise
+        said = str(exc).replace(" on this host", f" on {host}", 1)  # which host; and where the job ids are
+        hint = f"; gputui jobs {host} lists its jobs" if said.startswith("no job ") else ""
+        raise CliError(said + hint, EXIT_NOT_FOUND) from None
     finally:
         await session.close()
 
