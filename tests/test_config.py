@@ -102,18 +102,18 @@ def test_a_typo_gets_the_setting_it_meant_and_the_line(text: str, says: str) -> 
         assert "it goes in a [hosts.NAME] table" in error_of(text)
 
 
-def test_a_config_without_hosts_applies_defaults_and_notify_to_local(home: Home) -> None:
-    """With no [hosts] the fleet is the local host, as with no file; [defaults] and [notify] were ignored for
-    it, so `gputui notify local --test` said "set [notify] ..." under a config that had set it."""
+def test_a_config_without_hosts_applies_notify_to_local_but_not_defaults(home: Home) -> None:
+    """With no [hosts] the fleet is the local host, as with no file; its [notify] was ignored, so
+    `gputui notify local --test` said "set [notify] ..." under a config that had set it. [defaults] stays
+    for the hosts to come: its release commands and autostop never arm this machine."""
     out = home.root / "notified.txt"
     path = home.write_config(
-        f'[defaults]\nprice_per_hour = 1.5\n\n[notify]\ncommand = ["sh", "-c", "cat > {out}"]\n'
+        '[defaults]\nrelease_remote = "sudo shutdown -h now"\nautostop_minutes = 1\nprice_per_hour = 1.5\n\n'
+        f'[notify]\ncommand = ["sh", "-c", "cat > {out}"]\n'
     )
     [local] = cfg.load(str(path)).hosts.values()
-    assert (local.name, local.transport, local.price_per_hour) == ("local", "local", 1.5)
-    assert local.remote_dir == cfg.default_local().remote_dir
+    assert (local.name, local.transport, local.remote_dir) == ("local", "local", cfg.default_local().remote_dir)
+    assert (local.release_remote, local.autostop_minutes, local.price_per_hour) == (None, None, None)
     res = home.cli("notify", "local", "--test")
     assert res.returncode == 0, res.stderr
     assert out.read_text().startswith("[local] test message")
-    home.write_config('[defaults]\nremote_dir = "~/elsewhere"\n')
-    assert cfg.load(str(path)).hosts["local"].remote_dir == "~/elsewhere"

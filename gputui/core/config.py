@@ -226,14 +226,6 @@ def default_local() -> HostConfig:
     )
 
 
-def _implicit_local(defaults: dict[str, Any]) -> dict[str, Any]:
-    """The ``[hosts.local]`` table of a config that names no host: this machine, as with no file."""
-    table: dict[str, Any] = {"transport": "local"}
-    if "remote_dir" not in defaults:
-        table["remote_dir"] = default_local().remote_dir
-    return table
-
-
 def load(explicit: str | None = None) -> Config:
     path, must_exist = resolve_path(explicit)
     if path is None or not path.exists():
@@ -312,7 +304,9 @@ def parse(text: str, path: Path) -> Config:
     budget = _check_budget(data.get("budget", {}), fail)
     defaults = _check_fields(data.get("defaults", {}), "defaults", fail)
     hosts: dict[str, HostConfig] = {}
-    tables = data.get("hosts") or {LOCAL: _implicit_local(defaults)}  # no [hosts]: [defaults], [notify] still apply
+    tables = data.get("hosts")
+    if not tables:  # this machine, as with no file; [notify] applies to it, [defaults] (release commands!) not
+        tables, defaults = {LOCAL: {"transport": "local", "remote_dir": default_local().remote_dir}}, {}
     for name, table in tables.items():
         if not isinstance(table, dict):
             raise fail("hosts", name, "must be a table like [hosts.NAME]")
