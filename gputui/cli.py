@@ -13,10 +13,13 @@ import math
 import os
 import re
 import select
+import shlex
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from remote_agent import protocol as P
 
 from . import launch
 from .core import autostop, jsonout, safetext
@@ -122,6 +125,12 @@ async def _with_session(
     session = await _session(args, host)
     try:
         return await body(session)
+    except AgentError as exc:
+        if exc.code != "not_found":
+            raise
+        said = str(exc).replace(" on this host", f" on {host}", 1)  # which host; and where the job ids are
+        hint = f"; gputui jobs {host} lists its jobs" if said.startswith("no job ") else ""
+        raise CliError(said + hint, EXIT_NOT_FOUND) from None
     finally:
         await session.close()
 
@@ -324,14 +333,9 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 
 async def cmd_kill(args: argparse.Namespace) -> int:
-    if not args.yes and sys.stdin.isatty():
-        answer = input(
-            f"Kill job {args.job} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] "
-        )
-        if answer.strip().lower() not in ("y", "yes"):
-            raise CliError("not killed", EXIT_FAIL)
-
     async def body(s: HostSession) -> int:
+        if not args.yes and sys.stdin.isatty():  # the question names the job: a mistyped id shows
+            await _confirm_kill(args, s)
         job = await s.kill_job(args.job, args.grace)
         if job.state == M.JOB_KILLED and job.started_at is None:
             print(f"job {job.id} on {args.host}: removed from the queue (it never started)")
@@ -340,6 +344,19 @@ async def cmd_kill(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return await _with_session(args, args.host, body)
+
+
+async def _confirm_kill(args: argparse.Namespace, s: HostSession) -> None:
+    """Ask on the terminal whether to kill the job, naming it; a CliError when not (or when it is over)."""
+    job = M.Job.from_wire(args.host, await s.request(P.OP_JOBS_GET, job=args.job))
+    if job.state in M.JOB_ENDED_STATES:
+        raise CliError(f"job {job.id} is not running ({job.state})", EXIT_FAIL)
+    it = f"job {job.id} ({safetext.clean(job.name, limit=120)}, {job.state})"
+    queued = job.state == M.JOB_QUEUED
+    question = (f"Remove {it} from {args.host}'s queue? [y/N] " if queued else
+                f"Kill {it} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] ")  # fmt: skip
+    if not await asyncio.to_thread(_ask, question):  # the loop runs on: the link stays alive while we wait
+        raise CliError("not removed" if queued else "not killed", EXIT_FAIL)
 
 
 async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
@@ -688,12 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch, run and release jobs on GPU hosts.",
         epilog="Without a command gputui opens the app (on a terminal) or prints `gputui status` (when piped).",
     )
-    p.add_argument(
-        "--config", help="config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
-    )
+    p.add_argument("--config", help=CONFIG_HELP)
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    r = sub.add_parser("run", help="start a job in tmux on a host; prints its id")
+    r = sub.add_parser(
+        "run", help="start a job in tmux on a host; prints its id", usage="%(prog)s [OPTIONS] host -- CMD [ARG ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
+    )  # fmt: skip
     r.add_argument("host")
     r.add_argument("--name", help="display name (free text)")
     r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1; "
@@ -715,7 +733,8 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
     sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
                     help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")  # fmt: skip
-    r.add_argument("command", nargs="*", help="-- CMD [ARG ...] (everything after -- is passed untouched)")
+    r.add_argument("command", nargs="*", metavar="CMD",
+                   help="the job's argv, after -- (passed untouched, never through a shell)")  # fmt: skip
     r.set_defaults(func=cmd_run)
 
     j = sub.add_parser("jobs", help="list jobs")
@@ -829,7 +848,35 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
                     help="seconds the torch probe may take (default 60)")  # fmt: skip
     dr.set_defaults(func=cmd_doctor)
+    _document(sub)
     return p
+
+
+CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
+RUN_EXAMPLES = """examples:
+  gputui run local -- python train.py --epochs 10
+  gputui run gpu1 --sync --name exp1 --gpus 0,1 -- python train.py
+  gputui run gpu1 --queue --gpus 2 -- torchrun --nproc-per-node=2 train.py"""
+SHARED_HELP = {
+    "host": "a host from the config (with no config: local); gputui status lists them",
+    "job": "the job's id, as gputui run printed it; gputui jobs HOST lists them",
+    "json": "print JSON (its keys are in README.md)",
+    "remote_port": "the port on the host, e.g. 6006 for TensorBoard",
+}
+
+
+def _document(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Each command's --help opens with what it does, and the arguments the commands share say what they are;
+    ``--config`` works after the command too (``gputui status --config c.toml``)."""
+    for listed in sub._choices_actions:
+        parser = sub.choices[listed.dest]
+        parser.description = parser.description or listed.help
+        parser.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+        for action in parser._actions:
+            if action.help is None:
+                action.help = SHARED_HELP.get(action.dest)
+                if action.dest == "host" and action.nargs == "?":
+                    action.help = "one host (default: every host)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -860,6 +907,27 @@ def _stdout_closed() -> bool:
         return False
 
 
+def _check_run_command(argv: list[str], before: list[str], extra: list[str], after: list[str] | None) -> None:
+    """Refuse a ``run`` whose job command argparse would split: without ``--`` an option-like word in the
+    command (``python train.py --name x``) is taken as gputui's own, or the words before ``--`` are dropped."""
+    if after is not None and before:
+        raise SystemExit(_usage_error(
+            f"run: {shlex.join(before)!r} comes before -- and would be dropped: put the whole command after --, "
+            f"e.g. gputui run HOST -- {shlex.join([*before, *after])}"
+        ))  # fmt: skip
+    if after is None and (extra or (before and argv[len(argv) - len(before) :] != before)):
+        taken = f" ({shlex.join(extra)!r} is not an option of gputui run)" if extra else ""
+        raise SystemExit(_usage_error(
+            f"run: the job's command holds options that gputui would take as its own{taken}: "
+            "put the command after --, e.g. gputui run HOST --name exp1 -- python train.py --lr 3e-4"
+        ))  # fmt: skip
+
+
+def _usage_error(message: str) -> int:
+    print(f"gputui: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     command: list[str] | None = None
@@ -867,7 +935,11 @@ def _main(argv: list[str] | None = None) -> None:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd == "run":
+        _check_run_command(argv, args.command, extra, command)
+    if extra:
+        parser.parse_args(argv)  # argparse's own error for them
     if command is not None:
         if args.cmd != "run":
             parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")

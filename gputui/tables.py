@@ -128,7 +128,9 @@ def print_queue(jobs: list[M.Job]) -> None:
 def _idle_text(c: M.CostInfo) -> str:
     if c.idle:
         return f"idle {duration(c.idle_seconds)}"
-    return "busy: " + "; ".join(c.reasons[:3]) if c.reasons else "not idle yet"
+    if c.reasons:
+        return "busy: " + "; ".join(c.reasons[:3])
+    return f"quiet for {duration(c.idle_seconds)}, idle once that reaches idle_minutes"  # was "not idle yet"
 
 
 def print_status(snaps: list[M.HostSnapshot]) -> None:
@@ -156,7 +158,9 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
         c = s.cost
         if c is not None:
             price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"
-            print(f"  cost  {price}, accrued {c.accrued:.2f}; {_idle_text(c)}")
+            stops = [f"{what} in {duration(left)}" for what, left in
+                     (("autostop", c.autostop_in_s), ("deadline release", c.deadline_in_s)) if left is not None]  # fmt: skip
+            print(f"  cost  {price}, accrued {c.accrued:.2f}; {'; '.join([_idle_text(c), *stops])}")
 
 
 def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:

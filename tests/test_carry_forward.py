@@ -138,6 +138,27 @@ def test_forward_cli_prints_its_url_and_serves_until_interrupted(fwd_home: SshHo
             proc.wait()
 
 
+def test_a_forward_to_a_port_nothing_listens_on_says_why(fwd_home: SshHome) -> None:
+    """A TensorBoard not started yet gave "refused the forward to port N: open failed" and no more."""
+    local_port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gputui", "forward", "box", str(free_port()), str(local_port)],
+        env=fwd_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().startswith(f"http://127.0.0.1:{local_port}/")
+        with socket.create_connection(("127.0.0.1", local_port), timeout=30) as conn:
+            conn.settimeout(30)
+            assert conn.recv(1) == b""  # closed: nothing to reach
+        line = proc.stderr.readline()
+        assert "refused the forward" in line and "nothing listens there yet" in line, line
+        assert "AllowTcpForwarding" in line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+
+
 def test_job_urls_finds_local_servers_newest_first_with_their_tokens() -> None:
     from gputui.core.forward import job_urls
 

@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, Home, wait_for
@@ -127,9 +128,53 @@ def test_kill_from_cli(home: Home, tmp_path) -> None:
     assert job["state"] == "killed" and job["exit_code"] == 130
 
 
+def test_an_ended_job_has_no_eta_in_jobs_json(home: Home, tmp_path: Path) -> None:
+    """A killed job's `insights.eta_s` stayed what its last progress line implied (the table showed `-`)."""
+    marker = tmp_path / "third"
+    code = (
+        "import pathlib, time\n"
+        "for e in range(1, 11):\n"
+        "    print(f'epoch {e}/10 loss={1 / e:.3f}', flush=True)\n"
+        f"    if e == 3: pathlib.Path({str(marker)!r}).touch()\n"
+        "    time.sleep(1.1 if e < 3 else 60)\n"  # the runner times the log by the second
+    )
+    job_id = run_job(home, sys.executable, "-c", code)
+    wait_for(marker.exists, what="third epoch")
+
+    def insights() -> dict:
+        [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
+        return job["insights"]
+
+    assert insights()["eta_s"] is not None  # while it runs
+    home.cli("kill", "local", job_id, "--grace", "2", check=True)
+    ended = insights()
+    assert ended["progress"] == 0.3 and ended["eta_s"] is None
+
+
+def test_kill_on_a_terminal_names_the_job_before_asking(home: Home, tmp_path: Path) -> None:
+    """The question was "Kill job 7 on local?" whatever 7 was, asked even for a job that does not exist or had
+    ended: a mistyped id showed only after the yes. Now it names the job, and asks only when there is one."""
+    from test_carry_artifacts import _answer_prompts
+
+    marker = tmp_path / "ready"
+    job_id = run_job(home, "sh", "-c", f"touch {marker}; sleep 60", extra=("--name", "train-llama"))
+    wait_for(marker.exists, what="job start")
+    code, out = _answer_prompts(home, ["kill", "local", job_id], {"[y/N]": "n"})  # type: ignore[arg-type]
+    assert f"Kill job {job_id} (train-llama, running) on local (SIGINT" in out and code == 1, out
+    assert "not killed" in out
+    [job] = json.loads(home.cli("jobs", "--json", check=True).stdout)
+    assert job["state"] == "running"
+    code, out = _answer_prompts(home, ["kill", "local", "99"], {"[y/N]": "y"})  # type: ignore[arg-type]
+    assert code == 5 and "[y/N]" not in out and "no job '99' on local" in out, out
+    code, out = _answer_prompts(home, ["kill", "local", job_id], {"[y/N]": "y"})  # type: ignore[arg-type]
+    assert code == 0 and "killed (exit" in out, out
+    code, out = _answer_prompts(home, ["kill", "local", job_id], {"[y/N]": "y"})  # type: ignore[arg-type]
+    assert code == 1 and "[y/N]" not in out and "is not running (killed)" in out, out
+
+
 def test_errors_are_clear_and_nonzero(home: Home) -> None:
     res = home.cli("logs", "local", "42")
-    assert res.returncode == 5 and "no job '42'" in res.stderr
+    assert res.returncode == 5 and "no job '42' on local; gputui jobs local lists its jobs" in res.stderr
     res = home.cli("run", "nowhere", "--", "true")
     assert res.returncode == 2 and "unknown host 'nowhere'" in res.stderr and "local" in res.stderr
     res = home.cli("run", "local")
@@ -140,6 +185,54 @@ def test_errors_are_clear_and_nonzero(home: Home) -> None:
     assert res.returncode == 2 and "KEY=VALUE" in res.stderr
 
 
+def test_run_never_splits_the_jobs_command(home: Home) -> None:
+    """Without ``--`` the job's own options were read as gputui's (``--name x`` renamed the job and was dropped
+    from its argv; ``-c`` was "unrecognized"), and words before ``--`` were dropped: each is refused, with the
+    form that works, and no job starts."""
+    for args, says in (
+        (["ls", "--name", "x"], "put the command after --"),
+        (["python3", "-c", "print(1)"], "'print(1)'\" is not an option of gputui run"),
+        (["echo", "--", "hi"], "'echo' comes before -- and would be dropped"),
+    ):
+        res = home.cli("run", "local", *args)
+        assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr, (args, res.stderr)
+    assert json.loads(home.cli("jobs", "--json", check=True).stdout) == []
+    job_id = home.cli("run", "local", "echo", "hi", check=True).stdout.strip()  # a plain one needs no --
+    assert home.cli("logs", "-f", "local", job_id, check=True).stdout.strip() == "hi"
+
+
+def test_every_command_help_says_what_it_does_and_what_each_argument_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gputui logs --help` listed `host` and `job` with no word on either, `--json` bare, no line on what the
+    command does; `gputui run --help` showed `host [command ...]` with no `--` and no example."""
+    from gputui.cli import build_parser
+
+    [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, parser in sub.choices.items():
+        assert parser.description, name
+        bare = [a.dest for a in parser._actions if not a.help]
+        assert not bare, (name, bare)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: gputui run [OPTIONS] host -- CMD [ARG ...]")
+    assert "gputui run local -- python train.py" in out
+
+
+def test_config_flag_works_after_the_command_too(home: Home, tmp_path: Path) -> None:
+    """`gputui status --config c.toml` was "unrecognized arguments: --config": only `gputui --config c.toml status`
+    worked, and the README's `--config PATH` does not say where it goes."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'[hosts.mine]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    for args in (["--config", str(config), "jobs", "--json"], ["jobs", "--json", "--config", str(config)]):
+        res = home.cli(*args)
+        assert res.returncode == 0 and json.loads(res.stdout) == [], (args, res.stderr)
+    res = home.cli("status", "--config", str(tmp_path / "none.toml"))
+    assert res.returncode == 2 and "none.toml: config file not found" in res.stderr
+    res = home.cli("run", "mine", "--config", str(config), "--", "echo", "--config", "x")
+    assert res.returncode == 0, res.stderr
+    assert home.cli("logs", "-f", "mine", res.stdout.strip(), "--config", str(config)).stdout == "--config x\n"
+
+
 def test_broken_config_names_file_line_and_field(home: Home) -> None:
     path = home.write_config('[hosts.gpu1]\nhost = "10.0.0.1"\nprot = 22\n')
     res = home.cli("status")
@@ -147,7 +240,7 @@ def test_broken_config_names_file_line_and_field(home: Home) -> None:
     assert f"{path}:3: hosts.gpu1.prot: unknown setting" in res.stderr
     path = home.write_config('[hosts.gpu1]\nport = "22"\n')
     res = home.cli("jobs")
-    assert res.returncode == 2 and f"{path}:2: hosts.gpu1.port: must be a int" in res.stderr
+    assert res.returncode == 2 and f"{path}:2: hosts.gpu1.port: must be a whole number" in res.stderr
     home.write_config("[hosts.gpu1\n")
     res = home.cli("jobs")
     assert res.returncode == 2 and "invalid TOML" in res.stderr and "line 1" in res.stderr

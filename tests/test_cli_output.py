@@ -110,3 +110,26 @@ def test_every_client_file_lives_under_the_xdg_dirs(monkeypatch: pytest.MonkeyPa
     assert paths.state_dir() == tmp_path / "home/.local/state/gputui"
     paths.write_atomic(paths.state_dir() / "x.json", b"{}")  # the dir is made on the way
     assert (paths.state_dir() / "x.json").read_bytes() == b"{}"
+
+
+def test_status_says_how_long_a_quiet_host_has_been_quiet(home: Home) -> None:
+    """A host with no job and no GPU use said "not idle yet" (why not? until when?)."""
+    home.write_config(  # a login on the test machine would make it busy
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\n'
+    )
+    out = home.cli("status", check=True).stdout
+    cost = next(line for line in out.splitlines() if line.strip().startswith("cost"))
+    assert re.search(r"quiet for \d+s, idle once that reaches idle_minutes$", cost), out
+
+
+def test_status_shows_an_armed_autostop_and_deadline(home: Home) -> None:
+    """With autostop_minutes or a deadline set, `gputui status` gave no sign of either (the app and
+    `status --json` did): a newcomer could not tell the setting had taken."""
+    home.write_config(
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\n'
+        'release_remote = ["true"]\nautostop_minutes = 60\n'
+        f"release_at = {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(time.time() + 7200))}\n"
+    )
+    out = home.cli("status", check=True).stdout
+    cost = next(line for line in out.splitlines() if line.strip().startswith("cost"))
+    assert re.search(r"; autostop in (1h|59m\d+s|60m); deadline release in (2h|1h59m)$", cost), cost

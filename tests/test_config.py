@@ -79,3 +79,41 @@ def test_a_bom_at_the_start_is_accepted(home: Home) -> None:
     assert "c.toml:2: hosts.a.port" in error_of('\ufeff[hosts.a]\nport = "22"\n')  # lines still count right
     res = home.cli("jobs")
     assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[hosts.a]\nprot = 22\n", "c.toml:2: hosts.a.prot: unknown setting (did you mean 'port'?"),
+        ("[budget]\ndialy = 3\n", "c.toml:2: budget.dialy: unknown setting (did you mean 'daily'?"),
+        ('[notify]\nwebhok = "https://x"\n', "c.toml:2: notify.webhok: unknown setting (did you mean 'webhook'?"),
+        ('currency = "USD"\n\n[host.a]\nhost = "x"\n', "c.toml:3: host: unknown setting (did you mean 'hosts'?"),
+        ('host = "10.0.0.1"\n', "c.toml:1: host: unknown setting (did you mean 'hosts'? known: budget, "),
+        ('[hosts.a]\nport = "22"\n', "c.toml:2: hosts.a.port: must be a whole number, not str '22'"),
+        ('[hosts.a]\nverify_host_key = "no"\n', "hosts.a.verify_host_key: must be true or false, not str 'no'"),
+        ('[budget]\ndaily = "x"\n', "c.toml:2: budget.daily: must be a number, not 'x'"),
+        ("theme = 3\n", "c.toml:1: theme: must be a string, not 3"),
+    ],
+)
+def test_a_typo_gets_the_setting_it_meant_and_the_line(text: str, says: str) -> None:
+    """A misspelt key was "unknown" among ~30 names, a misspelt table had no line, a type was "a int"."""
+    assert says in error_of(text)
+    if text.startswith("host ="):  # a host's setting at the top: where it goes
+        assert "it goes in a [hosts.NAME] table" in error_of(text)
+
+
+def test_a_config_without_hosts_applies_notify_to_local_but_not_defaults(home: Home) -> None:
+    """With no [hosts] the fleet is the local host, as with no file; its [notify] was ignored, so
+    `gputui notify local --test` said "set [notify] ..." under a config that had set it. [defaults] stays
+    for the hosts to come: its release commands and autostop never arm this machine."""
+    out = home.root / "notified.txt"
+    path = home.write_config(
+        '[defaults]\nrelease_remote = "sudo shutdown -h now"\nautostop_minutes = 1\nprice_per_hour = 1.5\n\n'
+        f'[notify]\ncommand = ["sh", "-c", "cat > {out}"]\n'
+    )
+    [local] = cfg.load(str(path)).hosts.values()
+    assert (local.name, local.transport, local.remote_dir) == ("local", "local", cfg.default_local().remote_dir)
+    assert (local.release_remote, local.autostop_minutes, local.price_per_hour) == (None, None, None)
+    res = home.cli("notify", "local", "--test")
+    assert res.returncode == 0, res.stderr
+    assert out.read_text().startswith("[local] test message")

@@ -231,7 +231,7 @@ def test_cost_info_combines_price_ledger_and_idle(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[hosts.a]\nprice_per_hour = -2\n", "hosts.a.price_per_hour: must not be negative"),
-        ('[hosts.a]\nprice_per_hour = "2.49"\n', "hosts.a.price_per_hour: must be a float"),
+        ('[hosts.a]\nprice_per_hour = "2.49"\n', "hosts.a.price_per_hour: must be a number"),
         ('currency = "dollars"\n', "currency: 'dollars' is not an ISO 4217 code"),
         ('[prices]\n"H100" = "cheap"\n', "prices.H100: must be a non-negative number"),
         ("[budget]\ndaily = -1\n", "budget.daily: must not be negative"),

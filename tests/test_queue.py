@@ -416,7 +416,7 @@ def test_cli_queue_move_and_kill(home: Home, tmp_path: Path) -> None:
     assert res.stdout.strip() == f"job {a} on local: removed from the queue (it never started)"
     assert [j["id"] for j in json.loads(home.cli("queue", "local", "--json", check=True).stdout)["jobs"]] == [b]
     res = home.cli("queue", "local", "--move", a, "--to", "1")
-    assert res.returncode == 5 and f"job {a} is not queued on this host" in res.stderr
+    assert res.returncode == 5 and f"job {a} is not queued on local" in res.stderr
     go.touch()
 
 

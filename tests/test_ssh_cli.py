@@ -141,7 +141,7 @@ def test_bad_config_names_file_line_and_field(ssh_home: SshHome) -> None:
     assert res.returncode == USAGE and f"{path}:8: hosts.box.prot: unknown setting" in res.stderr
     path = ssh_home.configure(port="22")
     res = ssh_home.cli("run", "box", "--", "true")
-    assert res.returncode == USAGE and "hosts.box.port: must be a int, not str '22'" in res.stderr
+    assert res.returncode == USAGE and "hosts.box.port: must be a whole number, not str '22'" in res.stderr
     ssh_home.configure(identity_file="/no/such/key")
     res = ssh_home.cli("run", "box", "--", "true")
     assert res.returncode == USAGE and "identity_file /no/such/key: no such file" in res.stderr

@@ -617,8 +617,10 @@ async def test_start_theme_is_the_watchers(tmp_path: Path, theme: str) -> None:
     """The app starts in its theme without Textual's theme watcher (which parses all CSS again before the
     first frame); what it draws must be exactly what the watcher's way draws: same variables, classes,
     ANSI colour mapping and screen."""
-    started = static_app(tmp_path / "a", config=cfg.Config(path=None, hosts={}, theme=theme))
-    watched = static_app(tmp_path / "b", config=cfg.Config(path=None, hosts={}, theme="gputui-dark"))
+    hosts = [snapshot("h100-a", recorded_gpus("h100")), snapshot("a100-pod", recorded_gpus("a100x8"))]  # no job:
+    # no log opens on a timer, so both screens settle to the same frame
+    started = static_app(tmp_path / "a", hosts, config=cfg.Config(path=None, hosts={}, theme=theme))
+    watched = static_app(tmp_path / "b", hosts, config=cfg.Config(path=None, hosts={}, theme="gputui-dark"))
     watched.theme = theme  # the watcher's way (the app's own colours follow the theme as at start)
     watched.palette = Palette.from_theme(watched.current_theme)
     shots = []

@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from test_ui_app import SIZE, static_app, until
-from ui_fixtures import ReplaySession, job, recorded_gpus, screen_text, snapshot
+from test_ui_app import SIZE, connected, local, local_app, static_app, until  # noqa: F401 - local: a fixture
+from ui_fixtures import T0, ReplaySession, job, recorded_gpus, screen_text, snapshot
 
 from gputui.core import config as cfg
 from gputui.core import model as M
@@ -136,3 +136,103 @@ async def test_commands_show_shell_quoted(tmp_path: Path) -> None:
             pilot, lambda: "python3 -c 'import" in screen_text(app), what="quoted command in the jobs table"
         )
         await until(pilot, lambda: "python3 -c 'import time;[print(i) for i in range(3)]'" in screen_text(app), what="whole command in the log title")  # fmt: skip
+
+
+def test_an_ended_job_shows_no_eta() -> None:
+    """A killed job's row kept the ETA its log implied when it stopped (``50%  5s``), as if still coming;
+    the log header and ``gputui jobs`` already show an ETA only while a job runs."""
+    from gputui.core.insights import JobInsights
+    from gputui.ui.widgets.host import job_row
+
+    ins = JobInsights(progress=0.5, eta_s=5.0)
+    cells = job_row(job("box", "1", "train"), ins, T0, Palette())
+    assert (cells[5].plain, cells[6].plain) == ("50%", "5s")  # type: ignore[attr-defined]
+    for state in (M.JOB_KILLED, M.JOB_FAILED, M.JOB_SUCCEEDED, M.JOB_LOST):
+        cells = job_row(job("box", "1", "train", state, exit_code=130), ins, T0, Palette())
+        assert (cells[5].plain, cells[6].plain) == ("50%", ""), state  # type: ignore[attr-defined]
+
+
+async def test_a_job_that_could_not_start_keeps_what_was_typed(
+    local: cfg.Config,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A start the host refused (a working dir it lacks) closed the dialog and its fields went with it: `n`
+    then opened an empty form. Now `n` brings them back with the reason, and after a start it is empty again."""
+    from textual.widgets import Input, Static
+
+    from gputui.ui.screens.new_job import NewJobScreen
+
+    app = local_app(local, tmp_path)
+    typed = {"command": "python3 train.py --lr '3e-4 x'", "cwd": str(tmp_path / "no-such-dir"), "name": "exp1",
+             "env": "A=1 'B=two words'", "gpus": "", "sync": ""}  # fmt: skip
+
+    async def dialog() -> NewJobScreen:
+        await pilot.press("n")
+        return await until(pilot, lambda: isinstance(app.screen, NewJobScreen) and app.screen, what="dialog")
+
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        form = await dialog()
+        for key, value in typed.items():
+            form.query_one(f"#{key}", Input).value = value
+        await pilot.press("enter")
+        await until(pilot, lambda: [n for n in app._notifications if "does not exist" in n.message], what="refusal")
+        assert not isinstance(app.screen, NewJobScreen) and not app.hosts["local"].jobs
+        form = await dialog()
+        assert {key: form.query_one(f"#{key}", Input).value for key in typed} == typed
+        assert "does not exist" in str(form.query_one("#error", Static).render())
+        form.query_one("#cwd", Input).value = str(tmp_path)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.hosts["local"].jobs, what="the job started")
+        form = await dialog()
+        assert form.query_one("#command", Input).value == ""
+
+
+async def test_a_job_for_a_host_that_is_not_up_says_it_waits(
+    local: cfg.Config,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Enter in the new-job dialog for a host that is reconnecting gave no word for 30 s (then "not connected
+    within 30 s"): now it says at once that the job waits for the host."""
+    from sshd import free_port
+    from textual.widgets import Input
+
+    from gputui.ui.screens.new_job import NewJobScreen
+
+    off = cfg.HostConfig(name="off", host="127.0.0.1", port=free_port(), remote_dir=str(tmp_path / "off"))
+    app = local_app(replace(local, hosts={**local.hosts, "off": off}), tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        await until(pilot, lambda: app.hosts["off"].state == M.RECONNECTING, what="off reconnecting")
+        app.selected_host = "off"
+        await pilot.press("n")
+        form = await until(pilot, lambda: isinstance(app.screen, NewJobScreen) and app.screen, what="dialog")
+        assert form.host == "off"
+        form.query_one("#command", Input).value = "echo hi"
+        await pilot.press("enter")
+        notes = lambda: [n.message for n in app._notifications]  # noqa: E731
+        await until(pilot, lambda: any("off is reconnecting: the job starts once it is up" in m for m in notes()))
+        assert not any("could not start" in m for m in notes())
+
+
+async def test_autostop_keys_with_no_autostop_say_why(tmp_path: Path) -> None:
+    """z and x did nothing at all on a host without autostop (their bindings are off then): a silent key
+    looks broken. Now they say what would arm it; the footer and help still list them only once."""
+    app = static_app(tmp_path, [snapshot("box", recorded_gpus("h100"))])
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.selected_host == "box", what="host selected")
+        for key in ("z", "x"):
+            app._notifications.clear()
+            await pilot.press(key)
+            await until(pilot, lambda: [n for n in app._notifications if "box has no autostop counting down" in n.message])
+        assert sum(key == "z" for key, _ in app.key_sections()[0][1]) == 1
+
+
+async def test_a_theme_the_config_names_wrongly_is_said(tmp_path: Path) -> None:
+    """`theme = "gputui-ligth"` in the config started the default theme without a word."""
+    config = cfg.Config(path=None, hosts={}, theme="gputui-ligth")
+    app = static_app(tmp_path, [snapshot("box")], config=config)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: [n for n in app._notifications if "'gputui-ligth' is no theme here" in n.message])
+        note = next(n.message for n in app._notifications if "gputui-ligth" in n.message)
+        assert "gputui-light" in note and app.theme == "gputui-dark"

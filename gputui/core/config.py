@@ -13,6 +13,7 @@ import re
 import shlex
 import sys
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,21 @@ def _range_problem(key: str, value: float) -> str | None:
     return None
 
 
+def _unknown(key: str, known: Iterable[str]) -> str:
+    """``unknown setting (did you mean 'port'? known: ...)``: the closest known name first, for typos."""
+    import difflib  # only on this error path: the CLI's start pays nothing for it
+
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    guess = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown setting ({guess}known: {', '.join(names)})"
+
+
+def _kind(types: tuple[type, ...]) -> str:
+    """What a value of ``types`` is, in words: ``a whole number``, ``a number``, ``a string``, ..."""
+    return {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}.get(types[0], "valid")
+
+
 def has_control(text: str) -> bool:
     """Whether ``text`` holds a control character (newline, ESC, DEL, C1, bidi override, ...)."""
     return any(unicodedata.category(ch) in _UNSAFE_CATEGORIES for ch in text)
@@ -233,6 +249,8 @@ def _line_of(text: str, table: str | None, key: str) -> int | None:
             current = m.group(1).replace('"', "").replace("'", "").replace(" ", "")
             if table is not None and key == "" and current == table:
                 return no
+            if table is None and current.split(".")[0] == key:  # an unknown table: [host.gpu1]
+                return no
             continue
         if current == table and re.match(rf"^[\"']?{re.escape(key)}[\"']?\s*=", line):
             return no
@@ -260,14 +278,13 @@ def parse(text: str, path: Path) -> Config:
                 raise fail(None, key, "must be a table")
         elif key in GLOBAL_FIELDS:
             if not isinstance(value, GLOBAL_FIELDS[key]) or isinstance(value, bool):
-                raise fail(None, key, f"must be a {GLOBAL_FIELDS[key][0].__name__}")
+                raise fail(None, key, f"must be {_kind(GLOBAL_FIELDS[key])}, not {value!r}")
             problem = _text_problem(value)
             if problem:
                 raise fail(None, key, problem)
         else:
-            raise fail(
-                None, key, f"unknown setting (known: {', '.join(sorted([*GLOBAL_FIELDS, *GLOBAL_TABLES]))})"
-            )
+            hint = " (a host setting: it goes in a [hosts.NAME] table)" if key in HOST_FIELDS and not isinstance(value, dict) else ""
+            raise fail(None, key, _unknown(key, [*GLOBAL_FIELDS, *GLOBAL_TABLES]) + hint)
 
     currency = data.get("currency", "USD")
     if not _CURRENCY.match(currency):
@@ -287,7 +304,10 @@ def parse(text: str, path: Path) -> Config:
     budget = _check_budget(data.get("budget", {}), fail)
     defaults = _check_fields(data.get("defaults", {}), "defaults", fail)
     hosts: dict[str, HostConfig] = {}
-    for name, table in data.get("hosts", {}).items():
+    tables = data.get("hosts")
+    if not tables:  # this machine, as with no file; [notify] applies to it, [defaults] (release commands!) not
+        tables, defaults = {LOCAL: {"transport": "local", "remote_dir": default_local().remote_dir}}, {}
+    for name, table in tables.items():
         if not isinstance(table, dict):
             raise fail("hosts", name, "must be a table like [hosts.NAME]")
         if not _NAME.match(name):
@@ -322,8 +342,6 @@ def parse(text: str, path: Path) -> Config:
                 f"hosts.{name}", "stalled_counts_as_idle", "needs stall_minutes: how long a job must be quiet"
             )
         hosts[name] = HostConfig(name=name, **values)
-    if not hosts:
-        hosts = {LOCAL: default_local()}
     return Config(
         path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"),
         currency=currency, prices={str(k): float(v) for k, v in prices.items()}, budget=budget,
@@ -333,9 +351,9 @@ def parse(text: str, path: Path) -> Config:
 def _check_budget(table: dict[str, Any], fail: Any) -> Budget:
     for key, value in table.items():
         if key not in BUDGET_FIELDS:
-            raise fail("budget", key, f"unknown setting (known: {', '.join(BUDGET_FIELDS)})")
+            raise fail("budget", key, _unknown(key, BUDGET_FIELDS))
         if not isinstance(value, BUDGET_FIELDS[key]) or isinstance(value, bool):
-            raise fail("budget", key, f"must be a {BUDGET_FIELDS[key][0].__name__}, not {value!r}")
+            raise fail("budget", key, f"must be {_kind(BUDGET_FIELDS[key])}, not {value!r}")
         # on_exceed is the one text setting
         problem = _text_problem(value) if isinstance(value, str) else _range_problem(key, value)
         if problem:
@@ -349,7 +367,7 @@ def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any
     out = {}
     for key, value in table.items():
         if key not in HOST_FIELDS:
-            raise fail(where, key, f"unknown setting (known: {', '.join(sorted(HOST_FIELDS))})")
+            raise fail(where, key, _unknown(key, HOST_FIELDS))
         kind = HOST_FIELDS[key]
         if _text_problem(value):  # before a command string is split: a newline is not whitespace here
             raise fail(where, key, _text_problem(value))
@@ -371,7 +389,7 @@ def _check_fields(table: dict[str, Any], where: str, fail: Any) -> dict[str, Any
             if value.tzinfo is None:
                 value = value.astimezone()  # a local date-time means this machine's zone
         elif not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind):
-            raise fail(where, key, f"must be a {kind[0].__name__}, not {type(value).__name__} {value!r}")
+            raise fail(where, key, f"must be {_kind(kind)}, not {type(value).__name__} {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and _range_problem(key, value):
             raise fail(where, key, _range_problem(key, value))
         out[key] = value
@@ -382,7 +400,7 @@ def _check_notify(table: dict[str, Any], where: str, fail: Any) -> Notify | None
     """``[notify]`` settings (global keys with a host's over them); None when there is nothing to send with."""
     for key, value in table.items():
         if key not in NOTIFY_FIELDS:
-            raise fail(where, key, f"unknown setting (known: {', '.join(NOTIFY_FIELDS)})")
+            raise fail(where, key, _unknown(key, NOTIFY_FIELDS))
         if _text_problem(value):
             raise fail(where, key, _text_problem(value))
     command = None

@@ -122,8 +122,10 @@ class Forward:
                 await self.session.wait_connected(max(0.1, deadline - time.monotonic()))
                 return await asyncio.wait_for(self.transport.open_tcp("localhost", self.remote_port), 15)
             except asyncssh.ChannelOpenError as exc:  # refused by sshd, or nothing listens there
-                raise ForwardError(f"{self.session.name} refused the forward to port {self.remote_port}: "
-                                   f"{exc.reason}") from None  # fmt: skip
+                raise ForwardError(
+                    f"{self.session.name} refused the forward to port {self.remote_port}: {exc.reason} (nothing "
+                    "listens there yet, or the host's sshd forbids forwarding: AllowTcpForwarding)"
+                ) from None
             except (OSError, asyncssh.Error, asyncio.TimeoutError, ConnectionError) as exc:
                 if time.monotonic() >= deadline:
                     raise ForwardError(f"link to {self.session.name} not back: {exc}") from None

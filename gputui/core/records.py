@@ -86,8 +86,8 @@ def _insights(job: Job, tail: LogTail | None) -> JobInsights:
     if job.state != JOB_RUNNING:
         parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()
-    if job.state != JOB_RUNNING:
-        snap = replace(snap, hints=tuple(with_exit_hint(snap.hints, job.exit_code)))
+    if job.state != JOB_RUNNING:  # over: no time left to estimate
+        snap = replace(snap, eta_s=None, hints=tuple(with_exit_hint(snap.hints, job.exit_code)))
     return snap
 
 

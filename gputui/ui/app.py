@@ -149,7 +149,8 @@ class GpuTuiApp(App[None]):
 
     CSS_PATH = "gputui.tcss"
     TITLE = "gputui"
-    BINDINGS = APP_KEYS
+    # z and x with no autostop armed: the armed bindings above are off then, these say why (not in help/palette)
+    BINDINGS = [*APP_KEYS, Binding("z,x", "autostop_unarmed", show=False)]
 
     def __init__(
         self,
@@ -184,6 +185,7 @@ class GpuTuiApp(App[None]):
         self._job_timer: Timer | None = None
         self._last_flush = 0.0
         self._started: set[tuple[str, str]] = set()
+        self._draft: tuple[JobSpec, str] | None = None  # the new job that could not start, and why
         self._stream_lost = False
         self._shutting_down = False
         self._keys_sig: tuple[object, ...] = ()
@@ -232,6 +234,10 @@ class GpuTuiApp(App[None]):
             self.register_theme(theme)
         self._start_theme(T.pick_theme(self.config.theme, self._ui_state, set(self.available_themes)))
         self.palette = Palette.from_theme(self.current_theme)
+        if self.config.theme is not None and self.config.theme not in self.available_themes:  # a typo: say so
+            known = ", ".join(sorted(n for n in self.available_themes if n.startswith("gputui-")))
+            errors.append(f"the config's theme = {self.config.theme!r} is no theme here (gputui's: {known}; "
+                          "more in ~/.config/gputui/themes/)")  # fmt: skip
         return errors
 
     def _start_theme(self, name: str) -> None:
@@ -654,7 +660,9 @@ class GpuTuiApp(App[None]):
         from .screens.new_job import NewJobScreen  # dialogs and reports load when first opened
 
         local = frozenset(n for n, h in self.config.hosts.items() if h.transport == "local")
-        screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local)
+        draft, self._draft = self._draft, None  # a job that could not start: its fields again
+        screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local,
+                              *(draft or (None, "")))  # fmt: skip
         self.push_screen(screen, self._on_job_spec)
 
     def _on_job_spec(self, spec: JobSpec | None) -> None:
@@ -662,19 +670,26 @@ class GpuTuiApp(App[None]):
             self.run_worker(self._start_job(spec), group="command")
 
     async def _start_job(self, spec: JobSpec) -> None:
+        asked = spec
         if spec.sync is not None:  # the tree goes first; the job then runs in the synced dir
             from . import carry
 
             synced = await carry.sync_first(self, spec)
             if synced is None:
+                self._draft = (asked, "the sync failed, the job did not start")
                 return
             spec = synced
         from gputui.core.jobs import start_job
 
+        snap = self.hosts.get(spec.host)
+        if snap is not None and snap.state in (M.CONNECTING, M.RECONNECTING):  # else 30 s of silence
+            self.notify(f"{spec.host} is {snap.state}: the job starts once it is up (at most 30 s)…", timeout=NOTIFY_S)
         try:
             job = await start_job(self.source.session(spec.host), self.config, spec)
         except Exception as exc:
-            self.notify(f"could not start the job on {spec.host}: {exc}", severity="error", timeout=NOTIFY_S)
+            self._draft = (asked, f"could not start: {exc}")  # n opens the dialog with it: nothing is retyped
+            self.notify(f"could not start the job on {spec.host}: {exc} (n: edit it and try again)",
+                        severity="error", timeout=NOTIFY_S)  # fmt: skip
             return
         self._started.add((spec.host, job.id))
         verb = f"queued (position {job.queue_position})" if job.state == M.JOB_QUEUED else "started"
@@ -797,6 +812,12 @@ class GpuTuiApp(App[None]):
 
     def action_cancel_autostop(self) -> None:
         self._autostop(autostop.cancel, "autostop cancelled until the host reboots")
+
+    def action_autostop_unarmed(self) -> None:
+        host = self.selected_host
+        if not self._no_host():
+            self.notify(f"{host} has no autostop counting down: set autostop_minutes (with release_remote) "
+                        "or a deadline in its [hosts.NAME] table", timeout=NOTIFY_S)  # fmt: skip
 
     def _autostop(self, change: Callable[[Any], Awaitable[None]], done: str) -> None:
         host = self.selected_host

@@ -64,10 +64,15 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         snapshots: dict[str, M.HostSnapshot],
         local_cwd: str,
         local_hosts: frozenset[str] = frozenset({"local"}),
+        draft: JobSpec | None = None,
+        error: str = "",
     ) -> None:
+        """``draft``: a job that could not start, its fields filled in again with ``error`` (nothing retyped)."""
         super().__init__(classes="dialog-screen")
         self.hosts, self.snapshots, self.local_cwd = hosts, snapshots, local_cwd
         self.local_hosts = local_hosts
+        self.draft, self.error = (draft, error) if draft is None or draft.host in hosts else (None, "")
+        host = self.draft.host if self.draft else host
         self.host = host if host in hosts else (hosts[0] if hosts else None)
 
     def compose(self) -> ComposeResult:
@@ -103,7 +108,22 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
 
     def on_mount(self) -> None:
         self._fill_for_host(self.host)
+        if self.draft is not None:
+            self._fill_draft(self.draft)
         self.query_one("#command", Input).focus()
+
+    def _fill_draft(self, spec: JobSpec) -> None:
+        """The fields as the user typed them for ``spec`` (as :meth:`spec` reads them back)."""
+        queue = spec.queue or {}
+        gpus = str(queue["gpu_count"]) if queue.get("gpu_count") else queue.get("gpus") if queue else spec.gpus
+        values = {
+            "command": shlex.join(spec.argv), "cwd": spec.cwd, "sync": spec.sync, "gpus": gpus,
+            "name": spec.name, "env": " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items()),
+        }  # fmt: skip
+        for key, value in values.items():
+            self.query_one(f"#{key}", Input).value = value or ""
+        self.query_one("#queue", Checkbox).value = spec.queue is not None
+        self.query_one("#error", Static).update(Text(safetext.clean(self.error, multiline=True)))
 
     def _fill_for_host(self, host: str | None) -> None:
         snap = self.snapshots.get(host or "")

@@ -190,6 +190,7 @@ class GpuGrid(Vertical):
 
 def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tuple[object, ...]:
     progress, eta = progress_text(ins)
+    eta = eta if job.running else ""  # an ended job's last ETA is not coming
     state_style = {
         M.JOB_QUEUED: pal.muted,
         M.JOB_RUNNING: pal.ok,
