@@ -242,4 +242,5 @@ def test_a_job_that_fails_after_the_ssh_client_left_is_posted(ssh_home: SshHome,
     assert hook.bodies[0]["text"].startswith(f"[box] job {job_id} ") and hook.bodies[0]["text"].endswith(
         "failed (exit 4)"
     )
-    assert "sent on attempt 1" in (ssh_home.remote_dir / W.LOG).read_text()
+    assert "(job_failed): sent on attempt" in (ssh_home.remote_dir / W.LOG).read_text()  # (a loaded
+    # machine may time the first attempt out: the retry is what the log shows then)
