@@ -19,8 +19,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from remote_agent import protocol as P
-
 from . import launch
 from .core import autostop, jsonout, safetext
 from .core import config as cfg
@@ -348,7 +346,7 @@ async def cmd_kill(args: argparse.Namespace) -> int:
 
 async def _confirm_kill(args: argparse.Namespace, s: HostSession) -> None:
     """Ask on the terminal whether to kill the job, naming it; a CliError when not (or when it is over)."""
-    job = M.Job.from_wire(args.host, await s.request(P.OP_JOBS_GET, job=args.job))
+    job = await s.get_job(args.job)
     if job.state in M.JOB_ENDED_STATES:
         raise CliError(f"job {job.id} is not running ({job.state})", EXIT_FAIL)
     it = f"job {job.id} ({safetext.clean(job.name, limit=120)}, {job.state})"

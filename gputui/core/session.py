@@ -423,6 +423,12 @@ class HostSession:
         self._publish()
         return list(self._snapshot.jobs)
 
+    async def get_job(self, job: str) -> M.Job:
+        """One job as the host has it now (an AgentError ``not_found`` when it has no such job)."""
+        data = await self.request(P.OP_JOBS_GET, job=job)
+        self._set_job(data)
+        return self._jobs[str(data["id"])]
+
     async def kill_job(self, job: str, grace_s: float = 10.0, queued_only: bool = False) -> M.Job:
         """Kill a job (a queued one leaves the queue); ``queued_only``: only take it out of the queue, an
         AgentError when it started (or ended) meanwhile."""
