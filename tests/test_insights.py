@@ -69,6 +69,7 @@ CLEAN_FIXTURES = [
     "keras3_evaluate_print.log",
     "fairseq_epochs.log",
     "deepspeed_steps.log",
+    "tqdm_recorded.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 

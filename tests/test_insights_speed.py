@@ -391,3 +391,96 @@ def test_runs_cut_short_again_and_again_are_read_in_linear_work(
     monkeypatch.setattr(redraws, "_bulk", lambda *a: bulk.append(len(a[0])) or read(*a))
     assert parse(data, len(data), True, monkeypatch) == parse(data, len(data), False, monkeypatch)
     assert 0 < sum(bulk) < 2 * 4000
+
+
+def tqdm_redraw(n: int, post: bytes, bar: bytes = b"", rate: bytes = b" 3.50it/s", total: int = 240) -> bytes:
+    """A redraw as tqdm writes it to a file: unicode blocks with a partial one, its postfix numbers in its own
+    widths ("0.386", "0.39", "1.2e-05")."""
+    fill = bar or "█".encode() * (n * 10 // total) + "▏▎▍▌▋▊▉".encode()[3 * (n % 7) : 3 * (n % 7) + 3]
+    return b"Epoch 1/2: %3d%%|%s| %d/%d [00:%02d<00:10, %s%s]\r" % (
+        n * 100 // total,
+        fill.ljust(10),
+        n,
+        total,
+        n % 60,
+        rate,
+        post and b", " + post,
+    )
+
+
+def widths(n: int) -> bytes:
+    values = (0.386, 0.39, 0.0999, 1.2e-05, 0.4, 12.5, 0.3861)
+    return b"%.3g" % values[n % len(values)]
+
+
+VARIED = {  # runs of redraws whose numbers change width: read by one pattern where that parses as line by line
+    "widths": b"".join(tqdm_redraw(n, b"acc=%s, loss=%s" % (widths(n), widths(n + 3))) for n in range(1, 60)),
+    "first without postfix": tqdm_redraw(0, b"")
+    + b"".join(tqdm_redraw(n, b"loss=%s" % widths(n)) for n in range(1, 30)),
+    "rate unit flips": b"".join(
+        tqdm_redraw(n, b"loss=%s" % widths(n), rate=b" 3.50it/s" if n < 20 else b" 1.20s/it")
+        for n in range(1, 40)
+    ),
+    "a key changes": b"".join(
+        tqdm_redraw(n, b"%s=%s" % (b"loss" if n < 20 else b"lr", widths(n))) for n in range(1, 40)
+    ),
+    "not finite": b"".join(
+        tqdm_redraw(n, b"loss=%s" % (b"nan" if n == 20 else widths(n))) for n in range(1, 40)
+    ),
+    "a hint key": b"".join(tqdm_redraw(n, b"loss=%s" % widths(n)) for n in range(1, 20))
+    + tqdm_redraw(20, b"loss=0.5, NCCL=1")
+    + b"".join(tqdm_redraw(n, b"loss=%s" % widths(n)) for n in range(21, 40)),
+    "a letter in the bar": b"".join(
+        tqdm_redraw(n, b"loss=%s" % widths(n), bar=b"Killed" if n == 20 else b"") for n in range(1, 40)
+    ),
+    "another total": b"".join(
+        tqdm_redraw(n, b"loss=%s" % widths(n), total=240 + (n == 20)) for n in range(1, 40)
+    ),
+    "signs and padding": b"".join(
+        tqdm_redraw(n, b"loss=%s" % (b"-0.5", b"1e+03  ", b"0.25 ")[n % 3]) for n in range(1, 40)
+    ),
+    "a dict line between": b"".join(
+        tqdm_redraw(n, b"loss=%s" % widths(n)) + (b"\n{'loss': 0.25, 'epoch': 0.5}\n" if n % 10 == 0 else b"")
+        for n in range(1, 40)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIED))
+@pytest.mark.parametrize("chunk", [7, 1 << 16])
+def test_redraws_of_varied_widths_equal_line_by_line(
+    name: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = VARIED[name] + b"\nEpoch 1/2 done\n"
+    assert parse(data, chunk, True, monkeypatch) == parse(data, chunk, False, monkeypatch)
+
+
+def test_reading_by_pattern_gives_what_reading_by_shape_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run that both read (tqdm's own output recorded, the varied runs above, every fixture): the same
+    postfixes, keys, numbers and fields; and tqdm's own training runs are read by pattern, not line by line."""
+    runs: list[tuple[list[bytes], int, bytes]] = []
+    read = redraws._bulk
+    monkeypatch.setattr(
+        redraws, "_bulk", lambda reds, d, total, *a: runs.append((reds, d, total)) or read(reds, d, total, *a)
+    )
+    LogInsights(clock=lambda: 0.0).feed((LOGS / "tqdm_recorded.log").read_bytes())
+    recorded = list(runs)
+    for data in (*VARIED.values(), *(p.read_bytes() for p in sorted(LOGS.glob("*.log")))):
+        LogInsights(clock=lambda: 0.0).feed(data)
+    both = 0
+    for reds, d, total in runs:
+        by_pattern, by_shape = redraws._by_pattern(reds, d, total), redraws._by_shape(reds, d, total)
+        if by_pattern is None or by_shape is None:
+            assert not (by_pattern is not None and by_shape is None), reds[:3]
+            continue
+        both += 1
+        posted = [i for first, k in by_shape.posted for i in range(first, first + k)]
+        assert [i for first, k in by_pattern.posted for i in range(first, first + k)] == posted
+        assert (by_pattern.keys, by_pattern.columns) == (by_shape.keys, by_shape.columns)
+        assert [by_pattern.fields(i) for i in range(len(reds))] == [
+            by_shape.fields(i) for i in range(len(reds))
+        ]
+        assert [by_pattern.post(i) for i in posted] == [by_shape.post(i) for i in posted]
+    assert both >= 10
+    training = [run for run in recorded if run[0][0].startswith(b"Epoch")]
+    assert training and all(redraws._by_pattern(*run) is not None for run in training)

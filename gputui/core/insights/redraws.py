@@ -4,9 +4,11 @@ A tqdm bar redraws itself with ``\\r`` several times a second, so a log holds lo
 one bar that differ only in their count, times and postfix. Once the parser has read one redraw line
 by line, :func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run
 of its redraws that follows (and the lines between them that no parsing rule can match) without a
-regex per line: neighbouring redraws have the same shape once each digit reads 0, one cached regex
+regex per line: where neighbouring redraws have the same shape once each digit reads 0, one cached regex
 match per shape says where the total and the postfix are, and the postfix metrics are cut out by column
-with one cached :class:`struct.Struct`. An HF dict line that only adds metric values joins the columns
+with one cached :class:`struct.Struct`; where their shapes change every few lines (tqdm writes its own
+postfix numbers in varying widths, "0.386" then "0.39", and its bar fills in partial blocks), one pattern
+made from a redraw reads them all in one ``findall``. An HF dict line that only adds metric values joins the columns
 in line order (:func:`read_run`'s ``absorb``); other lines that must be read on their own (a print) cut
 the run into segments: the parser reads them between the segments and goes on in bulk while they change
 nothing that the bulk reading assumed. A new epoch's bar (:func:`other_epoch`) starts a run of its own.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -394,6 +397,110 @@ def _same(block: bytes, width: int, at: int, want: bytes) -> bool:
     return all(block[at + c :: width] == want[c : c + 1] * lines for c in range(len(want)))
 
 
+class _Read(NamedTuple):
+    """The postfixes of a run's redraws, as :func:`_by_shape` or :func:`_by_pattern` read them: ``posted``
+    (first redraw, redraws) per stretch of redraws with a postfix; ``post_shapes`` the postfixes whose shape
+    differs from the one before them; ``keys`` the first postfix's keys; ``columns`` each key's numbers (as
+    text), one per postfix; ``numbers`` the shape of each key's numbers when it is the same in every postfix
+    (else None); ``fields`` redraw i's n, total, elapsed, remaining and rate; ``post`` its postfix."""
+
+    posted: list[tuple[int, int]]
+    post_shapes: list[int]
+    keys: list[bytes]
+    columns: list[list[bytes]]
+    numbers: tuple[bytes, ...] | None
+    fields: Callable[[int], tuple[bytes, ...]]
+    post: Callable[[int], bytes]
+
+
+VARIED_SAMPLE = 32  # redraws whose shapes say whether a run is read by shape or by pattern
+
+
+def _varied(reds: list[bytes]) -> bool:
+    """Whether the first redraws of a run change shape at least every fourth line on average (tqdm's own
+    postfix numbers, "0.386" then "0.39", and partial blocks do): then matching one pattern over all of them
+    costs less than one regex match and one cut per shape."""
+    shapes = b"\n".join(reds[: VARIED_SAMPLE + 1]).translate(DIGITS_AS_0).split(b"\n")
+    return 4 * sum(map(bool, map(ne, shapes, shapes[1:]))) >= len(shapes)
+
+
+# tqdm's bar: its unicode blocks (UTF-8 e2 96 88..8f), its ascii fill ("123456789#") and spaces; no letter
+_BAR_BYTES = rb"[ #0-9\xe2\x96\x88-\x8f]"
+_UNIT = re.compile(rb"(?:\?|\d+(?:\.\d+)?[kMGTP]?)([a-z]{0,12})/s|\d+(?:\.\d+)?s/([a-z]{0,12})")
+
+
+@lru_cache(maxsize=64)
+def _pattern(desc: bytes, to_elapsed: bytes, unit: bytes, template: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """A redraw's pattern (see :func:`_by_pattern`): ``desc`` the description's shape, ``to_elapsed`` the
+    text from the total to the "[" before the elapsed time, ``unit`` the rate's, ``template`` the postfix's
+    text around its numbers. Groups: n, elapsed, remaining, rate, postfix, then each number in it."""
+    u = re.escape(unit)
+    post = re.escape(template[0]) + b"".join(b"(" + _SEG_NUM + b")" + re.escape(t) for t in template[1:])
+    return re.compile(
+        rb"(?m)^"
+        + re.escape(desc).replace(b"0", rb"\d")
+        + rb"[ \t]*\d{1,3}%\|"
+        + _BAR_BYTES
+        + rb"{0,400}\|[ \t]*(\d+(?:\.\d+)?[kMGTP]?)/"
+        + re.escape(to_elapsed)
+        + rb"(\d+(?::\d\d)+)(?:<(\d+(?::\d\d)+|\?))?,[ \t]*((?:\?|\d+(?:\.\d+)?[kMGTP]?)"
+        + u
+        + rb"/s|\d+(?:\.\d+)?s/"
+        + u
+        + rb"),[ \t]*("
+        + post
+        + rb")[ \t]*\][ \t]*\n"
+    )
+
+
+def _by_pattern(reds: list[bytes], d: int, total: bytes) -> _Read | None:
+    """The postfixes of these redraws (see :func:`_by_shape`) read by one pattern made from the first with a
+    postfix (tqdm's first redraw has none): its description with any digits, a bar of bar characters only,
+    its total and the text after it, its rate's unit and its postfix's keys and the text between them, any
+    numbers. A redraw that matches it parses as that one does, whatever the widths of its numbers: no rule
+    tells one digit from another, and its other text is the same or holds no letter. None when no redraw has
+    a postfix or one does not match."""
+    layouts: list[Layout] = []  # of the redraws up to the first with a postfix
+    for line in reds:
+        layout = _layout(line.translate(DIGITS_AS_0), d, total)
+        if layout is None or layout.pairs is None or line[slice(*layout.fields[1])] != total:
+            return None
+        layouts.append(layout)
+        if layout.pairs:
+            break
+    else:
+        return None
+    lead, first = len(layouts) - 1, reds[len(layouts) - 1]
+    (t0, _), (el, _), (r0, r1) = layout.fields[1], layout.fields[2], layout.fields[4]
+    unit = _UNIT.fullmatch(first, r0, r1)
+    assert unit is not None  # (the rate matched _RATE)
+    template, at = [], layout.post[0]
+    for _, _, v0, v1 in layout.pairs:
+        template.append(first[at:v0])
+        at = v1
+    template.append(first[at : layout.post[1]])
+    desc = first[:d].translate(DIGITS_AS_0)
+    pattern = _pattern(desc, first[t0:el], unit.group(1) or unit.group(2) or b"", tuple(template))
+    found = pattern.findall(b"\n".join(reds[lead:]) + b"\n")
+    if len(found) != len(reds) - lead:
+        return None
+
+    def fields(i: int) -> tuple[bytes, ...]:
+        if i < lead:
+            return tuple(reds[i][a:b] for a, b in layouts[i].fields)
+        return (found[i - lead][0], total, *found[i - lead][1:4])
+
+    return _Read(
+        [(lead, len(found))],
+        [0],
+        [first[a:b] for a, b, _, _ in layout.pairs],
+        [list(column) for column in zip(*found, strict=True)][5:],
+        None,
+        fields,
+        lambda i: found[i - lead][4],
+    )
+
+
 def _bulk(
     reds: list[bytes],
     d: int,
@@ -410,58 +517,15 @@ def _bulk(
     hints; ``inline``: the values of its absorbed lines, see :func:`read_run`; ``bars``: its bar); None
     when they must be read line by line. A segment of a new epoch compares its first postfix with none.
 
-    Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
-    values change) parse the same way, since no rule tells one digit from another: so one regex match
-    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfixes
-    and their numbers are cut out of the block of those lines by one cached :class:`struct.Struct`.
+    The postfixes are read by shape (:func:`_by_shape`) or, when the redraws change shape every few lines
+    as tqdm's own number formatting and partial blocks make them do, by one pattern (:func:`_by_pattern`).
     """
-    body = b"\n".join(reds)
-    shapes = body.translate(DIGITS_AS_0).split(b"\n")
-    body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
-    posted_at: list[int] = []  # the redraw of each postfix
-    post_shapes: list[int] = []  # the postfixes whose shape differs from the one before them
-    keys: list[bytes] = []  # the first postfix's keys
-    key_shapes: tuple[bytes, ...] | None = None
-    columns: list[list[bytes]] = []
-    numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
-    posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
-    post_shape: bytes | None = None
-    offset = first = 0
-    for shape, group in groupby(shapes):
-        k = len(list(group))
-        layout = _layout(shape, d, total)
-        if layout is None:
-            return None
-        width = len(shape) + 1  # the lines of a group are as long as their shape
-        start, offset = offset, offset + k * width
-        first += k
-        block = body[start:offset]
-        cut = _cutter(layout.cut, k).unpack(block) if k <= CUT_LINES else _cut_block(layout.cut, block, k)
-        step = layout.step  # each line's total, then its numbers
-        if cut[::step].count(total) != k:  # (the shape reads every total's digits as 0)
-            return None
-        if not layout.pairs:
-            if layout.pairs is None:
-                return None
-            continue  # no postfix: it neither counts nor changes the last one
-        if layout.keys != key_shapes:
-            if key_shapes is not None:
-                return None  # every redraw has the first one's keys
-            key_shapes, numbers = layout.keys, layout.numbers
-            keys = [body[start + a : start + b] for a, b, _, _ in layout.pairs]
-            columns = [[] for _ in keys]
-        for n, a in layout.digit_keys:  # "top1" in every line, not "top5"
-            if not _same(block, width, a, keys[n]):
-                return None
-        if layout.numbers != numbers:
-            numbers = None
-        if layout.post_shape != post_shape:
-            post_shape = layout.post_shape
-            post_shapes.append(len(posted_at))
-        posted.append((first - k, k))
-        posted_at += range(first - k, first)
-        for n, column in enumerate(columns):
-            column += cut[n + 1 :: step]
+    read = _by_pattern(reds, d, total) if _varied(reds) else None
+    read = read or _by_shape(reds, d, total)
+    if read is None:
+        return None
+    posted, keys, columns = read.posted, read.keys, read.columns
+    total_posts = sum(k for _, k in posted)
     ends: list[int] = []  # the postfixes up to the end of each segment
     g = done = 0  # done: the postfixes of the groups before group g
     for end, _, _ in cuts:
@@ -469,24 +533,34 @@ def _bulk(
             done += posted[g][1]
             g += 1
         ends.append(done + (max(end - posted[g][0], 0) if g < len(posted) else 0))
-    total_posts = len(posted_at)
-    fresh = post_shapes[1:]  # the postfixes that differ from the one before them in their shape
+    fresh = read.post_shapes[1:]  # the postfixes that differ from the one before them in their shape
     for s in range(1, len(cuts)):
         if bars[s].epoch != bars[s - 1].epoch and ends[s - 1] < total_posts:
             fresh.append(ends[s - 1])  # the epoch starts afresh
-    same = bool(posted_at) and _post(reds, posted_at, 0, d, total) == bar_post  # as the one read before
+    same = bool(posted) and read.post(posted[0][0]) == bar_post  # as the one read before
     kept = _changed(columns, fresh, same)
+    lasts = ends  # the last postfix up to the end of each segment (+ 1)
     if kept is not None:
-        posted_at = list(compress(posted_at, kept))
         columns = [list(compress(column, kept)) for column in columns]
+        lasts = [e - kept[e - 1 :: -1].index(True) if True in kept[:e] else 0 for e in ends]
         ends = [sum(kept[:e]) for e in ends]
-    if posted_at and not all(math.isfinite(float(column[0])) for column in columns):
+
+    def post(q: int) -> bytes:
+        """Postfix ``q`` (counted before the unchanged ones were dropped)."""
+        for first, k in posted:
+            if q < k:
+                return read.post(first + q)
+            q -= k
+        raise IndexError(q)
+
+    if columns and columns[0] and not all(math.isfinite(float(column[0])) for column in columns):
         return None  # the loss_nan hint of the first changed postfix must cite its line, after the hints before it
+    numbers = read.numbers
     decimal = [numbers is not None and _DECIMAL.fullmatch(number) is not None for number in numbers or ()]
     segments: list[Segment] = []
     names = [key.decode().lower() for key in keys]
     lo = 0
-    for (end, stop, gap), hi in zip(cuts, ends, strict=True):
+    for (end, stop, gap), hi, upto in zip(cuts, ends, lasts, strict=True):
         out: list[Column] = []
         start = max(lo, 1)  # the run's first changed postfix is read on its own
         here = inline[len(segments)]
@@ -505,18 +579,14 @@ def _bulk(
             if summary is not None:
                 out.append(Column(name, *summary))
         out += [Column(name, *_joined(None, *both, keep)) for name, both in merged.items()]
-        last = reds[end - 1]
-        layout = _layout(shapes[end - 1], d, total)
-        assert layout is not None  # read above
-        fields = tuple(last[a:b] for a, b in layout.fields)
         segments.append(
             Segment(
                 stop,
                 gap,
-                fields,
-                last,
-                _post(reds, posted_at, hi - 1, d, total) if hi > lo else None,
-                _post(reds, posted_at, 0, d, total) if lo == 0 < hi else None,
+                read.fields(end - 1),
+                reds[end - 1],
+                post(upto - 1) if hi > lo else None,
+                post(kept.index(True) if kept else 0) if lo == 0 < hi else None,
                 out,
                 others[len(segments)],
                 bars[len(segments)],
@@ -524,6 +594,92 @@ def _bulk(
         )
         lo = hi
     return Run(cuts[-1][1], segments)
+
+
+def _by_shape(reds: list[bytes], d: int, total: bytes) -> _Read | None:
+    """The postfixes of these redraws (after a description of ``d`` bytes, of a bar of this ``total``), read
+    by shape; None when one redraw is not one of the bar or must be read on its own.
+
+    Redraws that are equal once each digit reads 0 (most neighbours: only the count, times, rate and
+    values change) parse the same way, since no rule tells one digit from another: so one regex match
+    per such shape (cached, :func:`_layout`) says where the fields are in all of them, and the postfixes
+    and their numbers are cut out of the block of those lines by one cached :class:`struct.Struct`.
+    """
+    body = b"\n".join(reds)
+    shapes = body.translate(DIGITS_AS_0).split(b"\n")
+    body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
+    starts: list[int] = []  # the first redraw of each group
+    offsets: list[int] = []  # and where it is in the body
+
+    def line(i: int) -> bytes:
+        """Redraw ``i`` as it is in the body."""
+        g = bisect_right(starts, i) - 1
+        at = offsets[g] + (i - starts[g]) * (len(shapes[i]) + 1)
+        return body[at : at + len(shapes[i])]
+
+    post_shapes: list[int] = []  # the postfixes whose shape differs from the one before them
+    keys: list[bytes] = []  # the first postfix's keys
+    key_shapes: tuple[bytes, ...] | None = None
+    columns: list[list[bytes]] = []
+    numbers: tuple[bytes, ...] | None = None  # the shapes of each key's numbers, while they are all alike
+    posted: list[tuple[int, int]] = []  # (first redraw, redraws) of each group with a postfix
+    post_shape: bytes | None = None
+    offset = first = total_posts = 0
+    for shape, group in groupby(shapes):
+        k = len(list(group))
+        layout = _layout(shape, d, total)
+        if layout is None:
+            return None
+        width = len(shape) + 1  # the lines of a group are as long as their shape
+        starts.append(first)
+        offsets.append(offset)
+        start, offset = offset, offset + k * width
+        first += k
+        cut: Sequence[bytes]
+        if k <= CUT_LINES:
+            cut = _cutter(layout.cut, k).unpack_from(body, start)
+        else:
+            cut = _cut_block(layout.cut, body[start:offset], k)
+        step = layout.step  # each line's total, then its numbers
+        if cut[::step].count(total) != k:  # (the shape reads every total's digits as 0)
+            return None
+        if not layout.pairs:
+            if layout.pairs is None:
+                return None
+            continue  # no postfix: it neither counts nor changes the last one
+        if layout.keys != key_shapes:
+            if key_shapes is not None:
+                return None  # every redraw has the first one's keys
+            key_shapes, numbers = layout.keys, layout.numbers
+            keys = [body[start + a : start + b] for a, b, _, _ in layout.pairs]
+            columns = [[] for _ in keys]
+        for n, a in layout.digit_keys:  # "top1" in every line, not "top5"
+            if not _same(body[start:offset], width, a, keys[n]):
+                return None
+        if layout.numbers != numbers:
+            numbers = None
+        if layout.post_shape != post_shape:
+            post_shape = layout.post_shape
+            post_shapes.append(total_posts)
+        posted.append((first - k, k))
+        total_posts += k
+        for n, column in enumerate(columns):
+            column += cut[n + 1 :: step]
+
+    def layout_of(i: int) -> Layout:
+        found = _layout(shapes[i], d, total)
+        assert found is not None  # read above
+        return found
+
+    def fields(i: int) -> tuple[bytes, ...]:
+        text = line(i)
+        return tuple(text[a:b] for a, b in layout_of(i).fields)
+
+    def post(i: int) -> bytes:
+        a, b = layout_of(i).post
+        return line(i)[a:b]
+
+    return _Read(posted, post_shapes, keys, columns, numbers, fields, post)
 
 
 def _changed(columns: list[list[bytes]], fresh: list[int], same: bool) -> list[bool] | None:
@@ -540,14 +696,6 @@ def _changed(columns: list[list[bytes]], fresh: list[int], same: bool) -> list[b
     if not any(map(eq, rows, before)):
         return None
     return list(map(ne, rows, before))
-
-
-def _post(reds: list[bytes], posted_at: list[int], q: int, d: int, total: bytes) -> bytes:
-    """The text of postfix ``q`` (``posted_at``: the redraw of each)."""
-    line = reds[posted_at[q]]
-    layout = _layout(line.translate(DIGITS_AS_0), d, total)
-    assert layout is not None  # (read in bulk)
-    return line[layout.post[0] : layout.post[1]]
 
 
 def _at(
