@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -169,6 +170,24 @@ def step_log(target_bytes: int) -> bytes:
     return b"".join(out)
 
 
+RECORDED = ROOT / "tests" / "fixtures" / "logs" / "tqdm_recorded.log"  # tqdm 4.70.1's own output (2 epochs)
+
+
+def tqdm_log(target_bytes: int) -> bytes:
+    """What tqdm itself writes (RECORDED, see bench/record_tqdm_log.py) replayed with its epochs renumbered
+    until it is this long: its postfix numbers change width and its bar fills in partial blocks."""
+    one = RECORDED.read_bytes()
+    rounds = target_bytes // len(one) + 1
+
+    def replay(r: int) -> bytes:
+        part = re.sub(
+            rb"Epoch ([12])/2(?=\D)", lambda m: b"Epoch %d/%d" % (2 * r + int(m[1]), 2 * rounds), one
+        )
+        return re.sub(rb"'epoch': (\d+\.\d+)", lambda m: b"'epoch': %.2f" % (float(m[1]) + 2 * r), part)
+
+    return b"".join(map(replay, range(rounds)))
+
+
 def throughput(title: str, data: bytes, runs: int, old: type | None) -> None:
     """Lines/s of LogInsights, the round-1 parser and splitlines over ``data`` (interleaved runs, median)."""
     lines = len(data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").splitlines())
@@ -200,6 +219,7 @@ def main() -> None:
     old = round1_parser()
     throughput("mixed log (tqdm redraws, HF dicts, warnings)", make_log(size), args.runs, old)
     throughput("step prints (bench/ui_tick.py's flood line)", step_log(size), args.runs, old)
+    throughput("tqdm's own output (recorded, replayed)", tqdm_log(size // 4), args.runs, old)
     eta_table()
 
 

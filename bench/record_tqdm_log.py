@@ -37,14 +37,19 @@ def record(epochs: int, steps: int, seed: int = 0) -> bytes:
             bar.set_postfix(loss=loss, acc=min(0.99, 1 - loss / 3 + rnd.uniform(-0.02, 0.02)), refresh=False)
             bar.update(1)
             if step % 100 == 99:
-                bar.write(f"{{'loss': {loss:.4f}, 'learning_rate': 4.5e-05, 'epoch': {epoch - 1 + step / steps:.2f}}}", file=out)
+                bar.write(
+                    f"{{'loss': {loss:.4f}, 'learning_rate': 4.5e-05, 'epoch': {epoch - 1 + step / steps:.2f}}}",
+                    file=out,
+                )
         bar.close()
         val = tqdm(total=40, desc="Validation", file=out, leave=False, mininterval=0.1)
         for _ in range(40):
             now[0] += rnd.uniform(0.1, 0.2)
             val.update(1)
         val.close()
-        out.write(f"Epoch {epoch}/{epochs} train_loss={loss:.4f} val_loss={loss * 1.1:.4f} val_acc={1 - loss / 2.5:.4f}\n")
+        out.write(
+            f"Epoch {epoch}/{epochs} train_loss={loss:.4f} val_loss={loss * 1.1:.4f} val_acc={1 - loss / 2.5:.4f}\n"
+        )
     return raw.getvalue()
 
 
