@@ -853,3 +853,11 @@ def test_a_dict_epoch_that_is_not_finite_is_ignored() -> None:
     ins.feed(b"{'loss': 0.5, 'epoch': nan}\n{'loss': 0.4, 'epoch': inf}\n{\"epoch\": -inf}\n")
     snap = ins.snapshot()
     assert snap.epoch is None and snap.metrics["loss"]["last"] == 0.4
+
+
+def test_a_training_metric_after_an_evaluation_bar_keeps_its_name() -> None:
+    """After a validation bar, a bare "loss" is the evaluation's, but "train_loss" is still the training's."""
+    snap = parse(read("tqdm_recorded.log"))
+    assert snap.phase == "eval" and snap.metrics["train_loss"]["last"] == 0.1539
+    assert "eval_train_loss" not in snap.metrics and snap.metrics["val_loss"]["last"] == 0.1692
+    assert parse(read("tqdm_recorded.log") + b"loss 0.5\n").metrics["eval_loss"]["last"] == 0.5

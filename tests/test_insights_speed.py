@@ -484,3 +484,27 @@ def test_reading_by_pattern_gives_what_reading_by_shape_gives(monkeypatch: pytes
     assert both >= 10
     training = [run for run in recorded if run[0][0].startswith(b"Epoch")]
     assert training and all(redraws._by_pattern(*run) is not None for run in training)
+
+
+OTHER_BARS = (  # bars that are not the training run's: read by their shape, as line by line
+    b"Epoch 1/2:  50%|#####     | 1/2 [00:01<00:01,  1.00it/s, loss=0.5]\r"
+    b"Validation:  50%|#####     | 1/2 [00:00<00:00,  9.00it/s]\r"
+    b"Validation DataLoader 0: 100%|##########| 2/2 [00:00<00:00,  9.00it/s]\n"
+    b"Epoch 1/2 train_loss=0.25 val_loss=0.3\n"
+    b"model.safetensors: 100%|##########| 5.2M/5.2M [00:01<00:00, 4.1MB/s]\r"
+    b"Downloading: 100%|##########| 5.2M/5.2M [00:01<00:00, 4.1MB/s]\n"
+    b"Predicting: 100%|##########| 9/9 [00:01<00:00,  9.00it/s]\n"
+    b"loss 0.4\n"
+    b"                 Class     Images  Instances      Box(P          R      mAP50  mAP50-95): "
+    b"100%|##########| 3/3 [00:01<00:00,  2.10it/s]\n"
+    b"                   all         80        120      0.813      0.756      0.802      0.551\n"
+)
+
+
+@pytest.mark.parametrize("chunk", [5, 1 << 16])
+def test_bars_of_evaluation_and_downloads_equal_line_by_line(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = parse(OTHER_BARS, chunk, True, monkeypatch)
+    assert snap == parse(OTHER_BARS, chunk, False, monkeypatch)
+    assert snap["phase"] == "eval" and "box_map50" in snap["metrics"]

@@ -45,12 +45,19 @@ def metric_kind(name: str) -> str | None:
 
 MAIN_LOSSES = frozenset(["loss", "train_loss", "training_loss", "total_loss", "train/loss"])
 _EVAL_TOKENS = frozenset(["val", "valid", "validation", "eval", "test", "dev"])
+_TRAIN_TOKENS = frozenset(["train", "training"])
 
 
 @lru_cache(maxsize=2048)
 def is_eval_name(name: str) -> bool:
     """A validation/test/evaluation metric's name ("val_loss", "eval/acc", "test accuracy")."""
     return not _EVAL_TOKENS.isdisjoint(_TOKEN_SPLIT.split(name))
+
+
+def says_its_split(name: str) -> bool:
+    """Whether a metric's name says which split it is of ("val_loss", "train_acc", "training loss")."""
+    tokens = _TOKEN_SPLIT.split(name)
+    return not (_EVAL_TOKENS.isdisjoint(tokens) and _TRAIN_TOKENS.isdisjoint(tokens))
 
 
 def is_train_loss(name: str) -> bool:

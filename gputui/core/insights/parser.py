@@ -15,9 +15,10 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import lru_cache
 
 from .log_hints import add_line_hints
-from .metrics import MAIN_LOSSES, Metric, is_eval_name, is_train_loss, metric_kind
+from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind, says_its_split
 from .patterns import (
     ANSI,
     ASCII_BAR,
@@ -65,6 +66,29 @@ BURST_S = 0.2  # progress changes closer together than this (a log replay) do no
 
 def _clamp(v: float) -> float:
     return min(max(v, 0.0), 1.0)
+
+
+def _skipped(desc: str, rate: str) -> str | None:
+    """The phase that a redraw of a bar that is not the training run's sets ("eval" for an evaluation loop's,
+    else ""), from its description and rate; None for the training run's bar."""
+    if "B/s" not in rate and not skipped_bar(desc):
+        return None
+    return "eval" if desc.lstrip()[:5].lower().startswith(_EVAL_DESCS) else ""
+
+
+@lru_cache(maxsize=256)
+def ignored_bar(shape: bytes) -> str | None:
+    """What reading a line of this shape (digits read 0) sets the phase to (see :func:`_skipped`) when that
+    and the last line shown is all it does: a redraw of a bar that is not the training run's, without an
+    epoch, not a YOLO "class" bar, outside epoch tables. None otherwise. Every line of one shape does the
+    same, since no rule tells one digit from another."""
+    text = shape.decode("utf-8", "replace").strip()
+    if "[" not in text or "poch" in text or "POCH" in text or (m := TQDM.search(text)) is None:
+        return None
+    head = text[: m.start()].rstrip()
+    cm = TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
+    desc = head[: cm.start()] if cm is not None else "class"
+    return _skipped(desc, m["rate"]) if desc[:5].lower() != "class" else None
 
 
 class _Bar:
@@ -123,9 +147,9 @@ _BAR_STATE = (
 
 def _kv_name(split: str, key: str, prefix: str) -> str:
     """The metric name of a key=value pair: "valid loss" -> "valid_loss"; ``prefix`` + it unless it
-    already says it is an evaluation's."""
+    already says which split it is of (after an evaluation, "train_loss" is still the training's)."""
     name = f"{split}_{key}".lower() if split else key.lower()
-    return prefix + name if prefix and not is_eval_name(name) else name
+    return prefix + name if prefix and not says_its_split(name) else name
 
 
 class LogInsights:
@@ -250,6 +274,12 @@ class LogInsights:
         first = lines[i]
         shape = first.translate(DIGITS_AS_0)
         layout = plain_layout(shape)
+        if layout is None and not self._table and not self._eval_table:
+            phase = ignored_bar(shape)  # a validation bar's redraw: read by its shape
+            if phase is not None:
+                self._glued, self._last_line = "", first.decode("utf-8", "replace").strip()
+                self._phase = phase or self._phase
+                return i + 1
         group, j, n, stop = [first], i + 1, len(lines), i + 1
         while layout is not None and j < n:
             line = lines[j]
@@ -407,10 +437,11 @@ class LogInsights:
         if cm is None:
             return None
         el, rem, rate, post = m.groups()
-        if "B/s" in rate or skipped_bar(head[: cm.start()]):
-            desc = head[: cm.start()]
-            if desc.lstrip()[:5].lower().startswith(_EVAL_DESCS):
-                self._phase = "eval"
+        desc = head[: cm.start()]
+        phase = _skipped(desc, rate)
+        if phase is not None:
+            if phase:
+                self._phase = phase
             if desc[:5].lower() == "class":  # a YOLO validation bar: its header names the "all" row's columns
                 self._eval_table = table_columns(desc[: desc.find("%")].rstrip("0123456789 :"))
             return _IGNORED
