@@ -439,6 +439,11 @@ VARIED = {  # runs of redraws whose numbers change width: read by one pattern wh
     "signs and padding": b"".join(
         tqdm_redraw(n, b"loss=%s" % (b"-0.5", b"1e+03  ", b"0.25 ")[n % 3]) for n in range(1, 40)
     ),
+    "no postfix (HF Trainer)": b"".join(
+        tqdm_redraw(n, b"", rate=b" %.2fit/s" % (3 + n % 9 / 7))
+        + (b"\n{'loss': 0.25, 'epoch': 0.5}\n" if n % 10 == 0 else b"")
+        for n in range(0, 40)
+    ),
     "a dict line between": b"".join(
         tqdm_redraw(n, b"loss=%s" % widths(n)) + (b"\n{'loss': 0.25, 'epoch': 0.5}\n" if n % 10 == 0 else b"")
         for n in range(1, 40)

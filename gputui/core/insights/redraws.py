@@ -433,9 +433,13 @@ _UNIT = re.compile(rb"(?:\?|\d+(?:\.\d+)?[kMGTP]?)([a-z]{0,12})/s|\d+(?:\.\d+)?s
 def _pattern(desc: bytes, to_elapsed: bytes, unit: bytes, template: tuple[bytes, ...]) -> re.Pattern[bytes]:
     """A redraw's pattern (see :func:`_by_pattern`): ``desc`` the description's shape, ``to_elapsed`` the
     text from the total to the "[" before the elapsed time, ``unit`` the rate's, ``template`` the postfix's
-    text around its numbers. Groups: n, elapsed, remaining, rate, postfix, then each number in it."""
+    text around its numbers (() for no postfix). Groups: n, elapsed, remaining, rate, then the postfix and
+    each number in it."""
     u = re.escape(unit)
-    post = re.escape(template[0]) + b"".join(b"(" + _SEG_NUM + b")" + re.escape(t) for t in template[1:])
+    post = b""
+    if template:
+        numbers = b"".join(b"(" + _SEG_NUM + b")" + re.escape(t) for t in template[1:])
+        post = rb",[ \t]*(" + re.escape(template[0]) + numbers + rb")[ \t]*"
     return re.compile(
         rb"(?m)^"
         + re.escape(desc).replace(b"0", rb"\d")
@@ -447,38 +451,39 @@ def _pattern(desc: bytes, to_elapsed: bytes, unit: bytes, template: tuple[bytes,
         + u
         + rb"/s|\d+(?:\.\d+)?s/"
         + u
-        + rb"),[ \t]*("
+        + b")"
         + post
-        + rb")[ \t]*\][ \t]*\n"
+        + rb"\][ \t]*\n"
     )
 
 
 def _by_pattern(reds: list[bytes], d: int, total: bytes) -> _Read | None:
     """The postfixes of these redraws (see :func:`_by_shape`) read by one pattern made from the first with a
-    postfix (tqdm's first redraw has none): its description with any digits, a bar of bar characters only,
-    its total and the text after it, its rate's unit and its postfix's keys and the text between them, any
-    numbers. A redraw that matches it parses as that one does, whatever the widths of its numbers: no rule
-    tells one digit from another, and its other text is the same or holds no letter. None when no redraw has
-    a postfix or one does not match."""
-    layouts: list[Layout] = []  # of the redraws up to the first with a postfix
-    for line in reds:
-        layout = _layout(line.translate(DIGITS_AS_0), d, total)
-        if layout is None or layout.pairs is None or line[slice(*layout.fields[1])] != total:
+    postfix (tqdm's first redraw has none; when the second has none either, from the first, for redraws
+    without one): its description with any digits, a bar of bar characters only, its total and the text after
+    it, its rate's unit and its postfix's keys and the text between them, any numbers. A redraw that matches
+    it parses as that one does, whatever the widths of its numbers: no rule tells one digit from another, and
+    its other text is the same or holds no letter. None when one does not match."""
+    layouts: list[Layout] = []
+    for line in reds[:2]:
+        shaped = _layout(line.translate(DIGITS_AS_0), d, total)
+        if shaped is None or shaped.pairs is None or line[slice(*shaped.fields[1])] != total:
             return None
-        layouts.append(layout)
-        if layout.pairs:
+        layouts.append(shaped)
+        if shaped.pairs:
             break
-    else:
-        return None
-    lead, first = len(layouts) - 1, reds[len(layouts) - 1]
+    lead = len(layouts) - 1 if layouts[-1].pairs else 0  # the redraws before the first with a postfix
+    first, layout = reds[lead], layouts[lead]
+    pairs = layout.pairs or ()
     (t0, _), (el, _), (r0, r1) = layout.fields[1], layout.fields[2], layout.fields[4]
     unit = _UNIT.fullmatch(first, r0, r1)
     assert unit is not None  # (the rate matched _RATE)
     template, at = [], layout.post[0]
-    for _, _, v0, v1 in layout.pairs:
+    for _, _, v0, v1 in pairs:
         template.append(first[at:v0])
         at = v1
-    template.append(first[at : layout.post[1]])
+    if template:
+        template.append(first[at : layout.post[1]])
     desc = first[:d].translate(DIGITS_AS_0)
     pattern = _pattern(desc, first[t0:el], unit.group(1) or unit.group(2) or b"", tuple(template))
     found = pattern.findall(b"\n".join(reds[lead:]) + b"\n")
@@ -491,9 +496,9 @@ def _by_pattern(reds: list[bytes], d: int, total: bytes) -> _Read | None:
         return (found[i - lead][0], total, *found[i - lead][1:4])
 
     return _Read(
-        [(lead, len(found))],
-        [0],
-        [first[a:b] for a, b, _, _ in layout.pairs],
+        [(lead, len(found))] if template else [],
+        [0] if template else [],
+        [first[a:b] for a, b, _, _ in pairs],
         [list(column) for column in zip(*found, strict=True)][5:],
         None,
         fields,
