@@ -413,6 +413,13 @@ def widths(n: int) -> bytes:
     return b"%.3g" % values[n % len(values)]
 
 
+NO_ROOM = (
+    b"".join(  # tqdm leaves "|{bar}|" out where the line has no room for it (Lightning, narrow terminals)
+        b"Epoch 0:  %2d%% %d/1702 [13:01<00:24,  2.11it/s, loss=0.158, v_num=0, train_loss=%s]\r"
+        % (n * 100 // 1702, n, widths(n))
+        for n in range(1600, 1640)
+    )
+)
 VARIED = {  # runs of redraws whose numbers change width: read by one pattern where that parses as line by line
     "widths": b"".join(tqdm_redraw(n, b"acc=%s, loss=%s" % (widths(n), widths(n + 3))) for n in range(1, 60)),
     "first without postfix": tqdm_redraw(0, b"")
@@ -444,6 +451,9 @@ VARIED = {  # runs of redraws whose numbers change width: read by one pattern wh
         + (b"\n{'loss': 0.25, 'epoch': 0.5}\n" if n % 10 == 0 else b"")
         for n in range(0, 40)
     ),
+    "no room for the bar": NO_ROOM
+    + b"Epoch 0:  96% 1640/1702 done\r"
+    + b" 50% 2/4 [00:01<00:01,  2.00it/s]\r 75% 3/4 [00:02<00:00,  2.00it/s]\r100% of it\r",
     "a dict line between": b"".join(
         tqdm_redraw(n, b"loss=%s" % widths(n)) + (b"\n{'loss': 0.25, 'epoch': 0.5}\n" if n % 10 == 0 else b"")
         for n in range(1, 40)
@@ -513,3 +523,16 @@ def test_bars_of_evaluation_and_downloads_equal_line_by_line(
     snap = parse(OTHER_BARS, chunk, True, monkeypatch)
     assert snap == parse(OTHER_BARS, chunk, False, monkeypatch)
     assert snap["phase"] == "eval" and "box_map50" in snap["metrics"]
+
+
+def test_redraws_without_room_for_the_bar_are_read_in_bulk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tqdm leaves "|{bar}|" out when the line has no room for it: such runs are read in bulk too."""
+    one_by_one = []
+    read = parser.LogInsights._line
+    monkeypatch.setattr(
+        parser.LogInsights,
+        "_line",
+        lambda self, raw, hints=True: one_by_one.append(raw) or read(self, raw, hints),
+    )
+    LogInsights(clock=lambda: 0.0).feed(NO_ROOM)
+    assert len(one_by_one) == 1  # the first redraw (the last is unfinished: no line end)

@@ -35,8 +35,9 @@ from .patterns import COLON_COUNT, DIGITS_AS_0, EPOCH, HINT_GATE, INNER, MAX_LIN
 
 _SEG_NUM = rb"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 # the text before a tqdm count: "{desc}{pct}%|{bar}| " (descriptions over 200 characters are read line by line)
-_PREFIX = re.compile(r"(.{0,200}?)[ \t]*\d{1,3}%\|[^|\[\]\x1b]{0,400}\|[ \t]*")
-_PCT = re.compile(rb"[ \t]*\d{1,3}%\|")  # how a bar without a description starts
+# (tqdm leaves the "|{bar}|" out where the line has no room for it: "Epoch 0:  97% 1651/1702 [...]")
+_PREFIX = re.compile(r"(.{0,200}?)[ \t]*\d{1,3}%(?:\|[^|\[\]\x1b]{0,400}\||(?=[ \t]))[ \t]*")
+_PCT = re.compile(rb"[ \t]*\d{1,3}%[| \t]")  # how a bar without a description starts
 _EPOCH_STOPS = frozenset(" \t/o([]0123456789")  # characters that an epoch match could run on into
 
 
@@ -55,7 +56,7 @@ def _tail(keep: str) -> re.Pattern[bytes]:
         return (b"(" if name in keep else b"(?:") + body + b")"
 
     return re.compile(
-        rb"(?m)^[ \t]*\d{1,3}%\|[^|\[\n]{0,400}\|[ \t]*"
+        rb"(?m)^[ \t]*\d{1,3}%(?:\|[^|\[\n]{0,400}\||(?=[ \t]))[ \t]*"
         + g("n", rb"\d+(?:\.\d+)?[kMGTP]?")
         + b"/"
         + g("total", rb"\d+(?:\.\d+)?[kMGTP]?")
@@ -443,9 +444,9 @@ def _pattern(desc: bytes, to_elapsed: bytes, unit: bytes, template: tuple[bytes,
     return re.compile(
         rb"(?m)^"
         + re.escape(desc).replace(b"0", rb"\d")
-        + rb"[ \t]*\d{1,3}%\|"
+        + rb"[ \t]*\d{1,3}%(?:\|"
         + _BAR_BYTES
-        + rb"{0,400}\|[ \t]*(\d+(?:\.\d+)?[kMGTP]?)/"
+        + rb"{0,400}\||(?=[ \t]))[ \t]*(\d+(?:\.\d+)?[kMGTP]?)/"
         + re.escape(to_elapsed)
         + rb"(\d+(?::\d\d)+)(?:<(\d+(?::\d\d)+|\?))?,[ \t]*((?:\?|\d+(?:\.\d+)?[kMGTP]?)"
         + u
