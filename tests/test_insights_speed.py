@@ -17,13 +17,14 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench_log(size: int) -> bytes:
+def bench_log(size: int, kind: str = "make_log") -> bytes:
+    """A log of bench/insights.py: its mixed log (make_log) or tqdm's own output replayed (tqdm_log)."""
     spec = importlib.util.spec_from_file_location("bench_insights", ROOT / "bench" / "insights.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("bench_insights", mod)
     spec.loader.exec_module(mod)
-    return mod.make_log(size)
+    return getattr(mod, kind)(size)
 
 
 def parse(data: bytes, chunk: int, bulk: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
@@ -202,8 +203,9 @@ def test_bulk_redraws_equal_line_by_line_on_edge_cases(chunk: int, monkeypatch: 
     assert parse(REDRAWS, chunk, True, monkeypatch) == parse(REDRAWS, chunk, False, monkeypatch)
 
 
-def test_bulk_redraws_equal_line_by_line_on_the_bench_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    data = bench_log(300_000)
+@pytest.mark.parametrize("kind", ["make_log", "tqdm_log"])
+def test_bulk_redraws_equal_line_by_line_on_the_bench_log(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = bench_log(300_000, kind)
     want = parse(data, 1 << 16, False, monkeypatch)
     assert want["progress"] and want["metrics"]["loss"]["count"] > 1000
     for chunk in (1 << 16, 4093, random.Random(1).randint(100, 999)):
