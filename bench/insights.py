@@ -4,8 +4,9 @@ ETA of a cold read (gputui jobs --json, one poll) next to the app's long-lived p
 Run: python bench/insights.py [--mb 8] [--runs 5]. Prints lines/s and MB/s (median of the runs)
 for LogInsights.feed() in 64 KiB chunks and, as peers over the same bytes in the same run, the round-1
 parser (gputui/core/insights.py at commit ROUND1, read from git history) and a plain
-bytes.splitlines(); plus the ratios; for a mixed training log and for a log of step prints. Times are
-this process's CPU time, so other work on a shared machine does not count. Then, for a simulated MNIST-style job (5 epochs of 20 s training
+bytes.splitlines(); plus the ratios; for a mixed training log, a log of step prints and tqdm's own output
+(its format, numbers in its own widths: see tqdm_log). Times are this process's CPU time, so other work on
+a shared machine does not count. Then, for a simulated MNIST-style job (5 epochs of 20 s training
 + 4 s evaluation, an ascii bar and epoch summaries), the ETA at a few moments: the app's parser fed
 live, a cold read with the runner's offset -> time index, and one without it. No asserts.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -170,22 +170,84 @@ def step_log(target_bytes: int) -> bytes:
     return b"".join(out)
 
 
-RECORDED = ROOT / "tests" / "fixtures" / "logs" / "tqdm_recorded.log"  # tqdm 4.70.1's own output (2 epochs)
+_BLOCKS = " ▏▎▍▌▋▊▉█"  # tqdm's bar: a 10-cell bar fills in eighths
 
 
-def tqdm_log(target_bytes: int) -> bytes:
-    """What tqdm itself writes (RECORDED, see bench/record_tqdm_log.py) replayed with its epochs renumbered
-    until it is this long: its postfix numbers change width and its bar fills in partial blocks."""
-    one = RECORDED.read_bytes()
-    rounds = target_bytes // len(one) + 1
+def _interval(seconds: float) -> str:
+    """tqdm's format_interval."""
+    minutes, s = divmod(int(seconds), 60)
+    h, m = divmod(minutes, 60)
+    return f"{h:d}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
-    def replay(r: int) -> bytes:
-        part = re.sub(
-            rb"Epoch ([12])/2(?=\D)", lambda m: b"Epoch %d/%d" % (2 * r + int(m[1]), 2 * rounds), one
+
+def _num(value: float) -> str:
+    """tqdm's format_num of a postfix float ("0.386", "0.39", "1.2e-05")."""
+    short = f"{value:.3g}".replace("+0", "+").replace("-0", "-")
+    return short if len(short) < len(str(value)) else str(value)
+
+
+def _redraw(desc: str, n: int, total: int, elapsed: float, rate: float | None, post: str = "") -> str:
+    """One redraw as tqdm 4.x's format_meter writes it to a file (unicode blocks, a 10-cell bar)."""
+    full, part = divmod(int(n / total * 80), 8)
+    bar = _BLOCKS[-1] * full + (_BLOCKS[part] + " " * (9 - full) if full < 10 else "")
+    if rate is None:
+        times = f"{_interval(elapsed)}<?, ?it/s"
+    else:
+        speed = f"{rate:5.2f}it/s" if rate >= 1 else f"{1 / rate:5.2f}s/it"
+        times = f"{_interval(elapsed)}<{_interval((total - n) / rate)}, {speed}"
+    return f"{desc}: {100 * n / total:3.0f}%|{bar}| {n}/{total} [{times}{', ' + post if post else ''}]"
+
+
+def tqdm_log(target_bytes: int, seed: int = 0) -> bytes:
+    """What tqdm writes to a log file for a training loop (the format of tests/fixtures/logs/tqdm_recorded.log,
+    recorded from tqdm 4.70.1): per epoch 469 redraws with set_postfix floats in tqdm's own widths, a bar that
+    fills in partial blocks, a dict line written through tqdm every 100 steps (the bar is cleared and drawn
+    again), a 40-step validation bar that is cleared at the end, and an epoch summary."""
+    rnd = random.Random(seed)
+    out: list[str] = []
+    last = 0  # the length of the line on screen: a shorter redraw pads it out with spaces
+    loss, clock = 2.3, 0.0
+
+    def draw(line: str) -> None:
+        nonlocal last
+        out.append("\r" + line + " " * max(last - len(line), 0))
+        last = len(line)
+
+    def clear(then: str) -> None:
+        nonlocal last
+        out.append("\r" + " " * last + "\r" + then)
+        last = 0
+
+    def bar(desc: str, total: int, step_s: tuple[float, float], post: bool) -> None:
+        nonlocal clock, loss
+        start, rate = clock, None
+        draw(_redraw(desc, 0, total, 0, None))
+        for n in range(1, total + 1):
+            step = rnd.uniform(*step_s)
+            clock += step
+            rate = 1 / step if rate is None else 0.7 * rate + 0.3 / step  # tqdm smooths its rate
+            text = ""
+            if post:
+                loss = min(5.0, max(0.01, loss * rnd.uniform(0.98, 1.0204)))  # a walk, as losses wander
+                text = f"acc={_num(min(0.99, 1 - loss / 3 + rnd.uniform(-0.02, 0.02)))}, loss={_num(loss)}"
+            draw(line := _redraw(desc, n, total, clock - start, rate, text))
+            if post and n % 100 == 0:
+                clear(
+                    f"{{'loss': {loss:.4f}, 'learning_rate': 4.5e-05, 'epoch': {epoch - 1 + n / total:.2f}}}\n"
+                )
+                draw(line)
+
+    epoch = 0
+    while len(out) * 80 < target_bytes:  # (about 80 bytes a redraw)
+        epoch += 1
+        bar(f"Epoch {epoch}/500", 469, (0.25, 0.35), post=True)
+        out.append("\n")
+        last = 0
+        bar("Validation", 40, (0.1, 0.2), post=False)
+        clear(
+            f"Epoch {epoch}/500 train_loss={loss:.4f} val_loss={loss * 1.1:.4f} val_acc={1 - loss / 2.5:.4f}\n"
         )
-        return re.sub(rb"'epoch': (\d+\.\d+)", lambda m: b"'epoch': %.2f" % (float(m[1]) + 2 * r), part)
-
-    return b"".join(map(replay, range(rounds)))
+    return "".join(out).encode()
 
 
 def throughput(title: str, data: bytes, runs: int, old: type | None) -> None:
@@ -219,7 +281,7 @@ def main() -> None:
     old = round1_parser()
     throughput("mixed log (tqdm redraws, HF dicts, warnings)", make_log(size), args.runs, old)
     throughput("step prints (bench/ui_tick.py's flood line)", step_log(size), args.runs, old)
-    throughput("tqdm's own output (recorded, replayed)", tqdm_log(size // 4), args.runs, old)
+    throughput("tqdm's own output (its format, fresh numbers)", tqdm_log(size // 2), args.runs, old)
     eta_table()
 
 
