@@ -70,6 +70,7 @@ CLEAN_FIXTURES = [
     "fairseq_epochs.log",
     "deepspeed_steps.log",
     "tqdm_recorded.log",
+    "lightning_rich.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -861,3 +862,35 @@ def test_a_training_metric_after_an_evaluation_bar_keeps_its_name() -> None:
     assert snap.phase == "eval" and snap.metrics["train_loss"]["last"] == 0.1539
     assert "eval_train_loss" not in snap.metrics and snap.metrics["val_loss"]["last"] == 0.1692
     assert parse(read("tqdm_recorded.log") + b"loss 0.5\n").metrics["eval_loss"]["last"] == 0.5
+
+
+def test_lightning_rich_progress_bar() -> None:
+    """Lightning's RichProgressBar counts epochs from 0 and names the last one ("Epoch 3/9" is the 4th of 10); its
+    count, times and speed come after the bar ("500/938 0:00:11 • 0:00:10 43.17it/s"), its metrics after them."""
+    data = read("lightning_rich.log")
+    done = parse(data)
+    assert (done.progress, done.eta_s, done.epoch, done.total_epochs) == (1.0, 0.0, 23, 24)
+    assert done.rate == "4.37it/s" and not done.hints
+    assert done.metrics["train/loss"] == {"last": 0.212, "best": 0.185, "count": 6}
+    assert done.metrics["val/acc"]["last"] == 0.918 and done.loss_history[-3:] == (0.242, 0.185, 0.212)
+    third = parse(data[: data.index(b"Epoch 21")])  # 3 of 24 epochs done, each 23 s
+    assert (third.progress, third.eta_s, third.epoch) == (3 / 24, 21 * 23.0, 2)
+    bar = (
+        "Epoch 3/9  ━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━ 500/938 0:00:11 • 0:00:10 43.17it/s v_num: 0 loss: 0.06\n"
+    )
+    mid = parse(bar.encode())
+    assert (mid.progress, mid.eta_s) == ((3 + 500 / 938) / 10, 10 + 6 * 21.0)
+    assert (mid.step, mid.total_steps) == (500, 938)
+    val = parse((bar + "Validation ━━━━━━━━━━━━━━ 7/63 0:00:01 • 0:00:08 6.90it/s\n").encode())
+    assert (val.phase, val.progress, val.step) == ("eval", mid.progress, 500)  # still the training run's
+    day = "Epoch 2/99 ━━━━━━━━━━━━ 100/938 1 day, 2:03:04 • 0:10:00 0.57it/s v_num: 0 loss: 1.5\n"
+    assert parse(day.encode()).eta_s == 600 + 97 * (26 * 3600 + 3 * 60 + 4 + 600)
+    endless = parse(
+        "Epoch 0/-2 ━━━━━━━━━━━━━ 5072/-- 2:40:43 • -:--:-- 0.57it/s v_num: x loss: 10.4\n".encode()
+    )
+    assert (endless.step, endless.total_steps, endless.total_epochs, endless.eta_s) == (
+        5072,
+        None,
+        None,
+        None,
+    )

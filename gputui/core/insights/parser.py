@@ -31,6 +31,8 @@ from .patterns import (
     INNER,
     KERAS3_BAR,
     MAX_LINE,
+    RICH_BAR,
+    RICH_EPOCH,
     STEP,
     TABLE_HEAD,
     TABLE_ROW,
@@ -38,6 +40,7 @@ from .patterns import (
     TOTAL_STEPS,
     TQDM,
     TQDM_COUNT,
+    clock,
     dict_items,
     eta_seconds,
     hms,
@@ -397,11 +400,34 @@ class LogInsights:
         """A tqdm or ascii bar line -> its postfix text; None when the line is no bar."""
         self._glued = ""
         post = self._parse_tqdm(text)
+        if post is None and "•" in text:
+            post = self._parse_rich(text)
         if post is None and (
             "##" in text or "==" in text or ".." in text or "#." in text or KERAS3_BAR in text
         ):
             post = self._parse_ascii_bar(text)
         return post
+
+    def _parse_rich(self, text: str) -> str | None:
+        """Lightning's RichProgressBar -> its metrics text ("v_num: 0 train/loss: 0.06"); None when the line is
+        not one. Its description counts epochs from 0 and names the last one: "Epoch 3/9" is the 4th of 10."""
+        m = RICH_BAR.search(text)
+        if m is None:
+            return None
+        desc = text[: m.start()].strip()
+        phase = _skipped(desc, m["rate"] or "")
+        if phase is not None:  # "Validation", "Sanity Checking", "Testing", "Predicting"
+            self._phase = phase or self._phase
+            return _IGNORED
+        epoch = RICH_EPOCH.match(desc)
+        if epoch is not None:
+            self._set_epoch(int(epoch[1]), from_text=True)
+            self._zero_based = True
+            if epoch[2] is not None:
+                self._total_epochs = int(epoch[2]) + 1 if int(epoch[2]) >= 0 else None  # -1: no limit
+        total = m["total"] if m["total"] != "--" else None
+        self._set_bar(_Bar(m["n"], total, clock(m["el"]), clock(m["rem"]), m["rate"]))
+        return text[m.end() :].strip()
 
     def _parse_plain(self, text: str, summary: bool) -> None:
         """Non-bar lines: step counts, eta, dict/JSON lines and key=value metrics.

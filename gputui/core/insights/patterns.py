@@ -79,6 +79,14 @@ ASCII_BAR = re.compile(
     r"(?:(?P<n>\d+)/(?P<total>\d+)\s*)?(?:\[[#=>.\-]{4,}[#=>.\- ]*\]|(?<=\s)━{4,}[━╸╺─ ]*)\s*(?:(?P<pct>\d{1,3})%)?"
 )
 KERAS3_BAR = "━━"  # the start of a keras 3 bar
+# Lightning's RichProgressBar: "{desc} {bar} {n}/{total} {elapsed} • {remaining} {speed}it/s {metrics}", its times
+# as Python's timedelta writes them ("0:00:22", "1 day, 2:03:04", "-:--:--"), "--" for an unknown total
+_TIMEDELTA = r"(?:\d+ days?, )?\d+:\d\d:\d\d|-:--:--"
+RICH_BAR = re.compile(
+    rf"(?:^|(?<=\s))[━╸╺╾─]+\s+(?P<n>\d+)/(?P<total>\d+|--)\s+(?P<el>{_TIMEDELTA})\s+•\s+(?P<rem>{_TIMEDELTA})"
+    r"(?:\s+(?P<rate>\d+(?:\.\d+)?it/s))?"
+)
+RICH_EPOCH = re.compile(r"Epoch (\d+)(?:/(-?\d+))?\s*$")  # its description: "Epoch {epoch}/{max_epochs - 1}"
 
 DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")  # a line's shape: rules tell no digit from another
 # The pre-filter, over a raw line's shape: a line that does not match can change nothing but the last line
@@ -209,6 +217,17 @@ def skipped_bar(head: str) -> bool:
     pct = head.find("%")
     desc = (head[:pct].rstrip("0123456789") if pct >= 0 else head).strip(" :|\t").lower()
     return bool(desc) and desc.startswith(SKIP_BAR_DESCS)
+
+
+def clock(timedelta: str) -> str | None:
+    """Python's timedelta text as "H:MM:SS" ("1 day, 2:03:04" -> "26:03:04"); None for "-:--:--"."""
+    if timedelta.startswith("-"):
+        return None
+    days, _, rest = timedelta.rpartition(", ")
+    if not days:
+        return rest
+    h, _, ms = rest.partition(":")
+    return f"{int(days.split()[0]) * 24 + int(h)}:{ms}"
 
 
 def hms(text: str) -> float:
