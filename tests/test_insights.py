@@ -894,3 +894,17 @@ def test_lightning_rich_progress_bar() -> None:
         None,
         None,
     )
+
+
+def test_metrics_in_a_bars_description_are_read_once_a_change() -> None:
+    """Training loops often name their loss in the bar's description (set_description) rather than its postfix;
+    torchtune writes "{epoch}|{step}|Loss: {loss}" there."""
+    bar = "Epoch 3 loss %s:  45%%|████▌     | %d/1000 [00:12<00:15, 36.1it/s]\r"
+    snap = parse(
+        "".join(bar % (loss, n) for loss, n in [("0.1234", 450), ("0.1234", 451), ("0.1100", 452)]).encode()
+    )
+    assert snap.metrics["loss"] == {"last": 0.11, "best": 0.11, "count": 2} and snap.epoch == 3
+    tune = parse("1|52|Loss: 2.341212511062622: 100%|██████████| 52/52 [00:22<00:00,  2.33it/s]\n".encode())
+    assert tune.metrics["loss"]["last"] == 2.341212511062622 and tune.progress == 1.0
+    files = parse("Processing 3 files:  45%|████▌     | 450/1000 [00:12<00:15, 36.1it/s]\n".encode())
+    assert files.metrics == {} and files.progress == 0.45

@@ -456,6 +456,12 @@ VARIED = {  # runs of redraws whose numbers change width: read by one pattern wh
     "no room for the bar": NO_ROOM
     + b"Epoch 0:  96% 1640/1702 done\r"
     + b" 50% 2/4 [00:01<00:01,  2.00it/s]\r 75% 3/4 [00:02<00:00,  2.00it/s]\r100% of it\r",
+    "metrics in the description": b"".join(  # set_description(f"loss {loss:.4f} Epoch {e}") once an epoch
+        b"loss 0.%04d Epoch %d: %3d%%|#         | %d/40 [00:%02d<00:10,  3.50it/s]\r"
+        % (999 - e, e, 10 * n // 4, n, n)
+        for e in (1, 2, 3)
+        for n in range(0, 41, 4)
+    ),
     "a dict line between": b"".join(
         tqdm_redraw(n, b"loss=%s" % widths(n)) + (b"\n{'loss': 0.25, 'epoch': 0.5}\n" if n % 10 == 0 else b"")
         for n in range(1, 40)

@@ -12,6 +12,7 @@ history, hints de-duplicated by code).
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,6 +58,7 @@ from .repeats import PlainLayout, Span, dict_plan, plain_layout, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
+_PCT_BAR = re.compile(r"[ \t]*\d{1,3}%(?:\|[^|]*\|)?[ \t]*$")  # the end of a tqdm bar's text before its count
 _EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evaluation loop
 
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
@@ -135,6 +137,7 @@ class _Bar:
 # LogInsights fields that reading a progress bar may change (saved around the peek in snapshot()).
 _BAR_STATE = (
     "_bars",
+    "_label",
     "_phase",
     "_fit_total",
     "_redraws",
@@ -174,6 +177,8 @@ class LogInsights:
         self._bars: dict[str | None, _Bar] = {}  # by total; a few at most (nested/eval bars)
         self._bar_post: str | None = None
         self._glued = ""  # text after a tqdm bar on the same line
+        self._label = ""  # the description of the tqdm bar just read, without its percentage and bar
+        self._bar_label: str | None = None  # the last one read for its metrics
         self._phase: str | None = None
         self._fit_total: str | None = None  # the size of keras fit()'s bars
         self._table: tuple[str, ...] = ()  # the columns of an epoch table after "Epoch" (ultralytics)
@@ -388,6 +393,10 @@ class LogInsights:
             glued = self._glued
             epoch = self._parse_epoch(glued) if "poch" in glued or "POCH" in glued else None
             self._parse_plain(glued, summary=epoch is False)
+        if self._label != self._bar_label and post is not _IGNORED:  # set_description(f"Epoch {e} loss {l:.4f}")
+            self._bar_label = self._label
+            if self._label:
+                self._parse_kv(self._label)
         if post is not _IGNORED and post and post != self._bar_post:
             self._bar_post = post  # a redraw's postfix only counts when it changed
             if "=" in post and ": " not in post:
@@ -398,7 +407,7 @@ class LogInsights:
 
     def _parse_bar(self, text: str) -> str | None:
         """A tqdm or ascii bar line -> its postfix text; None when the line is no bar."""
-        self._glued = ""
+        self._glued = self._label = ""
         post = self._parse_tqdm(text)
         if post is None and "•" in text:
             post = self._parse_rich(text)
@@ -473,10 +482,13 @@ class LogInsights:
             return _IGNORED
         n, total = cm.groups()
         self._set_bar(_Bar(n, total, el, rem, rate))
+        pct = _PCT_BAR.search(desc)
+        self._label = (desc[: pct.start()] if pct else desc).strip(" \t:|")
         if m.end() < len(text):
             self._glued = text[m.end() :].strip()
-        elif total:
-            self._redraws = redraw_pattern(head[: cm.start()], total)
+        elif total:  # a run of its redraws may be read in bulk, unless its description names metrics
+            named = any(metric_kind(_kv_name(q, k, "")) for q, k, _, _ in kv_pairs(self._label))
+            self._redraws = None if named else redraw_pattern(head[: cm.start()], total)
         return post.strip() if post else ""
 
     def _parse_table_row(self, text: str) -> None:
