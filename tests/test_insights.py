@@ -71,6 +71,7 @@ CLEAN_FIXTURES = [
     "deepspeed_steps.log",
     "tqdm_recorded.log",
     "lightning_rich.log",
+    "torchtune_lora.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -904,7 +905,8 @@ def test_metrics_in_a_bars_description_are_read_once_a_change() -> None:
         "".join(bar % (loss, n) for loss, n in [("0.1234", 450), ("0.1234", 451), ("0.1100", 452)]).encode()
     )
     assert snap.metrics["loss"] == {"last": 0.11, "best": 0.11, "count": 2} and snap.epoch == 3
-    tune = parse("1|52|Loss: 2.341212511062622: 100%|██████████| 52/52 [00:22<00:00,  2.33it/s]\n".encode())
-    assert tune.metrics["loss"]["last"] == 2.341212511062622 and tune.progress == 1.0
+    tune = parse(read("torchtune_lora.log"))
+    assert tune.metrics["loss"]["last"] == 2.3697006702423096 and (tune.epoch, tune.step) == (1, 52)
+    assert (tune.progress, tune.eta_s, tune.total_steps) == (52 / 25880, 3 * 3600 + 55 * 60 + 1.0, 25880)
     files = parse("Processing 3 files:  45%|████▌     | 450/1000 [00:12<00:15, 36.1it/s]\n".encode())
     assert files.metrics == {} and files.progress == 0.45

@@ -58,6 +58,7 @@ from .repeats import PlainLayout, Span, dict_plan, plain_layout, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
+_TORCHTUNE = re.compile(r"\s*(\d+)\|\d+\|Loss: ")  # a torchtune bar's description
 _PCT_BAR = re.compile(r"[ \t]*\d{1,3}%(?:\|[^|]*\|)?[ \t]*$")  # the end of a tqdm bar's text before its count
 _EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evaluation loop
 
@@ -393,7 +394,7 @@ class LogInsights:
             glued = self._glued
             epoch = self._parse_epoch(glued) if "poch" in glued or "POCH" in glued else None
             self._parse_plain(glued, summary=epoch is False)
-        if self._label != self._bar_label and post is not _IGNORED:  # set_description(f"Epoch {e} loss {l:.4f}")
+        if self._label != self._bar_label and post is not _IGNORED:  # set_description(f"loss {loss:.4f}")
             self._bar_label = self._label
             if self._label:
                 self._parse_kv(self._label)
@@ -481,6 +482,9 @@ class LogInsights:
                 self._eval_table = table_columns(desc[: desc.find("%")].rstrip("0123456789 :"))
             return _IGNORED
         n, total = cm.groups()
+        tune = _TORCHTUNE.match(desc)
+        if tune is not None:  # torchtune: "{epoch}|{step}|Loss: {loss}", epochs from 1
+            self._set_epoch(int(tune[1]), from_text=True)
         self._set_bar(_Bar(n, total, el, rem, rate))
         pct = _PCT_BAR.search(desc)
         self._label = (desc[: pct.start()] if pct else desc).strip(" \t:|")
