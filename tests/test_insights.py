@@ -72,6 +72,7 @@ CLEAN_FIXTURES = [
     "tqdm_recorded.log",
     "lightning_rich.log",
     "torchtune_lora.log",
+    "megatron_iterations.log",
 ]
 MNIST_LINE = b"Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s\n"
 
@@ -910,3 +911,14 @@ def test_metrics_in_a_bars_description_are_read_once_a_change() -> None:
     assert (tune.progress, tune.eta_s, tune.total_steps) == (52 / 25880, 3 * 3600 + 55 * 60 + 1.0, 25880)
     files = parse("Processing 3 files:  45%|████▌     | 450/1000 [00:12<00:15, 36.1it/s]\n".encode())
     assert files.metrics == {} and files.progress == 0.45
+
+
+def test_megatron_iterations() -> None:
+    """Megatron-LM names its metrics in two words ("lm loss", "grad norm", "learning rate") and gives the time per
+    iteration, which with the iterations left is its ETA."""
+    snap = parse(read("megatron_iterations.log"))
+    assert (snap.step, snap.total_steps, snap.progress) == (125, 250000, 125 / 250000)
+    assert snap.eta_s == pytest.approx((250000 - 125) * 89.0752)
+    assert snap.metrics["lm_loss"] == {"last": 2.477393, "best": 2.477393, "count": 4}
+    assert snap.metrics["grad_norm"]["last"] == 0.356 and snap.metrics["learning_rate"]["last"] == 9.375e-06
+    assert snap.loss_history == (2.50422, 2.493043, 2.559583, 2.477393)

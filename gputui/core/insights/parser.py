@@ -32,6 +32,7 @@ from .patterns import (
     INNER,
     KERAS3_BAR,
     MAX_LINE,
+    PER_ITERATION,
     RICH_BAR,
     RICH_EPOCH,
     STEP,
@@ -448,6 +449,8 @@ class LogInsights:
         low = text.lower()
         if ("step" in low or "iter" in low) and self._parse_step(text, low):
             summary = False
+            if "per iteration (ms)" in text:
+                self._iteration_eta(text)
         if "(val)" not in text and "(test)" not in text:  # mmengine's Epoch(val) eta is the evaluation's
             self._parse_eta(text)
         else:
@@ -462,6 +465,13 @@ class LogInsights:
         if found and summary:
             self._epoch_done = True
             self._bars.clear()
+
+    def _iteration_eta(self, text: str) -> None:
+        """Megatron-LM's "iteration 125/ 250000 | ... | elapsed time per iteration (ms): 89075.2": its ETA."""
+        per = search(PER_ITERATION, text)
+        bar = self._main_bar()
+        if per is not None and bar is not None and bar.total:
+            self._log_eta = max(bar.total - bar.n, 0.0) * float(per.group(1)) / 1000
 
     def _parse_tqdm(self, text: str) -> str | None:
         """tqdm line -> its postfix ("" when none); None when not tqdm; _IGNORED when skipped."""

@@ -16,7 +16,7 @@ NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|NaN|inf|Inf)"
 # key=value, key: value, key value (the key is filtered by metric_kind afterwards), with the word that
 # says which split a bare key belongs to ("valid loss 4.35", "train Loss: 2.7") and a percent sign
 KV = re.compile(
-    r"(?<![\w./\-])(?:(?P<q>(?i:train(?:ing)?|val(?:id(?:ation)?)?|eval|test|dev|total|epoch))[ \t]+)?"
+    r"(?<![\w./\-])(?:(?P<q>(?i:train(?:ing)?|val(?:id(?:ation)?)?|eval|test|dev|total|epoch|lm|grad|learning))[ \t]+)?"
     r"(?P<k>[A-Za-z][\w./\-]{0,47})\s*(?:[=:]\s*|\s+)(?P<v>" + NUM + r")(?:(?P<pct>%)|ms\b|s\b)?"
     r"(?![\w.:/\-])"
 )
@@ -65,6 +65,7 @@ TOTAL_EPOCHS = re.compile(
     r"(?i)\b(?:num[_ ]?(?:train[_ ])?epochs|n_?epochs|max_?epochs|total_?epochs|epochs)\s*[=:]\s*(\d+)\b"
 )
 TOTAL_STEPS = re.compile(r"(?i)\b(?:total optimization steps|max_?steps|total_?steps)\s*[=:]\s*([\d,]+)")
+PER_ITERATION = re.compile(r"per iteration \(ms\):\s*(\d+(?:\.\d+)?)")  # Megatron-LM: "elapsed time per iteration (ms): 86545.2"
 ETA = re.compile(
     r"(?i)\beta\b\s*[:=]?\s*(?:(\d+)\s*days?,\s*)?(\d+(?::\d\d){1,2}|\d+(?:\.\d+)?\s*(?:s|m|h|min)\b)"
 )
