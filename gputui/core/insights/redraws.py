@@ -1,18 +1,18 @@
 """Runs of tqdm redraws, read in bulk.
 
-A tqdm bar redraws itself with ``\\r`` several times a second, so a log holds long runs of redraws of
-one bar that differ only in their count, times and postfix. Once the parser has read one redraw line
-by line, :func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run
-of its redraws that follows (and the lines between them that no parsing rule can match) without a
-regex per line: where neighbouring redraws have the same shape once each digit reads 0, one cached regex
-match per shape says where the total and the postfix are, and the postfix metrics are cut out by column
-with one cached :class:`struct.Struct`; where their shapes change every few lines (tqdm writes its own
-postfix numbers in varying widths, "0.386" then "0.39", and its bar fills in partial blocks), one pattern
-made from a redraw reads them all in one ``findall``. An HF dict line that only adds metric values joins the columns
-in line order (:func:`read_run`'s ``absorb``); other lines that must be read on their own (a print) cut
-the run into segments: the parser reads them between the segments and goes on in bulk while they change
-nothing that the bulk reading assumed. A new epoch's bar (:func:`other_epoch`) starts a run of its own.
-The parser applies the result so that its state is the same as if it had read every line on its own
+A tqdm bar redraws itself with ``\\r`` several times a second, so a log holds long runs of redraws of one bar
+that differ only in their count, times and postfix. Once the parser has read one redraw line by line,
+:func:`redraw_pattern` names the bar (description, total), and :func:`read_run` takes the run of its redraws
+that follows (and the lines between them that no parsing rule can match) without a regex per line: where
+neighbouring redraws have the same shape once each digit reads 0, one cached regex match per shape says where
+the total and the postfix are, and the postfix metrics are cut out by column with one cached
+:class:`struct.Struct`; where their shapes change every few lines (tqdm writes its own postfix numbers in
+varying widths, "0.386" then "0.39", and its bar fills in partial blocks), one pattern made from a redraw
+reads them all in one ``findall``. An HF dict line that only adds metric values joins the columns in line
+order (:func:`read_run`'s ``absorb``); other lines that must be read on their own (a print) cut the run into
+segments: the parser reads them between the segments and goes on in bulk while they change nothing that the
+bulk reading assumed. A new epoch's bar (:func:`other_epoch`) starts a run of its own. The parser applies the
+result so that its state is the same as if it had read every line on its own
 (tests/test_insights_speed.py checks this on every fixture, edge cases and the bench log).
 """
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -614,15 +613,6 @@ def _by_shape(reds: list[bytes], d: int, total: bytes) -> _Read | None:
     body = b"\n".join(reds)
     shapes = body.translate(DIGITS_AS_0).split(b"\n")
     body += b"\n"  # every line ends in a newline: a group of k lines of one shape is k * width bytes
-    starts: list[int] = []  # the first redraw of each group
-    offsets: list[int] = []  # and where it is in the body
-
-    def line(i: int) -> bytes:
-        """Redraw ``i`` as it is in the body."""
-        g = bisect_right(starts, i) - 1
-        at = offsets[g] + (i - starts[g]) * (len(shapes[i]) + 1)
-        return body[at : at + len(shapes[i])]
-
     post_shapes: list[int] = []  # the postfixes whose shape differs from the one before them
     keys: list[bytes] = []  # the first postfix's keys
     key_shapes: tuple[bytes, ...] | None = None
@@ -637,8 +627,6 @@ def _by_shape(reds: list[bytes], d: int, total: bytes) -> _Read | None:
         if layout is None:
             return None
         width = len(shape) + 1  # the lines of a group are as long as their shape
-        starts.append(first)
-        offsets.append(offset)
         start, offset = offset, offset + k * width
         first += k
         cut: Sequence[bytes]
@@ -678,12 +666,11 @@ def _by_shape(reds: list[bytes], d: int, total: bytes) -> _Read | None:
         return found
 
     def fields(i: int) -> tuple[bytes, ...]:
-        text = line(i)
-        return tuple(text[a:b] for a, b in layout_of(i).fields)
+        return tuple(reds[i][a:b] for a, b in layout_of(i).fields)
 
     def post(i: int) -> bytes:
         a, b = layout_of(i).post
-        return line(i)[a:b]
+        return reds[i][a:b]
 
     return _Read(posted, post_shapes, keys, columns, numbers, fields, post)
 
