@@ -207,7 +207,7 @@ def test_tqdm_carriage_return_redraws_latest_state_wins() -> None:
     assert snap.progress == pytest.approx(5 / 18)
     assert snap.eta_s == 53.0
     assert snap.rate == "4.14s/it"
-    assert snap.epoch == 0
+    assert snap.epoch == 1  # Lightning's "Epoch 0", counted from 1
     # the newest redraw has no line end yet: it counts for progress, last_line is the previous one
     assert snap.last_line == lines[-2].decode().strip()
     assert snap.metrics["loss"]["last"] == 9.926
@@ -871,12 +871,12 @@ def test_lightning_rich_progress_bar() -> None:
     count, times and speed come after the bar ("500/938 0:00:11 • 0:00:10 43.17it/s"), its metrics after them."""
     data = read("lightning_rich.log")
     done = parse(data)
-    assert (done.progress, done.eta_s, done.epoch, done.total_epochs) == (1.0, 0.0, 23, 24)
+    assert (done.progress, done.eta_s, done.epoch, done.total_epochs) == (1.0, 0.0, 24, 24)  # counted from 1
     assert done.rate == "4.37it/s" and not done.hints
     assert done.metrics["train/loss"] == {"last": 0.212, "best": 0.185, "count": 6}
     assert done.metrics["val/acc"]["last"] == 0.918 and done.loss_history[-3:] == (0.242, 0.185, 0.212)
     third = parse(data[: data.index(b"Epoch 21")])  # 3 of 24 epochs done, each 23 s
-    assert (third.progress, third.eta_s, third.epoch) == (3 / 24, 21 * 23.0, 2)
+    assert (third.progress, third.eta_s, third.epoch) == (3 / 24, 21 * 23.0, 3)
     bar = (
         "Epoch 3/9  ━━━━━━━━━━━━━━━━━━╸━━━━━━━━━━━━ 500/938 0:00:11 • 0:00:10 43.17it/s v_num: 0 loss: 0.06\n"
     )

@@ -929,7 +929,7 @@ class LogInsights:
             progress=progress,
             eta_s=eta,
             rate=bar.rate if bar else None,
-            epoch=self._epoch,
+            epoch=self._epoch + 1 if self._zero_based and self._epoch is not None else self._epoch,  # from 1
             total_epochs=self._total_epochs,
             step=step,
             total_steps=total_steps,

@@ -30,7 +30,7 @@ class JobInsights:
     progress: float | None = None
     eta_s: float | None = None
     rate: str | None = None
-    epoch: int | None = None
+    epoch: int | None = None  # the current epoch counted from 1, also when the log counts from 0 (Lightning)
     total_epochs: int | None = None
     step: int | None = None
     total_steps: int | None = None
