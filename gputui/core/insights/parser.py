@@ -92,10 +92,15 @@ def ignored_bar(shape: bytes) -> str | None:
     text = shape.decode("utf-8", "replace").strip()
     if "[" not in text or "poch" in text or "POCH" in text or (m := TQDM.search(text)) is None:
         return None
-    head = text[: m.start()].rstrip()
-    cm = TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
-    desc = head[: cm.start()] if cm is not None else "class"
+    cm = _count(text, m.start())
+    desc = text[: cm.start()] if cm is not None else "class"
     return _skipped(desc, m["rate"]) if desc[:5].lower() != "class" else None
+
+
+def _count(text: str, bracket: int) -> re.Match[str] | None:
+    """The count of a tqdm bar ("450/1000", "12it") just before its "[" at ``bracket``."""
+    head = text[:bracket].rstrip()
+    return TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
 
 
 class _Bar:
@@ -478,12 +483,11 @@ class LogInsights:
         m = search(TQDM, text)
         if m is None:
             return None
-        head = text[: m.start()].rstrip()
-        cm = TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
+        cm = _count(text, m.start())
         if cm is None:
             return None
         el, rem, rate, post = m.groups()
-        desc = head[: cm.start()]
+        desc = text[: cm.start()]
         phase = _skipped(desc, rate)
         if phase is not None:
             if phase:
@@ -502,7 +506,7 @@ class LogInsights:
             self._glued = text[m.end() :].strip()
         elif total:  # a run of its redraws may be read in bulk, unless its description names metrics
             named = any(metric_kind(_kv_name(q, k, "")) for q, k, _, _ in kv_pairs(self._label))
-            self._redraws = None if named else redraw_pattern(head[: cm.start()], total)
+            self._redraws = None if named else redraw_pattern(desc, total)
         return post.strip() if post else ""
 
     def _parse_table_row(self, text: str) -> None:
