@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from itertools import chain, compress, count, groupby, repeat
 from operator import eq, ne, not_
@@ -79,16 +78,19 @@ _PAIR = re.compile(rb"[ \t]*([A-Za-z_][\w./\-]{0,47})[ \t]*=[ \t]*(" + _SEG_NUM 
 Inline = Sequence[tuple[str, float]]  # the metric values of a line read inside a run, in order
 
 
-@dataclass(frozen=True)
-class Redraws:
+class Redraws(NamedTuple):
     """The bar a run of redraws must belong to: its description and total; the epoch it names, and when
     that is all it says of epochs ("Epoch 3/50: ", no count inside the epoch) the total it gives ("50" or
-    "") in ``of`` (else None: the parser reads the description's epoch on its own)."""
+    "") in ``of`` (else None: the parser reads the description's epoch on its own); with an epoch, the
+    description's text before its first digit (``lead``) and where its epoch and total are (``at``), which
+    are the same in every epoch's bar (see :func:`other_epoch`)."""
 
     desc: bytes
     total: bytes
     epoch: int | None = None
     of: str | None = None
+    lead: bytes = b""
+    at: tuple[slice, slice | None] = (slice(0), None)
 
 
 class Segment(NamedTuple):
@@ -144,14 +146,18 @@ def redraw_pattern(prefix: str, total: str) -> Redraws | None:
         epoch = int(e.group(1))
         if not (e.group(4) or INNER.search(desc, e.end()) or COLON_COUNT.match(desc, e.end())):
             of = e.group(2) or ""
-    return Redraws(desc.encode(), total.encode(), epoch, of)
+        raw = desc.encode()
+        return Redraws(
+            raw, total.encode(), epoch, of, raw[: raw.translate(DIGITS_AS_0).find(b"0")], _epoch_at(desc)
+        )
+    return Redraws(desc.encode(), total.encode())
 
 
 def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
     """The bar of ``r`` in another epoch when ``line`` starts with ``r``'s description with other digits
     ("Epoch 3/50:" after "Epoch 2/50:"), so that a new epoch's redraws are read in bulk from the first on;
     None otherwise. Whether the rest of the line is a redraw is :func:`read_run`'s to check, as for any run."""
-    if r.epoch is None or not line.startswith(_lead(r.desc)):
+    if r.epoch is None or not line.startswith(r.lead):
         return None
     desc = line[: len(r.desc)]
     if (
@@ -162,20 +168,14 @@ def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
         return None
     # what redraw_pattern says of a description depends on its shape but for a hint's key ("Errno 28") and
     # the numbers it reads, which are where r's are
-    epoch, of = _epoch_at(r.desc)
-    return Redraws(desc, r.total, int(desc[epoch].decode()), desc[of].decode() if r.of and of else r.of)
+    epoch, of = r.at
+    return r._replace(
+        desc=desc, epoch=int(desc[epoch].decode()), of=desc[of].decode() if r.of and of else r.of
+    )
 
 
-@lru_cache(maxsize=64)
-def _lead(desc: bytes) -> bytes:
-    """The text of a description before its first digit (most lines that are no redraw fail on it)."""
-    return desc[: desc.translate(DIGITS_AS_0).find(b"0")]
-
-
-@lru_cache(maxsize=64)
-def _epoch_at(desc: bytes) -> tuple[slice, slice | None]:
+def _epoch_at(text: str) -> tuple[slice, slice | None]:
     """Where the epoch and the epochs' total are in a bar's description that names an epoch (bytes)."""
-    text = desc.decode()
     e = EPOCH.search(text)
     assert e is not None  # (see redraw_pattern)
 
@@ -225,7 +225,7 @@ def read_run(
     bar, desc = r, r.desc
     if not (lines[i].startswith(desc) if desc else _PCT.match(lines[i])):
         return None
-    lead = _lead(desc) if r.epoch is not None else None  # how another epoch's redraws start (see other_epoch)
+    lead = r.lead if r.epoch is not None else None  # how another epoch's redraws start (see other_epoch)
     reds: list[bytes] = []
     bars = [r]  # per segment
     others: list[list[bytes]] = [[]]
@@ -277,7 +277,7 @@ def read_run(
             others[-1] += hinted
             inline[-1] += absorbed
         if after is not None:  # the next epoch's redraws from line j on
-            bar, lead, other = after, _lead(after.desc), _others(lines, j, after.desc)
+            bar, lead, other = after, after.lead, _others(lines, j, after.desc)
             at = next(other, n)
     cuts.append((len(reds), stop, stop))
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
