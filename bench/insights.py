@@ -35,8 +35,11 @@ CHUNK = 64 * 1024
 ROUND1 = "41e2194"  # main before round 2's insights work; its parser was gputui/core/insights.py
 
 
-def make_log(target_bytes: int, seed: int = 0) -> bytes:
-    """tqdm \\r redraws with a loss postfix, epoch summaries, HF dict lines and plain lines."""
+def make_log(
+    target_bytes: int, seed: int = 0, dicts: bool = True, plains: bool = True, summaries: bool = True
+) -> bytes:
+    """tqdm \\r redraws with a loss postfix, epoch summaries, HF dict lines and plain lines (each kind of
+    line between the redraws can be left out, to see what it costs: see parts())."""
     rnd = random.Random(seed)
     out: list[str] = []
     size, epoch, total = 0, 0, 469
@@ -64,14 +67,16 @@ def make_log(target_bytes: int, seed: int = 0) -> bytes:
                     if n % 120 == 0
                     else "\n" + rnd.choice(plain) + "\n"
                 )
-                out.append(extra)
-                size += len(extra)
+                if dicts if n % 120 == 0 else plains:
+                    out.append(extra)
+                    size += len(extra)
         line = (
             f"\nEpoch {epoch}/50 train_loss={rnd.uniform(0.05, 0.3):.4f} test_loss=0.0567 "
             f"test_acc={rnd.uniform(0.9, 0.99):.4f} lr=0.001 time=12.3s\n"
         )
-        out.append(line)
-        size += len(line)
+        if summaries:
+            out.append(line)
+            size += len(line)
     return "".join(out).encode()
 
 
@@ -272,16 +277,39 @@ def throughput(title: str, data: bytes, runs: int, old: type | None) -> None:
         print(f"  speed-up over the round-1 parser: {r1 / ins:.1f}x")
 
 
+def parts(size: int, runs: int) -> None:
+    """Where the mixed log's time goes: LogInsights per epoch of it, and without each kind of line between
+    the redraws (an HF dict line and a plain line twice an epoch each, one epoch summary), so the difference
+    is that kind's cost."""
+    print("\nmixed log, per epoch (157 redraws and the lines between them), without each kind of line:")
+    full = 0.0
+    for title, leave_out in (
+        ("everything", {}),
+        ("without the 4 HF dict lines", {"dicts": False}),
+        ("without the 4 plain lines", {"plains": False}),
+        ("without the epoch summary", {"summaries": False}),
+        ("redraws alone", {"dicts": False, "plains": False, "summaries": False}),
+    ):
+        data = make_log(size, **leave_out)
+        epochs = data.count(b"| 0/469 [")
+        us = statistics.median(time_insights(data) for _ in range(runs)) / epochs * 1e6
+        full = full or us
+        print(f"  {title:28s}: {us:6.1f} us an epoch ({full - us:5.1f} us less)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=8.0, help="size of each synthetic log")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--parts", action="store_true", help="also the mixed log's cost per kind of line")
     args = ap.parse_args()
     size = int(args.mb * 1024 * 1024)
     old = round1_parser()
     throughput("mixed log (tqdm redraws, HF dicts, warnings)", make_log(size), args.runs, old)
     throughput("step prints (bench/ui_tick.py's flood line)", step_log(size), args.runs, old)
     throughput("tqdm's own output (its format, fresh numbers)", tqdm_log(size // 2), args.runs, old)
+    if args.parts:
+        parts(size, args.runs)
     eta_table()
 
 
