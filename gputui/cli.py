@@ -29,7 +29,7 @@ from .core.artifacts import check_patterns
 from .core.fleet import Fleet
 from .core.gather import gather_hosts
 from .core.jobs import MAX_QUEUE_DEPS, JobSpec, collect_history, collect_jobs, parse_env, start_job
-from .core.link import AgentError, LinkClosed
+from .core.link import AgentError, LinkClosed, RequestTooLarge
 from .core.release import ReleaseError, ReleaseRequest, check_configured, release_host
 from .core.session import MAX_KILL_GRACE_S, HostSession
 from .core.spend import fleet_spend
@@ -547,7 +547,7 @@ def exit_status(exc: BaseException) -> int:
     """The README's exit status for an error (the one rule for single- and multi-host commands)."""
     if isinstance(exc, CliError):
         return exc.code
-    if isinstance(exc, cfg.ConfigError) or (isinstance(exc, HostError) and exc.kind == "config"):
+    if isinstance(exc, (cfg.ConfigError, RequestTooLarge)) or (isinstance(exc, HostError) and exc.kind == "config"):
         return EXIT_USAGE
     if isinstance(exc, HostError):
         return EXIT_HOST
@@ -951,7 +951,7 @@ def _main(argv: list[str] | None = None) -> None:
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:
         code = 130
-    except (cfg.ConfigError, CliError, HostError, HostUnavailable, LinkClosed, AgentError) as exc:
+    except (cfg.ConfigError, CliError, HostError, HostUnavailable, LinkClosed, AgentError, RequestTooLarge) as exc:
         print(f"gputui: {exc}", file=sys.stderr)
         code = exit_status(exc)
     with contextlib.suppress(BrokenPipeError):

@@ -15,6 +15,7 @@ must stay stdlib-only and Python 3.8 compatible.
 import base64
 import json
 import math
+import re
 from typing import Any, Dict, List, Literal, Optional, Tuple, TypedDict
 
 PROTOCOL_VERSION = 1
@@ -590,6 +591,18 @@ def decode(line: bytes, finite: bool = False) -> Dict[str, Any]:
     if not isinstance(frame, dict):
         raise ProtocolError("frame is %s, not an object" % type(frame).__name__)
     return frame
+
+
+_FRAME_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*(-?\d{1,18})\s*[,}]')
+
+
+def frame_id(head: bytes) -> Optional[int]:
+    """The request id at the start of a frame that cannot be parsed (oversized or malformed), if it has one.
+
+    Requests are encoded with ``id`` first, so an error reply can still go to the request it answers.
+    """
+    match = _FRAME_ID.match(head[:64])
+    return int(match.group(1)) if match else None
 
 
 def _no_constant(name: str) -> float:

@@ -566,16 +566,19 @@ class Agent:
                 return  # stdin closed: the client is gone
             self._last_rx = time.monotonic()
             if not line.endswith(b"\n") and len(line) > P.MAX_FRAME_BYTES:
+                req_id, size = P.frame_id(line), len(line)
                 while line and not line.endswith(b"\n"):  # skip the rest of the oversized frame
                     line = self.inp.readline(P.MAX_FRAME_BYTES)
-                self.send(P.reply_error(None, P.E_MALFORMED, "frame exceeds %d bytes" % P.MAX_FRAME_BYTES))
+                    size += len(line)
+                message = "request of %d bytes exceeds the %d byte frame limit" % (size, P.MAX_FRAME_BYTES)
+                self.send(P.reply_error(req_id, P.E_MALFORMED, message))
                 continue
             if not line.strip():
                 continue
             try:
                 frame = P.decode(line, finite=True)
             except P.ProtocolError as exc:
-                self.send(P.reply_error(None, P.E_MALFORMED, str(exc)))
+                self.send(P.reply_error(P.frame_id(line), P.E_MALFORMED, str(exc)))
                 continue
             if frame.get("op") == P.OP_CREDIT:
                 self._grant(frame.get("args"))

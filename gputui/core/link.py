@@ -31,6 +31,10 @@ class RequestTimeout(LinkClosed):
     """The agent did not answer one request in time; the link itself stays open."""
 
 
+class RequestTooLarge(ValueError):
+    """A request that would exceed the agent's frame limit: refused before sending (a usage error)."""
+
+
 class AgentError(RuntimeError):
     """The agent answered a request with an error."""
 
@@ -87,11 +91,17 @@ class Link:
         if self.closed.is_set():
             raise LinkClosed(self.close_reason)
         req_id = next(self._ids)
+        line = P.encode(P.request(req_id, op, args))
+        if len(line) > P.MAX_FRAME_BYTES:
+            raise RequestTooLarge(
+                f"the {op} request is {len(line):,} bytes once encoded, over the agent's limit of "
+                f"{P.MAX_FRAME_BYTES:,} bytes per frame: shorten it (a long command line belongs in a script)"
+            )
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
         try:
             try:
-                self._writer.write(P.encode(P.request(req_id, op, args)))
+                self._writer.write(line)
                 drain = getattr(self._writer, "drain", None)
                 if drain is not None:
                     await asyncio.wait_for(drain(), timeout)
