@@ -14,7 +14,9 @@ from remote_agent import protocol as P
 
 
 def test_oversized_request_is_answered_under_its_id(agent: AgentProc) -> None:
-    agent.send_raw(b'{"id": 41, "op": "jobs.start", "args": {"pad": "' + b"x" * (P.MAX_FRAME_BYTES + 10) + b'"}}\n')
+    agent.send_raw(
+        b'{"id": 41, "op": "jobs.start", "args": {"pad": "' + b"x" * (P.MAX_FRAME_BYTES + 10) + b'"}}\n'
+    )
     reply = agent.reply(41, timeout=20)
     assert reply["ok"] is False and reply["error"]["code"] == P.E_MALFORMED
     assert f"{P.MAX_FRAME_BYTES} byte frame limit" in reply["error"]["message"]
