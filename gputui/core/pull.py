@@ -166,7 +166,7 @@ async def _stream(
         reached, why = offset, "the stream ended early"
         try:
             await session.wait_connected(max(0.1, deadline - time.monotonic()))
-            channel = await session.transport.open_agent_stream(["cat", f.path, str(offset)])
+            channel = await session.open_stream(["cat", f.path, str(offset)])
             try:
                 while offset < f.size and (data := await channel.reader.read(STREAM_READ)):
                     data = data[: f.size - offset]

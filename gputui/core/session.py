@@ -14,7 +14,7 @@ from typing import Any, cast
 from remote_agent import protocol as P
 
 from . import model as M
-from .link import AgentError, Link, LinkClosed, RequestTimeout
+from .link import AgentError, ByteReader, Link, LinkClosed, RequestTimeout
 from .metrics_history import MetricsHistory, MetricsRing
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
@@ -71,6 +71,25 @@ class LogFollow:
     stream_failures: int = 0  # raw streams in a row that brought no byte
 
 
+class _HeardReader:
+    """A stream channel's reader that notes when bytes arrive: they prove the host's connection alive."""
+
+    def __init__(self, reader: ByteReader, heard: Callable[[], None]) -> None:
+        self._reader, self._heard = reader, heard
+
+    async def read(self, n: int) -> bytes:
+        data = await self._reader.read(n)
+        if data:
+            self._heard()
+        return data
+
+    async def readline(self) -> bytes:
+        line = await self._reader.readline()
+        if line:
+            self._heard()
+        return line
+
+
 class Backoff:
     """Capped exponential backoff with full jitter."""
 
@@ -119,6 +138,7 @@ class HostSession:
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
+        self._stream_rx = 0.0  # loop time when a stream channel (catch-up, pull, sync) last brought bytes
         self.scheduler = scheduler  # "slurm": a login node; with metrics on, its cluster view is kept fresh
         self._cluster_task: asyncio.Task[None] | None = None
 
@@ -249,13 +269,17 @@ class HostSession:
         """Keep the agent from timing out (it must hear us), and notice an agent that has gone silent.
 
         Silence is judged by any bytes arriving (the agent sends a heartbeat every second), never by the
-        ping's reply: on a slow link that reply may queue behind log data. A dead link is for SSH keepalive.
+        ping's reply: on a slow link that reply may queue behind log data. Bytes on a stream channel of the
+        same connection count too: on a slow link a catch-up or pull crowds the heartbeats out for as long as
+        it runs. A dead link is for SSH keepalive.
         """
+        loop = asyncio.get_running_loop()
         with contextlib.suppress(LinkClosed, AgentError):
             while not link.closed.is_set():
                 await asyncio.sleep(PING_EVERY_S)
-                if link.silent_for() > SILENCE_S:  # a hung agent: reconnect
-                    await link.close(f"the agent sent nothing for {link.silent_for():.0f} s")
+                silent = min(link.silent_for(), loop.time() - self._stream_rx)
+                if silent > SILENCE_S:  # a hung agent: reconnect
+                    await link.close(f"the agent sent nothing for {silent:.0f} s")
                     return
                 with contextlib.suppress(RequestTimeout):
                     await link.request(P.OP_PING, timeout=PING_EVERY_S)
@@ -576,13 +600,23 @@ class HostSession:
         with contextlib.suppress(LinkClosed, AgentError):  # the reconnect resumes it (it has no catch-up now)
             await self._start_follow(await self._linked(None), follow)
 
+    async def open_stream(self, args: list[str]) -> AgentChannel:
+        """A raw stream channel of this agent build (``cat``, ``receive``) on the host's connection; the bytes
+        it brings keep the agent channel from being judged silent (see ``_ping_loop``)."""
+        channel = await self.transport.open_agent_stream(args)
+        channel.reader = _HeardReader(channel.reader, self._heard)
+        return channel
+
+    def _heard(self) -> None:
+        self._stream_rx = asyncio.get_running_loop().time()
+
     async def _catch_up(self, follow: LogFollow, path: str, size: int) -> None:
         """The log's bytes from the cursor up to ``size`` as the agent's ``cat`` writes them on a channel of
         its own: no JSON, no base64. The cursor counts every byte received, so a cut stream loses nothing:
         the next start goes on from there (a stream again while still far behind)."""
         start = follow.cursor
         try:
-            channel = await self.transport.open_agent_stream(["cat", path, str(start), str(size - start)])
+            channel = await self.open_stream(["cat", path, str(start), str(size - start)])
             try:
                 while follow.cursor < size and (data := await channel.reader.read(CATCHUP_READ)):
                     data = data[: size - follow.cursor]

@@ -232,7 +232,7 @@ async def _send_stream(
     """Every file of ``todo`` on one raw upload stream (the agent build's ``receive``: a header line, then
     the bytes; no JSON, no base64); each file the host acknowledges (sent or refused) goes into ``done``."""
     state_dir = str(session.snapshot.facts.get("state_dir") or "~/.gputui")
-    channel = await session.transport.open_agent_stream(["receive", "--state-dir", state_dir, target])
+    channel = await session.open_stream(["receive", "--state-dir", state_dir, target])
     expected = len(done) + len(todo)
 
     async def acks() -> None:
