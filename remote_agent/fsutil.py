@@ -74,6 +74,16 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         raise
 
 
+def user_umask() -> int:
+    """The umask the user's login had (``GPUTUI_USER_UMASK``, set by whoever started the agent with its own
+    umask 077): a job's files get the user's usual modes, the agent's own files stay private. 022 when unset."""
+    try:
+        value = int(os.environ.get("GPUTUI_USER_UMASK", ""), 8)
+    except ValueError:
+        return 0o022
+    return value if 0 <= value <= 0o777 else 0o022
+
+
 def write_json(path: str, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8") + b"\n")
 

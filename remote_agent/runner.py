@@ -19,7 +19,7 @@ import time
 import tty
 from typing import Dict, List, Optional
 
-from .fsutil import write_json
+from .fsutil import user_umask, write_json
 from .logclock import TIMES_NAME, LogClock
 from .usage import UsageRecorder
 
@@ -98,6 +98,7 @@ def _spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> "tuple[int, int]":
     pid, master = pty.fork()
     if pid == 0:  # child
         try:
+            os.umask(user_umask())  # the agent's is 077; the job's files get the user's usual modes
             os.chdir(cwd)
             os.execvpe(argv[0], argv, env)
         except OSError as exc:

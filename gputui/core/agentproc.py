@@ -44,10 +44,19 @@ def build_argv(python: str, cache_dir: Path) -> list[str]:
     return [python, *AGENT_PYTHON_FLAGS, str(ensure_local_build(cache_dir))]
 
 
+def private_env() -> dict[str, str]:
+    """The environment for an agent started with umask 077 (its state, logs and ``__pycache__`` private):
+    ``GPUTUI_USER_UMASK`` keeps this process's umask for the jobs it starts."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return {**os.environ, "GPUTUI_USER_UMASK": f"{mask:03o}"}
+
+
 def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
+        umask=0o077, env=private_env(),
     )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import remote_agent
 
-from . import agent_install
+from . import agent_install, paths
 
 # The build's own folder always caches its bytecode, whatever PYTHONDONTWRITEBYTECODE says (jobs still see it).
 _MAIN = b"import sys\nsys.dont_write_bytecode = False\nfrom remote_agent.__main__ import main\nmain()\n"
@@ -82,7 +82,7 @@ def ensure_local_build(cache_dir: Path) -> Path:
     name, data = agent_build()
     out = cache_dir / unpacked_name(name)
     if agent_install.tree_hash(str(out)) != expected:
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        paths.make_dirs(cache_dir)
         for left in cache_dir.glob(".gputui-agent-*"):  # temp folders of unpacks that were killed
             with contextlib.suppress(OSError):
                 if time.time() - left.stat().st_mtime > STALE_TEMP_S:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -28,10 +29,26 @@ def cache_dir() -> Path:
     return _xdg("XDG_CACHE_HOME", ".cache")
 
 
+def make_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents with mode 0700 (the XDG rule: costs, host names and job records
+    are kept there), and tighten gputui's own dir on the way (``.../gputui``) where an older gputui left it 0755."""
+    chain = [path, *path.parents]
+    for missing in reversed([p for p in chain if not p.is_dir()]):
+        with contextlib.suppress(FileExistsError):
+            missing.mkdir(mode=0o700)
+    for own in chain:
+        if own.name == "gputui":
+            with contextlib.suppress(OSError):
+                st = own.stat()
+                if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                    own.chmod(0o700)
+            return
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` (synced, then renamed into place): a reader sees the old or the new file,
-    never a mix; the parent directory is created when missing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    never a mix; the parent directory is created when missing (0700, see ``make_dirs``)."""
+    make_dirs(path.parent)
     _write_atomic(str(path), data, mode)
 
 

@@ -36,6 +36,9 @@ AGENT_WINDOW = 2 * MAX_FRAME_BYTES
 #: The agent's exit status when its build vanished from the host (re-probe and upload again).
 EXIT_NO_AGENT = 97
 COMMAND_TIMEOUT_S = 60.0
+#: How an agent build starts on a host: umask 077 (its state, logs and ``__pycache__`` private), the login's
+#: umask kept for the jobs it starts (remote_agent.fsutil.user_umask).
+PRIVATE = 'GPUTUI_USER_UMASK=$(umask); export GPUTUI_USER_UMASK; umask 077'
 STALE_UPLOAD_MIN = 10  # an upload temp file this many minutes old belongs to an upload that died
 CONNECT_CONCURRENCY = 8  # sshd's MaxStartups (10:30:100 by default) drops bursts of new connections
 DEFAULT_SSH_CONFIG = "~/.ssh/config"  # honoured when present, like OpenSSH
@@ -323,8 +326,10 @@ class SSHTransport(Transport):
         python = self.cfg.python or "python3"
         nonce = secrets.token_hex(8)
         begin, end = f"gputui-probe-{nonce}-begin", f"gputui-probe-{nonce}-end"
-        pyz, build = (f"agent/{shlex.quote(n)}" for n in (name, unpacked_name(name)))
-        check = f'"$py" -c {shlex.quote(installer_source())} check {pyz} {build} 2>/dev/null\n'
+        prepare = (
+            f'"$py" -c {shlex.quote(installer_source())} prepare "$dir" '
+            f"{shlex.quote(name)} {shlex.quote(unpacked_name(name))} {STALE_UPLOAD_MIN}\n"
+        )
         probe = (
             f"printf '\\n%s\\n' {begin}; trap 'echo {end}' EXIT\n"
             f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
@@ -333,13 +338,10 @@ class SSHTransport(Transport):
             '"$py" -c "import sys; sys.exit(sys.version_info < (3, 8))" >/dev/null 2>&1 '
             '|| { echo "old-python $("$py" -V 2>&1 | head -n 1)"; exit 0; }\n'
             "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
-            'mkdir -p "$dir" && cd "$dir" || { echo bad-dir; exit 0; }\n'
-            'echo "python $py"; echo "dir $(pwd -P)"\n'
-            # Temp files and folders of uploads or unpacks that died (link lost, process killed); a fresh one
-            # may be another client's in progress.
-            f"[ -d agent ] && find agent -maxdepth 1 -name '.gputui-agent-*' -mmin +{STALE_UPLOAD_MIN} "
-            "-exec rm -rf {} + 2>/dev/null\n"
-            f"{check}"
+            'echo "python $py"\n'
+            # Ownership and modes of the state dir and all above it, before anything is written or run there;
+            # then temp files of uploads or unpacks that died go (a fresh one may be another client's).
+            f"{prepare}"
             "exit 0\n"
         )  # fmt: skip
         res = await self._run(conn, probe)
@@ -383,7 +385,14 @@ class SSHTransport(Transport):
                 "a dropped link: install it (e.g. apt install tmux)",
                 "missing_tmux",
             )
-        if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
+        if "unsafe-dir" in facts:
+            raise HostError(
+                f"refusing remote_dir {self.cfg.remote_dir} on {host}: {facts['unsafe-dir']}; nothing was "
+                "written or run there. Set remote_dir to a dir of your own that only you can write, "
+                "e.g. ~/.gputui",
+                "state_dir",
+            )
+        if "dir" not in facts or "python" not in facts:
             detail = facts["stderr"] or "no output"
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
         base = f"{facts['dir']}/agent/"
@@ -439,7 +448,7 @@ class SSHTransport(Transport):
         argv += ["--idle-timeout", f"{self.idle_timeout:g}"]
         # The newline ends whatever a login script printed without one, so the agent's hello starts a line.
         main = shlex.quote(f"{agent.build}/__main__.py")
-        script = f"test -f {main} || exit {EXIT_NO_AGENT}; echo; exec {shlex.join(argv)}"
+        script = f"{PRIVATE}; test -f {main} || exit {EXIT_NO_AGENT}; echo; exec {shlex.join(argv)}"
         try:
             proc = await asyncio.wait_for(
                 conn.create_process(sh(script), encoding=None, window=AGENT_WINDOW),
@@ -464,7 +473,8 @@ class SSHTransport(Transport):
         argv = [self._agent.python, *AGENT_PYTHON_FLAGS, self._agent.build, *args]
         try:
             proc = await asyncio.wait_for(
-                conn.create_process(sh(f"exec {shlex.join(argv)}"), encoding=None), self.cfg.connect_timeout
+                conn.create_process(sh(f"{PRIVATE}; exec {shlex.join(argv)}"), encoding=None),
+                self.cfg.connect_timeout,
             )
         except (asyncio.TimeoutError, OSError, asyncssh.Error) as exc:
             raise HostUnavailable(f"cannot start the agent: {exc or type(exc).__name__}") from None

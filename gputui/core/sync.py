@@ -26,7 +26,7 @@ from typing import Any
 from remote_agent import protocol as P
 
 from .link import AgentError
-from .paths import sha256_file
+from .paths import make_dirs, sha256_file
 from .pull import request_retrying
 from .session import HostSession
 
@@ -171,7 +171,7 @@ def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
         sha = hit[1] if isinstance(hit, list) and len(hit) == 2 and hit[0] == key else sha256_file(f.path)
         fresh[f.rel] = [key, sha]
         out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha))
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(cache_path.parent)
     tmp = cache_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(fresh))
     os.replace(tmp, cache_path)

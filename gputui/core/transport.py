@@ -112,7 +112,7 @@ class LocalTransport(Transport):
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
-                **kw,
+                umask=0o077, env=agentproc.private_env(), **kw,
             )  # fmt: skip
         except OSError as exc:
             raise HostError(
