@@ -4,13 +4,14 @@ before and after an injected link reset."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,90 @@ def test_job_urls_finds_local_servers_newest_first_with_their_tokens() -> None:
     assert [(u.port, u.tail) for u in urls] == [(8000, ""), (6006, "/"), (8888, "/lab?token=abc123")]
     assert urls[2].here(41234) == "http://127.0.0.1:41234/lab?token=abc123"
     assert urls[0].here(5000) == "http://127.0.0.1:5000/"
+
+
+ECHO_SERVER = """
+import socket, sys, threading
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", int(sys.argv[1])))
+srv.listen()
+def echo(conn):
+    with conn:
+        while data := conn.recv(4096):
+            conn.sendall(data)
+while True:
+    threading.Thread(target=echo, args=(srv.accept()[0],), daemon=True).start()
+"""
+
+
+async def _echo(port: int, what: bytes, timeout: float = 60) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection through the forward that echoed ``what`` (readiness: the job's server starts listening)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(what)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            if await asyncio.wait_for(reader.readexactly(len(what)), 30) == what:
+                return reader, writer
+        writer.close()
+        if time.monotonic() > deadline:
+            raise AssertionError("no echo through the forward")
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("fault", ["reset", "blackhole"])
+def test_a_forwarded_connection_ends_when_its_link_is_lost(fwd_home: SshHome, fault: str) -> None:
+    """It hung ~30 s after the link went; the client's next connection already works over the new link."""
+    port = free_port()
+    fwd_home.cli("run", "box", "--", "python3", "-c", ECHO_SERVER, str(port), check=True)
+    proxy = FaultProxy(fwd_home.sshd.port).start()
+    with fwd_home.known_hosts.open("a") as f:
+        f.write(fwd_home.sshd.host_key_line(f"[127.0.0.1]:{proxy.port}"))
+
+    async def main() -> None:
+        session = HostSession("box", SSHTransport(HostConfig(name="box", **fwd_home.host_settings(port=proxy.port))))
+        await session.start()
+        fwd = Forward(session, port)
+        try:
+            await fwd.start()
+            old_r, old_w = await _echo(fwd.local_port, b"before\n")
+            if fault == "reset":
+                await asyncio.to_thread(proxy.reset)
+            else:
+                await asyncio.to_thread(proxy.blackhole)
+                await _until(lambda: session.link is None or session.link.closed.is_set(), what="the lost link noticed")
+                await asyncio.to_thread(proxy.restore)
+            new_r, new_w = await _echo(fwd.local_port, b"after\n")  # over the new link
+            assert await asyncio.wait_for(old_r.read(), 5) == b""  # the old one was closed, not left hanging
+            new_w.close()
+            old_w.close()
+        finally:
+            await fwd.close()
+            await session.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        proxy.stop()
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def test_job_urls_end_at_control_and_bidi_characters() -> None:
+    from gputui.core.forward import job_urls
+
+    lines = [
+        "http://localhost:8888/?token=abc\x1b]52;c;ZXZpbA==\x07",  # an OSC 52 clipboard write after the token
+        "http://127.0.0.1:6006/\u202egnp.lanigiro",  # a right-to-left override
+        "http://localhost:7000/a\x00b",
+    ]
+    assert [u.here(1) for u in job_urls(lines)] == [
+        "http://127.0.0.1:1/?token=abc", "http://127.0.0.1:1/", "http://127.0.0.1:1/a",
+    ]  # fmt: skip

@@ -29,9 +29,11 @@ CHUNK = 64 * 1024
 
 
 #: A URL a job printed for a server on the host's own addresses (TensorBoard, Jupyter, Gradio...).
+#: The tail takes only the characters a URL may hold (RFC 3986, less quotes): a control or bidi character a host
+#: printed (an escape sequence, U+202E) ends the URL, so what the app copies to the clipboard is clean.
 _URL = re.compile(
     r"https?://(?:localhost|127(?:\.\d{1,3}){3}|0\.0\.0\.0|\[::1?\])"
-    r":(?P<port>\d{1,5})(?P<tail>[/?#][^\s\"'<>`]*)?"
+    r":(?P<port>\d{1,5})(?P<tail>[/?#][A-Za-z0-9\-._~:/?#\[\]@!$&()*+,;=%]*)?"
 )
 #: How much of a log ``job_urls`` looks at (the newest lines first).
 URL_SCAN_LINES = 2000
@@ -114,13 +116,17 @@ class Forward:
         self.session.run_in_background()
         return self.url
 
-    async def _open(self) -> tuple[Any, Any]:
-        """A channel to the remote port on the current connection, waiting out a reconnect."""
+    async def _open(self) -> tuple[Any, Any, asyncio.Event]:
+        """A channel to the remote port on the current connection, waiting out a reconnect; with the event that
+        says the link it was opened on is lost."""
         deadline = time.monotonic() + RECONNECT_WAIT_S
         while True:
             try:
                 await self.session.wait_connected(max(0.1, deadline - time.monotonic()))
-                return await asyncio.wait_for(self.transport.open_tcp("localhost", self.remote_port), 15)
+                link = self.session.link
+                lost = link.closed if link is not None else asyncio.Event()
+                remote = await asyncio.wait_for(self.transport.open_tcp("localhost", self.remote_port), 15)
+                return (*remote, lost)
             except asyncssh.ChannelOpenError as exc:  # refused by sshd, or nothing listens there
                 raise ForwardError(
                     f"{self.session.name} refused the forward to port {self.remote_port}: {exc.reason} (nothing "
@@ -137,13 +143,22 @@ class Forward:
         self._tasks.add(task)
         try:
             try:
-                remote_r, remote_w = await self._open()
+                remote_r, remote_w, lost = await self._open()
             except ForwardError as exc:
                 self.on_error(str(exc))
                 return
+            # Ends with both directions, or at once when the link it runs over is lost (a reset or a
+            # blackhole): its bytes can no longer arrive, and the client's next connection goes over the new one.
+            copies: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(asyncio.gather(_pipe(local_r, remote_w), _pipe(remote_r, local_w))),
+                asyncio.ensure_future(lost.wait()),
+            ]
             try:
-                await asyncio.gather(_pipe(local_r, remote_w), _pipe(remote_r, local_w))
+                await asyncio.wait(copies, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                for each in copies:
+                    each.cancel()
+                await asyncio.gather(*copies, return_exceptions=True)
                 remote_w.close()
         finally:
             local_w.close()
