@@ -108,11 +108,20 @@ def cgroup_dirs(controller: str, proc: str = "/proc", root: str = "/sys/fs/cgrou
     return out
 
 
+#: cgroup counters and limits are 64-bit: a number beyond is not a reading (and would overflow a float).
+_MAX_VALUE = 1 << 64
+
+
 def _int(text: Optional[str]) -> Optional[int]:
-    try:
-        return int((text or "").split()[0])
-    except (ValueError, IndexError):
+    """The first word as a cgroup number (-1 allowed: v1's "no quota"), or None."""
+    word = (text or "").split()[:1]
+    if not word or len(word[0]) > 24:
         return None
+    try:
+        value = int(word[0])
+    except ValueError:
+        return None
+    return value if -1 <= value < _MAX_VALUE else None
 
 
 def _stat_value(path: str, key: str) -> Optional[int]:
@@ -120,7 +129,7 @@ def _stat_value(path: str, key: str) -> Optional[int]:
     for line in (read_text(path) or "").splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
-            return int(parts[1])
+            return _int(parts[1])
     return None
 
 
