@@ -550,7 +550,7 @@ def exit_status(exc: BaseException) -> int:
     if isinstance(exc, (cfg.ConfigError, RequestTooLarge)) or (isinstance(exc, HostError) and exc.kind == "config"):
         return EXIT_USAGE
     if isinstance(exc, HostError):
-        return EXIT_HOST
+        return EXIT_FAIL if exc.kind == "disk_full" else EXIT_HOST  # 4: the host refused us
     if isinstance(exc, AgentError):
         return EXIT_NOT_FOUND if exc.code == "not_found" else EXIT_FAIL
     return EXIT_UNREACHABLE  # HostUnavailable, LinkClosed, OSError: no answer

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SshHome, stop_host
+from test_agent_bad_logs import small_disk
 from test_ssh_deploy import HOST_ERROR, agent_dir, run_job
 
 from gputui.core.bundle import agent_build
@@ -130,3 +131,16 @@ def test_the_clients_own_dirs_are_private(home) -> None:  # type: ignore[no-unty
     assert cache.is_dir() and stat.S_IMODE(cache.stat().st_mode) == 0o700
     build = next(cache.glob("gputui-agent-*"))
     assert all(stat.S_IMODE(p.stat().st_mode) & 0o077 == 0 for p in [build, *build.rglob("*")])
+
+
+def test_a_full_disk_during_the_upload_says_so_and_is_no_refusal(ssh_home: SshHome, tmp_path: Path) -> None:
+    disk = tmp_path / "disk"
+    small_disk(disk, "64k")  # smaller than the agent build
+    try:
+        ssh_home.configure(remote_dir=str(disk / "state"))
+        res = ssh_home.cli("jobs", "box")
+        assert res.returncode == 1, res.stderr  # a failure the user fixes by freeing space; 4 is "refused us"
+        assert "No space left on device" in res.stderr and "free some space" in res.stderr, res.stderr
+        assert [p.name for p in (disk / "state" / "agent").iterdir()] == []  # the part upload was removed
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])

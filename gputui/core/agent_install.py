@@ -214,8 +214,10 @@ def main(argv: List[str]) -> int:
     if len(argv) == 5 and argv[0] == "prepare":
         try:
             lines = prepare(argv[1], argv[2], argv[3], float(argv[4]))
-        except OSError as exc:  # UnsafePath, or the dir cannot be made
-            lines = ["unsafe-dir %s" % (exc if isinstance(exc, UnsafePath) else "%s: %s" % (argv[1], exc))]
+        except UnsafePath as exc:
+            lines = ["unsafe-dir %s" % exc]
+        except OSError as exc:  # the dir cannot be made or read (a full disk, no permission)
+            lines = ["bad-dir %s: %s" % (argv[1], exc.strerror or exc)]
         print("\n".join(lines))
         return 0
     if len(argv) == 4 and argv[0] == "unpack":

@@ -63,6 +63,11 @@ def sh(script: str) -> str:
     return "sh -c " + shlex.quote(script)
 
 
+def _kind_of(detail: str) -> str:
+    """A deploy failure's kind: ``disk_full`` when the host's disk is (the user frees space), else ``deploy``."""
+    return "disk_full" if "No space left on device" in detail or "Errno 28" in detail else "deploy"
+
+
 def shell_path(path: str) -> str:
     """``path`` quoted for sh, keeping a leading ``~`` meaning the remote user's home."""
     if path == "~":
@@ -392,9 +397,9 @@ class SSHTransport(Transport):
                 "e.g. ~/.gputui",
                 "state_dir",
             )
-        if "dir" not in facts or "python" not in facts:
-            detail = facts["stderr"] or "no output"
-            raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", "deploy")
+        if "bad-dir" in facts or "dir" not in facts or "python" not in facts:
+            detail = facts.get("bad-dir") or facts["stderr"] or "no output"
+            raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", _kind_of(detail))
         base = f"{facts['dir']}/agent/"
         agent = RemoteAgent(facts["python"], facts["dir"], base + name, base + unpacked_name(name))
         present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
@@ -435,7 +440,10 @@ class SSHTransport(Transport):
         if res.exit_status != 0:
             err = res.stderr.decode("utf-8", "replace").strip()[-500:] or f"exit status {res.exit_status}"
             what = "uploading the agent to" if data is not None else "unpacking the agent on"
-            raise HostError(f"{what} {self.cfg.name} failed: {err}", "deploy")
+            kind = _kind_of(err)
+            if kind == "disk_full":
+                err += f" (the disk holding {agent.state_dir} is full: free some space there)"
+            raise HostError(f"{what} {self.cfg.name} failed: {err}", kind)
         log.info("%s: installed agent %s (%d bytes uploaded)", self.cfg.name, name, len(data or b""))
 
     # --- agent ------------------------------------------------------------------------------------------------
