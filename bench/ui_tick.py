@@ -172,7 +172,7 @@ def run_app(hosts: int, flood: bool, seconds: float) -> dict[str, Any]:
 
     from gputui.ui.app import GpuTuiApp
 
-    gc.disable()  # as gputui.launch.run_app does: the app's on_ready freezes what start-up built, then resumes
+    gc.disable()  # as gputui.appstart.run_app does: the app's on_ready freezes what start-up built, then resumes
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ui_fixtures import static_factory
 
-from gputui import launch
+from gputui import appstart
+from gputui.core.errors import ExitStatus
 from gputui.ui.app import GpuTuiApp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def test_the_app_loads_without_the_cli_and_what_only_actions_need() -> None:
 def test_a_broken_config_is_a_usage_error_before_the_app(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     bad = tmp_path / "config.toml"
     bad.write_text("[hosts.a]\nhost = \n")
-    assert launch.run_app(str(bad)) == launch.EXIT_USAGE == 2
+    assert appstart.run_app(str(bad)) == ExitStatus.USAGE == 2
     err = capsys.readouterr().err
     assert err.startswith("gputui: ") and "config.toml" in err and "line 2" in err
     assert gc.isenabled()
@@ -40,7 +41,7 @@ def test_a_broken_config_is_a_usage_error_before_the_app(tmp_path: Path, capsys)
 
 async def test_collection_resumes_with_the_first_frame(tmp_path: Path) -> None:
     app = GpuTuiApp(source_factory=static_factory([]), state_path=tmp_path / "ui.json")
-    gc.disable()  # as launch.run_app does
+    gc.disable()  # as appstart.run_app does
     try:
         async with app.run_test() as pilot:
             await pilot.pause()

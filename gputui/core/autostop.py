@@ -11,13 +11,14 @@ from typing import Any
 from remote_agent import protocol as P
 
 from .config import HostConfig
+from .errors import UsageError
 from .link import AgentError
 from .session import HostSession
 
 MAX_SNOOZE_MIN = P.MAX_SNOOZE_MIN  # a snooze of at most a week
 
 
-class NoAutostop(Exception):
+class NoAutostop(UsageError):
     """The host has no autostop or deadline armed: nothing to snooze or cancel."""
 
 

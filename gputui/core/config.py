@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .errors import UsageError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +32,7 @@ SCHEDULERS = ("slurm",)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config problem, worded as ``file:line: field: what is wrong``."""
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncssh
 
+from .errors import UsageError
 from .session import HostSession
 from .ssh_transport import SSHTransport
 
@@ -66,7 +67,7 @@ def job_urls(lines: Iterable[str]) -> list[WebUrl]:
     return list(found.values())
 
 
-class ForwardError(Exception):
+class ForwardError(UsageError):
     """The forward cannot be set up; the message says why."""
 
 

@@ -11,6 +11,8 @@ from typing import Any, Protocol
 
 from remote_agent import protocol as P
 
+from .errors import ExitStatus, GputuiError, Unreachable, UsageError
+
 log = logging.getLogger(__name__)
 
 READ_BYTES = 256 * 1024
@@ -23,7 +25,7 @@ FLOW_MAX_WINDOW = 4 * 1024 * 1024
 EventHandler = Callable[[str, Any], None]
 
 
-class LinkClosed(ConnectionError):
+class LinkClosed(Unreachable, ConnectionError):
     """The agent channel ended (link loss, agent exit); pending requests fail with this."""
 
 
@@ -31,16 +33,20 @@ class RequestTimeout(LinkClosed):
     """The agent did not answer one request in time; the link itself stays open."""
 
 
-class RequestTooLarge(ValueError):
+class RequestTooLarge(UsageError, ValueError):
     """A request that would exceed the agent's frame limit: refused before sending (a usage error)."""
 
 
-class AgentError(RuntimeError):
+class AgentError(GputuiError, RuntimeError):
     """The agent answered a request with an error."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+    @property
+    def status(self) -> ExitStatus:  # type: ignore[override]
+        return ExitStatus.NOT_FOUND if self.code == "not_found" else ExitStatus.FAILED
 
 
 class ByteReader(Protocol):

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 from remote_agent import protocol as P
 
 from . import pulled
+from .errors import GputuiError
 from .link import AgentError, LinkClosed
 from .paths import sha256_file
 from .session import HostSession
@@ -37,7 +38,7 @@ _JOB_SPEC = re.compile(r"(\d+):(.+)", re.DOTALL)
 Progress = Callable[[str, int, int], None]  # (name, bytes done, bytes total)
 
 
-class PullError(Exception):
+class PullError(GputuiError):
     """A pull that cannot go on; the message says which file and why."""
 
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from . import model as M
 from .config import HostConfig
 from .cost import Ledger, idleness
+from .errors import GputuiError
 from .link import AgentError, LinkClosed
 from .session import HostSession
 
 
-class ReleaseError(RuntimeError):
+class ReleaseError(GputuiError, RuntimeError):
     """The host was not released; the message says why and what to do."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from remote_agent import protocol as P
 
+from .errors import GputuiError
 from .link import AgentError
 from .paths import make_dirs, sha256_file
 from .pull import request_retrying
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]  # (what, bytes sent, bytes to send)
 
 
-class SyncError(Exception):
+class SyncError(GputuiError):
     """A sync that cannot start or go on; the message says why."""
 
 

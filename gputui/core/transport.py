@@ -16,19 +16,25 @@ from typing import Any
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 from . import agentproc
+from .errors import ExitStatus, GputuiError, Unreachable
 from .link import ByteReader, ByteWriter
 
 
-class HostUnavailable(ConnectionError):
+class HostUnavailable(Unreachable, ConnectionError):
     """The host cannot be reached right now; trying again later may work (refused, timeout, link loss)."""
 
 
-class HostError(RuntimeError):
+class HostError(GputuiError, RuntimeError):
     """A failure that retrying will not fix (auth, unknown host key, missing python3): the user must act."""
 
     def __init__(self, message: str, kind: str = "error") -> None:
         super().__init__(message)
-        self.kind = kind  # e.g. "auth", "host_key", "missing_python", "config"
+        self.kind = kind  # e.g. "auth", "host_key", "missing_python", "config", "disk_full"
+
+    @property
+    def status(self) -> ExitStatus:  # type: ignore[override]
+        """4 (the host refused us); a config problem is a usage error, a full disk a failure (free space)."""
+        return {"config": ExitStatus.USAGE, "disk_full": ExitStatus.FAILED}.get(self.kind, ExitStatus.REFUSED)
 
 
 @dataclass

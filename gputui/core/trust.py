@@ -8,11 +8,12 @@ import asyncssh
 
 from . import known_hosts as kh
 from .config import Config
+from .errors import UsageError
 from .ssh_transport import SSHTransport, Target, fetch_host_key
 from .transport import HostError
 
 
-class NoHostKey(ValueError):
+class NoHostKey(UsageError, ValueError):
     """The host is this machine (transport = local): there is no key to trust."""
 
 

@@ -292,7 +292,7 @@ class GpuTuiApp(App[None]):
 
     def on_ready(self) -> None:
         """The first frame is out. When the launch paused garbage collection for the start-up
-        (:func:`gputui.launch.run_app`), what the start-up built is frozen, so later collections skip it,
+        (:func:`gputui.appstart.run_app`), what the start-up built is frozen, so later collections skip it,
         and collection resumes."""
         if not gc.isenabled():
             gc.freeze()

@@ -1,0 +1,149 @@
+"""What every command shares: its error, number arguments, the host runners (open, run, close), questions,
+progress and the exit status of a multi-host report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+from ..core import config as cfg
+from ..core import safetext
+from ..core.errors import ExitStatus, GputuiError
+from ..core.fleet import Fleet
+from ..core.link import AgentError
+from ..core.session import HostSession
+
+
+class CliError(GputuiError):
+    """A command's own refusal or failure, with the exit status it ends with."""
+
+    def __init__(self, message: str, status: ExitStatus = ExitStatus.FAILED) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def exit_status(exc: BaseException) -> ExitStatus:
+    """The README's exit status for an error (the one rule for single- and multi-host commands)."""
+    if isinstance(exc, GputuiError):
+        return exc.status
+    return ExitStatus.UNREACHABLE  # OSError: no answer
+
+
+def hosts_status(results: Mapping[str, object]) -> int:
+    """Report each host that gave an error on stderr; 0 when none did, else the highest of their statuses.
+
+    The hosts that answered are still shown: a multi-host command is a report, its status says what is missing.
+    """
+    status = ExitStatus.OK
+    for name, res in results.items():
+        if isinstance(res, Exception):
+            print(f"gputui: {name}: {res}", file=sys.stderr)
+            status = max(status, exit_status(res))
+    return status
+
+
+def bounded(
+    low: float, high: float, low_ok: bool = True, unit: str = "", integer: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite number within [low, high] (or (low, high]), else a usage error (exit 2)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = math.nan
+        if not (low <= value <= high and (low_ok or value > low)):
+            kind = "a whole number" if integer else "a number"
+            show = (lambda x: f"{int(x):,}") if integer else (lambda x: f"{x:g}")  # noqa: E731
+            span = (
+                f"from {show(low)} to {show(high)}"
+                if low_ok
+                else f"above {show(low)} and at most {show(high)}"
+            )
+            raise argparse.ArgumentTypeError(f"must be {kind} {span}{unit}, not {text!r}")
+        return value
+
+    return parse
+
+
+def host_names(config: cfg.Config, host: str | None) -> list[str]:
+    """``[host]`` (checked against the config), or every configured host."""
+    if host:
+        config.host(host)
+        return [host]
+    return list(config.hosts)
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(args: argparse.Namespace) -> AsyncIterator[Fleet]:
+    """The configured hosts (``--config``), closed (and the ledger saved) whatever the command does."""
+    fleet = Fleet(cfg.load(args.config))
+    try:
+        yield fleet
+    finally:
+        await fleet.close()
+
+
+async def with_session(
+    args: argparse.Namespace, host: str, body: Callable[[HostSession], Awaitable[int]]
+) -> int:
+    """Connect to ``host``, run ``body`` with its session, close it; a job id the host lacks is exit 5."""
+    session = Fleet(cfg.load(args.config)).session(host)
+    await session.start()
+    try:
+        return await body(session)
+    except AgentError as exc:
+        if exc.code != "not_found":
+            raise
+        said = str(exc).replace(" on this host", f" on {host}", 1)  # which host; and where the job ids are
+        hint = f"; gputui jobs {host} lists its jobs" if said.startswith("no job ") else ""
+        raise CliError(said + hint, ExitStatus.NOT_FOUND) from None
+    finally:
+        await session.close()
+
+
+def ask(question: str) -> bool:
+    """A yes/no question on the terminal; only y or yes is a yes."""
+    return input(question).strip().lower() in ("y", "yes")
+
+
+async def ask_async(question: str) -> bool:
+    """``ask`` while the event loop runs on (the host's link stays served while the user thinks)."""
+    return await asyncio.to_thread(ask, question)
+
+
+def progress_printer() -> Callable[[str, int, int], None] | None:
+    """A progress line on stderr when it is a terminal (redrawn at most ten times a second); else None."""
+    if not sys.stderr.isatty():
+        return None
+    raw = getattr(sys.stderr, "stream", sys.stderr)  # past the terminal guard: our own control sequences only
+    last = [0.0]
+
+    def show(name: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < 0.1 and done < total:
+            return
+        last[0] = now
+        pct = 100.0 * done / total if total else 100.0
+        shown = safetext.clean(name)[-40:]  # a host's file name is data: cleaned
+        end = "\n" if done >= total else ""
+        raw.write(f"\r\x1b[K{shown}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {pct:5.1f}%{end}")
+        raw.flush()
+
+    return show
+
+
+def job_exit(info: dict[str, Any]) -> int:
+    """The exit status of an ended job (``logs -f`` ends with it)."""
+    code = info.get("exit_code")
+    if isinstance(code, int):
+        return code
+    print(f"gputui: job ended as {info.get('job_state', 'unknown')} with no exit status", file=sys.stderr)
+    return ExitStatus.FAILED
+

@@ -1,0 +1,342 @@
+"""Jobs: ``run``, ``queue``, ``jobs``, ``history``, ``logs``, ``kill`` — each command's parser beside its handler."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import re
+import shlex
+import sys
+from typing import Any
+
+from ..core import config as cfg
+from ..core import jsonout, safetext
+from ..core import model as M
+from ..core.artifacts import check_patterns
+from ..core.errors import ExitStatus
+from ..core.jobs import MAX_QUEUE_DEPS, JobSpec, collect_history, collect_jobs, parse_env, start_job
+from ..core.session import MAX_KILL_GRACE_S, HostSession
+from ..tables import print_history, print_jobs, print_queue, queue_gpus
+from .common import CliError, ask_async, bounded, host_names, hosts_status, job_exit, open_fleet, with_session
+from .files import sync_tree
+
+USAGE = ExitStatus.USAGE
+RUN_EXAMPLES = """examples:
+  gputui run local -- python train.py --epochs 10
+  gputui run gpu1 --sync --name exp1 --gpus 0,1 -- python train.py
+  gputui run gpu1 --queue --gpus 2 -- torchrun --nproc-per-node=2 train.py"""
+_GPU_ITEM = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")  # an index or a (MIG) UUID, as CUDA takes them
+
+
+# --- run --------------------------------------------------------------------------------------------------------
+def _parse_env(items: list[str]) -> dict[str, str]:
+    try:
+        return parse_env(items, label="--env")
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE) from None
+
+
+def _gpu_items(spec: str | None) -> list[str]:
+    """The GPUs ``--gpus`` names (none for all/none); a usage error unless it is all, none or a comma list."""
+    if spec is None or spec in ("all", "none"):
+        return []
+    items = spec.split(",")
+    if not all(_GPU_ITEM.fullmatch(item) for item in items):
+        raise CliError(
+            f"--gpus {spec!r}: expected all, none, or a comma list of GPU indices or UUIDs (e.g. 0,1)", USAGE
+        )
+    return items
+
+
+def _check_gpus_on_host(spec: str, items: list[str], host: str, facts: dict[str, Any]) -> None:
+    """A usage error naming the host's GPUs when ``items`` names one it lacks (MIG UUIDs are not listed)."""
+    gpus = [M.GpuSample.from_wire(g) for g in facts.get("gpus") or ()]
+    missing = [
+        item for item in items
+        if not item.startswith("MIG-")
+        and not any(item == str(g.index) or (g.uuid or "").startswith(item) for g in gpus)
+    ]  # fmt: skip
+    if missing:
+        has = ", ".join(f"{g.index} ({g.name or '?'}, {g.uuid or 'no UUID'})" for g in gpus)
+        has = has or f"none: {facts.get('gpu_error') or 'no NVIDIA GPU found'}"
+        raise CliError(f"--gpus {spec!r}: {host} has no GPU {', '.join(missing)}; its GPUs: {has}", USAGE)
+
+
+def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, Any] | None:
+    """The sbatch settings of ``gputui run`` on a Slurm host (None elsewhere; Slurm flags there are an error)."""
+    flags = {"--nodes": args.nodes, "--partition": args.partition, "--time": args.time,
+             "--sbatch-arg": args.sbatch_arg or None}  # fmt: skip
+    if host.scheduler != "slurm":
+        used = [flag for flag, value in flags.items() if value is not None]
+        if used:
+            raise CliError(f"{', '.join(used)}: only for a Slurm host ({host.name} has no scheduler = \"slurm\")",
+                           USAGE)  # fmt: skip
+        return None
+    gpus = None
+    if args.gpus is not None:
+        if not args.gpus.isdigit():
+            raise CliError(f"--gpus {args.gpus!r}: on a Slurm host, the GPUs per node (e.g. 2)", USAGE)
+        gpus = int(args.gpus)
+    request = {"gpus": gpus, "nodes": args.nodes, "partition": args.partition, "time": args.time,
+               "sbatch_args": list(args.sbatch_arg or [])}  # fmt: skip
+    return {k: v for k, v in request.items() if v is not None}
+
+
+def _queue_request(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What ``run --queue`` (or ``--after``/``--after-ok``, which imply it) asks the host's queue for; None: run now.
+
+    With the queue, ``--gpus N`` (a bare number) is a count: any N free GPUs; a list names the GPUs."""
+    after, after_ok = args.after or [], args.after_ok or []
+    if not (args.queue or after or after_ok):
+        return None
+    bad = [i for i in after + after_ok if not i.isdigit()]
+    if bad:
+        raise CliError(f"--after/--after-ok {bad[0]!r}: expected job ids (numbers)", USAGE)
+    for flag, ids in (("--after", after), ("--after-ok", after_ok)):
+        if len(ids) > MAX_QUEUE_DEPS:
+            raise CliError(f"{flag}: at most {MAX_QUEUE_DEPS} job ids, not {len(ids)}", USAGE)
+    gpus = args.gpus
+    if gpus is not None and gpus.isdigit():
+        if not 1 <= int(gpus) <= 1024:
+            raise CliError(
+                f"--gpus {gpus} with --queue: a bare number is a GPU count (1 to 1024); to wait for particular"
+                " GPUs, list them (0,1) or name one by its UUID (gputui status --json shows them); none: no GPU",
+                USAGE,
+            )
+        return {"gpu_count": int(gpus), "after": after, "after_ok": after_ok}
+    return {"gpus": None if gpus == "all" else gpus, "after": after, "after_ok": after_ok}
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    argv = args.command
+    if not argv:
+        raise CliError("nothing to run: give the command after --, e.g. gputui run local -- python train.py", USAGE)
+    queue = _queue_request(args)
+    try:
+        artifacts = check_patterns(args.artifacts)
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE) from None
+    config = cfg.load(args.config)
+    host_cfg = config.host(args.host)
+    slurm = _slurm_request(args, host_cfg)
+    if slurm is not None and queue is not None:
+        raise CliError(f"--queue/--after: {args.host} is a Slurm host; its jobs wait in Slurm's queue", USAGE)
+    counted = slurm is not None or (queue is not None and (args.gpus or "").isdigit())
+    gpu_items = [] if counted else _gpu_items(args.gpus)
+    cwd = args.cwd or (os.getcwd() if host_cfg.transport == "local" else None)
+
+    async def body(s: HostSession) -> int:
+        _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
+        code, job_cwd = None, cwd
+        if args.sync is not None:
+            synced = await sync_tree(s, args.sync, args.cwd, delete=False)
+            code, job_cwd = synced.code(), synced.target
+        spec = JobSpec(
+            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
+            gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
+            queue=queue, slurm=slurm,
+        )  # fmt: skip
+        job = await start_job(s, config, spec)
+        print(job.id)
+        if job.state == M.JOB_QUEUED and job.queue_position is not None:
+            print(f"gputui: job {job.id} queued on {args.host} at position {job.queue_position}", file=sys.stderr)
+        return ExitStatus.OK
+
+    return await with_session(args, args.host, body)
+
+
+def check_run_command(argv: list[str], before: list[str], extra: list[str], after: list[str] | None) -> None:
+    """Refuse a ``run`` whose job command argparse would split: without ``--`` an option-like word in the
+    command (``python train.py --name x``) is taken as gputui's own, or the words before ``--`` are dropped."""
+    if after is not None and before:
+        raise CliError(
+            f"run: {shlex.join(before)!r} comes before -- and would be dropped: put the whole command after --, "
+            f"e.g. gputui run HOST -- {shlex.join([*before, *after])}", USAGE,
+        )  # fmt: skip
+    if after is None and (extra or (before and argv[len(argv) - len(before) :] != before)):
+        taken = f" ({shlex.join(extra)!r} is not an option of gputui run)" if extra else ""
+        raise CliError(
+            f"run: the job's command holds options that gputui would take as its own{taken}: "
+            "put the command after --, e.g. gputui run HOST --name exp1 -- python train.py --lr 3e-4", USAGE,
+        )  # fmt: skip
+
+
+# --- the queue and the lists ------------------------------------------------------------------------------------
+async def cmd_queue(args: argparse.Namespace) -> int:
+    """``queue HOST``: the queued jobs in order and what each waits for; ``--move ID --to N`` reorders."""
+    if (args.move is None) != (args.to is None):
+        raise CliError("--move ID and --to N go together", USAGE)
+
+    async def body(s: HostSession) -> int:
+        if args.move is not None:
+            listing = await s.move_queued(args.move, int(args.to))
+        else:
+            listing = await s.list_queue()
+        jobs = [M.Job.from_wire(args.host, j) for j in listing["jobs"]]
+        resumed, more = listing.get("resumed_at"), int(listing.get("more") or 0)  # (an older agent: no "more")
+        if args.json:
+            out = [{"position": j.queue_position, "id": j.id, "name": j.name, "command": list(j.command),
+                    "gpus": queue_gpus(j), "after": (j.record.get("queue") or {}).get("after"),
+                    "after_ok": (j.record.get("queue") or {}).get("after_ok"), "waits_for": j.queue_reason}
+                   for j in jobs]  # fmt: skip
+            print(jsonout.dumps({"host": args.host, "jobs": out, "more": more, "resumed_after_reboot_at": resumed}))
+            return ExitStatus.OK
+        if resumed:
+            when = datetime.datetime.fromtimestamp(resumed).strftime("%Y-%m-%d %H:%M")
+            print(f"{args.host}: the queue resumed after a reboot ({when})")
+        print_queue(jobs)
+        if more:
+            print(f"... and {more} more queued jobs (not listed)")
+        return ExitStatus.OK
+
+    return await with_session(args, args.host, body)
+
+
+async def cmd_jobs(args: argparse.Namespace) -> int:
+    async with open_fleet(args) as fleet:
+        jobs, errors = await collect_jobs(fleet, host_names(fleet.config, args.host))
+    status = hosts_status(errors)
+    if args.json:
+        print(jsonout.dumps([j.to_json() for j in jobs]))
+    else:
+        print_jobs(jobs)
+    return status
+
+
+async def cmd_history(args: argparse.Namespace) -> int:
+    async with open_fleet(args) as fleet:
+        records, errors = await collect_history(fleet, fleet.config, host_names(fleet.config, args.host))
+    status = hosts_status(errors)
+    if args.json:
+        print(jsonout.dumps(records))
+    else:
+        print_history(records)
+    return status
+
+
+# --- one job ----------------------------------------------------------------------------------------------------
+async def cmd_logs(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    async def body(s: HostSession) -> int:
+        if args.tail is not None:
+            offset, _, _ = await s.read_log(args.job, tail_lines=args.tail)
+        else:
+            offset = 0
+        if not args.follow:
+            await s.copy_log(args.job, offset, write)
+            return ExitStatus.OK
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        s.run_in_background()  # survive link drops: the follow resumes from its cursor
+
+        def gap(message: str) -> None:
+            print(f"\ngputui: --- {message} ---", file=sys.stderr)
+
+        def follow(data: bytes) -> None:  # called from the link's event handler: hand errors to the command
+            try:
+                write(data)
+            except BrokenPipeError as exc:
+                if not done.done():
+                    done.set_exception(exc)
+
+        await s.follow_log(args.job, offset, follow, lambda info: done.done() or done.set_result(info), gap)
+        return job_exit(await done)
+
+    return await with_session(args, args.host, body)
+
+
+async def cmd_kill(args: argparse.Namespace) -> int:
+    async def body(s: HostSession) -> int:
+        if not args.yes and sys.stdin.isatty():  # the question names the job: a mistyped id shows
+            await _confirm_kill(args, s)
+        job = await s.kill_job(args.job, args.grace)
+        if job.state == M.JOB_KILLED and job.started_at is None:
+            print(f"job {job.id} on {args.host}: removed from the queue (it never started)")
+        else:
+            print(f"job {job.id} on {args.host}: {job.state} (exit {job.exit_code})")
+        return ExitStatus.OK
+
+    return await with_session(args, args.host, body)
+
+
+async def _confirm_kill(args: argparse.Namespace, s: HostSession) -> None:
+    """Ask on the terminal whether to kill the job, naming it; a CliError when not (or when it is over)."""
+    job = await s.get_job(args.job)
+    if job.state in M.JOB_ENDED_STATES:
+        raise CliError(f"job {job.id} is not running ({job.state})")
+    it = f"job {job.id} ({safetext.clean(job.name, limit=120)}, {job.state})"
+    queued = job.state == M.JOB_QUEUED
+    question = (f"Remove {it} from {args.host}'s queue? [y/N] " if queued else
+                f"Kill {it} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] ")  # fmt: skip
+    if not await ask_async(question):
+        raise CliError("not removed" if queued else "not killed")
+
+
+# --- parsers ----------------------------------------------------------------------------------------------------
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    r = sub.add_parser(
+        "run", help="start a job in tmux on a host; prints its id", usage="%(prog)s [OPTIONS] host -- CMD [ARG ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
+    )  # fmt: skip
+    r.add_argument("host")
+    r.add_argument("--name", help="display name (free text)")
+    r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1; "
+                   "with --queue a bare number N is a count: any N free GPUs")  # fmt: skip
+    r.add_argument("--queue", action="store_true",
+                   help="wait on the host until the GPUs are free (no other job, no foreign process, idle)")  # fmt: skip
+    r.add_argument("--after", action="extend", nargs="+", metavar="ID", help="queue: start after these jobs end")
+    r.add_argument("--after-ok", action="extend", nargs="+", metavar="ID",
+                   help="queue: start only after these jobs succeeded (else it never starts, and says why)")  # fmt: skip
+    r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
+    r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
+    r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
+                   help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
+    r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
+                   help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
+    sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")
+    sl.add_argument("--nodes", type=bounded(1, 100000, integer=True), metavar="N", help="nodes (sbatch --nodes)")
+    sl.add_argument("--partition", metavar="P", help="partition (sbatch --partition)")
+    sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
+    sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
+                    help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")  # fmt: skip
+    r.add_argument("command", nargs="*", metavar="CMD",
+                   help="the job's argv, after -- (passed untouched, never through a shell)")  # fmt: skip
+    r.set_defaults(func=cmd_run)
+
+    j = sub.add_parser("jobs", help="list jobs")
+    j.add_argument("host", nargs="?")
+    j.add_argument("--json", action="store_true")
+    j.set_defaults(func=cmd_jobs)
+
+    hi = sub.add_parser("history", help="finished runs with their records: git, GPUs, usage, cost, final metrics")
+    hi.add_argument("host", nargs="?")
+    hi.add_argument("--json", action="store_true")
+    hi.set_defaults(func=cmd_history)
+
+    lg = sub.add_parser("logs", help="print a job's output")
+    lg.add_argument("host")
+    lg.add_argument("job")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends; exit with its status")
+    lg.add_argument("--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines")
+    lg.set_defaults(func=cmd_logs)
+
+    k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
+    k.add_argument("host")
+    k.add_argument("job")
+    k.add_argument("--grace", type=bounded(0, MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
+                   help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
+    k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    k.set_defaults(func=cmd_kill)
+
+    qu = sub.add_parser("queue", help="the host's queued jobs: position and what each waits for; reorder")
+    qu.add_argument("host")
+    qu.add_argument("--json", action="store_true")
+    qu.add_argument("--move", metavar="ID", help="move this queued job ...")
+    qu.add_argument("--to", type=bounded(1, 1_000_000, integer=True), metavar="N", help="... to position N (1 = next)")
+    qu.set_defaults(func=cmd_queue)

@@ -1,0 +1,118 @@
+"""Parse one command line and run its command; every error a command ends with is a GputuiError."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import select
+import sys
+from typing import Any
+
+from .. import appstart
+from ..core import safetext
+from ..core.errors import ExitStatus, GputuiError
+from . import files, hosts, jobs, release
+
+CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
+#: Help of the arguments several commands share (a command's own help, where given, wins).
+SHARED_HELP = {
+    "host": "a host from the config (with no config: local); gputui status lists them",
+    "job": "the job's id, as gputui run printed it; gputui jobs HOST lists them",
+    "json": "print JSON (its keys are in README.md)",
+    "remote_port": "the port on the host, e.g. 6006 for TensorBoard",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gputui",
+        description="Watch, run and release jobs on GPU hosts.",
+        epilog="Without a command gputui opens the app (on a terminal) or prints `gputui status` (when piped).",
+    )
+    p.add_argument("--config", help=CONFIG_HELP)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    for family in (jobs, hosts, release, files):
+        family.register(sub)
+    for name, parser in sub.choices.items():
+        _document(parser, next(a.help for a in sub._choices_actions if a.dest == name))
+    return p
+
+
+def _document(parser: argparse.ArgumentParser, summary: str | None) -> None:
+    """A command's --help opens with what it does, the arguments the commands share say what they are, and
+    ``--config`` works after the command too (``gputui status --config c.toml``)."""
+    parser.description = parser.description or summary
+    parser.add_argument("--config", default=argparse.SUPPRESS, help=CONFIG_HELP)
+    for action in parser._actions:
+        if action.help is None:
+            action.help = SHARED_HELP.get(action.dest)
+            if action.dest == "host" and action.nargs == "?":
+                action.help = "one host (default: every host)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one command; a reader that goes away (``gputui status --json | head``) ends it quietly."""
+    try:
+        try:
+            _main(argv)
+            code: Any = ExitStatus.OK
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        if not _stdout_closed():
+            print(f"gputui: {exc}", file=sys.stderr)
+            sys.exit(ExitStatus.FAILED)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        code = ExitStatus.PIPE
+    sys.exit(int(code) if isinstance(code, ExitStatus) else code)
+
+
+def _stdout_closed() -> bool:
+    """Whether nobody reads our stdout any more (a pipe or socket whose other end is gone)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line as a namespace; the job's argv after ``--`` is never looked at by argparse."""
+    command: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.cmd == "run":
+        jobs.check_run_command(argv, args.command, extra, command)
+    if extra:
+        parser.parse_args(argv)  # argparse's own error for them
+    if command is not None:
+        if args.cmd != "run":
+            parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")
+        args.command = command
+    if args.cmd is None:
+        if sys.stdin.isatty() and sys.stdout.isatty():
+            sys.exit(appstart.run_app(args.config))
+        args = parser.parse_args([*argv, "status"])  # not a terminal: print the status instead
+    return args
+
+
+def _main(argv: list[str] | None = None) -> None:
+    try:
+        args = _parse(sys.argv[1:] if argv is None else argv)
+        safetext.guard_terminal()  # host text printed to a terminal is data: no raw control characters
+        code = asyncio.run(args.func(args))
+    except KeyboardInterrupt:
+        code = ExitStatus.INTERRUPTED
+    except GputuiError as exc:
+        print(f"gputui: {exc}", file=sys.stderr)
+        code = exc.status
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+    sys.exit(int(code))

@@ -1,0 +1,131 @@
+"""Stopping the bill: ``release`` (artifacts first), ``autostop``, ``notify`` — each parser beside its handler."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..core import autostop, safetext
+from ..core import config as cfg
+from ..core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
+from ..core.errors import ExitStatus
+from ..core.release import ReleaseError, ReleaseRequest, check_configured, release_host
+from ..core.session import HostSession
+from .common import CliError, ask, bounded, open_fleet, progress_printer, with_session
+
+
+async def _artifacts_first(args: argparse.Namespace, session: HostSession, host: cfg.HostConfig) -> None:
+    """Before a release: the artifacts changed on the host since the last pull, pulled when asked (--pull, or
+    yes on a terminal); a CliError (not released) when some would be lost and nobody said so."""
+    from ..core.artifacts import check, pull_artifacts
+    from ..core.pull import PullError
+
+    if args.pull is False:
+        return
+    found = await check(session, host)
+    if not found.at_risk:
+        return
+    print(f"gputui: {args.host}: {safetext.clean(found.summary(), limit=2000)}", file=sys.stderr)
+    if args.pull is None:
+        if args.yes or not sys.stdin.isatty():
+            raise CliError(
+                f"not released: {args.host} has artifacts that would be lost; pass --pull to fetch them "
+                "first or --no-pull to release without them"
+            )
+        if not ask(f"Pull them to {args.to}/{args.host}/ first? [y/N] "):
+            if not ask("Release without them? They will be lost. [y/N] "):
+                raise CliError("not released")
+            return
+    if found.problems:
+        raise CliError(f"not released: {args.host}'s artifacts could not all be checked (--no-pull releases anyway)")
+    try:
+        outcomes = await pull_artifacts(session, found.unpulled, args.to, progress_printer())
+    except (PullError, OSError) as exc:
+        raise CliError(f"not released: pulling the artifacts failed: {exc}") from None
+    kept = [o for o in outcomes if o.status == "newer here"]
+    if kept:
+        raise CliError(f"not released: {kept[0].target} here is newer than the host's {kept[0].rel} "
+                       "(move it away, or --no-pull)")  # fmt: skip
+    print(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/", file=sys.stderr)
+
+
+async def cmd_release(args: argparse.Namespace) -> int:
+    async with open_fleet(args) as fleet:
+        host = fleet.config.host(args.host)
+        try:
+            check_configured(host)
+        except ReleaseError as exc:
+            raise CliError(str(exc), ExitStatus.USAGE) from None
+        if not args.yes and not sys.stdin.isatty():
+            raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
+        session = fleet.session(args.host)
+        await session.start()
+        await _artifacts_first(args, session, host)
+        if not args.yes and not ask(
+            f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
+        ):
+            raise CliError("not released")
+        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force))
+    for step in result.steps:
+        print(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
+        if step.output:
+            print("  " + step.output.replace("\n", "\n  "))
+    print(f"{args.host}: released")
+    return ExitStatus.OK
+
+
+async def cmd_autostop(args: argparse.Namespace) -> int:
+    async def body(s: HostSession) -> int:
+        if args.cancel:
+            await autostop.cancel(s)  # NoAutostop: a usage error
+            print(f"{args.host}: autostop cancelled until the host reboots or its settings change")
+        else:
+            await autostop.snooze(s, args.snooze)
+            print(f"{args.host}: autostop snoozed for {args.snooze:g} min")
+        return ExitStatus.OK
+
+    return await with_session(args, args.host, body)
+
+
+async def cmd_notify(args: argparse.Namespace) -> int:
+    """``notify HOST --test``: the host sends a test message with its [notify] settings now."""
+    settings = autostop.notify_settings(cfg.load(args.config).host(args.host))
+    if settings is None:
+        raise CliError(f"{args.host} has no notifications: set [notify] webhook, ntfy or command in the config",
+                       ExitStatus.USAGE)  # fmt: skip
+
+    async def body(s: HostSession) -> int:
+        result = await s.notify_test(settings)
+        if not result.get("sent"):
+            raise CliError(f"{args.host}: test notification failed: {result.get('error')}")
+        print(f"{args.host}: test notification sent")
+        return ExitStatus.OK
+
+    return await with_session(args, args.host, body)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rl = sub.add_parser("release", help="stop paying for a host: run its release commands (asks first)")
+    rl.add_argument("host")
+    rl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    rl.add_argument("--force", action="store_true", help="release even while jobs run")
+    rp = rl.add_mutually_exclusive_group()
+    rp.add_argument("--pull", action="store_true", dest="pull", default=None,
+                    help="pull artifacts changed since the last pull first (release only if all arrive)")  # fmt: skip
+    rp.add_argument("--no-pull", action="store_false", dest="pull", help="release without pulling artifacts")
+    rl.add_argument("--to", default=ARTIFACTS_DEST, metavar="DIR",
+                    help=f"where --pull puts them: DIR/HOST/JOB/PATH (default: ./{ARTIFACTS_DEST})")  # fmt: skip
+    rl.set_defaults(func=cmd_release)
+
+    au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
+    au.add_argument("host")
+    g = au.add_mutually_exclusive_group(required=True)
+    g.add_argument("--snooze", type=bounded(0, autostop.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
+                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {autostop.MAX_SNOOZE_MIN})")  # fmt: skip
+    g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
+    au.set_defaults(func=cmd_autostop)
+
+    nt = sub.add_parser("notify", help="send a test notification from a host with its [notify] settings")
+    nt.add_argument("host")
+    nt.add_argument("--test", action="store_true", required=True, help="send a test message now")
+    nt.set_defaults(func=cmd_notify)
