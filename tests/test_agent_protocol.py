@@ -39,7 +39,7 @@ def test_malformed_frames_get_error_replies(agent: AgentProc, raw: bytes, code: 
 
 def test_oversized_frame_is_rejected_and_skipped(agent: AgentProc) -> None:
     agent.send_raw(b'{"id": 1, "pad": "' + b"x" * (P.MAX_FRAME_BYTES + 10) + b'"}\n')
-    reply = agent.reply(None)
+    reply = agent.reply(1)  # answered under the id the frame starts with
     assert reply["error"]["code"] == "malformed" and "exceeds" in reply["error"]["message"]
     assert agent.call("ping")["ok"]
 
