@@ -37,8 +37,9 @@ from ui_fixtures import (
 
 from gputui.core import config as cfg
 from gputui.core import model as M
+from gputui.core.cost import Ledger
 from gputui.core.fleet import Fleet
-from gputui.core.release import ReleaseRequest
+from gputui.core.release import ReleaseRequest, ReleaseResult, Step
 from gputui.ui import app as app_module
 from gputui.ui.app import APP_KEYS, GpuTuiApp
 from gputui.ui.logbuffer import MARK
@@ -46,6 +47,7 @@ from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.help import HelpScreen, key_label
 from gputui.ui.screens.new_job import NewJobScreen
+from gputui.ui.screens.release import ReleaseScreen
 from gputui.ui.widgets.fleet import FleetTable
 from gputui.ui.widgets.host import GpuCard, JobsTable
 from gputui.ui.widgets.log import LOG_KEYS, LogView
@@ -485,26 +487,64 @@ async def test_log_pane_marks_gaps_and_reconnects_and_shows_latest_redraw(tmp_pa
         assert "── gap: 12 bytes missing" in screen_text(app)
 
 
-async def test_release_asks_first_then_calls_the_hook(tmp_path: Path) -> None:
-    released: list[str] = []
+RELEASE_ARGV = ("vastai", "destroy", "instance", "12345")
 
-    async def release(request: ReleaseRequest) -> None:
-        assert request.confirmed_jobs == frozenset({"7"}) and not request.force and not request.idle_only
-        released.append(request.host)
 
-    app = static_app(tmp_path, release_host=release)
+class RecordedRelease:
+    """Stands in for the core's release call (the one that runs the commands): records what reached it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, cfg.HostConfig, Ledger, ReleaseRequest]] = []
+
+    async def __call__(
+        self, session: Any, host: cfg.HostConfig, ledger: Ledger, request: ReleaseRequest
+    ) -> ReleaseResult:
+        self.calls.append((session, host, ledger, request))
+        return ReleaseResult(host.name, [Step("client", host.release, 0, "")])
+
+
+def release_app(tmp_path: Path, **host: Any) -> tuple[GpuTuiApp, RecordedRelease]:
+    """The static fleet with h100-a's release configured as a user would (a command, a ledger); the call
+    that would run it is recorded instead."""
+    config = cfg.Config(path=None, hosts={"h100-a": cfg.HostConfig(name="h100-a", release=RELEASE_ARGV, **host)})
+    recorded = RecordedRelease()
+    app = static_app(tmp_path, config=config, release_call=recorded)
+    app.test_source["source"].ledger = Ledger(tmp_path / "ledger.json")  # type: ignore[attr-defined]
+    return app, recorded
+
+
+async def test_release_asks_first_then_runs_the_configured_release(tmp_path: Path) -> None:
+    app, recorded = release_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
         await pilot.press("r")
         await until(pilot, lambda: "Release h100-a?" in screen_text(app), what="confirm")
         assert "1 running job and everything on its disk will be lost: 7 (train)." in app.screen.body
+        assert "Runs here: vastai destroy instance 12345" in app.screen.body
         await pilot.press("escape")
-        await pilot.pause(0.1)
-        assert released == []
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="cancelled")
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert recorded.calls == []  # the cancel ran nothing
         await pilot.click("#confirm")
-        await until(pilot, lambda: released == ["h100-a"], what="hook called")
+        await until(pilot, lambda: any("h100-a released" in n.message for n in app._notifications), what="done")
+    [(_, host, ledger, request)] = recorded.calls
+    assert host is app.config.hosts["h100-a"] and ledger is app.source.ledger  # type: ignore[attr-defined]
+    assert request == ReleaseRequest("h100-a", confirmed_jobs=frozenset({"7"}))
+    assert any("vastai destroy instance 12345 -> exit 0" in n.message for n in app._notifications)
+
+
+async def test_release_with_artifacts_checks_them_before_asking(tmp_path: Path) -> None:
+    """A host that names artifacts gets the artifact check (here the replayed host cannot list them: nothing
+    is known safe), whichever call would run the release."""
+    app, recorded = release_app(tmp_path, artifacts=("~/ckpt/",))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ReleaseScreen), what="the artifact dialog")
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ReleaseScreen), what="cancelled")
+    assert recorded.calls == []
 
 
 def releasable(home: Home, marker: Path, extra: str = "") -> cfg.Config:
@@ -574,7 +614,8 @@ async def test_budget_release_never_stops_a_job_started_after_the_idle_check(
 
 
 async def test_release_without_a_release_command_says_so_before_asking(tmp_path: Path) -> None:
-    app = static_app(tmp_path)
+    recorded = RecordedRelease()
+    app = static_app(tmp_path, release_call=recorded)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
         await pilot.press("r")
@@ -583,6 +624,7 @@ async def test_release_without_a_release_command_says_so_before_asking(tmp_path:
             lambda: any("release is not configured for h100-a" in n.message for n in app._notifications),
         )
         assert not isinstance(app.screen, ConfirmScreen)  # nothing to confirm: no "will be lost" dialog
+    assert recorded.calls == []
 
 
 async def test_theme_switch_from_the_picker_is_remembered(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from textual.widgets import Input
 from ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, static_factory
 
 from gputui.core import model as M
+from gputui.core.cost import Ledger
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.widgets.fleet import FleetTable
@@ -215,10 +216,8 @@ def test_release_confirm(snap_compare: Any, tmp_path: Path) -> None:
     release = ("vastai", "destroy", "instance", "12345", "--reason", "done for today")
     config = Config(path=None, hosts={"h100-a": HostConfig(name="h100-a", release=release)})
 
-    async def hook(request: object) -> None:
-        pass
-
-    app = make_app(tmp_path, config=config, release_host=hook)
+    app = make_app(tmp_path, config=config)
+    app.source.ledger = Ledger(tmp_path / "ledger.json")  # type: ignore[attr-defined]  # release is configured
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
 
 
