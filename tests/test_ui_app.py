@@ -219,7 +219,11 @@ async def test_search_next_previous_and_follow(local: cfg.Config, tmp_path: Path
 
 async def test_scrolling_up_stops_following_and_f_resumes(local: cfg.Config, tmp_path: Path) -> None:
     app = local_app(local, tmp_path)
-    code = "import time\nfor i in range(100): print('tick', i, flush=True)\ntime.sleep(1.5)\nprint('late')"
+    gate = tmp_path / "gate"  # "late" comes only once the user has scrolled up
+    code = (
+        "import os, time\nfor i in range(100): print('tick', i, flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\nprint('late')"
+    )
     async with app.run_test(size=SIZE) as pilot:
         await connected(pilot)
         await start_from_dialog(pilot, py(code))
@@ -230,6 +234,7 @@ async def test_scrolling_up_stops_following_and_f_resumes(local: cfg.Config, tmp
         await pilot.press("pageup")
         assert not view.follow
         top = view.scroll_y
+        gate.touch()
         await until(pilot, lambda: "late" in log_lines(app), what="later output")
         assert view.scroll_y == top  # the view stayed where the user put it
         await pilot.press("f")
@@ -249,13 +254,18 @@ async def test_kill_asks_first_and_shows_the_escalation(local: cfg.Config, tmp_p
         assert "after 2 s" in text
         await pilot.press("n")  # no: nothing happens
         assert not isinstance(app.screen, ConfirmScreen)
-        await pilot.pause(0.3)
-        assert app.current_job().running
-        await pilot.press("k")
+        await pilot.press("k")  # the "no" was handled before this key
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        assert app.current_job().running and not killing(app)
         await pilot.press("y")
         await until(pilot, lambda: app.current_job().state == M.JOB_KILLED, what="killed")
         assert app.current_job().exit_code == 130
+        assert len(killing(app)) == 1  # the "yes" alone asked for a kill
+
+
+def killing(app: GpuTuiApp) -> list[str]:
+    """The kills the app started (each says so in a notification)."""
+    return [n.message for n in app._notifications if n.message.startswith("killing job")]
 
 
 async def test_attach_suspends_and_runs_tmux_attach_for_the_job(
@@ -266,11 +276,13 @@ async def test_attach_suspends_and_runs_tmux_attach_for_the_job(
 
     monkeypatch.setattr(HeadlessDriver, "can_suspend", property(lambda self: True))
     ran: list[list[str]] = []
+    codes: list[int] = []
 
     def runner(argv: list[str]) -> int:
         ran.append(argv)
         has = [*argv[:3], "has-session", "-t", argv[-1]]  # same server and exact target, without a terminal
-        return subprocess.run(has, capture_output=True).returncode
+        codes.append(subprocess.run(has, capture_output=True).returncode)
+        return codes[-1]
 
     app = local_app(local, tmp_path, attach_runner=runner)
     async with app.run_test(size=SIZE) as pilot:
@@ -278,11 +290,10 @@ async def test_attach_suspends_and_runs_tmux_attach_for_the_job(
         job = await start_from_dialog(pilot, py("import time; time.sleep(600)"))
         await until(pilot, lambda: "Attach" in screen_text(app), what="attach in the footer")
         await pilot.press("a")
-        await until(pilot, lambda: ran, what="runner called")
+        await until(pilot, lambda: codes, what="runner called")
         socket = tmux_socket(Path(local.hosts["local"].remote_dir))
         assert ran == [["tmux", "-L", socket, "attach", "-t", f"={job.tmux_session}"]]
-        await pilot.pause(0.2)
-        assert not [n for n in app._notifications if "attach ended" in n.message]  # has-session found it
+        assert codes == [0]  # has-session found it
 
 
 async def test_attach_is_hidden_where_the_driver_cannot_suspend(tmp_path: Path) -> None:
@@ -451,7 +462,8 @@ async def test_budget_alerts_once_per_level(tmp_path: Path) -> None:
         await until(pilot, lambda: app.hosts["b"].updated_at == 1.0)
         source.publish(replace(snaps[1], cost=replace(snaps[1].cost, today=6.0)))
         await until(pilot, lambda: len(app._notifications) >= 2, what="budget exceeded")
-        await pilot.pause(0.3)
+        source.publish(replace(snaps[0], updated_at=2.0))  # applied after the one above: its alerts are out
+        await until(pilot, lambda: app.hosts["a"].updated_at == 2.0)
         assert [(n.severity, n.message) for n in app._notifications] == [
             ("warning", "daily budget at 85%: 8.50 of 10.00 USD"),
             ("error", "daily budget exceeded 110%: 11.00 of 10.00 USD"),
