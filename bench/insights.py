@@ -1,7 +1,7 @@
 """Throughput of LogInsights on a realistic mixed training log, next to bytes.splitlines(); and the
 ETA of a cold read (gputui jobs --json, one poll) next to the app's long-lived parser.
 
-Run: python bench/insights.py [--mb 8] [--runs 5]. Prints lines/s and MB/s (median of the runs)
+Run: python bench/insights.py [--mb 8] [--runs 5] [--parts] [--hostile]. Prints lines/s and MB/s (median of the runs)
 for LogInsights.feed() in 64 KiB chunks and, as peers over the same bytes in the same run, the round-1
 parser (gputui/core/insights.py at commit ROUND1, read from git history) and a plain
 bytes.splitlines(); plus the ratios; for a mixed training log, a log of step prints and tqdm's own output
@@ -297,11 +297,36 @@ def parts(size: int, runs: int) -> None:
         print(f"  {title:28s}: {us:6.1f} us an epoch ({full - us:5.1f} us less)")
 
 
+def hostile(runs: int) -> None:
+    """CPU time of the logs tests/test_insights.py checks for bounds and results (a test asserts no time):
+    one 10 MB line with no newline, whole and in 64 KiB chunks, then a tqdm bar; 200,000 bare \\r redraws."""
+    junk = b"0123456789 loss=1 [00:01<00:02, " * (10 * 1024 * 1024 // 32)
+    bar = " 50%|█████     | 5/10 [00:01<00:01,  5.0it/s]\n".encode()
+    redraws = b"x\r" * 200_000 + b"Epoch 2/5 train_loss=0.1234 test_acc=0.9812\n"
+
+    def fed(data: bytes, chunk: int) -> float:
+        ins = LogInsights(clock=lambda: 0.0)
+        t0 = time.process_time()
+        for i in range(0, len(data), chunk):
+            ins.feed(data[i : i + chunk])
+        ins.snapshot()
+        return time.process_time() - t0
+
+    print("\nhostile logs (median CPU time):")
+    for title, data, chunk in (
+        ("10 MB line, one feed", junk + bar, len(junk) + len(bar)),
+        ("10 MB line, 64 KiB feeds", junk + bar, CHUNK),
+        ("200,000 bare \\r redraws", redraws, CHUNK),
+    ):
+        print(f"  {title:26s}: {statistics.median(fed(data, chunk) for _ in range(runs)):6.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=8.0, help="size of each synthetic log")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--parts", action="store_true", help="also the mixed log's cost per kind of line")
+    ap.add_argument("--hostile", action="store_true", help="also a 10 MB line and 200,000 bare redraws")
     args = ap.parse_args()
     size = int(args.mb * 1024 * 1024)
     old = round1_parser()
@@ -310,6 +335,8 @@ def main() -> None:
     throughput("tqdm's own output (its format, fresh numbers)", tqdm_log(size // 2), args.runs, old)
     if args.parts:
         parts(size, args.runs)
+    if args.hostile:
+        hostile(args.runs)
     eta_table()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +48,8 @@ def test_agent_exits_when_client_goes_silent_and_jobs_keep_running(tmp_path: Pat
     agent = AgentProc(state, "--idle-timeout", "1.5")
     try:
         marker = tmp_path / "alive"
-        code = f"import pathlib, time\nfor i in range(100):\n    pathlib.Path({str(marker)!r}).write_text(str(i)); time.sleep(0.1)"
+        # counts until killed (a job that ended by itself would not show it kept running)
+        code = f"import itertools, pathlib, time\nfor i in itertools.count():\n    pathlib.Path({str(marker)!r}).write_text(str(i)); time.sleep(0.1)"
         job = agent.call("jobs.start", argv=[sys.executable, "-c", code])["result"]
         wait_for(lambda: agent.proc.poll() is not None, timeout=20, what="agent exit on silence")
         assert agent.proc.returncode == 0
@@ -68,9 +68,7 @@ def test_agent_exits_when_client_goes_silent_and_jobs_keep_running(tmp_path: Pat
 def test_agent_exits_when_stdin_closes(agent: AgentProc) -> None:
     assert agent.proc.stdin
     agent.proc.stdin.close()
-    start = time.monotonic()
-    agent.proc.wait(timeout=20)
-    assert time.monotonic() - start < 20
+    assert agent.proc.wait(timeout=60) == 0  # a clean exit (the bound only guards against a hang)
 
 
 def test_metrics_subscription_pushes_samples(agent: AgentProc) -> None:

@@ -6,13 +6,13 @@ recordings); the torch probe runs the real installed torch in a subprocess.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ NO_GPU_HW = {"pci_gpus": 0, "kernel_module": None}
 IDS = ["driver", "cuda", "python", "torch", "torch.cuda", "torch.arch", "tmux", "disk", "memory", "shm",
        "container", "volume"]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HANG_GUARD_S = 120  # a bound on a wait that must end (never a measure of speed)
 
 
 def by_id(checks: list[dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -267,14 +268,20 @@ def test_torch_against_the_recorded_drivers(tmp_path: Path, real_probe: dict[str
 
 
 def test_torch_probe_timeout_warns_without_hanging(tmp_path: Path) -> None:
-    # A "python" that never answers, and whose child keeps the output pipes open.
-    pid_file = tmp_path / "child.pid"
-    sleepy = script(tmp_path, "python", f'sleep 30 &\necho $! > "{pid_file}"\nwait\necho late')
-    start = time.monotonic()
-    result = doctor.run_doctor(
-        no_gpu_sampler(tmp_path), str(tmp_path / "state"), {"python": sleepy, "timeout_s": 1}
-    )
-    assert time.monotonic() - start < 10
+    # A "python" that never answers, and whose child keeps the output pipes open until the gate file exists:
+    # a doctor that waited for the pipes to close would never return (the gate opens only after the guard).
+    pid_file, gate = tmp_path / "child.pid", tmp_path / "gate"
+    child_loop = f'while [ ! -e "{gate}" ]; do sleep 0.05; done'
+    sleepy = script(tmp_path, "python", f'({child_loop}) &\necho $! > "{pid_file}"\nwait\necho late')
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        probe = {"python": sleepy, "timeout_s": 1}
+        running = pool.submit(doctor.run_doctor, no_gpu_sampler(tmp_path), str(tmp_path / "state"), probe)
+        try:
+            result = running.result(timeout=HANG_GUARD_S)
+        except concurrent.futures.TimeoutError:
+            raise AssertionError("run_doctor waits on the torch probe's child (it holds the pipes)") from None
+        finally:
+            gate.touch()  # frees a doctor that hung, so the pool can end
     checks = by_id(result["checks"])
     assert checks["torch"]["status"] == "warn"
     assert (
@@ -295,7 +302,7 @@ def test_torch_probe_timeout_warns_without_hanging(tmp_path: Path) -> None:
         except FileNotFoundError:
             return True
 
-    wait_for(gone, timeout=5, what="the probe's child to be killed")
+    wait_for(gone, timeout=HANG_GUARD_S, what="the probe's child to be killed")
 
 
 def test_missing_python_and_missing_tmux(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

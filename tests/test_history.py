@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, AgentProc, Home, kill_tmux
+from conftest import ROOT, AgentProc, Home, kill_tmux, wait_for
 from test_metrics_smi import H100, fake_smi
 
 from gputui.core.headline import headline, ranked
@@ -62,8 +62,12 @@ def test_runner_records_gpu_usage_from_recorded_readings(tmp_path: Path) -> None
     state = tmp_path / "state"
     agent = AgentProc(state, "--nvidia-smi", smi)
     try:
-        rep = agent.call("jobs.start", argv=[sys.executable, "-c", "import time; time.sleep(1)"], gpus="0")
-        job_id = rep["result"]["id"]
+        # the job runs until the gate opens, which the test does once the runner wrote its first reading
+        gate = tmp_path / "gate"
+        wait = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+        job_id = agent.call("jobs.start", argv=[sys.executable, "-c", wait], gpus="0")["result"]["id"]
+        wait_for(lambda: (state / "jobs" / job_id / "usage.json").exists(), what="the runner's first reading")
+        gate.touch()
         agent.call("logs.follow", job=job_id, offset=0)
         agent.wait_event("log_end", job=job_id)
         [job] = agent.call("jobs.list")["result"]["jobs"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -706,13 +705,13 @@ def test_utf8_split_across_chunks_and_invalid_bytes() -> None:
     json.dumps(snap.to_json())
 
 
-def test_ten_megabyte_line_is_bounded_and_fast() -> None:
+def test_ten_megabyte_line_is_bounded() -> None:
+    """Its memory stays bounded and the bar after it is read (its time: bench/insights.py --hostile)."""
     junk = b"0123456789 loss=1 [00:01<00:02, " * (10 * 1024 * 1024 // 32)
     tail = " 50%|█████     | 5/10 [00:01<00:01,  5.0it/s]\n".encode()
     for chunk in (None, 64 * 1024):
         tracemalloc.start()
         ins = LogInsights(clock=lambda: 0.0)
-        t0 = time.perf_counter()
         if chunk is None:
             ins.feed(junk)
         else:
@@ -723,19 +722,16 @@ def test_ten_megabyte_line_is_bounded_and_fast() -> None:
         assert len(ins._partial) <= 2 * MAX_LINE
         assert kept < 256 * 1024  # only a bounded tail of the unfinished line stays
         ins.feed(tail)
-        elapsed = time.perf_counter() - t0
-        assert elapsed < 5.0
         snap = ins.snapshot()
         assert len(snap.last_line) <= MAX_LINE
         assert snap.progress == 0.5  # the bar glued to the huge line's tail is still read
 
 
 def test_many_short_lines_do_not_blow_up() -> None:
+    """200,000 bare redraws, then a summary line: it is read (their time: bench/insights.py --hostile)."""
     data = b"x\r" * 200_000 + MNIST_LINE
-    t0 = time.perf_counter()
     snap = parse(data, chunk=65536)
-    assert time.perf_counter() - t0 < 5.0
-    assert snap.epoch == 2
+    assert snap.epoch == 2 and snap.metrics["test_acc"]["last"] == 0.9812
 
 
 # ---- hints from telemetry and exit codes -------------------------------------------------------

@@ -113,8 +113,11 @@ async def test_logs_without_follow_copy_a_big_log_over_a_raw_stream(ssh_home: Ss
     await s.start()
     try:
         job = await s.start_job(["python3", "-c", BIG_THEN_WAIT, str(stop), "8"])
-        while (await s.list_jobs())[0].running:
-            await asyncio.sleep(0.1)
+        async def job_ended() -> None:
+            while (await s.list_jobs())[0].running:
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(job_ended(), 120)  # readiness, with a bound on the wait
         received = bytearray()
         end = await s.copy_log(job.id, 100, received.extend)
         log = (ssh_home.remote_job_dir(job.id) / "output.log").read_bytes()

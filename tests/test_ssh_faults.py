@@ -160,17 +160,29 @@ async def test_agent_killed_on_host_leaves_jobs_alone(ssh_home: SshHome, tmp_pat
 
 
 async def test_metrics_history_has_no_hole_across_reconnects(ssh_home: SshHome, proxy: FaultProxy) -> None:
-    s = session(ssh_home, port=proxy.port, metrics_interval=0.2)
+    """The old agent keeps sampling until the new one takes over: the history holds samples taken while the
+    client was reconnecting (the agent stamps them with this machine's clock), and no sample is missing."""
+    connected_at: list[float] = []  # each time the state became "connected"
+    states = [M.CONNECTING]
+
+    def on_change(snap: M.HostSnapshot) -> None:
+        if snap.state == M.CONNECTED != states[-1]:
+            connected_at.append(time.time())
+        states.append(snap.state)
+
+    s = session(ssh_home, port=proxy.port, metrics_interval=0.2, on_change=on_change)
     s.run_in_background()
     try:
         await until(lambda: len(s.history) >= 5, what="first samples")
+        outages: list[tuple[str, float, int]] = []  # (fault, when it began, connected_at entries before it)
         for fault in ("reset", "blackhole", "reset", "blackhole", "reset"):
             before, count = proxy.accepted, len(s.history)
+            outages.append((fault, time.time(), len(connected_at)))
             if fault == "reset":
                 proxy.reset()
             else:
                 proxy.blackhole()
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(1.0)  # the fault's duration, not a wait for readiness
                 proxy.restore()
             await until(
                 lambda b=before, c=count: (
@@ -181,10 +193,11 @@ async def test_metrics_history_has_no_hole_across_reconnects(ssh_home: SshHome, 
         seqs = s.history.seqs()
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
         times = s.history.times()
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-        # No sampling period missing: the old agent kept sampling until the new one took over (a reconnect
-        # without that leaves ~1 s holes here).
-        assert min(gaps) > 0 and max(gaps) < 3 * 0.2, sorted(gaps)[-5:]
+        assert all(a < b for a, b in zip(times, times[1:], strict=False))
+        for fault, began, seen in outages:
+            back = next(t for t in connected_at[seen:] if t > began)  # connected again after the fault
+            # without the old agent lingering, nothing samples between the cut and the new connection
+            assert any(began < t < back for t in times), (fault, began, back)
     finally:
         await s.close()
 
@@ -203,12 +216,11 @@ async def test_states_backoff_and_half_open_detection(ssh_home: SshHome, proxy: 
         details = [d for st, d in seen if st == M.RECONNECTING]
         assert any(d and re.fullmatch(r"attempt \d+, next in \d+\.\d s", d) for d in details), details
 
-        # Half-open: packets vanish, no RST. Keepalive (1 s x 2) notices well before the agent ping (20 s).
+        # Half-open: packets vanish, no RST. SSH keepalive (1 s x 2) notices it, before the agent's silence
+        # limit (15 s) would: the reason says which one did (no clock is read).
         proxy.blackhole()
-        t0 = time.monotonic()
-        await until(lambda: s.snapshot.state == M.RECONNECTING, timeout=10, what="half-open link noticed")
-        assert "link lost" in (s.snapshot.error or "")
-        assert time.monotonic() - t0 < 10
+        await until(lambda: s.snapshot.state == M.RECONNECTING, timeout=60, what="half-open link noticed")
+        assert "link lost" in (s.snapshot.error or "") and "sent nothing" not in (s.snapshot.error or "")
         proxy.restore()
         await until(lambda: s.snapshot.state == M.CONNECTED, what="connected after blackhole")
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from gputui.core import model as M
 from remote_agent import protocol as P
 
 RATE = 10_000  # bytes per second, each direction
+PROGRESS_BYTES = 150_000  # followed over the slow link: some 20 s of it, past the session's 15 s silence limit
 # Writes a 2 MB backlog at once, then a numbered line a second until the stop file exists.
 BACKLOG_JOB = """
 import os, sys, time
@@ -32,13 +32,17 @@ print("done", flush=True)
 """
 
 
-async def test_backlog_streams_steadily_at_10_kb_per_s(
+async def test_backlog_streams_steadily_over_a_10_kb_per_s_link(
     ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path
 ) -> None:
+    """Bytes keep coming, requests are answered while the backlog still streams (they do not queue behind
+    it), nothing reconnects, and the log arrives byte-exact. No rate is asserted: a slow machine only takes
+    longer (each wait's bound is a hang guard)."""
     stop = tmp_path / "stop"
     job = ssh_home.cli("run", "box", "--", "python3", "-c", BACKLOG_JOB, str(stop), check=True).stdout.strip()
     log = ssh_home.remote_job_dir(job) / "output.log"
-    wait_for(lambda: log.exists() and log.stat().st_size > 2_000_000, what="the backlog written")
+    wait_for(lambda: log.exists() and b"live 1" in log.read_bytes(), what="the backlog written")
+    backlog = log.read_bytes().index(b"live 1")
 
     states: list[str] = []
     proxy.rate_limit(RATE)  # the agent is on the host already (run uploaded it): connecting takes seconds
@@ -50,17 +54,17 @@ async def test_backlog_streams_steadily_at_10_kb_per_s(
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         await s.follow_log(job, 0, received.extend, lambda info: done.done() or done.set_result(info))
 
-        # Steady progress: bytes arrive in every 4 s slice, replies come back in seconds, nothing reconnects.
-        progress, answers = [], []
-        for _ in range(6):
-            before, t0 = len(received), time.monotonic()
-            await until(lambda b=before: len(received) > b, timeout=4, what="bytes in a 4 s slice")
-            await s.request(P.OP_PING, timeout=8)  # would queue behind megabytes without flow control
-            answers.append(time.monotonic() - t0)
-            await asyncio.sleep(max(0.0, 4 - (time.monotonic() - t0)))
-            progress.append(len(received) - before)
-        assert all(n > 0 for n in progress), progress
-        assert sum(progress) > 0.3 * RATE * 24, progress  # base64 and framing cost a quarter of the rate
+        # Steady progress over a stretch longer than the session's silence limit: more bytes again and
+        # again, and a ping answered each time with the backlog still streaming (without flow control the
+        # reply would wait behind megabytes of log frames).
+        answered_at: list[int] = []
+        while len(received) < PROGRESS_BYTES:
+            before = len(received)
+            await until(lambda b=before: len(received) > b, timeout=60, what="more log bytes")
+            await s.request(P.OP_PING, timeout=120)
+            answered_at.append(len(received))
+        assert len(answered_at) >= 5, answered_at  # in many pieces, not one burst
+        assert answered_at[-1] < backlog, (answered_at, backlog)  # answered mid-backlog, every time
         assert proxy.accepted == 1 and M.RECONNECTING not in states, (states, s.snapshot.error)
         assert bytes(received) == log.read_bytes()[: len(received)]
 

@@ -37,8 +37,9 @@ from ui_fixtures import (
 
 from gputui.core import config as cfg
 from gputui.core import model as M
+from gputui.core.cost import Ledger
 from gputui.core.fleet import Fleet
-from gputui.core.release import ReleaseRequest
+from gputui.core.release import ReleaseRequest, ReleaseResult, Step
 from gputui.ui import app as app_module
 from gputui.ui.app import APP_KEYS, GpuTuiApp
 from gputui.ui.logbuffer import MARK
@@ -46,6 +47,7 @@ from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.help import HelpScreen, key_label
 from gputui.ui.screens.new_job import NewJobScreen
+from gputui.ui.screens.release import ReleaseScreen
 from gputui.ui.widgets.fleet import FleetTable
 from gputui.ui.widgets.host import GpuCard, JobsTable
 from gputui.ui.widgets.log import LOG_KEYS, LogView
@@ -217,7 +219,11 @@ async def test_search_next_previous_and_follow(local: cfg.Config, tmp_path: Path
 
 async def test_scrolling_up_stops_following_and_f_resumes(local: cfg.Config, tmp_path: Path) -> None:
     app = local_app(local, tmp_path)
-    code = "import time\nfor i in range(100): print('tick', i, flush=True)\ntime.sleep(1.5)\nprint('late')"
+    gate = tmp_path / "gate"  # "late" comes only once the user has scrolled up
+    code = (
+        "import os, time\nfor i in range(100): print('tick', i, flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}): time.sleep(0.05)\nprint('late')"
+    )
     async with app.run_test(size=SIZE) as pilot:
         await connected(pilot)
         await start_from_dialog(pilot, py(code))
@@ -228,6 +234,7 @@ async def test_scrolling_up_stops_following_and_f_resumes(local: cfg.Config, tmp
         await pilot.press("pageup")
         assert not view.follow
         top = view.scroll_y
+        gate.touch()
         await until(pilot, lambda: "late" in log_lines(app), what="later output")
         assert view.scroll_y == top  # the view stayed where the user put it
         await pilot.press("f")
@@ -247,13 +254,18 @@ async def test_kill_asks_first_and_shows_the_escalation(local: cfg.Config, tmp_p
         assert "after 2 s" in text
         await pilot.press("n")  # no: nothing happens
         assert not isinstance(app.screen, ConfirmScreen)
-        await pilot.pause(0.3)
-        assert app.current_job().running
-        await pilot.press("k")
+        await pilot.press("k")  # the "no" was handled before this key
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        assert app.current_job().running and not killing(app)
         await pilot.press("y")
         await until(pilot, lambda: app.current_job().state == M.JOB_KILLED, what="killed")
         assert app.current_job().exit_code == 130
+        assert len(killing(app)) == 1  # the "yes" alone asked for a kill
+
+
+def killing(app: GpuTuiApp) -> list[str]:
+    """The kills the app started (each says so in a notification)."""
+    return [n.message for n in app._notifications if n.message.startswith("killing job")]
 
 
 async def test_attach_suspends_and_runs_tmux_attach_for_the_job(
@@ -264,11 +276,13 @@ async def test_attach_suspends_and_runs_tmux_attach_for_the_job(
 
     monkeypatch.setattr(HeadlessDriver, "can_suspend", property(lambda self: True))
     ran: list[list[str]] = []
+    codes: list[int] = []
 
     def runner(argv: list[str]) -> int:
         ran.append(argv)
         has = [*argv[:3], "has-session", "-t", argv[-1]]  # same server and exact target, without a terminal
-        return subprocess.run(has, capture_output=True).returncode
+        codes.append(subprocess.run(has, capture_output=True).returncode)
+        return codes[-1]
 
     app = local_app(local, tmp_path, attach_runner=runner)
     async with app.run_test(size=SIZE) as pilot:
@@ -276,11 +290,10 @@ async def test_attach_suspends_and_runs_tmux_attach_for_the_job(
         job = await start_from_dialog(pilot, py("import time; time.sleep(600)"))
         await until(pilot, lambda: "Attach" in screen_text(app), what="attach in the footer")
         await pilot.press("a")
-        await until(pilot, lambda: ran, what="runner called")
+        await until(pilot, lambda: codes, what="runner called")
         socket = tmux_socket(Path(local.hosts["local"].remote_dir))
         assert ran == [["tmux", "-L", socket, "attach", "-t", f"={job.tmux_session}"]]
-        await pilot.pause(0.2)
-        assert not [n for n in app._notifications if "attach ended" in n.message]  # has-session found it
+        assert codes == [0]  # has-session found it
 
 
 async def test_attach_is_hidden_where_the_driver_cannot_suspend(tmp_path: Path) -> None:
@@ -449,7 +462,8 @@ async def test_budget_alerts_once_per_level(tmp_path: Path) -> None:
         await until(pilot, lambda: app.hosts["b"].updated_at == 1.0)
         source.publish(replace(snaps[1], cost=replace(snaps[1].cost, today=6.0)))
         await until(pilot, lambda: len(app._notifications) >= 2, what="budget exceeded")
-        await pilot.pause(0.3)
+        source.publish(replace(snaps[0], updated_at=2.0))  # applied after the one above: its alerts are out
+        await until(pilot, lambda: app.hosts["a"].updated_at == 2.0)
         assert [(n.severity, n.message) for n in app._notifications] == [
             ("warning", "daily budget at 85%: 8.50 of 10.00 USD"),
             ("error", "daily budget exceeded 110%: 11.00 of 10.00 USD"),
@@ -485,26 +499,64 @@ async def test_log_pane_marks_gaps_and_reconnects_and_shows_latest_redraw(tmp_pa
         assert "── gap: 12 bytes missing" in screen_text(app)
 
 
-async def test_release_asks_first_then_calls_the_hook(tmp_path: Path) -> None:
-    released: list[str] = []
+RELEASE_ARGV = ("vastai", "destroy", "instance", "12345")
 
-    async def release(request: ReleaseRequest) -> None:
-        assert request.confirmed_jobs == frozenset({"7"}) and not request.force and not request.idle_only
-        released.append(request.host)
 
-    app = static_app(tmp_path, release_host=release)
+class RecordedRelease:
+    """Stands in for the core's release call (the one that runs the commands): records what reached it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, cfg.HostConfig, Ledger, ReleaseRequest]] = []
+
+    async def __call__(
+        self, session: Any, host: cfg.HostConfig, ledger: Ledger, request: ReleaseRequest
+    ) -> ReleaseResult:
+        self.calls.append((session, host, ledger, request))
+        return ReleaseResult(host.name, [Step("client", host.release, 0, "")])
+
+
+def release_app(tmp_path: Path, **host: Any) -> tuple[GpuTuiApp, RecordedRelease]:
+    """The static fleet with h100-a's release configured as a user would (a command, a ledger); the call
+    that would run it is recorded instead."""
+    config = cfg.Config(path=None, hosts={"h100-a": cfg.HostConfig(name="h100-a", release=RELEASE_ARGV, **host)})
+    recorded = RecordedRelease()
+    app = static_app(tmp_path, config=config, release_call=recorded)
+    app.test_source["source"].ledger = Ledger(tmp_path / "ledger.json")  # type: ignore[attr-defined]
+    return app, recorded
+
+
+async def test_release_asks_first_then_runs_the_configured_release(tmp_path: Path) -> None:
+    app, recorded = release_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
         await pilot.press("r")
         await until(pilot, lambda: "Release h100-a?" in screen_text(app), what="confirm")
         assert "1 running job and everything on its disk will be lost: 7 (train)." in app.screen.body
+        assert "Runs here: vastai destroy instance 12345" in app.screen.body
         await pilot.press("escape")
-        await pilot.pause(0.1)
-        assert released == []
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="cancelled")
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert recorded.calls == []  # the cancel ran nothing
         await pilot.click("#confirm")
-        await until(pilot, lambda: released == ["h100-a"], what="hook called")
+        await until(pilot, lambda: any("h100-a released" in n.message for n in app._notifications), what="done")
+    [(_, host, ledger, request)] = recorded.calls
+    assert host is app.config.hosts["h100-a"] and ledger is app.source.ledger  # type: ignore[attr-defined]
+    assert request == ReleaseRequest("h100-a", confirmed_jobs=frozenset({"7"}))
+    assert any("vastai destroy instance 12345 -> exit 0" in n.message for n in app._notifications)
+
+
+async def test_release_with_artifacts_checks_them_before_asking(tmp_path: Path) -> None:
+    """A host that names artifacts gets the artifact check (here the replayed host cannot list them: nothing
+    is known safe), whichever call would run the release."""
+    app, recorded = release_app(tmp_path, artifacts=("~/ckpt/",))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, ReleaseScreen), what="the artifact dialog")
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ReleaseScreen), what="cancelled")
+    assert recorded.calls == []
 
 
 def releasable(home: Home, marker: Path, extra: str = "") -> cfg.Config:
@@ -574,7 +626,8 @@ async def test_budget_release_never_stops_a_job_started_after_the_idle_check(
 
 
 async def test_release_without_a_release_command_says_so_before_asking(tmp_path: Path) -> None:
-    app = static_app(tmp_path)
+    recorded = RecordedRelease()
+    app = static_app(tmp_path, release_call=recorded)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["a100-pod"].state == M.CONNECTED)
         await pilot.press("r")
@@ -583,6 +636,7 @@ async def test_release_without_a_release_command_says_so_before_asking(tmp_path:
             lambda: any("release is not configured for h100-a" in n.message for n in app._notifications),
         )
         assert not isinstance(app.screen, ConfirmScreen)  # nothing to confirm: no "will be lost" dialog
+    assert recorded.calls == []
 
 
 async def test_theme_switch_from_the_picker_is_remembered(tmp_path: Path) -> None:

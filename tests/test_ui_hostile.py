@@ -32,6 +32,7 @@ from ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, 
 from gputui import tables
 from gputui.core import config as cfg
 from gputui.core import model as M
+from gputui.core.cost import Ledger
 from gputui.core.insights import Hint, JobInsights
 from gputui.core.safetext import TerminalGuard, clean, guard_terminal
 from gputui.core.spend import FleetSpend, Spend
@@ -172,8 +173,9 @@ def hostile_fleet(s: str) -> tuple[list[M.HostSnapshot], list[M.Job]]:
     return [main, down, flaky], ended
 
 
-async def released(request: Any) -> None:
-    raise RuntimeError(request.host)
+async def released(_session: Any, host: cfg.HostConfig, _ledger: Ledger, _request: Any) -> Any:
+    """The call that would run the release on the host: it fails with the host's name."""
+    raise RuntimeError(host.name)
 
 
 async def wait_screen(pilot: Pilot, kind: type, what: str) -> Any:
@@ -184,9 +186,15 @@ async def wait_screen(pilot: Pilot, kind: type, what: str) -> Any:
 async def test_hostile_text_in_every_field_of_every_screen(tmp_path: Path, s: str) -> None:
     snaps, ended = hostile_fleet(s)
     factory = static_factory(snaps, HostileSession(s, ended))
+    release = cfg.HostConfig(name=s, release=(s, "--id", s))  # configured as a user would: the dialog shows it
     app = GpuTuiApp(
-        source_factory=factory, clock=lambda: T0, state_path=tmp_path / "ui.json", release_host=released
+        cfg.Config(path=None, hosts={s: release}),
+        source_factory=factory,
+        clock=lambda: T0,
+        state_path=tmp_path / "ui.json",
+        release_call=released,
     )
+    factory.holder["source"].ledger = Ledger(tmp_path / "ledger.json")  # type: ignore[attr-defined]
     want = probe(s)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         source = factory.holder["source"]  # type: ignore[attr-defined]
@@ -206,7 +214,7 @@ async def test_hostile_text_in_every_field_of_every_screen(tmp_path: Path, s: st
         await pilot.press("y")  # the kill fails with the host's message: a notification
         await until(pilot, lambda: any("could not kill" in n.message for n in app._notifications))
 
-        await pilot.press("r")  # release: the dialog names the host; the hook fails with it
+        await pilot.press("r")  # release: the dialog names the host and its command; the release fails
         await wait_screen(pilot, ConfirmScreen, "release confirm")
         assert_safe(app, want[:8])
         await pilot.press("y")

@@ -18,6 +18,7 @@ from textual.widgets import Input
 from ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, static_factory
 
 from gputui.core import model as M
+from gputui.core.cost import Ledger
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.widgets.fleet import FleetTable
@@ -89,10 +90,16 @@ def make_app(tmp_path: Path, snaps: list[M.HostSnapshot] | None = None, **kw: An
 async def settle(pilot: Pilot, predicate: Callable[[], Any] = lambda: True, timeout: float = 10) -> None:
     app: GpuTuiApp = pilot.app  # type: ignore[assignment]
     deadline = time.monotonic() + timeout
-    while not (all(s.state != M.CONNECTING for s in app.hosts.values()) and predicate()):
+    while not (all(s.state != M.CONNECTING for s in app.hosts.values()) and predicate() and quiet(app)):
         assert time.monotonic() < deadline, "app did not settle"
         await pilot.pause(0.05)
-    await pilot.pause(0.4)  # one more flush
+    await pilot.pause()  # whatever the last flush posted is drawn
+
+
+def quiet(app: GpuTuiApp) -> bool:
+    """Nothing is left to draw: no snapshot or log output waits for a flush, and no flush is due."""
+    stream = app.stream
+    return not app._pending and app._flush_timer is None and not (stream is not None and stream.pending)
 
 
 def select(
@@ -165,7 +172,7 @@ def test_long_names(snap_compare: Any, tmp_path: Path) -> None:
 
 
 def test_empty_fleet(snap_compare: Any, tmp_path: Path) -> None:
-    assert snap_compare(make_app(tmp_path, []), terminal_size=SIZE, run_before=lambda p: p.pause(0.3))
+    assert snap_compare(make_app(tmp_path, []), terminal_size=SIZE, run_before=settle)
 
 
 def test_full_screen_log_with_search(snap_compare: Any, tmp_path: Path) -> None:
@@ -215,10 +222,8 @@ def test_release_confirm(snap_compare: Any, tmp_path: Path) -> None:
     release = ("vastai", "destroy", "instance", "12345", "--reason", "done for today")
     config = Config(path=None, hosts={"h100-a": HostConfig(name="h100-a", release=release)})
 
-    async def hook(request: object) -> None:
-        pass
-
-    app = make_app(tmp_path, config=config, release_host=hook)
+    app = make_app(tmp_path, config=config)
+    app.source.ledger = Ledger(tmp_path / "ledger.json")  # type: ignore[attr-defined]  # release is configured
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
 
 

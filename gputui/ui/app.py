@@ -44,9 +44,11 @@ from .widgets.log import LOG_KEYS, LogPane, LogView
 from .widgets.textbox import TextBox, set_class
 
 if TYPE_CHECKING:  # what only actions, dialogs or the first log need loads then, not before the first frame
+    from gputui.core.cost import Ledger
     from gputui.core.insights import Hint, JobInsights
     from gputui.core.jobs import JobSpec
-    from gputui.core.release import ReleaseRequest
+    from gputui.core.release import ReleaseRequest, ReleaseResult
+    from gputui.core.session import HostSession
 
     from .carry import Forwards  # carry (sync, artifacts, forwards: asyncssh) loads when first used
     from .screens.help import Section
@@ -59,7 +61,10 @@ NOTIFY_S = 8.0
 NOTIFY_CHARS = 600  # a notification shows at most this much of a message (a host may send megabytes)
 NAME_CHARS = 120  # a job's name or command in a dialog
 
-ReleaseHook = Callable[["ReleaseRequest"], Awaitable[None]]
+# the call that runs a host's release (core.release.release_host); tests give one that records instead
+ReleaseCall = Callable[
+    ["HostSession", cfg.HostConfig, "Ledger", "ReleaseRequest"], Awaitable["ReleaseResult"]
+]
 
 APP_KEYS = [
     Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
@@ -126,7 +131,7 @@ def release_configured(app: GpuTuiApp, host: str) -> bool:
 async def release_with_fleet(app: GpuTuiApp, request: ReleaseRequest) -> None:
     """Run the host's configured release; the core checks again that it is still what was asked (the jobs the
     confirmation named, or an idle host for a budget release)."""
-    from gputui.core.release import ReleaseError, release_host
+    from gputui.core.release import ReleaseError
 
     host = request.host
     conf = app.config.hosts.get(host)
@@ -136,7 +141,7 @@ async def release_with_fleet(app: GpuTuiApp, request: ReleaseRequest) -> None:
         return
     app.notify(f"releasing {host}…", timeout=NOTIFY_S)
     try:
-        result = await release_host(app.source.session(host), conf, ledger, request)
+        result = await app.release_call(app.source.session(host), conf, ledger, request)
     except ReleaseError as exc:
         app.notify(str(exc), title="not released", severity="error", timeout=2 * NOTIFY_S)
         return
@@ -159,7 +164,7 @@ class GpuTuiApp(App[None]):
         source_factory: SourceFactory | None = None,
         clock: Callable[[], float] = time.time,
         attach_runner: Runner = run_in_terminal,
-        release_host: ReleaseHook | None = None,
+        release_call: ReleaseCall | None = None,
         state_path: Path | None = None,
         theme_dirs: Iterable[Path] | None = None,
         kill_grace_s: float = KILL_GRACE_S,
@@ -169,8 +174,7 @@ class GpuTuiApp(App[None]):
         self.config = config if config is not None else cfg.Config(path=None, hosts={})
         self.clock = clock
         self.attach_runner = attach_runner
-        self.release_host: ReleaseHook = release_host or (lambda req: release_with_fleet(self, req))
-        self._release_hooked = release_host is not None  # a given hook decides for itself what release means
+        self._release_call = release_call
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
         self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
@@ -754,7 +758,7 @@ class GpuTuiApp(App[None]):
         host = self.selected_host
         if self._no_host() or host is None:
             return
-        if not self._release_hooked and not release_configured(self, host):
+        if not release_configured(self, host):
             release_not_configured(self, host)  # before asking: there would be nothing to confirm
             return
         snap = self.hosts.get(host)
@@ -787,7 +791,7 @@ class GpuTuiApp(App[None]):
 
         from . import carry
 
-        if self._release_hooked or not carry.wants_artifact_check(conf, snap):
+        if not carry.wants_artifact_check(conf, snap):
             ask()
         else:  # artifacts first: which changed since the last pull (a request to the host)
             self.run_worker(carry.ask_release(self, request, body, ask), group="command")
@@ -801,9 +805,18 @@ class GpuTuiApp(App[None]):
 
         self.run_worker(carry.forward_url(self, job, self.forwards), group="command")
 
+    @property
+    def release_call(self) -> ReleaseCall:
+        """What runs a confirmed release on the host: the core's, unless the app was given another."""
+        if self._release_call is None:
+            from gputui.core.release import release_host
+
+            self._release_call = release_host
+        return self._release_call
+
     async def _release(self, request: ReleaseRequest) -> None:
         try:
-            await self.release_host(request)
+            await release_with_fleet(self, request)
         except Exception as exc:
             self.notify(f"release of {request.host} failed: {exc}", severity="error", timeout=NOTIFY_S)
 
