@@ -62,7 +62,7 @@ PROC_ENVIRON = "/proc/1/environ"
 ENVIRONMENT = "environment"  # Detected.source when the agent's own environment had them
 MAX_ENV_FILE = 256 * 1024  # bytes read of an env file
 MAX_PROC_ENVIRON = 1024 * 1024  # bytes read of /proc/1/environ (Linux caps a process's env near this)
-_KEY = re.compile(r"^[\x21-\x7e]{8,512}$")  # printable ASCII, no spaces: what goes into a header
+KEY_SHAPE = re.compile(r"^[\x21-\x7e]{8,512}$")  # printable ASCII, no spaces: what goes into a header
 MAX_BODY = 1024 * 1024
 DEADLINE_S = 20.0
 MAX_PRICE = 10000.0  # $/h: above this the figure is not a price
@@ -217,7 +217,7 @@ def detect(
                 notes.append(
                     f"{id_name} in {where} is {'missing' if not instance_id else 'not an instance id'}"
                 )
-            elif not _KEY.match(key):
+            elif not KEY_SHAPE.match(key):
                 notes.append(f"{key_name} in {where} is {'missing' if not key else 'not an API key'}")
             else:
                 return Detected(provider, instance_id, source)
@@ -231,7 +231,7 @@ def _key_of(detected: Detected, env: Optional[Dict[str, str]]) -> str:
     id_name, key_name, _ = VARIABLES[detected.provider]
     values = _source_values(detected.source, env)
     key = values.get(key_name, "")
-    if values.get(id_name) != detected.instance_id or not _KEY.match(key):
+    if values.get(id_name) != detected.instance_id or not KEY_SHAPE.match(key):
         where = "the environment" if detected.source == ENVIRONMENT else detected.source
         raise ProviderError("auth", f"{key_name} for instance {detected.instance_id} is no longer in {where}")
     return key
