@@ -401,7 +401,7 @@ def _check_providers(table: dict[str, Any], fail: Any) -> dict[str, ProviderSett
             if _text_problem(value):
                 raise fail(f"providers.{name}", key, _text_problem(value))
             try:
-                providers.agent_provider.check_api_url(value)
+                providers.check_api_url(value)
             except providers.ProviderError as exc:
                 raise fail(f"providers.{name}", key, str(exc).removeprefix("API URL ")) from None
         out[name] = ProviderSettings(api_url=settings.get("api_url"))

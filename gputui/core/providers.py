@@ -28,6 +28,7 @@ from remote_agent import provider as agent_provider
 
 ProviderError = agent_provider.ProviderError
 Confirmed = agent_provider.Confirmed
+check_api_url = agent_provider.check_api_url
 
 AUTO, RUNPOD, VASTAI, LAMBDA, NONE = "auto", "runpod", "vastai", "lambda", "none"
 PROVIDERS = (AUTO, RUNPOD, VASTAI, LAMBDA, NONE)  # the host setting ``provider``
@@ -131,7 +132,7 @@ def parse_instance(value: Any) -> LambdaInstance:
 
 
 def _base(api_url: str | None) -> str:
-    return agent_provider.check_api_url(api_url or API_URLS[LAMBDA]).rstrip("/")
+    return check_api_url(api_url or API_URLS[LAMBDA]).rstrip("/")
 
 
 def list_instances_sync(
