@@ -48,7 +48,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 RUNPOD, VASTAI, NONE = "runpod", "vastai", "none"
 API_URLS = {RUNPOD: "https://rest.runpod.io/v1", VASTAI: "https://console.vast.ai/api/v0"}
@@ -272,34 +272,58 @@ def http_json(
     body: Optional[Dict[str, Any]] = None,
     deadline_s: float = DEADLINE_S,
     max_body: int = MAX_BODY,
-    basic: bool = False,
 ) -> Tuple[int, Any]:
-    """One JSON call with ``Authorization: Bearer KEY`` (``basic``: the key as HTTP basic user): (status, the
-    decoded JSON or None for an empty body). 2xx, 404 and 409 come back; anything else is a ``ProviderError``.
+    """One JSON call with ``Authorization: Bearer KEY``: (status, the decoded JSON, None for an empty body).
+    2xx, 404 and 409 come back; anything else is a ``ProviderError``.
 
-    The deadline covers the whole call: a timer shuts the socket when it passes, whatever the call is doing."""
+    ``deadline_s`` bounds the whole call, name lookup, connect, headers and body together: the exchange runs
+    in a worker thread that is waited for that long, and a timer shuts its socket when the time is up (so a
+    dripping answer cannot stretch it; only a hung name lookup can outlive it, in the background)."""
     check_api_url(url)
     parts = urllib.parse.urlsplit(url)
     what = f"{method} {parts.hostname}{parts.path}"
-    if basic:
-        import base64
-
-        auth = "Basic " + base64.b64encode((key + ":").encode()).decode()
-    else:
-        auth = "Bearer " + key
-    headers = {"Authorization": auth, "Accept": "application/json", "User-Agent": "gputui-agent"}
+    headers = {"Authorization": "Bearer " + key, "Accept": "application/json", "User-Agent": "gputui-agent"}
     payload = None
     if body is not None:
         payload = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
+    box: List[Any] = []
+
+    def work() -> None:
+        try:
+            box.append(_exchange(parts, method, payload, headers, deadline_s, max_body, what))
+        except ProviderError as exc:
+            box.append(exc)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            box.append(
+                ProviderError("network", f"{what}: {_clean(type(exc).__name__ + ': ' + str(exc), key)}")
+            )
+
+    worker = threading.Thread(target=work, name="provider-call", daemon=True)
+    worker.start()
+    worker.join(deadline_s + 0.5)
+    if not box:
+        raise ProviderError("timeout", f"{what}: no complete answer within {deadline_s:g} s")
+    if isinstance(box[0], ProviderError):
+        raise box[0]
+    status, data, location, retry_after = box[0]
+    return status, _decode(status, data, what, key, location, retry_after)
+
+
+def _exchange(
+    parts: "urllib.parse.SplitResult", method: str, payload: Optional[bytes], headers: Dict[str, str],
+    deadline_s: float, max_body: int, what: str,
+) -> Tuple[int, bytes, str, str]:  # fmt: skip
+    """The request and the whole answer: (status, body, Location, Retry-After), within ``deadline_s``."""
     end = time.monotonic() + deadline_s
+    host, port = parts.hostname or "", parts.port
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
         conn = http.client.HTTPSConnection(
-            parts.hostname or "", parts.port, timeout=deadline_s, context=ssl.create_default_context()
+            host, port, timeout=deadline_s, context=ssl.create_default_context()
         )
     else:
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=deadline_s)
+        conn = http.client.HTTPConnection(host, port, timeout=deadline_s)
     expired = threading.Event()
 
     def cut() -> None:
@@ -318,23 +342,17 @@ def http_json(
         conn.request(method, parts.path or "/", body=payload, headers=headers)
         resp = conn.getresponse()
         data = _read_body(resp, max_body, end, what)
-        status = resp.status
-        location = resp.getheader("Location") or ""
-        retry_after = resp.getheader("Retry-After") or ""
-    except ProviderError:
-        raise
-    except (OSError, http.client.HTTPException, ValueError) as exc:
+        result = (resp.status, data, resp.getheader("Location") or "", resp.getheader("Retry-After") or "")
+    except (OSError, http.client.HTTPException):
         if expired.is_set() or time.monotonic() >= end:
             raise ProviderError("timeout", f"{what}: no complete answer within {deadline_s:g} s") from None
-        raise ProviderError(
-            "network", f"{what}: {_clean(type(exc).__name__ + ': ' + str(exc), key)}"
-        ) from None
+        raise
     finally:
         timer.cancel()
         conn.close()
     if expired.is_set():
         raise ProviderError("timeout", f"{what}: no complete answer within {deadline_s:g} s")
-    return status, _decode(status, data, what, key, location, retry_after)
+    return result
 
 
 def _read_body(resp: http.client.HTTPResponse, max_body: int, end: float, what: str) -> bytes:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import provider_standin as standin
 import pytest
@@ -342,3 +345,22 @@ def test_an_emulated_pod_is_found_through_pid1_environ(api: StandIn) -> None:
         "note": "",
     }
     assert result["state"] == "running" and RUNPOD_KEY not in out.stdout + out.stderr
+
+
+def test_the_deadline_covers_a_hung_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call gives up at its deadline while the lookup is still hung (it finishes in the background)."""
+    gate, returned = threading.Event(), threading.Event()
+    real = socket.getaddrinfo
+
+    def hung(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(60)
+        returned.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hung)
+    try:
+        with pytest.raises(pv.ProviderError) as err:
+            pv.http_json("GET", "http://localhost:9/pods/x", RUNPOD_KEY, deadline_s=0.3)
+        assert err.value.kind == "timeout" and not returned.is_set()
+    finally:
+        gate.set()
