@@ -70,6 +70,17 @@ def test_a_host_is_matched_by_its_address(api: StandIn) -> None:
     assert pr.match(listed, ["198-51-100-7.cloud.lambdalabs.com."]).id == ID  # type: ignore[union-attr]
 
 
+def test_check_proves_key_and_address_without_side_effects(api: StandIn, tmp_path: Path) -> None:
+    assert asyncio.run(pr.check(LAMBDA_KEY, IP, api.base("lambda"))).price_per_hour == 1.29
+    with pytest.raises(pr.ProviderError) as err:
+        asyncio.run(pr.check(LAMBDA_KEY, "192.0.2.200", api.base("lambda")))
+    assert err.value.kind == "not_found" and "'192.0.2.200'" in str(err.value)
+    assert {r.method for r in api.requests} == {"GET"}
+    with pytest.raises(pr.ProviderError) as err:
+        pr.require_lambda_key(env={}, path=tmp_path / "absent")
+    assert "LAMBDA_API_KEY" in str(err.value) and "api_key = KEY" in str(err.value)
+
+
 def test_a_terminated_instance_or_two_matches_are_never_a_guess() -> None:
     one = pr.parse_instance(standin.lambda_instance("a", IP, status="terminated"))
     assert pr.match([one], [IP]) is None

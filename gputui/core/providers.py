@@ -96,6 +96,17 @@ def lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = N
     return key
 
 
+def require_lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = None) -> str:
+    """``lambda_key``, or a ``ProviderError("config")`` that says where to put one."""
+    key = lambda_key(env, path)
+    if key is None:
+        raise ProviderError(
+            "config",
+            f"no Lambda API key: set ${LAMBDA_KEY_ENV} or put 'api_key = KEY' in {path or LAMBDA_KEY_FILE}",
+        )
+    return key
+
+
 def _key_from_file(file: Path) -> str | None:
     try:
         with file.open("rb") as fh:
@@ -244,6 +255,19 @@ async def find(
     """The user's Lambda instance at ``address`` (an IP or a name that resolves to it), or None."""
     addresses = await resolve(address)
     return match(await list_instances(key, api_url, deadline_s), addresses)
+
+
+async def check(
+    key: str, address: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> LambdaInstance:
+    """Prove, without side effects, that a release would work: the key is accepted and one billing instance
+    of the user's has ``address``. That instance, or a ``ProviderError`` (``not_found`` when none has it)."""
+    found = await find(key, address, api_url, deadline_s)
+    if found is None:
+        raise ProviderError(
+            "not_found", f"lambda: none of your running instances has the address {address!r}"
+        )
+    return found
 
 
 async def terminate(
