@@ -439,7 +439,8 @@ def _epoch(obj: Dict[str, Any], name: str, provider: str) -> Optional[float]:
         return None
     if isinstance(value, str):
         text = value.strip().replace("Z", "+00:00").replace("z", "+00:00")
-        text = re.sub(r"(\.\d{3})\d*", r"\1", text)  # Python 3.8 reads 3 or 6 digits of fraction only
+        # Python 3.8 reads a fraction of exactly 3 or 6 digits only: make it 6
+        text = re.sub(r"\.(\d{1,9})", lambda m: "." + (m.group(1) + "00000")[:6], text, count=1)
         try:
             when = datetime.datetime.fromisoformat(text)
         except ValueError:

@@ -364,3 +364,56 @@ def test_the_deadline_covers_a_hung_name_lookup(monkeypatch: pytest.MonkeyPatch)
         assert err.value.kind == "timeout" and not returned.is_set()
     finally:
         gate.set()
+
+
+@pytest.mark.parametrize(
+    ("provider", "change", "words"),
+    [
+        (pv.RUNPOD, {"costPerHr": -1}, "costPerHr must be a price"),
+        (pv.RUNPOD, {"costPerHr": True}, "costPerHr must be a number"),
+        (pv.RUNPOD, {"costPerHr": "NaN"}, "costPerHr must be a number"),
+        (pv.RUNPOD, {"costPerHr": 1e9}, "costPerHr must be a price"),
+        (pv.RUNPOD, {"desiredStatus": None}, "desiredStatus must be a string"),
+        (pv.RUNPOD, {"desiredStatus": "R" * 500}, "desiredStatus must be a string"),
+        (pv.RUNPOD, {"networkVolumeId": 5}, "networkVolumeId must be a string"),
+        (pv.RUNPOD, {"lastStartedAt": "yesterday"}, "lastStartedAt must be an ISO 8601 time"),
+        (pv.RUNPOD, {"id": "someoneelse"}, "id must be the pod asked for"),
+        (pv.VASTAI, {"dph_total": float("inf")}, "dph_total must be a price"),
+        (pv.VASTAI, {"dph_total": [0.3]}, "dph_total must be a number"),
+        (pv.VASTAI, {"actual_status": 1}, "actual_status must be a string"),
+        (pv.VASTAI, {"start_date": "soon"}, "start_date must be an ISO 8601 time"),
+        (pv.VASTAI, {"id": 884}, "id must be the instance asked for"),
+    ],
+)
+def test_every_field_used_is_checked_by_type(provider: str, change: dict[str, Any], words: str) -> None:
+    if provider == pv.RUNPOD:
+        with pytest.raises(pv.ProviderError) as err:
+            pv._runpod_instance({**standin.runpod_pod(POD), **change}, POD)
+    else:
+        with pytest.raises(pv.ProviderError) as err:
+            pv._vast_instance({"instances": {**standin.vast_instance(int(VAST)), **change}}, VAST)
+    assert err.value.kind == "bad_answer" and words in str(err.value)
+
+
+@pytest.mark.parametrize("body", [[], "pod", 5, None])
+def test_an_answer_of_the_wrong_shape_is_a_clear_error(body: Any) -> None:
+    with pytest.raises(pv.ProviderError) as err:
+        pv._runpod_instance(body, POD)
+    assert err.value.kind == "bad_answer" and "must be a JSON object" in str(err.value)
+    with pytest.raises(pv.ProviderError):
+        pv._vast_instance({"instances": body or 7}, VAST)
+
+
+def test_vast_reports_gone_and_stopped_states_as_the_bill_sees_them() -> None:
+    assert pv._vast_instance({"instances": None}, VAST) is None
+    stopped = pv._vast_instance({"instances": standin.vast_instance(int(VAST), "stopped", "stopped")}, VAST)
+    frozen = pv._vast_instance({"instances": standin.vast_instance(int(VAST), "frozen", "running")}, VAST)
+    loading = pv._vast_instance({"instances": standin.vast_instance(int(VAST), None, "running")}, VAST)
+    assert [i.state if i else None for i in (stopped, frozen, loading)] == [
+        pv.STOPPED,
+        pv.RUNNING,
+        pv.STARTING,
+    ]
+    assert (
+        pv.reached(stopped, "stop") and not pv.reached(stopped, "terminate") and pv.reached(None, "terminate")
+    )
