@@ -3,6 +3,7 @@ local stand-in (tests/provider_standin.py) and an emulated pod (a PID namespace 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -312,39 +313,37 @@ def test_a_mode_no_provider_has_is_refused_before_any_call(api: StandIn) -> None
 # ---- an emulated pod -----------------------------------------------------------------------------------------
 
 PROBE = (
-    "import json, sys; sys.path.insert(0, sys.argv[1]); import os; from remote_agent import provider as p; "
-    "d = p.detect(); print(json.dumps({'own': sorted(k for k in os.environ if 'RUNPOD' in k), "
+    "import json, os, sys; sys.path.insert(0, sys.argv[1]); from remote_agent import provider as p; "
+    "d = p.detect(); print(json.dumps({'own': sorted(k for k in os.environ if k in p._wanted()), "
     "'found': p.describe(d), 'state': p.instance(d, api_url=sys.argv[2]).state}))"
 )
 
 
-def test_an_emulated_pod_is_found_through_pid1_environ(api: StandIn) -> None:
-    """PID 1 of the namespace holds RUNPOD_*, the process the agent runs as does not (as over SSH)."""
+@pytest.mark.parametrize("provider", [pv.RUNPOD, pv.VASTAI])
+def test_an_emulated_pod_is_found_through_pid1_environ(api: StandIn, provider: str) -> None:
+    """PID 1 of the namespace holds the provider's variables, the process the agent runs as does not (as over
+    SSH): the agent finds them in /proc/1/environ and the instance answers with that key."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not installed")
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"],
                            capture_output=True, timeout=30)  # fmt: skip
     if probe.returncode != 0:
         pytest.skip(f"unshare --pid is not permitted here: {probe.stderr.decode(errors='replace').strip()}")
-    script = f'env -u RUNPOD_POD_ID -u RUNPOD_API_KEY "{sys.executable}" -c "$PROBE" "$ROOT" "$API"; exit $?'
+    detected, env = on(provider)
+    unset = " ".join(f"-u {name}" for name in env)
+    script = f'env {unset} "{sys.executable}" -c "$PROBE" "$ROOT" "$API"; exit $?'  # sh stays PID 1
     out = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "env", "-i", f"RUNPOD_POD_ID={POD}",
-         f"RUNPOD_API_KEY={RUNPOD_KEY}", f"PROBE={PROBE}", f"ROOT={ROOT}", f"API={api.base('runpod')}",
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "env", "-i",
+         *(f"{k}={v}" for k, v in env.items()), f"PROBE={PROBE}", f"ROOT={ROOT}", f"API={api.base(provider)}",
          "PATH=/usr/bin:/bin", "/bin/sh", "-c", script],
         capture_output=True, timeout=60, text=True,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    import json
-
     result = json.loads(out.stdout)
     assert result["own"] == []  # the agent's own environment has none of them
-    assert result["found"] == {
-        "provider": "runpod",
-        "instance_id": POD,
-        "source": "/proc/1/environ",
-        "note": "",
-    }
-    assert result["state"] == "running" and RUNPOD_KEY not in out.stdout + out.stderr
+    assert result["found"] == {**pv.describe(detected), "source": "/proc/1/environ"}
+    assert result["state"] == "running"
+    assert RUNPOD_KEY not in out.stdout + out.stderr and VAST_KEY not in out.stdout + out.stderr
 
 
 def test_the_deadline_covers_a_hung_name_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
