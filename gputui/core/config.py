@@ -95,6 +95,9 @@ class HostConfig:
     # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/slurm.py)
     scheduler: str | None = None
     price_per_gpu_hour: float | None = None  # a Slurm job's price: this x its GPUs x nodes, while it runs
+    # provider-native price and release (gputui.core.providers): "auto" finds RunPod / vast.ai on the host
+    provider: str = "auto"  # or "runpod", "vastai", "lambda", "none"
+    release_mode: str | None = None  # "stop" / "terminate"; None: stop where the provider can, else terminate
 
     @property
     def address(self) -> str:
@@ -110,6 +113,13 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class ProviderSettings:
+    """``[providers.NAME]``: how to reach one provider's API."""
+
+    api_url: str | None = None  # the API base (proxies, tests); None: the provider's own
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path | None
     hosts: dict[str, HostConfig]
@@ -118,6 +128,7 @@ class Config:
     currency: str = "USD"
     prices: dict[str, float] = field(default_factory=dict)  # per GPU-hour, by GPU model name
     budget: Budget = field(default_factory=Budget)
+    providers: dict[str, ProviderSettings] = field(default_factory=dict)  # by provider name
 
     def host(self, name: str) -> HostConfig:
         try:
@@ -141,7 +152,9 @@ HOST_FIELDS: dict[str, Any] = {
     f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name not in ("name", "notify")
 }
 GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,)}
-GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify")
+GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify", "providers")
+PROVIDERS = ("auto", "runpod", "vastai", "lambda", "none")  # gputui.core.providers has the rules behind them
+PROVIDER_FIELDS = ("api_url",)
 BUDGET_FIELDS = {
     "daily": (float, int),
     "monthly": (float, int),
@@ -323,6 +336,7 @@ def parse(text: str, path: Path) -> Config:
         )
         if values.get("transport", "ssh") not in TRANSPORTS:
             raise fail(f"hosts.{name}", "transport", f"must be one of {', '.join(TRANSPORTS)}")
+        _check_provider(values, f"hosts.{name}", fail)
         if values.get("scheduler") is not None and values["scheduler"] not in SCHEDULERS:
             raise fail(
                 f"hosts.{name}", "scheduler",
@@ -346,7 +360,53 @@ def parse(text: str, path: Path) -> Config:
     return Config(
         path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"),
         currency=currency, prices={str(k): float(v) for k, v in prices.items()}, budget=budget,
+        providers=_check_providers(data.get("providers", {}), fail),
     )  # fmt: skip
+
+
+def _check_provider(values: dict[str, Any], where: str, fail: Any) -> None:
+    """``provider`` and ``release_mode``: known names, and a mode the provider can do (when it is named)."""
+    provider = values.get("provider", "auto")
+    if provider not in PROVIDERS:
+        raise fail(where, "provider", f"{provider!r} is not a provider gputui knows (known: {', '.join(PROVIDERS)})")
+    mode = values.get("release_mode")
+    if mode is None:
+        return
+    from . import providers  # only here: the CLI's start pays nothing for it
+
+    problem = providers.release_mode_problem(provider, mode)
+    if problem is None and provider == "none":
+        problem = 'needs a provider: with provider = "none" a release runs only the release / release_remote commands'
+    if problem:
+        raise fail(where, "release_mode", problem)
+
+
+def _check_providers(table: dict[str, Any], fail: Any) -> dict[str, ProviderSettings]:
+    """``[providers.runpod]``, ``[providers.vastai]``, ``[providers.lambda]``: each provider's ``api_url``."""
+    if not table:
+        return {}
+    from . import providers
+
+    out = {}
+    for name, settings in table.items():
+        if name not in providers.API_PROVIDERS:
+            known = ", ".join(providers.API_PROVIDERS)
+            raise fail(f"providers.{name}", "", f"unknown provider (known: {known})")
+        if not isinstance(settings, dict):
+            raise fail("providers", name, f"must be a table like [providers.{name}]")
+        for key, value in settings.items():
+            if key not in PROVIDER_FIELDS:
+                raise fail(f"providers.{name}", key, _unknown(key, PROVIDER_FIELDS))
+            if not isinstance(value, str):
+                raise fail(f"providers.{name}", key, f"must be a string, not {type(value).__name__} {value!r}")
+            if _text_problem(value):
+                raise fail(f"providers.{name}", key, _text_problem(value))
+            try:
+                providers.check_api_url(value)
+            except providers.ProviderError as exc:
+                raise fail(f"providers.{name}", key, str(exc).removeprefix("API URL ")) from None
+        out[name] = ProviderSettings(api_url=settings.get("api_url"))
+    return out
 
 
 def _check_budget(table: dict[str, Any], fail: Any) -> Budget:

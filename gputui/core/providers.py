@@ -1,0 +1,289 @@
+"""Provider-native price and release, the client's side: the Lambda client (Lambda puts no credentials on its
+hosts, so it runs here with the user's key) and the release-mode rules that config, status and release share.
+
+RunPod and vast.ai are handled on the host by ``remote_agent.provider`` (the instance's own scoped key; the
+same HTTP rules and ``ProviderError`` are used here).
+
+Lambda Cloud API v1 (https://cloud.lambdalabs.com/api/v1, ``Authorization: Bearer KEY``; the reference is
+docs-api.lambda.ai/api/cloud): ``GET /instances`` answers ``{"data": [Instance, ...]}``, an Instance holding
+``id``, ``name``, ``ip``, ``private_ip``, ``hostname``, ``status`` (``booting``, ``active``, ``unhealthy``,
+``terminating``, ``terminated``, ...) and ``instance_type`` with ``price_cents_per_hour`` (an integer);
+``POST /instance-operations/terminate`` with ``{"instance_ids": [ID]}`` answers
+``{"data": {"terminated_instances": [Instance, ...]}}``. Lambda cannot stop an instance, only terminate it
+(its persistent file systems survive and bill on). The key: ``$LAMBDA_API_KEY``, else the file Lambda's
+tooling (SkyPilot's Lambda support) reads, ``~/.lambda_cloud/lambda_keys``, with a line ``api_key = KEY``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from remote_agent import provider as agent_provider
+
+ProviderError = agent_provider.ProviderError
+Confirmed = agent_provider.Confirmed
+check_api_url = agent_provider.check_api_url
+
+AUTO, RUNPOD, VASTAI, LAMBDA, NONE = "auto", "runpod", "vastai", "lambda", "none"
+PROVIDERS = (AUTO, RUNPOD, VASTAI, LAMBDA, NONE)  # the host setting ``provider``
+API_PROVIDERS = (RUNPOD, VASTAI, LAMBDA)  # those with a ``[providers.NAME]`` table
+RELEASE_MODES = agent_provider.MODES  # "stop", "terminate"
+API_URLS = {**agent_provider.API_URLS, LAMBDA: "https://cloud.lambdalabs.com/api/v1"}
+LAMBDA_KEY_ENV = "LAMBDA_API_KEY"
+LAMBDA_KEY_FILE = "~/.lambda_cloud/lambda_keys"
+MAX_KEY_FILE = 64 * 1024
+MAX_INSTANCES = 1000  # entries of a listing looked at
+DEADLINE_S = agent_provider.DEADLINE_S
+# Why a provider cannot stop (keep the disk, stop the compute bill); absent: it can.
+NO_STOP = {LAMBDA: "Lambda has no stop: an instance can only be terminated"}
+
+
+def default_release_mode(provider: str) -> str:
+    """``release_mode`` where the config sets none: stop where the provider can, else terminate."""
+    return "terminate" if provider in NO_STOP else "stop"
+
+
+def release_mode_problem(provider: str, mode: str) -> str | None:
+    """Why ``mode`` cannot work for ``provider`` (None: it can, or it cannot be known before the host is seen)."""
+    if mode not in RELEASE_MODES:
+        return f"must be one of {', '.join(RELEASE_MODES)}, not {mode!r}"
+    if mode == "stop" and provider in NO_STOP:
+        return NO_STOP[provider] + ' (set release_mode = "terminate")'
+    return None
+
+
+@dataclass(frozen=True)
+class LambdaInstance:
+    """One Lambda instance, as ``GET /instances`` lists it."""
+
+    id: str
+    status: str
+    ip: str | None
+    private_ip: str | None
+    hostname: str | None
+    name: str | None
+    type_name: str | None
+    price_per_hour: float | None  # USD: the instance type's price_cents_per_hour / 100
+
+    @property
+    def billing(self) -> bool:
+        """Whether it still bills (anything short of terminated)."""
+        return self.status != "terminated"
+
+
+def lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = None) -> str | None:
+    """The user's Lambda key: ``$LAMBDA_API_KEY``, else ``api_key = KEY`` in ``~/.lambda_cloud/lambda_keys``;
+    None when neither has one. A malformed key is a ``ProviderError("config")`` naming where it came from."""
+    values = os.environ if env is None else env
+    key = values.get(LAMBDA_KEY_ENV, "").strip()
+    where = f"${LAMBDA_KEY_ENV}"
+    if not key:
+        file = Path(os.path.expanduser(str(path or LAMBDA_KEY_FILE)))
+        where = str(file)
+        key = _key_from_file(file) or ""
+    if not key:
+        return None
+    if not agent_provider.KEY_SHAPE.match(key):
+        raise ProviderError(
+            "config", f"the Lambda API key in {where} is not an API key (printable, no spaces)"
+        )
+    return key
+
+
+def require_lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = None) -> str:
+    """``lambda_key``, or a ``ProviderError("config")`` that says where to put one."""
+    key = lambda_key(env, path)
+    if key is None:
+        raise ProviderError(
+            "config",
+            f"no Lambda API key: set ${LAMBDA_KEY_ENV} or put 'api_key = KEY' in {path or LAMBDA_KEY_FILE}",
+        )
+    return key
+
+
+def _key_from_file(file: Path) -> str | None:
+    try:
+        with file.open("rb") as fh:
+            text = fh.read(MAX_KEY_FILE).decode("utf-8", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == "api_key":
+            return value.strip().strip("'\"")
+    return None
+
+
+def _str(obj: dict[str, Any], name: str, optional: bool = True) -> str | None:
+    return agent_provider.field_str(obj, name, LAMBDA, optional=optional)
+
+
+def parse_instance(value: Any) -> LambdaInstance:
+    """A Lambda Instance object, every field used checked by type (``ProviderError`` otherwise)."""
+    if not isinstance(value, dict):
+        raise ProviderError("bad_answer", "lambda API: an instance must be a JSON object")
+    kind = value.get("instance_type")
+    if kind is not None and not isinstance(kind, dict):
+        raise ProviderError("bad_answer", "lambda API: instance_type must be a JSON object")
+    kind = kind or {}
+    price = agent_provider.field_price(kind, "price_cents_per_hour", LAMBDA, scale=0.01)
+    if kind.get("price_cents_per_hour") is not None and not isinstance(kind["price_cents_per_hour"], int):
+        raise ProviderError("bad_answer", "lambda API: price_cents_per_hour must be a whole number of cents")
+    return LambdaInstance(
+        id=_str(value, "id", optional=False) or "", status=_str(value, "status", optional=False) or "",
+        ip=_str(value, "ip"), private_ip=_str(value, "private_ip"), hostname=_str(value, "hostname"),
+        name=_str(value, "name"), type_name=_str(kind, "name"), price_per_hour=price,
+    )  # fmt: skip
+
+
+def _base(api_url: str | None) -> str:
+    return check_api_url(api_url or API_URLS[LAMBDA]).rstrip("/")
+
+
+def list_instances_sync(
+    key: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> list[LambdaInstance]:
+    """``GET /instances``: the user's instances (at most ``MAX_INSTANCES``)."""
+    status, data = agent_provider.http_json("GET", _base(api_url) + "/instances", key, None, deadline_s)
+    if status != 200 or not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise ProviderError("bad_answer", f"lambda API: GET /instances answered {status} without a data list")
+    return [parse_instance(item) for item in data["data"][:MAX_INSTANCES]]
+
+
+def match(instances: Iterable[LambdaInstance], addresses: Iterable[str]) -> LambdaInstance | None:
+    """The one billing instance whose ip, private ip or hostname is one of ``addresses`` (a host's address and
+    what it resolves to); None when none is. Two different ones are a ``ProviderError`` (never a guess)."""
+    wanted = {a.strip().lower().rstrip(".") for a in addresses if a.strip()}
+    hits = {
+        inst.id: inst for inst in instances if inst.billing
+        and wanted & {(v or "").lower().rstrip(".") for v in (inst.ip, inst.private_ip, inst.hostname)}
+    }  # fmt: skip
+    if len(hits) > 1:
+        raise ProviderError(
+            "config", f"lambda: the address matches several instances ({', '.join(sorted(hits))})"
+        )
+    return next(iter(hits.values()), None)
+
+
+def terminate_sync(
+    key: str, instance_id: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> None:
+    """``POST /instance-operations/terminate`` for one instance; the answer must list it as terminated."""
+    body = {"instance_ids": [instance_id]}
+    url = _base(api_url) + "/instance-operations/terminate"
+    status, data = agent_provider.http_json("POST", url, key, body, deadline_s)
+    if status == 404:
+        raise ProviderError("not_found", f"lambda: no instance {instance_id} to terminate")
+    done = data.get("data") if isinstance(data, dict) else None
+    listed = done.get("terminated_instances") if isinstance(done, dict) else None
+    if status != 200 or not isinstance(listed, list):
+        raise ProviderError("bad_answer", f"lambda: terminate answered {status} without terminated_instances")
+    if instance_id not in {parse_instance(item).id for item in listed[:MAX_INSTANCES]}:
+        raise ProviderError(
+            "bad_answer", f"lambda: terminate did not list instance {instance_id} as terminated"
+        )
+
+
+def confirm_terminated_sync(
+    key: str, instance_id: str, api_url: str | None = None, timeout_s: float = 300.0, interval_s: float = 5.0,
+    deadline_s: float = DEADLINE_S, sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> agent_provider.Confirmed:  # fmt: skip
+    """Read the list back until the instance is terminated or gone, for at most ``timeout_s``; transient
+    errors are retried within the bound, others end it; past the bound ``ProviderError("unconfirmed")``."""
+    end, polls, last = clock() + timeout_s, 0, "no answer"
+    while True:
+        polls += 1
+        try:
+            listed = list_instances_sync(key, api_url, min(deadline_s, max(1.0, end - clock())))
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            last = str(exc)
+        else:
+            found = next((i for i in listed if i.id == instance_id), None)
+            if found is None or not found.billing:
+                how = "no longer listed" if found is None else "status terminated"
+                return Confirmed("terminated", polls, f"lambda: {how}")
+            last = found.status
+        if clock() + interval_s > end:
+            raise ProviderError(
+                "unconfirmed", f"lambda: instance {instance_id} not terminated after {timeout_s:g} s "
+                f"({polls} reads); last: {last}",
+            )  # fmt: skip
+        sleep(interval_s)
+
+
+async def resolve(address: str, timeout_s: float = 5.0) -> set[str]:
+    """``address`` and the IP addresses it resolves to (just ``address`` when it does not resolve in time)."""
+    out = {address}
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(address, None), timeout_s)
+    except (OSError, asyncio.TimeoutError, UnicodeError):
+        return out
+    out.update(str(info[4][0]) for info in infos)
+    return out
+
+
+async def _bounded(bound_s: float, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a thread, waited for at most ``bound_s`` (each call inside has its own deadline too)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(fn, *args), bound_s)
+    except asyncio.TimeoutError:
+        raise ProviderError("timeout", f"lambda: no answer within {bound_s:g} s") from None
+
+
+async def list_instances(
+    key: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> list[LambdaInstance]:
+    """``list_instances_sync`` off the event loop."""
+    result: list[LambdaInstance] = await _bounded(
+        deadline_s + 5, list_instances_sync, key, api_url, deadline_s
+    )
+    return result
+
+
+async def find(
+    key: str, address: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> LambdaInstance | None:
+    """The user's Lambda instance at ``address`` (an IP or a name that resolves to it), or None."""
+    addresses = await resolve(address)
+    return match(await list_instances(key, api_url, deadline_s), addresses)
+
+
+async def check(
+    key: str, address: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> LambdaInstance:
+    """Prove, without side effects, that a release would work: the key is accepted and one billing instance
+    of the user's has ``address``. That instance, or a ``ProviderError`` (``not_found`` when none has it)."""
+    found = await find(key, address, api_url, deadline_s)
+    if found is None:
+        raise ProviderError(
+            "not_found", f"lambda: none of your running instances has the address {address!r}"
+        )
+    return found
+
+
+async def terminate(
+    key: str, instance_id: str, api_url: str | None = None, deadline_s: float = DEADLINE_S
+) -> None:
+    """``terminate_sync`` off the event loop."""
+    await _bounded(deadline_s + 5, terminate_sync, key, instance_id, api_url, deadline_s)
+
+
+async def confirm_terminated(
+    key: str, instance_id: str, api_url: str | None = None, timeout_s: float = 300.0, interval_s: float = 5.0,
+    deadline_s: float = DEADLINE_S,
+) -> agent_provider.Confirmed:  # fmt: skip
+    """``confirm_terminated_sync`` off the event loop, bounded by ``timeout_s`` plus one call's deadline."""
+    result: agent_provider.Confirmed = await _bounded(
+        timeout_s + deadline_s + 5, confirm_terminated_sync, key, instance_id, api_url, timeout_s, interval_s,
+        deadline_s,
+    )  # fmt: skip
+    return result

@@ -1,0 +1,660 @@
+"""Where the agent runs (RunPod, vast.ai, or neither) and the provider's own REST API: price, state, release.
+
+Runs on the GPU host: stdlib only, Python >= 3.8. Nothing here releases anything by itself; ``release`` is
+called only by code that the user's settings asked to release.
+
+Detection (``detect``) looks, in this order, at the agent's own environment, ``/etc/rp_environment`` and
+``/etc/environment`` (``export K=V`` / ``K=V`` lines), then ``/proc/1/environ``. RunPod and vast.ai put the
+instance id and an instance-scoped key in the environment of the container's PID 1 only (RunPod's start script
+copies them to ``/etc/rp_environment`` for interactive shells), so a non-interactive SSH session has none:
+``RUNPOD_POD_ID`` + ``RUNPOD_API_KEY`` (RunPod), ``CONTAINER_ID`` + ``CONTAINER_API_KEY`` (vast.ai). The
+result (``Detected``) names the provider, the instance id and where they were found, never the key: every
+call that needs the key reads it again from that same place and keeps it in its own frame (it is never
+logged, returned, or put in an error message; an answer that echoes it has it cut out).
+
+The APIs, as their references document them (checked 2026-12):
+
+- RunPod REST v1, ``https://rest.runpod.io/v1``, header ``Authorization: Bearer KEY``
+  (docs.runpod.io/api-reference/pods/GET/pods/podId, .../POST/pods/podId/stop, .../DELETE/pods/podId).
+  ``GET /pods/{id}`` answers a Pod: ``desiredStatus`` (``RUNNING``, ``EXITED``, ``TERMINATED``), ``costPerHr``
+  (the reference's example gives it as a string, ``"0.74"``, other clients as a number: both are read),
+  ``lastStartedAt`` (ISO time), ``networkVolumeId`` (a pod with a network volume has no "Stop": it can only be
+  terminated, docs "Pod storage"). Stop keeps the volume disk (billed at its stopped rate) and wipes the
+  container disk; terminate deletes the pod and its volume disk (a network volume survives and bills on).
+- vast.ai v0, ``https://console.vast.ai/api/v0``, header ``Authorization: Bearer KEY``
+  (docs.vast.ai/api-reference/instances/show-instance, manage-instance, destroy-instance).
+  ``GET /instances/{id}/`` answers ``{"instances": {...}}`` with ``actual_status`` (``running``, ``stopped``,
+  ``loading``, ``frozen``, ``exited``, ... or null), ``cur_state`` (the machine contract: ``running`` /
+  ``stopped``), ``dph_total`` ($/h, a number) and ``start_date`` (epoch seconds). ``PUT /instances/{id}/``
+  with ``{"state": "stopped"}`` stops it (no GPU charges; the disk bills on), ``DELETE /instances/{id}/``
+  destroys it; both answer ``{"success": true}``.
+
+Every call has a TOTAL deadline (connect, headers and body together: a dripping answer cannot stretch it), an
+API base that is a parameter (tests, proxies; plain http only to a loopback address, as the key travels in a
+header), never follows a redirect (a 3xx is an error that names its Location), reads at most ``MAX_BODY``
+bytes, and checks every field it uses by type: a broken or hostile API gives a ``ProviderError``, never a
+traceback. ``http.client`` (what urllib itself uses) is used directly so that no redirect handler, proxy
+setting or per-read timeout can get in the way.
+"""
+
+import datetime
+import http.client
+import json
+import math
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+RUNPOD, VASTAI, NONE = "runpod", "vastai", "none"
+API_URLS = {RUNPOD: "https://rest.runpod.io/v1", VASTAI: "https://console.vast.ai/api/v0"}
+# provider: (instance id variable, key variable, what a valid id looks like)
+VARIABLES = {
+    RUNPOD: ("RUNPOD_POD_ID", "RUNPOD_API_KEY", re.compile(r"^[A-Za-z0-9]{1,64}$")),
+    VASTAI: ("CONTAINER_ID", "CONTAINER_API_KEY", re.compile(r"^[0-9]{1,20}$")),
+}
+ENV_FILES = ("/etc/rp_environment", "/etc/environment")
+PROC_ENVIRON = "/proc/1/environ"
+ENVIRONMENT = "environment"  # Detected.source when the agent's own environment had them
+MAX_ENV_FILE = 256 * 1024  # bytes read of an env file
+MAX_PROC_ENVIRON = 1024 * 1024  # bytes read of /proc/1/environ (Linux caps a process's env near this)
+KEY_SHAPE = re.compile(r"^[\x21-\x7e]{8,512}$")  # printable ASCII, no spaces: what goes into a header
+MAX_BODY = 1024 * 1024
+DEADLINE_S = 20.0
+MAX_PRICE = 10000.0  # $/h: above this the figure is not a price
+MODES = ("stop", "terminate")
+_DONE = {"stop": "stopped", "terminate": "terminated"}
+# Normalised states: the bill stops at STOPPED (the disk may bill on) and at TERMINATED.
+RUNNING, STARTING, STOPPED, TERMINATED, OTHER = "running", "starting", "stopped", "terminated", "other"
+
+
+class ProviderError(Exception):
+    """A provider call that did not do what it was for. ``kind`` says what went wrong:
+
+    ``auth`` (key refused), ``not_found`` (no such instance), ``rate_limited``, ``server`` (5xx), ``timeout``,
+    ``network``, ``redirect``, ``bad_answer`` (not the documented shape), ``unsupported`` (the provider cannot do
+    that mode for this instance), ``config`` (a bad argument), ``unconfirmed`` (never reached the state asked).
+    """
+
+    RETRYABLE = ("rate_limited", "server", "timeout", "network")
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    @property
+    def retryable(self) -> bool:
+        """Whether trying again later may help (the watchdog's backoff)."""
+        return self.kind in self.RETRYABLE
+
+
+class Detected(NamedTuple):
+    """Where the agent runs: ``provider`` (runpod / vastai / none), the provider's ``instance_id``, the
+    ``source`` the id and key were found in (``environment`` or a file path) and a ``note`` on anything half
+    found (an id without its key, a malformed id). Never the key."""
+
+    provider: str
+    instance_id: str = ""
+    source: str = ""
+    note: str = ""
+
+
+class Instance(NamedTuple):
+    """One instance as its provider reports it now."""
+
+    provider: str
+    instance_id: str
+    state: str  # running / starting / stopped / terminated / other (see the module's constants)
+    provider_state: str  # the provider's own word, e.g. "EXITED", "loading"
+    price_per_hour: Optional[float]  # the provider's figure in USD per hour (None: it gave none)
+    started_at: Optional[float]  # epoch seconds the current run started, where the provider says
+    can_stop: bool  # whether "stop" is possible (False: only terminate)
+    why_no_stop: str = ""  # why not, in words
+
+
+class Confirmed(NamedTuple):
+    """A release the provider confirmed: the state it reached and how many reads it took."""
+
+    state: str
+    polls: int
+    how: str  # e.g. "runpod reports desiredStatus EXITED"
+
+
+# ---- detection ---------------------------------------------------------------------------------------------
+
+
+def _wanted() -> Tuple[str, ...]:
+    return tuple(name for pair in VARIABLES.values() for name in pair[:2])
+
+
+def _unquote(value: str) -> str:
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value.split(" #", 1)[0].strip()  # an unquoted value ends at a comment
+
+
+def parse_env_file(text: str, keys: Iterable[str]) -> Dict[str, str]:
+    """``K=V`` / ``export K=V`` lines (quotes optional, ``#`` comments) of ``text``: only the given keys."""
+    wanted, out = set(keys), {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        name, sep, value = line.partition("=")
+        if sep and name.strip() in wanted:
+            out[name.strip()] = _unquote(value)
+    return out
+
+
+def parse_environ(data: bytes, keys: Iterable[str]) -> Dict[str, str]:
+    """A NUL-separated environment block (``/proc/PID/environ``): only the given keys."""
+    wanted, out = {k.encode() for k in keys}, {}
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name in wanted:
+            out[name.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def _read_bounded(path: str, limit: int) -> Optional[bytes]:
+    """At most ``limit`` bytes of a regular file (or a /proc file); None when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, min(65536, limit - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _source_values(source: str, env: Optional[Dict[str, str]]) -> Dict[str, str]:
+    """The provider variables found in one source: ``environment``, or a file (NUL-separated like
+    ``/proc/1/environ``, else ``K=V`` lines)."""
+    keys = _wanted()
+    if source == ENVIRONMENT:
+        values = os.environ if env is None else env
+        return {k: values[k] for k in keys if k in values}
+    data = _read_bounded(source, MAX_PROC_ENVIRON)
+    if not data:
+        return {}
+    if b"\0" in data:
+        return parse_environ(data, keys)
+    return parse_env_file(data[:MAX_ENV_FILE].decode("utf-8", "replace"), keys)
+
+
+def detect(
+    env: Optional[Dict[str, str]] = None,
+    env_files: Iterable[str] = ENV_FILES,
+    proc_environ: str = PROC_ENVIRON,
+) -> Detected:
+    """The provider this host runs on: the first source holding a provider's id AND key together wins.
+
+    ``env`` (default: ``os.environ``), ``env_files`` and ``proc_environ`` are parameters for tests only."""
+    notes = []
+    for source in (ENVIRONMENT, *env_files, proc_environ):
+        values = _source_values(source, env)
+        for provider, (id_name, key_name, id_shape) in VARIABLES.items():
+            instance_id, key = values.get(id_name, ""), values.get(key_name, "")
+            if not instance_id and not key:
+                continue
+            where = "the environment" if source == ENVIRONMENT else source
+            if not id_shape.match(instance_id):
+                notes.append(
+                    f"{id_name} in {where} is {'missing' if not instance_id else 'not an instance id'}"
+                )
+            elif not KEY_SHAPE.match(key):
+                notes.append(f"{key_name} in {where} is {'missing' if not key else 'not an API key'}")
+            else:
+                return Detected(provider, instance_id, source)
+    return Detected(NONE, note="; ".join(notes[:4]))
+
+
+def _key_of(detected: Detected, env: Optional[Dict[str, str]]) -> str:
+    """The instance's key, read again from where ``detect`` found it (never stored beyond the caller's call)."""
+    if detected.provider not in VARIABLES:
+        raise ProviderError("config", f"no provider API on this host (provider {detected.provider!r})")
+    id_name, key_name, _ = VARIABLES[detected.provider]
+    values = _source_values(detected.source, env)
+    key = values.get(key_name, "")
+    if values.get(id_name) != detected.instance_id or not KEY_SHAPE.match(key):
+        where = "the environment" if detected.source == ENVIRONMENT else detected.source
+        raise ProviderError("auth", f"{key_name} for instance {detected.instance_id} is no longer in {where}")
+    return key
+
+
+# ---- HTTP ----------------------------------------------------------------------------------------------------
+
+_LOOPBACK = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|localhost|::1)$")
+
+
+def _clean(text: str, secret: str = "", limit: int = 200) -> str:
+    """Provider text fit for an error message: the key cut out, control characters replaced, shortened."""
+    if secret:
+        text = text.replace(secret, "<key>")
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_api_url(url: str) -> str:
+    """``url`` without a trailing slash, or ``ProviderError("config")``: https, or http to a loopback address
+    only (the key travels in a header), no credentials, query or fragment."""
+    parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ProviderError("config", f"API URL must be an https:// URL, not {_clean(str(url))!r}")
+    if parts.scheme == "http" and not _LOOPBACK.match(parts.hostname):
+        raise ProviderError("config", f"API URL {_clean(url)!r}: plain http only to a loopback address")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ProviderError(
+            "config", f"API URL {_clean(url)!r} must not hold credentials, a query or a fragment"
+        )
+    return url.rstrip("/")
+
+
+def http_json(
+    method: str,
+    url: str,
+    key: str,
+    body: Optional[Dict[str, Any]] = None,
+    deadline_s: float = DEADLINE_S,
+    max_body: int = MAX_BODY,
+) -> Tuple[int, Any]:
+    """One JSON call with ``Authorization: Bearer KEY``: (status, the decoded JSON, None for an empty body).
+    2xx, 404 and 409 come back; anything else is a ``ProviderError``.
+
+    ``deadline_s`` bounds the whole call, name lookup, connect, headers and body together: the exchange runs
+    in a worker thread that is waited for that long, and a timer shuts its socket when the time is up (so a
+    dripping answer cannot stretch it; only a hung name lookup can outlive it, in the background)."""
+    check_api_url(url)
+    parts = urllib.parse.urlsplit(url)
+    what = f"{method} {parts.hostname}{parts.path}"
+    headers = {"Authorization": "Bearer " + key, "Accept": "application/json", "User-Agent": "gputui-agent"}
+    payload = None
+    if body is not None:
+        payload = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    box: List[Any] = []
+
+    def work() -> None:
+        try:
+            box.append(_exchange(parts, method, payload, headers, deadline_s, max_body, what))
+        except ProviderError as exc:
+            box.append(exc)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            box.append(
+                ProviderError("network", f"{what}: {_clean(type(exc).__name__ + ': ' + str(exc), key)}")
+            )
+
+    worker = threading.Thread(target=work, name="provider-call", daemon=True)
+    worker.start()
+    worker.join(deadline_s + 0.5)
+    if not box:
+        raise ProviderError("timeout", f"{what}: no complete answer within {deadline_s:g} s")
+    if isinstance(box[0], ProviderError):
+        raise box[0]
+    status, data, location, retry_after = box[0]
+    return status, _decode(status, data, what, key, location, retry_after)
+
+
+def _exchange(
+    parts: "urllib.parse.SplitResult", method: str, payload: Optional[bytes], headers: Dict[str, str],
+    deadline_s: float, max_body: int, what: str,
+) -> Tuple[int, bytes, str, str]:  # fmt: skip
+    """The request and the whole answer: (status, body, Location, Retry-After), within ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    host, port = parts.hostname or "", parts.port
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            host, port, timeout=deadline_s, context=ssl.create_default_context()
+        )
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=deadline_s)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(deadline_s, cut)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.request(method, parts.path or "/", body=payload, headers=headers)
+        resp = conn.getresponse()
+        data = _read_body(resp, max_body, end, what)
+        result = (resp.status, data, resp.getheader("Location") or "", resp.getheader("Retry-After") or "")
+    except (OSError, http.client.HTTPException):
+        if expired.is_set() or time.monotonic() >= end:
+            raise ProviderError("timeout", f"{what}: no complete answer within {deadline_s:g} s") from None
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():
+        raise ProviderError("timeout", f"{what}: no complete answer within {deadline_s:g} s")
+    return result
+
+
+def _read_body(resp: http.client.HTTPResponse, max_body: int, end: float, what: str) -> bytes:
+    length = resp.getheader("Content-Length")
+    if length and length.strip().isdigit() and int(length) > max_body:
+        raise ProviderError("bad_answer", f"{what}: answer of {int(length)} bytes, more than {max_body}")
+    chunks, size = [], 0
+    while True:
+        if time.monotonic() >= end:
+            raise socket.timeout("deadline")
+        chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > max_body:
+            raise ProviderError("bad_answer", f"{what}: answer longer than {max_body} bytes")
+        chunks.append(chunk)
+
+
+def _decode(status: int, data: bytes, what: str, key: str, location: str, retry_after: str) -> Any:
+    """The JSON of a 2xx / 404 / 409 answer; a ``ProviderError`` for any other status or for bad JSON."""
+    text = _clean(data.decode("utf-8", "replace"), key)
+    if 300 <= status < 400:
+        raise ProviderError(
+            "redirect",
+            f"{what}: redirected ({status}) to {_clean(location, key)!r}; redirects are never followed",
+        )
+    if status in (401, 403):
+        raise ProviderError("auth", f"{what}: the API key was refused ({status}): {text}")
+    if status == 429:
+        wait = f" (retry after {_clean(retry_after, key, 20)} s)" if retry_after else ""
+        raise ProviderError("rate_limited", f"{what}: rate limited (429){wait}")
+    if status >= 500:
+        raise ProviderError("server", f"{what}: provider error {status}: {text}")
+    if not (200 <= status < 300 or status in (404, 409)):
+        raise ProviderError("bad_answer", f"{what}: unexpected status {status}: {text}")
+    if not data.strip():
+        return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        if status in (404, 409):
+            return None
+        raise ProviderError("bad_answer", f"{what}: answer is not JSON: {text}") from None
+
+
+# ---- field checks ----------------------------------------------------------------------------------------------
+
+
+def _bad(provider: str, field: str, value: Any, wanted: str) -> ProviderError:
+    shown = _clean(repr(value), limit=60)
+    return ProviderError("bad_answer", f"{provider} API: {field} must be {wanted}, not {shown}")
+
+
+def field_str(obj: Dict[str, Any], name: str, provider: str, optional: bool = False) -> Optional[str]:
+    """``obj[name]`` as a short string (None where ``optional`` and absent/null), else a ``ProviderError``."""
+    value = obj.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > 200:
+        raise _bad(provider, name, value, "a string")
+    return value
+
+
+def field_price(obj: Dict[str, Any], name: str, provider: str, scale: float = 1.0) -> Optional[float]:
+    """A price per hour: a number (or a decimal string), finite, 0 to ``MAX_PRICE``; None when absent/null."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and re.match(r"^\s*\d{1,9}(\.\d{1,12})?\s*$", value):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(provider, name, value, "a number")
+    price = float(value) * scale
+    if not math.isfinite(price) or not 0 <= price <= MAX_PRICE:
+        raise _bad(provider, name, value, f"a price from 0 to {MAX_PRICE:g} per hour")
+    return price
+
+
+def _epoch(obj: Dict[str, Any], name: str, provider: str) -> Optional[float]:
+    """A time as epoch seconds: a number, or an ISO 8601 string (``...Z`` allowed); None when absent/null."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().replace("Z", "+00:00").replace("z", "+00:00")
+        # Python 3.8 reads a fraction of exactly 3 or 6 digits only: make it 6
+        text = re.sub(r"\.(\d{1,9})", lambda m: "." + (m.group(1) + "00000")[:6], text, count=1)
+        try:
+            when = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise _bad(provider, name, value, "an ISO 8601 time") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        return when.timestamp()
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise _bad(provider, name, value, "a time")
+    return float(value)
+
+
+def _obj(value: Any, provider: str, what: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(provider, what, value, "a JSON object")
+    return value
+
+
+# ---- the providers ---------------------------------------------------------------------------------------------
+
+_RUNPOD_STATES = {"RUNNING": RUNNING, "EXITED": STOPPED, "TERMINATED": TERMINATED, "CREATED": STARTING}
+
+
+def _runpod_instance(data: Any, pod_id: str) -> Instance:
+    pod = _obj(data, RUNPOD, "the pod")
+    if pod.get("id") is not None and pod.get("id") != pod_id:
+        raise _bad(RUNPOD, "id", pod.get("id"), f"the pod asked for ({pod_id})")
+    status = field_str(pod, "desiredStatus", RUNPOD) or ""
+    volume = field_str(pod, "networkVolumeId", RUNPOD, optional=True)
+    why = ""
+    if volume:
+        why = f"pod {pod_id} has a network volume ({_clean(volume, limit=40)}): RunPod can only terminate it"
+    return Instance(
+        RUNPOD, pod_id, _RUNPOD_STATES.get(status, OTHER), status, field_price(pod, "costPerHr", RUNPOD),
+        _epoch(pod, "lastStartedAt", RUNPOD), not why, why,
+    )  # fmt: skip
+
+
+def _vast_state(actual: Optional[str], cur: Optional[str]) -> str:
+    if actual == "stopped" or cur == "stopped":
+        return STOPPED  # docs: "Container is halted. Disk charges continue; no GPU charges."
+    if actual in ("running", "frozen"):
+        return RUNNING  # both bill the GPU
+    if actual in (None, "loading", "created", "scheduling"):
+        return STARTING
+    return OTHER
+
+
+def _vast_instance(data: Any, instance_id: str) -> Optional[Instance]:
+    """The instance in a show-instance answer; None when the answer says there is none (destroyed)."""
+    body = _obj(data, VASTAI, "the answer")
+    inst = body.get("instances")
+    if inst is None or inst == {} or inst == []:
+        return None
+    inst = _obj(inst, VASTAI, "instances")
+    got = inst.get("id")
+    if got is not None and (isinstance(got, bool) or str(got) != instance_id):
+        raise _bad(VASTAI, "id", got, f"the instance asked for ({instance_id})")
+    actual = field_str(inst, "actual_status", VASTAI, optional=True)
+    cur = field_str(inst, "cur_state", VASTAI, optional=True)
+    price = field_price(inst, "dph_total", VASTAI)
+    return Instance(
+        VASTAI, instance_id, _vast_state(actual, cur), f"{actual or 'null'}/{cur or 'null'}", price,
+        _epoch(inst, "start_date", VASTAI), True,
+    )  # fmt: skip
+
+
+def _call(
+    detected: Detected, method: str, path: str, body: Optional[Dict[str, Any]], api_url: Optional[str],
+    env: Optional[Dict[str, str]], deadline_s: float,
+) -> Tuple[int, Any]:  # fmt: skip
+    key = _key_of(detected, env)
+    base = check_api_url(api_url or API_URLS[detected.provider])
+    return http_json(method, base + path, key, body, deadline_s)
+
+
+def _path(detected: Detected) -> str:
+    quoted = urllib.parse.quote(detected.instance_id, safe="")
+    return f"/pods/{quoted}" if detected.provider == RUNPOD else f"/instances/{quoted}/"
+
+
+def _read(
+    detected: Detected, api_url: Optional[str], env: Optional[Dict[str, str]], deadline_s: float,
+) -> Optional[Instance]:  # fmt: skip
+    """The instance now; None when the provider says it does not exist (404, or vast.ai's empty answer)."""
+    status, data = _call(detected, "GET", _path(detected), None, api_url, env, deadline_s)
+    if status in (404, 409):
+        return None
+    if detected.provider == RUNPOD:
+        return _runpod_instance(data, detected.instance_id)
+    return _vast_instance(data, detected.instance_id)
+
+
+def instance(
+    detected: Detected, api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+    deadline_s: float = DEADLINE_S,
+) -> Instance:  # fmt: skip
+    """This host's instance as the provider reports it (state, price per hour, ...).
+
+    ``api_url`` overrides the provider's base (``[providers.NAME] api_url``); ``env`` is for tests, as in
+    ``detect``."""
+    found = _read(detected, api_url, env, deadline_s)
+    if found is None:
+        raise ProviderError(
+            "not_found", f"{detected.provider}: no instance {detected.instance_id} for this key"
+        )
+    return found
+
+
+def check(
+    detected: Detected, mode: Optional[str] = None, api_url: Optional[str] = None,
+    env: Optional[Dict[str, str]] = None, deadline_s: float = DEADLINE_S,
+) -> Instance:  # fmt: skip
+    """Prove, without side effects, that a release would work: the key is accepted and the instance answers
+    (and, with ``mode``, that the provider can do that mode for it). The instance, or a ``ProviderError``."""
+    found = instance(detected, api_url, env, deadline_s)
+    if mode is not None:
+        _check_mode(found, mode)
+    return found
+
+
+def _check_mode(found: Instance, mode: str) -> None:
+    if mode not in MODES:
+        raise ProviderError("config", f"release mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "stop" and not found.can_stop:
+        raise ProviderError("unsupported", found.why_no_stop + ' (set release_mode = "terminate")')
+
+
+def release(
+    detected: Detected, mode: str, api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+    deadline_s: float = DEADLINE_S,
+) -> None:  # fmt: skip
+    """Ask the provider to stop (``mode="stop"``) or terminate this instance. The provider accepting the request
+    is not the bill stopping: follow with ``confirm``. Raises ``ProviderError`` (``unsupported`` for a mode the
+    provider cannot do for this instance, saying why)."""
+    if mode not in MODES:
+        raise ProviderError("config", f"release mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if detected.provider == RUNPOD and mode == "stop":
+        _check_mode(instance(detected, api_url, env, deadline_s), mode)
+    path = _path(detected)
+    if detected.provider == RUNPOD:
+        method, path, body = ("POST", path + "/stop", None) if mode == "stop" else ("DELETE", path, None)
+    else:
+        method, body = ("PUT", {"state": "stopped"}) if mode == "stop" else ("DELETE", None)
+    status, data = _call(detected, method, path, body, api_url, env, deadline_s)
+    if status == 404:
+        raise ProviderError("not_found", f"{detected.provider}: no instance {detected.instance_id} to {mode}")
+    if status == 409:
+        raise ProviderError("bad_answer", f"{detected.provider}: {mode} refused (409 conflict)")
+    if detected.provider == VASTAI and isinstance(data, dict) and data.get("success") is False:
+        msg = data.get("msg") or data.get("error") or ""
+        raise ProviderError("bad_answer", f"vastai: {mode} refused: {_clean(str(msg))}")
+
+
+def reached(found: Optional[Instance], mode: str) -> bool:
+    """Whether the bill for compute has stopped as ``mode`` asked: stop is satisfied by stopped or terminated,
+    terminate only by terminated (or by the instance being gone)."""
+    if found is None:
+        return True
+    return found.state == TERMINATED or (mode == "stop" and found.state == STOPPED)
+
+
+def confirm(
+    detected: Detected, mode: str, timeout_s: float = 300.0, interval_s: float = 5.0,
+    api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+    deadline_s: float = DEADLINE_S, sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Confirmed:  # fmt: skip
+    """Read the instance back until the provider says stopped / terminated, for at most ``timeout_s``.
+
+    Transient errors (timeouts, 429, 5xx) are retried within the bound; a refused key or a broken answer ends
+    it at once. Past the bound: ``ProviderError("unconfirmed")`` naming the last state seen. Note a stop or
+    terminate ends the container this runs in: a confirm from the host may die with it (callers record the
+    request first)."""
+    if mode not in MODES:
+        raise ProviderError("config", f"release mode must be one of {', '.join(MODES)}, not {mode!r}")
+    end, polls, last = clock() + timeout_s, 0, "no answer"
+    while True:
+        polls += 1
+        try:
+            found = _read(detected, api_url, env, min(deadline_s, max(1.0, end - clock())))
+        except ProviderError as exc:
+            if not exc.retryable:
+                raise
+            last = str(exc)
+        else:
+            if reached(found, mode):
+                how = "the provider no longer lists it" if found is None else found.provider_state
+                return Confirmed(
+                    TERMINATED if found is None else found.state, polls, f"{detected.provider}: {how}"
+                )
+            last = f"{found.state} ({found.provider_state})" if found else last
+        if clock() + interval_s > end:
+            raise ProviderError(
+                "unconfirmed",
+                f"{detected.provider}: instance {detected.instance_id} not {_DONE[mode]} after {timeout_s:g} s "
+                f"({polls} reads); last: {last}",
+            )
+        sleep(interval_s)
+
+
+def describe(detected: Detected) -> Dict[str, str]:
+    """What may be shown or sent about a detection (the provider, the id, the source): never the key."""
+    return {"provider": detected.provider, "instance_id": detected.instance_id, "source": detected.source,
+            "note": detected.note}  # fmt: skip
+
+
+__all__ = [
+    "API_URLS", "MODES", "Confirmed", "Detected", "Instance", "ProviderError", "check", "check_api_url",
+    "confirm", "describe", "detect", "http_json", "instance", "parse_env_file", "parse_environ", "reached",
+    "release",
+]  # fmt: skip
