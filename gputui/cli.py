@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from . import launch
+from . import __version__, launch
 from .core import autostop, jsonout, safetext
 from .core import config as cfg
 from .core import doctor as D
@@ -700,10 +700,11 @@ async def cmd_forward(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputui",
-        description="Watch, run and release jobs on GPU hosts.",
+        description=f"Watch, run and release jobs on GPU hosts. (gputui {__version__})",
         epilog="Without a command gputui opens the app (on a terminal) or prints `gputui status` (when piped).",
     )
     p.add_argument("--config", help=CONFIG_HELP)
+    p.add_argument("--version", action="version", version=f"gputui {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     r = sub.add_parser(
@@ -846,6 +847,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
                     help="seconds the torch probe may take (default 60)")  # fmt: skip
     dr.set_defaults(func=cmd_doctor)
+    from . import cli_hosts  # add, remove, hosts
+
+    cli_hosts.register(sub)
     _document(sub)
     return p
 
@@ -939,8 +943,8 @@ def _main(argv: list[str] | None = None) -> None:
     if extra:
         parser.parse_args(argv)  # argparse's own error for them
     if command is not None:
-        if args.cmd != "run":
-            parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")
+        if args.cmd not in ("run", "add"):
+            parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...], gputui add NAME -- ssh ...")
         args.command = command
     if args.cmd is None:
         if sys.stdin.isatty() and sys.stdout.isatty():
