@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a.add_argument("destination", nargs="?", metavar="DESTINATION",
                    help="what ssh takes: USER@HOST, HOST, ssh://USER@HOST:PORT, [IPv6], an ~/.ssh/config alias, "
                         'or a quoted "ssh ..." line')  # fmt: skip
-    a.add_argument("-p", "--port", type=cli._bounded(1, 65535, integer=True), metavar="PORT")
+    a.add_argument("-p", "--port", type=cli._bounded(1, 65535, integer=True), metavar="PORT", help="the SSH port")
     a.add_argument("-i", "--identity-file", metavar="KEY", help="the private key to log in with")
     a.add_argument("--price", type=cli._bounded(0, 1e6), metavar="X", help="price per hour (price_per_hour)")
     a.add_argument("-y", "--yes", action="store_true", help="trust the host's key without asking")
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a.set_defaults(func=cmd_add, command=None)
 
     rm = sub.add_parser("remove", help="remove a host's [hosts.NAME] table (asks; never touches the host)")
-    rm.add_argument("name", metavar="NAME")
+    rm.add_argument("name", metavar="NAME", help="the host's name in the config (gputui hosts lists them)")
     rm.add_argument("--force", action="store_true", help="remove even while jobs run (they keep running)")
     rm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     rm.set_defaults(func=cmd_remove)

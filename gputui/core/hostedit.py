@@ -355,9 +355,12 @@ def with_host(file: ConfigFile, name: str, table: Mapping[str, Any]) -> str:
     if text.strip() and not text.endswith("\n\n"):
         text += "\n"
     text += render_table(name, table)
-    after = _data(text, file.path)
     expected = dict(before)
     expected["hosts"] = {**_hosts(before), name: dict(table)}
+    try:
+        after: Any = _data(text, file.path)
+    except EditError:
+        after = None
     if after != expected:
         raise EditError(f"{file.path}: the file's TOML does not take a [hosts.{name}] table at its end (hosts "
                         "written inline?): add it by hand")  # fmt: skip
