@@ -4,7 +4,12 @@ and the whole flow against the real test sshd (tests/sshd.py)."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -335,3 +340,57 @@ def test_version(home: Home) -> None:
 
     assert home.cli("--version", check=True).stdout.strip() == f"gputui {__version__}"
     assert f"(gputui {__version__})" in home.cli("--help", check=True).stdout
+
+
+def _on_a_terminal(home: SshHome, args: list[str], reply: str) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal, answering ``reply`` to each ``[y/N]`` question."""
+    main, sub = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gputui", *args], env=home.env, stdin=sub, stdout=sub, stderr=sub)
+    os.close(sub)
+    out, asked = b"", 0
+    try:
+        while True:
+            ready, _, _ = select.select([main], [], [], 60.0)
+            if not ready:
+                raise AssertionError(f"no output within 60 s: {out!r}")
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if out.rstrip().endswith(b"[y/N]") and out.count(b"[y/N]") > asked:
+                asked += 1
+                os.write(main, reply.encode() + b"\n")
+        return proc.wait(timeout=60), out.decode("utf-8", "replace")
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_add_on_a_terminal_asks_about_the_key(ssh_home: SshHome) -> None:
+    config = _fresh(ssh_home)
+    before = config.read_text()
+    code, out = _on_a_terminal(ssh_home, _add(ssh_home), "n")
+    assert code == 1 and ssh_home.sshd.fingerprint() in out and "not trusted" in out, out
+    assert config.read_text() == before and not (ssh_home.root / ".ssh" / "known_hosts").exists()
+    code, out = _on_a_terminal(ssh_home, _add(ssh_home), "y")
+    assert code == 0 and "added [hosts.gpu1]" in out, out
+    assert "[hosts.gpu1]" in config.read_text()
+
+
+def test_add_refuses_a_host_whose_key_changed(ssh_home: SshHome) -> None:
+    from sshd import keygen
+
+    config = _fresh(ssh_home)
+    before = config.read_text()
+    impostor = keygen(ssh_home.root / "impostor")
+    kind, data = impostor.with_suffix(".pub").read_text().split()[:2]
+    known = ssh_home.root / ".ssh" / "known_hosts"
+    known.parent.mkdir(mode=0o700)
+    known.write_text(f"[127.0.0.1]:{ssh_home.sshd.port} {kind} {data}\n")
+    res = ssh_home.cli(*_add(ssh_home, "--yes"))
+    assert res.returncode == REFUSED and "the host key CHANGED" in res.stderr, res.stderr
+    assert config.read_text() == before and known.read_text() == f"[127.0.0.1]:{ssh_home.sshd.port} {kind} {data}\n"
