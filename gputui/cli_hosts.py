@@ -128,6 +128,7 @@ def _planned(file: ConfigFile, name: str, table: dict[str, Any]) -> tuple[str, c
 async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> None:
     """Connect to the new host, trust its key (asking), run the doctor; then write its table."""
     from .core import hostedit as H
+    from .core import known_hosts as kh
     from .core import trust as T
 
     file = _read_config(args.config)
@@ -150,7 +151,7 @@ async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> No
     try:
         if check.trusted_in is None:  # connect trusting exactly the key accepted; known_hosts only on success
             known = str(Path(pinned) / "known_hosts")
-            T.kh.append(known, check.target.key_name, check.target.port, check.key)
+            kh.append(known, check.target.key_name, check.target.port, check.key)
             host = replace(host, known_hosts=known)
         found = await _check_host(replace(config, hosts={name: host}), name, table)
     finally:

@@ -466,7 +466,7 @@ def source(host: cfg.HostConfig, aliases: Sequence[str]) -> str:
     """Where a host's address comes from: ``local``, ``ssh_config`` (an alias there) or ``config``."""
     if host.transport == "local":
         return "local"
-    return "ssh_config" if host.address in aliases and host.address == (host.host or host.name) else "config"
+    return "ssh_config" if host.address in aliases else "config"
 
 
 def address(host: cfg.HostConfig) -> str:
