@@ -144,6 +144,12 @@ def test_removing_a_table_between_others_keeps_the_comments_of_the_next(tmp_path
     )  # its own comment block went with it; the next table's stayed
 
 
+def test_the_comments_heading_the_file_or_ending_the_table_before_stay(tmp_path: Path) -> None:
+    text = '# my config\n[hosts.a]\nhost = "a"\n# was: port = 2\n[hosts.b]\nhost = "b"\n'
+    assert H.without_host(_file(tmp_path, text), "a") == '# my config\n# was: port = 2\n[hosts.b]\nhost = "b"\n'
+    assert H.without_host(_file(tmp_path, text), "b") == '# my config\n[hosts.a]\nhost = "a"\n# was: port = 2\n'
+
+
 def test_a_sub_table_goes_with_its_host(tmp_path: Path) -> None:
     text = '[hosts.a]\nhost = "a"\n\n[hosts.a.notify]\nntfy = "t"\n\n[hosts.b]\nhost = "b"\n'
     assert H.without_host(_file(tmp_path, text), "a") == '[hosts.b]\nhost = "b"\n'

@@ -412,8 +412,8 @@ def without_host(file: ConfigFile, name: str) -> str:
     top = start
     while top > 0 and lines[top - 1].lstrip().startswith("#"):
         top -= 1
-    if top < start and top > 0 and lines[top - 1].strip():
-        top = start  # no blank line above the comments: they end the table before, they stay
+    if top < start and (top == 0 or lines[top - 1].strip()):
+        top = start  # no blank line above the comments: they end the table before (or head the file), they stay
     if top > 0 and not lines[top - 1].strip() and (end == len(lines) or not lines[end].strip()):
         top -= 1  # one blank line of the two around the cut
     while top == 0 and end < len(lines) and not lines[end].strip():
