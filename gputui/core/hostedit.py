@@ -393,7 +393,7 @@ def _is_comment_or_blank(line: str) -> bool:
 
 
 def without_host(file: ConfigFile, name: str) -> str:
-    """The config's text without ``[hosts.NAME]`` (and its sub-tables, and the comment block right above
+    """The config's text without ``[hosts.NAME]`` (and its sub-tables, and the comment block set off above
     its header); every other byte as it was. Comments after its last key stay: they lead the next table."""
     before = _data(file.text, file.path)
     if name not in _hosts(before):
