@@ -1,139 +1,294 @@
-"""The fleet: ``status``, ``cost``, ``doctor``, ``trust`` — each command's parser beside its handler."""
+"""``gputui add``, ``gputui remove`` and ``gputui hosts``: the fleet's hosts, edited from the command line.
+
+``add`` connects first (the host key shown and asked about, as ``gputui trust`` does; the doctor's checks run
+and printed) and writes the ``[hosts.NAME]`` table only when all that worked. ``remove`` cuts a table out and
+never touches the host. The config file itself is edited by :mod:`gputui.core.hostedit`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import asyncio
+import contextlib
+import shutil
 import sys
-import time
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..core import config as cfg
 from ..core import doctor as D
 from ..core import jsonout
 from ..core import model as M
 from ..core.errors import ExitStatus
-from ..core.fleet import Fleet
-from ..core.gather import gather_hosts
-from ..core.session import HostSession
-from ..core.spend import fleet_spend
-from ..tables import print_cost, print_status
-from .common import CliError, ask, host_names, hosts_status, open_fleet
+from .common import CliError, ask, bounded
 
+if TYPE_CHECKING:
+    from ..core.hostedit import ConfigFile, Destination
+    from ..core.session import HostSession
+    from ..core.trust import TrustCheck
 
-async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
-    """Connect to each host, take one sample and the job list; (snapshots with cost, exit status)."""
-
-    async def probe(s: HostSession) -> None:
-        await s.sample()
-        await s.list_jobs()
-        if s.scheduler == "slurm":
-            await s.cluster_info()
-
-    results = await gather_hosts(fleet, list(fleet.sessions), probe)
-    snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
-    return snaps, hosts_status(results)
-
-
-async def cmd_status(args: argparse.Namespace) -> int:
-    async with open_fleet(args) as fleet:
-        snaps, status = await _probe_fleet(fleet)
-    if args.json:
-        print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}))
-    else:
-        print_status(list(snaps.values()))
-    return status
-
-
-async def cmd_cost(args: argparse.Namespace) -> int:
-    since = 0.0
-    if args.since:
-        try:
-            since = datetime.datetime.fromisoformat(args.since).timestamp()
-        except ValueError:
-            raise CliError(f"--since {args.since!r}: expected a date like 2026-11-01", ExitStatus.USAGE) from None
-    async with open_fleet(args) as fleet:
-        snaps, status = await _probe_fleet(fleet)
-    now = time.time()
-    hosts, accrued = [], {}
-    for name, snap in snaps.items():
-        c = snap.cost or M.CostInfo()
-        live = snap.state == M.CONNECTED
-        accrued[name] = fleet.ledger.spent(name, now, live, since=since)
-        hosts.append({"name": name, "state": snap.state, **c.to_json(), "accrued": accrued[name],
-                      "by_day": fleet.ledger.by_day(name, now, live, since=since)})  # fmt: skip
-    spend = fleet_spend(list(snaps.values()), fleet.config, accrued)
-    if args.json:
-        one = spend.single  # mixed currencies are never added up: the totals are per currency then
-        out = {"currency": one and one.currency, "hosts": hosts, "total": one and one.accrued,
-               "today": one and one.today, "month": one and one.month, "burn_per_hour": one and one.burn_per_hour,
-               "by_currency": [s.to_json() for s in spend.by_currency],
-               "budget": [a.to_json() for a in spend.alerts]}  # fmt: skip
-        print(jsonout.dumps(out))
-        return status
-    print_cost(hosts, spend)
-    for alert in spend.alerts:
-        print(f"budget: {alert.message}", file=sys.stderr)
-    return status
-
-
-async def cmd_doctor(args: argparse.Namespace) -> int:
-    if not 0 < args.timeout <= 600:
-        raise CliError("--timeout must be between 0 and 600 seconds", ExitStatus.USAGE)
-    async with open_fleet(args) as fleet:
-        results = await gather_hosts(
-            fleet, host_names(fleet.config, args.host), lambda s: D.run_doctor(s, args.python, args.timeout),
-            limit=D.HOSTS_AT_ONCE,
-        )  # fmt: skip
-    reports = [
-        D.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
-        for name, res in results.items()
-    ]
-    if args.json:
-        print(jsonout.dumps({"hosts": [r.to_json() for r in reports]}))
-    else:
-        print("\n\n".join(D.format_report(r) for r in reports))
-    return hosts_status(results) or (ExitStatus.FAILED if any(r.failed for r in reports) else ExitStatus.OK)
-
-
-async def cmd_trust(args: argparse.Namespace) -> int:
-    """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
-    from ..core import trust as T  # asyncssh is only imported when an SSH host is used
-
-    check = await T.check_host_key(cfg.load(args.config), args.host)  # NoHostKey: a usage error
-    print(f"{args.host} ({check.target.pattern}) presents {check.description}")
-    if check.trusted_in is not None:
-        print(f"already trusted in {check.trusted_in}")
-        return ExitStatus.OK
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CliError("not trusted: confirm on a terminal, or pass --yes", ExitStatus.USAGE)
-        print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
-        if not ask(f"Trust this key and add it to {check.path}? [y/N] "):
-            raise CliError("not trusted")
-    print(f"added {check.target.pattern} to {T.trust(check, hashed=args.hash)}")
-    return ExitStatus.OK
+#: The hook for provider detection (issue 26): given the new host's connected session and the table to be
+#: written, the keys it found (``price_per_hour``, ``release``, ...) to add where the user set none; None:
+#: nothing found. Until it is set, ``gputui add`` says that no provider was detected.
+ProviderDetector = Callable[["HostSession", dict[str, Any]], Awaitable["dict[str, Any] | None"]]
+detect_provider: ProviderDetector | None = None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    st = sub.add_parser("status", help="hosts, GPUs and jobs")
-    st.add_argument("--json", action="store_true")
-    st.set_defaults(func=cmd_status)
+    """Add the ``add``, ``remove`` and ``hosts`` commands to the CLI's subparsers."""
+    a = sub.add_parser(
+        "add", help="add an SSH host: connect, trust its key (asks), run the doctor's checks, write [hosts.NAME]",
+        usage="%(prog)s NAME DESTINATION [-p PORT] [-i KEY] [--price X] [--yes]\n"
+              "       %(prog)s NAME [--price X] [--yes] -- ssh [USER@]HOST [-p PORT] [-i KEY]\n"
+              "       %(prog)s --from-ssh-config ALIAS [ALIAS ...] [--yes]",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=ADD_EXAMPLES,
+    )  # fmt: skip
+    a.add_argument("name", nargs="?", metavar="NAME", help="the host's name in gputui (letters, digits, . _ -)")
+    a.add_argument("destination", nargs="?", metavar="DESTINATION",
+                   help="what ssh takes: USER@HOST, HOST, ssh://USER@HOST:PORT, [IPv6], an ~/.ssh/config alias, "
+                        'or a quoted "ssh ..." line')  # fmt: skip
+    a.add_argument("-p", "--port", type=bounded(1, 65535, integer=True), metavar="PORT", help="the SSH port")
+    a.add_argument("-i", "--identity-file", metavar="KEY", help="the private key to log in with")
+    a.add_argument("--price", type=bounded(0, 1e6), metavar="X", help="price per hour (price_per_hour)")
+    a.add_argument("-y", "--yes", action="store_true", help="trust the host's key without asking")
+    a.add_argument("--from-ssh-config", nargs="+", metavar="ALIAS",
+                   help="add these ~/.ssh/config aliases, each under its own name (gputui hosts --ssh-config "
+                        "lists them)")  # fmt: skip
+    a.set_defaults(func=cmd_add, command=None)
 
-    tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")
-    tr.add_argument("host")
-    tr.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    tr.add_argument("--hash", action="store_true", help="store the host name hashed (HashKnownHosts)")
-    tr.set_defaults(func=cmd_trust)
+    rm = sub.add_parser("remove", help="remove a host's [hosts.NAME] table (asks; never touches the host)")
+    rm.add_argument("name", metavar="NAME", help="the host's name in the config (gputui hosts lists them)")
+    rm.add_argument("--force", action="store_true", help="remove even while jobs run (they keep running)")
+    rm.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    rm.set_defaults(func=cmd_remove)
 
-    co = sub.add_parser("cost", help="hourly price, accrued cost per host and day, budgets")
-    co.add_argument("--json", action="store_true")
-    co.add_argument("--since", metavar="DATE", help="count from this date (YYYY-MM-DD) on")
-    co.set_defaults(func=cmd_cost)
+    hs = sub.add_parser("hosts", help="the configured hosts: where each comes from, address, price")
+    hs.add_argument("--json", action="store_true")
+    hs.add_argument("--ssh-config", action="store_true", help="also the ~/.ssh/config aliases not added yet")
+    hs.set_defaults(func=cmd_hosts)
 
-    dr = sub.add_parser("doctor", help="check driver, CUDA, torch, tmux, disk: ok/warn/fail with the fix")
-    dr.add_argument("host", nargs="?", help="one host (default: every host)")
-    dr.add_argument("--json", action="store_true")
-    dr.add_argument("--python", help="the jobs' interpreter on the host (default: python, else python3, on PATH)")
-    dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
-                    help="seconds the torch probe may take (default 60)")  # fmt: skip
-    dr.set_defaults(func=cmd_doctor)
+
+ADD_EXAMPLES = """examples:
+  gputui add gpu1 root@203.0.113.7 -p 22022 -i ~/.ssh/id_ed25519 --price 2.49
+  gputui add gpu1 -- ssh root@203.0.113.7 -p 22022 -i ~/.ssh/id_ed25519   (the provider's line, pasted)
+  gputui add box mybox                                                     (an alias of ~/.ssh/config)"""
+
+
+# --- add ------------------------------------------------------------------------------------------------------
+def _destinations(args: argparse.Namespace) -> list[tuple[str, Destination]]:
+    """(name, destination) of each host to add; a usage error for a command line that does not fit."""
+    from ..core import hostedit as H
+
+    try:
+        if args.from_ssh_config:
+            if args.name or args.destination or args.command or args.port or args.identity_file:
+                raise CliError("--from-ssh-config takes aliases only (each is added under its own name, "
+                               "with what ~/.ssh/config says for it)", ExitStatus.USAGE)  # fmt: skip
+            return [(alias, H.parse_destination(alias)) for alias in args.from_ssh_config]
+        if not args.name:
+            raise CliError("gputui add NAME DESTINATION (or NAME -- ssh ..., or --from-ssh-config ALIAS)", ExitStatus.USAGE)
+        dest = H.parse(args.destination, args.command)
+        return [(args.name, dest.merged(port=args.port, identity_file=args.identity_file))]
+    except H.DestinationError as exc:
+        raise CliError(str(exc), ExitStatus.USAGE) from None
+
+
+def _read_config(explicit: str | None) -> ConfigFile:
+    """The config file to edit (``--config``, ``$GPUTUI_CONFIG``, else the default; it may not exist yet)."""
+    from ..core import hostedit as H
+
+    path, _ = cfg.resolve_path(explicit)
+    assert path is not None
+    try:
+        return H.read(path)
+    except H.EditError as exc:
+        raise CliError(str(exc), ExitStatus.USAGE) from None
+
+
+async def cmd_add(args: argparse.Namespace) -> int:
+    for name, dest in _destinations(args):
+        await _add_one(args, name, dest)
+    return ExitStatus.OK
+
+
+def _planned(file: ConfigFile, name: str, table: dict[str, Any]) -> tuple[str, cfg.Config]:
+    """The config's new text with the host's table, and the config it loads as (errors: usage errors)."""
+    from ..core import hostedit as H
+
+    try:
+        text = H.with_host(file, name, table)
+        return text, cfg.parse(text, file.path)
+    except H.EditError as exc:
+        raise CliError(str(exc), ExitStatus.USAGE) from None
+
+
+async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> None:
+    """Connect to the new host, trust its key (asking), run the doctor; then write its table."""
+    from ..core import hostedit as H
+    from ..core import known_hosts as kh
+    from ..core import trust as T
+
+    file = _read_config(args.config)
+    table = dest.table()
+    if args.price is not None:
+        table["price_per_hour"] = args.price
+    text, config = _planned(file, name, table)
+    host = config.hosts[name]
+    twin = await H.same_host(config, host)
+    if twin is not None:
+        raise CliError(f"{name}: that host is configured already as {twin!r} (same address, port and user)",
+                       ExitStatus.USAGE)  # fmt: skip
+    check = await T.check_host_key(config, name)
+    print(f"{name} ({check.target.user}@{check.target.pattern}) presents {check.description}")
+    if check.trusted_in is not None:
+        print(f"already trusted in {check.trusted_in}")
+    else:
+        await _confirm_key(args, check)
+    pinned = tempfile.mkdtemp(prefix="gputui-add-")
+    try:
+        if check.trusted_in is None:  # connect trusting exactly the key accepted; known_hosts only on success
+            known = str(Path(pinned) / "known_hosts")
+            kh.append(known, check.target.key_name, check.target.port, check.key)
+            host = replace(host, known_hosts=known)
+        found = await _check_host(replace(config, hosts={name: host}), name, table)
+    finally:
+        shutil.rmtree(pinned, ignore_errors=True)
+    if found:
+        table = {**found, **table}
+        text, config = _planned(file, name, table)
+    if check.trusted_in is None:
+        print(f"added {check.target.pattern} to {T.trust(check)}")
+    try:
+        H.write(file, text)
+    except (H.EditError, OSError) as exc:
+        raise CliError(f"{name} not added: {exc}", ExitStatus.FAILED) from None
+    print(f"added [hosts.{name}] to {file.path}; try: gputui run {name} -- nvidia-smi")
+
+
+async def _confirm_key(args: argparse.Namespace, check: TrustCheck) -> None:
+    """The user's yes to an untrusted host key: --yes, or asked on a terminal; a CliError otherwise."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise CliError("not added: the host key is not trusted yet; confirm on a terminal, or pass --yes",
+                       ExitStatus.USAGE)  # fmt: skip
+    print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
+    if not await asyncio.to_thread(ask, f"Trust this key and add it to {check.path}? [y/N] "):
+        raise CliError("not added: the host key was not trusted", ExitStatus.FAILED)
+
+
+async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> dict[str, Any] | None:
+    """Connect, run the doctor's checks and print them; the keys provider detection found (None: none)."""
+    from ..core.fleet import Fleet
+
+    fleet = Fleet(config)
+    try:
+        session = fleet.session(name)
+        await session.start()
+        report = await D.run_doctor(session)
+        print(D.format_report(report))
+        if report.failed:
+            print(f"gputui: {name}: some checks failed (above); the host is added all the same", file=sys.stderr)
+        if detect_provider is None:
+            print("provider: not detected yet (set price_per_hour and release in its table by hand)")
+            return None
+        return await detect_provider(session, dict(table))
+    finally:
+        await fleet.close()
+
+
+# --- remove ---------------------------------------------------------------------------------------------------
+async def cmd_remove(args: argparse.Namespace) -> int:
+    """Cut ``[hosts.NAME]`` out of the config (asks; refuses while its jobs run unless --force)."""
+    from ..core import hostedit as H
+
+    file = _read_config(args.config)
+    if not file.exists:
+        raise CliError(f"{file.path}: no config file, so no host to remove", ExitStatus.USAGE)
+    try:
+        text = H.without_host(file, args.name)
+    except H.EditError as exc:
+        raise CliError(str(exc), ExitStatus.USAGE) from None
+    if not args.force:
+        await _refuse_while_busy(file.config(), args.name)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError(f"removing {args.name} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
+        if not await asyncio.to_thread(ask, f"Remove [hosts.{args.name}] from {file.path}? [y/N] "):
+            raise CliError("not removed", ExitStatus.FAILED)
+    try:
+        H.write(file, text)
+    except (H.EditError, OSError) as exc:
+        raise CliError(f"{args.name} not removed: {exc}", ExitStatus.FAILED) from None
+    print(f"removed [hosts.{args.name}] from {file.path} (nothing on the host was touched)")
+    return ExitStatus.OK
+
+
+async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
+    """A CliError when the host has jobs running or queued, or cannot be asked (--force skips this)."""
+    from ..core.fleet import Fleet
+    from ..core.link import AgentError, LinkClosed
+    from ..core.transport import HostError, HostUnavailable
+
+    fleet = Fleet(replace(config, hosts={name: config.host(name)}))
+    try:
+        session = fleet.session(name)
+        await session.start()
+        jobs = await session.list_jobs()
+    except (HostError, HostUnavailable, LinkClosed, AgentError) as exc:
+        raise CliError(f"not removed: cannot ask {name} whether jobs run there ({exc}); --force removes it "
+                       "anyway (jobs there keep running)", ExitStatus.UNREACHABLE) from None  # fmt: skip
+    finally:
+        with contextlib.suppress(Exception):
+            await fleet.close()
+    busy = [j for j in jobs if j.state in (M.JOB_RUNNING, M.JOB_QUEUED)]
+    if busy:
+        ids = ", ".join(f"{j.id} ({j.state})" for j in busy[:10]) + (" ..." if len(busy) > 10 else "")
+        raise CliError(f"not removed: {name} has {len(busy)} job(s) running or queued: {ids}; --force removes "
+                       "it anyway (they keep running; gputui kill stops one)", ExitStatus.FAILED)  # fmt: skip
+
+
+# --- hosts ----------------------------------------------------------------------------------------------------
+async def cmd_hosts(args: argparse.Namespace) -> int:
+    """Every configured host with where it comes from, its address and price; ssh_config aliases not added."""
+    from ..core import hostedit as H
+
+    config = cfg.load(args.config)
+    try:
+        aliases = H.ssh_config_aliases(config.ssh_config)
+    except H.EditError as exc:
+        raise CliError(str(exc), ExitStatus.USAGE) from None
+    rows = [
+        {"name": name, "source": H.source(host, aliases), "address": H.address(host), "provider": None,
+         "price_per_hour": host.price_per_hour, "currency": host.currency or config.currency}
+        for name, host in config.hosts.items()
+    ]  # fmt: skip
+    used = {h.address for h in config.hosts.values()} | set(config.hosts)
+    new = [a for a in aliases if a not in used] if args.ssh_config else []
+    if args.json:
+        out: dict[str, Any] = {"hosts": rows}
+        if args.ssh_config:
+            out["ssh_config_not_added"] = new
+        print(jsonout.dumps(out))
+        return ExitStatus.OK
+    _print_hosts(rows)
+    if args.ssh_config:
+        print(f"\n~/.ssh/config aliases not added: {', '.join(new) if new else 'none'}")
+        if new:
+            print(f"add them with: gputui add --from-ssh-config {' '.join(new)}")
+    return ExitStatus.OK
+
+
+def _print_hosts(rows: list[dict[str, Any]]) -> None:
+    head = ("NAME", "SOURCE", "ADDRESS", "PROVIDER", "PRICE/H")
+    table = [head] + [
+        (r["name"], r["source"], r["address"], r["provider"] or "-",
+         f"{r['price_per_hour']:g} {r['currency']}" if r["price_per_hour"] is not None else "-")
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -10,10 +10,10 @@ import select
 import sys
 from typing import Any
 
-from .. import appstart
+from .. import __version__, appstart
 from ..core import safetext
 from ..core.errors import ExitStatus, GputuiError
-from . import files, hosts, jobs, release
+from . import files, fleet, hosts, jobs, release
 
 CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
 #: Help of the arguments several commands share (a command's own help, where given, wins).
@@ -28,12 +28,13 @@ SHARED_HELP = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gputui",
-        description="Watch, run and release jobs on GPU hosts.",
+        description=f"Watch, run and release jobs on GPU hosts. (gputui {__version__})",
         epilog="Without a command gputui opens the app (on a terminal) or prints `gputui status` (when piped).",
     )
     p.add_argument("--config", help=CONFIG_HELP)
+    p.add_argument("--version", action="version", version=f"gputui {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    for family in (jobs, hosts, release, files):
+    for family in (jobs, fleet, release, files, hosts):
         family.register(sub)
     for name, parser in sub.choices.items():
         _document(parser, next(a.help for a in sub._choices_actions if a.dest == name))
@@ -93,8 +94,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if extra:
         parser.parse_args(argv)  # argparse's own error for them
     if command is not None:
-        if args.cmd != "run":
-            parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...]")
+        if args.cmd not in ("run", "add"):
+            parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...], gputui add NAME -- ssh ...")
         args.command = command
     if args.cmd is None:
         if sys.stdin.isatty() and sys.stdout.isatty():

@@ -1,0 +1,139 @@
+"""The fleet: ``status``, ``cost``, ``doctor``, ``trust`` — each command's parser beside its handler."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+
+from ..core import config as cfg
+from ..core import doctor as D
+from ..core import jsonout
+from ..core import model as M
+from ..core.errors import ExitStatus
+from ..core.fleet import Fleet
+from ..core.gather import gather_hosts
+from ..core.session import HostSession
+from ..core.spend import fleet_spend
+from ..tables import print_cost, print_status
+from .common import CliError, ask, host_names, hosts_status, open_fleet
+
+
+async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
+    """Connect to each host, take one sample and the job list; (snapshots with cost, exit status)."""
+
+    async def probe(s: HostSession) -> None:
+        await s.sample()
+        await s.list_jobs()
+        if s.scheduler == "slurm":
+            await s.cluster_info()
+
+    results = await gather_hosts(fleet, list(fleet.sessions), probe)
+    snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
+    return snaps, hosts_status(results)
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with open_fleet(args) as fleet:
+        snaps, status = await _probe_fleet(fleet)
+    if args.json:
+        print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}))
+    else:
+        print_status(list(snaps.values()))
+    return status
+
+
+async def cmd_cost(args: argparse.Namespace) -> int:
+    since = 0.0
+    if args.since:
+        try:
+            since = datetime.datetime.fromisoformat(args.since).timestamp()
+        except ValueError:
+            raise CliError(f"--since {args.since!r}: expected a date like 2026-11-01", ExitStatus.USAGE) from None
+    async with open_fleet(args) as fleet:
+        snaps, status = await _probe_fleet(fleet)
+    now = time.time()
+    hosts, accrued = [], {}
+    for name, snap in snaps.items():
+        c = snap.cost or M.CostInfo()
+        live = snap.state == M.CONNECTED
+        accrued[name] = fleet.ledger.spent(name, now, live, since=since)
+        hosts.append({"name": name, "state": snap.state, **c.to_json(), "accrued": accrued[name],
+                      "by_day": fleet.ledger.by_day(name, now, live, since=since)})  # fmt: skip
+    spend = fleet_spend(list(snaps.values()), fleet.config, accrued)
+    if args.json:
+        one = spend.single  # mixed currencies are never added up: the totals are per currency then
+        out = {"currency": one and one.currency, "hosts": hosts, "total": one and one.accrued,
+               "today": one and one.today, "month": one and one.month, "burn_per_hour": one and one.burn_per_hour,
+               "by_currency": [s.to_json() for s in spend.by_currency],
+               "budget": [a.to_json() for a in spend.alerts]}  # fmt: skip
+        print(jsonout.dumps(out))
+        return status
+    print_cost(hosts, spend)
+    for alert in spend.alerts:
+        print(f"budget: {alert.message}", file=sys.stderr)
+    return status
+
+
+async def cmd_doctor(args: argparse.Namespace) -> int:
+    if not 0 < args.timeout <= 600:
+        raise CliError("--timeout must be between 0 and 600 seconds", ExitStatus.USAGE)
+    async with open_fleet(args) as fleet:
+        results = await gather_hosts(
+            fleet, host_names(fleet.config, args.host), lambda s: D.run_doctor(s, args.python, args.timeout),
+            limit=D.HOSTS_AT_ONCE,
+        )  # fmt: skip
+    reports = [
+        D.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
+        for name, res in results.items()
+    ]
+    if args.json:
+        print(jsonout.dumps({"hosts": [r.to_json() for r in reports]}))
+    else:
+        print("\n\n".join(D.format_report(r) for r in reports))
+    return hosts_status(results) or (ExitStatus.FAILED if any(r.failed for r in reports) else ExitStatus.OK)
+
+
+async def cmd_trust(args: argparse.Namespace) -> int:
+    """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
+    from ..core import trust as T  # asyncssh is only imported when an SSH host is used
+
+    check = await T.check_host_key(cfg.load(args.config), args.host)  # NoHostKey: a usage error
+    print(f"{args.host} ({check.target.pattern}) presents {check.description}")
+    if check.trusted_in is not None:
+        print(f"already trusted in {check.trusted_in}")
+        return ExitStatus.OK
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("not trusted: confirm on a terminal, or pass --yes", ExitStatus.USAGE)
+        print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
+        if not ask(f"Trust this key and add it to {check.path}? [y/N] "):
+            raise CliError("not trusted")
+    print(f"added {check.target.pattern} to {T.trust(check, hashed=args.hash)}")
+    return ExitStatus.OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    st = sub.add_parser("status", help="hosts, GPUs and jobs")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=cmd_status)
+
+    tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")
+    tr.add_argument("host")
+    tr.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    tr.add_argument("--hash", action="store_true", help="store the host name hashed (HashKnownHosts)")
+    tr.set_defaults(func=cmd_trust)
+
+    co = sub.add_parser("cost", help="hourly price, accrued cost per host and day, budgets")
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--since", metavar="DATE", help="count from this date (YYYY-MM-DD) on")
+    co.set_defaults(func=cmd_cost)
+
+    dr = sub.add_parser("doctor", help="check driver, CUDA, torch, tmux, disk: ok/warn/fail with the fix")
+    dr.add_argument("host", nargs="?", help="one host (default: every host)")
+    dr.add_argument("--json", action="store_true")
+    dr.add_argument("--python", help="the jobs' interpreter on the host (default: python, else python3, on PATH)")
+    dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
+                    help="seconds the torch probe may take (default 60)")  # fmt: skip
+    dr.set_defaults(func=cmd_doctor)
