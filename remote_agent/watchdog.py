@@ -28,6 +28,12 @@ from .mring import latest_sample
 from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
+#: Who holds the lock (``{"pid", "build", "revision"}``), and a newer build's request that it exit (``{"pid",
+#: "build"}``): see ``run``.
+OWNER, STOP = "watchdog_owner.json", "watchdog.stop"
+#: Bumped when the watchdog's behaviour changes: a build never replaces a running watchdog of a higher one (an
+#: older client connecting must not bring old release logic back).
+REVISION = 2
 MAX_LOG_BYTES = 1024 * 1024
 RETRY_AFTER_FAILURE_S = 300.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
@@ -319,15 +325,117 @@ class Watchdog:
             self.retry_at = now + RETRY_AFTER_FAILURE_S
 
 
-def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
-    """The watchdog's main loop; returns when disarmed (and no job is queued), after a release, or when another
-    one runs. ``launcher``: the argv that runs this agent build (to launch the queue's jobs)."""
-    with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
+def build_id() -> str:
+    """This build's id: the hash in the name of the folder (or zipapp) holding the package, or ``dev``."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    name = os.path.basename(root)
+    name = name[: -len(".pyz")] if name.endswith(".pyz") else name
+    return name[len("gputui-agent-") :] if name.startswith("gputui-agent-") else "dev"
+
+
+def owner(state_dir: str) -> Optional[Dict[str, Any]]:
+    """The running watchdog's record (``OWNER``), or None when none says who it is."""
+    record = read_json(os.path.join(state_dir, OWNER))
+    return record if isinstance(record, dict) else None
+
+
+def replaceable(record: Optional[Dict[str, Any]]) -> bool:
+    """Whether this build should take over from the watchdog ``record`` describes: another build, of no higher
+    revision. A watchdog that recorded nothing (a build before records) cannot be asked to exit: it is left."""
+    if record is None or record.get("build") == build_id():
+        return False
+    try:
+        return int(record.get("revision") or 0) <= REVISION
+    except (TypeError, ValueError):
+        return True
+
+
+def takeover_wait_s(config: Optional[Dict[str, Any]]) -> float:
+    """How long a new watchdog waits for the old one to reach a safe point: a pass, with its hooks and sends."""
+    config = config or {}
+    hooks = 0.0
+    for key, default in (("interval", 15.0), ("pre_stop_timeout", 300.0), ("release_timeout", 120.0)):
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return 0  # one watchdog per state dir
+            hooks += float(config.get(key, default))
+        except (TypeError, ValueError):
+            hooks += default
+    return hooks + 3 * notify.TIMEOUT_S + 60.0
+
+
+def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
+    """The watchdog's main loop; returns when disarmed (and no job is queued), after a release, when another
+    one of this build (or a newer one) runs, or when a newer build asked it to exit. ``launcher``: the argv
+    that runs this agent build (to launch the queue's jobs).
+
+    One watchdog per state dir (the lock). One of an older build is asked to exit (``STOP``) at its next safe
+    point, between passes (never during a release), and waited for, bounded; then this one takes over.
+    """
+    with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
+        if not _take_lock(state_dir, lock):
+            return 0
+        write_json(os.path.join(state_dir, OWNER), {"pid": os.getpid(), "build": build_id(), "revision": REVISION})
+        _clear_stop(state_dir, None)
         return _loop(state_dir, launcher or [])
+
+
+def _locked(lock: Any) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _take_lock(state_dir: str, lock: Any) -> bool:
+    """Hold the lock; when an older build holds it, ask that one to exit and wait for it (bounded)."""
+    if _locked(lock):
+        return True
+    old = owner(state_dir)
+    if not replaceable(old) or old is None:
+        return False
+    pid, build = old.get("pid"), build_id()
+    write_json(os.path.join(state_dir, STOP), {"pid": pid, "build": build})
+    wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
+    log_line(state_dir, "build %s asks the watchdog of build %s (pid %s) to exit at its next safe point; waiting "
+                        "up to %.0f s" % (build, old.get("build"), pid, wait))  # fmt: skip
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        time.sleep(0.2)
+        if _locked(lock):
+            last = read_json(os.path.join(state_dir, STATE)) or {}
+            if last.get("pid") == pid and last.get("action") == "released":
+                log_line(state_dir, "build %s: the watchdog it replaces released the host; not taking over" % build)
+                return False
+            log_line(state_dir, "build %s takes over from build %s" % (build, old.get("build")))
+            return True
+        now = owner(state_dir)
+        if now is not None and now.get("pid") != pid:  # another new watchdog took over first
+            _clear_stop(state_dir, pid)
+            return False
+    _clear_stop(state_dir, pid)
+    log_line(state_dir, "the watchdog of build %s (pid %s) did not exit within %.0f s: it keeps running"
+                        % (old.get("build"), pid, wait))  # fmt: skip
+    return False
+
+
+def _clear_stop(state_dir: str, pid: Any) -> None:
+    """Remove the stop request (only the one for ``pid`` when given)."""
+    path = os.path.join(state_dir, STOP)
+    request = read_json(path)
+    if request is None or (pid is not None and isinstance(request, dict) and request.get("pid") != pid):
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def stop_requested(state_dir: str) -> Optional[str]:
+    """The build that asked this watchdog to exit, or None."""
+    request = read_json(os.path.join(state_dir, STOP))
+    if isinstance(request, dict) and request.get("pid") == os.getpid():
+        return str(request.get("build"))
+    return None
 
 
 def _loop(state_dir: str, launcher: List[str]) -> int:
@@ -357,6 +465,10 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
 
     try:
         while True:
+            newer = stop_requested(state_dir)  # a safe point: between passes
+            if newer is not None:
+                dog.log("exiting: build %s takes over from this build (%s)" % (newer, build_id()))
+                return 0
             config = dog.read_config()
             why = disarmed_because(config, facts["boot_id"])
             try:
@@ -380,8 +492,9 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
                 if state["action"] == "released":
                     return 0
             interval = float((config or {}).get("interval", 15.0)) if why is None else PASS_S
-            _nap(min(interval, PASS_S) if waiting else interval, os.path.join(state_dir, QUEUE))
+            _nap(min(interval, PASS_S) if waiting else interval, os.path.join(state_dir, QUEUE), state_dir)
     finally:
+        dog.notifier.finish(2 * notify.TIMEOUT_S)  # e.g. the ``released`` message, sent as the host goes
         for sampler in samplers:
             sampler.close()
 
@@ -393,27 +506,36 @@ def _taken(taken: Any, jobs: Any) -> Any:
     return taken[0], jobs.list()
 
 
-def _nap(seconds: float, queue_file: str) -> None:
-    """Sleep, waking early when the queue file changes (a submission)."""
+def _nap(seconds: float, queue_file: str, state_dir: str) -> None:
+    """Sleep, waking early when the queue file changes (a submission) or a newer build asks this one to exit."""
     def mtime() -> float:
         try:
             return os.stat(queue_file).st_mtime
         except OSError:
             return 0.0
 
-    seen, end = mtime(), time.monotonic() + seconds
-    while time.monotonic() < end and mtime() == seen:
+    seen, end, stop = mtime(), time.monotonic() + seconds, os.path.join(state_dir, STOP)
+    while time.monotonic() < end and mtime() == seen and not os.path.exists(stop):
         time.sleep(min(0.25, max(0.0, end - time.monotonic())))
 
 
 def ensure_running(state_dir: str, launcher: List[str]) -> bool:
-    """Start the watchdog detached (own session, no stdio) unless one already holds the lock."""
+    """Start the watchdog detached (own session, no stdio) unless one of this build (or a newer one) holds the
+    lock; one of an older build is replaced (the new one asks it to exit: see ``run``)."""
     try:
         with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            free = _locked(lock)
+            if free:
+                fcntl.flock(lock, fcntl.LOCK_UN)
     except OSError:
-        return False  # already running (or a lock file that is not ours to use)
+        return False  # a lock file that is not ours to use
+    if not free:
+        old = owner(state_dir)
+        if not replaceable(old):
+            return False  # already running
+        request = read_json(os.path.join(state_dir, STOP))
+        if isinstance(request, dict) and old is not None and request.get("pid") == old.get("pid"):
+            return True  # a watchdog of a newer build already waits to take over
     log_fd = open_regular(os.path.join(state_dir, LOG), _APPEND)
     with open(os.devnull, "rb") as null_in, os.fdopen(log_fd, "ab") as log:
         subprocess.Popen(
