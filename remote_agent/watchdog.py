@@ -394,7 +394,7 @@ def _take_lock(state_dir: str, lock: Any) -> bool:
     if not replaceable(old) or old is None:
         return False
     pid, build = old.get("pid"), build_id()
-    write_json(os.path.join(state_dir, STOP), {"pid": pid, "build": build})
+    write_json(os.path.join(state_dir, STOP), {"pid": pid, "build": build, "by": os.getpid()})
     wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
     log_line(state_dir, "build %s asks the watchdog of build %s (pid %s) to exit at its next safe point; waiting "
                         "up to %.0f s" % (build, old.get("build"), pid, wait))  # fmt: skip
@@ -405,11 +405,12 @@ def _take_lock(state_dir: str, lock: Any) -> bool:
             last = read_json(os.path.join(state_dir, STATE)) or {}
             if last.get("pid") == pid and last.get("action") == "released":
                 log_line(state_dir, "build %s: the watchdog it replaces released the host; not taking over" % build)
+                _clear_stop(state_dir, pid)
                 return False
             log_line(state_dir, "build %s takes over from build %s" % (build, old.get("build")))
             return True
-        now = owner(state_dir)
-        if now is not None and now.get("pid") != pid:  # another new watchdog took over first
+        holder = owner(state_dir)
+        if holder is not None and holder.get("pid") != pid:  # another new watchdog took over first
             _clear_stop(state_dir, pid)
             return False
     _clear_stop(state_dir, pid)
@@ -430,12 +431,25 @@ def _clear_stop(state_dir: str, pid: Any) -> None:
         pass
 
 
+def _request(state_dir: str, pid: Any) -> Optional[Dict[str, Any]]:
+    """The stop request for the watchdog ``pid`` while the watchdog that wrote it still waits, else None (one
+    that died waiting must not leave the host with no watchdog at all)."""
+    request = read_json(os.path.join(state_dir, STOP))
+    if not isinstance(request, dict) or request.get("pid") != pid or not isinstance(request.get("by"), int):
+        return None
+    try:
+        os.kill(request["by"], 0)
+    except ProcessLookupError:
+        return None
+    except OSError:
+        pass  # alive, another uid's (it cannot be: the state dir is ours alone)
+    return request
+
+
 def stop_requested(state_dir: str) -> Optional[str]:
     """The build that asked this watchdog to exit, or None."""
-    request = read_json(os.path.join(state_dir, STOP))
-    if isinstance(request, dict) and request.get("pid") == os.getpid():
-        return str(request.get("build"))
-    return None
+    request = _request(state_dir, os.getpid())
+    return None if request is None else str(request.get("build"))
 
 
 def _loop(state_dir: str, launcher: List[str]) -> int:
@@ -514,8 +528,8 @@ def _nap(seconds: float, queue_file: str, state_dir: str) -> None:
         except OSError:
             return 0.0
 
-    seen, end, stop = mtime(), time.monotonic() + seconds, os.path.join(state_dir, STOP)
-    while time.monotonic() < end and mtime() == seen and not os.path.exists(stop):
+    seen, end = mtime(), time.monotonic() + seconds
+    while time.monotonic() < end and mtime() == seen and stop_requested(state_dir) is None:
         time.sleep(min(0.25, max(0.0, end - time.monotonic())))
 
 
@@ -533,8 +547,7 @@ def ensure_running(state_dir: str, launcher: List[str]) -> bool:
         old = owner(state_dir)
         if not replaceable(old):
             return False  # already running
-        request = read_json(os.path.join(state_dir, STOP))
-        if isinstance(request, dict) and old is not None and request.get("pid") == old.get("pid"):
+        if old is not None and _request(state_dir, old.get("pid")) is not None:
             return True  # a watchdog of a newer build already waits to take over
     log_fd = open_regular(os.path.join(state_dir, LOG), _APPEND)
     with open(os.devnull, "rb") as null_in, os.fdopen(log_fd, "ab") as log:

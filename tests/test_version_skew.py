@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -210,3 +211,19 @@ async def test_an_agent_speaking_another_protocol_is_refused(tmp_path: Path) -> 
     finally:
         await session.close()
     assert read_json(str(state / W.OWNER)) is None  # it never got as far as arming anything
+
+
+def test_a_stop_request_counts_only_while_its_writer_waits(tmp_path: Path) -> None:
+    """A request left by a new watchdog that died waiting must not make the old one exit (the host would be
+    left with no watchdog), nor wake its naps early (a busy loop)."""
+    from remote_agent.fsutil import write_json
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    me = os.getpid()
+    write_json(str(tmp_path / W.STOP), {"pid": me, "build": "n3w", "by": gone.pid})
+    assert W.stop_requested(str(tmp_path)) is None
+    write_json(str(tmp_path / W.STOP), {"pid": me + 1, "build": "n3w", "by": me})  # for another watchdog
+    assert W.stop_requested(str(tmp_path)) is None
+    write_json(str(tmp_path / W.STOP), {"pid": me, "build": "n3w", "by": me})
+    assert W.stop_requested(str(tmp_path)) == "n3w"
