@@ -15,6 +15,8 @@ once more after ``pre_stop`` (which may run for minutes): a disarm, snooze, canc
 
 import fcntl
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log
 #: Who holds the lock (``{"pid", "build", "revision"}``), and a newer build's request that it exit (``{"pid",
 #: "build"}``): see ``run``.
 OWNER, STOP = "watchdog_owner.json", "watchdog.stop"
+TAKEOVER = "watchdog.takeover.lock"  # held by the one new watchdog waiting to take over
 #: Bumped when the watchdog's behaviour changes: a build never replaces a running watchdog of a higher one (an
 #: older client connecting must not bring old release logic back).
 REVISION = 2
@@ -339,6 +342,79 @@ def owner(state_dir: str) -> Optional[Dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
+def lock_holder(state_dir: str) -> Optional[int]:
+    """The pid that holds the watchdog lock, as ``/proc/locks`` says, or None (none, or unknown)."""
+    try:
+        ino = os.stat(os.path.join(state_dir, LOCK)).st_ino
+        with open("/proc/locks") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2147826 0 EOF" ("1: -> FLOCK ...": a waiter)
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(ino):
+            return int(parts[4]) if parts[4].isdigit() else None
+    return None
+
+
+def legacy_holder(state_dir: str) -> Optional[int]:
+    """The pid of a watchdog from a build before ``OWNER`` records (it records nothing, so it cannot be asked
+    to exit) that holds the lock: its command line names this state dir. None when the holder is not one."""
+    pid = lock_holder(state_dir)
+    record = owner(state_dir)
+    if pid is None or (record is not None and record.get("pid") == pid):
+        return None
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = f.read(1 << 16).split(b"\0")
+    except OSError:
+        return None
+    return pid if b"watchdog" in argv and os.fsencode(state_dir) in argv else None
+
+
+def _children(pid: int) -> bool:
+    """Whether ``pid`` has a child process (a hook, nvidia-smi, tmux...)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        return True
+            except (OSError, IndexError, ValueError):
+                continue
+    return False
+
+
+_RELEASE_STEP = re.compile(r"^\S+ \S+ (releasing: |release_remote: exit |not releasing: )")
+
+
+def _mid_release(state_dir: str) -> bool:
+    """Whether the watchdog log's last release step is a ``releasing:`` not yet followed by its outcome."""
+    try:
+        with open(os.path.join(state_dir, LOG), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return True  # cannot tell: wait
+    steps = [m.group(1) for m in map(_RELEASE_STEP.match, lines) if m]
+    return bool(steps) and steps[-1] == "releasing: "
+
+
+def _end_legacy(state_dir: str, pid: int) -> bool:
+    """End a legacy watchdog only where that is safe: frozen (SIGSTOP), it runs no child and its log shows no
+    release under way, so it is between passes or in a pass that starts nothing; then SIGKILL (it writes its
+    files by rename: none is left half-written). Otherwise it goes on (SIGCONT) and this is tried again."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except OSError:
+        return False
+    if legacy_holder(state_dir) != pid or _children(pid) or _mid_release(state_dir):
+        os.kill(pid, signal.SIGCONT)
+        return False
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
 def replaceable(record: Optional[Dict[str, Any]]) -> bool:
     """Whether this build should take over from the watchdog ``record`` describes: another build, of no higher
     revision. A watchdog that recorded nothing (a build before records) cannot be asked to exit: it is left."""
@@ -371,7 +447,7 @@ def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
     point, between passes (never during a release), and waited for, bounded; then this one takes over.
     """
     with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
-        if not _take_lock(state_dir, lock):
+        if not _locked(lock) and not _take_over(state_dir, lock):
             return 0
         write_json(os.path.join(state_dir, OWNER), {"pid": os.getpid(), "build": build_id(), "revision": REVISION})
         _clear_stop(state_dir, None)
@@ -386,10 +462,31 @@ def _locked(lock: Any) -> bool:
     return True
 
 
+def _taking_over(state_dir: str) -> bool:
+    """Whether a new watchdog is waiting to take over (it holds ``TAKEOVER``)."""
+    try:
+        with os.fdopen(open_regular(os.path.join(state_dir, TAKEOVER), os.O_WRONLY | os.O_CREAT), "w") as f:
+            return not _locked(f)
+    except OSError:
+        return False
+
+
+def _take_over(state_dir: str, lock: Any) -> bool:
+    """Hold the lock another watchdog holds, when it is an older build's: one waiter at a time (``TAKEOVER``)."""
+    try:
+        with os.fdopen(open_regular(os.path.join(state_dir, TAKEOVER), os.O_WRONLY | os.O_CREAT), "w") as f:
+            return _locked(f) and _take_lock(state_dir, lock)
+    except OSError:
+        return False
+
+
 def _take_lock(state_dir: str, lock: Any) -> bool:
     """Hold the lock; when an older build holds it, ask that one to exit and wait for it (bounded)."""
     if _locked(lock):
         return True
+    legacy = legacy_holder(state_dir)
+    if legacy is not None:
+        return _take_from_legacy(state_dir, lock, legacy)
     old = owner(state_dir)
     if not replaceable(old) or old is None:
         return False
@@ -416,6 +513,28 @@ def _take_lock(state_dir: str, lock: Any) -> bool:
     _clear_stop(state_dir, pid)
     log_line(state_dir, "the watchdog of build %s (pid %s) did not exit within %.0f s: it keeps running"
                         % (old.get("build"), pid, wait))  # fmt: skip
+    return False
+
+
+def _take_from_legacy(state_dir: str, lock: Any, pid: int) -> bool:
+    """Replace a watchdog that cannot be asked to exit: end it at a safe moment (``_end_legacy``), bounded."""
+    wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
+    log_line(state_dir, "build %s replaces the watchdog pid %d (a build from before build records) when it is "
+                        "between passes; waiting up to %.0f s" % (build_id(), pid, wait))  # fmt: skip
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        if _locked(lock):
+            last = read_json(os.path.join(state_dir, STATE)) or {}
+            if last.get("pid") == pid and last.get("action") == "released":
+                log_line(state_dir, "build %s: the watchdog it replaces released the host; not taking over" % build_id())
+                return False
+            log_line(state_dir, "build %s takes over from the watchdog pid %d" % (build_id(), pid))
+            return True
+        if lock_holder(state_dir) not in (pid, None):
+            return False  # another one took over first
+        _end_legacy(state_dir, pid)
+        time.sleep(0.2)
+    log_line(state_dir, "the watchdog pid %d was never between passes within %.0f s: it keeps running" % (pid, wait))
     return False
 
 
@@ -544,11 +663,10 @@ def ensure_running(state_dir: str, launcher: List[str]) -> bool:
     except OSError:
         return False  # a lock file that is not ours to use
     if not free:
-        old = owner(state_dir)
-        if not replaceable(old):
-            return False  # already running
-        if old is not None and _request(state_dir, old.get("pid")) is not None:
+        if _taking_over(state_dir):
             return True  # a watchdog of a newer build already waits to take over
+        if legacy_holder(state_dir) is None and not replaceable(owner(state_dir)):
+            return False  # already running
     log_fd = open_regular(os.path.join(state_dir, LOG), _APPEND)
     with open(os.devnull, "rb") as null_in, os.fdopen(log_fd, "ab") as log:
         subprocess.Popen(

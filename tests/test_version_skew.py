@@ -227,3 +227,65 @@ def test_a_stop_request_counts_only_while_its_writer_waits(tmp_path: Path) -> No
     assert W.stop_requested(str(tmp_path)) is None
     write_json(str(tmp_path / W.STOP), {"pid": me, "build": "n3w", "by": me})
     assert W.stop_requested(str(tmp_path)) == "n3w"
+
+
+# --- a watchdog from a build before build records (it cannot be asked to exit) ----------------------------------
+LEGACY_COMMIT = "4089d82"  # the last agent before watchdog_owner.json
+
+
+def legacy_build(tmp_path: Path) -> Path:
+    """That build, from git: the real old code, named like a build."""
+    root = tmp_path / "gputui-agent-1e9acy1e9acy1e9a"
+    root.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", LEGACY_COMMIT, "remote_agent"], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"commit {LEGACY_COMMIT} is not in this checkout")
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    (root / "__main__.py").write_bytes(bundle._MAIN)
+    return root
+
+
+def start_legacy_watchdog(home: Home, build: Path, config: dict[str, Any]) -> int:
+    agent = Agent(build, home.state_dir)
+    try:
+        assert agent.call("watchdog.configure", config=config)["result"]["armed"] is True
+    finally:
+        agent.close()
+    pid = wait_for(lambda: W.lock_holder(str(home.state_dir)), what="the legacy watchdog to hold the lock")
+    assert W.owner(str(home.state_dir)) is None and W.legacy_holder(str(home.state_dir)) == pid
+    return int(pid)
+
+
+def test_a_legacy_watchdog_is_replaced_between_its_passes(home: Home, tmp_path: Path, hook: Hook) -> None:  # noqa: F811
+    pid = start_legacy_watchdog(home, legacy_build(tmp_path),
+                                {"notify": {"webhook": hook.url, "events": ["job_failed"]}, "interval": 0.5})  # fmt: skip
+    configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
+    home.cli("status", check=True)
+    new = new_build_id(home)
+    record = wait_for(lambda: (W.owner(str(home.state_dir)) or {}).get("build") == new
+                      and W.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
+    wait_for(lambda: not alive(pid), what="the legacy watchdog to end")
+    assert W.lock_holder(str(home.state_dir)) == record["pid"]
+    assert f"build {new} takes over from the watchdog pid {pid}" in (home.state_dir / W.LOG).read_text()
+    stop_host(home.state_dir)
+
+
+def test_a_legacy_watchdog_is_never_ended_during_its_release(home: Home, tmp_path: Path) -> None:
+    gate, hook_done, stopped = tmp_path / "gate", tmp_path / "hook-done", tmp_path / "stopped"
+    wait_gate = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nopen({str(hook_done)!r}, 'w')"
+    settings = {"autostop_minutes": 0.01, "interval": 0.5, "count_sessions": False,
+                "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}  # fmt: skip
+    pid = start_legacy_watchdog(home, legacy_build(tmp_path), settings)
+    log = home.state_dir / W.LOG
+    wait_for(lambda: "pre_stop: running" in log.read_text(), timeout=60, what="the legacy watchdog's pre_stop")
+    configure(home, f'autostop_minutes = 0.01\nrelease_remote = ["touch", "{stopped}"]\n')
+    home.cli("status", check=True)
+    wait_for(lambda: "when it is between passes" in log.read_text(), what="the new build to wait for its moment")
+    assert alive(pid) and not stopped.exists() and not hook_done.exists()  # never ended in its pre_stop
+    gate.touch()
+    wait_for(lambda: "release_remote: exit" in log.read_text(), timeout=60, what="the new watchdog's release")
+    text = log.read_text()
+    assert hook_done.exists() and "not releasing: the config changed while pre_stop ran" in text
+    assert text.count("release_remote: exit 0") == 1 and f"takes over from the watchdog pid {pid}" in text
+    wait_for(lambda: not alive(pid), what="the legacy watchdog to end")
+    stop_host(home.state_dir)
