@@ -31,7 +31,7 @@ from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
 #: Who holds the lock (``{"pid", "build", "revision"}``), and a newer build's request that it exit (``{"pid",
-#: "build"}``): see ``run``.
+#: "build", "by"}``: the watchdog to exit, the build asking, the pid of the one waiting): see ``run``.
 OWNER, STOP = "watchdog_owner.json", "watchdog.stop"
 TAKEOVER = "watchdog.takeover.lock"  # held by the one new watchdog waiting to take over
 #: Bumped when the watchdog's behaviour changes: a build never replaces a running watchdog of a higher one (an
@@ -408,16 +408,17 @@ def _end_legacy(state_dir: str, pid: int) -> bool:
         os.kill(pid, signal.SIGSTOP)
     except OSError:
         return False
-    if legacy_holder(state_dir) != pid or _children(pid) or _mid_release(state_dir):
-        os.kill(pid, signal.SIGCONT)
-        return False
-    os.kill(pid, signal.SIGKILL)
-    return True
+    safe = legacy_holder(state_dir) == pid and not _children(pid) and not _mid_release(state_dir)
+    try:
+        os.kill(pid, signal.SIGKILL if safe else signal.SIGCONT)
+    except OSError:
+        return False  # it went meanwhile
+    return safe
 
 
 def replaceable(record: Optional[Dict[str, Any]]) -> bool:
     """Whether this build should take over from the watchdog ``record`` describes: another build, of no higher
-    revision. A watchdog that recorded nothing (a build before records) cannot be asked to exit: it is left."""
+    revision. (One that recorded nothing is a build from before records: see ``legacy_holder``.)"""
     if record is None or record.get("build") == build_id():
         return False
     try:

@@ -88,10 +88,21 @@ def dripping() -> Iterator[Raw]:
     server.close()
 
 
-def test_a_dripping_webhook_is_cut_at_the_deadline_with_a_clear_error(dripping: Raw) -> None:
-    problem = N.deliver({"webhook": dripping.url}, "test", "hello", deadline_s=1.0)
-    assert problem == "webhook did not answer within 1 s"
-    wait_for(lambda: dripping.open == 0, what="the sender to close the dripping connection")
+def hang(server: Raw, conn: socket.socket) -> None:
+    """Read the request, never answer."""
+    server.closing.wait(120)
+
+
+@pytest.mark.parametrize("reply", [drip, hang], ids=["drip", "hang"])
+def test_a_slow_webhook_is_cut_at_the_deadline_with_a_clear_error(reply: Any) -> None:
+    server = Raw(reply)
+    try:
+        problem = N.deliver({"webhook": server.url, "ntfy": "t", "ntfy_server": server.url}, "test", "hi", 1.0)
+        assert problem == "ntfy did not answer within 1 s; webhook did not answer within 1 s"
+        if reply is drip:  # the sender closed its end: the dripping server notices
+            wait_for(lambda: server.open == 0, what="the sender to close the dripping connection")
+    finally:
+        server.close()
 
 
 def test_the_watchdog_pass_never_waits_for_a_send(tmp_path: Path, dripping: Raw) -> None:
