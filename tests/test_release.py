@@ -41,9 +41,13 @@ def watched(home: Home) -> Iterator[Home]:
             pass
 
 
-def start_sleeper(home: Home, tmp_path: Path, seconds: float) -> str:
-    marker = tmp_path / "job-ready"
-    code = f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep({seconds})"
+def start_sleeper(home: Home, tmp_path: Path, gate: Path | None = None) -> str:
+    """A job that runs until ``gate`` exists (or it is killed; a minute at most); returns once it runs."""
+    marker, gate = tmp_path / "job-ready", gate or tmp_path / "never-opened"
+    code = (
+        f"import os, pathlib, time; pathlib.Path({str(marker)!r}).touch(); end = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(gate)!r}) and time.monotonic() < end: time.sleep(0.05)"
+    )
     job_id = home.cli("run", "local", "--", sys.executable, "-c", code, check=True).stdout.strip()
     wait_for(marker.exists, what="job start")
     return job_id
@@ -69,7 +73,7 @@ def test_release_needs_confirmation_or_yes(home: Home, tmp_path: Path) -> None:
 
 def test_release_refuses_while_jobs_run(home: Home, tmp_path: Path) -> None:
     local_config(home, f'release = ["touch", "{tmp_path / "gone"}"]\n')
-    job_id = start_sleeper(home, tmp_path, 60)
+    job_id = start_sleeper(home, tmp_path)
     res = home.cli("release", "local", "--yes")
     assert res.returncode == 1 and f"running jobs: {job_id}" in res.stderr and "--force" in res.stderr
     assert not (tmp_path / "gone").exists()
@@ -100,7 +104,7 @@ def test_missing_release_command_says_what_to_set(home: Home) -> None:
 
 def test_status_json_carries_idle_and_cost(home: Home, tmp_path: Path) -> None:
     local_config(home, "idle_minutes = 0\n")
-    job_id = start_sleeper(home, tmp_path, 60)
+    job_id = start_sleeper(home, tmp_path)
     [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
     c = host["cost"]
     assert c["price_per_hour"] == 3.6 and c["currency"] == "USD" and c["accrued"] > 0
@@ -132,18 +136,24 @@ def test_autostop_releases_an_idle_host_with_no_client(watched: Home, tmp_path: 
 
 def test_autostop_waits_while_a_job_runs(watched: Home, tmp_path: Path) -> None:
     home = watched
-    stopped = tmp_path / "stopped"
+    stopped, gate = tmp_path / "stopped", tmp_path / "gate"
     local_config(home, f'autostop_minutes = 0.1\nrelease_remote = ["touch", "{stopped}"]\n')
-    job_id = start_sleeper(home, tmp_path, 8)  # longer than the 6 s window
+    job_id = start_sleeper(home, tmp_path, gate)
     home.cli("status", check=True)
     state_file = home.state_dir / "watchdog_state.json"
-    wait_for(
-        lambda: state_file.exists() and f"job {job_id} running" in state_file.read_text(),
-        what="watchdog sees job",
-    )
+
+    def busy_since() -> float | None:
+        """The watchdog's time of its last pass, while it still sees the job running."""
+        state = json.loads(state_file.read_text() or "{}") if state_file.exists() else {}
+        return state.get("t") if f"job {job_id} running" in (state.get("reasons") or []) else None
+
+    first = wait_for(busy_since, what="watchdog sees job")
+    # the watchdog has watched the job run for longer than the 6 s window, by its own passes
+    wait_for(lambda: (busy_since() or 0.0) >= first + 6 + 1, timeout=60, what="a window of passes")
+    assert not stopped.exists()  # never while the job ran
+    gate.touch()
     assert home.cli("logs", "-f", "local", job_id).returncode == 0
     ended = json.loads(home.cli("jobs", "--json", check=True).stdout)[0]["ended_at"]
-    assert not stopped.exists()  # never while the job ran
     wait_for(stopped.exists, timeout=60, what="autostop after the job ended")
     assert stopped.stat().st_mtime >= ended + 6 - 0.5  # the window restarted when the job ended
 
@@ -152,7 +162,7 @@ def test_autostop_snooze_and_cancel(watched: Home, tmp_path: Path) -> None:
     home = watched
     stopped = tmp_path / "stopped"
     local_config(home, f'autostop_minutes = 0.05\nrelease_remote = ["touch", "{stopped}"]\n')
-    job_id = start_sleeper(home, tmp_path, 60)  # keep it busy while we cancel
+    job_id = start_sleeper(home, tmp_path)  # keep it busy while we cancel
     home.cli("status", check=True)
     res = home.cli("autostop", "local", "--cancel", check=True)
     assert "cancelled" in res.stdout
@@ -171,7 +181,7 @@ def test_a_cancelled_autostop_never_releases_the_idle_host(watched: Home, tmp_pa
     stopped = tmp_path / "stopped"
     window_s = 3.0
     local_config(home, f'autostop_minutes = {window_s / 60}\nrelease_remote = ["touch", "{stopped}"]\n')
-    job_id = start_sleeper(home, tmp_path, 60)  # busy while we cancel: nothing is due yet
+    job_id = start_sleeper(home, tmp_path)  # busy while we cancel: nothing is due yet
     home.cli("status", check=True)  # arms the watchdog
     home.cli("autostop", "local", "--cancel", check=True)
     home.cli("kill", "local", job_id, "--grace", "1", check=True)  # now idle, and it stays idle
@@ -264,7 +274,7 @@ def test_removing_the_settings_disarms_the_watchdog(watched: Home, tmp_path: Pat
 def test_snooze_restarts_the_window_at_its_end(watched: Home, tmp_path: Path) -> None:
     home, stopped = watched, tmp_path / "stopped"
     local_config(home, f'autostop_minutes = {WINDOW_MIN}\nrelease_remote = ["touch", "{stopped}"]\n')
-    job_id = start_sleeper(home, tmp_path, 60)  # busy: nothing is released while we snooze
+    job_id = start_sleeper(home, tmp_path)  # busy: nothing is released while we snooze
     home.cli("status", check=True)
     home.cli("autostop", "local", "--snooze", "0.1", check=True)
     snoozed_until = watchdog_config(home)["snoozed_until"]
@@ -446,3 +456,64 @@ def test_cost_shows_mixed_currencies_per_currency_never_summed(home: Home, tmp_p
     assert out["currency"] is None and out["total"] is None and out["burn_per_hour"] is None
     assert [(t["currency"], t["burn_per_hour"]) for t in out["by_currency"]] == [("USD", 3.6), ("EUR", 7.2)]
     assert "total USD" in table and "total EUR" in table
+
+
+# --- rules whose breaking would otherwise go unnoticed ----------------------------------------------------------
+def test_a_config_from_another_boot_never_acts(tmp_path: Path) -> None:
+    """After a reboot the old config (a deadline long past, here) must not release the new boot: the real
+    watchdog loop disarms at once, and the agent shows no countdown from it."""
+    from remote_agent import watchdog as W
+    from remote_agent.boot import boot_id as this_boot
+    from remote_agent.fsutil import write_json
+
+    stopped = tmp_path / "stopped"
+    config = {"release_at": 1.0, "armed_at": 0.0, "boot_id": "a-boot-before-the-reboot", "interval": 0.5,
+              "count_sessions": False, "release_remote": ["touch", str(stopped)]}  # fmt: skip
+    write_json(str(tmp_path / W.CONFIG), config)
+    assert W.run(str(tmp_path), []) == 0
+    assert not stopped.exists()
+    assert "disarmed: config is from another boot" in (tmp_path / W.LOG).read_text()
+    assert W.view(str(tmp_path), {"idle_since": 0.0, "reasons": []}, this_boot()) is None
+    # the same config on this boot is armed, and due (the control: the rule is what kept it quiet)
+    assert W.is_armed(dict(config, boot_id=this_boot()), this_boot())
+
+
+def test_a_failed_release_remote_is_retried_only_after_its_backoff(tmp_path: Path) -> None:
+    from remote_agent import watchdog as W
+    from remote_agent.fsutil import write_json
+
+    attempts = tmp_path / "attempts"
+    failing = ["sh", "-c", f'echo x >> "{attempts}"; echo quota >&2; exit 3']
+    config = {"release_at": 0.0, "armed_at": 0.0, "boot_id": "b", "count_sessions": False, "release_remote": failing}
+    write_json(str(tmp_path / W.CONFIG), config)
+    dog, facts, idle, t = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, []), 1_000_000.0
+    assert dog.check(config, facts, idle, now=t, mono=0.0)["action"] == "release failed"
+    for dt in (1.0, 60.0, W.RETRY_AFTER_FAILURE_S - 1):  # still due, but within the backoff: not run again
+        state = dog.check(config, facts, idle, now=t + dt, mono=dt)
+        assert state["due"] == "deadline reached" and state["action"] is None
+    assert attempts.read_text() == "x\n"
+    again = dog.check(config, facts, idle, now=t + W.RETRY_AFTER_FAILURE_S, mono=W.RETRY_AFTER_FAILURE_S)
+    assert again["action"] == "release failed" and attempts.read_text() == "x\nx\n"
+    assert (tmp_path / W.LOG).read_text().count("release_remote: exit 3: quota") == 2
+
+
+async def test_an_automatic_release_of_an_idle_host_releases_it(home: Home, tmp_path: Path) -> None:
+    """The budget's release-idle path when the host is idle: the release runs and the ledger closes."""
+    from gputui.core import config as cfg
+    from gputui.core.fleet import Fleet
+    from gputui.core.release import ReleaseRequest, release_host
+
+    marker = tmp_path / "released"
+    local_config(home, f'release = ["touch", "{marker}"]\nidle_minutes = 0\n')
+    config = cfg.load(str(home.root / ".config" / "gputui" / "config.toml"))
+    fleet = Fleet(config)
+    try:
+        session = fleet.session("local")
+        await session.start()
+        result = await release_host(
+            session, config.hosts["local"], fleet.ledger, ReleaseRequest("local", idle_only=True)
+        )
+    finally:
+        await fleet.close()
+    assert marker.exists() and fleet.ledger.released("local")
+    assert [(s.where, s.exit_code) for s in result.steps] == [("client", 0)]

@@ -232,7 +232,10 @@ class HostSession:
             await link.close()
             await channel.close()
             raise HostError(
-                f"agent speaks protocol {hello.get('protocol')}, client {P.PROTOCOL_VERSION}", "protocol"
+                f"the agent on {self.name} speaks protocol {str(hello.get('protocol'))[:20]}, this gputui "
+                f"{P.PROTOCOL_VERSION} (agent build {str(hello.get('build'))[:40]}): it is not this gputui's "
+                "build; nothing was done on the host",
+                "protocol",
             )
         self.link, self._channel = link, channel
         self._publish(state=M.CONNECTED, error=None, detail=None, facts=hello.get("host") or {})
