@@ -187,6 +187,9 @@ async def cmd_run(args: argparse.Namespace) -> int:
         code, job_cwd = None, cwd
         if args.sync is not None:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
+            if synced.missing:  # the job would run on stale code: never started
+                raise CliError(f"not started: {len(synced.missing)} of {synced.files} files did not arrive on "
+                               f"{s.name} (see above); fix that and run again", EXIT_FAIL)  # fmt: skip
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
@@ -626,17 +629,17 @@ async def cmd_pull(args: argparse.Namespace) -> int:
         except (LinkClosed, HostUnavailable):
             raise
         except (PullError, OSError) as exc:  # e.g. no room or no permission here
-            raise CliError(f"pull: {exc}") from None
+            raise CliError(f"pull: {safetext.clean(exc)}") from None
         status = EXIT_OK
-        for o in outcomes:
+        for o in outcomes:  # a host's file name is data: one line each, control characters escaped
             if o.status == "newer here":
                 print(
-                    f"gputui: skipped {o.target}: the local file is newer (--force overwrites it)",
+                    f"gputui: skipped {safetext.clean(o.target)}: the local file is newer (--force overwrites it)",
                     file=sys.stderr,
                 )
                 status = EXIT_FAIL
             else:
-                print(f"{o.status}: {o.target} ({o.size:,} bytes)")
+                print(f"{o.status}: {safetext.clean(o.target)} ({o.size:,} bytes)")
         return status
 
     return await _with_session(args, args.host, body)
@@ -644,14 +647,15 @@ async def cmd_pull(args: argparse.Namespace) -> int:
 
 async def _sync_tree(s: HostSession, src: str, target: str | None, delete: bool) -> Any:
     """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult."""
+    from .core.pull import PullError
     from .core.sync import SyncError, sync
 
     try:
         res = await sync(s, src, target, delete=delete, on_progress=_progress_printer())
     except (LinkClosed, HostUnavailable):
         raise
-    except (SyncError, OSError) as exc:  # e.g. a local file unreadable
-        raise CliError(f"sync: {exc}") from None
+    except (SyncError, PullError, OSError) as exc:  # e.g. a local file unreadable, a host's bad answer
+        raise CliError(f"sync: {safetext.clean(exc)}") from None
     for note in res.notes:
         print(f"gputui: {safetext.clean(note)}", file=sys.stderr)
     print(f"gputui: synced {os.path.abspath(src)} to {s.name}:{safetext.clean(res.target)}: {res.sent} of {res.files} files sent "
@@ -665,7 +669,7 @@ async def cmd_sync(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         res = await _sync_tree(s, args.src, args.to, args.delete)
         print(res.target)
-        return EXIT_FAIL if any(n.startswith("not sent") for n in res.notes) else EXIT_OK
+        return EXIT_FAIL if res.missing or any(n.startswith("not sent") for n in res.notes) else EXIT_OK
 
     return await _with_session(args, args.host, body)
 

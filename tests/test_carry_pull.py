@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, AgentProc, SshHome
+from conftest import ROOT, AgentProc, Home, SshHome
 from faultproxy import FaultProxy
 
 from gputui.core.config import HostConfig
-from gputui.core.pull import PullError, local_target, pull
+from gputui.core.pull import PullError, local_target, part_path, pull
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
 from remote_agent import files as F
@@ -64,6 +64,13 @@ def test_pull_through_a_reset_ends_byte_identical(
     assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "opt.pt", "small.pt"]  # no part file left
 
 
+def gputui_part(home: Home, target: Path) -> Path:
+    """The part file a CLI run in ``home`` pulls ``target`` to (its name is keyed by that home's secret)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home.root))
+        return Path(part_path(str(target)))
+
+
 def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / "ckpt").mkdir(parents=True)
@@ -74,25 +81,28 @@ def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp
     dest.mkdir()
 
     # A part file from an earlier, dropped pull: the transfer continues at its end. A user's own
-    # a.pt.part is not ours: left alone.
-    (dest / ".a.pt.gputui-part").write_bytes(data[:1_000_000])
+    # a.pt.part, or even .a.pt.gputui-part, is not ours: left alone.
+    part = gputui_part(ssh_home, dest / "a.pt")
+    part.write_bytes(data[:1_000_000])
     (dest / "a.pt.part").write_bytes(b"the user's")
+    (dest / ".a.pt.gputui-part").write_bytes(b"the user's too")
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/*.pt", str(dest), check=True)
     assert res.stdout.startswith("resumed:"), res.stdout
-    assert (dest / "a.pt").read_bytes() == data and not (dest / ".a.pt.gputui-part").exists()
+    assert (dest / "a.pt").read_bytes() == data and not part.exists()
     assert (dest / "a.pt.part").read_bytes() == b"the user's"
+    assert (dest / ".a.pt.gputui-part").read_bytes() == b"the user's too"
 
     # A part file of some other content fails the sha256 check and is fetched again from byte 0.
     os.unlink(dest / "a.pt")
-    (dest / ".a.pt.gputui-part").write_bytes(b"x" * 2_000_000)
+    part.write_bytes(b"x" * 2_000_000)
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
     assert res.stdout.startswith("pulled:"), res.stdout
     assert (dest / "a.pt").read_bytes() == data
 
     # A part file left over beside a file that is now up to date: removed when the pull is redone.
-    (dest / ".a.pt.gputui-part").write_bytes(data[:10])
+    part.write_bytes(data[:10])
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
-    assert res.stdout.startswith("up to date:") and not (dest / ".a.pt.gputui-part").exists(), res.stdout
+    assert res.stdout.startswith("up to date:") and not part.exists(), res.stdout
 
     assert ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True).stdout.startswith("pulled:")
     res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True)
