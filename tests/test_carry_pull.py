@@ -17,6 +17,7 @@ from gputui.core.config import HostConfig
 from gputui.core.pull import PullError, local_target, part_path, pull
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
+from gputui.core.transport import AgentChannel
 from remote_agent import files as F
 from remote_agent import protocol as P
 
@@ -46,9 +47,16 @@ def test_pull_through_a_reset_ends_byte_identical(
             resets[name] = done
             proxy.reset()  # every open connection gets an RST, mid-transfer
 
+    opened: list[list[str]] = []  # every raw stream asked of the host: cat PATH OFFSET
+
+    class Noting(SSHTransport):
+        async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+            opened.append(list(args))
+            return await super().open_agent_stream(args)
+
     async def main() -> list[str]:
         cfg = HostConfig(name="box", **ssh_home.host_settings(port=proxy.port))
-        session = HostSession("box", SSHTransport(cfg))
+        session = HostSession("box", Noting(cfg))
         await session.start()
         try:
             outcomes = await pull(session, [f"{src}/*.pt"], str(dest), on_progress=progress)
@@ -58,6 +66,9 @@ def test_pull_through_a_reset_ends_byte_identical(
 
     assert asyncio.run(main()) == ["pulled", "pulled", "pulled"]
     assert set(resets) == {"model.pt", "opt.pt"} and proxy.accepted >= 3  # both reset; reconnected each time
+    # The stream cut by the reset goes on from the byte it reached, never from 0 again.
+    offsets = [int(a[2]) for a in opened if a[:2] == ["cat", str(src / "model.pt")]]
+    assert offsets[0] == 0 and len(offsets) >= 2 and all(o >= resets["model.pt"] for o in offsets[1:]), offsets
     assert (dest / "model.pt").read_bytes() == big
     assert (dest / "opt.pt").read_bytes() == mid
     assert (dest / "small.pt").read_bytes() == b"tiny"
