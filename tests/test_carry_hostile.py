@@ -195,6 +195,7 @@ BAD_ACKS = {
     "not JSON": (b"\x1b[2J garbage\n", "not an acknowledgement"),
     "fatal": (b'{"fatal": "another sync into /t is under way"}\n', "evil: another sync into /t is under way"),
     "silence": (b"", "evil did not acknowledge the files sent within"),
+    "a line without end": (b"x" * (SY.MAX_ACK_BYTES + 70000), "a line over 65,536 bytes"),
 }
 
 

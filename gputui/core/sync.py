@@ -41,6 +41,8 @@ MAX_FILES = 200_000
 PARALLEL = 8
 IGNORE_FILE = ".gputuiignore"
 STREAM_BLOCK = 256 * 1024
+#: Longest acknowledgement line the host's upload stream may send.
+MAX_ACK_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -278,9 +280,11 @@ async def _send_stream(
     expected = len(done) + len(todo)
     acked = [0]  # bytes of the files acknowledged so far
 
+    lines = _Lines(channel.reader, session.name)
+
     async def acks() -> None:
         while len(done) < expected:
-            line = await channel.reader.readline()
+            line = await lines.next()
             if not line:
                 return
             rel, error = _ack(session, line, sizes, done)
@@ -315,6 +319,26 @@ async def _send_stream(
     finally:
         reading.cancel()
         await channel.close()
+
+
+class _Lines:
+    """Lines from the host's upload stream, each at most MAX_ACK_BYTES (a longer one is a SyncError, never
+    buffered without end); b"" at EOF."""
+
+    def __init__(self, reader: Any, host: str) -> None:
+        self.reader, self.host, self.buf = reader, host, bytearray()
+
+    async def next(self) -> bytes:
+        while (end := self.buf.find(b"\n")) < 0:
+            if len(self.buf) > MAX_ACK_BYTES:
+                raise SyncError(f"{self.host} answered the upload with a line over {MAX_ACK_BYTES:,} bytes")
+            data = await self.reader.read(65536)
+            if not data:
+                return b""
+            self.buf += data
+        line = bytes(self.buf[: end + 1])
+        del self.buf[: end + 1]
+        return line
 
 
 async def _drained(session: HostSession, channel: Any, rel: str, reading: asyncio.Future[None]) -> None:
