@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import subprocess
 import sys
@@ -10,14 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, AgentProc, Home, SshHome
+from conftest import ROOT, AgentProc, Home, SshHome, stop_host
 from faultproxy import FaultProxy
 
 from gputui.core.config import HostConfig
 from gputui.core.pull import PullError, local_target, part_path, pull
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
-from gputui.core.transport import AgentChannel
+from gputui.core.transport import AgentChannel, LocalTransport
 from remote_agent import files as F
 from remote_agent import protocol as P
 
@@ -208,3 +209,32 @@ def test_a_local_file_written_during_the_pull_is_never_overwritten(ssh_home: Ssh
 
     asyncio.run(main())
     assert mine.read_bytes() == b"saved here meanwhile"
+
+
+def test_a_second_pull_of_the_same_file_never_writes_the_first_ones_part(tmp_path: Path) -> None:
+    """Two pulls of one file to one place at once: the part file is held by the first (flock); the second
+    refuses instead of writing into it (half of each would fail the sha256 check, or worse, pass it)."""
+    src = tmp_path / "host" / "a.pt"
+    src.parent.mkdir()
+    src.write_bytes(b"host data")
+    dest = tmp_path / "here"
+    dest.mkdir()
+    part = Path(part_path(str(dest / "a.pt")))
+    part.write_bytes(b"host")  # the first pull, mid-file, holds its part
+
+    async def main() -> None:
+        session = HostSession("box", LocalTransport(str(tmp_path / "state"), tmp_path / "cache"))
+        await session.start()
+        try:
+            with pytest.raises(PullError, match="another pull of this file is under way here"):
+                await pull(session, [str(src)], str(dest) + "/")
+        finally:
+            await session.close()
+
+    with open(part, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            asyncio.run(main())
+        finally:
+            stop_host(tmp_path / "state")
+    assert part.read_bytes() == b"host" and not (dest / "a.pt").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import fcntl
 import hashlib
 import hmac
 import math
@@ -130,7 +131,11 @@ async def list_remote(session: HostSession, specs: list[str]) -> list[Remote]:
     for job, patterns in groups.items():
         base = "~"
         if job is not None:
-            base = (await request_retrying(session, P.OP_JOBS_GET, job=job)).get("cwd") or "~"
+            record = await request_retrying(session, P.OP_JOBS_GET, job=job)
+            cwd = record.get("cwd") if isinstance(record, dict) else None
+            if cwd is not None and not isinstance(cwd, str):
+                raise wire_error(session, P.OP_JOBS_GET, f"job {job}'s cwd is {cwd!r:.80}")
+            base = cwd or "~"
         res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns)
         listed, missing, where = _listing(session, res)
         if missing:
@@ -260,6 +265,11 @@ def _open_part(part: str, size: int) -> tuple[BinaryIO, int]:
     if not stat.S_ISREG(st.st_mode):
         out.close()
         raise PullError(f"refusing to write to {part}: not a regular file")
+    try:  # held while this pull writes it: a second pull of the same file here never writes it too
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        out.close()
+        raise PullError(f"another pull of this file is under way here (it writes {part})") from None
     start = st.st_size if st.st_size <= size else 0
     out.truncate(start)
     out.seek(start)
