@@ -188,8 +188,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         if args.sync is not None:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
             if synced.missing:  # the job would run on stale code: never started
-                raise CliError(f"not started: {len(synced.missing)} of {synced.files} files did not arrive on "
-                               f"{s.name} (see above); fix that and run again", EXIT_FAIL)  # fmt: skip
+                raise CliError(f"run --sync: {len(synced.missing)} of {synced.files} files did not arrive on "
+                               f"{s.name} (see above): job not started", EXIT_FAIL)  # fmt: skip
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),

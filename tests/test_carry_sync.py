@@ -377,7 +377,7 @@ def test_run_sync_with_a_file_refused_on_the_host_does_not_start(ssh_home: SshHo
     os.symlink(tmp_path / "elsewhere", target / "pkg")
     (repo / "pkg" / "conf.txt").write_text("lr=0.9\n")
     res = ssh_home.cli("run", "box", "--sync", str(repo), "--cwd", str(target), "--", "python3", "train.py")
-    assert res.returncode == 1 and "not started" in res.stderr and "pkg is a symlink" in res.stderr, res.stderr
+    assert res.returncode == 1 and "job not started" in res.stderr and "pkg is a symlink" in res.stderr, res.stderr
     assert res.stdout == "" and json.loads(ssh_home.cli("history", "box", "--json", check=True).stdout) == []
     assert list((tmp_path / "elsewhere").iterdir()) == []
 

@@ -75,6 +75,13 @@ class SyncResult:
     git: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
+    def require_complete(self, host: str) -> None:
+        """A SyncError when some file did not arrive on the host: a job must not start on stale code."""
+        if self.missing:
+            shown = ", ".join(safetext.clean(m, limit=100) for m in self.missing[:3])
+            raise SyncError(f"{len(self.missing)} of {self.files} files did not arrive on {host} ({shown}"
+                            f"{', ...' if len(self.missing) > 3 else ''}): job not started")  # fmt: skip
+
     def code(self) -> dict[str, Any]:
         """What the job's record keeps about the code it ran."""
         return {"tree_sha256": self.tree_sha256, "files": self.files, "dir": self.target, "git": self.git}
