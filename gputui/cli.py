@@ -187,9 +187,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
         code, job_cwd = None, cwd
         if args.sync is not None:
             synced = await _sync_tree(s, args.sync, args.cwd, delete=False)
-            if synced.missing:  # the job would run on stale code: never started
-                raise CliError(f"run --sync: {len(synced.missing)} of {synced.files} files did not arrive on "
-                               f"{s.name} (see above): job not started", EXIT_FAIL)  # fmt: skip
+            from .core.sync import SyncError
+
+            try:
+                synced.require_complete(s.name)  # the job would run on stale code: never started
+            except SyncError as exc:
+                raise CliError(f"run --sync: {exc}", EXIT_FAIL) from None
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
