@@ -238,3 +238,17 @@ def test_a_second_pull_of_the_same_file_never_writes_the_first_ones_part(tmp_pat
         finally:
             stop_host(tmp_path / "state")
     assert part.read_bytes() == b"host" and not (dest / "a.pt").exists()
+
+
+def test_a_host_file_named_like_a_part_file_is_pulled_beside_its_namesake(home: Home, tmp_path: Path) -> None:
+    """The host holds ``a.pt`` and ``.a.pt.gputui-part`` (the old part file name): both arrive whole, neither
+    is written into the other's place."""
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    host = tmp_path / "host" / "ckpt"
+    host.mkdir(parents=True)
+    files = {"a.pt": os.urandom(3 * 1024 * 1024), ".a.pt.gputui-part": b"a file of the user's, on the host"}
+    for name, body in files.items():
+        (host / name).write_bytes(body)
+    res = home.cli("pull", "here", str(host), str(tmp_path / "dest"), check=True)
+    assert res.stdout.count("pulled:") == 2, res.stdout
+    assert {p.name: p.read_bytes() for p in (tmp_path / "dest" / "ckpt").iterdir()} == files
