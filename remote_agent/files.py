@@ -10,6 +10,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 import threading
@@ -153,7 +154,16 @@ def file_hash(path: str) -> Dict[str, Any]:
 #: Most manifest entries one page carries.
 MANIFEST_PAGE = 5000
 MAX_DELETE = 1000
+#: How long a sync waits for another sync to the same target to finish before it refuses.
+LOCK_WAIT_S = 30.0
 _manifest_lock = threading.Lock()
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The random part of a part file's name: 32 hex digits, chosen by the sender, unknown to anyone else.
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
+class NoSpace(ValueError):
+    """The host's disk is full: the file was not written (its part file is removed)."""
 
 
 def _parts(rel: Any) -> List[str]:
@@ -172,29 +182,55 @@ def target_dir(target: Any) -> str:
     return os.path.abspath(os.path.expanduser(target))
 
 
-def _open_parent(target: str, parts: List[str], create: bool) -> int:
-    """An fd of the directory holding ``parts[-1]`` inside ``target``, walked without following a symlink
-    (a link planted on the host can never redirect a write out of the target)."""
-    if create:
-        os.makedirs(target, exist_ok=True)
-    fd = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _key(path: str) -> str:
+    return hashlib.sha256(path.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def _record_path(state_dir: str, target: str) -> str:
+    return os.path.join(state_dir, "sync", _key(target) + ".where")
+
+
+def _real_target(state_dir: str, target: str, record: bool) -> str:
+    """``target``'s real path, resolved once: the first sync records where it led, and a later one refuses
+    when a symlink on the way (the target itself or a dir above it) now leads somewhere else."""
+    real = os.path.realpath(target)
+    path = _record_path(state_dir, target)
     try:
-        for i, part in enumerate(parts[:-1]):
+        with open(path, "rb") as f:
+            was = json.loads(f.read(65536)).get("real")
+    except (OSError, ValueError, AttributeError):
+        was = None
+    if isinstance(was, str) and was != real:
+        raise ValueError(
+            "refusing to sync into %s: it now leads to %s through a symlink (earlier syncs wrote to %s); "
+            "name the dir meant with --to" % (target, real, was)
+        )
+    if was is None and record:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        write_atomic(path, json.dumps({"target": target, "real": real}).encode("utf-8", "surrogateescape"))
+    return real
+
+
+def _walk_down(fd: int, names: List[str], create: bool, shown: str) -> int:
+    """From the dir ``fd`` (consumed) down through ``names``, never following a symlink; the last dir's fd.
+    ``create`` makes missing dirs; a symlink or non-dir on the way is a ValueError naming it."""
+    try:
+        for i, name in enumerate(names):
             try:
-                new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                new = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
                 if not create:
                     raise
                 try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(name, 0o755, dir_fd=fd)
                 except FileExistsError:  # made meanwhile by a write in another thread
                     pass
-                new = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                new = os.open(name, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise ValueError(
                         "refusing %s: %s is a symlink or not a directory on the host"
-                        % ("/".join(parts), "/".join(parts[: i + 1]))
+                        % (shown, "/".join(names[: i + 1]))
                     ) from None
                 raise
             os.close(fd)
@@ -205,46 +241,151 @@ def _open_parent(target: str, parts: List[str], create: bool) -> int:
     return fd
 
 
+def open_target(state_dir: str, target: str, create: bool) -> int:
+    """An fd of the target dir itself, opened component by component from ``/`` along its real path without
+    following a symlink: every write and delete below it is made relative to this fd, so nothing a link
+    planted later (on the path or inside) does can lead one outside."""
+    real = _real_target(state_dir, target, record=create)
+    names = [n for n in real.split("/") if n]
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        return _walk_down(fd, names, create, real)
+    except ValueError:
+        raise ValueError("refusing to sync into %s: a dir on its path was replaced by a symlink" % target) from None
+
+
+def _open_parent(root: int, parts: List[str], create: bool) -> int:
+    """An fd of the directory holding ``parts[-1]`` inside the target dir ``root`` (not consumed)."""
+    return _walk_down(os.dup(root), parts[:-1], create, "/".join(parts))
+
+
+class TargetLock:
+    """One sync into a target at a time (flock on a file of the state dir keyed by the target's real path):
+    a second waits up to ``wait_s``, then refuses with an error that says so."""
+
+    def __init__(self, state_dir: str, target: str, wait_s: Optional[float] = None) -> None:
+        import fcntl
+        import time
+
+        real = os.path.realpath(target)
+        d = os.path.join(state_dir, "sync")
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = os.open(os.path.join(d, _key(real) + ".lock"), flags, 0o600)
+        deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise ValueError(
+                        "another sync into %s is under way (from another client?): waited %g s; "
+                        "try again when it is done" % (target, LOCK_WAIT_S if wait_s is None else wait_s)
+                    ) from None
+                time.sleep(0.1)
+
+    def __enter__(self) -> "TargetLock":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        os.close(self.fd)  # releases the flock
+
+
 def _regular(fd: int, parts: List[str]) -> None:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise ValueError("refusing %s: not a regular file on the host" % "/".join(parts))
 
 
-def _part_name(name: str) -> str:
-    return "." + name[:200] + ".gputui-part"
+def _part_name(name: str, token: str) -> str:
+    """A part file's name: the sender's random token makes it one no user file has and no other sender
+    writes."""
+    return ".%s.%s.gputui-part" % (name[:120], token)
+
+
+def _token(a: Dict[str, Any]) -> str:
+    token = a.get("part")
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        raise ValueError("part must be 32 lowercase hex digits")
+    return token
+
+
+def _write_all(fd: int, data: bytes, offset: int, where: str) -> None:
+    """Every byte of ``data`` at ``offset`` (a short write is continued); a full disk is a NoSpace."""
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.pwrite(fd, view, offset)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, "short write")
+            view, offset = view[n:], offset + n
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpace("no space left on device on the host (%s)" % where) from None
+        raise
 
 
 def write_file(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
-    """Write one chunk of ``rel`` into its part file (``truncate`` starts it afresh); with ``commit``
-    (sha256, mode, mtime_ns) check the whole part's sha256 and rename it into place atomically."""
+    """Write one chunk of ``rel`` into its part file (``truncate`` starts it afresh: the first chunk creates
+    it, never opening a file that exists); with ``commit`` (sha256, mode, mtime_ns) check the whole part's
+    sha256 and rename it into place atomically."""
     target = target_dir(a.get("target"))
     parts = _parts(a.get("rel"))
+    token = _token(a)
     data = P.unb64(str(a.get("b64") or ""))
     if len(data) > P.FILE_CHUNK_BYTES:
         raise ValueError("chunk of %d bytes exceeds %d" % (len(data), P.FILE_CHUNK_BYTES))
     offset = P.int_arg(a, "offset", 0)
-    dfd = _open_parent(target, parts, create=True)
-    try:
-        part = _part_name(parts[-1])
-        flags = (
-            os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if a.get("truncate") else 0)
-        )
-        fd = os.open(part, flags, 0o600, dir_fd=dfd)
+    with TargetLock(state_dir, target):
+        root = open_target(state_dir, target, create=True)
         try:
-            if data:
-                os.pwrite(fd, data, offset)
+            dfd = _open_parent(root, parts, create=True)
         finally:
-            os.close(fd)
-        commit = a.get("commit")
-        if not isinstance(commit, dict):
-            return {"written": len(data)}
-        return _commit(state_dir, target, parts, dfd, commit)
-    finally:
-        os.close(dfd)
+            os.close(root)
+        try:
+            part = _part_name(parts[-1], token)
+            if a.get("truncate"):
+                fd = _create_part(dfd, part, retry=offset == 0)
+            else:
+                fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            try:
+                _regular(fd, parts)
+                _write_all(fd, data, offset, "%s/%s" % (target, "/".join(parts)))
+            except NoSpace:
+                os.close(fd)
+                fd = -1
+                os.unlink(part, dir_fd=dfd)
+                raise
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+            commit = a.get("commit")
+            if not isinstance(commit, dict):
+                return {"written": len(data)}
+            return _commit(state_dir, target, parts, dfd, commit, part)
+        finally:
+            os.close(dfd)
 
 
-def _commit(state_dir: str, target: str, parts: List[str], dfd: int, c: Dict[str, Any]) -> Dict[str, Any]:
-    part, name = _part_name(parts[-1]), parts[-1]
+def _create_part(dfd: int, part: str, retry: bool = False) -> int:
+    """A new part file (O_EXCL: never an existing file). ``retry``: a first chunk sent again after a dropped
+    link finds the part it made already; the random name is the sender's own, so it is started afresh."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(part, flags, 0o600, dir_fd=dfd)
+    except FileExistsError:
+        if not retry:
+            raise
+    fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    os.ftruncate(fd, 0)
+    return fd
+
+
+def _commit(
+    state_dir: str, target: str, parts: List[str], dfd: int, c: Dict[str, Any], part: str
+) -> Dict[str, Any]:
+    name = parts[-1]
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(part, flags, dir_fd=dfd)
@@ -277,8 +418,7 @@ def _commit(state_dir: str, target: str, parts: List[str], dfd: int, c: Dict[str
 
 
 def _manifest_path(state_dir: str, target: str) -> str:
-    name = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    return os.path.join(state_dir, "sync", name + ".jsonl")
+    return os.path.join(state_dir, "sync", _key(target) + ".jsonl")
 
 
 def _journal(state_dir: str, target: str, entries: List[Dict[str, Any]]) -> None:
@@ -293,8 +433,24 @@ def _journal(state_dir: str, target: str, entries: List[Dict[str, Any]]) -> None
             os.close(fd)
 
 
-def _manifest(state_dir: str, target: str) -> Dict[str, Dict[str, Any]]:
-    """What sync wrote into ``target`` and is still there unchanged (size and mtime as written)."""
+def _unchanged(root: int, rel: str, e: Dict[str, Any]) -> bool:
+    """Whether ``rel`` under the target dir ``root`` is still the regular file the manifest entry wrote."""
+    try:
+        parts = _parts(rel)
+        dfd = _open_parent(root, parts, create=False)
+    except (OSError, ValueError):
+        return False
+    try:
+        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e.get("size"), e.get("mtime_ns"))
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)
+
+
+def _manifest(state_dir: str, target: str, root: int) -> Dict[str, Dict[str, Any]]:
+    """What sync wrote into ``target`` (open as ``root``) and is still there unchanged (size and mtime)."""
     path = _manifest_path(state_dir, target)
     entries: Dict[str, Dict[str, Any]] = {}
     lines = 0
@@ -315,12 +471,7 @@ def _manifest(state_dir: str, target: str) -> Dict[str, Dict[str, Any]]:
         except FileNotFoundError:
             return {}
         for rel, e in list(entries.items()):
-            try:
-                st = os.lstat(os.path.join(target, rel))
-                same = stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e["size"], e["mtime_ns"])
-            except (OSError, KeyError):
-                same = False
-            if not same:  # changed or removed on the host since: it must be sent again
+            if not _unchanged(root, rel, e):  # changed or removed on the host since: it must be sent again
                 del entries[rel]
         if lines > 2 * len(entries) + 100:  # compact the journal
             write_atomic(path, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries.values())
@@ -332,18 +483,25 @@ def manifest_page(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
     """Entries of the target's manifest after ``after`` (in path order), at most MANIFEST_PAGE of them."""
     target = target_dir(a.get("target"))
     after = str(a.get("after") or "")
-    entries = _manifest(state_dir, target)
+    try:
+        root = open_target(state_dir, target, create=False)
+    except FileNotFoundError:  # not made yet: nothing there
+        return {"target": target, "entries": [], "more": False}
+    try:
+        entries = _manifest(state_dir, target, root)
+    finally:
+        os.close(root)
     rels = sorted(r for r in entries if r > after)
     page = rels[:MANIFEST_PAGE]
     return {"target": target, "entries": [entries[r] for r in page], "more": len(rels) > len(page)}
 
 
-def _remove_empty_parents(target: str, parts: List[str]) -> None:
+def _remove_empty_parents(root: int, parts: List[str]) -> None:
     """Remove the directories above a deleted file that it left empty, innermost first, never the target
     itself; stops at the first one that still holds something (or is not a plain directory)."""
     for i in range(len(parts) - 1, 0, -1):
         try:
-            dfd = _open_parent(target, parts[:i], create=False)
+            dfd = _open_parent(root, parts[:i], create=False)
         except (OSError, ValueError):
             return
         try:
@@ -361,31 +519,65 @@ def delete_files(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
     rels = a.get("rels")
     if not isinstance(rels, list) or len(rels) > MAX_DELETE:
         raise ValueError("rels must be a list of at most %d paths" % MAX_DELETE)
-    known = _manifest(state_dir, target)
     deleted = []
-    for rel in rels:
-        parts = _parts(rel)
-        if rel not in known:
-            continue  # not ours, or changed on the host since: never deleted
-        dfd = _open_parent(target, parts, create=False)
+    with TargetLock(state_dir, target):
+        root = open_target(state_dir, target, create=False)
         try:
-            os.unlink(parts[-1], dir_fd=dfd)
-        except FileNotFoundError:
-            pass
+            known = _manifest(state_dir, target, root)
+            for rel in rels:
+                parts = _parts(rel)
+                if rel not in known:
+                    continue  # not ours, or changed on the host since: never deleted
+                dfd = _open_parent(root, parts, create=False)
+                try:
+                    os.unlink(parts[-1], dir_fd=dfd)
+                except FileNotFoundError:
+                    pass
+                finally:
+                    os.close(dfd)
+                _remove_empty_parents(root, parts)
+                deleted.append(rel)
         finally:
-            os.close(dfd)
-        _remove_empty_parents(target, parts)
-        deleted.append(rel)
-    _journal(state_dir, target, [{"rel": r, "del": True} for r in deleted])
+            os.close(root)
+        _journal(state_dir, target, [{"rel": r, "del": True} for r in deleted])
     return {"deleted": deleted}
+
+
+def _fatal(out: Any, message: str) -> int:
+    """End a receive stream with an error the client shows as is (one JSON line ``{"fatal": ...}``)."""
+    out.write(json.dumps({"fatal": message}).encode() + b"\n")
+    out.flush()
+    return 2
 
 
 def receive(state_dir: str, target: str, inp: Any, out: Any, block: int = 1024 * 1024) -> int:
     """``gputui sync``'s raw upload stream: a header line (JSON: rel, size, sha256, mode, mtime_ns) then
     exactly ``size`` raw bytes, file after file, until EOF. Each file is written like ``files.write`` does
-    (part file, sha256 check, rename, manifest) and answered with one JSON line: {"rel", "ok"[, "error"]}.
-    A refused file's bytes are read and dropped, so the stream stays in step."""
+    (a part file of a fresh random name, sha256 check, rename, manifest) and answered with one JSON line:
+    {"rel", "ok"[, "error"]}. A refused file's bytes are read and dropped, so the stream stays in step. One
+    sync into a target at a time: the stream holds the target's lock from start to end; a target that
+    cannot be used at all ends the stream with one {"fatal": why} line."""
+    import secrets
+
     target = target_dir(target)
+    try:
+        lock = TargetLock(state_dir, target)
+    except (OSError, ValueError) as exc:
+        return _fatal(out, str(exc))
+    with lock:
+        try:
+            root = open_target(state_dir, target, create=True)
+        except (OSError, ValueError) as exc:
+            return _fatal(out, "cannot use %s on the host: %s" % (target, exc))
+        try:
+            return _receive_files(state_dir, target, root, inp, out, block, secrets.token_hex)
+        finally:
+            os.close(root)
+
+
+def _receive_files(
+    state_dir: str, target: str, root: int, inp: Any, out: Any, block: int, token: Any
+) -> int:
     while True:
         line = inp.readline(65536)
         if not line:
@@ -401,33 +593,46 @@ def receive(state_dir: str, target: str, inp: Any, out: Any, block: int = 1024 *
             return 2
         reply: Dict[str, Any] = {"rel": rel, "ok": True}
         fd = dfd = -1
+        part = ""
         try:
             parts = _parts(rel)
-            dfd = _open_parent(target, parts, create=True)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(_part_name(parts[-1]), flags, 0o600, dir_fd=dfd)
-            _regular(fd, parts)
+            dfd = _open_parent(root, parts, create=True)
+            name = _part_name(parts[-1], token(16))
+            fd = _create_part(dfd, name)
+            part = name  # ours from here on: removed unless renamed into place
         except (OSError, ValueError) as exc:
             reply = {"rel": rel, "ok": False, "error": str(exc)}
-        left = size
-        while left > 0:
-            data = inp.read(min(block, left))
-            if not data:
-                return 1  # the client went away mid-file: the part file stays, nothing renamed
-            left -= len(data)
-            if fd >= 0:
-                os.write(fd, data)
+        left, at = size, 0
         try:
-            if fd >= 0:
+            while left > 0:
+                data = inp.read(min(block, left))
+                if not data:
+                    return 1  # the client went away mid-file: nothing renamed (the part goes below)
+                left -= len(data)
+                if fd >= 0:
+                    try:
+                        _write_all(fd, data, at, "%s/%s" % (target, rel))
+                    except (OSError, ValueError) as exc:  # a full disk: the rest is read and dropped
+                        reply = {"rel": rel, "ok": False, "error": str(exc)}
+                        os.close(fd)
+                        fd = -1
+                at += len(data)
+            if reply["ok"]:
                 os.close(fd)
                 fd = -1
-                _commit(state_dir, target, parts, dfd, head)
+                _commit(state_dir, target, parts, dfd, head, part)
+                part = ""
         except (OSError, ValueError, KeyError) as exc:
             reply = {"rel": rel, "ok": False, "error": str(exc)}
         finally:
             if fd >= 0:
                 os.close(fd)
             if dfd >= 0:
+                if part:
+                    try:
+                        os.unlink(part, dir_fd=dfd)
+                    except OSError:
+                        pass
                 os.close(dfd)
         out.write(json.dumps(reply).encode() + b"\n")
         out.flush()

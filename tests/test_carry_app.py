@@ -61,6 +61,28 @@ async def test_new_job_dialog_syncs_the_tree_and_runs_the_job_in_it(
     assert (src / "hello.txt").read_text() == "synced text\n"  # the prefilled cwd (here) was not the target
 
 
+async def test_new_job_dialog_does_not_start_a_job_whose_sync_did_not_fully_arrive(
+    local: cfg.Config, home: Home, tmp_path: Path  # noqa: F811
+) -> None:
+    """A file the host refused (its dir is a symlink there): the job would run on stale code, so none starts."""
+    src = tmp_path / "proj"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "conf.txt").write_text("new\n")
+    target = tmp_path / "host"
+    (target / "elsewhere").mkdir(parents=True)
+    os.symlink(target / "elsewhere", target / "pkg")
+    app = local_app(local, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await connected(pilot)
+        dialog = await open_dialog(pilot, app, "true", str(src))
+        dialog.query_one("#cwd", Input).value = str(target)
+        await pilot.press("enter")
+        await until(pilot, lambda: any("job not started" in n for n in notes(app)), what="the refusal")
+        assert not app.hosts["local"].jobs
+    assert any("1 of 1 files did not arrive on local (pkg/conf.txt)" in n for n in notes(app)), notes(app)
+    assert list((target / "elsewhere").iterdir()) == []
+
+
 async def test_forward_key_shows_the_printed_url_with_its_token_as_plain_text(
     local: cfg.Config, tmp_path: Path  # noqa: F811
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import subprocess
 import sys
@@ -10,13 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, AgentProc, SshHome
+from conftest import ROOT, AgentProc, Home, SshHome, stop_host
 from faultproxy import FaultProxy
 
 from gputui.core.config import HostConfig
-from gputui.core.pull import PullError, local_target, pull
+from gputui.core.pull import PullError, local_target, part_path, pull
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
+from gputui.core.transport import AgentChannel, LocalTransport
 from remote_agent import files as F
 from remote_agent import protocol as P
 
@@ -46,9 +48,16 @@ def test_pull_through_a_reset_ends_byte_identical(
             resets[name] = done
             proxy.reset()  # every open connection gets an RST, mid-transfer
 
+    opened: list[list[str]] = []  # every raw stream asked of the host: cat PATH OFFSET
+
+    class Noting(SSHTransport):
+        async def open_agent_stream(self, args: list[str]) -> AgentChannel:
+            opened.append(list(args))
+            return await super().open_agent_stream(args)
+
     async def main() -> list[str]:
         cfg = HostConfig(name="box", **ssh_home.host_settings(port=proxy.port))
-        session = HostSession("box", SSHTransport(cfg))
+        session = HostSession("box", Noting(cfg))
         await session.start()
         try:
             outcomes = await pull(session, [f"{src}/*.pt"], str(dest), on_progress=progress)
@@ -58,10 +67,20 @@ def test_pull_through_a_reset_ends_byte_identical(
 
     assert asyncio.run(main()) == ["pulled", "pulled", "pulled"]
     assert set(resets) == {"model.pt", "opt.pt"} and proxy.accepted >= 3  # both reset; reconnected each time
+    # The stream cut by the reset goes on from the byte it reached, never from 0 again.
+    offsets = [int(a[2]) for a in opened if a[:2] == ["cat", str(src / "model.pt")]]
+    assert offsets[0] == 0 and len(offsets) >= 2 and all(o >= resets["model.pt"] for o in offsets[1:]), offsets
     assert (dest / "model.pt").read_bytes() == big
     assert (dest / "opt.pt").read_bytes() == mid
     assert (dest / "small.pt").read_bytes() == b"tiny"
     assert sorted(p.name for p in dest.iterdir()) == ["model.pt", "opt.pt", "small.pt"]  # no part file left
+
+
+def gputui_part(home: Home, target: Path) -> Path:
+    """The part file a CLI run in ``home`` pulls ``target`` to (its name is keyed by that home's secret)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home.root))
+        return Path(part_path(str(target)))
 
 
 def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp_path: Path) -> None:
@@ -74,25 +93,28 @@ def test_pull_cli_job_paths_resume_verify_and_newer_local(ssh_home: SshHome, tmp
     dest.mkdir()
 
     # A part file from an earlier, dropped pull: the transfer continues at its end. A user's own
-    # a.pt.part is not ours: left alone.
-    (dest / ".a.pt.gputui-part").write_bytes(data[:1_000_000])
+    # a.pt.part, or even .a.pt.gputui-part, is not ours: left alone.
+    part = gputui_part(ssh_home, dest / "a.pt")
+    part.write_bytes(data[:1_000_000])
     (dest / "a.pt.part").write_bytes(b"the user's")
+    (dest / ".a.pt.gputui-part").write_bytes(b"the user's too")
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/*.pt", str(dest), check=True)
     assert res.stdout.startswith("resumed:"), res.stdout
-    assert (dest / "a.pt").read_bytes() == data and not (dest / ".a.pt.gputui-part").exists()
+    assert (dest / "a.pt").read_bytes() == data and not part.exists()
     assert (dest / "a.pt.part").read_bytes() == b"the user's"
+    assert (dest / ".a.pt.gputui-part").read_bytes() == b"the user's too"
 
     # A part file of some other content fails the sha256 check and is fetched again from byte 0.
     os.unlink(dest / "a.pt")
-    (dest / ".a.pt.gputui-part").write_bytes(b"x" * 2_000_000)
+    part.write_bytes(b"x" * 2_000_000)
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
     assert res.stdout.startswith("pulled:"), res.stdout
     assert (dest / "a.pt").read_bytes() == data
 
     # A part file left over beside a file that is now up to date: removed when the pull is redone.
-    (dest / ".a.pt.gputui-part").write_bytes(data[:10])
+    part.write_bytes(data[:10])
     res = ssh_home.cli("pull", "box", f"{job}:ckpt/a.pt", str(dest), check=True)
-    assert res.stdout.startswith("up to date:") and not (dest / ".a.pt.gputui-part").exists(), res.stdout
+    assert res.stdout.startswith("up to date:") and not part.exists(), res.stdout
 
     assert ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True).stdout.startswith("pulled:")
     res = ssh_home.cli("pull", "box", f"{job}:ckpt", str(dest), check=True)
@@ -187,3 +209,46 @@ def test_a_local_file_written_during_the_pull_is_never_overwritten(ssh_home: Ssh
 
     asyncio.run(main())
     assert mine.read_bytes() == b"saved here meanwhile"
+
+
+def test_a_second_pull_of_the_same_file_never_writes_the_first_ones_part(tmp_path: Path) -> None:
+    """Two pulls of one file to one place at once: the part file is held by the first (flock); the second
+    refuses instead of writing into it (half of each would fail the sha256 check, or worse, pass it)."""
+    src = tmp_path / "host" / "a.pt"
+    src.parent.mkdir()
+    src.write_bytes(b"host data")
+    dest = tmp_path / "here"
+    dest.mkdir()
+    part = Path(part_path(str(dest / "a.pt")))
+    part.write_bytes(b"host")  # the first pull, mid-file, holds its part
+
+    async def main() -> None:
+        session = HostSession("box", LocalTransport(str(tmp_path / "state"), tmp_path / "cache"))
+        await session.start()
+        try:
+            with pytest.raises(PullError, match="another pull of this file is under way here"):
+                await pull(session, [str(src)], str(dest) + "/")
+        finally:
+            await session.close()
+
+    with open(part, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            asyncio.run(main())
+        finally:
+            stop_host(tmp_path / "state")
+    assert part.read_bytes() == b"host" and not (dest / "a.pt").exists()
+
+
+def test_a_host_file_named_like_a_part_file_is_pulled_beside_its_namesake(home: Home, tmp_path: Path) -> None:
+    """The host holds ``a.pt`` and ``.a.pt.gputui-part`` (the old part file name): both arrive whole, neither
+    is written into the other's place."""
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    host = tmp_path / "host" / "ckpt"
+    host.mkdir(parents=True)
+    files = {"a.pt": os.urandom(3 * 1024 * 1024), ".a.pt.gputui-part": b"a file of the user's, on the host"}
+    for name, body in files.items():
+        (host / name).write_bytes(body)
+    res = home.cli("pull", "here", str(host), str(tmp_path / "dest"), check=True)
+    assert res.stdout.count("pulled:") == 2, res.stdout
+    assert {p.name: p.read_bytes() for p in (tmp_path / "dest" / "ckpt").iterdir()} == files

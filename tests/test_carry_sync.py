@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import AgentProc, Home, SshHome, stop_host
 from faultproxy import FaultProxy
 
 from gputui.core.config import HostConfig
 from gputui.core.session import HostSession
 from gputui.core.ssh_transport import SSHTransport
-from gputui.core.sync import SyncResult, sync
+from gputui.core.sync import LocalFile, SyncResult, sync, tree_hash
 from gputui.core.transport import AgentChannel, LocalTransport
+from remote_agent import files as F
 from remote_agent import protocol as P
 
 
@@ -124,6 +132,9 @@ def test_run_sync_runs_in_the_synced_dir_and_records_the_code(ssh_home: SshHome,
     assert record["cwd"] == str(target)
     assert record["code"]["git"] == {"commit": head.strip(), "dirty": False}
     assert len(record["code"]["tree_sha256"]) == 64 and record["code"]["files"] == 5
+    there = [LocalFile(rel, "", 0, 0, os.stat(target / rel).st_mode & 0o777,
+                       hashlib.sha256((target / rel).read_bytes()).hexdigest()) for rel in files_under(target)]  # fmt: skip
+    assert record["code"]["tree_sha256"] == tree_hash(there)  # the tree on the host, as it arrived
     (repo / "train.py").write_text("print('changed')\n")
     res = ssh_home.cli(
         "run", "box", "--sync", str(repo), "--cwd", str(target), "--", "python3", "train.py", check=True
@@ -149,7 +160,7 @@ def test_agent_write_refuses_paths_outside_the_target(agent: AgentProc, tmp_path
     assert not (tmp_path / "escape").exists()
     commit = {"sha256": "0" * 64, "mode": 0o644}
     reply = agent.call(P.OP_FILES_WRITE, target=str(target), rel="f", offset=0, b64=P.b64(b"x"), truncate=True,
-                       commit=commit)  # fmt: skip
+                       commit=commit, part="0" * 32)  # fmt: skip
     assert not reply["ok"] and "sha256" in reply["error"]["message"] and not (target / "f").exists()
 
 
@@ -233,3 +244,176 @@ def test_sync_without_a_raw_stream_uses_chunked_writes(tmp_path: Path) -> None:
         stop_host(state)
     assert res.sent == 13 and files_under(target) == files_under(src)
     assert all((target / rel).read_bytes() == (src / rel).read_bytes() for rel in files_under(src))
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_sync_never_writes_or_deletes_through_a_target_replaced_by_a_symlink(
+    ssh_home: SshHome, tmp_path: Path
+) -> None:
+    """Between two syncs the target dir, or a dir above it, becomes a symlink (a user's own ``ln -s``): the
+    next sync, with --delete too, refuses and leaves the link's destination as it was."""
+    repo = make_repo(tmp_path)
+    target = tmp_path / "host" / "sub" / "proj"
+    ssh_home.cli("sync", "box", str(repo), "--to", str(target), check=True)
+    data = tmp_path / "data"  # the user's own files, which the link leads to
+    (data / "proj" / "pkg").mkdir(parents=True)
+    for rel in ("train.py", "notes.md", "pkg/conf.txt", "precious.bin"):
+        (data / "proj" / rel).write_text(f"the user's {rel}\n")
+    before = _snapshot(data)
+    (repo / "train.py").write_text("print('new')\n")
+    os.unlink(repo / "notes.md")  # with --delete: notes.md would go
+
+    os.rename(target, tmp_path / "proj-old")  # the target itself is a link now
+    os.symlink(data / "proj", target)
+    res = ssh_home.cli("sync", "box", str(repo), "--to", str(target), "--delete")
+    assert res.returncode == 1 and "symlink" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert _snapshot(data) == before
+
+    os.unlink(target)  # a dir above the target is a link now
+    os.rename(tmp_path / "host" / "sub", tmp_path / "sub-old")
+    os.symlink(data, tmp_path / "host" / "sub")
+    res = ssh_home.cli("sync", "box", str(repo), "--to", str(target), "--delete")
+    assert res.returncode == 1 and "symlink" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert _snapshot(data) == before
+
+
+def test_sync_part_files_never_clobber_a_users_file(ssh_home: SshHome, tmp_path: Path) -> None:
+    """A user's file on the host named like gputui's old part files (``.NAME.gputui-part``) stays as it is."""
+    repo = make_repo(tmp_path)
+    target = tmp_path / "host" / "proj"
+    (target / "pkg").mkdir(parents=True)
+    mine = {".train.py.gputui-part": b"mine 1", "pkg/.conf.txt.gputui-part": b"mine 2"}
+    for rel, body in mine.items():
+        (target / rel).write_bytes(body)
+    ssh_home.cli("sync", "box", str(repo), "--to", str(target), check=True)
+    assert {rel: (target / rel).read_bytes() for rel in mine} == mine
+    assert (target / "train.py").read_text().startswith("print(")
+    left = {p.name for p in target.rglob("*gputui-part")}
+    assert left == {".train.py.gputui-part", ".conf.txt.gputui-part"}  # no part file of sync's own left
+
+
+def test_one_sync_into_a_target_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's receive holds the target's lock (keyed by its real path): while another sync holds it, a
+    second one waits its bound, then refuses with a clear error, and writes nothing."""
+    state, target = tmp_path / "state", tmp_path / "tgt"
+    os.symlink(tmp_path, tmp_path / "alias")  # another name of the same dir: the same lock
+    monkeypatch.setattr(F, "LOCK_WAIT_S", 0.3)
+    data = b"hello"
+    head = {"rel": "f.txt", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "mode": 0o644}
+    stream = json.dumps(head).encode() + b"\n" + data
+    with F.TargetLock(str(state), str(tmp_path / "alias" / "tgt")):
+        out = io.BytesIO()
+        assert F.receive(str(state), str(target), io.BytesIO(stream), out) == 2
+    fatal = json.loads(out.getvalue())["fatal"]
+    assert fatal.startswith(f"another sync into {target} is under way") and not target.exists(), fatal
+    out = io.BytesIO()  # the lock is free again: the same stream goes through
+    assert F.receive(str(state), str(target), io.BytesIO(stream), out) == 0
+    assert json.loads(out.getvalue())["ok"] and (target / "f.txt").read_bytes() == data
+
+
+def test_two_clients_syncing_one_target_at_once_never_mix_versions(home: Home, tmp_path: Path) -> None:
+    """Two laptops sync different versions of the same files into one target at the same moment: each file
+    ends as one whole version (never half of each), both syncs succeed, and the manifest matches the disk."""
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    srcs = []
+    for name in ("a", "b"):
+        src = tmp_path / name
+        for i in range(16):
+            (src / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+            (src / f"d{i % 4}" / f"f{i}.bin").write_bytes(name.encode() * (256 * 1024))
+        srcs.append(src)
+    target = tmp_path / "tgt"
+    cmds = [[sys.executable, "-m", "gputui", "sync", "here", str(src), "--to", str(target)] for src in srcs]
+    procs = [subprocess.Popen(c, env=home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for c in cmds]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for rel in files_under(srcs[0]):
+        body = (target / rel).read_bytes()
+        assert body in ((srcs[0] / rel).read_bytes(), (srcs[1] / rel).read_bytes()), rel
+    assert not list(target.rglob("*gputui-part"))
+    # What the host's manifest holds is what is on its disk: a sync of "a" sends exactly the files not "a".
+    not_a = sum((target / rel).read_bytes() != (srcs[0] / rel).read_bytes() for rel in files_under(srcs[0]))
+    res = home.cli("sync", "here", str(srcs[0]), "--to", str(target), check=True)
+    assert f"{not_a} of 16 files sent" in res.stderr, res.stderr
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (as root; skipped elsewhere): a disk that fills up."""
+    where = tmp_path / "full"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_sync_into_a_full_host_disk_says_no_space(home: Home, tmp_path: Path, full_disk: Path) -> None:
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024))
+    (src / "small.txt").write_text("fits")
+    res = home.cli("sync", "here", str(src), "--to", str(full_disk / "t"))
+    assert res.returncode == 1 and "no space left on device" in res.stderr, res.stderr
+    assert "sha256" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert (full_disk / "t" / "small.txt").read_text() == "fits"
+    assert sorted(p.name for p in (full_disk / "t").iterdir()) == ["small.txt"]  # no part file left
+
+
+def test_run_sync_with_a_file_refused_on_the_host_does_not_start(ssh_home: SshHome, tmp_path: Path) -> None:
+    """A sync that did not fully arrive (pkg is a symlink on the host) must not start the job on the old code."""
+    repo = make_repo(tmp_path)
+    target = tmp_path / "host" / "run"
+    ssh_home.cli("sync", "box", str(repo), "--to", str(target), check=True)
+    os.rename(target / "pkg", tmp_path / "pkg-old")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", target / "pkg")
+    (repo / "pkg" / "conf.txt").write_text("lr=0.9\n")
+    res = ssh_home.cli("run", "box", "--sync", str(repo), "--cwd", str(target), "--", "python3", "train.py")
+    assert res.returncode == 1 and "job not started" in res.stderr and "pkg is a symlink" in res.stderr, res.stderr
+    assert res.stdout == "" and json.loads(ssh_home.cli("history", "box", "--json", check=True).stdout) == []
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_sync_in_the_middle_of_another_never_writes_its_part_file(tmp_path: Path) -> None:
+    """Chunked writes (no raw stream): sync A has sent half of each file when sync B, another client, sends
+    its version of the same files whole. Each sender writes only its own part files: both succeed, every file
+    is one whole version (A's, which committed last), none is a mix and none is lost."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for src, byte in ((a, b"a"), (b, b"b")):
+        src.mkdir()
+        for i in range(3):
+            (src / f"f{i}.bin").write_bytes(byte * (P.FILE_CHUNK_BYTES + 1000))  # two chunks each
+    target, state = tmp_path / "tgt", tmp_path / "state"
+
+    async def one(src: Path, on_progress: Any = None) -> SyncResult:
+        session = HostSession("here", _NoStreams(str(state), tmp_path / "cache"))
+        await session.start()
+        try:
+            return await sync(session, str(src), str(target), cache_dir=tmp_path / src.name, on_progress=on_progress)
+        finally:
+            await session.close()
+
+    other: list[SyncResult] = []
+
+    def progress(what: str, done: int, total: int) -> None:
+        if not other and done >= P.FILE_CHUNK_BYTES:  # A is inside its first file: B runs now, whole
+            runner = threading.Thread(target=lambda: other.append(asyncio.run(one(b))))
+            runner.start()
+            runner.join()  # A's loop waits meanwhile: its part files stand half written
+
+    try:
+        first = asyncio.run(one(a, progress))
+    finally:
+        stop_host(state)
+    assert other and other[0].sent == 3 and not other[0].notes, other
+    assert first.sent == 3 and not first.notes and not first.missing, first
+    assert all((target / f"f{i}.bin").read_bytes() == (a / f"f{i}.bin").read_bytes() for i in range(3))
+    assert sorted(p.name for p in target.iterdir()) == ["f0.bin", "f1.bin", "f2.bin"]

@@ -29,14 +29,15 @@ async def cmd_pull(args: argparse.Namespace) -> int:
         except Unreachable:
             raise
         except (PullError, OSError) as exc:  # e.g. no room or no permission here
-            raise CliError(f"pull: {exc}") from None
+            raise CliError(f"pull: {safetext.clean(exc)}") from None
         status = ExitStatus.OK
-        for o in outcomes:
+        for o in outcomes:  # a host's file name is data: one line each, control characters escaped
             if o.status == "newer here":
-                print(f"gputui: skipped {o.target}: the local file is newer (--force overwrites it)", file=sys.stderr)
+                print(f"gputui: skipped {safetext.clean(o.target)}: the local file is newer (--force overwrites it)",
+                      file=sys.stderr)  # fmt: skip
                 status = ExitStatus.FAILED
             else:
-                print(f"{o.status}: {o.target} ({o.size:,} bytes)")
+                print(f"{o.status}: {safetext.clean(o.target)} ({o.size:,} bytes)")
         return status
 
     return await with_session(args, args.host, body)
@@ -44,14 +45,15 @@ async def cmd_pull(args: argparse.Namespace) -> int:
 
 async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool) -> Any:
     """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult."""
+    from ..core.pull import PullError
     from ..core.sync import SyncError, sync
 
     try:
         res = await sync(s, src, target, delete=delete, on_progress=progress_printer())
     except Unreachable:
         raise
-    except (SyncError, OSError) as exc:  # e.g. a local file unreadable
-        raise CliError(f"sync: {exc}") from None
+    except (SyncError, PullError, OSError) as exc:  # e.g. a local file unreadable, a host's bad answer
+        raise CliError(f"sync: {safetext.clean(exc)}") from None
     for note in res.notes:
         print(f"gputui: {safetext.clean(note)}", file=sys.stderr)
     print(f"gputui: synced {os.path.abspath(src)} to {s.name}:{safetext.clean(res.target)}: {res.sent} of {res.files} files sent "
@@ -65,7 +67,7 @@ async def cmd_sync(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         res = await sync_tree(s, args.src, args.to, args.delete)
         print(res.target)
-        return ExitStatus.FAILED if any(n.startswith("not sent") for n in res.notes) else ExitStatus.OK
+        return ExitStatus.FAILED if res.missing or any(n.startswith("not sent") for n in res.notes) else ExitStatus.OK
 
     return await with_session(args, args.host, body)
 

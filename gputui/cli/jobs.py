@@ -132,6 +132,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
         code, job_cwd = None, cwd
         if args.sync is not None:
             synced = await sync_tree(s, args.sync, args.cwd, delete=False)
+            from ..core.sync import SyncError
+
+            try:
+                synced.require_complete(s.name)  # the job would run on stale code: never started
+            except SyncError as exc:
+                raise CliError(f"run --sync: {exc}") from None
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),

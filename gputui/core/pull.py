@@ -1,18 +1,30 @@
 """gputui pull: files from a host to here, over the agent channel the session already holds.
 
-Each file goes to ``.NAME.gputui-part`` first, in bounded chunks (a few in flight), and is renamed into place
-only after its sha256 matches the host's. A dropped link costs nothing: the session reconnects and the transfer
-goes on from the byte it reached; a later ``pull`` continues an old part file the same way, and removes one
-left over for a file it finds up to date or newer here. What each pull fetched is noted (``pulled.py``).
+Each file goes to a part file beside it first (``.NAME.TAG.gputui-part``, TAG derived from a secret key of
+this machine's state dir and the target's path: no user file has that name, no host can make one up), in
+bounded chunks (a few in flight), and is renamed into place only after its sha256 matches the host's. A dropped
+link costs nothing: the session reconnects and the transfer goes on from the byte it reached; a later ``pull``
+continues an old part file the same way, and removes one left over for a file it finds up to date or newer
+here. What each pull fetched is noted (``pulled.py``).
+
+Every answer of the host is checked against the protocol before it is used, and every wait on it is bounded:
+a stream that brings no byte for ``STALL_S`` is an error naming the host and the file (the part file stays,
+so the next pull resumes). A full local disk ends the pull at once and removes the part file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import errno
+import fcntl
 import hashlib
+import hmac
+import math
 import os
 import re
+import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +32,9 @@ from typing import Any, BinaryIO
 
 from remote_agent import protocol as P
 
-from . import pulled
+from . import paths, pulled, safetext
 from .errors import GputuiError
-from .link import AgentError, LinkClosed
+from .link import AgentError, LinkClosed, RequestTimeout
 from .paths import sha256_file
 from .session import HostSession
 
@@ -33,6 +45,13 @@ RECONNECT_WAIT_S = 120.0
 #: Files at least this big come as a raw stream on a channel of their own; smaller ones in JSON chunks.
 STREAM_MIN_BYTES = 8 * 1024 * 1024
 STREAM_READ = 1024 * 1024
+#: How long a transfer waits for the host's next byte (or answer) before it is an error.
+STALL_S = 60.0
+#: Hashing speed a host is granted at least (a files.hash or sync commit of N bytes waits STALL_S + N/rate).
+HASH_MIN_RATE = 50 * 1024 * 1024
+#: Bounds of the numbers a host sends about a file.
+MAX_SIZE = 2**62
+MAX_MTIME = 2.0**36  # about the year 4147: beyond it os.utime overflows on some platforms
 _JOB_SPEC = re.compile(r"(\d+):(.+)", re.DOTALL)
 
 Progress = Callable[[str, int, int], None]  # (name, bytes done, bytes total)
@@ -71,13 +90,30 @@ def split_spec(spec: str) -> tuple[str | None, str]:
     return (m.group(1), m.group(2)) if m else (None, spec)
 
 
-async def request_retrying(session: HostSession, op: str, **args: Any) -> Any:
+def hash_timeout(size: int) -> float:
+    """How long the host may take to hash (or receive and hash) ``size`` bytes before it is an error."""
+    return STALL_S + size / HASH_MIN_RATE
+
+
+def wire_error(session: HostSession, op: str, what: str) -> PullError:
+    """The error for an answer of the host that does not follow the protocol."""
+    return PullError(f"{session.name} answered {op} with data that does not follow the protocol: "
+                     f"{safetext.clean(what, limit=200)}")  # fmt: skip
+
+
+async def request_retrying(session: HostSession, op: str, *, timeout: float = STALL_S, **args: Any) -> Any:
     """One request, retried across link drops until the session reconnects (LinkClosed after
-    RECONNECT_WAIT_S without a link). For idempotent requests only."""
+    RECONNECT_WAIT_S without a link). For idempotent requests only. A host that keeps the link but does not
+    answer within ``timeout`` is an error at once (RequestTimeout naming the host), not retried."""
     deadline = time.monotonic() + RECONNECT_WAIT_S
     while True:
         try:
-            return await session.request(op, timeout=60.0, **args)
+            return await session.request(op, timeout=timeout, **args)
+        except RequestTimeout as exc:
+            if not session.link or session.link.closed.is_set():  # the link went: retry as below
+                await asyncio.sleep(0.2)
+                continue
+            raise RequestTimeout(f"{session.name} did not answer {op} within {timeout:g} s") from exc
         except (LinkClosed, asyncio.TimeoutError) as exc:
             if time.monotonic() > deadline:
                 raise LinkClosed(
@@ -96,18 +132,64 @@ async def list_remote(session: HostSession, specs: list[str]) -> list[Remote]:
     for job, patterns in groups.items():
         base = "~"
         if job is not None:
-            base = (await request_retrying(session, P.OP_JOBS_GET, job=job)).get("cwd") or "~"
+            record = await request_retrying(session, P.OP_JOBS_GET, job=job)
+            cwd = record.get("cwd") if isinstance(record, dict) else None
+            if cwd is not None and not isinstance(cwd, str):
+                raise wire_error(session, P.OP_JOBS_GET, f"job {job}'s cwd is {cwd!r:.80}")
+            base = cwd or "~"
         res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns)
-        if res.get("missing"):
-            where = f"job {job}'s dir {res['base']}" if job else res["base"]
+        listed, missing, where = _listing(session, res)
+        if missing:
+            where = f"job {job}'s dir {where}" if job else where
             raise PullError(
-                f"no such file on {session.name} (relative to {where}): {', '.join(res['missing'])}"
+                f"no such file on {session.name} (relative to {safetext.clean(where)}): "
+                + ", ".join(safetext.clean(m, limit=200) for m in missing[:20])
             )
-        files += [
-            Remote(f["path"], f["rel"], int(f["size"]), float(f["mtime"]), int(f["mode"]))
-            for f in res["files"]
-        ]
+        files += listed
     return files
+
+
+def _listing(session: HostSession, res: Any) -> tuple[list[Remote], list[str], str]:
+    """A files.list answer, checked field by field: (files, missing patterns, base)."""
+    if not isinstance(res, dict):
+        raise wire_error(session, P.OP_FILES_LIST, f"the reply is {type(res).__name__}, not an object")
+    got, missing, base = res.get("files"), res.get("missing", []), res.get("base", "")
+    if not isinstance(got, list) or not isinstance(missing, list) or not isinstance(base, str):
+        raise wire_error(session, P.OP_FILES_LIST, "files or missing is no list, or base no string")
+    if not all(isinstance(m, str) for m in missing):
+        raise wire_error(session, P.OP_FILES_LIST, "a missing pattern is no string")
+    return [_remote(session, f) for f in got], missing, base
+
+
+def _remote(session: HostSession, f: Any) -> Remote:
+    """One file of a files.list answer: path and rel non-empty strings without NUL (path absolute), size a
+    whole number, mtime a finite number, mode a permission mask."""
+    op = P.OP_FILES_LIST
+    if not isinstance(f, dict):
+        raise wire_error(session, op, f"a file entry is {type(f).__name__}, not an object")
+    path, rel, size, mtime, mode = (f.get(k) for k in ("path", "rel", "size", "mtime", "mode"))
+    for key, text in (("path", path), ("rel", rel)):
+        if not isinstance(text, str) or not text or "\0" in text or len(text) > 4096:
+            raise wire_error(session, op, f"a file's {key} is {text!r:.80}")
+    assert isinstance(path, str) and isinstance(rel, str)
+    if not path.startswith("/"):
+        raise wire_error(session, op, f"the path {path!r:.80} is not absolute")
+    if type(size) is not int or not 0 <= size <= MAX_SIZE:
+        raise wire_error(session, op, f"{path!r:.80}'s size is {size!r:.40}")
+    if not isinstance(mtime, int | float) or isinstance(mtime, bool) or not math.isfinite(mtime) \
+            or not -MAX_MTIME < mtime < MAX_MTIME:  # fmt: skip
+        raise wire_error(session, op, f"{path!r:.80}'s mtime is {mtime!r:.40}")
+    if type(mode) is not int or not 0 <= mode <= 0o7777:
+        raise wire_error(session, op, f"{path!r:.80}'s mode is {mode!r:.40}")
+    return Remote(path, rel, size, float(mtime), mode)
+
+
+def _size_of(session: HostSession, op: str, res: Any) -> int:
+    """The ``size`` of a files.read or files.hash answer, checked."""
+    size = res.get("size") if isinstance(res, dict) else None
+    if type(size) is not int or not 0 <= size <= MAX_SIZE:
+        raise wire_error(session, op, f"size is {size!r:.40}")
+    return size
 
 
 def local_target(dest_dir: str, rel: str) -> str:
@@ -127,13 +209,37 @@ def local_target(dest_dir: str, rel: str) -> str:
 
 
 
+def _part_key() -> bytes:
+    """This machine's secret for part file names (made once, 0600, in the state dir); a fresh one per run
+    when it cannot be kept (parts are then not resumed by a later pull)."""
+    path = paths.state_dir() / "part-key"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+    except FileExistsError:
+        pass
+    except OSError:
+        return secrets.token_bytes(32)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            key = f.read(64)
+    except OSError:
+        return secrets.token_bytes(32)
+    return key if len(key) >= 16 else secrets.token_bytes(32)
+
+
 def part_path(target: str) -> str:
-    """Where ``target`` is pulled to before its sha256 is checked: ``.NAME.gputui-part`` beside it (a name
-    of gputui's own, never a user's ``NAME.part``)."""
-    head, name = os.path.split(target)
-    if len(name) > 200:
-        name = name[:160] + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(head, f".{name}.gputui-part")
+    """Where ``target`` is pulled to before its sha256 is checked: ``.NAME.TAG.gputui-part`` beside it, TAG
+    keyed by this machine's secret and the target's full path: a name no user file has, so a part file is
+    always gputui's own (and a later pull of the same target finds it to resume)."""
+    head, name = os.path.split(os.path.abspath(target))
+    tag = hmac.new(_part_key(), os.path.join(head, name).encode("utf-8", "surrogateescape"), hashlib.sha256)
+    if len(name) > 160:
+        name = name[:120] + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(head, f".{name}.{tag.hexdigest()[:20]}.gputui-part")
 
 
 def _drop_part(part: str) -> None:
@@ -142,19 +248,71 @@ def _drop_part(part: str) -> None:
         os.unlink(part)
 
 
+def _open_part(part: str, size: int) -> tuple[BinaryIO, int]:
+    """The part file, opened to go on at its end (one of ours from an earlier pull, never longer than the
+    file), or created afresh (O_EXCL: never a file that is there); never through a symlink."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(part, flags)
+        except FileNotFoundError:
+            fd = os.open(part, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PullError(f"refusing to write through the symlink {part}") from None
+        raise
+    out = os.fdopen(fd, "r+b")
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        out.close()
+        raise PullError(f"refusing to write to {part}: not a regular file")
+    try:  # held while this pull writes it: a second pull of the same file here never writes it too
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        out.close()
+        raise PullError(f"another pull of this file is under way here (it writes {part})") from None
+    start = st.st_size if st.st_size <= size else 0
+    out.truncate(start)
+    out.seek(start)
+    return out, start
+
+
+def _no_space(exc: OSError, part: str) -> bool:
+    """Whether a local write failed for lack of room; if so the part file is removed (it only fills the disk)."""
+    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return False
+    try:
+        os.unlink(part)
+    except OSError:
+        pass
+    return True
+
+
 async def _download(session: HostSession, f: Remote, part: str, on_progress: Progress | None) -> int:
     """Bring ``part`` up to ``f.size`` bytes from where it stops; returns the offset it resumed at."""
-    start = os.path.getsize(part) if os.path.exists(part) else 0
-    if start > f.size:
-        start = 0
-    with open(part, "r+b" if os.path.exists(part) else "wb") as out:
-        out.truncate(start)
-        out.seek(start)
-        if f.size - start >= STREAM_MIN_BYTES:
-            await _stream(session, f, out, start, on_progress)
-        else:
-            await _chunks(session, f, out, start, on_progress)
+    out, start = _open_part(part, f.size)
+    try:
+        with out:
+            if f.size - start >= STREAM_MIN_BYTES:
+                await _stream(session, f, out, start, on_progress)
+            else:
+                await _chunks(session, f, out, start, on_progress)
+    except OSError as exc:
+        if _no_space(exc, part):
+            raise PullError(f"no space left on device ({os.path.dirname(part) or '.'})") from None
+        raise
     return start
+
+
+class _LocalWrite(Exception):
+    """A write to the local part file failed (its OSError is the cause): never taken for a link problem."""
+
+
+def _write(out: BinaryIO, data: bytes) -> None:
+    try:
+        out.write(data)
+    except OSError as exc:
+        raise _LocalWrite() from exc
 
 
 async def _stream(
@@ -167,16 +325,23 @@ async def _stream(
         reached, why = offset, "the stream ended early"
         try:
             await session.wait_connected(max(0.1, deadline - time.monotonic()))
-            channel = await session.open_stream(["cat", f.path, str(offset)])
+            channel = await _stalling(session, f, offset, session.open_stream(["cat", f.path, str(offset)]))
             try:
-                while offset < f.size and (data := await channel.reader.read(STREAM_READ)):
+                while offset < f.size and (
+                    data := await _stalling(session, f, offset, channel.reader.read(STREAM_READ))
+                ):
                     data = data[: f.size - offset]
-                    out.write(data)
+                    _write(out, data)
                     offset += len(data)
                     if on_progress is not None:
                         on_progress(f.rel, offset, f.size)
             finally:
                 await channel.close()
+        except _LocalWrite as exc:
+            assert isinstance(exc.__cause__, OSError)
+            raise exc.__cause__ from None
+        except PullError:
+            raise
         except Exception as exc:  # link lost (OSError, asyncssh errors), reconnect timeout: retried below
             why = str(exc) or type(exc).__name__
         if offset > reached:
@@ -189,9 +354,21 @@ async def _stream(
             res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=offset, max_bytes=0)
         except AgentError as exc:
             raise PullError(f"{f.path} on {session.name}: {exc}") from None
-        if int(res["size"]) != f.size:
+        if _size_of(session, P.OP_FILES_READ, res) != f.size:
             raise _Changed()
     out.flush()
+
+
+async def _stalling(session: HostSession, f: Remote, offset: int, step: Any) -> Any:
+    """``await step``, bounded: a host that sends nothing for STALL_S is a PullError naming it and the file
+    (the part file keeps what came: the next pull resumes from there)."""
+    try:
+        return await asyncio.wait_for(step, STALL_S)
+    except asyncio.TimeoutError:
+        raise PullError(
+            f"{safetext.clean(f.path)} on {session.name}: no bytes for {STALL_S:g} s at byte {offset:,} "
+            "(the host stalled); pull again to resume"
+        ) from None
 
 
 async def _chunks(
@@ -203,15 +380,19 @@ async def _chunks(
     try:
         while offset < f.size:
             while len(pending) < DEPTH and next_off < f.size:
-                args = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES}
+                args: dict[str, Any] = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES}
                 pending.append(
                     (next_off, asyncio.ensure_future(request_retrying(session, P.OP_FILES_READ, **args)))
                 )
                 next_off += P.FILE_CHUNK_BYTES
             at, task = pending.popleft()
             res = await task
-            data = P.unb64(res["b64"])
-            if int(res["size"]) != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
+            size = _size_of(session, P.OP_FILES_READ, res)
+            try:
+                data = P.unb64(res.get("b64"))
+            except (ValueError, AttributeError, TypeError):
+                raise wire_error(session, P.OP_FILES_READ, f"b64 of {f.path} is not base64") from None
+            if size != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
                 raise _Changed()
             out.write(data)
             offset += len(data)
@@ -225,8 +406,11 @@ async def _chunks(
 
 async def _same(session: HostSession, f: Remote, local: str) -> bool:
     """Whether the local file holds exactly the host's file (sha256 on both sides; the host's is as big)."""
-    remote = await request_retrying(session, P.OP_FILES_HASH, path=f.path)
-    return bool(remote["size"] == f.size and await asyncio.to_thread(sha256_file, local) == remote["sha256"])
+    remote = await request_retrying(session, P.OP_FILES_HASH, path=f.path, timeout=hash_timeout(f.size))
+    size, sha = _size_of(session, P.OP_FILES_HASH, remote), remote.get("sha256")
+    if not isinstance(sha, str) or len(sha) != 64:
+        raise wire_error(session, P.OP_FILES_HASH, f"sha256 of {f.path} is {sha!r:.80}")
+    return bool(size == f.size and await asyncio.to_thread(sha256_file, local) == sha)
 
 
 async def pull_file(
@@ -243,8 +427,6 @@ async def pull_file(
             _drop_part(part)
             return Outcome(f.rel, target, "newer here", st.st_size, f.path, f.mtime)
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    if os.path.islink(part):
-        raise PullError(f"refusing to write through the symlink {part}")
     seen = _local_version(target)  # what the checks above judged: replaced only if still that
     for attempt in range(3):
         try:
@@ -259,7 +441,7 @@ async def pull_file(
             os.replace(part, target)
             return Outcome(f.rel, target, "resumed" if resumed else "pulled", f.size, f.path, f.mtime)
         # The file changed on the host (or the old .part was of another version): start over, fresh.
-        os.unlink(part)
+        _drop_part(part)
         if attempt < 2:
             f = await _restat(session, f)
     raise PullError(f"{f.path} keeps changing on {session.name} while it is read; try again when it is still")
@@ -276,10 +458,11 @@ def _local_version(path: str) -> tuple[int, int, int] | None:
 
 async def _restat(session: HostSession, f: Remote) -> Remote:
     res = await request_retrying(session, P.OP_FILES_LIST, base="/", patterns=[f.path])
-    new = res["files"][0] if res.get("files") else None
-    if new is None:
+    listed, _, _ = _listing(session, res)
+    if not listed:
         raise PullError(f"{f.path} vanished from {session.name} during the pull")
-    return Remote(f.path, f.rel, int(new["size"]), float(new["mtime"]), int(new["mode"]))
+    new = listed[0]
+    return Remote(f.path, f.rel, new.size, new.mtime, new.mode)
 
 
 def plan_targets(files: list[Remote], specs: list[str], dest: str | None) -> list[tuple[Remote, str]]:

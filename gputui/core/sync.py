@@ -4,8 +4,11 @@ What goes: in a git repo the tracked and untracked-but-not-ignored files (``git 
 --exclude-standard``), elsewhere every file; minus ``.gputuiignore`` patterns. Only files whose content or
 mode differs from the host's manifest (what an earlier sync wrote there, still unchanged) cross the wire,
 as one raw stream to the agent build's ``receive`` (chunked ``files.write`` requests where a transport has
-no streams). Each file lands in a part file, is checked by sha256 on the host and renamed into place. Symlinks are
-skipped with a note; the host refuses any path that would leave the target dir.
+no streams). Each file lands in a part file of a random name, is checked by sha256 on the host and renamed
+into place. Symlinks are skipped with a note; the host refuses any path that would leave the target dir, and
+one sync into a target at a time (a second waits, then refuses). Every answer of the host is checked against
+the protocol and every wait on it is bounded. The tree hash a job's record keeps is the host's: the files
+that arrived, as the host's manifest holds them.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import stat
 import subprocess
 from collections.abc import Callable
@@ -25,10 +29,11 @@ from typing import Any
 
 from remote_agent import protocol as P
 
+from . import safetext
 from .errors import GputuiError
 from .link import AgentError
 from .paths import make_dirs, sha256_file
-from .pull import request_retrying
+from .pull import STALL_S, hash_timeout, request_retrying, wire_error
 from .session import HostSession
 
 #: Most files one sync carries; a bigger tree is almost surely a mistake (a dataset, a venv).
@@ -37,6 +42,8 @@ MAX_FILES = 200_000
 PARALLEL = 8
 IGNORE_FILE = ".gputuiignore"
 STREAM_BLOCK = 256 * 1024
+#: Longest acknowledgement line the host's upload stream may send.
+MAX_ACK_BYTES = 64 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +72,16 @@ class SyncResult:
     bytes_sent: int = 0
     deleted: int = 0
     tree_sha256: str = ""
+    missing: list[str] = field(default_factory=list)  # files that did not arrive on the host as sent
     git: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+
+    def require_complete(self, host: str) -> None:
+        """A SyncError when some file did not arrive on the host: a job must not start on stale code."""
+        if self.missing:
+            shown = ", ".join(safetext.clean(m, limit=100) for m in self.missing[:3])
+            raise SyncError(f"{len(self.missing)} of {self.files} files did not arrive on {host} ({shown}"
+                            f"{', ...' if len(self.missing) > 3 else ''}): job not started")  # fmt: skip
 
     def code(self) -> dict[str, Any]:
         """What the job's record keeps about the code it ran."""
@@ -187,26 +202,58 @@ def tree_hash(files: list[LocalFile]) -> str:
     return digest.hexdigest()
 
 
+def host_tree(files: list[LocalFile], there: dict[str, dict[str, Any]]) -> tuple[str, list[str]]:
+    """The tree hash of what the host holds of ``files`` (its manifest: content and mode as written there),
+    and the files it does not hold as they are here."""
+    held = [
+        LocalFile(f.rel, f.path, f.size, f.mtime_ns, there[f.rel]["mode"], there[f.rel]["sha256"])
+        for f in files if f.rel in there
+    ]  # fmt: skip
+    missing = [f.rel for f in files if (there.get(f.rel) or {}).get("sha256") != f.sha256
+               or there[f.rel]["mode"] != f.mode]  # fmt: skip
+    return tree_hash(held), missing
+
+
 def default_target(src: str) -> str:
     return f"~/gputui-work/{os.path.basename(os.path.abspath(src)) or 'root'}"
 
 
+def _manifest_entry(session: HostSession, e: Any) -> dict[str, Any]:
+    """One manifest entry from the host, checked: rel (str), sha256 (64 hex digits), mode (0..0o7777)."""
+    if not isinstance(e, dict):
+        raise wire_error(session, P.OP_FILES_MANIFEST, f"an entry is {type(e).__name__}, not an object")
+    rel, sha, mode = e.get("rel"), e.get("sha256"), e.get("mode")
+    if not isinstance(rel, str) or not rel or "\0" in rel:
+        raise wire_error(session, P.OP_FILES_MANIFEST, f"an entry's rel is {rel!r:.80}")
+    if not isinstance(sha, str) or len(sha) != 64:
+        raise wire_error(session, P.OP_FILES_MANIFEST, f"{rel!r:.80}'s sha256 is {sha!r:.80}")
+    if type(mode) is not int or not 0 <= mode <= 0o7777:
+        raise wire_error(session, P.OP_FILES_MANIFEST, f"{rel!r:.80}'s mode is {mode!r:.80}")
+    return {"rel": rel, "sha256": sha, "mode": mode}
+
+
 async def _manifest(session: HostSession, target: str) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The host's manifest of ``target`` (what earlier syncs wrote and is unchanged), page by page."""
     entries: dict[str, dict[str, Any]] = {}
     after, abs_target = "", target
     while True:
         page = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after)
+        if not isinstance(page, dict) or not isinstance(page.get("target"), str):
+            raise wire_error(session, P.OP_FILES_MANIFEST, f"the reply is {str(page)[:80]!r}")
+        got = page.get("entries")
+        if not isinstance(got, list) or not isinstance(page.get("more", False), bool):
+            raise wire_error(session, P.OP_FILES_MANIFEST, "entries is no list, or more no bool")
         abs_target = page["target"]
-        for e in page["entries"]:
+        for e in map(lambda e: _manifest_entry(session, e), got):
             entries[e["rel"]] = e
-        if not page.get("more") or not page["entries"]:
+        if not page.get("more") or not got or got[-1]["rel"] <= after:
             return abs_target, entries
-        after = page["entries"][-1]["rel"]
+        after = got[-1]["rel"]
 
 
 async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[[int], None]) -> None:
     """One file, chunk by chunk; the last chunk commits it (sha256 checked on the host, then renamed)."""
-    offset = 0
+    offset, part = 0, secrets.token_hex(16)  # this sender's own part file: no other sender writes it
     with open(f.path, "rb") as src:
         while True:
             data = src.read(P.FILE_CHUNK_BYTES)
@@ -214,7 +261,8 @@ async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[
             commit = {"sha256": f.sha256, "mode": f.mode, "mtime_ns": f.mtime_ns} if last else None
             await request_retrying(
                 session, P.OP_FILES_WRITE, target=target, rel=f.rel, offset=offset, b64=P.b64(data),
-                truncate=offset == 0, commit=commit,
+                truncate=offset == 0, commit=commit, part=part,
+                timeout=hash_timeout(f.size) if last else STALL_S,
             )  # fmt: skip
             offset += len(data)
             sent(len(data))
@@ -233,15 +281,23 @@ async def _send_stream(
     """Every file of ``todo`` on one raw upload stream (the agent build's ``receive``: a header line, then
     the bytes; no JSON, no base64); each file the host acknowledges (sent or refused) goes into ``done``."""
     state_dir = str(session.snapshot.facts.get("state_dir") or "~/.gputui")
-    channel = await session.open_stream(["receive", "--state-dir", state_dir, target])
+    channel = await asyncio.wait_for(session.open_stream(["receive", "--state-dir", state_dir, target]), STALL_S)
+    sizes = {f.rel: f.size for f in todo}
     expected = len(done) + len(todo)
+    acked = [0]  # bytes of the files acknowledged so far
+
+    lines = _Lines(channel.reader, session.name)
 
     async def acks() -> None:
-        while len(done) < expected and (line := await channel.reader.readline()):
-            reply = json.loads(line)
-            done.add(reply["rel"])
-            if not reply.get("ok"):
-                notes.append(f"not sent {reply['rel']}: {reply.get('error')}")
+        while len(done) < expected:
+            line = await lines.next()
+            if not line:
+                return
+            rel, error = _ack(session, line, sizes, done)
+            done.add(rel)
+            acked[0] += sizes[rel]
+            if error is not None:
+                notes.append(f"not sent {rel}: {error}")
 
     reading = asyncio.ensure_future(acks())
     try:
@@ -253,15 +309,78 @@ async def _send_stream(
                 while left > 0:
                     data = src.read(min(left, STREAM_BLOCK)) or bytes(min(left, STREAM_BLOCK))  # shrank: pad
                     channel.writer.write(data)
-                    await channel.writer.drain()  # type: ignore[attr-defined]
+                    await _drained(session, channel, f.rel, reading)
                     left -= len(data)
                     sent(len(data))
             if reading.done():
                 break  # the stream ended early (link lost, agent gone)
-        await reading
+        unacked = sum(sizes.values()) - acked[0]
+        try:  # the host hashes what it got before it answers: a bound that grows with the bytes
+            await asyncio.wait_for(asyncio.shield(reading), hash_timeout(unacked))
+        except asyncio.TimeoutError:
+            raise SyncError(
+                f"{session.name} did not acknowledge the files sent within {hash_timeout(unacked):g} s: "
+                "sync again to go on"
+            ) from None
     finally:
         reading.cancel()
         await channel.close()
+
+
+class _Lines:
+    """Lines from the host's upload stream, each at most MAX_ACK_BYTES (a longer one is a SyncError, never
+    buffered without end); b"" at EOF."""
+
+    def __init__(self, reader: Any, host: str) -> None:
+        self.reader, self.host, self.buf = reader, host, bytearray()
+
+    async def next(self) -> bytes:
+        while (end := self.buf.find(b"\n")) < 0:
+            if len(self.buf) > MAX_ACK_BYTES:
+                raise SyncError(f"{self.host} answered the upload with a line over {MAX_ACK_BYTES:,} bytes")
+            data = await self.reader.read(65536)
+            if not data:
+                return b""
+            self.buf += data
+        line = bytes(self.buf[: end + 1])
+        del self.buf[: end + 1]
+        return line
+
+
+async def _drained(session: HostSession, channel: Any, rel: str, reading: asyncio.Future[None]) -> None:
+    """Wait for the host to take the bytes written; a host that takes none for STALL_S is an error (and a
+    fatal line from the host ends the wait at once)."""
+    drain = asyncio.ensure_future(channel.writer.drain())
+    try:
+        finished, _ = await asyncio.wait({drain, reading}, timeout=STALL_S, return_when=asyncio.FIRST_COMPLETED)
+        if drain in finished:
+            drain.result()
+        elif reading in finished:
+            reading.result()  # a SyncError from the host's fatal line, or the stream ended
+        else:
+            raise SyncError(f"{session.name} took no bytes of {rel} for {STALL_S:g} s: sync again to go on")
+    finally:
+        drain.cancel()
+
+
+def _ack(session: HostSession, line: bytes, sizes: dict[str, int], done: set[str]) -> tuple[str, str | None]:
+    """One acknowledgement line of the upload stream, checked: (rel, error or None). A ``fatal`` line (the
+    host refused the whole sync, e.g. another sync into the target is under way) is a SyncError."""
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        reply = None
+    if isinstance(reply, dict) and isinstance(reply.get("fatal"), str):
+        raise SyncError(f"{session.name}: {safetext.clean(reply['fatal'], limit=500)}")
+    rel = reply.get("rel") if isinstance(reply, dict) else None
+    if not isinstance(rel, str) or rel not in sizes or rel in done or not isinstance(reply.get("ok"), bool):
+        raise SyncError(
+            f"{session.name} answered the upload with {safetext.clean(line, limit=120)}: "
+            "not an acknowledgement of a file sent"
+        )
+    if reply["ok"]:
+        return reply["rel"], None
+    return reply["rel"], safetext.clean(reply.get("error"), limit=500)
 
 
 async def _send_all(
@@ -274,6 +393,8 @@ async def _send_all(
             await _send_stream(session, target, left, sent, notes, done)
         except NotImplementedError:
             break
+        except SyncError:
+            raise
         except Exception as exc:  # link lost (OSError, asyncssh errors): go on with what is not acknowledged
             log.info("sync stream to %s broke: %s", session.name, exc)
         left = [f for f in left if f.rel not in done]
@@ -343,6 +464,8 @@ async def sync(
 
     await _send_all(session, result.target, todo, sent, result.notes)
     result.sent = len(todo) - sum(n.startswith("not sent") for n in result.notes)
+    _, there = await _manifest(session, result.target) if todo else (result.target, have)
+    result.tree_sha256, result.missing = host_tree(files, there)
     if delete:
         local = {f.rel for f in files}
         gone = sorted(rel for rel in have if rel not in local)

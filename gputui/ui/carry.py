@@ -33,6 +33,7 @@ async def sync_first(app: GpuTuiApp, spec: JobSpec) -> JobSpec | None:
     app.notify(f"syncing {spec.sync} to {spec.host}…", timeout=NOTIFY_S)
     try:
         res = await sync(app.source.session(spec.host), spec.sync, spec.cwd)
+        res.require_complete(spec.host)  # a file refused there: never start the job on stale code
     except Exception as exc:  # SyncError, a lost link, an unreadable local file: the job does not start
         app.notify(f"sync to {spec.host} failed, job not started: {exc}", severity="error", timeout=NOTIFY_S)
         return None
