@@ -534,15 +534,17 @@ class JobStore:
         slurm_id = (info.get("slurm") or {}).get("job_id")
         if info["state"] not in (RUNNING, P.JOB_QUEUED) or not slurm_id:
             raise JobError("job %s is not running or queued (%s)" % (job_id, info["state"]), "bad_args")
-        write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
-        S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t))
-        deadline = time.time() + 30.0
-        while True:
+        kill_file = os.path.join(path, "kill.json")
+        write_json(kill_file, {"asked_at": time.time(), "grace_s": grace_s})
+        try:
+            S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t))
+        except S.SlurmError as exc:
+            if not os.path.exists(os.path.join(path, "status.json")):
+                os.unlink(kill_file)  # not killed: how the job ends is Slurm's word, not "killed"
+            raise JobError(str(exc)) from None
+        finally:
             self.slurm.forget()
-            record = self.describe(job_id)
-            if record["ended_at"] is not None or time.time() > deadline:
-                return record
-            time.sleep(0.2)
+        return self.describe(job_id)
 
     def _wait_ended(self, path: str, timeout: float) -> bool:
         deadline = time.time() + timeout
