@@ -77,7 +77,8 @@ def _run(argv: List[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
     except FileNotFoundError:
         raise SlurmError("%s is not installed on this host: is it a Slurm login node?" % argv[0]) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError("%s did not answer within %.0f s" % (argv[0], timeout)) from None
+        raise SlurmError("%s did not answer within %.0f s: is the Slurm controller (slurmctld) up and reachable?"
+                         % (argv[0], timeout)) from None  # fmt: skip
     except OSError as exc:
         raise SlurmError("cannot run %s: %s" % (argv[0], exc.strerror or exc)) from None
     if res.returncode != 0:
@@ -310,11 +311,11 @@ def fill_record(
 
 
 #: One scancel or squeue of a kill: short, so that the whole kill (four scancels, three graces, the wait for Slurm's
-#: word) stays well inside the client's request timeout (3 x grace + 30 s). A controller that is down makes them
+#: word: 4 x 4 + 3 x grace + 8 s at most) stays well inside the client's request timeout (3 x grace + 30 s). A controller that is down makes them
 #: retry for 9 s (scancel) and 18 s (squeue) before they fail.
 KILL_COMMAND_S = 4.0
 #: How long a kill waits for Slurm to say the job ended after scancel was accepted.
-KILL_CONFIRM_S = 9.0
+KILL_CONFIRM_S = 8.0
 #: What scancel says when the job (or its batch step) is gone: it ended, which is what a kill wants.
 _GONE = ("Invalid job id specified", "already completing or completed")
 
@@ -359,7 +360,8 @@ def _confirm_ended(slurm_id: str, ended: Callable[[float], bool]) -> None:
     deadline = time.monotonic() + KILL_CONFIRM_S
     while True:
         try:
-            out = _run(["squeue", "--noheader", "--states=all", "--jobs=" + slurm_id, "--format=%T"], KILL_COMMAND_S)
+            left = min(KILL_COMMAND_S, max(0.5, deadline - time.monotonic()))  # never past the deadline
+            out = _run(["squeue", "--noheader", "--states=all", "--jobs=" + slurm_id, "--format=%T"], left)
             state: Optional[str] = out.split()[0] if out.split() else ""
             last = "squeue says %s" % _text(state or "nothing")
         except SlurmError as exc:

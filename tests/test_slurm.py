@@ -167,6 +167,22 @@ def test_a_failing_scancel_is_said_at_once_and_the_job_ends_as_it_does(chome: Cl
     assert wait_state(chome, job_id, ("succeeded", "killed"))["state"] == "succeeded"  # not "killed"
 
 
+def test_a_scancel_that_changes_nothing_is_no_kill(chome: ClusterHome, tmp_path: Path) -> None:
+    """scancel exits 0 but the job runs on (scancel says nothing for a job Slurm does not know): not reported killed."""
+    gate = tmp_path / "gate"
+    job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    wait_state(chome, job_id, ("running",))
+    path = stand_in(chome, tmp_path / "bin", "scancel", "exit 0\n")
+    try:
+        res = chome.cli("kill", "hpc", job_id, "--grace", "0", "-y", timeout=60)
+    finally:
+        chome.env["PATH"] = path
+    assert res.returncode != 0 and "killed" not in res.stdout
+    assert "scancel was accepted, but after 8 s the job has not ended (squeue says RUNNING)" in res.stderr, res.stderr
+    gate.touch()
+    assert wait_state(chome, job_id, ("succeeded", "killed"))["state"] == "succeeded"
+
+
 def test_a_controller_that_does_not_answer_fails_the_kill_at_once(chome: ClusterHome, tmp_path: Path) -> None:
     """scancel hanging (slurmctld down): a bounded wait, then the kill says so, well before the client gives up."""
     gate = tmp_path / "gate"
