@@ -92,7 +92,8 @@ def _headline(metrics: Any) -> str:
 
 
 def print_jobs(jobs: list[M.Job]) -> None:
-    """One line per job: progress (epoch and percent), ETA and the headline metric parsed from its log."""
+    """One line per job: progress (epoch and percent), ETA and the headline metric parsed from its log; then a
+    line for each job's error and log error (a log that stopped at a full disk)."""
     rows = []
     for j in jobs:
         ins = j.insights
@@ -103,6 +104,11 @@ def print_jobs(jobs: list[M.Job]) -> None:
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
     _table(header, rows, "lrlrrlrl", caps={0: 16, 7: 24})
+    for j in jobs:  # what went wrong with a job's files ("disk full at offset N": its log stops there)
+        for key, what in (("error", "error"), ("log_error", "log")):
+            text = j.record.get(key)
+            if isinstance(text, str) and text:
+                print(f"  {j.host} {j.id} {what}: {_fit([text], max(16, _columns() - 20))}")
 
 
 def queue_gpus(job: M.Job) -> str:

@@ -1,6 +1,7 @@
 """Is the host doing anything? The idle rule, shared by the agent and the autostop watchdog.
 
-A host is busy when a sample shows any reason: a running job, a job waiting in the queue, a GPU at or above the utilisation threshold,
+A host is busy when a sample shows any reason: a running job, a job waiting in the queue (one that can still
+start: a job caught in a loop of jobs waiting on each other is none), a GPU at or above the utilisation threshold,
 a GPU process that is not a gputui job (a notebook, someone else's run), or an interactive login session.
 In a pod, a GPU process from another PID namespace that could not be matched to a job (``hidden``) is not
 named as foreign on a GPU that a running job was given: it is most likely that job's own.
@@ -15,6 +16,7 @@ from typing import AbstractSet, Any, Dict, List, Optional
 from .container import grant_of, holders
 from .fsutil import read_json, write_json
 from .protocol import JOB_QUEUED, JOB_RUNNING
+from .queue import never_starts
 
 # struct utmp on Linux (glibc, 64-bit and 32-bit alike): type, pid, line, id, user, host, exit, session, tv, addr.
 _UTMP = struct.Struct("hi32s4s32s256shhiii4i20s")
@@ -58,8 +60,9 @@ def busy_reasons(
     idle (stalled ones, when the user asked for that); their GPUs and processes still count as usual."""
     running = [j for j in jobs if j.get("state") == JOB_RUNNING]
     reasons = ["job %s running" % j["id"] for j in running if str(j["id"]) not in idle_jobs]
-    queued = [str(j["id"]) for j in jobs if j.get("state") == JOB_QUEUED]
-    if queued:  # a non-empty queue is activity: its jobs start when the GPUs free up
+    doomed = never_starts(jobs, {str(j.get("id")): j for j in jobs})
+    queued = [str(j["id"]) for j in jobs if j.get("state") == JOB_QUEUED and str(j["id"]) not in doomed]
+    if queued:  # a queue is activity while its jobs can start: when the GPUs (and the jobs they wait for) free up
         shown = ", ".join(queued[:5]) + (" and %d more" % (len(queued) - 5) if len(queued) > 5 else "")
         reasons.append("%d job%s queued (%s)" % (len(queued), "s" if len(queued) > 1 else "", shown))
     grants = [{"id": j["id"], "gpus": grant_of(j)} for j in running]

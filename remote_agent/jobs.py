@@ -13,6 +13,8 @@ A queued job (remote_agent/queue.py) has job.json (with its ``queue`` request) a
 the scheduler picks it (``dequeued_at``, its GPUs) and launches it.
 """
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -21,7 +23,7 @@ import signal
 import stat
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import protocol as P
 from . import slurm as S
@@ -33,6 +35,8 @@ RUNNING, SUCCEEDED, FAILED, KILLED, LOST = P.JOB_RUNNING, P.JOB_SUCCEEDED, P.JOB
 QUEUED = P.JOB_QUEUED
 #: A job whose runner has not yet written pid.json is still "starting" for this long.
 START_GRACE_S = 10.0
+#: The queue's lock file in the state dir (see ``JobStore.queue_locked``).
+QUEUE_LOCK = "queue.lock"
 MAX_NAME = 200
 _GPU_SPEC = re.compile(r"^(all|none|[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -137,6 +141,15 @@ class JobStore:
         self.slurm = S.SlurmView()  # Slurm's word on this user's jobs, asked once per refresh
         # One private tmux server per state dir, never the user's default server.
         self.socket = "gputui-" + hashlib.sha1(self.state_dir.encode("utf-8")).hexdigest()[:10]
+
+    @contextlib.contextmanager
+    def queue_locked(self) -> Iterator[None]:
+        """The queue's lock (remote_agent/queue.py): every submit, move, removal, pick and relaunch holds it, and
+        so does a kill's record (the tombstone), so a job killed before its runner came up is never started."""
+        fd = open_regular(os.path.join(self.state_dir, QUEUE_LOCK), os.O_WRONLY | os.O_CREAT)
+        with os.fdopen(fd, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
 
     # --- tmux -------------------------------------------------------------------------------------------------
     def tmux_argv(self, *args: str) -> List[str]:
@@ -484,8 +497,9 @@ class JobStore:
             return self._kill_slurm(job_id, path, info, grace_s)
         if info["state"] != RUNNING:
             raise JobError("job %s is not running (%s)" % (job_id, info["state"]), "bad_args")
+        with self.queue_locked():  # from now on no pick or relaunch of the queue starts it
+            write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
         pgid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
-        write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
         if pgid:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
                 try:
@@ -494,25 +508,43 @@ class JobStore:
                     break
                 if self._wait_ended(path, grace_s):
                     break
-        else:  # the runner never started: end its tmux session
-            self._tmux("kill-session", "-t", "=" + self.session_name(job_id))
-        self._wait_ended(path, 5.0)
+            self._wait_ended(path, 5.0)
+        else:
+            self._end_unstarted(job_id, path)
         return self.describe(job_id)
+
+    def _end_unstarted(self, job_id: str, path: str) -> None:
+        """Kill a job whose runner has not written its pid yet: end its tmux session (the runner with it, and a
+        job it spawned that very moment), then write the status no runner is left to write."""
+        self._tmux("kill-session", "-t", "=" + self.session_name(job_id))
+        pids = read_json(os.path.join(path, "pid.json"))
+        if isinstance(pids, dict) and isinstance(pids.get("pid"), int) and pids["pid"] > 1:
+            try:
+                os.killpg(pids["pid"], signal.SIGKILL)  # it started as the session was ending
+            except (ProcessLookupError, PermissionError):
+                pass
+            if _pid_alive(pids.get("runner_pid")) and self._wait_ended(path, 5.0):
+                return
+        if not os.path.exists(os.path.join(path, "status.json")):
+            end = {"exit_code": None, "error": "killed before it started", "ended_at": time.time()}
+            write_json(os.path.join(path, "status.json"), end)
 
     def _kill_slurm(self, job_id: str, path: str, info: Dict[str, Any], grace_s: float) -> Dict[str, Any]:
         """Kill a Slurm job (escalating as ``kill`` does, with scancel) and wait until Slurm says it ended."""
         slurm_id = (info.get("slurm") or {}).get("job_id")
         if info["state"] not in (RUNNING, P.JOB_QUEUED) or not slurm_id:
             raise JobError("job %s is not running or queued (%s)" % (job_id, info["state"]), "bad_args")
-        write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
-        S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t))
-        deadline = time.time() + 30.0
-        while True:
+        kill_file = os.path.join(path, "kill.json")
+        write_json(kill_file, {"asked_at": time.time(), "grace_s": grace_s})
+        try:
+            S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t))
+        except S.SlurmError as exc:
+            if not os.path.exists(os.path.join(path, "status.json")):
+                os.unlink(kill_file)  # not killed: how the job ends is Slurm's word, not "killed"
+            raise JobError(str(exc)) from None
+        finally:
             self.slurm.forget()
-            record = self.describe(job_id)
-            if record["ended_at"] is not None or time.time() > deadline:
-                return record
-            time.sleep(0.2)
+        return self.describe(job_id)
 
     def _wait_ended(self, path: str, timeout: float) -> bool:
         deadline = time.time() + timeout

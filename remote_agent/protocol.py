@@ -16,7 +16,19 @@ import base64
 import json
 import math
 import re
-from typing import Any, Dict, List, Literal, Optional, Tuple, TypedDict
+from typing import (
+    Any,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Tuple,
+    TypedDict,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -513,6 +525,16 @@ class DoctorArgs(TypedDict, total=False):
     timeout_s: float
 
 
+#: Each op's args schema: ``check_args`` refuses a field of the wrong type before the op's handler runs.
+OP_ARGS: Dict[str, Any] = {
+    OP_JOBS_START: StartArgs, OP_JOBS_LIST: ListArgs, OP_JOBS_GET: JobArgs, OP_JOBS_KILL: KillArgs,
+    OP_QUEUE_MOVE: QueueMoveArgs, OP_LOGS_READ: ReadArgs, OP_LOGS_FOLLOW: FollowArgs, OP_LOGS_UNFOLLOW: JobArgs,
+    OP_LOGS_TIMES: TimesArgs, OP_LOGS_TAILS: TailsArgs, OP_METRICS_SUBSCRIBE: SubscribeArgs,
+    OP_METRICS_SAMPLE: IdleRule, OP_EXEC: ExecArgs, OP_WATCHDOG_CONFIGURE: WatchdogConfigureArgs,
+    OP_NOTIFY_TEST: NotifyTestArgs, OP_WATCHDOG_SNOOZE: SnoozeArgs, OP_DOCTOR: DoctorArgs,
+}  # fmt: skip
+
+
 class DoctorResult(TypedDict):
     checks: List[DoctorCheck]
     python: Optional[str]  # the interpreter the torch probe ran
@@ -630,6 +652,66 @@ def number_arg(args: Dict[str, Any], key: str, default: float, lo: float, hi: fl
     if not math.isfinite(number) or not lo <= number <= hi:
         raise ValueError("%s must be between %g and %g, not %s" % (key, lo, hi, str(value)[:40]))
     return number
+
+
+_KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
+          dict: "an object", type(None): "null"}  # fmt: skip
+_KINDS_OF: Dict[Any, Tuple[type, ...]] = {list: (list,), dict: (dict,), str: (str,)}
+_HINTS: Dict[Any, Dict[str, Any]] = {}  # a TypedDict's field types, looked up once
+
+
+def check_args(op: str, args: Dict[str, Any]) -> None:
+    """ValueError naming the first field of ``args`` whose type is not the one ``OP_ARGS`` gives it (a field that
+    is null or not in the schema is left to the op's handler)."""
+    schema = OP_ARGS.get(op)
+    why = None if schema is None else _wrong(args, schema, "")
+    if why:
+        raise ValueError(why)
+
+
+def _kind(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Union:
+        return " or ".join(_kind(a) for a in get_args(tp))
+    if origin is Literal:
+        return "one of %s" % ", ".join(map(repr, get_args(tp)))
+    return _KINDS.get(origin or tp, "an object")
+
+
+def _wrong(value: Any, tp: Any, where: str) -> Optional[str]:
+    """Why ``value`` (parsed JSON) is not of schema type ``tp``, naming the field (``where``); None when it is."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return None
+    if origin is Union:
+        if any(_wrong(value, a, where) is None for a in args):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1 and isinstance(value, _KINDS_OF.get(get_origin(inner[0]) or inner[0], ())):
+            return _wrong(value, inner[0], where)  # the right kind with a wrong part: name that part
+    elif origin is Literal:
+        if value in args:
+            return None
+    elif origin is list and isinstance(value, list):
+        return next((w for i, v in enumerate(value) for w in [_wrong(v, args[0], "%s[%d]" % (where, i))] if w), None)
+    elif origin is dict and isinstance(value, dict):
+        return next((w for k, v in value.items() for w in [_wrong(v, args[1], _field(where, k))] if w), None)
+    elif isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__total__") and isinstance(value, dict):
+        hints = _HINTS.get(tp)
+        if hints is None:
+            hints = _HINTS[tp] = get_type_hints(tp)
+        fields = ((k, v) for k, v in value.items() if k in hints and v is not None)  # null: not given
+        return next((w for k, v in fields for w in [_wrong(v, hints[k], _field(where, k))] if w), None)
+    elif tp in (int, float):
+        if isinstance(value, int if tp is int else (int, float)) and not isinstance(value, bool):
+            return None
+    elif isinstance(tp, type) and origin is None and not issubclass(tp, dict) and isinstance(value, tp):
+        return None
+    return "%s must be %s, not %s" % (where or "args", _kind(tp), _KINDS.get(type(value), type(value).__name__))
+
+
+def _field(where: str, key: str) -> str:
+    return "%s.%s" % (where, key[:100]) if where else key[:100]
 
 
 def int_arg(args: Dict[str, Any], key: str, default: int, lo: int = 0, hi: int = 2**62) -> int:

@@ -19,17 +19,17 @@ never starved by small ones. A job waiting only for other jobs to end keeps noth
 """
 
 import contextlib
-import fcntl
 import os
+import shutil
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import protocol as P
 from .container import grant_of, holders
-from .fsutil import open_regular, read_json, write_json
-from .jobs import _GPU_SPEC, JobError, JobStore, running_jobs
+from .fsutil import read_json, write_json
+from .jobs import _GPU_SPEC, QUEUE_LOCK, JobError, JobStore, running_jobs
 
-QUEUE, LOCK = "queue.json", "queue.lock"
+QUEUE, LOCK = "queue.json", QUEUE_LOCK
 MAX_QUEUED = 1000  # jobs waiting at once; a submission beyond it is refused
 MAX_DEPS = P.MAX_QUEUE_DEPS  # job ids one job may wait for
 MAX_REASON = 300
@@ -139,8 +139,10 @@ def _wants(request: Dict[str, Any], sample_gpus: List[Dict[str, Any]]) -> Tuple[
 
 
 def _deps(job: Dict[str, Any], by_id: Dict[str, Dict[str, Any]]) -> Tuple[Optional[str], Optional[str]]:
-    """(why it must wait, why it can never start) for the jobs ``job`` waits for."""
+    """(why it must wait, why it can never start) for the jobs ``job`` waits for: every dependency is checked
+    for a reason it can never start before any reason to wait is given."""
     request = job["queue"]
+    waits: List[str] = []
     for key in ("after_ok", "after"):
         for dep in request.get(key) or []:
             other = by_id.get(dep)
@@ -148,12 +150,122 @@ def _deps(job: Dict[str, Any], by_id: Dict[str, Dict[str, Any]]) -> Tuple[Option
                 return None, "job %s it waits for (--%s) does not exist" % (dep, key.replace("_", "-"))
             state = other.get("state")
             if state in (P.JOB_QUEUED, P.JOB_RUNNING):
-                return "after job %s (%s)" % (dep, state), None
-            if key == "after_ok" and state != P.JOB_SUCCEEDED:
+                waits.append("after job %s (%s)" % (dep, state))
+            elif key == "after_ok" and state != P.JOB_SUCCEEDED:
                 code = other.get("exit_code")
                 how = "%s%s" % (state, " (exit %s)" % code if code is not None else "")
                 return None, "never started: job %s it waits for (--after-ok) ended %s" % (dep, how)
-    return None, None
+    return (waits[0] if waits else None), None
+
+
+def never_starts(queued: List[Dict[str, Any]], by_id: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """The queued jobs (of the host's queue, not yet picked) that can never start, each with why: a request that
+    cannot be read, a job waited for that does not exist or (``--after-ok``) did not succeed, a loop of jobs
+    waiting on each other, or an ``--after-ok`` job that can itself never start. Such a job is failed by the
+    next pass; until then it is no activity (it must not keep the host from autostop)."""
+    waiting = [j for j in queued if host_queued(j) and j.get("dequeued_at") is None]
+    out = {str(j["id"]): why for j in waiting for why in [_damaged(j)] if why}
+    readable = [j for j in waiting if str(j["id"]) not in out]
+    for job in readable:
+        never = _deps(job, by_id)[1]
+        if never:
+            out[str(job["id"])] = never
+    out.update({jid: why for jid, why in cycles(readable).items() if jid not in out})
+    waiters: Dict[str, List[str]] = {}  # who waits (--after-ok) on each job
+    for job in readable:
+        for dep in job["queue"].get("after_ok") or []:
+            waiters.setdefault(str(dep), []).append(str(job["id"]))
+    todo = list(out)
+    for doomed in todo:  # a job that must succeed first but never starts: its waiters never start either
+        for jid in waiters.get(doomed, []):
+            if jid not in out:
+                out[jid] = "never started: job %s it waits for (--after-ok) can never start" % doomed
+                todo.append(jid)
+    return out
+
+
+def cycles(queued: List[Dict[str, Any]]) -> Dict[str, str]:
+    """Queued jobs (not yet picked) that wait on themselves, each with the loop it is caught in: such a job can
+    never start. One strongly connected components pass over the ``after``/``after_ok`` links between them."""
+    waiting = {str(j["id"]): j for j in queued if j.get("dequeued_at") is None}
+    links: Dict[str, List[str]] = {}
+    for jid, job in waiting.items():
+        request = job.get("queue") if isinstance(job.get("queue"), dict) else {}
+        deps = [str(d) for key in ("after", "after_ok") for d in request.get(key) or []]
+        links[jid] = sorted({d for d in deps if d in waiting}, key=lambda d: (len(d), d))
+    out: Dict[str, str] = {}
+    for part in _components(links):
+        if len(part) == 1 and part[0] not in links[part[0]]:
+            continue  # a job waiting on no loop
+        inside = set(part)
+        root = part[0]
+        inward: Dict[str, List[str]] = {j: [] for j in part}  # who waits on each job of the loop
+        for j in part:
+            for d in links[j]:
+                if d in inside:
+                    inward[d].append(j)
+        forward = _paths(root, {j: [d for d in links[j] if d in inside] for j in part})
+        back = _paths(root, inward)
+        for jid in part:
+            # the root: to a job that waits on it, and back; any other job: to the root, and back
+            walk = forward[inward[root][0]] + [root] if jid == root else back[jid][::-1] + forward[jid][1:]
+            shown = walk if len(walk) <= 12 else walk[:11] + ["...", walk[-1]]
+            out[jid] = _clip("never started: it waits on itself through %s" % " -> ".join(shown))
+    return out
+
+
+def _components(links: Dict[str, List[str]]) -> List[List[str]]:
+    """Strongly connected components of a graph (Tarjan's, iterative: a long chain must not hit the recursion
+    limit)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: set = set()
+    out: List[List[str]] = []
+    for start in links:
+        if start in index:
+            continue
+        work = [(start, iter(links[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, deps = work[-1]
+            dep = next(deps, None)
+            if dep is not None:
+                if dep not in index:
+                    index[dep] = low[dep] = len(index)
+                    stack.append(dep)
+                    on_stack.add(dep)
+                    work.append((dep, iter(links[dep])))
+                elif dep in on_stack:
+                    low[node] = min(low[node], index[dep])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    part.append(top)
+                    if top == node:
+                        break
+                out.append(sorted(part, key=lambda j: (len(j), j)))
+    return out
+
+
+def _paths(root: str, links: Dict[str, List[str]]) -> Dict[str, List[str]]:
+    """A shortest path from ``root`` to every node it reaches (breadth first)."""
+    paths = {root: [root]}
+    todo = [root]
+    for node in todo:
+        for dep in links[node]:
+            if dep not in paths:
+                paths[dep] = paths[node] + [dep]
+                todo.append(dep)
+    return paths
 
 
 def plan(
@@ -169,9 +281,10 @@ def plan(
     start: List[Tuple[str, Optional[str]]] = []
     wait: Dict[str, str] = {}
     fail: Dict[str, str] = {}
+    doomed = never_starts(queued, by_id)
     for job in queued:
         jid, request = str(job["id"]), job["queue"]
-        waits_for, never = _deps(job, by_id)
+        waits_for, never = _deps(job, by_id)[0], doomed.get(jid)
         if never:
             fail[jid] = never
             continue
@@ -230,12 +343,8 @@ class JobQueue:
         self.path = os.path.join(store.state_dir, QUEUE)
         self.log = log
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        fd = open_regular(os.path.join(self.store.state_dir, LOCK), os.O_WRONLY | os.O_CREAT)
-        with os.fdopen(fd, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
+    def locked(self) -> "contextlib.AbstractContextManager[None]":
+        return self.store.queue_locked()
 
     def state(self) -> Dict[str, Any]:
         saved = read_json(self.path)
@@ -267,10 +376,20 @@ class JobQueue:
             if len(queued) >= MAX_QUEUED:
                 raise JobError("the queue is full (%d jobs wait)" % len(queued), P.E_FAILED)
             job_id = self.store.create(argv, cwd, env, name, request["gpus"], dict(extra, queue=dict(request, queued_at=time.time())))
+            self._refuse_a_loop(job_id, queued)
             order = [str(j["id"]) for j in queued] + [job_id]
             self._write(order=order, boot_id=self.state().get("boot_id") or boot, nvidia_smi=self.store.nvidia_smi)
         self.log("queue: job %s queued at position %d" % (job_id, len(order)))
         return job_id
+
+    def _refuse_a_loop(self, job_id: str, queued: List[Dict[str, Any]]) -> None:
+        """Take a just created queued job back when it closes a loop of jobs waiting on each other (a job it waits
+        for waits on its id: that job's own dependency was deleted and its id given to this one)."""
+        looped = cycles(queued + [self.store.describe(job_id)]).get(job_id)
+        if looped:
+            shutil.rmtree(self.store.job_dir(job_id))  # the dir this call created a moment ago, nothing else
+            raise JobError("not queued: the job would wait on itself through %s"
+                           % looped.split(" through ", 1)[1], P.E_BAD_ARGS)  # fmt: skip
 
     def move(self, job_id: str, to: int) -> List[str]:
         """Put a queued job at position ``to`` (1 = next); the new order."""
@@ -322,8 +441,8 @@ class JobQueue:
         with self.locked():
             queued = self.queued(jobs)
             saved = self.state()
-            if queued and saved.get("boot_id") not in (None, boot):
-                self.log("queue resumed after a reboot: %d job%s waiting" % (len(queued), "s" if len(queued) > 1 else ""))
+            resumed = bool(queued) and saved.get("boot_id") not in (None, boot)
+            if resumed:
                 saved = dict(saved, resumed_at=time.time())
             relaunch = [j for j in queued if j.get("dequeued_at") is not None]
             fresh = [j for j in queued if j.get("dequeued_at") is None]
@@ -351,6 +470,8 @@ class JobQueue:
             if not order:
                 saved.pop("resumed_at", None)  # the resumed queue is done
             write_json(self.path, dict(saved, order=order, waiting=waiting, boot_id=boot, t=time.time()))
+        if resumed:  # said once it is recorded: whoever reads the line finds resumed_at in queue.list
+            self.log("queue resumed after a reboot: %d job%s waiting" % (len(queued), "s" if len(queued) > 1 else ""))
         return len(order)
 
     def _grants(self, jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -364,10 +485,11 @@ class JobQueue:
         return out
 
     def _still_queued(self, job_id: str) -> bool:
-        """Not removed nor picked since the pass listed the jobs (the caller holds the lock)."""
+        """Not killed, removed nor picked since the pass listed the jobs (the caller holds the lock)."""
         job_dir = self.store.job_dir(job_id)
         record = read_json(os.path.join(job_dir, "job.json"))
-        return not os.path.exists(os.path.join(job_dir, "status.json")) and not (
+        ended = any(os.path.exists(os.path.join(job_dir, f)) for f in ("status.json", "kill.json"))
+        return not ended and not (
             isinstance(record, dict) and record.get("dequeued_at") is not None
         )
 
@@ -407,6 +529,9 @@ class JobQueue:
         record = read_json(os.path.join(job_dir, "job.json"))
         if not isinstance(record, dict) or self.store.describe(jid).get("state") != P.JOB_QUEUED:
             return  # it came up (or ended) since the pass listed the jobs
+        if os.path.exists(os.path.join(job_dir, "kill.json")):  # killed before its runner came up: it stays dead
+            self._fail(jid, "killed before it started", picked=True)
+            return
         attempts = int(record.get("start_attempts") or 0)
         if attempts >= MAX_START_ATTEMPTS:
             self._fail(jid, "not started: its runner did not come up in %d attempts" % attempts, picked=True)

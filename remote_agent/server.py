@@ -551,6 +551,7 @@ class Agent:
             self.send(P.reply_error(req_id, P.E_BAD_ARGS, "args must be an object"))
             return
         try:
+            P.check_args(op, args)  # a field of the wrong type is bad_args naming it, never a handler's crash
             self.send(P.reply_ok(req_id, handler(args)))
         except JobError as exc:
             self.send(P.reply_error(req_id, exc.code, str(exc)))

@@ -77,7 +77,8 @@ def _run(argv: List[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
     except FileNotFoundError:
         raise SlurmError("%s is not installed on this host: is it a Slurm login node?" % argv[0]) from None
     except subprocess.TimeoutExpired:
-        raise SlurmError("%s did not answer within %.0f s" % (argv[0], timeout)) from None
+        raise SlurmError("%s did not answer within %.0f s: is the Slurm controller (slurmctld) up and reachable?"
+                         % (argv[0], timeout)) from None  # fmt: skip
     except OSError as exc:
         raise SlurmError("cannot run %s: %s" % (argv[0], exc.strerror or exc)) from None
     if res.returncode != 0:
@@ -309,22 +310,69 @@ def fill_record(
     return record
 
 
+#: One scancel or squeue of a kill: short, so that the whole kill (four scancels, three graces, the wait for Slurm's
+#: word: 4 x 4 + 3 x grace + 8 s at most) stays well inside the client's request timeout (3 x grace + 30 s). A controller that is down makes them
+#: retry for 9 s (scancel) and 18 s (squeue) before they fail.
+KILL_COMMAND_S = 4.0
+#: How long a kill waits for Slurm to say the job ended after scancel was accepted.
+KILL_CONFIRM_S = 8.0
+#: What scancel says when the job (or its batch step) is gone: it ended, which is what a kill wants.
+_GONE = ("Invalid job id specified", "already completing or completed")
+
+
+def _scancel(*args: str) -> bool:
+    """Run ``scancel`` (bounded); False when Slurm says the job already ended, SlurmError on any other failure."""
+    try:
+        _run(["scancel"] + list(args), KILL_COMMAND_S)
+    except SlurmError as exc:
+        if any(gone in str(exc) for gone in _GONE):
+            return False
+        raise
+    return True
+
+
 def kill(slurm_id: str, queued: bool, grace_s: float, ended: Callable[[float], bool]) -> None:
     """SIGINT, then SIGTERM to the batch step (the runner passes them to the job's process group), then SIGKILL
-    to every step, ``grace_s`` apart; then ``scancel`` ends the allocation. ``ended(timeout)`` waits for the
-    runner's status.json. A queued job is just cancelled."""
-    if not queued:
-        for sig, scope in (("INT", "--batch"), ("TERM", "--batch"), ("KILL", "--full")):
-            try:
-                _run(["scancel", scope, "--signal=" + sig, slurm_id])
-            except SlurmError:
-                break  # the job ended meanwhile (or never started): scancel below settles it
-            if ended(grace_s):
-                break
+    to every step, ``grace_s`` apart; then ``scancel`` ends the allocation, and Slurm must say the job ended.
+    ``ended(timeout)`` waits for the runner's status.json. A queued job is just cancelled.
+
+    SlurmError says what failed (scancel's error, a controller that does not answer) and what was sent before:
+    a kill Slurm did not confirm is never taken as done."""
+    sent: List[str] = []
     try:
-        _run(["scancel", slurm_id])
-    except SlurmError:
-        pass  # it ended already
+        if not queued:
+            for sig, scope in (("INT", "--batch"), ("TERM", "--batch"), ("KILL", "--full")):
+                if not _scancel(scope, "--signal=" + sig, slurm_id):
+                    break  # the job ended meanwhile: the scancel below settles its allocation
+                sent.append("SIG" + sig)
+                if ended(grace_s):
+                    break
+        _scancel(slurm_id)  # (exit 0 for a job Slurm does not know, too: its word comes from squeue below)
+        _confirm_ended(slurm_id, ended)
+    except SlurmError as exc:
+        done = " (%s sent before)" % ", ".join(sent) if sent else ""
+        raise SlurmError("Slurm job %s not killed%s: %s" % (slurm_id, done, exc)) from None
+
+
+def _confirm_ended(slurm_id: str, ended: Callable[[float], bool]) -> None:
+    """Wait (KILL_CONFIRM_S at most) until squeue says the job ended or no longer lists it (or, squeue failing,
+    the runner wrote its status); SlurmError saying what Slurm last said otherwise."""
+    deadline = time.monotonic() + KILL_CONFIRM_S
+    while True:
+        try:
+            left = min(KILL_COMMAND_S, max(0.5, deadline - time.monotonic()))  # never past the deadline
+            out = _run(["squeue", "--noheader", "--states=all", "--jobs=" + slurm_id, "--format=%T"], left)
+            state: Optional[str] = out.split()[0] if out.split() else ""
+            last = "squeue says %s" % _text(state or "nothing")
+        except SlurmError as exc:
+            state = "" if "Invalid job id" in str(exc) else None  # Slurm forgot it: it ended
+            last = str(exc)
+        if (state is not None and (state in _ENDED or not state)) or (state is None and ended(0.0)):
+            return
+        if time.monotonic() > deadline:
+            raise SlurmError("scancel was accepted, but after %.0f s the job has not ended (%s)"
+                             % (KILL_CONFIRM_S, last))  # fmt: skip
+        time.sleep(0.2)
 
 
 def env_file(env: Dict[str, str]) -> Dict[str, str]:

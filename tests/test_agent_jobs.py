@@ -188,7 +188,7 @@ def test_env_cwd_gpus_and_unbuffered(agent: AgentProc, tmp_path) -> None:
     ("args", "message"),
     [
         ({"argv": []}, "non-empty list"),
-        ({"argv": "echo hi"}, "non-empty list"),
+        ({"argv": "echo hi"}, "argv must be a list, not a string"),
         ({"argv": ["x\x00y"]}, "NUL"),
         ({"argv": ["true"], "cwd": "/no/such/dir"}, "does not exist"),
         ({"argv": ["true"], "gpus": "0;reboot"}, "GPU selection"),
@@ -198,6 +198,42 @@ def test_env_cwd_gpus_and_unbuffered(agent: AgentProc, tmp_path) -> None:
 def test_bad_job_requests_are_refused(agent: AgentProc, args: dict, message: str) -> None:
     rep = agent.call("jobs.start", **args)
     assert not rep["ok"] and rep["error"]["code"] == "bad_args" and message in rep["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "message"),
+    [
+        ("jobs.start", {"argv": ["true"], "env": ["A=1"]}, "env must be an object, not a list"),
+        ("jobs.start", {"argv": ["true"], "queue": {"after": [7]}}, "queue.after[0] must be a string, not an integer"),
+        ("jobs.start", {"argv": ["true"], "slurm": {"gpus": "2"}}, "slurm.gpus must be an integer, not a string"),
+        ("jobs.start", {"argv": ["true"], "code": 5}, "code must be an object, not an integer"),
+        ("jobs.kill", {"job": "1", "grace_s": "soon"}, "grace_s must be a number, not a string"),
+        ("jobs.get", {"job": ["1"]}, "job must be a string, not a list"),
+        ("jobs.list", {"after": True}, "after must be an integer, not true or false"),
+        ("logs.read", {"job": "1", "offset": 1.5}, "offset must be an integer, not a number"),
+        ("logs.tails", {"jobs": "1,2"}, "jobs must be a list, not a string"),
+        ("metrics.subscribe", {"interval": "fast"}, "interval must be a number or null, not a string"),
+        ("watchdog.configure", {"config": []}, "config must be an object, not a list"),
+        ("queue.move", {"job": "1", "to": "top"}, "to must be an integer, not a string"),
+    ],
+)
+def test_a_wrong_typed_field_is_bad_args_naming_it(agent: AgentProc, op: str, args: dict, message: str) -> None:
+    rep = agent.call(op, **args)
+    assert not rep["ok"] and rep["error"] == {"code": "bad_args", "message": f"bad arguments for {op}: {message}"}
+    assert agent.call("jobs.list")["result"]["jobs"] == []  # nothing was started on the way
+
+
+def test_the_jobs_table_shows_a_jobs_log_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner's "disk full at offset N" (the log stops there) is in the table, not only in jobs --json."""
+    from gputui.core import model as M
+    from gputui.tables import print_jobs
+
+    wire = {"id": "3", "state": "failed", "exit_code": 7, "argv": ["python", "train.py"],
+            "log_error": "disk full at offset 1048576"}  # fmt: skip
+    print_jobs([M.Job.from_wire("gpu", wire), M.Job.from_wire("gpu", dict(wire, id="4", log_error=None))])  # type: ignore[arg-type]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines[1:3]] == ["3", "4"]
+    assert lines[3:] == ["  gpu 3 log: disk full at offset 1048576"]
 
 
 def test_unknown_job(agent: AgentProc) -> None:

@@ -20,7 +20,7 @@ from remote_agent import protocol as P
         (b"\xff\xfe\n", "malformed", "not a JSON line"),
         (b'{"id": 5, "op": "rm -rf", "args": {}}\n', "unknown_op", "unknown operation"),
         (b'{"id": 6, "op": "jobs.start", "args": [1]}\n', "bad_args", "args must be an object"),
-        (b'{"id": 7, "op": "logs.read", "args": {"job": "1", "offset": "x"}}\n', "not_found", "no job"),
+        (b'{"id": 7, "op": "logs.read", "args": {"job": "1", "offset": "x"}}\n', "bad_args", "offset must be an integer"),
         pytest.param(b"[" * 200_000 + b"]" * 200_000 + b"\n", "malformed", "nested too deeply", id="deep"),
         (b'{"id": 8, "op": "ping", "args": {"x": NaN}}\n', "malformed", "not a number JSON allows"),
         (b'{"id": 9, "op": "metrics.subscribe", "args": {"interval": 1e999}}\n', "malformed", "out of range"),

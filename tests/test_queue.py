@@ -122,6 +122,91 @@ def test_after_waits_and_after_ok_on_a_failed_job_never_starts(tmp_path: Path) -
     assert decided["fail"] == {"5": "never started: job 1 it waits for (--after-ok) ended failed (exit 3)"}
 
 
+def test_jobs_waiting_on_each_other_or_on_themselves_fail_with_the_loop(tmp_path: Path) -> None:
+    jobs = [ended("1", "failed", 3), {"id": "2", "state": "running"},
+            queued("6", "none", after=["7"]), queued("7", "none", after=["6"]), queued("8", "none", after_ok=["8"]),
+            queued("9", "none", after_ok=["6"]), queued("10", "none", after=["6"]), queued("11", "none", after=["2"]),
+            queued("12", "none", after=["2"], after_ok=["1"])]  # fmt: skip
+    decided = Q.plan(jobs[2:], jobs, {"gpus": []}, [])
+    assert decided["fail"] == {
+        "6": "never started: it waits on itself through 6 -> 7 -> 6",
+        "7": "never started: it waits on itself through 7 -> 6 -> 7",
+        "8": "never started: it waits on itself through 8 -> 8",
+        "9": "never started: job 6 it waits for (--after-ok) can never start",
+        "12": "never started: job 1 it waits for (--after-ok) ended failed (exit 3)",  # though job 2 still runs
+    }
+    assert decided["wait"] == {"10": "after job 6 (queued)", "11": "after job 2 (running)"}
+    from remote_agent.activity import busy_reasons
+
+    # only the jobs that can still start are activity: a queue that can never move never holds the host busy
+    assert busy_reasons({"gpus": []}, jobs) == ["job 2 running", "2 jobs queued (10, 11)"]
+    assert busy_reasons({"gpus": []}, jobs[2:6]) == []
+
+
+def test_a_submission_that_closes_a_loop_is_refused_and_leaves_no_job(tmp_path: Path) -> None:
+    from remote_agent.__main__ import launcher
+    from remote_agent.jobs import JobError
+
+    state = tmp_path / "state"
+    store = JobStore(str(state), launcher())
+    queue = Q.JobQueue(store)
+    first = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "b")
+    job_json = state / "jobs" / first / "job.json"  # its stored request names the next id (restored from a backup)
+    record = json.loads(job_json.read_text())
+    write_json(str(job_json), dict(record, queue=dict(record["queue"], after=[str(int(first) + 1)])))
+    with pytest.raises(JobError) as refused:
+        queue.submit(Q.parse_request({"gpus": "none", "after": [first]}), ["true"], None, None, None, {}, "b")
+    assert refused.value.code == "bad_args"
+    assert str(refused.value) == f"not queued: the job would wait on itself through {int(first) + 1} -> {first} -> {int(first) + 1}"
+    assert store.job_ids() == [first] and [j["id"] for j in queue.queued()] == [first]
+    assert queue.run_pass({"gpus": []}, store.list(), "b") == 0  # the pass fails the job left waiting on nothing
+    assert store.describe(first)["error"] == f"job {int(first) + 1} it waits for (--after) does not exist"
+
+
+def test_a_kill_wins_over_every_later_pick_and_relaunch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed while picked (its runner not up yet): no later pass starts it, not even as a relaunch after a crash."""
+    from remote_agent import jobs as J
+    from remote_agent.__main__ import launcher
+
+    state = tmp_path / "state"
+    store = JobStore(str(state), launcher())
+    queue = Q.JobQueue(store)
+    try:
+        ran = tmp_path / "ran"
+        jid = queue.submit(Q.parse_request({"gpus": "none"}), ["touch", str(ran)], None, None, None, {}, "b")
+        job_json = state / "jobs" / jid / "job.json"
+        write_json(str(job_json), dict(json.loads(job_json.read_text()), dequeued_at=time.time(), start_attempts=1))
+        assert store.describe(jid)["state"] == "running"  # picked: its runner is starting
+        assert queue.remove(jid, "removed from the queue before it started") is None  # the agent's jobs.kill ...
+        killed = store.kill(jid, grace_s=0.0)  # ... then kills what started
+        assert (killed["state"], killed["error"]) == ("killed", "killed before it started")
+        monkeypatch.setattr(J, "START_GRACE_S", 0.0)
+        assert queue.run_pass({"gpus": []}, store.list(), "b") == 0
+        assert store.describe(jid)["state"] == "killed" and not (state / "jobs" / jid / "pid.json").exists()
+        assert not ran.exists() and store.tmux_sessions() == set()
+    finally:
+        stop_host(state)
+
+
+def test_a_killed_job_picked_before_a_crash_is_never_relaunched(tmp_path: Path) -> None:
+    """The kill record of a picked job without a status (a kill that crashed half way) is a tombstone: no relaunch."""
+    from remote_agent.__main__ import launcher
+
+    state = tmp_path / "state"
+    store = JobStore(str(state), launcher())
+    queue = Q.JobQueue(store)
+    try:
+        jid = queue.submit(Q.parse_request({"gpus": "none"}), ["true"], None, None, None, {}, "b")
+        job_json = state / "jobs" / jid / "job.json"
+        write_json(str(job_json), dict(json.loads(job_json.read_text()), dequeued_at=time.time() - 60, start_attempts=1))
+        write_json(str(state / "jobs" / jid / "kill.json"), {"asked_at": time.time(), "grace_s": 0.0})
+        assert queue.run_pass({"gpus": []}, store.list(), "b") == 0
+        assert (store.describe(jid)["state"], store.describe(jid)["error"]) == ("killed", "killed before it started")
+        assert not (state / "jobs" / jid / "pid.json").exists()
+    finally:
+        stop_host(state)
+
+
 # --- the real agent and its detached scheduler -----------------------------------------------------------------
 def _state(agent: AgentProc, jid: str) -> dict[str, Any]:
     return agent.call("jobs.get", job=jid)["result"]
@@ -228,12 +313,13 @@ def test_after_a_reboot_the_queue_resumes_and_says_so(tmp_path: Path) -> None:
     from remote_agent.__main__ import launcher
 
     state = tmp_path / "state"
-    lines: list[str] = []
+    lines: list[tuple[str, Any]] = []
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store, lines.append)
+    queue = Q.JobQueue(store, lambda line: lines.append((line, queue.state().get("resumed_at"))))
     jid = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "boot-1")
     assert queue.run_pass({"gpus": []}, store.list(), "boot-2") == 1
-    assert "queue resumed after a reboot: 1 job waiting" in lines
+    [(said, resumed_at)] = [(line, at) for line, at in lines if "resumed" in line]
+    assert said == "queue resumed after a reboot: 1 job waiting" and resumed_at  # recorded before it is said
     assert queue.state()["resumed_at"] and queue.queued()[0]["id"] == jid
 
 

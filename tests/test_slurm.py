@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,10 +117,26 @@ def test_more_gpus_than_exist_is_refused_clearly(chome: ClusterHome) -> None:
     assert "Traceback" not in res.stderr
 
 
-def test_kill_escalates_sigint_sigterm_sigkill(chome: ClusterHome) -> None:
+def stand_in(h: ClusterHome, where: Path, name: str, script: str) -> str:
+    """Put a ``name`` running ``script`` (sh) first on the agent's PATH; the PATH it had, to put back."""
+    where.mkdir(exist_ok=True)
+    (where / name).write_text("#!/bin/sh\n" + script)
+    (where / name).chmod(0o755)
+    path = h.env["PATH"]
+    h.env["PATH"] = f"{where}:{path}"
+    return path
+
+
+def test_kill_escalates_sigint_sigterm_sigkill(chome: ClusterHome, tmp_path: Path) -> None:
     job_id = chome.run(*py(TRAPPER))
     wait_for(lambda: b"ready" in chome.cli_bytes("logs", "hpc", job_id).stdout, 60, 0.3, "job ready")
-    res = chome.cli("kill", "hpc", job_id, "--grace", "1", "-y", timeout=90)
+    calls = tmp_path / "scancel-calls"  # each scancel's arguments, then the real scancel runs them
+    scancel = shutil.which("scancel", path=chome.env["PATH"])
+    path = stand_in(chome, tmp_path / "spy", "scancel", f'echo "$*" >> "{calls}"\nexec "{scancel}" "$@"\n')
+    try:
+        res = chome.cli("kill", "hpc", job_id, "--grace", "1", "-y", timeout=90)
+    finally:
+        chome.env["PATH"] = path
     assert res.returncode == 0, res.stderr
     assert "killed" in res.stdout
     log = chome.cli("logs", "hpc", job_id, check=True).stdout
@@ -127,6 +144,59 @@ def test_kill_escalates_sigint_sigterm_sigkill(chome: ClusterHome) -> None:
     assert log.index("got SIGINT") < log.index("got SIGTERM")
     job = chome.job(job_id)
     assert job["state"] == "killed" and job["ended_at"] is not None
+    slurm_id = job["slurm"]["job_id"]  # the job ignores INT and TERM: the KILL step to every step ends it
+    assert calls.read_text().splitlines() == [f"--batch --signal=INT {slurm_id}", f"--batch --signal=TERM {slurm_id}",
+                                              f"--full --signal=KILL {slurm_id}", slurm_id]  # fmt: skip
+
+
+def test_a_failing_scancel_is_said_at_once_and_the_job_ends_as_it_does(chome: ClusterHome, tmp_path: Path) -> None:
+    """scancel refusing: the kill says scancel's error (nothing reported killed), and the job's own end is kept."""
+    gate = tmp_path / "gate"
+    job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    wait_state(chome, job_id, ("running",))
+    path = stand_in(chome, tmp_path / "bin", "scancel",
+                    "echo 'scancel: error: Kill job error on job id 1: Access/permission denied' >&2\nexit 1\n")  # fmt: skip
+    try:
+        res = chome.cli("kill", "hpc", job_id, "--grace", "1", "-y", timeout=60)
+    finally:
+        chome.env["PATH"] = path
+    assert res.returncode != 0 and "killed" not in res.stdout
+    assert "not killed: scancel failed: scancel: error: Kill job error on job id 1: Access/permission denied" in res.stderr
+    assert chome.job(job_id)["state"] == "running"
+    gate.touch()
+    assert wait_state(chome, job_id, ("succeeded", "killed"))["state"] == "succeeded"  # not "killed"
+
+
+def test_a_scancel_that_changes_nothing_is_no_kill(chome: ClusterHome, tmp_path: Path) -> None:
+    """scancel exits 0 but the job runs on (scancel says nothing for a job Slurm does not know): not reported killed."""
+    gate = tmp_path / "gate"
+    job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    wait_state(chome, job_id, ("running",))
+    path = stand_in(chome, tmp_path / "bin", "scancel", "exit 0\n")
+    try:
+        res = chome.cli("kill", "hpc", job_id, "--grace", "0", "-y", timeout=60)
+    finally:
+        chome.env["PATH"] = path
+    assert res.returncode != 0 and "killed" not in res.stdout
+    assert "scancel was accepted, but after 8 s the job has not ended (squeue says RUNNING)" in res.stderr, res.stderr
+    gate.touch()
+    assert wait_state(chome, job_id, ("succeeded", "killed"))["state"] == "succeeded"
+
+
+def test_a_controller_that_does_not_answer_fails_the_kill_at_once(chome: ClusterHome, tmp_path: Path) -> None:
+    """scancel hanging (slurmctld down): a bounded wait, then the kill says so, well before the client gives up."""
+    gate = tmp_path / "gate"
+    job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
+    wait_state(chome, job_id, ("running",))
+    path = stand_in(chome, tmp_path / "bin", "scancel", "exec sleep 120\n")
+    try:
+        res = chome.cli("kill", "hpc", job_id, "--grace", "0", "-y", timeout=60)
+    finally:
+        chome.env["PATH"] = path
+    assert res.returncode != 0 and "agent did not answer" not in res.stderr
+    assert "not killed: scancel did not answer within 4 s" in res.stderr, res.stderr
+    gate.touch()
+    assert wait_state(chome, job_id, ("succeeded", "killed"))["state"] == "succeeded"
 
 
 def test_kill_queued_job(chome: ClusterHome) -> None:
