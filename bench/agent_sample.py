@@ -28,10 +28,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.join(ROOT, "tests", "fixtures", "gpu")]
 
-from remote_agent import gpu_nvml, gpu_smi  # noqa: E402
-from remote_agent.hoststats import HostStats  # noqa: E402
-from remote_agent.metrics import MetricsSampler  # noqa: E402
-from remote_agent.usage import EVERY_S  # noqa: E402
+from remote_agent.host.stats import HostStats  # noqa: E402
+from remote_agent.jobs.usage import EVERY_S  # noqa: E402
+from remote_agent.metrics import nvml as gpu_nvml  # noqa: E402
+from remote_agent.metrics import smi as gpu_smi  # noqa: E402
+from remote_agent.metrics.sampler import MetricsSampler  # noqa: E402
 
 A100_X8 = os.path.join(ROOT, "tests", "fixtures", "gpu", "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt")
 

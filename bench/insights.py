@@ -29,7 +29,7 @@ import tempfile  # noqa: E402
 
 from gputui.core.insights import LogInsights, timed_parser  # noqa: E402
 from gputui.core.records import TAIL_BYTES  # noqa: E402
-from remote_agent.logclock import LogClock, read_times  # noqa: E402
+from remote_agent.jobs.logclock import LogClock, read_times  # noqa: E402
 
 CHUNK = 64 * 1024
 ROUND1 = "41e2194"  # main before round 2's insights work; its parser was gputui/core/insights.py

@@ -104,7 +104,7 @@ def main() -> None:
         try:
             cluster.start()
             from remote_agent.__main__ import launcher
-            from remote_agent.jobs import JobStore
+            from remote_agent.jobs.store import JobStore
 
             os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
             store = JobStore(str(home / ".gputui"), launcher())

@@ -50,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         state_dir = os.path.expanduser(args.state_dir)
         sys.exit(run_receive(state_dir, args.target, sys.stdin.buffer, sys.stdout.buffer))
     if args.cmd == "gpu-stream":
-        from .slurm import gpu_stream
+        from .jobs.slurm import gpu_stream
 
         sys.exit(gpu_stream(os.path.expanduser(args.state_dir), args.nvidia_smi, max(0.1, args.interval)))
     if args.cmd == "cat":
@@ -58,12 +58,12 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         sys.exit(cat_file(args.path, args.offset, args.limit))
     if args.cmd == "watchdog":
-        from .watchdog import run as run_watchdog
+        from .watchdog.daemon import run as run_watchdog
 
         sys.exit(run_watchdog(os.path.abspath(os.path.expanduser(args.state_dir)), launcher()))
 
     if args.cmd == "runner":
-        from .runner import run
+        from .jobs.runner import run
 
         sys.exit(run(args.job_dir))
     from . import protocol as P

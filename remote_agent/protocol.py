@@ -21,6 +21,7 @@ from typing import (
     Dict,
     List,
     Literal,
+    NamedTuple,
     Optional,
     Tuple,
     TypedDict,
@@ -64,7 +65,6 @@ FLOW_MIN_ROOM = 8 * 1024  # a log event waits until at least this much is allowe
 
 # Operations the agent answers (each one's args and result are typed in the schema below).
 OP_PING = "ping"
-OP_HOST_INFO = "host.info"
 OP_JOBS_START = "jobs.start"
 OP_JOBS_LIST = "jobs.list"  # args: after (job id), limit; result: {"jobs": [listing records], "more": bool}
 OP_JOBS_GET = "jobs.get"  # one job's full record (listings cut long commands)
@@ -74,7 +74,7 @@ OP_QUEUE_MOVE = "queue.move"  # args: job, to (1 = next); result as queue.list
 OP_LOGS_READ = "logs.read"
 OP_LOGS_FOLLOW = "logs.follow"
 OP_LOGS_UNFOLLOW = "logs.unfollow"
-OP_LOGS_TIMES = "logs.times"  # when the log's bytes were written (remote_agent/logclock.py)
+OP_LOGS_TIMES = "logs.times"  # when the log's bytes were written (remote_agent/jobs/logclock.py)
 OP_LOGS_TAILS = "logs.tails"  # args: jobs, max_bytes; the last bytes of many logs with their times, paged
 OP_METRICS_SUBSCRIBE = "metrics.subscribe"
 OP_METRICS_SAMPLE = "metrics.sample"
@@ -84,7 +84,7 @@ OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_NOTIFY_TEST = "notify.test"  # send a test notification now with the given [notify] settings
-OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/doctor.py)
+OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/host/doctor.py)
 # Files carried to and from the host (remote_agent/files.py).
 OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
 OP_FILES_READ = "files.read"  # args: path, offset, max_bytes; result: {offset, size, mtime, b64}
@@ -134,7 +134,7 @@ class GpuProcess(TypedDict):
     """A compute process on a GPU; ``job`` is the gputui job owning the pid, if any.
 
     ``hidden``: the pid is not in the agent's /proc (another PID namespace: a pod); ``inferred``: its job was
-    then matched by the GPUs the job was given (remote_agent/container.py), not proven by pid.
+    then matched by the GPUs the job was given (remote_agent/host/container.py), not proven by pid.
     """
 
     pid: int
@@ -165,7 +165,7 @@ class Gpu(TypedDict):
     temp_c: Optional[float]
     power_w: Optional[float]
     power_limit_w: Optional[float]
-    # read every few seconds only (slow to query: remote_agent/gpu_nvml.py's _read_slow)
+    # read every few seconds only (slow to query: remote_agent/metrics/nvml.py's _read_slow)
     fan_percent: Optional[float]
     sm_clock_mhz: Optional[float]
     mem_clock_mhz: Optional[float]
@@ -199,7 +199,7 @@ class GpuFacts(TypedDict):
 
 
 class HostFacts(GpuFacts, total=False):
-    """Result of ``host.info`` and the ``host`` of the hello event (empty until the client has them)."""
+    """The ``host`` of the hello event (empty until the client has them)."""
 
     hostname: str
     boot_id: Optional[str]
@@ -218,7 +218,7 @@ class HostFacts(GpuFacts, total=False):
 
 
 class HostReading(TypedDict, total=False):
-    """The host's own readings in a metrics sample (remote_agent/hoststats.py)."""
+    """The host's own readings in a metrics sample (remote_agent/host/stats.py)."""
 
     cpu_percent: Optional[float]
     cpu_count: Optional[float]  # a container's CPU quota may be fractional
@@ -235,7 +235,7 @@ class HostReading(TypedDict, total=False):
 
 
 class Activity(TypedDict, total=False):
-    """Idleness as the agent sees it; ``watchdog``: the autostop state (remote_agent/watchdog.py)."""
+    """Idleness as the agent sees it; ``watchdog``: the autostop state (remote_agent/watchdog/daemon.py)."""
 
     reasons: List[str]  # why the host is not idle
     idle_since: float
@@ -256,7 +256,7 @@ class MetricsSample(TypedDict, total=False):
 
 
 class QueueRequest(TypedDict, total=False):
-    """What a queued job waits for (``jobs.start`` args ``queue``; remote_agent/queue.py)."""
+    """What a queued job waits for (``jobs.start`` args ``queue``; remote_agent/jobs/queue.py)."""
 
     gpus: Optional[str]  # None: every GPU; "0,1": those GPUs; "none": no GPU
     gpu_count: Optional[int]  # instead of gpus: any this many free GPUs
@@ -265,7 +265,7 @@ class QueueRequest(TypedDict, total=False):
     idle_util_percent: float  # a GPU at or above this utilisation is busy
     queued_at: float  # set by the agent
 class SlurmJob(TypedDict, total=False):
-    """A Slurm job's request and Slurm's word on it (remote_agent/slurm.py)."""
+    """A Slurm job's request and Slurm's word on it (remote_agent/jobs/slurm.py)."""
 
     job_id: str  # Slurm's job id
     state: Optional[str]  # Slurm's state: PENDING, RUNNING, COMPLETED, TIMEOUT, ...
@@ -325,7 +325,7 @@ class ClusterInfo(TypedDict):
 
 
 class JobRecord(TypedDict, total=False):
-    """A job as ``jobs.*`` replies and ``job`` events carry it (remote_agent/jobs.py)."""
+    """A job as ``jobs.*`` replies and ``job`` events carry it (remote_agent/jobs/store.py)."""
 
     id: str
     name: str
@@ -349,13 +349,13 @@ class JobRecord(TypedDict, total=False):
     artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
     gpu_inventory: List[GpuFact]
     price_per_hour: Optional[float]
-    usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/usage.py)
+    usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/jobs/usage.py)
     error: str  # this job's own problem (unreadable files)
     log_error: str  # e.g. "disk full at offset N": the log stops there
-    stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/stall.py)
+    stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/watchdog/stall.py)
     stalled_since: float  # when it was last seen active (a busy GPU, a growing log)
     stalled_reason: str
-    queue: QueueRequest  # set on a job submitted to the queue (remote_agent/queue.py)
+    queue: QueueRequest  # set on a job submitted to the queue (remote_agent/jobs/queue.py)
     dequeued_at: float  # when the scheduler picked it
     start_attempts: int
     queue_position: int  # set only while queued: 1 = next
@@ -508,7 +508,7 @@ class WatchdogConfigureResult(TypedDict):
 
 
 class NotifyTestArgs(TypedDict):
-    notify: Dict[str, Any]  # {"webhook", "command", "events", "host"} (remote_agent/notify.py)
+    notify: Dict[str, Any]  # {"webhook", "command", "events", "host"} (remote_agent/watchdog/notify.py)
 
 
 class NotifyTestResult(TypedDict):
@@ -525,14 +525,6 @@ class DoctorArgs(TypedDict, total=False):
     timeout_s: float
 
 
-#: Each op's args schema: ``check_args`` refuses a field of the wrong type before the op's handler runs.
-OP_ARGS: Dict[str, Any] = {
-    OP_JOBS_START: StartArgs, OP_JOBS_LIST: ListArgs, OP_JOBS_GET: JobArgs, OP_JOBS_KILL: KillArgs,
-    OP_QUEUE_MOVE: QueueMoveArgs, OP_LOGS_READ: ReadArgs, OP_LOGS_FOLLOW: FollowArgs, OP_LOGS_UNFOLLOW: JobArgs,
-    OP_LOGS_TIMES: TimesArgs, OP_LOGS_TAILS: TailsArgs, OP_METRICS_SUBSCRIBE: SubscribeArgs,
-    OP_METRICS_SAMPLE: IdleRule, OP_EXEC: ExecArgs, OP_WATCHDOG_CONFIGURE: WatchdogConfigureArgs,
-    OP_NOTIFY_TEST: NotifyTestArgs, OP_WATCHDOG_SNOOZE: SnoozeArgs, OP_DOCTOR: DoctorArgs,
-}  # fmt: skip
 
 
 class DoctorResult(TypedDict):
@@ -548,6 +540,52 @@ class PingResult(TypedDict):
 
 
 # Each event's data.
+class Op(NamedTuple):
+    """What one op takes and answers: its args' TypedDict (None: no args) and its result's type."""
+
+    args: Any
+    result: Any
+
+
+#: Every op the agent answers, the one table both sides are checked against: the agent dispatches exactly these
+#: (remote_agent/ops/), HostSession is the only client of them (gputui/core/session.py), the tests check each
+#: op's args and result against it, and ``check_args`` refuses a field of the wrong type before an op runs.
+#: (``flow.credit`` is no op: it has no id and is never answered.)
+OPS: Dict[str, Op] = {
+    OP_PING: Op(None, PingResult),
+    OP_EXEC: Op(ExecArgs, ExecResult),
+    OP_SHUTDOWN: Op(None, None),
+    OP_DOCTOR: Op(DoctorArgs, DoctorResult),
+    OP_SLURM_INFO: Op(None, ClusterInfo),
+    OP_JOBS_START: Op(StartArgs, JobRecord),
+    OP_JOBS_LIST: Op(ListArgs, ListResult),
+    OP_JOBS_GET: Op(JobArgs, JobRecord),
+    OP_JOBS_KILL: Op(KillArgs, JobRecord),
+    OP_QUEUE_LIST: Op(None, QueueListResult),
+    OP_QUEUE_MOVE: Op(QueueMoveArgs, QueueListResult),
+    OP_LOGS_READ: Op(ReadArgs, ReadResult),
+    OP_LOGS_FOLLOW: Op(FollowArgs, FollowResult),
+    OP_LOGS_UNFOLLOW: Op(JobArgs, None),
+    OP_LOGS_TIMES: Op(TimesArgs, TimesResult),
+    OP_LOGS_TAILS: Op(TailsArgs, TailsResult),
+    OP_METRICS_SUBSCRIBE: Op(SubscribeArgs, SubscribeResult),
+    OP_METRICS_SAMPLE: Op(IdleRule, MetricsSample),
+    OP_WATCHDOG_CONFIGURE: Op(WatchdogConfigureArgs, WatchdogConfigureResult),
+    OP_WATCHDOG_SNOOZE: Op(SnoozeArgs, Dict[str, Any]),
+    OP_WATCHDOG_CANCEL: Op(None, Dict[str, Any]),
+    OP_NOTIFY_TEST: Op(NotifyTestArgs, NotifyTestResult),
+    # files.*: checked field by field where they are used (remote_agent/files.py, gputui/core/pull.py, sync.py)
+    OP_FILES_LIST: Op(None, Dict[str, Any]),
+    OP_FILES_READ: Op(None, Dict[str, Any]),
+    OP_FILES_HASH: Op(None, Dict[str, Any]),
+    OP_FILES_WRITE: Op(None, Dict[str, Any]),
+    OP_FILES_MANIFEST: Op(None, Dict[str, Any]),
+    OP_FILES_DELETE: Op(None, Dict[str, Any]),
+}
+#: Each op's args schema (the ops that have one).
+OP_ARGS: Dict[str, Any] = {name: op.args for name, op in OPS.items() if op.args is not None}
+
+
 class Hello(TypedDict):
     protocol: int
     build: str

@@ -23,11 +23,11 @@ sys.path[:0] = [str(ROOT), str(FIXTURES)]
 from fake_nvidia_smi import sections  # noqa: E402
 from nvml_double import NvmlDouble  # noqa: E402
 
-from remote_agent import container, doctor  # noqa: E402
 from remote_agent.__main__ import launcher  # noqa: E402
-from remote_agent.activity import ActivityLog, idle_status  # noqa: E402
-from remote_agent.jobs import JobStore  # noqa: E402
-from remote_agent.metrics import MetricsSampler  # noqa: E402
+from remote_agent.host import container, doctor  # noqa: E402
+from remote_agent.jobs.store import JobStore  # noqa: E402
+from remote_agent.metrics.sampler import MetricsSampler  # noqa: E402
+from remote_agent.watchdog.activity import ActivityLog, idle_status  # noqa: E402
 
 CAPTURE = FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt"
 

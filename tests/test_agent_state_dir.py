@@ -84,7 +84,7 @@ def test_a_planted_metrics_symlink_is_refused(tmp_path: Path) -> None:
 
 
 def test_watchdog_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
-    from remote_agent.watchdog import LOG, Watchdog
+    from remote_agent.watchdog.daemon import LOG, Watchdog
 
     state, outside = tmp_path / "state", tmp_path / "outside.log"
     state.mkdir(mode=0o700)

@@ -11,12 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from remote_agent import container, doctor, metrics
-from remote_agent.activity import busy_reasons
-from remote_agent.container import HiddenAttribution, Owners
-from remote_agent.hoststats import HostStats
-from remote_agent.metrics import MetricsSampler
-from remote_agent.usage import UsageRecorder
+from remote_agent.host import container, doctor
+from remote_agent.host.container import HiddenAttribution, Owners
+from remote_agent.host.stats import HostStats
+from remote_agent.jobs.usage import UsageRecorder
+from remote_agent.metrics import sampler as metrics
+from remote_agent.metrics.sampler import MetricsSampler
+from remote_agent.watchdog.activity import busy_reasons
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 sys.path.insert(0, str(FIXTURES))
@@ -275,7 +276,7 @@ def test_host_line_says_the_memory_is_the_containers_limit() -> None:
 
 
 def test_running_jobs_reads_the_grants_and_skips_a_lost_job(tmp_path: Path) -> None:
-    from remote_agent.jobs import running_jobs
+    from remote_agent.jobs.store import running_jobs
 
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from test_container import tree
 
-from remote_agent import container
-from remote_agent.hoststats import HostStats
-from remote_agent.procfs import READ_LIMIT, read_text
+from remote_agent.host import container
+from remote_agent.host.procfs import READ_LIMIT, read_text
+from remote_agent.host.stats import HostStats
 
 
 def _pod(tmp_path: Path, files: dict[str, str]) -> tuple[str, str]:

@@ -10,7 +10,7 @@ import pytest
 from gputui.core import autostop, cost, spend
 from gputui.core import config as cfg
 from gputui.core import model as M
-from remote_agent.activity import ActivityLog, busy_reasons, idle_status
+from remote_agent.watchdog.activity import ActivityLog, busy_reasons, idle_status
 
 H = 3600.0
 

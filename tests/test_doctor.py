@@ -20,8 +20,8 @@ import pytest
 from conftest import Home, wait_for
 from test_metrics_smi import H100, MISMATCH, RTX4080, NoNvml, fake_smi
 
-from remote_agent import doctor
-from remote_agent.metrics import MetricsSampler
+from remote_agent.host import doctor
+from remote_agent.metrics.sampler import MetricsSampler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 NO_GPU_HW = {"pci_gpus": 0, "kernel_module": None}

@@ -12,7 +12,7 @@ from conftest import ROOT, AgentProc, Home, kill_tmux, wait_for
 from test_metrics_smi import H100, fake_smi
 
 from gputui.core.headline import headline, ranked
-from remote_agent.metrics import MetricsSampler
+from remote_agent.metrics.sampler import MetricsSampler
 
 
 def test_mnist_example_trains_under_gputui_and_is_recorded(home: Home, tmp_path: Path) -> None:

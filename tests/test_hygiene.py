@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT
 
 from gputui.core import bundle
+from remote_agent import protocol as P
 
 AGENT = ROOT / "remote_agent"
 INSTALLER = ROOT / "gputui" / "core" / "agent_install.py"  # runs on the host too
@@ -174,12 +175,21 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-#: The agent ops HostSession alone sends: jobs, logs, exec, doctor, the autostop watchdog.
-SESSION_OPS = {
-    "OP_JOBS_START", "OP_JOBS_KILL", "OP_JOBS_LIST", "OP_LOGS_READ", "OP_LOGS_FOLLOW", "OP_LOGS_UNFOLLOW",
-    "OP_LOGS_TIMES", "OP_EXEC", "OP_DOCTOR", "OP_WATCHDOG_CONFIGURE", "OP_WATCHDOG_SNOOZE", "OP_WATCHDOG_CANCEL",
-    "OP_QUEUE_LIST", "OP_QUEUE_MOVE",
-}  # fmt: skip
+#: The files ops: sync and pull send them (gputui/core/sync.py, pull.py); HostSession alone sends every other op.
+OP_NAMES = {name: value for name, value in vars(P).items() if name.startswith("OP_") and isinstance(value, str)}
+FILE_OPS = {name for name in OP_NAMES if name.startswith("OP_FILES_")}
+SESSION_OPS = {name for name, value in OP_NAMES.items() if value in P.OPS} - FILE_OPS
+
+
+def test_the_op_table_is_what_the_agent_answers_and_the_client_sends() -> None:
+    """One op table (protocol.OPS): the agent dispatches exactly its ops, and each is sent by the client."""
+    from remote_agent.ops import HANDLERS
+
+    assert set(HANDLERS) == set(P.OPS)
+    core = "".join(p.read_text() for p in (ROOT / "gputui" / "core").rglob("*.py"))
+    unsent = [name for name in SESSION_OPS | FILE_OPS if f"P.{name}" not in core]
+    assert unsent == []  # an op the client never sends is an op on one side only
+    assert {op: spec.args for op, spec in P.OPS.items() if spec.args is not None} == P.OP_ARGS
 
 
 def test_only_the_core_speaks_the_agent_protocol() -> None:

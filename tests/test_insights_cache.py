@@ -23,7 +23,7 @@ from gputui.core.model import JOB_RUNNING, Job
 from gputui.core.session import HostSession
 from gputui.core.transport import LocalTransport
 from remote_agent import protocol as P
-from remote_agent.jobindex import INDEX
+from remote_agent.jobs.index import INDEX
 
 
 def log_of(job: int) -> bytes:

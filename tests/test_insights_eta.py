@@ -1,4 +1,4 @@
-"""The ETA of a cold read (gputui jobs --json) from the runner's offset -> time index (remote_agent/logclock.py)."""
+"""The ETA of a cold read (gputui jobs --json) from the runner's offset -> time index (remote_agent/jobs/logclock.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from gputui.core.insights import LogInsights, timed_parser
 from gputui.core.records import TAIL_BYTES
-from remote_agent.logclock import DENSITY, MAX_ENTRIES, LogClock, read_times
+from remote_agent.jobs.logclock import DENSITY, MAX_ENTRIES, LogClock, read_times
 
 EPOCHS, TRAIN_S, EVAL_S = 5, 20.0, 4.0  # each epoch: 20 s of batches, then 4 s of evaluation
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from remote_agent import logs as L
+from remote_agent.jobs import logs as L
 
 QUIET_S = 1.5  # a follow polling at 10 Hz would read 15 times in this quiet stretch
 

@@ -6,8 +6,8 @@ import time
 
 import pynvml
 
-from remote_agent.hoststats import HostStats, nearest_existing, process_name
-from remote_agent.metrics import MetricsSampler
+from remote_agent.host.stats import HostStats, nearest_existing, process_name
+from remote_agent.metrics.sampler import MetricsSampler
 
 
 class NoDriver:

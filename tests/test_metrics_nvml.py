@@ -10,8 +10,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from remote_agent import metrics
-from remote_agent.metrics import MetricsSampler
+from remote_agent.metrics import sampler as metrics
+from remote_agent.metrics.sampler import MetricsSampler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 sys.path.insert(0, str(FIXTURES))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from remote_agent import metrics
-from remote_agent.metrics import MetricsSampler
+from remote_agent.metrics import sampler as metrics
+from remote_agent.metrics.sampler import MetricsSampler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 H100 = FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt"

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 
-from remote_agent import watchdog as W
 from remote_agent.fsutil import read_json, write_json
+from remote_agent.watchdog import daemon as W
 
 
 class Hook:
@@ -224,7 +224,7 @@ def test_removing_the_notify_settings_disarms_the_watchdog() -> None:
 
 
 def test_a_dead_endpoint_is_tried_a_bounded_number_of_times_per_pass(tmp_path: Path) -> None:
-    from remote_agent import notify as N
+    from remote_agent.watchdog import notify as N
 
     config = notify_config(tmp_path, webhook="http://127.0.0.1:9/closed")  # discard port: refused
     ended = [dict(FAILED, id=str(i)) for i in range(12)]

@@ -18,9 +18,9 @@ import pytest
 from conftest import AgentProc, Home, stop_host, wait_for
 from test_notify import Hook, hook  # noqa: F401  (the fixture)
 
-from remote_agent import notify as N
-from remote_agent import watchdog as W
 from remote_agent.fsutil import write_json
+from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import notify as N
 
 T = 1_000_000.0
 FACTS = {"boot_id": "b", "boot_time": 0.0}

@@ -1,4 +1,4 @@
-"""remote_agent/provider.py: where the agent runs (RunPod, vast.ai) and the providers' REST APIs, against the
+"""remote_agent/host/provider.py: where the agent runs (RunPod, vast.ai) and the providers' REST APIs, against the
 local stand-in (tests/provider_standin.py) and an emulated pod (a PID namespace whose PID 1 holds RUNPOD_*)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import provider_standin as standin
 import pytest
 from provider_standin import RUNPOD_KEY, VAST_KEY, StandIn
 
-from remote_agent import provider as pv
+from remote_agent.host import provider as pv
 
 ROOT = Path(__file__).resolve().parent.parent
 POD, VAST = "xedezhzb9la3ye", "883"

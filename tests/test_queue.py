@@ -1,4 +1,4 @@
-"""The GPU-aware queue (remote_agent/queue.py), on GPU readings recorded on real GPUs: two of the 8x A100
+"""The GPU-aware queue (remote_agent/jobs/queue.py), on GPU readings recorded on real GPUs: two of the 8x A100
 recording (``--state q`` of the nvidia-smi stand-in) and the H100 capture under gpu_burn (a foreign process)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 from sshd import SYSTEM_PATH
 from test_metrics_smi import H100, NoNvml, fake_smi
 
-from remote_agent import queue as Q
-from remote_agent import watchdog as W
 from remote_agent.fsutil import read_json, write_json
-from remote_agent.jobs import JobStore
-from remote_agent.metrics import MetricsSampler
+from remote_agent.jobs import queue as Q
+from remote_agent.jobs.store import JobStore
+from remote_agent.metrics.sampler import MetricsSampler
+from remote_agent.watchdog import daemon as W
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 A100_X8 = FIXTURES / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt"
@@ -76,7 +76,7 @@ def test_disjoint_gpus_run_side_by_side_and_a_waiting_job_keeps_its_gpus(tmp_pat
 
 
 def test_a_foreign_process_and_a_busy_gpu_hold_a_job_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from remote_agent import metrics
+    from remote_agent.metrics import sampler as metrics
 
     monkeypatch.setattr(metrics, "process_name", lambda pid: None)
     load = sample_of(tmp_path, fake_smi(tmp_path, H100, "load"))  # gpu_burn and two memhogs, 100 %
@@ -136,7 +136,7 @@ def test_jobs_waiting_on_each_other_or_on_themselves_fail_with_the_loop(tmp_path
         "12": "never started: job 1 it waits for (--after-ok) ended failed (exit 3)",  # though job 2 still runs
     }
     assert decided["wait"] == {"10": "after job 6 (queued)", "11": "after job 2 (running)"}
-    from remote_agent.activity import busy_reasons
+    from remote_agent.watchdog.activity import busy_reasons
 
     # only the jobs that can still start are activity: a queue that can never move never holds the host busy
     assert busy_reasons({"gpus": []}, jobs) == ["job 2 running", "2 jobs queued (10, 11)"]
@@ -145,7 +145,7 @@ def test_jobs_waiting_on_each_other_or_on_themselves_fail_with_the_loop(tmp_path
 
 def test_a_submission_that_closes_a_loop_is_refused_and_leaves_no_job(tmp_path: Path) -> None:
     from remote_agent.__main__ import launcher
-    from remote_agent.jobs import JobError
+    from remote_agent.jobs.store import JobError
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
@@ -165,8 +165,8 @@ def test_a_submission_that_closes_a_loop_is_refused_and_leaves_no_job(tmp_path: 
 
 def test_a_kill_wins_over_every_later_pick_and_relaunch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed while picked (its runner not up yet): no later pass starts it, not even as a relaunch after a crash."""
-    from remote_agent import jobs as J
     from remote_agent.__main__ import launcher
+    from remote_agent.jobs import store as J
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
@@ -353,7 +353,7 @@ def test_after_a_reboot_the_next_connect_restarts_the_scheduler(tmp_path: Path) 
 
 def test_the_queue_file_is_bounded_and_a_lost_order_loses_no_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from remote_agent.__main__ import launcher
-    from remote_agent.jobs import JobError
+    from remote_agent.jobs.store import JobError
 
     monkeypatch.setattr(Q, "MAX_QUEUED", 3)
     store = JobStore(str(tmp_path / "state"), launcher())

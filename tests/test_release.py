@@ -284,8 +284,8 @@ def test_snooze_restarts_the_window_at_its_end(watched: Home, tmp_path: Path) ->
 
 def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) -> None:
     """A wall-clock jump (or a restarted watchdog) never shortens the window: this process must watch it all."""
-    from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
+    from remote_agent.watchdog import daemon as W
 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
@@ -304,8 +304,8 @@ def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) 
 
 
 def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> None:
-    from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
+    from remote_agent.watchdog import daemon as W
 
     stopped, t = tmp_path / "stopped", 1_000_000.0
     config = {
@@ -328,8 +328,8 @@ def test_a_deadline_already_past_when_set_waits_a_grace_and_says_so(tmp_path: Pa
     """release_after_hours on a host up longer (or a release_at in the past) must not release it, running jobs
     and all, the moment the setting arrives: the deadline comes DEADLINE_GRACE_S after arming, its countdown
     shows that, and only then does it release."""
-    from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
+    from remote_agent.watchdog import daemon as W
 
     stopped, t = tmp_path / "stopped", 1_000_000.0
     config = {"release_at": t - 7200, "armed_at": t, "boot_id": "b", "count_sessions": False,
@@ -347,8 +347,8 @@ def test_a_deadline_already_past_when_set_waits_a_grace_and_says_so(tmp_path: Pa
 
 
 def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
-    from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
+    from remote_agent.watchdog import daemon as W
 
     stopped = tmp_path / "stopped"
     config = {
@@ -387,8 +387,8 @@ def test_agent_refuses_numbers_out_of_bounds(agent, op: str, args: dict) -> None
 
 def due_watchdog(tmp_path: Path, pre_stop: list[str]) -> tuple:
     """A watchdog whose autostop is due now (idle for ages, watched long enough), with ``pre_stop``."""
-    from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
+    from remote_agent.watchdog import daemon as W
 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 0.001, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
@@ -462,9 +462,9 @@ def test_cost_shows_mixed_currencies_per_currency_never_summed(home: Home, tmp_p
 def test_a_config_from_another_boot_never_acts(tmp_path: Path) -> None:
     """After a reboot the old config (a deadline long past, here) must not release the new boot: the real
     watchdog loop disarms at once, and the agent shows no countdown from it."""
-    from remote_agent import watchdog as W
-    from remote_agent.boot import boot_id as this_boot
     from remote_agent.fsutil import write_json
+    from remote_agent.host.boot import boot_id as this_boot
+    from remote_agent.watchdog import daemon as W
 
     stopped = tmp_path / "stopped"
     config = {"release_at": 1.0, "armed_at": 0.0, "boot_id": "a-boot-before-the-reboot", "interval": 0.5,
@@ -479,8 +479,8 @@ def test_a_config_from_another_boot_never_acts(tmp_path: Path) -> None:
 
 
 def test_a_failed_release_remote_is_retried_only_after_its_backoff(tmp_path: Path) -> None:
-    from remote_agent import watchdog as W
     from remote_agent.fsutil import write_json
+    from remote_agent.watchdog import daemon as W
 
     attempts = tmp_path / "attempts"
     failing = ["sh", "-c", f'echo x >> "{attempts}"; echo quota >&2; exit 3']

@@ -326,9 +326,9 @@ def test_agent_records_are_in_the_schema(tmp_path: Path, cluster: SlurmCluster) 
 def test_one_squeue_per_refresh_for_all_jobs(
     tmp_path: Path, cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from remote_agent import slurm
     from remote_agent.__main__ import launcher
-    from remote_agent.jobs import JobStore
+    from remote_agent.jobs import slurm
+    from remote_agent.jobs.store import JobStore
 
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     monkeypatch.setattr(slurm, "VIEW_MAX_AGE_S", 60.0)  # one refresh, however slow this machine is
@@ -550,9 +550,9 @@ def test_a_listing_older_than_the_submission_never_ends_the_job(
 ) -> None:
     """A listing that asked squeue while sbatch ran does not see the new job: it must not call it lost (and
     make that final), only wait for the next refresh."""
-    from remote_agent import slurm
     from remote_agent.__main__ import launcher
-    from remote_agent.jobs import JobStore
+    from remote_agent.jobs import slurm
+    from remote_agent.jobs.store import JobStore
 
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     monkeypatch.setattr(slurm, "VIEW_MAX_AGE_S", 60.0)
@@ -577,7 +577,7 @@ def test_a_state_dir_with_percent_signs_is_taken_literally(
 ) -> None:
     """sbatch expands %j, %u, ... in --output: gputui's paths are escaped, so slurm.out lands in the job dir."""
     from remote_agent.__main__ import launcher
-    from remote_agent.jobs import JobStore
+    from remote_agent.jobs.store import JobStore
 
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     state = tmp_path / "st%j%u"
@@ -594,7 +594,7 @@ def test_a_state_dir_with_percent_signs_is_taken_literally(
 
 
 def test_a_slurm_job_is_never_judged_stalled_by_the_login_nodes_gpus() -> None:
-    from remote_agent.stall import StallTracker
+    from remote_agent.watchdog.stall import StallTracker
 
     idle_gpu = {"index": 0, "util_percent": 0.0, "processes": []}
     jobs = [{"id": "1", "state": "running", "log_size": 0, "gpus": None, "scheduler": "slurm"},
@@ -636,7 +636,7 @@ def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
 def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user with 40 running Slurm jobs: the app's samples stream the nodes of a bounded number of them, not one
     long-lived srun per job on a shared login node (here a stand-in srun that just waits)."""
-    from remote_agent import slurm as S
+    from remote_agent.jobs import slurm as S
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -662,7 +662,7 @@ def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pyt
     from conftest import wait_for
 
     from remote_agent import protocol as P
-    from remote_agent import slurm as S
+    from remote_agent.jobs import slurm as S
 
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from remote_agent.mring import MetricsRing
+from remote_agent.metrics.ring import MetricsRing
 
 
 def test_one_sampler_and_seq_continues_across_agents(tmp_path: Path) -> None:

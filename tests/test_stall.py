@@ -10,9 +10,9 @@ import pytest
 from conftest import AgentProc, stop_host, wait_for
 from test_metrics_smi import H100, NoNvml, fake_smi
 
-from remote_agent import watchdog as W
 from remote_agent.fsutil import write_json
-from remote_agent.metrics import MetricsSampler
+from remote_agent.metrics.sampler import MetricsSampler
+from remote_agent.watchdog import daemon as W
 
 
 def recorded(tmp_path: Path, state: str) -> dict[str, Any]:

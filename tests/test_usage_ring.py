@@ -8,8 +8,8 @@ from pathlib import Path
 
 from conftest import wait_for
 
-from remote_agent.mring import MetricsRing, latest_sample
-from remote_agent.usage import UsageRecorder
+from remote_agent.jobs.usage import UsageRecorder
+from remote_agent.metrics.ring import MetricsRing, latest_sample
 
 
 def gpu_sample(t: float) -> dict:

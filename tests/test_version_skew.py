@@ -18,8 +18,8 @@ from conftest import ROOT, Home, stop_host, wait_for
 from test_notify import Hook, hook  # noqa: F401  (the fixture)
 
 from gputui.core import bundle
-from remote_agent import watchdog as W
 from remote_agent.fsutil import read_json
+from remote_agent.watchdog import daemon as W
 
 OLD = "0ld0ld0ld0ld0ld0"
 
@@ -30,7 +30,7 @@ def old_build(tmp_path: Path, build: str = OLD, **constants: int) -> Path:
     shutil.copytree(ROOT / "remote_agent", root / "remote_agent", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "__main__.py").write_bytes(bundle._MAIN)
     for name, value in constants.items():
-        for path in (root / "remote_agent").glob("*.py"):
+        for path in (root / "remote_agent").rglob("*.py"):
             text = path.read_text()
             if f"\n{name} = " in text:
                 head, rest = text.split(f"\n{name} = ", 1)

@@ -27,7 +27,7 @@ def recorded_gpus(which: str) -> tuple[M.GpuSample, ...]:
     from fake_nvidia_smi import sections
     from nvml_double import NvmlDouble
 
-    from remote_agent.gpu_nvml import NvmlSource
+    from remote_agent.metrics.nvml import NvmlSource
 
     if which == "a100x8":
         text = (FIXTURES / "gpu" / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt").read_text()

@@ -1,4 +1,4 @@
-"""The client's side of the host's autostop and deadline watchdog (``remote_agent/watchdog.py``).
+"""The client's side of the host's autostop and deadline watchdog (``remote_agent/watchdog/daemon.py``).
 
 What the watchdog is told (the host's idle rule, ``autostop_minutes``, the deadline and the commands), arming it
 after every connect, snoozing and cancelling it, and when it will act as the host reports it.
@@ -35,7 +35,7 @@ def deadline(host: HostConfig, boot_time: float | None) -> float | None:
 
 
 def notify_settings(host: HostConfig) -> dict[str, Any] | None:
-    """The host's ``[notify]`` as the agent takes it (remote_agent/notify.py), or None."""
+    """The host's ``[notify]`` as the agent takes it (remote_agent/watchdog/notify.py), or None."""
     if host.notify is None:
         return None
     return {
@@ -100,7 +100,7 @@ def _no_autostop(host: str, exc: AgentError, what: str) -> None:
 
 def deadline_in_s(activity: P.Activity, host: HostConfig, boot_time: float | None, now: float) -> float | None:
     """Seconds until the deadline releases the host: as the host's watchdog holds it (one already past when it
-    was set waits a grace: remote_agent/watchdog.py DEADLINE_GRACE_S), else as the config says."""
+    was set waits a grace: remote_agent/watchdog/daemon.py DEADLINE_GRACE_S), else as the config says."""
     at = (activity.get("watchdog") or {}).get("release_at")
     if at is None:
         at = deadline(host, boot_time)

@@ -27,7 +27,8 @@ _EPOCH = (2020, 1, 1, 0, 0, 0)  # fixed timestamps: the same sources always give
 @functools.lru_cache(maxsize=1)
 def _sources() -> tuple[tuple[str, bytes], ...]:
     pkg = Path(remote_agent.__file__).parent
-    files = [(f"remote_agent/{p.name}", p.read_bytes()) for p in sorted(pkg.glob("*.py"))]
+    files = [(f"remote_agent/{p.relative_to(pkg).as_posix()}", p.read_bytes())
+             for p in sorted(pkg.rglob("*.py")) if "__pycache__" not in p.parts]
     spec = importlib.util.find_spec("pynvml")
     if spec is not None and spec.origin and spec.origin.endswith(".py"):
         files.append(("pynvml.py", Path(spec.origin).read_bytes()))

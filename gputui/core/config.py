@@ -43,7 +43,7 @@ NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "e
 
 @dataclass(frozen=True)
 class Notify:
-    """``[notify]``: what the host's watchdog sends, and how (remote_agent/notify.py)."""
+    """``[notify]``: what the host's watchdog sends, and how (remote_agent/watchdog/notify.py)."""
 
     command: tuple[str, ...] | None = None  # argv run on the host; the text on stdin and in GPUTUI_NOTIFY_TEXT
     webhook: str | None = None  # http(s) URL: a JSON POST with the text in text / content / message
@@ -86,13 +86,13 @@ class HostConfig:
     pre_stop_timeout: float = 300.0
     release_after_hours: float | None = None
     release_at: dt.datetime | None = None
-    # stalled jobs (see remote_agent/stall.py): GPUs below idle_util_percent and a silent log this long; None: off
+    # stalled jobs (see remote_agent/watchdog/stall.py): GPUs below idle_util_percent and a silent log this long; None: off
     stall_minutes: float | None = None
     stalled_counts_as_idle: bool = False  # autostop may then release a host whose only jobs are stalled
     notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
     # files to bring back before release (gputui release): relative to each job's dir, or absolute on the host
     artifacts: tuple[str, ...] = ()
-    # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/slurm.py)
+    # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/jobs/slurm.py)
     scheduler: str | None = None
     price_per_gpu_hour: float | None = None  # a Slurm job's price: this x its GPUs x nodes, while it runs
     # provider-native price and release (gputui.core.providers): "auto" finds RunPod / vast.ai on the host

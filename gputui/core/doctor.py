@@ -1,6 +1,6 @@
 """Doctor on the client side: the report types, the request, and the plain-text rendering (no UI imports).
 
-The checks themselves run on the host (``remote_agent/doctor.py``, op ``doctor``).
+The checks themselves run on the host (``remote_agent/host/doctor.py``, op ``doctor``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     gpus: str | None = None
     code: dict[str, Any] | None = None  # what code runs (gputui run --sync): tree hash, git commit, dirty
-    queue: dict[str, Any] | None = None  # wait in the host's queue: gpus, after, after_ok (remote_agent/queue.py)
+    queue: dict[str, Any] | None = None  # wait in the host's queue: gpus, after, after_ok (remote_agent/jobs/queue.py)
     artifacts: tuple[str, ...] = ()  # files to bring back before release (gputui run --artifacts)
     sync: str | None = None  # a local dir to sync to the host first (into cwd); the job then runs there
     slurm: dict[str, Any] | None = None  # sbatch settings (gpus, nodes, partition, time, sbatch_args)

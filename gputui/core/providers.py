@@ -1,7 +1,7 @@
 """Provider-native price and release, the client's side: the Lambda client (Lambda puts no credentials on its
 hosts, so it runs here with the user's key) and the release-mode rules that config, status and release share.
 
-RunPod and vast.ai are handled on the host by ``remote_agent.provider`` (the instance's own scoped key; the
+RunPod and vast.ai are handled on the host by ``remote_agent.host.provider`` (the instance's own scoped key; the
 same HTTP rules and ``ProviderError`` are used here).
 
 Lambda Cloud API v1 (https://cloud.lambdalabs.com/api/v1, ``Authorization: Bearer KEY``; the reference is
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from remote_agent import provider as agent_provider
+from remote_agent.host import provider as agent_provider
 
 ProviderError = agent_provider.ProviderError
 Confirmed = agent_provider.Confirmed

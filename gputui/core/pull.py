@@ -132,10 +132,9 @@ async def list_remote(session: HostSession, specs: list[str]) -> list[Remote]:
     for job, patterns in groups.items():
         base = "~"
         if job is not None:
-            record = await request_retrying(session, P.OP_JOBS_GET, job=job)
-            cwd = record.get("cwd") if isinstance(record, dict) else None
+            cwd = (await session.get_job(job)).cwd
             if cwd is not None and not isinstance(cwd, str):
-                raise wire_error(session, P.OP_JOBS_GET, f"job {job}'s cwd is {cwd!r:.80}")
+                raise wire_error(session, "its job record", f"job {job}'s cwd is {cwd!r:.80}")
             base = cwd or "~"
         res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns)
         listed, missing, where = _listing(session, res)

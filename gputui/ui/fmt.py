@@ -89,7 +89,7 @@ def clip(text: str, width: int) -> str:
 
 
 _AGENT_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-AGENT_MAX_NAME = 200  # remote_agent.jobs.MAX_NAME
+AGENT_MAX_NAME = 200  # remote_agent.jobs.store.MAX_NAME
 
 
 def job_name(name: str, command: Sequence[str]) -> str:

@@ -1,6 +1,6 @@
 """A cold read of a log that still knows its pace: the log's bytes fed with the times they were written.
 
-The job's runner records when its output was written (``remote_agent/logclock.py``); feeding the bytes
+The job's runner records when its output was written (``remote_agent/jobs/logclock.py``); feeding the bytes
 between two recorded offsets with the parser's clock at the later time gives a one-shot reader (``gputui
 jobs --json``) the progress rates and epoch times a parser that watched the job live has.
 """

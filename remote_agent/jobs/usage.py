@@ -13,10 +13,10 @@ import os
 import threading
 from typing import Any, Dict, List, Optional
 
-from .container import Owners
-from .fsutil import write_json
-from .jobs import running_jobs
-from .mring import latest_sample
+from ..fsutil import write_json
+from ..host.container import Owners
+from ..metrics.ring import latest_sample
+from .store import running_jobs
 
 EVERY_S = 5.0
 
@@ -78,7 +78,7 @@ class UsageRecorder(threading.Thread):
     def _own_sample(self) -> Optional[Dict[str, Any]]:
         """A reading of this job's GPUs by the runner itself; None on a host without GPUs."""
         if self._sampler is None:
-            from .metrics import MetricsSampler
+            from ..metrics.sampler import MetricsSampler
 
             self._sampler = MetricsSampler(self.job_dir, nvidia_smi=self.nvidia_smi, only=self.visible)
         if self._sampler.gpu_source is None:

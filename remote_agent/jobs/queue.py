@@ -24,10 +24,10 @@ import shutil
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import protocol as P
-from .container import grant_of, holders
-from .fsutil import read_json, write_json
-from .jobs import _GPU_SPEC, QUEUE_LOCK, JobError, JobStore, running_jobs
+from .. import protocol as P
+from ..fsutil import read_json, write_json
+from ..host.container import grant_of, holders
+from .store import _GPU_SPEC, QUEUE_LOCK, JobError, JobStore, running_jobs
 
 QUEUE, LOCK = "queue.json", QUEUE_LOCK
 MAX_QUEUED = 1000  # jobs waiting at once; a submission beyond it is refused

@@ -9,7 +9,7 @@ Layout under the state dir (all 0700 / 0600)::
     jobs/<id>/status.json  written by the runner when the job ends: exit_code, signal, ended_at
     jobs/<id>/kill.json    written when a kill was asked for (so the end state is "killed")
 
-A queued job (remote_agent/queue.py) has job.json (with its ``queue`` request) and env.json but no runner until
+A queued job (remote_agent/jobs/queue.py) has job.json (with its ``queue`` request) and env.json but no runner until
 the scheduler picks it (``dequeued_at``, its GPUs) and launches it.
 """
 
@@ -25,11 +25,11 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from . import protocol as P
+from .. import protocol as P
+from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
+from ..host.container import Owners
 from . import slurm as S
-from .container import Owners
-from .fsutil import ensure_private_dir, open_regular, read_json, write_json
-from .jobindex import EndedIndex, Entry, Key, job_key, to_json
+from .index import EndedIndex, Entry, Key, job_key, to_json
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = P.JOB_RUNNING, P.JOB_SUCCEEDED, P.JOB_FAILED, P.JOB_KILLED, P.JOB_LOST
 QUEUED = P.JOB_QUEUED
@@ -144,7 +144,7 @@ class JobStore:
 
     @contextlib.contextmanager
     def queue_locked(self) -> Iterator[None]:
-        """The queue's lock (remote_agent/queue.py): every submit, move, removal, pick and relaunch holds it, and
+        """The queue's lock (remote_agent/jobs/queue.py): every submit, move, removal, pick and relaunch holds it, and
         so does a kill's record (the tombstone), so a job killed before its runner came up is never started."""
         fd = open_regular(os.path.join(self.state_dir, QUEUE_LOCK), os.O_WRONLY | os.O_CREAT)
         with os.fdopen(fd, "w") as lock:
@@ -203,7 +203,7 @@ class JobStore:
         slurm: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
         """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show).
-        ``slurm``: submit it with sbatch instead (remote_agent/slurm.py); ``gpus`` is then not used."""
+        ``slurm``: submit it with sbatch instead (remote_agent/jobs/slurm.py); ``gpus`` is then not used."""
         request = None if slurm is None else S.check_request(slurm)
         job_id = self.create(argv, cwd, env, name, gpus, extra, request)
         if request is None:
@@ -406,7 +406,7 @@ class JobStore:
         live = self._live_state(record, pids, sessions) if not (isinstance(status, dict) or on_slurm) else None
         if live == LOST:  # the runner may have written its status and exited since we looked
             status = read_json(os.path.join(path, "status.json"))
-        if on_slurm:  # Slurm's word decides the state (remote_agent/slurm.py)
+        if on_slurm:  # Slurm's word decides the state (remote_agent/jobs/slurm.py)
             S.fill_record(record, path, status, killed, self.slurm)
         elif isinstance(status, dict):
             code = status.get("exit_code")
@@ -430,7 +430,7 @@ class JobStore:
             return RUNNING
         if pids:
             return LOST  # the runner is gone without writing a status
-        queued = isinstance(record.get("queue"), dict)  # a job of the queue (remote_agent/queue.py)
+        queued = isinstance(record.get("queue"), dict)  # a job of the queue (remote_agent/jobs/queue.py)
         created = record.get("dequeued_at") if queued else record.get("created_at")
         if queued and created is None:
             return QUEUED  # still waiting

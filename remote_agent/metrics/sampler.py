@@ -13,10 +13,11 @@ Stdlib only (pynvml optional, imported lazily), Python 3.8+.
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from . import gpu_nvml, gpu_smi
-from . import protocol as P
-from .container import HiddenAttribution, Owners
-from .hoststats import HostStats, process_name
+from .. import protocol as P
+from ..host.container import HiddenAttribution, Owners
+from ..host.stats import HostStats, process_name
+from . import nvml as gpu_nvml
+from . import smi as gpu_smi
 
 OwnerOf = Callable[[int], Optional[str]]
 

@@ -19,9 +19,9 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import protocol as P
 from . import container
-from . import protocol as P
-from .hoststats import GIB, MIB, read_text
+from .stats import GIB, MIB, read_text
 
 OK, WARN, FAIL, SKIP = P.DOCTOR_OK, P.DOCTOR_WARN, P.DOCTOR_FAIL, P.DOCTOR_SKIP
 _RANK = {OK: 0, SKIP: 0, WARN: 1, FAIL: 2}

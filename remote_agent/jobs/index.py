@@ -14,7 +14,7 @@ import threading
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
-from .fsutil import open_regular, write_atomic
+from ..fsutil import open_regular, write_atomic
 
 INDEX = "ended.jsonl"
 Key = Tuple[int, int]

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from . import protocol as P
+from .. import protocol as P
 
 MIB = 1024 * 1024
 #: Slow fields at most this often by default: 5 calls / 6 s per GPU.

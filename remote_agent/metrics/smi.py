@@ -9,8 +9,8 @@ import re
 import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import protocol as P
-from .gpu_nvml import throttle_names
+from .. import protocol as P
+from .nvml import throttle_names
 
 # (nvidia-smi field, key of ``protocol.Gpu``, or of ``protocol.GpuFacts`` for the driver version); fields that
 # every driver since long before Python 3.8 knows.

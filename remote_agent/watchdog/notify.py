@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from .fsutil import read_json, write_json
+from ..fsutil import read_json, write_json
 
 EVENTS = (
     "job_succeeded",

@@ -11,8 +11,8 @@ tracker itself on the monotonic clock (a restart starts it again). Its verdicts 
 
 from typing import Any, Dict, List
 
-from .container import grant_of, holders
-from .protocol import JOB_RUNNING
+from ..host.container import grant_of, holders
+from ..protocol import JOB_RUNNING
 
 
 def job_gpus(sample: Dict[str, Any], job: Dict[str, Any]) -> List[Dict[str, Any]]:

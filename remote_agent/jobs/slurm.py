@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import protocol as P
-from .fsutil import read_json, write_json
+from .. import protocol as P
+from ..fsutil import read_json, write_json
 
 #: How long one squeue/sacct answer serves every listing (one refresh); a submit or kill forgets it at once.
 VIEW_MAX_AGE_S = 1.0
@@ -465,7 +465,7 @@ def gpu_stream(state_dir: str, nvidia_smi: str, interval: float) -> int:
     import socket
     import sys
 
-    from .metrics import MetricsSampler
+    from ..metrics.sampler import MetricsSampler
 
     sampler = MetricsSampler(state_dir, nvidia_smi=nvidia_smi)
     node = socket.gethostname().split(".")[0]

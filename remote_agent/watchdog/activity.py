@@ -13,10 +13,10 @@ import struct
 import time
 from typing import AbstractSet, Any, Dict, List, Optional
 
-from .container import grant_of, holders
-from .fsutil import read_json, write_json
-from .protocol import JOB_QUEUED, JOB_RUNNING
-from .queue import never_starts
+from ..fsutil import read_json, write_json
+from ..host.container import grant_of, holders
+from ..jobs.queue import never_starts
+from ..protocol import JOB_QUEUED, JOB_RUNNING
 
 # struct utmp on Linux (glibc, 64-bit and 32-bit alike): type, pid, line, id, user, host, exit, session, tv, addr.
 _UTMP = struct.Struct("hi32s4s32s256shhiii4i20s")

@@ -19,7 +19,7 @@ import time
 import tty
 from typing import Dict, List, Optional
 
-from .fsutil import user_umask, write_json
+from ..fsutil import user_umask, write_json
 from .logclock import TIMES_NAME, LogClock
 from .usage import UsageRecorder
 

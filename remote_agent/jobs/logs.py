@@ -5,9 +5,9 @@ import select
 import threading
 from typing import BinaryIO, Callable, Dict, Optional
 
-from .fsutil import open_regular
-from .jobs import JobError
-from .protocol import LOG_CHUNK_BYTES, LOG_FRAME_BYTES, b64
+from ..fsutil import open_regular
+from ..protocol import LOG_CHUNK_BYTES, LOG_FRAME_BYTES, b64
+from .store import JobError
 
 #: A follow with nothing new re-reads at least this often even when the file watch saw nothing.
 QUIET_CHECK_S = 5.0

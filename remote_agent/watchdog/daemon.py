@@ -22,11 +22,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from ..fsutil import open_regular, read_json, write_json
+from ..host.boot import boot_id, boot_time
+from ..metrics.ring import latest_sample
 from . import notify
 from .activity import ActivityLog, idle_status
-from .boot import boot_id, boot_time
-from .fsutil import open_regular, read_json, write_json
-from .mring import latest_sample
 from .stall import StallTracker
 
 CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
@@ -330,7 +330,8 @@ class Watchdog:
 
 def build_id() -> str:
     """This build's id: the hash in the name of the folder (or zipapp) holding the package, or ``dev``."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # remote_agent/ (this is watchdog/daemon.py)
+    root = os.path.dirname(package)
     name = os.path.basename(root)
     name = name[: -len(".pyz")] if name.endswith(".pyz") else name
     return name[len("gputui-agent-") :] if name.startswith("gputui-agent-") else "dev"
@@ -573,9 +574,9 @@ def stop_requested(state_dir: str) -> Optional[str]:
 
 
 def _loop(state_dir: str, launcher: List[str]) -> int:
-    from .jobs import JobStore
-    from .metrics import MetricsSampler
-    from .queue import PASS_S, QUEUE, JobQueue, host_queued
+    from ..jobs.queue import PASS_S, QUEUE, JobQueue, host_queued
+    from ..jobs.store import JobStore
+    from ..metrics.sampler import MetricsSampler
 
     dog = Watchdog(state_dir)
     jobs = JobStore(state_dir, launcher=launcher)

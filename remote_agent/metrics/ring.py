@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Deque, Dict, List, Optional
 
-from .fsutil import ensure_private_dir, open_regular, write_atomic
+from ..fsutil import ensure_private_dir, open_regular, write_atomic
 
 RING_SAMPLES = 600  # ten minutes at 1 Hz
 #: ``latest_sample`` reads at most this much of the ring's end (a sample line is a few KiB per GPU).

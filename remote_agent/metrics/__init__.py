@@ -1,0 +1,1 @@
+"""GPU and host readings: the sampler, NVML, the nvidia-smi fallback, the on-disk ring."""
