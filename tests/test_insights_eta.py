@@ -131,7 +131,7 @@ def test_runner_writes_the_index(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            f"import sys; sys.path.insert(0, {str(root)!r}); from remote_agent import runner; runner.run({str(job_dir)!r})",
+            f"import sys; sys.path.insert(0, {str(root)!r}); from remote_agent.jobs import runner; runner.run({str(job_dir)!r})",
         ],
         check=True,
         timeout=60,
