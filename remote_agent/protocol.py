@@ -348,6 +348,7 @@ class JobRecord(TypedDict, total=False):
     git: Optional[Dict[str, Any]]  # {"commit", "branch", "dirty"}
     code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
     artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
+    env_keys: List[str]  # the names of the env the job was given (its values never travel: they may be secrets)
     gpu_inventory: List[GpuFact]
     price_per_hour: Optional[float]
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/jobs/usage.py)
