@@ -86,6 +86,8 @@ APP_KEYS = [
     Binding("d", "doctor", "Doctor", show=False, tooltip="Check the host: driver, CUDA, torch, tmux, disk"),
     Binding("h", "history", "History", show=False, tooltip="Finished runs with their records and cost"),
     Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
+    Binding("c", "chart", "Chart", tooltip="The selected job's metrics as a chart (live while it runs)"),
+    Binding("g", "gpu_chart", "GPU chart", show=False, tooltip="The selected host's GPU history as a chart"),
     Binding("slash", "search", "Search", tooltip="Search the log"),
     Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="Every key"),
@@ -860,6 +862,23 @@ class GpuTuiApp(App[None]):
             return doctor_table(await run_doctor(self.source.session(host)))
 
         self.push_screen(ReportScreen(f"Doctor: {host}", load))
+
+    def action_chart(self) -> None:
+        from .screens.chart import JobChartScreen
+
+        job = self.current_job()
+        if job is None:
+            self.notify("No job selected: pick one in the jobs table", severity="warning")
+            return
+        session = self.source.session(job.host)
+        self.push_screen(JobChartScreen(job, lambda: session.job_series(job.id), self.palette))
+
+    def action_gpu_chart(self) -> None:
+        from .screens.chart import GpuChartScreen
+
+        snap = self.hosts.get(self.selected_host or "")
+        if snap is not None:
+            self.push_screen(GpuChartScreen(snap, self.palette))
 
     def action_history(self) -> None:
         from .screens.reports import ReportScreen, history_table

@@ -43,6 +43,21 @@ _COUNT = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # a tqdm bar's n/total
 _SPLIT = re.compile(rb"\r\n|\r|\n")
 
 
+def _position(text: str) -> Tuple[Optional[int], Optional[float]]:
+    """The (step, epoch) a line says it is at: ``step 12``, ``'epoch': 1.5``, a bar's ``n/total`` (the step,
+    or with ``Epoch 2`` on the line the fraction of that epoch: 2.5)."""
+    epoch_m, count, step_m = _EPOCH.search(text), _COUNT.search(text), _STEP.search(text)
+    step = int(step_m.group(1)) if step_m else None
+    if step is None and count is not None and epoch_m is None:
+        step = int(count.group(1))
+    epoch = None
+    if epoch_m is not None:
+        epoch = float(epoch_m.group(1))
+        if count is not None and int(count.group(2)) > 0 and "." not in epoch_m.group(1):
+            epoch += int(count.group(1)) / int(count.group(2))  # "Epoch 2: 50/100": epoch 2.5
+    return step, epoch
+
+
 def is_metric(name: str) -> bool:
     """A metric-like name (its tokens hold a metric word and no setting's word)."""
     if name.lower() in _NOT_METRICS or len(name) > MAX_NAME:
@@ -116,31 +131,20 @@ class Extractor:
     # --- lines ----------------------------------------------------------------------------------------------
     def feed_line(self, raw: bytes) -> None:
         self.line += 1
-        if not (b"=" in raw or b":" in raw or b"|" in raw or b"step" in raw.lower()):
+        if not (b"=" in raw or b":" in raw):
             return
         text = raw[:MAX_LINE].decode("utf-8", "replace")
-        self._position(text)
-        for name, number in _KV.findall(text):
-            if name not in self.series and (len(self.series) >= MAX_SERIES or not is_metric(name)):
-                continue
-            value = float(number)
-            if math.isfinite(value):
-                self.series.setdefault(name, Series()).add(self.line, self.step, self.epoch, value)
-
-    def _position(self, text: str) -> None:
-        """The step and epoch this line says it is at (kept for the lines after it)."""
-        epoch = _EPOCH.search(text)
-        count = _COUNT.search(text)
-        step = _STEP.search(text)
-        if step is not None:
-            self.step = int(step.group(1))
-        elif count is not None and epoch is None:
-            self.step = int(count.group(1))
-        if epoch is not None:
-            value = float(epoch.group(1))
-            if count is not None and int(count.group(2)) > 0 and "." not in epoch.group(1):
-                value += int(count.group(1)) / int(count.group(2))  # "Epoch 2: 50/100": epoch 2.5
-            self.epoch = value
+        found = [(name, float(number)) for name, number in _KV.findall(text)]
+        found = [(n, v) for n, v in found if math.isfinite(v) and (n in self.series or is_metric(n))]
+        if not found:  # a line without metrics (another bar, a config dump) says nothing of the run's step
+            return
+        step, epoch = _position(text)
+        if step is None and epoch is None:  # "val_loss: 0.3" after "step 100 loss=...": at step 100
+            step, epoch = self.step, self.epoch
+        self.step, self.epoch = step, epoch
+        for name, value in found:
+            if name in self.series or len(self.series) < MAX_SERIES:
+                self.series.setdefault(name, Series()).add(self.line, step, epoch, value)
 
     def feed(self, data: bytes, final: bool) -> int:
         """Read the whole lines of ``data`` (all of it when ``final``); how many bytes were read."""
