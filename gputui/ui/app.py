@@ -86,7 +86,7 @@ APP_KEYS = [
     Binding("d", "doctor", "Doctor", show=False, tooltip="Check the host: driver, CUDA, torch, tmux, disk"),
     Binding("h", "history", "History", show=False, tooltip="Finished runs with their records and cost"),
     Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
-    Binding("c", "chart", "Chart", tooltip="The selected job's metrics as a chart (live while it runs)"),
+    Binding("c", "chart", "Chart", show=False, tooltip="The selected job's metrics as a chart (live while it runs)"),
     Binding("g", "gpu_chart", "GPU chart", show=False, tooltip="The selected host's GPU history as a chart"),
     Binding("slash", "search", "Search", tooltip="Search the log"),
     Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
