@@ -114,3 +114,41 @@ def test_series_names_are_literal_and_the_chart_fits_its_box() -> None:
     assert (
         "values <= 0 left out" in plot([Line("a", [(0, 0.0), (1, 1.0)], "red")], 80, 24, "", log_y=True).plain
     )
+
+
+def test_history_marks_two_to_eight_runs_and_compares_them(tmp_path: Path) -> None:
+    import asyncio
+
+    from gputui.ui.screens.compare import RunsScreen
+
+    runs = _runs(tmp_path)
+    nine = [dict(runs[i % 3].record, id=str(10 + i)) for i in range(9)]
+    asked: list[list[tuple[str, str]]] = []
+
+    async def records() -> list[dict[str, Any]]:
+        return nine
+
+    async def load(refs: list[tuple[str, str]]) -> list[Run]:
+        asked.append(refs)
+        return runs
+
+    async def main() -> None:
+        app = themed(tmp_path, "gputui-dark")
+        async with app.run_test(size=(100, 40)) as pilot:
+            await settle(pilot)
+            screen = RunsScreen(records, load, app.palette)
+            await app.push_screen(screen)
+            await settle(pilot, lambda: screen.records)
+            await pilot.press("space", "c")  # one run: not enough
+            await settle(pilot)
+            assert not asked and "mark 2 to 8" in str(screen.query_one("#runs-hint").render())
+            for _ in range(8):  # rows 1-7 marked, the ninth run (row 8) refused
+                await pilot.press("down", "space")
+            await settle(pilot)
+            assert len(screen.marked) == 8 and "at most 8" in str(screen.query_one("#runs-hint").render())
+            await pilot.press("up", "space", "c")  # unmark row 7: rows 0-6 compared
+            await settle(pilot, lambda: isinstance(app.screen, CompareChartScreen))
+            assert asked == [[("h100-a", str(10 + i)) for i in range(7)]]
+            assert isinstance(app.screen, CompareChartScreen) and len(app.screen.labels) == 3
+
+    asyncio.run(main())

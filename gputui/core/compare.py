@@ -191,13 +191,16 @@ async def _get_job(fleet: Fleetish, host: str, job: str) -> Job:
         raise RunNotFound(f"no job {job} on {host}; gputui jobs {host} lists its jobs") from None
 
 
-async def load_runs(fleet: Fleetish, config: Config, refs: Sequence[tuple[str, str]]) -> list[Run]:
-    """Each ``(host, job)``'s history record, job record and series, in the order given. Each host's session
-    is started once; an unknown host, an unreachable one or a job it lacks raises (the CLI's exit status)."""
+async def load_runs(
+    fleet: Fleetish, config: Config, refs: Sequence[tuple[str, str]], connect: bool = True
+) -> list[Run]:
+    """Each ``(host, job)``'s history record, job record and series, in the order given. With ``connect``
+    (the CLI) each host's session is started once first (the app's are kept connected); an unknown host, an
+    unreachable one or a job it lacks raises (the CLI's exit status)."""
     from .jobs import host_currency
     from .records import run_record
 
-    for host in dict.fromkeys(h for h, _ in refs):
+    for host in dict.fromkeys(h for h, _ in refs) if connect else ():
         config.host(host)  # an unknown host: its error, before any connect
         await fleet.session(host).start()
     jobs = [await _get_job(fleet, h, j) for h, j in refs]

@@ -87,6 +87,7 @@ APP_KEYS = [
     Binding("h", "history", "History", show=False, tooltip="Finished runs with their records and cost"),
     Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
     Binding("c", "chart", "Chart", show=False, tooltip="The selected job's metrics as a chart (live while it runs)"),
+    Binding("C", "compare_runs", "Compare runs", show=False, tooltip="Mark 2-8 finished runs and compare them"),
     Binding("g", "gpu_chart", "GPU chart", show=False, tooltip="The selected host's GPU history as a chart"),
     Binding("slash", "search", "Search", tooltip="Search the log"),
     Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
@@ -879,6 +880,21 @@ class GpuTuiApp(App[None]):
         snap = self.hosts.get(self.selected_host or "")
         if snap is not None:
             self.push_screen(GpuChartScreen(snap, self.palette))
+
+    def action_compare_runs(self) -> None:
+        from gputui.core.compare import load_runs
+        from gputui.core.jobs import collect_history
+
+        from .screens.compare import RunsScreen
+
+        async def records() -> list[dict[str, Any]]:
+            recs, _errors = await collect_history(self.source, self.config, self.host_order, connect=False)
+            return recs
+
+        async def runs(refs: list[tuple[str, str]]) -> Any:
+            return await load_runs(self.source, self.config, refs, connect=False)
+
+        self.push_screen(RunsScreen(records, runs, self.palette))
 
     def action_history(self) -> None:
         from .screens.reports import ReportScreen, history_table
