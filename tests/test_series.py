@@ -127,3 +127,36 @@ def test_the_real_agent_serves_a_running_jobs_series(agent: AgentProc) -> None:
     res = wait_for(three, what="three loss points")
     assert not res["done"] and res["series"]["loss"]["low"] == 1.0
     assert agent.call(P.OP_LOGS_SERIES, job="999")["error"]["code"] == "not_found"
+
+
+def test_the_jobs_runner_keeps_its_series_without_being_asked(agent: AgentProc) -> None:
+    code = "import time\nfor i in range(3): print(f'step {i} loss={3 - i}', flush=True)\ntime.sleep(300)"
+    job = agent.call(P.OP_JOBS_START, argv=[sys.executable, "-c", code])["result"]
+    kept = agent.state_dir / "jobs" / job["id"] / S.SERIES_NAME
+
+    def three() -> bool:
+        try:
+            return json.loads(kept.read_text())["series"]["loss"]["count"] == 3
+        except (OSError, ValueError, KeyError):
+            return False
+
+    wait_for(three, timeout=4 * S.KEEP_S, what="the runner's series.json")  # no logs.series was asked
+    agent.call(P.OP_JOBS_KILL, job=job["id"], grace_s=1)
+
+
+def test_while_another_reads_the_log_the_kept_series_are_served(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    d = _job(tmp_path, b"step 1 loss=2.0\n")
+    S.update(str(d), ended=False)
+    with (d / "output.log").open("ab") as f:
+        f.write(b"step 2 loss=1.0\n")
+    fd = os.open(d / ".series.lock", os.O_WRONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the runner is reading
+        ex, size = S.update(str(d), ended=True)
+        assert ex.series["loss"].count == 1 and not ex.done and ex.offset < size  # served as kept, not waited on
+    finally:
+        os.close(fd)
+    assert _wire(d).get("loss").count == 2  # type: ignore[union-attr]

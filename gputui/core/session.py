@@ -466,7 +466,7 @@ class HostSession:
         self._publish()
         return self._jobs[str(data["id"])]
 
-    async def job_series(self, job: str, max_reads: int = 64) -> JobSeries:
+    async def job_series(self, job: str, max_reads: int = 32) -> JobSeries:
         """The job's metric series as the host keeps them beside its log; the host reads a bounded stretch
         of a long log per request, so this asks again (``max_reads`` times at most) until it has read it all."""
         res: Any = None

@@ -9,9 +9,11 @@ replace that step's point. Once the job has ended and its log is read to the end
 the log is never read again. Stdlib only, Python 3.8.
 """
 
+import fcntl
 import math
 import os
 import re
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..fsutil import open_regular, read_json, write_json
@@ -20,7 +22,8 @@ SERIES_NAME = "series.json"
 VERSION = 1
 MAX_SERIES = 16  # metric names kept per job; later new names are ignored
 MAX_POINTS = 2000  # points kept per metric before downsampling
-READ_BYTES = 8 * 1024 * 1024  # log bytes read per call at most (the reply says how far it got)
+READ_BYTES = 4 * 1024 * 1024  # log bytes read per call at most (~0.4 s; the reply says how far it got)
+KEEP_S = 10.0  # the job's runner reads the new part of the log this often while the job runs
 MAX_LINE = 4096  # bytes of one line read for metrics (a longer line's head)
 MAX_NAME = 48
 
@@ -198,14 +201,32 @@ def _read(path: str, offset: int, size: int) -> bytes:
 
 def update(job_dir: str, ended: bool) -> Tuple[Extractor, int]:
     """Read the job's log on from where ``series.json`` stopped (READ_BYTES at most), keep the file, and
-    return (the extractor, the log's size). An ended job read to its end is ``done``: never read again."""
+    return (the extractor, the log's size). An ended job read to its end is ``done``: never read again.
+    One reader at a time (the job's runner, the agents): while another reads, the file is served as it is."""
+    fd = os.open(os.path.join(job_dir, ".series.lock"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another reader is at it: what it last kept, without waiting for it
+            ex = Extractor.load(os.path.join(job_dir, SERIES_NAME))
+            return ex, _size(os.path.join(job_dir, "output.log"))
+        return _update(job_dir, ended)
+    finally:
+        os.close(fd)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _update(job_dir: str, ended: bool) -> Tuple[Extractor, int]:
     path = os.path.join(job_dir, SERIES_NAME)
     ex = Extractor.load(path)
     log = os.path.join(job_dir, "output.log")
-    try:
-        size = os.stat(log).st_size
-    except OSError:
-        size = 0
+    size = _size(log)
     if ex.done:
         return ex, size
     if size < ex.offset:  # the log is not the one read before (truncated): read it again
@@ -230,3 +251,19 @@ def result(job_id: str, ex: Extractor, size: int) -> Dict[str, Any]:
         "done": ex.done,
         "lines": ex.line,
     }
+
+
+class SeriesKeeper(threading.Thread):
+    """In the job's runner: keeps ``series.json`` up with the log while the job runs (every KEEP_S), so a
+    long run's curves are there without anyone reading its whole log later."""
+
+    def __init__(self, job_dir: str) -> None:
+        super().__init__(name="series", daemon=True)
+        self.job_dir, self.stopped = job_dir, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(KEEP_S):
+            try:
+                update(self.job_dir, ended=False)
+            except (OSError, ValueError):  # a full disk, an unreadable log: the agent tries again on request
+                pass
