@@ -152,3 +152,27 @@ def test_history_marks_two_to_eight_runs_and_compares_them(tmp_path: Path) -> No
             assert isinstance(app.screen, CompareChartScreen) and len(app.screen.labels) == 3
 
     asyncio.run(main())
+
+
+def test_the_app_opens_each_chart_by_its_key(tmp_path: Path) -> None:
+    import asyncio
+
+    from gputui.ui.screens.chart import GpuChartScreen
+    from gputui.ui.screens.compare import RunsScreen
+
+    session = ChartSession(series_of(tmp_path, "7", TRAIN_LOG, ended=True))
+
+    async def main() -> None:
+        app = themed(tmp_path, "gputui-dark", session=session)
+        async with app.run_test(size=SMALL) as pilot:
+            await log_ready(pilot)
+            for key, screen in (("c", JobChartScreen), ("g", GpuChartScreen), ("C", RunsScreen)):
+                await pilot.press(key)
+                await settle(pilot, lambda s=screen: isinstance(app.screen, s))
+                if key == "c":  # an ended job's final series: asked for once, no live timer left
+                    await settle(pilot, lambda: app.screen.data is not None)
+                    assert app.screen.live is None
+                await pilot.press("escape")
+                await settle(pilot, lambda s=screen: not isinstance(app.screen, s))
+
+    asyncio.run(main())

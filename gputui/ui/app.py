@@ -877,9 +877,9 @@ class GpuTuiApp(App[None]):
     def action_gpu_chart(self) -> None:
         from .screens.chart import GpuChartScreen
 
-        snap = self.hosts.get(self.selected_host or "")
-        if snap is not None:
-            self.push_screen(GpuChartScreen(snap, self.palette))
+        host = self.selected_host
+        if host is not None and host in self.hosts:
+            self.push_screen(GpuChartScreen(host, lambda: self.hosts.get(host), self.palette))
 
     def action_compare_runs(self) -> None:
         from gputui.core.compare import load_runs

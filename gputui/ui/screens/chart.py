@@ -14,6 +14,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
+from textual.timer import Timer
 from textual.widgets import Static
 
 from gputui.core import model as M
@@ -25,6 +26,7 @@ from ..palette import Palette
 from ..widgets.chart import Chart, Line
 
 LIVE_S = 5.0  # a running job's series are asked for again this often
+GPU_LIVE_S = 2.0  # the GPU chart is drawn again this often
 ZOOMS: tuple[float | None, ...] = (None, 10_000, 1_000, 100)
 MAX_LINES = 8
 GROUPS = (("losses", "min"), ("scores", "max"), ("other", "last"))
@@ -116,11 +118,12 @@ class JobChartScreen(ChartScreen):
         self.job, self.load = job, load
         self.data: JobSeries | None = None
         self.error: str | None = None
+        self.live: Timer | None = None
 
     def on_mount(self) -> None:
         self.run_worker(self.reload(), exclusive=True)
         if self.job.running:
-            self.set_interval(LIVE_S, lambda: self.run_worker(self.reload(), exclusive=True))
+            self.live = self.set_interval(LIVE_S, lambda: self.run_worker(self.reload(), exclusive=True))
         self.redraw()
 
     async def reload(self) -> None:
@@ -128,6 +131,9 @@ class JobChartScreen(ChartScreen):
             self.data, self.error = await self.load(), None
         except Exception as exc:  # noqa: BLE001 - shown on the chart: an unreachable host, an old agent
             self.error = str(exc)
+        if self.data is not None and self.data.done and self.live is not None:
+            self.live.stop()  # the job ended and its series are final
+            self.live = None
         self.redraw()
 
     def groups(self) -> list[tuple[str, list[Series]]]:
@@ -157,16 +163,20 @@ class JobChartScreen(ChartScreen):
 class GpuChartScreen(ChartScreen):
     """A host's GPU history (the kept window), one line per GPU: utilisation, memory, temperature."""
 
-    def __init__(self, snap: M.HostSnapshot, palette: Palette) -> None:
-        super().__init__(f"GPU history: {snap.name}", palette)
-        self.snap = snap
+    def __init__(self, host: str, snap_of: Callable[[], M.HostSnapshot | None], palette: Palette) -> None:
+        super().__init__(f"GPU history: {host}", palette)
+        self.snap_of = snap_of
 
     def on_mount(self) -> None:
         self.redraw()
+        self.set_interval(GPU_LIVE_S, self.redraw)  # the host's newest readings, as the app gets them
 
     def lines(self) -> tuple[list[Line], str, str]:
         label, field, scale = GPU_QUANTITIES[self.group % len(GPU_QUANTITIES)]
-        hist = self.snap.history
+        snap = self.snap_of()
+        if snap is None:
+            return [], "", "the host is gone from the fleet"
+        hist = snap.history
         times = hist.times()
         if not times:
             return [], "", "no GPU readings kept yet"
