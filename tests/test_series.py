@@ -156,7 +156,21 @@ def test_while_another_reads_the_log_the_kept_series_are_served(tmp_path: Path) 
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # the runner is reading
         ex, size = S.update(str(d), ended=True)
-        assert ex.series["loss"].count == 1 and not ex.done and ex.offset < size  # served as kept, not waited on
+        assert (
+            ex.series["loss"].count == 1 and not ex.done and ex.offset < size
+        )  # served as kept, not waited on
     finally:
         os.close(fd)
     assert _wire(d).get("loss").count == 2  # type: ignore[union-attr]
+
+
+def test_redraws_of_a_step_neither_add_points_nor_skew_the_downsampling(tmp_path: Path) -> None:
+    n = 3 * S.MAX_POINTS
+    log = b"".join(
+        b"".join(b" 50%%|##| %d/%d [00:01, loss=%d.%d]\r" % (i, n, i, k) for k in range(4)) for i in range(n)
+    )
+    loss = _wire(_job(tmp_path, log + b"\n")).get("loss")
+    assert loss is not None and loss.count == 4 * n
+    xs = [int(x) for x, _ in loss.xy()]
+    assert len({b - a for a, b in zip(xs, xs[1:], strict=False)}) == 1  # evenly spaced steps
+    assert all(abs(y - (x + 0.3)) < 1e-9 for x, y in loss.xy())  # each step's last redraw

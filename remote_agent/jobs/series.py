@@ -73,10 +73,11 @@ def is_metric(name: str) -> bool:
 class Series:
     """One metric's bounded points, with its count, last, lowest and highest value."""
 
-    __slots__ = ("points", "stride", "seen", "count", "last", "low", "high")
+    __slots__ = ("points", "stride", "seen", "count", "last", "low", "high", "key")
 
     def __init__(self) -> None:
         self.points: List[List[Any]] = []
+        self.key: Optional[Tuple[Optional[int], Optional[float]]] = None  # the last point's (step, epoch)
         self.stride, self.seen, self.count = 1, 0, 0
         self.last = self.low = self.high = 0.0
 
@@ -86,10 +87,12 @@ class Series:
             (value, value) if not self.count else (min(self.low, value), max(self.high, value))
         )
         self.count += 1
-        tail = self.points[-1] if self.points else None
-        if tail is not None and step is not None and tail[1] == step and tail[2] == epoch:
-            tail[0], tail[3] = line, value  # a redraw of the same step
-            return
+        if step is not None and (step, epoch) == self.key:  # a redraw of the same step
+            tail = self.points[-1] if self.points else None
+            if tail is not None and tail[1] == step and tail[2] == epoch:
+                tail[0], tail[3] = line, value
+            return  # (a step that downsampling skipped stays skipped, redrawn or not)
+        self.key = (step, epoch)
         self.seen += 1
         if (self.seen - 1) % self.stride:
             return
@@ -115,6 +118,7 @@ class Series:
                     and isinstance(p[3], (int, float))):  # fmt: skip
                 raise ValueError("point")
         s.points = pts
+        s.key = (pts[-1][1], pts[-1][2]) if pts else None
         s.stride, s.seen, s.count = int(obj["stride"]), int(obj["seen"]), int(obj["count"])
         s.last, s.low, s.high = float(obj["last"]), float(obj["low"]), float(obj["high"])
         if s.stride < 1:
