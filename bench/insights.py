@@ -80,6 +80,31 @@ def make_log(
     return "".join(out).encode()
 
 
+def interleaved_log(target_bytes: int, seed: int = 0) -> bytes:
+    """A log whose kind of line changes every line: a tqdm redraw with a postfix, an HF Trainer dict line
+    (``logging_steps=1``), a Lightning bar, a plain line, over and over (as ranks or loggers interleave)."""
+    rnd = random.Random(seed)
+    out: list[str] = []
+    size, n, total = 0, 0, 10_000
+    while size < target_bytes:
+        n += 1
+        pct = 100 * n // total
+        bar = "█" * (pct // 10) + " " * (10 - pct // 10)
+        lines = (
+            f"\r{pct:3d}%|{bar}| {n}/{total} [01:{n % 60:02d}<02:{(total - n) % 60:02d},  7.{n % 10}1it/s, "
+            f"loss={rnd.uniform(0.05, 0.5):.4f}, lr=3e-05]",
+            f"\n{{'loss': {rnd.uniform(0.1, 1):.4f}, 'grad_norm': {rnd.uniform(0.5, 3):.3f}, "
+            f"'learning_rate': 4.5e-05, 'epoch': {n / 1000:.2f}}}\n",
+            f"\rEpoch {n // 1000}: {pct:3d}%|{bar}| {n % 1000}/1000 [00:{n % 60:02d}<00:30, 31.{n % 10}it/s, "
+            f"v_num=0, train_loss={rnd.uniform(0.05, 0.5):.3f}]",
+            f"\n[rank1]:[W{n % 10}01 12:00:00.000] ProcessGroupNCCL.cpp:1000: step {n} done on rank 1\n",
+        )
+        for line in lines:
+            out.append(line)
+            size += len(line)
+    return "".join(out).encode()
+
+
 def round1_parser() -> type | None:
     """LogInsights of the round-1 parser, loaded from git history (None without git or the commit)."""
     try:
@@ -333,6 +358,8 @@ def main() -> None:
     throughput("mixed log (tqdm redraws, HF dicts, warnings)", make_log(size), args.runs, old)
     throughput("step prints (bench/ui_tick.py's flood line)", step_log(size), args.runs, old)
     throughput("tqdm's own output (its format, fresh numbers)", tqdm_log(size // 2), args.runs, old)
+    throughput("interleaved (tqdm, HF dict, Lightning bar, plain: a new kind every line)",
+               interleaved_log(size // 2), args.runs, old)  # fmt: skip
     if args.parts:
         parts(size, args.runs)
     if args.hostile:

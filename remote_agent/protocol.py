@@ -76,6 +76,7 @@ OP_LOGS_FOLLOW = "logs.follow"
 OP_LOGS_UNFOLLOW = "logs.unfollow"
 OP_LOGS_TIMES = "logs.times"  # when the log's bytes were written (remote_agent/jobs/logclock.py)
 OP_LOGS_TAILS = "logs.tails"  # args: jobs, max_bytes; the last bytes of many logs with their times, paged
+OP_LOGS_SERIES = "logs.series"  # args: job; its metric series, kept beside its log (remote_agent/jobs/series.py)
 OP_METRICS_SUBSCRIBE = "metrics.subscribe"
 OP_METRICS_SAMPLE = "metrics.sample"
 OP_SHUTDOWN = "shutdown"
@@ -347,6 +348,7 @@ class JobRecord(TypedDict, total=False):
     git: Optional[Dict[str, Any]]  # {"commit", "branch", "dirty"}
     code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
     artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
+    env_keys: List[str]  # the names of the env the job was given (its values never travel: they may be secrets)
     gpu_inventory: List[GpuFact]
     price_per_hour: Optional[float]
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/jobs/usage.py)
@@ -453,6 +455,23 @@ class TimesResult(TypedDict):
 class TailsArgs(TypedDict, total=False):
     jobs: List[str]  # at most TAILS_JOBS
     max_bytes: int  # of each tail, at most TAIL_MAX_BYTES
+
+
+class SeriesData(TypedDict):
+    points: List[List[Optional[float]]]  # [[line, step or None, epoch or None, value], ...], bounded
+    count: int  # values seen (the points are a downsampled part of them)
+    last: float
+    low: float
+    high: float
+
+
+class SeriesResult(TypedDict):
+    job: str
+    series: Dict[str, SeriesData]  # by metric name (text from the log)
+    offset: int  # how far the log is read; below ``size``: ask again for the rest
+    size: int
+    done: bool  # the job ended and its whole log is read: the series are final
+    lines: int
 
 
 class _TailBase(TypedDict):
@@ -568,6 +587,7 @@ OPS: Dict[str, Op] = {
     OP_LOGS_UNFOLLOW: Op(JobArgs, None),
     OP_LOGS_TIMES: Op(TimesArgs, TimesResult),
     OP_LOGS_TAILS: Op(TailsArgs, TailsResult),
+    OP_LOGS_SERIES: Op(JobArgs, SeriesResult),
     OP_METRICS_SUBSCRIBE: Op(SubscribeArgs, SubscribeResult),
     OP_METRICS_SAMPLE: Op(IdleRule, MetricsSample),
     OP_WATCHDOG_CONFIGURE: Op(WatchdogConfigureArgs, WatchdogConfigureResult),

@@ -152,6 +152,7 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     result(P.OP_LOGS_READ, P.ReadResult, job=job["id"], tail_lines=1)
     result(P.OP_LOGS_TIMES, P.TimesResult, job=job["id"], start=0, end=100)
     result(P.OP_LOGS_TAILS, P.TailsResult, jobs=[job["id"], "999"], max_bytes=1000)
+    result(P.OP_LOGS_SERIES, P.SeriesResult, job=job["id"])
     result(P.OP_LOGS_FOLLOW, P.FollowResult, job=job["id"], offset=0)
     event(P.EV_LOG, P.LogData, job=job["id"])
     result(P.OP_METRICS_SAMPLE, P.MetricsSample, idle_util_percent=5.0, count_sessions=True)

@@ -15,6 +15,7 @@ from ..core import config as cfg
 from ..core import jsonout, safetext
 from ..core import model as M
 from ..core.artifacts import check_patterns
+from ..core.compare import load_series
 from ..core.errors import ExitStatus
 from ..core.jobs import MAX_QUEUE_DEPS, JobSpec, collect_history, collect_jobs, parse_env, start_job
 from ..core.session import MAX_KILL_GRACE_S, HostSession
@@ -112,7 +113,9 @@ def _queue_request(args: argparse.Namespace) -> dict[str, Any] | None:
 async def cmd_run(args: argparse.Namespace) -> int:
     argv = args.command
     if not argv:
-        raise CliError("nothing to run: give the command after --, e.g. gputui run local -- python train.py", USAGE)
+        raise CliError(
+            "nothing to run: give the command after --, e.g. gputui run local -- python train.py", USAGE
+        )
     queue = _queue_request(args)
     try:
         artifacts = check_patterns(args.artifacts)
@@ -147,7 +150,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         job = await start_job(s, config, spec)
         print(job.id)
         if job.state == M.JOB_QUEUED and job.queue_position is not None:
-            print(f"gputui: job {job.id} queued on {args.host} at position {job.queue_position}", file=sys.stderr)
+            print(
+                f"gputui: job {job.id} queued on {args.host} at position {job.queue_position}",
+                file=sys.stderr,
+            )
         return ExitStatus.OK
 
     return await with_session(args, args.host, body)
@@ -181,13 +187,20 @@ async def cmd_queue(args: argparse.Namespace) -> int:
         else:
             listing = await s.list_queue()
         jobs = [M.Job.from_wire(args.host, j) for j in listing["jobs"]]
-        resumed, more = listing.get("resumed_at"), int(listing.get("more") or 0)  # (an older agent: no "more")
+        resumed, more = (
+            listing.get("resumed_at"),
+            int(listing.get("more") or 0),
+        )  # (an older agent: no "more")
         if args.json:
             out = [{"position": j.queue_position, "id": j.id, "name": j.name, "command": list(j.command),
                     "gpus": queue_gpus(j), "after": (j.record.get("queue") or {}).get("after"),
                     "after_ok": (j.record.get("queue") or {}).get("after_ok"), "waits_for": j.queue_reason}
                    for j in jobs]  # fmt: skip
-            print(jsonout.dumps({"host": args.host, "jobs": out, "more": more, "resumed_after_reboot_at": resumed}))
+            print(
+                jsonout.dumps(
+                    {"host": args.host, "jobs": out, "more": more, "resumed_after_reboot_at": resumed}
+                )
+            )
             return ExitStatus.OK
         if resumed:
             when = datetime.datetime.fromtimestamp(resumed).strftime("%Y-%m-%d %H:%M")
@@ -200,20 +213,37 @@ async def cmd_queue(args: argparse.Namespace) -> int:
     return await with_session(args, args.host, body)
 
 
+def _series_flag(args: argparse.Namespace) -> None:
+    if args.series and not args.json:
+        raise CliError("--series goes with --json (the table has no room for curves)", USAGE)
+
+
 async def cmd_jobs(args: argparse.Namespace) -> int:
+    _series_flag(args)
     async with open_fleet(args) as fleet:
         jobs, errors = await collect_jobs(fleet, host_names(fleet.config, args.host))
+        series = await load_series(fleet, [(j.host, j.id) for j in jobs]) if args.series else {}
     status = hosts_status(errors)
     if args.json:
-        print(jsonout.dumps([j.to_json() for j in jobs]))
+        out = [j.to_json() for j in jobs]
+        if args.series:  # null where the host could not say
+            for j, item in zip(jobs, out, strict=True):
+                item["series"] = series[(j.host, j.id)].to_json() if (j.host, j.id) in series else None
+        print(jsonout.dumps(out))
     else:
         print_jobs(jobs)
     return status
 
 
 async def cmd_history(args: argparse.Namespace) -> int:
+    _series_flag(args)
     async with open_fleet(args) as fleet:
         records, errors = await collect_history(fleet, fleet.config, host_names(fleet.config, args.host))
+        if args.series:
+            series = await load_series(fleet, [(r["host"], r["id"]) for r in records])
+            for r in records:
+                got = series.get((r["host"], r["id"]))
+                r["series"] = got.to_json() if got is not None else None
     status = hosts_status(errors)
     if args.json:
         print(jsonout.dumps(records))
@@ -296,7 +326,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "with --queue a bare number N is a count: any N free GPUs")  # fmt: skip
     r.add_argument("--queue", action="store_true",
                    help="wait on the host until the GPUs are free (no other job, no foreign process, idle)")  # fmt: skip
-    r.add_argument("--after", action="extend", nargs="+", metavar="ID", help="queue: start after these jobs end")
+    r.add_argument(
+        "--after", action="extend", nargs="+", metavar="ID", help="queue: start after these jobs end"
+    )
     r.add_argument("--after-ok", action="extend", nargs="+", metavar="ID",
                    help="queue: start only after these jobs succeeded (else it never starts, and says why)")  # fmt: skip
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
@@ -305,8 +337,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
                    help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
-    sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")
-    sl.add_argument("--nodes", type=bounded(1, 100000, integer=True), metavar="N", help="nodes (sbatch --nodes)")
+    sl = r.add_argument_group('Slurm hosts (scheduler = "slurm"): --gpus is then the GPUs per node')
+    sl.add_argument(
+        "--nodes", type=bounded(1, 100000, integer=True), metavar="N", help="nodes (sbatch --nodes)"
+    )
     sl.add_argument("--partition", metavar="P", help="partition (sbatch --partition)")
     sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
     sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
@@ -318,18 +352,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     j = sub.add_parser("jobs", help="list jobs")
     j.add_argument("host", nargs="?")
     j.add_argument("--json", action="store_true")
+    j.add_argument(
+        "--series", action="store_true", help="with --json: each job's metric series (kept on the host)"
+    )
     j.set_defaults(func=cmd_jobs)
 
-    hi = sub.add_parser("history", help="finished runs with their records: git, GPUs, usage, cost, final metrics")
+    hi = sub.add_parser(
+        "history", help="finished runs with their records: git, GPUs, usage, cost, final metrics"
+    )
     hi.add_argument("host", nargs="?")
     hi.add_argument("--json", action="store_true")
+    hi.add_argument(
+        "--series", action="store_true", help="with --json: each run's metric series (kept on the host)"
+    )
     hi.set_defaults(func=cmd_history)
 
     lg = sub.add_parser("logs", help="print a job's output")
     lg.add_argument("host")
     lg.add_argument("job")
-    lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends; exit with its status")
-    lg.add_argument("--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines")
+    lg.add_argument(
+        "-f", "--follow", action="store_true", help="follow until the job ends; exit with its status"
+    )
+    lg.add_argument(
+        "--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
+    )
     lg.set_defaults(func=cmd_logs)
 
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
@@ -344,5 +390,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     qu.add_argument("host")
     qu.add_argument("--json", action="store_true")
     qu.add_argument("--move", metavar="ID", help="move this queued job ...")
-    qu.add_argument("--to", type=bounded(1, 1_000_000, integer=True), metavar="N", help="... to position N (1 = next)")
+    qu.add_argument(
+        "--to", type=bounded(1, 1_000_000, integer=True), metavar="N", help="... to position N (1 = next)"
+    )
     qu.set_defaults(func=cmd_queue)

@@ -13,7 +13,7 @@ from typing import Any
 from .. import __version__, appstart
 from ..core import safetext
 from ..core.errors import ExitStatus, GputuiError
-from . import files, fleet, hosts, jobs, release
+from . import compare, files, fleet, hosts, jobs, release
 
 CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
 #: Help of the arguments several commands share (a command's own help, where given, wins).
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--version", action="version", version=f"gputui {__version__}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    for family in (jobs, fleet, release, files, hosts):
+    for family in (jobs, fleet, release, files, hosts, compare):
         family.register(sub)
     for name, parser in sub.choices.items():
         _document(parser, next(a.help for a in sub._choices_actions if a.dest == name))

@@ -131,7 +131,7 @@ class MetricsSample:
 
 
 #: Optional parts of a host's job record that a Job keeps as they came.
-_KEPT_IF_SET = ("error", "log_error", "code", "queue", "artifacts", "slurm")
+_KEPT_IF_SET = ("error", "log_error", "code", "queue", "artifacts", "slurm", "env_keys")
 
 
 def _slurm_reason(d: P.JobRecord) -> str | None:

@@ -16,6 +16,7 @@ from remote_agent import protocol as P
 from . import model as M
 from .link import AgentError, ByteReader, Link, LinkClosed, RequestTimeout
 from .metrics_history import MetricsHistory, MetricsRing
+from .series import JobSeries
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
 log = logging.getLogger(__name__)
@@ -464,6 +465,18 @@ class HostSession:
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]
+
+    async def job_series(self, job: str, max_reads: int = 32) -> JobSeries:
+        """The job's metric series as the host keeps them beside its log; the host reads a bounded stretch
+        of a long log per request, so this asks again (``max_reads`` times at most) until it has read it all."""
+        res: Any = None
+        for _ in range(max(1, max_reads)):
+            res = await self.request(P.OP_LOGS_SERIES, job=job)
+            if not isinstance(res, dict) or not isinstance(res.get("offset"), int) or res.get("done") is True:
+                break
+            if not isinstance(res.get("size"), int) or res["offset"] >= res["size"]:
+                break
+        return JobSeries.from_wire(self.name, job, res)
 
     async def list_queue(self) -> P.QueueListResult:
         """The host's queued jobs in order, each with its position and what it waits for."""

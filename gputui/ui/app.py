@@ -86,6 +86,9 @@ APP_KEYS = [
     Binding("d", "doctor", "Doctor", show=False, tooltip="Check the host: driver, CUDA, torch, tmux, disk"),
     Binding("h", "history", "History", show=False, tooltip="Finished runs with their records and cost"),
     Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
+    Binding("c", "chart", "Chart", show=False, tooltip="The selected job's metrics as a chart (live while it runs)"),
+    Binding("C", "compare_runs", "Compare runs", show=False, tooltip="Mark 2-8 finished runs and compare them"),
+    Binding("g", "gpu_chart", "GPU chart", show=False, tooltip="The selected host's GPU history as a chart"),
     Binding("slash", "search", "Search", tooltip="Search the log"),
     Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="Every key"),
@@ -860,6 +863,38 @@ class GpuTuiApp(App[None]):
             return doctor_table(await run_doctor(self.source.session(host)))
 
         self.push_screen(ReportScreen(f"Doctor: {host}", load))
+
+    def action_chart(self) -> None:
+        from .screens.chart import JobChartScreen
+
+        job = self.current_job()
+        if job is None:
+            self.notify("No job selected: pick one in the jobs table", severity="warning")
+            return
+        session = self.source.session(job.host)
+        self.push_screen(JobChartScreen(job, lambda: session.job_series(job.id), self.palette))
+
+    def action_gpu_chart(self) -> None:
+        from .screens.chart import GpuChartScreen
+
+        host = self.selected_host
+        if host is not None and host in self.hosts:
+            self.push_screen(GpuChartScreen(host, lambda: self.hosts.get(host), self.palette))
+
+    def action_compare_runs(self) -> None:
+        from gputui.core.compare import load_runs
+        from gputui.core.jobs import collect_history
+
+        from .screens.compare import RunsScreen
+
+        async def records() -> list[dict[str, Any]]:
+            recs, _errors = await collect_history(self.source, self.config, self.host_order, connect=False)
+            return recs
+
+        async def runs(refs: list[tuple[str, str]]) -> Any:
+            return await load_runs(self.source, self.config, refs, connect=False)
+
+        self.push_screen(RunsScreen(records, runs, self.palette))
 
     def action_history(self) -> None:
         from .screens.reports import ReportScreen, history_table

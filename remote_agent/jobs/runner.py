@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 from ..fsutil import user_umask, write_json
 from .logclock import TIMES_NAME, LogClock
+from .series import SeriesKeeper
 from .usage import UsageRecorder
 
 READ_SIZE = 65536
@@ -129,6 +130,8 @@ def run(job_dir: str) -> int:
     )
     usage = UsageRecorder(job_dir, pid, job.get("gpus"), job.get("nvidia_smi") or "nvidia-smi")
     usage.start()
+    series = SeriesKeeper(job_dir)  # the job's metric series, kept beside its log as it grows
+    series.start()
 
     # Signals aimed at the runner go to the job instead, so the runner survives to write the status.
     def forward(signum: int, _frame: object) -> None:
@@ -209,7 +212,9 @@ def run(job_dir: str) -> int:
     log.close()
     log_clock.close()
     usage.stopped.set()
+    series.stopped.set()
     usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
+    series.join(timeout=5.0)  # never writes once the job has ended (the agent finishes the series then)
     try:
         os.unlink(reserve)  # frees room for status.json on a full disk
     except OSError:

@@ -262,6 +262,7 @@ class JobStore:
             "cwd": cwd,
             "gpus": gpus,
             "env": env,
+            "env_keys": sorted(env)[:100],  # the names only travel (gputui compare); values may be secrets
             "created_at": time.time(),
             "tmux_session": self.session_name(job_id),
             "tmux_socket": self.socket,

@@ -1,9 +1,10 @@
-"""Log ops: logs.read, logs.follow, logs.unfollow, logs.times, logs.tails."""
+"""Log ops: logs.read, logs.follow, logs.unfollow, logs.times, logs.tails, logs.series."""
 
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .. import protocol as P
+from ..jobs import series as S
 from ..jobs.logclock import TIMES_NAME, read_times
 from ..jobs.logs import Follow, read_chunk, tail_offset
 from ..jobs.store import JobError
@@ -55,6 +56,16 @@ def tails(agent: "Agent", a: P.TailsArgs) -> P.TailsResult:
     return {"tails": found}
 
 
+def series(agent: "Agent", a: P.JobArgs) -> P.SeriesResult:
+    """The job's metric series: its log read on from where the last call stopped (a bounded stretch per call),
+    kept in the job dir; an ended job's, once read to the end, come from that file alone."""
+    job_id = str(a.get("job"))
+    job_dir = agent.jobs.job_dir(job_id)
+    ended = agent.jobs.describe(job_id)["state"] in P.JOB_ENDED_STATES
+    ex, size = S.update(job_dir, ended)
+    return S.result(job_id, ex, size)  # type: ignore[return-value]
+
+
 def _ended(agent: "Agent", job_id: str) -> Optional[Dict[str, Any]]:
     job = agent.jobs.describe(job_id)
     if job["state"] not in P.JOB_ENDED_STATES:
@@ -82,5 +93,5 @@ def unfollow(agent: "Agent", a: P.JobArgs) -> None:
 
 HANDLERS = {
     P.OP_LOGS_READ: read, P.OP_LOGS_FOLLOW: follow, P.OP_LOGS_UNFOLLOW: unfollow, P.OP_LOGS_TIMES: times,
-    P.OP_LOGS_TAILS: tails,
+    P.OP_LOGS_TAILS: tails, P.OP_LOGS_SERIES: series,
 }  # fmt: skip
