@@ -68,7 +68,7 @@ ReleaseCall = Callable[
 
 APP_KEYS = [
     Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
-    Binding("plus", "add_host", "Add host", key_display="+", tooltip="Add an SSH host: connect, trust, check, save"),
+    Binding("plus", "add_host", "Add host", key_display="+", show=False, tooltip="Add an SSH host: connect, trust, check, save"),
     Binding("k", "kill_job", "Kill", tooltip="Kill the selected job (asks first)"),
     Binding(
         "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
@@ -717,6 +717,21 @@ class GpuTuiApp(App[None]):
             self.notify("no hosts: add a [hosts.NAME] table to the config", timeout=NOTIFY_S)
             return True
         return False
+
+    def action_add_host(self) -> None:
+        """The ``+`` dialog; the host saved joins the fleet at once (the config watcher then sees no change)."""
+        from .screens.add_host import AddHostScreen
+
+        path = self.config.path or cfg.resolve_path(None)[0]
+        assert path is not None
+
+        def saved(config: cfg.Config | None) -> None:
+            if config is not None:
+                if self._watch is None and config.path is not None:
+                    self._watch = ConfigWatch(config.path)
+                self.run_worker(self.use_config(config), group="config")
+
+        self.push_screen(AddHostScreen(path), saved)
 
     def action_new_job(self) -> None:
         if self._no_host():
