@@ -167,3 +167,37 @@ def test_completion_of_job_ids_through_bash(home: Home, tmp_path: Path) -> None:
           'printf "%s\\n" "${COMPREPLY[@]}"'  # fmt: skip
     res = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
     assert job in res.stdout.split(), res.stderr
+
+
+# --- --json and NO_COLOR ---------------------------------------------------------------------------------------------
+TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue"}  # each command that prints a table
+NOT_TABLES = {"run", "logs", "kill", "trust", "sync", "pull", "forward", "release", "autostop", "notify", "add",
+              "remove"}  # fmt: skip
+
+
+def test_every_command_that_prints_a_table_takes_json() -> None:
+    from gputui.cli.main import _subparsers, build_parser
+
+    commands = _subparsers(build_parser())
+    assert set(commands) == TABLES | NOT_TABLES  # a new command must be sorted into one of the two
+    missing = [c for c in sorted(TABLES) if "--json" not in commands[c]._option_string_actions]
+    assert not missing, f"tables without --json: {missing}"
+
+
+def test_json_output_parses_and_holds_no_colour(home: Home) -> None:
+    import json
+
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    for argv in (["hosts", "--json"], ["cost", "--json"]):
+        res = home.cli(*argv, check=True)
+        assert isinstance(json.loads(res.stdout), dict) and "\x1b" not in res.stdout
+
+
+async def test_no_color_turns_the_app_colourless(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from gputui.core import config as cfg
+    from gputui.ui.app import GpuTuiApp
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = GpuTuiApp(cfg.Config(path=None, hosts={}), state_path=tmp_path / "ui.json")
+    async with app.run_test(size=(100, 30)):
+        assert app.no_color and any(type(f).__name__ in ("NoColor", "Monochrome") for f in app._filters)
