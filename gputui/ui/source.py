@@ -108,6 +108,7 @@ class ConfigWatch:
         self.path = path
         self._stat: tuple[int, int] | None = None
         self._digest: bytes | None = None
+        self._unreadable: str | None = None
 
     def _read(self) -> tuple[tuple[int, int], bytes] | None:
         try:
@@ -119,11 +120,18 @@ class ConfigWatch:
                 data = f.read(CONFIG_MAX_BYTES + 1)
         except FileNotFoundError:
             sig, data = (0, -1), b""
+        except OSError as exc:  # unreadable now (permissions, a dir): said, and looked at again next time
+            raise ConfigError(f"{self.path}: cannot read config: {exc.strerror or exc}") from None
         return sig, data
 
     def poll(self) -> Config | Exception | None:
         """What changed since the last poll (the first poll only takes note of the file)."""
-        read = self._read()
+        try:
+            read = self._read()
+        except ConfigError as exc:
+            said, self._unreadable = self._unreadable, str(exc)
+            return exc if said != str(exc) else None  # said once, not every poll
+        self._unreadable = None
         if read is None:
             return None
         sig, data = read

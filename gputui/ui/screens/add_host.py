@@ -23,7 +23,6 @@ from textual.widgets import Button, Label, Static
 
 from gputui.core import config as cfg
 from gputui.core import safetext
-from gputui.core.errors import GputuiError
 
 from ..widgets.plain_input import PlainInput
 
@@ -192,7 +191,6 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
         self._buttons(True, False, False)
 
     async def _fetch_key(self) -> None:
-        from gputui.core import hostedit as H
         from gputui.core import trust as T
 
         name = self.query_one("#name", PlainInput).value.strip()
@@ -201,7 +199,7 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
             p = await plan(self.path, name, self.query_one("#dest", PlainInput).value,
                            self.query_one("#price", PlainInput).value)  # fmt: skip
             p.check = await T.check_host_key(p.config, name)
-        except (GputuiError, H.EditError, H.DestinationError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure is said in the dialog, never a crash
             self._failed(exc)
             return
         self.plan = p
@@ -222,7 +220,7 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
         try:
             for line in await doctor_lines(self.plan):
                 self.say(line)
-        except (GputuiError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001
             self._failed(exc)
             return
         self.say(f"Save writes [hosts.{self.plan.name}] to {self.plan.file.path}.")
@@ -230,12 +228,11 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
         self.query_one("#save", Button).focus()
 
     async def _save(self) -> None:
-        from gputui.core import hostedit as H
 
         assert self.plan is not None
         try:
             await save(self.plan)
-        except (GputuiError, H.EditError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001
             self._failed(exc)
             return
         self.dismiss(self.plan.config)
