@@ -12,6 +12,7 @@ from textual.widgets import Button
 
 from gputui.core import config as cfg
 from gputui.core import model as M
+from gputui.core.jobs import JobSpec
 from gputui.ui import app as app_module
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.screens.add_host import AddHostScreen
@@ -69,6 +70,11 @@ async def test_plus_adds_a_host_that_joins_the_fleet(ssh_home: SshHome, setup: t
         assert text.startswith(before) and "[hosts.gpu1]" in text and "price_per_hour = 2.5" in text
         assert known.read_text() == ssh_home.sshd.host_key_line()
         assert app.config.hosts["gpu1"].price_per_hour == 2.5
+
+        # a job runs on the new host, through the app's own path
+        await app._start_job(JobSpec(host="gpu1", argv=["echo", "hi"]))
+        await until(pilot, lambda: any(j.command and not j.running and j.exit_code == 0
+                                       for j in app.hosts["gpu1"].jobs), what="the job ran")  # fmt: skip
 
 
 async def test_cancel_at_the_key_writes_nothing(ssh_home: SshHome, setup: tuple[Path, str]) -> None:
