@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -119,22 +120,43 @@ async def ask_async(question: str) -> bool:
 
 
 def progress_printer() -> Callable[[str, int, int], None] | None:
-    """A progress line on stderr when it is a terminal (redrawn at most ten times a second); else None."""
+    """A Rich progress bar per file on stderr when it is a terminal (rate, ETA; redrawn at most ten times a
+    second; a finished file leaves one line); else None. File names are a host's data: escaped, never markup."""
     if not sys.stderr.isatty():
         return None
-    raw = getattr(sys.stderr, "stream", sys.stderr)  # past the terminal guard: our own control sequences only
+    from rich import progress as rp
+    from rich.console import Console
+
+    raw = getattr(sys.stderr, "stream", sys.stderr)  # past the terminal guard: Rich's own sequences only
+    console = Console(file=raw, force_terminal=True, no_color=bool(os.environ.get("NO_COLOR")) or None)
+    bar = rp.Progress(
+        rp.TextColumn("{task.description}", markup=False), rp.BarColumn(), rp.DownloadColumn(),
+        rp.TransferSpeedColumn(), rp.TimeRemainingColumn(), console=console, auto_refresh=False, transient=True,
+    )  # fmt: skip
+    tasks: dict[str, rp.TaskID] = {}
     last = [0.0]
 
     def show(name: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - last[0] < 0.1 and done < total:
+        task = tasks.get(name)
+        if task is None:
+            if not tasks:
+                bar.start()
+            task = tasks[name] = bar.add_task(safetext.clean(name)[-40:], total=total or None)
+        bar.update(task, completed=done, total=total or None)
+        if done >= total:
+            finished = bar.tasks[bar.task_ids.index(task)]
+            rate = finished.finished_speed or finished.speed
+            said = f" at {rate / 1e6:,.1f} MB/s" if rate else ""
+            bar.remove_task(task)
+            del tasks[name]
+            console.print(f"{finished.description}  {total / 1e6:,.1f} MB{said}", markup=False, highlight=False)
+            if not tasks:
+                bar.stop()
             return
-        last[0] = now
-        pct = 100.0 * done / total if total else 100.0
-        shown = safetext.clean(name)[-40:]  # a host's file name is data: cleaned
-        end = "\n" if done >= total else ""
-        raw.write(f"\r\x1b[K{shown}  {done / 1e6:,.1f}/{total / 1e6:,.1f} MB  {pct:5.1f}%{end}")
-        raw.flush()
+        now = time.monotonic()
+        if now - last[0] >= 0.1:
+            last[0] = now
+            bar.refresh()
 
     return show
 

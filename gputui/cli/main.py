@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import re
 import select
 import sys
 from typing import Any
@@ -33,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--version", action="version", version=f"gputui {__version__}")
+    p.add_argument("--completion", choices=sorted(COMPLETION_SCRIPTS), metavar="SHELL",
+                   help='print the shell completion script (bash, zsh): eval "$(gputui --completion bash)"')  # fmt: skip
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     for family in (jobs, fleet, release, files, hosts, compare):
         family.register(sub)
@@ -84,6 +87,10 @@ def _stdout_closed() -> bool:
 def _parse(argv: list[str]) -> argparse.Namespace:
     """The command line as a namespace; the job's argv after ``--`` is never looked at by argparse."""
     command: list[str] | None = None
+    if argv[:1] == [COMPLETE]:
+        with contextlib.suppress(Exception):  # a completion never prints a traceback into the shell
+            print("\n".join(complete(argv[1:])))
+        sys.exit(ExitStatus.OK)
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
@@ -97,6 +104,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         if args.cmd not in ("run", "add"):
             parser.error("'--' is only used with: gputui run HOST -- CMD [ARG ...], gputui add NAME -- ssh ...")
         args.command = command
+    if getattr(args, "completion", None):
+        print(COMPLETION_SCRIPTS[args.completion], end="")
+        sys.exit(ExitStatus.OK)
     if args.cmd is None:
         if sys.stdin.isatty() and sys.stdout.isatty():
             sys.exit(appstart.run_app(args.config))
@@ -117,3 +127,85 @@ def _main(argv: list[str] | None = None) -> None:
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
     sys.exit(int(code))
+
+
+# --- shell completion -----------------------------------------------------------------------------------------
+COMPLETE = "__complete"  # gputui __complete WORD... : the candidates for the last word, one a line
+JOB_LIST_TIMEOUT_S = 5.0
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")  # what a completion may print (a host's text is data)
+COMPLETION_SCRIPTS = {
+    "bash": '_gputui() { local IFS=$\'\\n\'; COMPREPLY=($(command gputui __complete '
+            '"${COMP_WORDS[@]:1:$COMP_CWORD}" 2>/dev/null)); }\ncomplete -o default -F _gputui gputui\n',
+    "zsh": "autoload -U +X bashcompinit && bashcompinit\n",
+}  # fmt: skip
+COMPLETION_SCRIPTS["zsh"] += COMPLETION_SCRIPTS["bash"]
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def _takes_value(parser: argparse.ArgumentParser, word: str) -> bool:
+    action = parser._option_string_actions.get(word)
+    return action is not None and action.nargs != 0
+
+
+def complete(words: list[str]) -> list[str]:
+    """The candidates for the last of ``words`` (the command line after ``gputui``, the last word partial)."""
+    parser = build_parser()
+    *before, prefix = words or [""]
+    commands = _subparsers(parser)
+    config = next((before[i + 1] for i, w in enumerate(before[:-1]) if w == "--config"), None)
+    cmd = next((w for i, w in enumerate(before) if w in commands and (i == 0 or before[i - 1] != "--config")),
+               None)  # fmt: skip
+    if cmd is None:
+        pool = [*parser._option_string_actions] if prefix.startswith("-") else [*commands]
+        return sorted(w for w in pool if w.startswith(prefix))
+    sp = commands[cmd]
+    after = before[before.index(cmd) + 1 :]
+    if prefix.startswith("-"):
+        return sorted(w for w in sp._option_string_actions if w.startswith(prefix))
+    if after and _takes_value(sp, after[-1]):
+        return []  # an option's value: the shell's own (files)
+    given = [w for i, w in enumerate(after) if not w.startswith("-") and not (i and _takes_value(sp, after[i - 1]))]
+    positionals = [a for a in sp._actions if not a.option_strings]
+    if len(given) >= len(positionals):
+        return []
+    dest = positionals[len(given)].dest
+    if dest in ("host", "name") and cmd != "add":
+        found = _hosts(config)
+    elif dest == "job" and given:
+        found = _job_ids(config, given[0])
+    else:
+        return []
+    return sorted(w for w in found if w.startswith(prefix) and _PLAIN.match(w))
+
+
+def _hosts(config: str | None) -> list[str]:
+    from ..core import config as cfg
+
+    try:
+        return list(cfg.load(config).hosts)
+    except GputuiError:
+        return []
+
+
+def _job_ids(config: str | None, host: str) -> list[str]:
+    """The host's job ids, asked of it (bounded); none when it cannot answer in time."""
+    from ..core import config as cfg
+    from ..core.fleet import Fleet
+
+    async def ask() -> list[str]:
+        fleet = Fleet(cfg.load(config))
+        try:
+            session = fleet.session(host)
+            await session.start()
+            return [j.id for j in await session.list_jobs()]
+        finally:
+            await fleet.close()
+
+    try:
+        return asyncio.run(asyncio.wait_for(ask(), JOB_LIST_TIMEOUT_S))
+    except (GputuiError, OSError, asyncio.TimeoutError):
+        return []

@@ -16,7 +16,7 @@ import shlex
 import socket
 import weakref
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
@@ -66,6 +66,27 @@ def sh(script: str) -> str:
 def _kind_of(detail: str) -> str:
     """A deploy failure's kind: ``disk_full`` when the host's disk is (the user frees space), else ``deploy``."""
     return "disk_full" if "No space left on device" in detail or "Errno 28" in detail else "deploy"
+
+
+RUNPOD_PROXY = "ssh.runpod.io"
+
+
+def is_runpod_proxy(host: str) -> bool:
+    """Whether ``host`` is RunPod's basic SSH proxy (it opens interactive shells only: no commands)."""
+    host = host.lower().rstrip(".")
+    return host == RUNPOD_PROXY or host.endswith("." + RUNPOD_PROXY)
+
+
+def no_exec_message(name: str, host: str, reason: str) -> str:
+    """The error for an SSH server that runs no commands (no exec channel), with the fix."""
+    said = (f"{name}: {host} did not run a command over SSH ({reason}); gputui needs what `ssh HOST CMD` "
+            "uses (an exec channel).")  # fmt: skip
+    if is_runpod_proxy(host):
+        return (f"{said} {RUNPOD_PROXY} is RunPod's basic SSH proxy, which allows interactive shells only: use "
+                "the pod's exposed TCP port instead (RunPod: Connect → SSH over exposed TCP, e.g. "
+                "`gputui add NAME root@IP -p PORT -i KEY`)")  # fmt: skip
+    return (f"{said} A proxy or jump service that allows interactive shells only cannot be used: connect to "
+            "the host's own sshd (for RunPod: the pod's exposed TCP port, not ssh.runpod.io)")
 
 
 def shell_path(path: str) -> str:
@@ -149,6 +170,7 @@ class SSHTransport(Transport):
         self.idle_timeout = idle_timeout
         self._conn: asyncssh.SSHClientConnection | None = None
         self._agent: RemoteAgent | None = None
+        self._target: Target | None = None
         self._warned_unverified = False
 
     # --- config -----------------------------------------------------------------------------------------------
@@ -237,6 +259,10 @@ class SSHTransport(Transport):
             return self._conn
         self._conn = None
         target, kw = await self.resolve()
+        self._target = target
+        if is_runpod_proxy(target.host):  # it runs no commands: say so now instead of failing later
+            raise HostError(no_exec_message(self.cfg.name, target.host, "it offers interactive shells only"),
+                            "no_exec")  # fmt: skip
         client = _Client()
         if self.cfg.verify_host_key:
             known: Any = kh.load(target.known_hosts)
@@ -307,10 +333,9 @@ class SSHTransport(Transport):
         )
 
     async def _run(self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None) -> _Ran:
+        proc = await self._exec(conn, script)
         try:
-            res = await asyncio.wait_for(
-                conn.run(sh(script), input=data, encoding=None, check=False), COMMAND_TIMEOUT_S
-            )
+            out, err = await asyncio.wait_for(proc.communicate(data), COMMAND_TIMEOUT_S)
         except asyncio.TimeoutError:  # before OSError: on Python >= 3.11 it is one
             conn.abort()
             raise HostUnavailable(
@@ -321,9 +346,30 @@ class SSHTransport(Transport):
             raise HostUnavailable(
                 f"link lost while preparing the agent: {exc or type(exc).__name__}"
             ) from None
-        if res.exit_status is None:  # the connection died under the command
+        if proc.exit_status is None:  # the connection died under the command
             raise HostUnavailable("link lost while preparing the agent")
-        return _Ran(res.exit_status, cast(bytes, res.stdout or b""), cast(bytes, res.stderr or b""))
+        return _Ran(proc.exit_status, out or b"", err or b"")
+
+    async def _exec(self, conn: asyncssh.SSHClientConnection, script: str) -> asyncssh.SSHClientProcess[bytes]:
+        """A command's channel, open within connect_timeout; a server that runs no commands says the fix."""
+        try:
+            return await asyncio.wait_for(
+                conn.create_process(sh(script), encoding=None), self.cfg.connect_timeout
+            )
+        except asyncio.TimeoutError:
+            conn.abort()
+            raise HostError(no_exec_message(self.cfg.name, self._target_host(), "no answer to the request "
+                                            f"within {self.cfg.connect_timeout:g} s"), "no_exec") from None  # fmt: skip
+        except asyncssh.ChannelOpenError as exc:
+            raise HostError(no_exec_message(self.cfg.name, self._target_host(), exc.reason), "no_exec") from None
+        except (OSError, asyncssh.Error) as exc:
+            conn.abort()
+            raise HostUnavailable(
+                f"link lost while preparing the agent: {exc or type(exc).__name__}"
+            ) from None
+
+    def _target_host(self) -> str:
+        return self._target.host if self._target is not None else self.cfg.address
 
     # --- deploy -----------------------------------------------------------------------------------------------
     async def _probe(self, conn: asyncssh.SSHClientConnection, name: str) -> dict[str, str]:
@@ -355,6 +401,8 @@ class SSHTransport(Transport):
         body, finished, _ = rest.partition(end)
         if not (found and finished):
             detail = (res.stderr.decode("utf-8", "replace").strip() or out.strip() or "no output")[-500:]
+            if "pty" in detail.lower():  # a proxy that wants an interactive terminal (RunPod's basic one)
+                raise HostError(no_exec_message(self.cfg.name, self._target_host(), detail), "no_exec")
             raise HostError(
                 f"the setup check on {self.cfg.name} did not run to its end (exit status {res.exit_status}): "
                 f"{detail}. Does the login shell start (a .bashrc that exits or fails)?",

@@ -37,7 +37,7 @@ from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
 from .logstream import LogStream
 from .palette import Palette
-from .source import FleetSource, SourceFactory, fleet_factory
+from .source import CONFIG_POLL_S, ConfigWatch, FleetSource, Reconfigurable, SourceFactory, fleet_factory
 from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
 from .widgets.log import LOG_KEYS, LogPane, LogView
@@ -68,6 +68,7 @@ ReleaseCall = Callable[
 
 APP_KEYS = [
     Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
+    Binding("plus", "add_host", "Add host", key_display="+", show=False, tooltip="Add an SSH host: connect, trust, check, save"),
     Binding("k", "kill_job", "Kill", tooltip="Kill the selected job (asks first)"),
     Binding(
         "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
@@ -205,6 +206,8 @@ class GpuTuiApp(App[None]):
         self._ui_state = T.UiState.load(self._state_path)
         self._theme_errors = self._load_themes(theme_dirs)
         self._forwards: Forwards | None = None
+        self._watch = ConfigWatch(self.config.path) if self.config.path is not None else None
+        self._polling = False
 
     @property
     def forwards(self) -> Forwards:
@@ -296,6 +299,9 @@ class GpuTuiApp(App[None]):
         # The links start once the first frame is out: building and spawning the local agent takes ~20 ms here,
         # and its start-up shares the CPU with the first frame.
         self.call_after_refresh(self.source.run_in_background)
+        if self._watch is not None and isinstance(self.source, Reconfigurable):
+            self._poll_soon()
+            self.set_interval(CONFIG_POLL_S, self._poll_soon, name="config")
 
     def on_ready(self) -> None:
         """The first frame is out. When the launch paused garbage collection for the start-up
@@ -310,6 +316,60 @@ class GpuTuiApp(App[None]):
         if self._forwards is not None:
             await self._forwards.close()
         await self.source.close()
+
+    # --- the config, edited while the app runs -----------------------------------------------------------------
+    def _poll_soon(self) -> None:
+        """A look at the config unless one is under way (never cancelled halfway: a change is never lost)."""
+        if not self._polling:
+            self._polling = True
+            self.run_worker(self._poll_config(), group="config")
+
+    async def _poll_config(self) -> None:
+        """Look at the config file (in a thread); a change that parses is applied, a broken one is shown."""
+        assert self._watch is not None
+        try:
+            await self._apply_config_change(await asyncio.to_thread(self._watch.poll))
+        finally:
+            self._polling = False
+
+    async def _apply_config_change(self, found: cfg.Config | Exception | None) -> None:
+        if found is None or self._shutting_down:
+            return
+        if isinstance(found, Exception):
+            self.notify(f"config not reloaded: {found}", title="config", severity="error", timeout=2 * NOTIFY_S)
+            return
+        await self.use_config(found)
+
+    async def use_config(self, config: cfg.Config) -> None:
+        """Follow a new config: its hosts join the fleet, hosts no longer in it leave (nothing on them is
+        touched: only the link closes)."""
+        if not isinstance(self.source, Reconfigurable):
+            return
+        added, removed = await self.source.reconfigure(config)
+        self.config = config
+        for name in removed:
+            self.hosts.pop(name, None)
+            self._pending.pop(name, None)
+            self._rows.pop(name, None)
+            if name not in config.hosts and name in self.host_order:
+                self.host_order.remove(name)
+            if self.stream is not None and self.stream.job.host == name:
+                self._close_log()
+        fresh = {s.name: s for s in self.source.snapshots() if s.name in added}
+        for name in added:
+            if name in fresh:
+                self.hosts[name] = fresh[name]
+                if name not in self.host_order:
+                    self.host_order.append(name)
+        if self.selected_host not in self.hosts:
+            self.selected_host, self.selected_job = (self.host_order[0] if self.host_order else None), None
+        self._render_all()
+        self._refresh_keys()
+        said = [f"added {', '.join(n for n in added if n not in removed)}" if set(added) - set(removed) else "",
+                f"removed {', '.join(n for n in removed if n not in added)}" if set(removed) - set(added) else "",
+                f"reconnecting {', '.join(n for n in added if n in removed)}" if set(added) & set(removed) else ""]
+        if any(said):
+            self.notify("config reloaded: " + "; ".join(x for x in said if x), title="config", timeout=NOTIFY_S)
 
     # --- the snapshot path ------------------------------------------------------------------------------------
     def _on_snapshot(self, snap: M.HostSnapshot) -> None:
@@ -660,6 +720,21 @@ class GpuTuiApp(App[None]):
             self.notify("no hosts: add a [hosts.NAME] table to the config", timeout=NOTIFY_S)
             return True
         return False
+
+    def action_add_host(self) -> None:
+        """The ``+`` dialog; the host saved joins the fleet at once (the config watcher then sees no change)."""
+        from .screens.add_host import AddHostScreen
+
+        path = self.config.path or cfg.resolve_path(None)[0]
+        assert path is not None
+
+        def saved(config: cfg.Config | None) -> None:
+            if config is not None:
+                if self._watch is None and config.path is not None:
+                    self._watch = ConfigWatch(config.path)
+                self.run_worker(self.use_config(config), group="config")
+
+        self.push_screen(AddHostScreen(path), saved)
 
     def action_new_job(self) -> None:
         if self._no_host():

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import hashlib
+import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
+from gputui.core import autostop
 from gputui.core import model as M
-from gputui.core.config import Config
+from gputui.core.config import Config, ConfigError, HostConfig, parse
 from gputui.core.fleet import Fleet
+from gputui.core.session import HostSession
 
 OnChange = Callable[[M.HostSnapshot], None]
 
@@ -26,13 +33,120 @@ class FleetSource(Protocol):
     def session(self, name: str) -> Any: ...  # a HostSession: start_job, kill_job, follow_log, transport
 
 
+@runtime_checkable
+class Reconfigurable(Protocol):
+    """A source whose hosts follow a new config (the app's ``+`` and a config edited while it runs)."""
+
+    async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]: ...
+
+
 SourceFactory = Callable[[OnChange], FleetSource]
+
+
+class LiveFleet(Fleet):
+    """A Fleet whose hosts can change while it runs: hosts added start their link, hosts removed are closed
+    (only the link: nothing on the host is touched), hosts whose table changed restart with the new one."""
+
+    def __init__(self, config: Config, on_change: OnChange, metrics_interval: float | None = None) -> None:
+        super().__init__(config, on_change=on_change, metrics_interval=metrics_interval)
+        self._metrics_interval = metrics_interval
+        self._running = False
+
+    def _changed(self, snap: M.HostSnapshot) -> None:
+        if snap.name in self.config.hosts and snap.name in self.sessions:  # a removed host's last word: dropped
+            super()._changed(snap)
+
+    def run_in_background(self) -> None:
+        self._running = True
+        super().run_in_background()
+
+    def _new_session(self, name: str, host: HostConfig, config: Config) -> HostSession:
+        """The session Fleet builds for a host (same transport, sampling and autostop wiring)."""
+        from gputui.core.fleet import make_transport
+
+        return HostSession(
+            name, make_transport(host, config), self._changed, self._metrics_interval,
+            sample_args={"idle_util_percent": host.idle_util_percent, "count_sessions": host.count_ssh_sessions},
+            on_connect=functools.partial(autostop.arm, host=host), scheduler=host.scheduler,
+        )  # fmt: skip
+
+    async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]:
+        """Follow ``config``: (hosts added or restarted, hosts removed or restarted)."""
+        old = self.config.hosts
+        gone = [n for n in old if n not in config.hosts or old[n] != config.hosts[n]]
+        new = [n for n in config.hosts if n not in old or old[n] != config.hosts[n]]
+        closing = [self.sessions.pop(n) for n in gone if n in self.sessions]
+        self.config = config
+        await asyncio.gather(*(s.close() for s in closing), return_exceptions=True)
+        for name in new:
+            session = self.sessions[name] = self._new_session(name, config.hosts[name], config)
+            if self._running:
+                session.run_in_background()
+        return new, gone
 
 
 def fleet_factory(config: Config, metrics_interval: float = METRICS_INTERVAL_S) -> SourceFactory:
     """A factory that builds the real Fleet, publishing snapshots to the app's callback."""
 
     def make(on_change: OnChange) -> FleetSource:
-        return Fleet(config, on_change=on_change, metrics_interval=metrics_interval)
+        return LiveFleet(config, on_change=on_change, metrics_interval=metrics_interval)
 
     return make
+
+
+CONFIG_POLL_S = 2.0
+RACY_NS = 3_000_000_000
+CONFIG_MAX_BYTES = 4 << 20  # a config larger than this is an error, never read whole
+
+
+class ConfigWatch:
+    """The config file, looked at now and then: a new :class:`Config` when its text changed and parses, the
+    error when it changed and does not (said once per text), None when nothing changed. Blocking: run it in a
+    worker thread."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stat: tuple[int, int] | None = None
+        self._digest: bytes | None = None
+        self._unreadable: str | None = None
+
+    def _read(self) -> tuple[tuple[int, int], bytes] | None:
+        try:
+            st = self.path.stat()
+            sig = (st.st_mtime_ns, st.st_size)
+            if sig == self._stat and time.time_ns() - st.st_mtime_ns > RACY_NS:
+                return None  # unchanged (an edit within RACY_NS of the last may share its mtime: read again)
+            with self.path.open("rb") as f:
+                data = f.read(CONFIG_MAX_BYTES + 1)
+        except FileNotFoundError:
+            sig, data = (0, -1), b""
+        except OSError as exc:  # unreadable now (permissions, a dir): said, and looked at again next time
+            raise ConfigError(f"{self.path}: cannot read config: {exc.strerror or exc}") from None
+        return sig, data
+
+    def poll(self) -> Config | Exception | None:
+        """What changed since the last poll (the first poll only takes note of the file)."""
+        try:
+            read = self._read()
+        except ConfigError as exc:
+            said, self._unreadable = self._unreadable, str(exc)
+            return exc if said != str(exc) else None  # said once, not every poll
+        self._unreadable = None
+        if read is None:
+            return None
+        sig, data = read
+        first, self._stat = self._stat is None, sig
+        digest = hashlib.sha256(data).digest()
+        if digest == self._digest:
+            return None
+        self._digest = digest
+        if first:
+            return None
+        if len(data) > CONFIG_MAX_BYTES:
+            return ConfigError(f"{self.path}: larger than {CONFIG_MAX_BYTES >> 20} MiB; not read")
+        if sig == (0, -1):
+            return ConfigError(f"{self.path}: the config file is gone; the hosts stay as they were")
+        try:
+            return parse(data.decode("utf-8"), self.path)
+        except (ConfigError, UnicodeDecodeError) as exc:
+            return exc
