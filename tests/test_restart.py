@@ -247,3 +247,27 @@ def test_cli_refuses_a_bad_policy_before_connecting(home: Home) -> None:
                        (["--resume-from", "c/*.pt"], "needs a restart policy")):  # fmt: skip
         res = home.cli("run", "local", *args, "--", "true")
         assert res.returncode == 2 and said in res.stderr, res.stderr
+
+
+def test_restarts_and_the_crash_loop_are_notified_with_no_client(tmp_path: Path) -> None:
+    """The watchdog sends ``job_restarted`` per restart and ``crash_loop`` with its reason (not ``job_failed``)."""
+    sent = tmp_path / "sent"
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    try:
+        settings = {"command": ["sh", "-c", f'{{ echo "$GPUTUI_NOTIFY_EVENT"; cat; echo; }} >> "{sent}"'],
+                    "events": ["job_restarted", "crash_loop", "job_failed"], "host": "gpu1"}  # fmt: skip
+        assert agent.call("watchdog.configure", config={"notify": settings, "interval": 0.5})["result"]["armed"]
+        jid = agent.call("jobs.start", argv=[sys.executable, "-c", "print('epoch 7'); raise SystemExit(2)"],
+                         restart=dict(FAST, max=9))["result"]["id"]  # fmt: skip
+        agent.close()
+        _ended(state, jid)
+        wait_for(lambda: sent.exists() and "crash_loop" in sent.read_text(), timeout=60, what="the crash_loop message")
+        text = sent.read_text()
+        assert f"[gpu1] job {jid} restarted after attempt 1 ended (exit 2: epoch 7)" in text
+        assert f"[gpu1] job {jid} restarted after attempt 2 ended (exit 2: epoch 7)" in text
+        assert f"[gpu1] job {jid} stopped restarting: crash loop: 3 attempts at epoch 7, last error: epoch 7" in text
+        assert "job_failed" not in text and "attempt 3 ended" not in text
+    finally:
+        agent.close()
+        stop_host(state)

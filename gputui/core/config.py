@@ -39,7 +39,7 @@ class ConfigError(UsageError, ValueError):
 
 
 NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
-                 "queue_empty", "idle", "deadline_soon")  # fmt: skip
+                 "queue_empty", "idle", "deadline_soon", "job_restarted", "crash_loop")  # fmt: skip
 NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
@@ -53,7 +53,7 @@ class Notify:
     ntfy_server: str | None = None  # default https://ntfy.sh
     idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
     events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
-                               "queue_empty", "idle", "deadline_soon")  # fmt: skip
+                               "queue_empty", "idle", "deadline_soon", "job_restarted", "crash_loop")  # fmt: skip
 
 
 @dataclass(frozen=True)
