@@ -271,3 +271,29 @@ def test_restarts_and_the_crash_loop_are_notified_with_no_client(tmp_path: Path)
     finally:
         agent.close()
         stop_host(state)
+
+
+def test_the_cli_runs_with_the_hosts_default_policy_and_jobs_shows_every_attempt(home: Home) -> None:
+    """``restart`` in [hosts.X] is the default of ``gputui run``; ``jobs --json`` and ``jobs`` show the attempts."""
+    import json
+
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+                      'restart = "on-failure:2"\nrestart_backoff_s = 0\n')  # fmt: skip
+    run = home.cli("run", "local", "--", sys.executable, "-c", "print('Error: no data'); raise SystemExit(4)", check=True)
+    jid = run.stdout.strip()
+    end = _ended(home.state_dir, jid)
+    assert end["error"] == "gave up after 2 attempts in a row, last error: Error: no data"
+    [job] = json.loads(home.cli("jobs", "local", "--json", check=True).stdout)
+    assert job["restart"]["policy"] == "on-failure" and job["restart"]["max"] == 2
+    assert [(a["attempt"], a["exit_code"], a["hint"]) for a in job["attempts"]] == [(1, 4, "Error: no data"), (2, 4, "Error: no data")]
+    text = home.cli("jobs", "local", check=True).stdout
+    assert f"local {jid} attempts: exit 4 (Error: no data) exit 4 (Error: no data)" in text
+    assert "gave up after 2 attempts" in text
+    plain = home.cli("run", "local", "--restart", "no", "--", "false", check=True).stdout.strip()
+    assert _ended(home.state_dir, plain)["exit_code"] == 1 and not (home.job_dir(plain) / R.ATTEMPTS).exists()
+
+
+def test_a_bad_host_default_policy_is_a_config_error(home: Home) -> None:
+    home.write_config('[hosts.gpu]\nhost = "gpu.example"\nrestart = "on-failure:-1"\n')
+    res = home.cli("jobs", "gpu")
+    assert res.returncode == 2 and "restart" in res.stderr and "N is a whole number" in res.stderr, res.stderr
