@@ -297,3 +297,18 @@ def test_a_bad_host_default_policy_is_a_config_error(home: Home) -> None:
     home.write_config('[hosts.gpu]\nhost = "gpu.example"\nrestart = "on-failure:-1"\n')
     res = home.cli("jobs", "gpu")
     assert res.returncode == 2 and "restart" in res.stderr and "N is a whole number" in res.stderr, res.stderr
+
+
+def test_a_ctrl_c_in_the_jobs_pane_is_never_restarted(tmp_path: Path) -> None:
+    """An attempt ended by SIGINT (what Ctrl-C in ``tmux attach`` sends) is the user stopping it."""
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    try:
+        code = "import os, signal; print('step 3'); os.kill(os.getpid(), signal.SIGINT); import time; time.sleep(60)"
+        jid = agent.call("jobs.start", argv=[sys.executable, "-c", code], restart=dict(FAST, max=5))["result"]["id"]
+        end = _ended(state, jid)
+        assert (end["exit_code"], end["signal"]) == (130, signal.SIGINT)
+        assert not (_job(state, jid) / R.ATTEMPTS).exists() and not (_job(state, jid) / R.PENDING).exists()
+    finally:
+        agent.close()
+        stop_host(state)

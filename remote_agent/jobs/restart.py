@@ -18,6 +18,7 @@ lost with its runner (a reboot killed tmux) counts as a failed attempt; the next
 import glob
 import os
 import re
+import signal
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -164,9 +165,12 @@ def attempt_env(job_dir: str, job: Dict[str, Any]) -> Dict[str, str]:
     return env
 
 
-def ends_for_good(job_dir: str, job: Dict[str, Any], exit_code: int) -> bool:
-    """Whether an attempt that ended with ``exit_code`` is the job's end (status.json), not one to decide on."""
-    return policy_of(job) is None or exit_code == 0 or os.path.exists(os.path.join(job_dir, "kill.json"))
+def ends_for_good(job_dir: str, job: Dict[str, Any], exit_code: int, sig: Optional[int] = None) -> bool:
+    """Whether an attempt that ended with ``exit_code`` (``sig``: the signal that ended it) is the job's end
+    (status.json), not one to decide on: a success, a kill (kill.json), a Ctrl-C (SIGINT) in its pane."""
+    if policy_of(job) is None or exit_code == 0 or sig == signal.SIGINT:
+        return True
+    return os.path.exists(os.path.join(job_dir, "kill.json"))
 
 
 # --- what the store shows ------------------------------------------------------------------------------------

@@ -225,6 +225,6 @@ def run(job_dir: str) -> int:
         pass
     end = {"exit_code": code, "signal": sig, "ended_at": time.time(), "log_error": log.error}
     # A failed attempt of a job with a restart policy: the watchdog decides (remote_agent/jobs/restart.py).
-    final = R.ends_for_good(job_dir, job, code)
+    final = R.ends_for_good(job_dir, job, code, sig)
     write_json(os.path.join(job_dir, "status.json" if final else R.ATTEMPT), end)
     return code
