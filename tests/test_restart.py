@@ -312,3 +312,48 @@ def test_a_ctrl_c_in_the_jobs_pane_is_never_restarted(tmp_path: Path) -> None:
     finally:
         agent.close()
         stop_host(state)
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    policy = {"backoff_s": 30.0, "backoff_max_s": 600.0}
+    assert [R.backoff(policy, n) for n in range(1, 8)] == [30, 60, 120, 240, 480, 600, 600]
+
+
+def test_a_healthy_stretch_resets_the_attempt_counter(tmp_path: Path) -> None:
+    """Each attempt ran for ``healthy_s`` (0 here): the count of failures in a row starts again every time, so a
+    cap of 2 does not stop a job whose third attempt fails, and its fourth runs (and succeeds)."""
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    try:
+        code = "import os, sys; n = int(os.environ['GPUTUI_ATTEMPT']); print('step 7'); sys.exit(0 if n == 4 else 1)"
+        jid = agent.call("jobs.start", argv=[sys.executable, "-c", code],
+                         restart=dict(FAST, max=2, healthy_s=0))["result"]["id"]  # fmt: skip
+        end = _ended(state, jid)
+        assert end["exit_code"] == 0
+        attempts = read_json(str(_job(state, jid) / R.ATTEMPTS))
+        assert [(a["attempt"], a["streak_reset"]) for a in attempts] == [(1, True), (2, True), (3, True)]
+        assert "── attempt 4 of 4, after exit 1 (step 7), 0 s backoff ──" in (_job(state, jid) / "output.log").read_text()
+    finally:
+        agent.close()
+        stop_host(state)
+
+
+def test_a_host_being_released_never_restarts_a_job(tmp_path: Path) -> None:
+    """The restart pass of a watchdog whose host was released ends a failed attempt for good instead."""
+    from remote_agent.__main__ import launcher
+    from remote_agent.jobs.store import JobStore
+
+    state = tmp_path / "state"
+    store = JobStore(str(state), launcher())
+    try:
+        jid = store.start(["false"], restart=dict(FAST, max=5))["id"]  # the store alone: no watchdog runs
+        wait_for(lambda: (_job(state, jid) / R.ATTEMPT).exists(), timeout=60, what="the attempt to end")
+        assert store.describe(jid)["state"] == "running"  # between attempts: not over
+        said: list[str] = []
+        assert R.Restarts(store, said.append, "b").run_pass(released=True) == 0
+        record = store.describe(jid)
+        assert (record["state"], record["exit_code"], record["error"]) == ("failed", 1, "not restarted: the host was released")
+        assert read_json(str(_job(state, jid) / "pid.json"))["attempt"] == 1
+        assert said == [f"restart: job {jid} ends for good: not restarted: the host was released"]
+    finally:
+        stop_host(state)

@@ -410,7 +410,7 @@ class Restarts:
             write_json(os.path.join(job_dir, PENDING), dict(pending, due_at=None))
         write_json(os.path.join(job_dir, "status.json"), final)
         self._unlink(os.path.join(job_dir, ATTEMPT))
-        self.log("restart: job %s not restarted: %s" % (jid, why))
+        self.log("restart: job %s ends for good: %s" % (jid, why))
 
     @staticmethod
     def _mark(job_dir: str, marker: str) -> int:
