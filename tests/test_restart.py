@@ -289,6 +289,9 @@ def test_the_cli_runs_with_the_hosts_default_policy_and_jobs_shows_every_attempt
     text = home.cli("jobs", "local", check=True).stdout
     assert f"local {jid} attempts: exit 4 (Error: no data) exit 4 (Error: no data)" in text
     assert "gave up after 2 attempts" in text
+    [run] = json.loads(home.cli("history", "local", "--json", check=True).stdout)
+    assert [a["attempt"] for a in run["attempts"]] == [1, 2]
+    assert run["started_at"] == job["attempts"][0]["started_at"]  # the run's duration and cost span every attempt
     plain = home.cli("run", "local", "--restart", "no", "--", "false", check=True).stdout.strip()
     assert _ended(home.state_dir, plain)["exit_code"] == 1 and not (home.job_dir(plain) / R.ATTEMPTS).exists()
 
