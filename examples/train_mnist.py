@@ -5,8 +5,11 @@ Two conv layers and two linear layers, Adam and cross-entropy, on MNIST read fro
 
     Epoch 2/5 train_loss=0.1234 test_loss=0.0567 test_acc=0.9812 lr=0.001 time=12.3s
 
-A progress bar goes to stderr. The out dir receives ``model.pt`` (checkpoint) and
-``summary.json``. Ctrl-C saves what is done, then re-raises KeyboardInterrupt.
+A progress bar goes to stderr. The out dir receives ``model.pt`` (checkpoint), ``summary.json`` and a
+checkpoint per epoch in ``ckpt/epoch-NNN.pt``. Ctrl-C saves what is done, then re-raises KeyboardInterrupt.
+
+Resume: ``--resume PATH``, or ``GPUTUI_RESUME_FROM`` (set by ``gputui run --restart on-failure
+--resume-from 'runs/x/ckpt/*.pt'`` on each restart), continues from that epoch checkpoint in its run dir.
 
 Offline: when MNIST can't be downloaded, the script says so and trains on the stand-in that
 ``mnist_from_digits.py`` builds from scikit-learn's bundled handwritten digits.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import struct
 import sys
 import time
@@ -88,7 +92,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--mirror", action="append", metavar="URL", help="download MNIST from this base URL (repeatable)"
     )
+    p.add_argument("--resume", default=os.environ.get("GPUTUI_RESUME_FROM") or None, metavar="PATH",
+                   help="continue from this epoch checkpoint (default: $GPUTUI_RESUME_FROM, set by gputui restarts)")
     args = p.parse_args(argv)
+    if args.out is None and args.resume:
+        args.out = str(Path(args.resume).resolve().parent.parent)  # the run dir the checkpoint belongs to
     if args.out is None:
         args.out = f"./runs/mnist-{datetime.now():%Y%m%d-%H%M%S}"
     return args
@@ -323,6 +331,29 @@ def save(
     return summary
 
 
+def save_epoch(out: Path, model: nn.Module, opt: torch.optim.Optimizer, history: list[dict[str, float]]) -> Path:
+    """Write this epoch's checkpoint ``out/ckpt/epoch-NNN.pt`` whole (a temp name, then a rename): a restart
+    never resumes from a half-written file."""
+    ckpt = out / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    path = ckpt / f"epoch-{len(history):03d}.pt"
+    tmp = path.with_name(path.name + ".tmp")
+    state = {"model_state": model.state_dict(), "optimizer_state": opt.state_dict(), "epoch": len(history),
+             "history": history, "rng_state": torch.get_rng_state()}  # fmt: skip
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def resume(path: str, model: nn.Module, opt: torch.optim.Optimizer) -> list[dict[str, float]]:
+    """Load an epoch checkpoint into ``model`` and ``opt``; the history of the epochs it holds."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model_state"])
+    opt.load_state_dict(state["optimizer_state"])
+    torch.set_rng_state(state["rng_state"])
+    return list(state["history"])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -356,9 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp and device.type == "cuda")
     history: list[dict[str, float]] = []
+    if args.resume:
+        history = resume(args.resume, model, opt)
+        print(f"Resumed from {args.resume} after epoch {len(history)}", flush=True)
     started = time.time()
     try:
-        for epoch in range(1, args.epochs + 1):
+        for epoch in range(len(history) + 1, args.epochs + 1):
             t0 = time.time()
             train_loss = train_epoch(
                 model, train_loader, opt, scaler, device, args.amp, f"Epoch {epoch}/{args.epochs}"
@@ -381,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"test_acc={test_acc:.4f} lr={lr:g} time={secs:.1f}s",
                 flush=True,
             )
+            save_epoch(out, model, opt, history)
     except KeyboardInterrupt:
         save(out, model, opt, args, device, history, started, "interrupted")
         print(

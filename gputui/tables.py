@@ -99,7 +99,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
         ins = j.insights
         eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
         rows.append([
-            j.host, j.id, "stalled" if j.running and j.stalled else j.state, fmt(j.exit_code), ago(j.started_at), _progress(ins),
+            j.host, j.id, _state(j), fmt(j.exit_code), ago(j.started_at), _progress(ins),
             "-" if eta is None else duration(eta), _headline(ins.metrics if ins else None), [j.name],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
@@ -108,7 +108,20 @@ def print_jobs(jobs: list[M.Job]) -> None:
         for key, what in (("error", "error"), ("log_error", "log")):
             text = j.record.get(key)
             if isinstance(text, str) and text:
-                print(f"  {j.host} {j.id} {what}: {_fit([text], max(16, _columns() - 20))}")
+                print(f"  {j.host} {j.id} {what}: {_fit([clean(text)], max(16, _columns() - 20))}")
+        attempts = j.record.get("attempts") or []
+        if attempts:  # restart policies: every attempt that ended
+            ends = [clean(f"exit {a.get('exit_code')}" + (f" ({a['hint']})" if a.get("hint") else "")) for a in attempts]
+            print(f"  {j.host} {j.id} attempts: {_fit(ends, max(16, _columns() - 24))}")
+
+
+def _state(job: M.Job) -> str:
+    """The job's state, with ``stalled`` and ``restarting`` (waiting for its next attempt) told apart."""
+    if job.running and job.stalled:
+        return "stalled"
+    if job.running and job.record.get("restart_at") is not None:
+        return f"restarting ({job.record.get('attempt')})"
+    return job.state
 
 
 def queue_gpus(job: M.Job) -> str:

@@ -354,6 +354,11 @@ class JobRecord(TypedDict, total=False):
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/jobs/usage.py)
     error: str  # this job's own problem (unreadable files)
     log_error: str  # e.g. "disk full at offset N": the log stops there
+    restart: Dict[str, Any]  # its restart policy: {"policy", "max", "backoff_s", ...} (remote_agent/jobs/restart.py)
+    attempts: List[Dict[str, Any]]  # each ended attempt: attempt, started_at, ended_at, exit_code, hint, progress
+    attempt: Optional[int]  # the attempt that runs (or waits to)
+    restart_at: float  # when the next attempt starts (set while it waits)
+    restart_pending: bool  # between attempts: no runner, not over
     stalled: bool  # set only on a running job the watchdog found stalled (remote_agent/watchdog/stall.py)
     stalled_since: float  # when it was last seen active (a busy GPU, a growing log)
     stalled_reason: str
@@ -386,6 +391,7 @@ class StartArgs(TypedDict, total=False):
     queue: QueueRequest  # wait on the host for GPUs and other jobs instead of starting now
     artifacts: List[str]  # see JobRecord.artifacts
     slurm: SlurmRequest  # submit to Slurm (the host is a Slurm login node)
+    restart: Dict[str, Any]  # restart policy: {"policy": "on-failure", "max", "resume_from", "backoff_s", ...}
 
 
 class JobArgs(TypedDict):

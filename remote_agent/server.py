@@ -26,6 +26,7 @@ from .host.boot import boot_id, boot_time
 from .jobs import slurm as S
 from .jobs.logs import Follow
 from .jobs.queue import JobQueue
+from .jobs.restart import waiting as restart_waiting
 from .jobs.store import JobError, JobStore
 from .metrics.ring import MetricsRing
 from .ops import HANDLERS
@@ -321,7 +322,7 @@ class Agent:
     def _resume_queue(self) -> None:
         """Jobs wait in the queue (kept on disk across reboots): make sure the scheduler runs."""
         try:
-            if self.queue.queued():
+            if self.queue.queued() or restart_waiting(self.jobs.list()):  # restarts: after a reboot too
                 W.ensure_running(self.jobs.state_dir, self.launcher)
         except OSError:
             pass  # the next submission or connect tries again

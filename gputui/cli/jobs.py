@@ -17,7 +17,15 @@ from ..core import model as M
 from ..core.artifacts import check_patterns
 from ..core.compare import load_series
 from ..core.errors import ExitStatus
-from ..core.jobs import MAX_QUEUE_DEPS, JobSpec, collect_history, collect_jobs, parse_env, start_job
+from ..core.jobs import (
+    MAX_QUEUE_DEPS,
+    JobSpec,
+    collect_history,
+    collect_jobs,
+    parse_env,
+    restart_request,
+    start_job,
+)
 from ..core.session import MAX_KILL_GRACE_S, HostSession
 from ..tables import print_history, print_jobs, print_queue, queue_gpus
 from .common import CliError, ask_async, bounded, host_names, hosts_status, job_exit, open_fleet, with_session
@@ -123,6 +131,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), USAGE) from None
     config = cfg.load(args.config)
     host_cfg = config.host(args.host)
+    try:
+        restart_request(config, args.host, args.restart, args.resume_from)  # bad input: refused before connecting
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE) from None
     slurm = _slurm_request(args, host_cfg)
     if slurm is not None and queue is not None:
         raise CliError(f"--queue/--after: {args.host} is a Slurm host; its jobs wait in Slurm's queue", USAGE)
@@ -145,7 +157,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
             gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
-            queue=queue, slurm=slurm,
+            queue=queue, slurm=slurm, restart=args.restart, resume_from=args.resume_from,
         )  # fmt: skip
         job = await start_job(s, config, spec)
         print(job.id)
@@ -331,6 +343,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     r.add_argument("--after-ok", action="extend", nargs="+", metavar="ID",
                    help="queue: start only after these jobs succeeded (else it never starts, and says why)")  # fmt: skip
+    r.add_argument("--restart", metavar="POLICY",
+                   help="no (default), or on-failure[:N]: restart a failed attempt, at most N in a row (host default: "
+                        "restart in [hosts.X])")  # fmt: skip
+    r.add_argument("--resume-from", metavar="GLOB",
+                   help="checkpoint glob inside the job's dir (e.g. 'ckpt/*.pt'): a restart gets the newest match as "
+                        "GPUTUI_RESUME_FROM")  # fmt: skip
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
     r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from remote_agent.jobs.restart import parse_policy
+
 from . import paths
 from .errors import UsageError
 
@@ -37,7 +39,7 @@ class ConfigError(UsageError, ValueError):
 
 
 NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
-                 "queue_empty", "idle", "deadline_soon")  # fmt: skip
+                 "queue_empty", "idle", "deadline_soon", "job_restarted", "crash_loop")  # fmt: skip
 NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
@@ -51,7 +53,7 @@ class Notify:
     ntfy_server: str | None = None  # default https://ntfy.sh
     idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
     events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
-                               "queue_empty", "idle", "deadline_soon")  # fmt: skip
+                               "queue_empty", "idle", "deadline_soon", "job_restarted", "crash_loop")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,11 @@ class HostConfig:
     # provider-native price and release (gputui.core.providers): "auto" finds RunPod / vast.ai on the host
     provider: str = "auto"  # or "runpod", "vastai", "lambda", "none"
     release_mode: str | None = None  # "stop" / "terminate"; None: stop where the provider can, else terminate
+    # restart policy of jobs started here (remote_agent/jobs/restart.py): "no" or "on-failure[:N]"
+    restart: str = "no"
+    restart_backoff_s: float = 30.0  # first wait between attempts, doubling ...
+    restart_backoff_max_s: float = 600.0  # ... up to this
+    restart_healthy_minutes: float = 10.0  # an attempt that ran this long resets the attempt counter
 
     @property
     def address(self) -> str:
@@ -171,6 +178,8 @@ _RANGES: dict[str, tuple[float, float | None, bool]] = {
     "release_timeout": (0, DAY_S, False), "pre_stop_timeout": (0, DAY_S, False),
     "autostop_minutes": (0, 1e6, True), "release_after_hours": (0, 1e5, True), "stall_minutes": (0, 1e6, True),
     "connect_timeout": (0, 3600, False), "keepalive_interval": (0, 3600, True), "keepalive_count_max": (0, 1000, True),
+    "restart_backoff_s": (0, DAY_S, True), "restart_backoff_max_s": (0, DAY_S, True),
+    "restart_healthy_minutes": (0, 1440, True),
     "daily": (0, None, True), "monthly": (0, None, True), "warn_fraction": (0, 1, True),
 }  # fmt: skip
 _UNSAFE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")  # C0/C1 controls, DEL, bidi and other format marks, separators
@@ -342,6 +351,10 @@ def parse(text: str, path: Path) -> Config:
                 f"hosts.{name}", "scheduler",
                 f"{values['scheduler']!r} is not a scheduler gputui drives (known: {', '.join(SCHEDULERS)})",
             )  # fmt: skip
+        try:
+            parse_policy(values.get("restart", "no"))
+        except ValueError as exc:
+            raise fail(f"hosts.{name}", "restart", str(exc)) from None
         if "port" in values and not 0 < values["port"] < 65536:
             raise fail(f"hosts.{name}", "port", "must be between 1 and 65535")
         if values.get("currency") is not None and not _CURRENCY.match(values["currency"]):

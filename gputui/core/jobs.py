@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from remote_agent import protocol as P
+from remote_agent.jobs import restart as R
 
 from . import model as M
 from .config import Config
@@ -30,6 +31,8 @@ class JobSpec:
     artifacts: tuple[str, ...] = ()  # files to bring back before release (gputui run --artifacts)
     sync: str | None = None  # a local dir to sync to the host first (into cwd); the job then runs there
     slurm: dict[str, Any] | None = None  # sbatch settings (gpus, nodes, partition, time, sbatch_args)
+    restart: str | None = None  # "no" / "on-failure[:N]"; None: the host's default (remote_agent/jobs/restart.py)
+    resume_from: str | None = None  # checkpoint glob inside the job's dir: GPUTUI_RESUME_FROM of each restart
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -68,7 +71,27 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
         gpus=None if slurm is not None or spec.queue is not None else spec.gpus, price_per_hour=price,
         code=spec.code, artifacts=spec.artifacts, slurm=slurm,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
+        restart=restart_request(config, session.name, spec.restart, spec.resume_from),
     )  # fmt: skip
+
+
+def restart_request(config: Config, name: str, policy: str | None, resume_from: str | None) -> dict[str, Any] | None:
+    """The ``restart`` a start sends: ``policy`` (else the host's ``restart``) with the host's backoff settings;
+    None for ``no``. ValueError for a bad policy or a glob reaching outside the job's dir."""
+    host = config.hosts.get(name)
+    asked = R.parse_policy(policy if policy is not None else host.restart if host is not None else "no")
+    if resume_from is not None:
+        R.check_glob(resume_from)
+    if asked["policy"] == R.POLICY_NO:
+        if resume_from is not None:
+            raise ValueError("--resume-from needs a restart policy: add --restart on-failure")
+        return None
+    if host is not None:
+        asked.update(backoff_s=host.restart_backoff_s, backoff_max_s=host.restart_backoff_max_s,
+                     healthy_s=host.restart_healthy_minutes * 60.0)  # fmt: skip
+    if resume_from is not None:
+        asked["resume_from"] = resume_from
+    return asked
 
 
 #: Job ids a queued job may wait for, per flag (``--after``, ``--after-ok``).

@@ -131,7 +131,10 @@ class MetricsSample:
 
 
 #: Optional parts of a host's job record that a Job keeps as they came.
-_KEPT_IF_SET = ("error", "log_error", "code", "queue", "artifacts", "slurm", "env_keys")
+_KEPT_IF_SET = (
+    "error", "log_error", "code", "queue", "artifacts", "slurm", "env_keys", "restart", "attempts", "attempt",
+    "restart_at",
+)
 
 
 def _slurm_reason(d: P.JobRecord) -> str | None:
@@ -203,6 +206,10 @@ class Job:
         d["error"] = self.record.get("error")  # this job's own problem (unreadable files), never the host's
         d["log_error"] = self.record.get("log_error")  # e.g. "disk full at offset N": the log stops there
         d["slurm"] = self.record.get("slurm")  # a Slurm job: job_id, state, reason, nodes (None otherwise)
+        d["restart"] = self.record.get("restart")  # its restart policy (None: "no")
+        d["attempt"] = self.record.get("attempt")  # the attempt that runs or waits (with a policy)
+        d["attempts"] = self.record.get("attempts") or []  # each ended attempt: exit, start/end, hint, progress
+        d["restart_at"] = self.record.get("restart_at")  # when the next attempt starts, while it waits
         return d
 
 

@@ -423,6 +423,7 @@ class HostSession:
         queue: P.QueueRequest | None = None,
         artifacts: tuple[str, ...] = (),
         slurm: dict[str, Any] | None = None,
+        restart: dict[str, Any] | None = None,
     ) -> M.Job:
         """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
@@ -435,6 +436,8 @@ class HostSession:
             args["artifacts"] = list(artifacts)
         if slurm is not None:
             args["slurm"] = slurm  # submit with sbatch on a Slurm login node
+        if restart is not None:
+            args["restart"] = restart  # restart policy (remote_agent/jobs/restart.py)
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()

@@ -20,6 +20,8 @@ import tty
 from typing import Dict, List, Optional
 
 from ..fsutil import user_umask, write_json
+from ..host.boot import boot_id
+from . import restart as R
 from .logclock import TIMES_NAME, LogClock
 from .series import SeriesKeeper
 from .usage import UsageRecorder
@@ -118,6 +120,12 @@ def run(job_dir: str) -> int:
     on_slurm = job.get("scheduler") == "slurm"  # a Slurm batch job: the allocation's environment is the base
     if on_slurm:
         env = dict(os.environ, **env)
+    env.update(R.attempt_env(job_dir, job))  # GPUTUI_ATTEMPT, GPUTUI_RESUME_FROM (restart policies)
+    attempt = R.current_attempt(job_dir)
+    if attempt > 1 and os.path.exists(os.path.join(job_dir, "kill.json")):  # killed as it was being restarted
+        write_json(os.path.join(job_dir, "status.json"),
+                   {"exit_code": None, "error": "killed while waiting to restart", "ended_at": time.time()})
+        return 130
 
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
@@ -126,7 +134,8 @@ def run(job_dir: str) -> int:
     pid, master = _spawn(job["argv"], job["cwd"], env)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     write_json(
-        os.path.join(job_dir, "pid.json"), {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time()}
+        os.path.join(job_dir, "pid.json"),
+        {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time(), "attempt": attempt, "boot_id": boot_id()},
     )
     usage = UsageRecorder(job_dir, pid, job.get("gpus"), job.get("nvidia_smi") or "nvidia-smi")
     usage.start()
@@ -220,5 +229,7 @@ def run(job_dir: str) -> int:
     except OSError:
         pass
     end = {"exit_code": code, "signal": sig, "ended_at": time.time(), "log_error": log.error}
-    write_json(os.path.join(job_dir, "status.json"), end)
+    # A failed attempt of a job with a restart policy: the watchdog decides (remote_agent/jobs/restart.py).
+    final = R.ends_for_good(job_dir, job, code, sig)
+    write_json(os.path.join(job_dir, "status.json" if final else R.ATTEMPT), end)
     return code

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from .. import protocol as P
 from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
 from ..host.container import Owners
+from . import restart as R
 from . import slurm as S
 from .index import EndedIndex, Entry, Key, job_key, to_json
 
@@ -201,10 +202,15 @@ class JobStore:
         gpus: Optional[str] = None,
         extra: Optional[Dict[str, Any]] = None,
         slurm: Optional[Dict[str, Any]] = None,
+        restart: Optional[Dict[str, Any]] = None,
     ) -> Dict[str, Any]:
         """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show).
-        ``slurm``: submit it with sbatch instead (remote_agent/jobs/slurm.py); ``gpus`` is then not used."""
+        ``slurm``: submit it with sbatch instead (remote_agent/jobs/slurm.py); ``gpus`` is then not used.
+        ``restart``: its restart policy (remote_agent/jobs/restart.py)."""
         request = None if slurm is None else S.check_request(slurm)
+        policy = checked_restart(restart, request is not None)
+        if policy is not None:
+            extra = dict(extra or {}, restart=policy)
         job_id = self.create(argv, cwd, env, name, gpus, extra, request)
         if request is None:
             return self.launch(job_id)
@@ -404,7 +410,9 @@ class JobStore:
         record["started_at"] = pids.get("started_at", record.get("dequeued_at" if queued else "created_at"))
         record["pid"] = pids.get("pid")
         on_slurm = record.get("scheduler") == "slurm"
-        live = self._live_state(record, pids, sessions) if not (isinstance(status, dict) or on_slurm) else None
+        restarting = not on_slurm and R.fill_record(record, path)  # between attempts (remote_agent/jobs/restart.py)
+        ended = isinstance(status, dict) or on_slurm or restarting
+        live = self._live_state(record, pids, sessions) if not ended else None
         if live == LOST:  # the runner may have written its status and exited since we looked
             status = read_json(os.path.join(path, "status.json"))
         if on_slurm:  # Slurm's word decides the state (remote_agent/jobs/slurm.py)
@@ -417,6 +425,8 @@ class JobStore:
             for key in ("error", "log_error"):
                 if status.get(key):
                     record[key] = str(status[key])
+        elif restarting:  # its runner is gone, the next attempt not yet up: not over
+            record.update(exit_code=None, ended_at=None, state=RUNNING, restart_pending=True)
         else:
             record["exit_code"] = None
             record["ended_at"] = None
@@ -500,6 +510,10 @@ class JobStore:
             raise JobError("job %s is not running (%s)" % (job_id, info["state"]), "bad_args")
         with self.queue_locked():  # from now on no pick or relaunch of the queue starts it
             write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
+            if info.get("restart_pending") and R.end_pending(path, "killed while waiting to restart"):
+                return self.describe(job_id)
+        if info.get("restart_pending"):  # its next attempt is being launched: its pid.json is the old one's
+            R.wait_launched(path, grace_s + R.LAUNCH_GRACE_S)
         pgid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
         if pgid:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
@@ -554,6 +568,17 @@ class JobStore:
                 return True
             time.sleep(0.05)
         return os.path.exists(os.path.join(path, "status.json"))
+
+
+def checked_restart(restart: Any, on_slurm: bool) -> Optional[Dict[str, Any]]:
+    """A start request's restart policy, checked (None: none); JobError bad_args with the reason."""
+    try:
+        policy = R.check_request(restart)
+    except ValueError as exc:
+        raise JobError(str(exc), "bad_args") from None
+    if policy is not None and on_slurm:
+        raise JobError("restart policies on Slurm hosts are not supported yet: drop --restart", "bad_args")
+    return policy
 
 
 def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any, Dict, List
 
 from .. import protocol as P
 from ..jobs.queue import never_fits, parse_request
-from ..jobs.store import JobError
+from ..jobs.store import JobError, checked_restart
 from ..watchdog import daemon as W
 
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
     if a.get("queue") is not None and a.get("slurm") is not None:
         raise JobError("a Slurm job waits in Slurm's queue, not the host's: drop --queue", "bad_args")
     if a.get("queue") is not None:
+        policy = checked_restart(a.get("restart"), False)
+        if policy is not None:
+            extra["restart"] = policy
         request = parse_request(a.get("queue"))
         never = never_fits(request, agent.facts().get("gpus") or [])
         if never:
@@ -36,7 +39,9 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         job = agent.mark(agent.jobs.describe(job_id))
     else:
         job = agent.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra,
-                               a.get("slurm"))  # fmt: skip
+                               a.get("slurm"), a.get("restart"))  # fmt: skip
+        if job.get("restart"):  # the watchdog decides its restarts, with the client gone
+            W.ensure_running(agent.jobs.state_dir, agent.launcher)
     agent.emit(P.EV_JOB, job)
     return job
 

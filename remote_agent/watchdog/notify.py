@@ -34,6 +34,8 @@ EVENTS = (
     "queue_empty",
     "idle",
     "deadline_soon",
+    "job_restarted",
+    "crash_loop",
     "test",
 )
 SOON_S = 600.0  # autostop_soon: sent once per idle stretch when the release is at most this far off
@@ -406,10 +408,36 @@ def job_events(jobs: List[Dict[str, Any]], since: float) -> List[Dict[str, str]]
             code = job.get("exit_code")
             tail = "" if code is None or state == "lost" else " (exit %s)" % code
             name = given_name(job)
+            error = str(job.get("error") or "")
+            if state == "failed" and error.startswith("crash loop"):  # restart policies stopped a crash loop
+                out.append({"key": "crash_loop:%s:%s" % (job.get("id"), ended), "event": "crash_loop",
+                            "text": "job %s%s stopped restarting: %s" % (job.get("id"), " " + name if name else "",
+                                                                       clean(error)[:500])})  # fmt: skip
+                continue
             out.append({
                 "key": "job_%s:%s:%s" % (state, job.get("id"), ended), "event": "job_" + str(state),
                 "text": "job %s%s %s%s" % (job.get("id"), " " + name if name else "", state, tail),
             })  # fmt: skip
+    return out + restart_events(jobs, since)
+
+
+def restart_events(jobs: List[Dict[str, Any]], since: float) -> List[Dict[str, str]]:
+    """``job_restarted`` for each attempt that ended at or after ``since`` and was followed by another."""
+    out = []
+    for job in jobs:
+        attempts = job.get("attempts")
+        if not isinstance(attempts, list):
+            continue
+        restarted = attempts if job.get("ended_at") is None else attempts[:-1]
+        for a in restarted:
+            ended = a.get("ended_at") if isinstance(a, dict) else None
+            if not isinstance(ended, (int, float)) or ended < since:
+                continue
+            why = "exit %s" % a.get("exit_code") if a.get("exit_code") is not None else "lost"
+            hint = clean(str(a.get("hint")))[:300] if a.get("hint") else None
+            out.append({"key": "job_restarted:%s:%s" % (job.get("id"), a.get("attempt")), "event": "job_restarted",
+                        "text": "job %s restarted after attempt %s ended (%s%s)" % (
+                            job.get("id"), a.get("attempt"), why, ": " + hint if hint else "")})  # fmt: skip
     return out
 
 

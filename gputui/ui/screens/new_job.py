@@ -15,6 +15,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 from gputui.core import jobs, safetext
 from gputui.core import model as M
 from gputui.core.jobs import JobSpec
+from remote_agent.jobs import restart as R
 
 from ..widgets.plain_input import PlainInput
 
@@ -98,8 +99,16 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
                     yield Label("Name")
                     yield PlainInput(placeholder="optional", id="name")
             yield Static("", id="gpu-hint", classes="hint")
-            yield Label("Environment")
-            yield PlainInput(placeholder="KEY=VALUE OTHER='with spaces'", id="env")
+            with Horizontal(classes="row"):
+                with Vertical():
+                    yield Label("Environment")
+                    yield PlainInput(placeholder="KEY=VALUE OTHER='with spaces'", id="env")
+                with Vertical():  # restart policies (remote_agent/jobs/restart.py)
+                    yield Label("Restart")
+                    yield PlainInput(placeholder="no / on-failure[:N]", id="restart")
+                with Vertical():
+                    yield Label("Resume from")
+                    yield PlainInput(placeholder="ckpt/*.pt", id="resume_from")
             yield Checkbox("Queue: wait on the host until these GPUs are free (a number N: any N GPUs)", id="queue")
             yield Static("", id="error", classes="error")
             with Horizontal(classes="dialog-buttons"):
@@ -119,6 +128,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
         values = {
             "command": shlex.join(spec.argv), "cwd": spec.cwd, "sync": spec.sync, "gpus": gpus,
             "name": spec.name, "env": " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items()),
+            "restart": spec.restart, "resume_from": spec.resume_from,
         }  # fmt: skip
         for key, value in values.items():
             self.query_one(f"#{key}", Input).value = value or ""
@@ -181,7 +191,18 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
                 raise ValueError("GPUs: with the queue, a count from 1 to 1024, a list like 0,1, or empty for all")
             queue = {"gpu_count": int(gpus or 0)} if count else {"gpus": None if gpus == "all" else gpus}
             gpus = None
+        restart, resume_from = value("restart") or None, value("resume_from") or None
+        try:
+            policy = None if restart is None else R.parse_policy(restart)["policy"]
+            if resume_from is not None:
+                R.check_glob(resume_from)
+                if policy in (None, R.POLICY_NO):
+                    raise ValueError("resume from needs a restart policy: on-failure or on-failure:N")
+        except ValueError as exc:
+            raise ValueError(f"restart: {exc}") from None
         return JobSpec(
+            restart=restart,
+            resume_from=resume_from,
             host=self.host,
             argv=argv,
             cwd=cwd,
