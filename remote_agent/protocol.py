@@ -84,6 +84,7 @@ OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_NOTIFY_TEST = "notify.test"  # send a test notification now with the given [notify] settings
+OP_RELEASE_CHECK = "release.check"  # prove without side effects that the host's release would work
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/host/doctor.py)
 # Files carried to and from the host (remote_agent/files.py).
 OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
@@ -516,6 +517,26 @@ class NotifyTestResult(TypedDict):
     error: Optional[str]  # what failed, when not sent
 
 
+class ReleaseCheckArgs(TypedDict, total=False):
+    release_remote: Optional[List[str]]  # the user's command (wins where set)
+    provider: str  # the host's provider setting: auto, runpod, vastai, lambda, none
+    release_mode: Optional[str]  # stop / terminate; None: stop where the provider can
+    api_urls: Dict[str, str]  # [providers.NAME] api_url by provider
+
+
+class ReleaseCheckResult(TypedDict, total=False):
+    ok: bool
+    via: str  # "command", "runpod", "vastai" or "none"
+    detail: str  # what was proved, or why it failed
+    t: float  # when
+    instance_id: str
+    mode: str
+    state: str
+    price_per_hour: Optional[float]
+    started_at: Optional[float]
+    kind: str  # the ProviderError kind, when it failed
+
+
 class SnoozeArgs(TypedDict, total=False):
     minutes: float
 
@@ -574,6 +595,7 @@ OPS: Dict[str, Op] = {
     OP_WATCHDOG_SNOOZE: Op(SnoozeArgs, Dict[str, Any]),
     OP_WATCHDOG_CANCEL: Op(None, Dict[str, Any]),
     OP_NOTIFY_TEST: Op(NotifyTestArgs, NotifyTestResult),
+    OP_RELEASE_CHECK: Op(ReleaseCheckArgs, ReleaseCheckResult),
     # files.*: checked field by field where they are used (remote_agent/files.py, gputui/core/pull.py, sync.py)
     OP_FILES_LIST: Op(None, Dict[str, Any]),
     OP_FILES_READ: Op(None, Dict[str, Any]),

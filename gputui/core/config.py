@@ -37,7 +37,7 @@ class ConfigError(UsageError, ValueError):
 
 
 NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
-                 "queue_empty", "idle", "deadline_soon")  # fmt: skip
+                 "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon")  # fmt: skip
 NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
@@ -51,7 +51,8 @@ class Notify:
     ntfy_server: str | None = None  # default https://ntfy.sh
     idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
     events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
-                               "queue_empty", "idle", "deadline_soon")  # fmt: skip
+                               "release_failed", "release_check_failed", "queue_empty", "idle",
+                               "deadline_soon")  # fmt: skip
 
 
 @dataclass(frozen=True)

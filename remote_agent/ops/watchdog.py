@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from .. import protocol as P
 from ..fsutil import read_json, write_json
+from ..host import provider
 from ..jobs.store import JobError
 from ..watchdog import daemon as W
 from ..watchdog import notify
@@ -33,6 +34,11 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
             config[key] = P.number_arg(config, key, 0.0, low, high)
     if config.get("notify") is not None:
         config["notify"] = notify.checked(config["notify"])
+    config.pop("release_via", None)  # found here, never taken from the client
+    if (config.get("autostop_minutes") or config.get("release_at") is not None) and not config.get("release_remote"):
+        found = provider.detect_for(config.get("provider"))
+        if found.provider != provider.NONE:
+            config["release_via"] = {k: v for k, v in provider.describe(found).items() if k != "note"}
     config["boot_id"] = agent.facts()["boot_id"]
     config["nvidia_smi"] = agent.jobs.nvidia_smi  # the watchdog reads the GPUs as this agent does
     path = os.path.join(agent.jobs.state_dir, W.CONFIG)
@@ -75,6 +81,29 @@ def cancel(agent: "Agent", a: Dict[str, Any]) -> Dict[str, Any]:
     return _update(agent, cancelled=True)
 
 
+def release_check(agent: "Agent", a: P.ReleaseCheckArgs) -> P.ReleaseCheckResult:
+    """Prove without side effects that the host's release would work (the watchdog's ``release_check``): with
+    ``release_remote``, its program exists here; else the provider detected here answers for this instance
+    (``provider``, ``release_mode``, ``api_urls`` as the client's config says). The verdict is kept where the
+    watchdog keeps its own (``status`` shows it)."""
+    config = {k: a.get(k) for k in ("release_remote", "provider", "release_mode", "api_urls")}
+    if not config.get("release_remote"):
+        found = provider.detect_for(config.get("provider"))
+        if found.provider != provider.NONE:
+            config["release_via"] = {k: v for k, v in provider.describe(found).items() if k != "note"}
+        elif found.note:
+            config["note"] = found.note
+    verdict = W.release_check(config)
+    if verdict["via"] == "none" and config.get("note"):
+        verdict["detail"] += " (%s)" % config["note"]
+    path = os.path.join(agent.jobs.state_dir, W.RELEASE_CHECK)
+    old = read_json(path) or {}
+    write_json(path, dict(verdict, armed_at=old.get("armed_at")))
+    W.log_line(agent.jobs.state_dir, "release check (asked): %s: %s" % ("ok" if verdict["ok"] else "FAILED",
+                                                                        verdict["detail"]))  # fmt: skip
+    return verdict  # type: ignore[return-value]
+
+
 def notify_test(agent: "Agent", a: P.NotifyTestArgs) -> P.NotifyTestResult:
     """Send a test message now with the given settings (once, no retry); the attempt goes to the log."""
     settings = notify.checked(a.get("notify"))
@@ -86,5 +115,5 @@ def notify_test(agent: "Agent", a: P.NotifyTestArgs) -> P.NotifyTestResult:
 
 HANDLERS = {
     P.OP_WATCHDOG_CONFIGURE: configure, P.OP_WATCHDOG_SNOOZE: snooze, P.OP_WATCHDOG_CANCEL: cancel,
-    P.OP_NOTIFY_TEST: notify_test,
+    P.OP_NOTIFY_TEST: notify_test, P.OP_RELEASE_CHECK: release_check,
 }  # fmt: skip
