@@ -9,7 +9,7 @@ from ..core import autostop, safetext
 from ..core import config as cfg
 from ..core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
 from ..core.errors import ExitStatus
-from ..core.release import ReleaseError, ReleaseRequest, check_configured, release_host
+from ..core.release import ReleaseError, ReleaseRequest, check_configured, check_release, release_host
 from ..core.session import HostSession
 from .common import CliError, ask, bounded, open_fleet, progress_printer, with_session
 
@@ -49,7 +49,27 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     print(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/", file=sys.stderr)
 
 
+async def cmd_release_check(args: argparse.Namespace) -> int:
+    """``release HOST --check``: prove, with no side effects, that the release would work (exit 1 if not)."""
+    async with open_fleet(args) as fleet:
+        host = fleet.config.host(args.host)
+        try:
+            check_configured(host)
+        except ReleaseError as exc:
+            raise CliError(str(exc), ExitStatus.USAGE) from None
+        session = fleet.session(args.host)
+        await session.start()
+        verdict = await check_release(session, host, autostop.api_urls(fleet.config))
+    detail = safetext.clean(verdict.detail, limit=600)
+    if not verdict.ok:
+        raise CliError(f"{args.host}: release check FAILED ({verdict.via}): {detail}; the host would NOT be released")
+    print(f"{args.host}: release check ok ({verdict.via}): {detail}")
+    return ExitStatus.OK
+
+
 async def cmd_release(args: argparse.Namespace) -> int:
+    if args.check:
+        return await cmd_release_check(args)
     async with open_fleet(args) as fleet:
         host = fleet.config.host(args.host)
         try:
@@ -65,12 +85,13 @@ async def cmd_release(args: argparse.Namespace) -> int:
             f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
         ):
             raise CliError("not released")
-        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force))
+        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force),
+                                    autostop.api_urls(fleet.config))  # fmt: skip
     for step in result.steps:
         print(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
         if step.output:
-            print("  " + step.output.replace("\n", "\n  "))
-    print(f"{args.host}: released")
+            print("  " + safetext.clean(step.output, multiline=True, limit=4000).replace("\n", "\n  "))
+    print(f"{args.host}: released (confirmed: {safetext.clean(result.how, limit=300) or 'commands exited 0'})")
     return ExitStatus.OK
 
 
@@ -109,6 +130,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rl.add_argument("host")
     rl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     rl.add_argument("--force", action="store_true", help="release even while jobs run")
+    rl.add_argument("--check", action="store_true",
+                    help="prove, with no side effects, that the release would work (releases nothing)")  # fmt: skip
     rp = rl.add_mutually_exclusive_group()
     rp.add_argument("--pull", action="store_true", dest="pull", default=None,
                     help="pull artifacts changed since the last pull first (release only if all arrive)")  # fmt: skip

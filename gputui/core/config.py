@@ -349,9 +349,12 @@ def parse(text: str, path: Path) -> Config:
             raise fail(
                 f"hosts.{name}", "currency", f"{values['currency']!r} is not an ISO 4217 code like USD"
             )
-        if values.get("autostop_minutes") and not values.get("release_remote"):
+        if values.get("autostop_minutes") and not values.get("release_remote") and values.get(
+            "provider", "auto"
+        ) not in ("auto", "runpod", "vastai"):  # those the watchdog can release through from the host
             raise fail(
-                f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host"
+                f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host "
+                f"(provider {values.get('provider')!r} cannot release from the host)"
             )
         if values.get("stalled_counts_as_idle") and not values.get("stall_minutes"):
             raise fail(

@@ -439,27 +439,34 @@ class Watchdog:
     def _provider_release(
         self, config: Dict[str, Any], state: Dict[str, Any], now: float
     ) -> Tuple[str, Optional[str]]:
-        """Release through the provider's API: (how it was confirmed, None) or ("", why it failed). The
-        request is on disk before the call (the container may end with it)."""
-        wanted = pv.detected_from(config.get("release_via"))
-        detected = pv.detect_for(config.get("provider"))
-        if wanted is None or detected != wanted:
-            return "", "the provider detection changed since arming (now %s %s): not releasing through it" % (
-                detected.provider, detected.instance_id)  # fmt: skip
-        url, mode = api_url(config, detected.provider), config.get("release_mode")
-        try:
-            if not mode:
-                mode = pv.mode_for(pv.instance(detected, url, deadline_s=PROVIDER_CALL_S), None)
-            write_json(self.path(RELEASE_REQUEST), {"t": now, "provider": detected.provider, "mode": mode,
-                                                    "instance_id": detected.instance_id, "due": state["due"]})  # fmt: skip
-            self.log("provider release: asking %s to %s instance %s" % (detected.provider, mode, detected.instance_id))
-            pv.release(detected, mode, url, deadline_s=PROVIDER_CALL_S)
-            done = pv.confirm(detected, mode, float(config.get("release_timeout", 120)),
-                              min(5.0, float(config.get("interval", 15.0))), url, deadline_s=PROVIDER_CALL_S)  # fmt: skip
-        except pv.ProviderError as exc:
-            return "", "%s %s: %s" % (detected.provider, mode or "release", exc)
-        self.log("provider release: confirmed, %s (%d reads)" % (done.how, done.polls))
-        return "%s (%s)" % (done.how, done.state), None
+        return provider_release(self.state_dir, config, state["due"], now, self.log)
+
+
+def provider_release(
+    state_dir: str, config: Dict[str, Any], due: str, now: float, log: Any
+) -> Tuple[str, Optional[str]]:
+    """Release through the provider's API: (how it was confirmed, None) or ("", why it failed). The request is
+    on disk (``RELEASE_REQUEST``) before the call, as the container may end with it. Only the instance armed
+    (``release_via``) and detected again now, under the ``provider`` setting, is ever released."""
+    wanted = pv.detected_from(config.get("release_via"))
+    detected = pv.detect_for(config.get("provider"))
+    if wanted is None or detected != wanted:
+        return "", "the provider detection changed since arming (now %s %s): not releasing through it" % (
+            detected.provider, detected.instance_id)  # fmt: skip
+    url, mode = api_url(config, detected.provider), config.get("release_mode")
+    try:
+        if not mode:
+            mode = pv.mode_for(pv.instance(detected, url, deadline_s=PROVIDER_CALL_S), None)
+        write_json(os.path.join(state_dir, RELEASE_REQUEST), {"t": now, "provider": detected.provider, "mode": mode,
+                                                               "instance_id": detected.instance_id, "due": due})  # fmt: skip
+        log("provider release: asking %s to %s instance %s" % (detected.provider, mode, detected.instance_id))
+        pv.release(detected, mode, url, deadline_s=PROVIDER_CALL_S)
+        done = pv.confirm(detected, mode, float(config.get("release_timeout", 120)),
+                          min(5.0, float(config.get("interval", 15.0))), url, deadline_s=PROVIDER_CALL_S)  # fmt: skip
+    except pv.ProviderError as exc:
+        return "", "%s %s: %s" % (detected.provider, mode or "release", exc)
+    log("provider release: confirmed, %s (%d reads)" % (done.how, done.polls))
+    return "%s (%s)" % (done.how, done.state), None
 
 
 def build_id() -> str:
