@@ -119,3 +119,31 @@ def test_a_lambda_host_is_matched_by_address_and_terminated_from_here(home: Home
     assert res.returncode == 0, res.stderr
     assert writes(api) == ["POST /lambda/instance-operations/terminate"]
     assert "released (confirmed: lambda:" in res.stdout
+
+
+async def test_add_detects_the_provider(
+    home: Home, api: StandIn, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ``add`` flow's hook: the new host's agent finds the pod; the provider goes where none is set (a host
+that is no pod: tests/test_hostadd.py)."""
+    from gputui.cli import hosts
+    from gputui.core import config as cfg
+    from gputui.core.fleet import Fleet
+
+    pod_config(home, api)
+    for name in ("RUNPOD_POD_ID", "RUNPOD_API_KEY"):
+        monkeypatch.setenv(name, home.env[name])  # the local agent runs with this process' environment
+    config = cfg.load(str(home.root / ".config" / "gputui" / "config.toml"))
+    fleet = Fleet(config)
+    try:
+        session = fleet.session("local")
+        await session.start()
+        assert hosts.detect_provider is not None
+        found = await hosts.detect_provider(session, {"transport": "local"})
+        kept = await hosts.detect_provider(session, {"provider": "auto", "price_per_hour": 2.0})
+    finally:
+        await fleet.close()
+    assert found is not None and found["provider"] == "runpod"
+    assert kept is None  # the table sets both: nothing is added
+    assert "provider: runpod detected; adding provider = 'runpod'" in capsys.readouterr().out
+    assert writes(api) == []
