@@ -147,3 +147,23 @@ that is no pod: tests/test_hostadd.py)."""
     assert kept is None  # the table sets both: nothing is added
     assert "provider: runpod detected; adding provider = 'runpod'" in capsys.readouterr().out
     assert writes(api) == []
+
+
+def _release_check(home: Home) -> dict:
+    [report] = json.loads(home.cli("doctor", "--json", "--timeout", "60").stdout)["hosts"]
+    return next(c for c in report["checks"] if c["id"] == "release")
+
+
+def test_doctor_has_the_release_check(home: Home, api: StandIn) -> None:
+    pod_config(home, api)
+    check = _release_check(home)
+    assert check["status"] == "ok" and check["detail"].startswith(f"runpod: runpod answers for instance {POD}")
+    pod_config(home, api, key="rpa_WRONGKEY_0123456789")
+    check = _release_check(home)
+    assert check["status"] == "fail" and "refused (401)" in check["detail"] and "would NOT be released" in check["detail"]
+    assert writes(api) == []
+
+
+def test_doctor_skips_the_release_check_where_none_is_set_or_found(home: Home) -> None:
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    assert _release_check(home)["status"] == "skip"

@@ -76,10 +76,21 @@ async def cmd_release(args: argparse.Namespace) -> int:
             check_configured(host)
         except ReleaseError as exc:
             raise CliError(str(exc), ExitStatus.USAGE) from None
+        session, started = fleet.session(args.host), False
+        if not host.release and not host.release_remote and host.provider != "lambda":
+            await session.start()  # is there a provider to release through? Asked before anything else
+            started = True
+            found = await session.release_check(**autostop.release_settings(host, autostop.api_urls(fleet.config)))
+            if found.get("via") == "none":
+                raise CliError(
+                    f"no release command for {args.host}: set release (run here, e.g. a provider CLI) or "
+                    "release_remote (run on the host) in its [hosts.NAME] table; no RunPod or vast.ai instance "
+                    f"was found on the host ({safetext.clean(str(found.get('detail')), limit=300)})", ExitStatus.USAGE,
+                )  # fmt: skip
         if not args.yes and not sys.stdin.isatty():
             raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
-        session = fleet.session(args.host)
-        await session.start()
+        if not started:
+            await session.start()
         await _artifacts_first(args, session, host)
         if not args.yes and not ask(
             f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
