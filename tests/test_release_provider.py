@@ -167,3 +167,19 @@ def test_doctor_has_the_release_check(home: Home, api: StandIn) -> None:
 def test_doctor_skips_the_release_check_where_none_is_set_or_found(home: Home) -> None:
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
     assert _release_check(home)["status"] == "skip"
+
+
+def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None:
+    import time
+
+    from gputui.core import model as M
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.host import host_info
+
+    cost = M.CostInfo(price_per_hour=0.74, price_source="runpod", autostop_in_s=2520.0, provider="runpod",
+                      instance_id=POD, release_check_ok=True, release_check_at=time.time() - 180)  # fmt: skip
+    line = host_info(M.HostSnapshot(name="pod", cost=cost), Palette()).plain
+    assert "· runpod" in line and "autostop in 42m" in line and "release checked 3m" in line
+    failed = M.CostInfo(price_per_hour=0.74, release_failed="runpod stop: provider error 500\x1b[2J")
+    line = host_info(M.HostSnapshot(name="pod", cost=failed), Palette()).plain
+    assert "RELEASE FAILED, still billing: runpod stop: provider error 500" in line and "\x1b" not in line
