@@ -188,6 +188,8 @@ def release_line(c: M.CostInfo, now: float) -> str | None:
             ago = "" if c.release_check_at is None else f" {duration(max(0.0, now - c.release_check_at))} ago"
             verdict = "ok" if c.release_check_ok else "FAILED"
             parts.append(f"{where} · release checked{ago}: {verdict} ({c.release_check_detail or ''})")
+    elif c.release_check_ok is False:
+        parts.append(c.release_check_detail or "no release armed")
     return "; ".join(parts) or None
 
 

@@ -183,3 +183,15 @@ def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None
     failed = M.CostInfo(price_per_hour=0.74, release_failed="runpod stop: provider error 500\x1b[2J")
     line = host_info(M.HostSnapshot(name="pod", cost=failed), Palette()).plain
     assert "RELEASE FAILED, still billing: runpod stop: provider error 500" in line and "\x1b" not in line
+
+
+def test_autostop_on_a_host_with_no_provider_and_no_command_says_it_is_not_armed(home: Home) -> None:
+    """provider "auto" lets autostop go without release_remote; where the host turns out to be no pod, nothing
+    is armed, and status says so instead of showing a countdown that would release nothing."""
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+                      "count_ssh_sessions = false\nautostop_minutes = 30\n")  # fmt: skip
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    assert host["cost"]["release_check_ok"] is False and host["cost"]["autostop_in_s"] is None
+    assert "NOT armed" in host["cost"]["release_check_detail"]
+    assert not (home.state_dir / "watchdog.json").exists()
+    assert "release  autostop / deadline NOT armed on the host" in home.cli("status", check=True).stdout

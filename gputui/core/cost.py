@@ -286,8 +286,9 @@ def cost_info(
     live = snap.state == M.CONNECTED and snap.error is None
     activity = snap.metrics.activity if snap.metrics is not None else {}
     release = release_info(activity)
-    if snap.metrics is not None and host.autostop_minutes and not activity.get("watchdog"):
-        release.update(release_check_ok=False, release_check_detail="autostop is NOT armed on the host: no "
+    wants = host.autostop_minutes or host.release_at is not None or host.release_after_hours is not None
+    if snap.metrics is not None and wants and not activity.get("watchdog"):
+        release.update(release_check_ok=False, release_check_detail="autostop / deadline NOT armed on the host: no "
                        "release_remote, and no RunPod or vast.ai instance found there")  # fmt: skip
     price, source = price_and_source(host, snap.gpus, config.prices, release.pop("provider_price", None))
     boot_time = snap.facts.get("boot_time")

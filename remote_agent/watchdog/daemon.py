@@ -48,7 +48,7 @@ RELEASE_REQUEST, RELEASE_CHECK = "release_request.json", "release_check.json"
 TAKEOVER = "watchdog.takeover.lock"  # held by the one new watchdog waiting to take over
 #: Bumped when the watchdog's behaviour changes: a build never replaces a running watchdog of a higher one (an
 #: older client connecting must not bring old release logic back).
-REVISION = 2
+REVISION = 3  # 3: releases through the provider, release_failed, the release check at arming
 MAX_LOG_BYTES = 1024 * 1024
 RETRY_AFTER_FAILURE_S = 300.0
 #: A release that failed again waits twice as long as before, up to this.
