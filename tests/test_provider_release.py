@@ -163,6 +163,9 @@ def test_a_wrong_key_fails_the_check_at_arming_and_notifies(
     assert releases(api) == []  # a check has no side effects
     dog.check(config, FACTS, IDLE, now=T + 1, mono=1.0)  # checked once per arming
     assert len([r for r in api.requests if r.method == "GET"]) == 1
+    dog.check(config, FACTS, IDLE, now=T + W.RECHECK_S, mono=2.0)  # and again now and then
+    assert len([r for r in api.requests if r.method == "GET"]) == 2
+    assert dog.notifier.sender.wait(30) and len(hook.bodies) == 1  # the failure was told once for this arming
 
 
 def test_a_good_check_says_what_the_release_would_do(tmp_path: Path, api: StandIn, on_pod: Any) -> None:

@@ -56,6 +56,8 @@ RETRY_MAX_S = 3600.0
 #: Bound on each provider call from the watchdog (the API's own deadline), and on a release check's.
 PROVIDER_CALL_S = 20.0
 CHECK_CALL_S = 10.0
+#: The release is checked again this often while armed (its verdict and the provider's price stay fresh).
+RECHECK_S = 1800.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
 RING_FRESH_S = 5.0
 #: A deadline comes no sooner than this after it was set (``armed_at``): one that had already passed when it
@@ -233,6 +235,7 @@ class Watchdog:
         self.failures = 0  # release attempts that failed in a row (the backoff)
         self.last_error = ""  # why the last one failed
         self.checked_for: Optional[Any] = None  # the arming (``armed_at``) the release was last checked for
+        self.checked_at = 0.0  # when (wall clock)
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
         self._deadline: Optional[Tuple[float, float]] = (
             None  # (release_at, when it comes on the monotonic clock)
@@ -283,11 +286,13 @@ class Watchdog:
         return state
 
     def _check_release(self, config: Dict[str, Any], now: float) -> Optional[Dict[str, Any]]:
-        """At each arming (a new ``armed_at``) of a release: check it (``release_check``) and keep the verdict in
-        ``RELEASE_CHECK``. The verdict of this pass when one was made, else None."""
-        if not _releases(config) or config.get("armed_at") == self.checked_for:
+        """At each arming (a new ``armed_at``) of a release, and every RECHECK_S while armed: check it
+        (``release_check``) and keep the verdict in ``RELEASE_CHECK``. The verdict of this pass when one was made, else None."""
+        if not _releases(config):
             return None
-        self.checked_for = config.get("armed_at")
+        if config.get("armed_at") == self.checked_for and now - self.checked_at < RECHECK_S:
+            return None
+        self.checked_for, self.checked_at = config.get("armed_at"), now
         verdict = release_check(config, now)
         write_json(self.path(RELEASE_CHECK), dict(verdict, armed_at=config.get("armed_at")))
         self.log("release check: %s: %s" % ("ok" if verdict["ok"] else "FAILED", verdict["detail"]))
