@@ -195,3 +195,16 @@ def test_autostop_on_a_host_with_no_provider_and_no_command_says_it_is_not_armed
     assert "NOT armed" in host["cost"]["release_check_detail"]
     assert not (home.state_dir / "watchdog.json").exists()
     assert "release  autostop / deadline NOT armed on the host" in home.cli("status", check=True).stdout
+
+
+def test_a_users_release_command_wins_over_the_provider(home: Home, api: StandIn) -> None:
+    """``release`` (run here) set: autostop is a config error (it cannot run with the laptop closed), and the
+    watchdog is never told to use the provider instead."""
+    pod_config(home, api, 'release = ["true"]\nautostop_minutes = 30\n')
+    res = home.cli("status")
+    assert res.returncode == 2 and "needs release_remote" in res.stderr and "release runs here" in res.stderr
+    from gputui.core import autostop, config as cfg
+
+    host = cfg.HostConfig(name="h", release=("true",), release_at=None)
+    assert autostop.watchdog_config(host, None)["provider"] == "none"
+    assert api.requests == []

@@ -61,7 +61,7 @@ def release_settings(host: HostConfig, urls: dict[str, str]) -> dict[str, Any]:
     when the agent finds one there that ``provider`` allows (remote_agent/host/provider.py)."""
     return {
         "release_remote": list(host.release_remote or ()),
-        "provider": host.provider,
+        "provider": "none" if host.release and not host.release_remote else host.provider,  # yours win
         "release_mode": host.release_mode,
         "api_urls": {k: v for k, v in urls.items() if k in ("runpod", "vastai")},
     }

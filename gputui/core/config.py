@@ -349,12 +349,13 @@ def parse(text: str, path: Path) -> Config:
             raise fail(
                 f"hosts.{name}", "currency", f"{values['currency']!r} is not an ISO 4217 code like USD"
             )
-        if values.get("autostop_minutes") and not values.get("release_remote") and values.get(
-            "provider", "auto"
-        ) not in ("auto", "runpod", "vastai"):  # those the watchdog can release through from the host
+        if values.get("autostop_minutes") and not values.get("release_remote") and (
+            values.get("provider", "auto") not in ("auto", "runpod", "vastai") or values.get("release")
+        ):  # the watchdog releases through RunPod / vast.ai from the host, unless the user's command is set
+            why = ("release runs here, not on the host" if values.get("release")
+                   else f"provider {values.get('provider')!r} cannot release from the host")  # fmt: skip
             raise fail(
-                f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host "
-                f"(provider {values.get('provider')!r} cannot release from the host)"
+                f"hosts.{name}", "autostop_minutes", f"needs release_remote: the command that stops the host ({why})"
             )
         if values.get("stalled_counts_as_idle") and not values.get("stall_minutes"):
             raise fail(
