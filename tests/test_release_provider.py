@@ -203,7 +203,8 @@ def test_a_users_release_command_wins_over_the_provider(home: Home, api: StandIn
     pod_config(home, api, 'release = ["true"]\nautostop_minutes = 30\n')
     res = home.cli("status")
     assert res.returncode == 2 and "needs release_remote" in res.stderr and "release runs here" in res.stderr
-    from gputui.core import autostop, config as cfg
+    from gputui.core import autostop
+    from gputui.core import config as cfg
 
     host = cfg.HostConfig(name="h", release=("true",), release_at=None)
     assert autostop.watchdog_config(host, None)["provider"] == "none"
