@@ -315,7 +315,7 @@ def test_a_mode_no_provider_has_is_refused_before_any_call(api: StandIn) -> None
 # ---- an emulated pod -----------------------------------------------------------------------------------------
 
 PROBE = (
-    "import json, os, sys; sys.path.insert(0, sys.argv[1]); from remote_agent import provider as p; "
+    "import json, os, sys; sys.path.insert(0, sys.argv[1]); from remote_agent.host import provider as p; "
     "d = p.detect(); print(json.dumps({'own': sorted(k for k in os.environ if k in p._wanted()), "
     "'found': p.describe(d), 'state': p.instance(d, api_url=sys.argv[2]).state}))"
 )
