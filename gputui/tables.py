@@ -177,9 +177,33 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
         c = s.cost
         if c is not None:
             price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"
+            price += f" · {c.price_source}" if c.price_source not in (None, "config") else ""
             stops = [f"{what} in {duration(left)}" for what, left in
                      (("autostop", c.autostop_in_s), ("deadline release", c.deadline_in_s)) if left is not None]  # fmt: skip
             print(f"  cost  {price}, accrued {c.accrued:.2f}; {'; '.join([_idle_text(c), *stops])}")
+            line = release_line(c, time.time())
+            if line:
+                print(f"  release  {clean(line, limit=600)}")
+
+
+def release_line(c: M.CostInfo, now: float) -> str | None:
+    """How the host is released and whether that was proved: ``runpod pod X · checked 3m ago: ok``; a failed
+    release first, loud (the host still bills)."""
+    parts = []
+    if c.release_failed:
+        billing = "" if c.price_per_hour is None else f" at {c.price_per_hour:.2f} {c.currency}/h"
+        parts.append(f"RELEASE FAILED, still billing{billing}: {c.release_failed}")
+    if c.provider:
+        where = "release_remote" if c.provider == "command" else f"{c.provider} {c.instance_id or ''}".strip()
+        if c.release_check_ok is None:
+            parts.append(f"{where} · not checked")
+        else:
+            ago = "" if c.release_check_at is None else f" {duration(max(0.0, now - c.release_check_at))} ago"
+            verdict = "ok" if c.release_check_ok else "FAILED"
+            parts.append(f"{where} · release checked{ago}: {verdict} ({c.release_check_detail or ''})")
+    elif c.release_check_ok is False:
+        parts.append(c.release_check_detail or "no release armed")
+    return "; ".join(parts) or None
 
 
 def print_cost(hosts: list[dict[str, Any]], spend: FleetSpend) -> None:

@@ -85,6 +85,8 @@ OP_WATCHDOG_CONFIGURE = "watchdog.configure"
 OP_WATCHDOG_SNOOZE = "watchdog.snooze"
 OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_NOTIFY_TEST = "notify.test"  # send a test notification now with the given [notify] settings
+OP_RELEASE_CHECK = "release.check"  # prove without side effects that the host's release would work
+OP_RELEASE_PROVIDER = "release.provider"  # release this instance through its provider's API, confirmed
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/host/doctor.py)
 # Files carried to and from the host (remote_agent/files.py).
 OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
@@ -541,6 +543,40 @@ class NotifyTestResult(TypedDict):
     error: Optional[str]  # what failed, when not sent
 
 
+class ReleaseCheckArgs(TypedDict, total=False):
+    release_remote: Optional[List[str]]  # the user's command (wins where set)
+    provider: str  # the host's provider setting: auto, runpod, vastai, lambda, none
+    release_mode: Optional[str]  # stop / terminate; None: stop where the provider can
+    api_urls: Dict[str, str]  # [providers.NAME] api_url by provider
+
+
+class ReleaseCheckResult(TypedDict, total=False):
+    ok: bool
+    via: str  # "command", "runpod", "vastai" or "none"
+    detail: str  # what was proved, or why it failed
+    t: float  # when
+    instance_id: str
+    mode: str
+    state: str
+    price_per_hour: Optional[float]
+    started_at: Optional[float]
+    kind: str  # the ProviderError kind, when it failed
+
+
+class ReleaseProviderArgs(TypedDict, total=False):
+    provider: str
+    release_mode: Optional[str]
+    api_urls: Dict[str, str]
+    release_timeout: float  # how long the state is read back for
+
+
+class ReleaseProviderResult(TypedDict):
+    found: bool  # a RunPod / vast.ai instance was found on the host (the provider setting allowing it)
+    released: bool  # the provider confirmed it stopped / terminated
+    how: str  # how it was confirmed
+    error: Optional[str]  # why not
+
+
 class SnoozeArgs(TypedDict, total=False):
     minutes: float
 
@@ -600,6 +636,8 @@ OPS: Dict[str, Op] = {
     OP_WATCHDOG_SNOOZE: Op(SnoozeArgs, Dict[str, Any]),
     OP_WATCHDOG_CANCEL: Op(None, Dict[str, Any]),
     OP_NOTIFY_TEST: Op(NotifyTestArgs, NotifyTestResult),
+    OP_RELEASE_CHECK: Op(ReleaseCheckArgs, ReleaseCheckResult),
+    OP_RELEASE_PROVIDER: Op(ReleaseProviderArgs, ReleaseProviderResult),
     # files.*: checked field by field where they are used (remote_agent/files.py, gputui/core/pull.py, sync.py)
     OP_FILES_LIST: Op(None, Dict[str, Any]),
     OP_FILES_READ: Op(None, Dict[str, Any]),

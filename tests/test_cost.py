@@ -236,7 +236,7 @@ def test_cost_info_combines_price_ledger_and_idle(tmp_path: Path) -> None:
         ('[prices]\n"H100" = "cheap"\n', "prices.H100: must be a non-negative number"),
         ("[budget]\ndaily = -1\n", "budget.daily: must not be negative"),
         ("[hosts.a]\nrelease = 5\n", "hosts.a.release: must be a command"),
-        ("[hosts.a]\nautostop_minutes = 30\n", "hosts.a.autostop_minutes: needs release_remote"),
+        ("[hosts.a]\nautostop_minutes = 30\nprovider = \"none\"\n", "hosts.a.autostop_minutes: needs release_remote"),
         ('[hosts.a]\nrelease_at = "tomorrow"\n', "hosts.a.release_at: must be a TOML date-time"),
     ],
 )

@@ -57,7 +57,8 @@ def test_cli_doctor_local_json(home: Home) -> None:
     res = home.cli("doctor", "local", "--json")
     [host] = json.loads(res.stdout)["hosts"]
     checks = by_id(host["checks"])
-    assert [c["id"] for c in host["checks"] if not c["id"].startswith("gpu.")][:-1] == IDS
+    assert host["checks"][0]["id"] == "release"  # the client's own check (tests/test_release_provider.py)
+    assert [c["id"] for c in host["checks"][1:] if not c["id"].startswith("gpu.")][:-1] == IDS
     assert host["checks"][-1]["id"] == "state_dir"
     for c in host["checks"]:
         assert set(c) == {"id", "title", "status", "detail", "fix"} and c["status"] in (

@@ -236,7 +236,7 @@ def test_add_trusts_checks_writes_then_a_job_runs(ssh_home: SshHome) -> None:
     assert res.returncode == 0, res.stderr
     assert f"ED25519 key {ssh_home.sshd.fingerprint()}" in res.stdout
     assert "gpu1: " in res.stdout and "tmux" in res.stdout.lower()  # the doctor's checks, printed
-    assert "provider: not detected yet" in res.stdout
+    assert "provider: none detected" in res.stdout
     assert known.read_text() == ssh_home.sshd.host_key_line()
     text = config.read_text()
     assert text.startswith(before)  # the user's bytes, untouched

@@ -490,7 +490,7 @@ def test_a_failed_release_remote_is_retried_only_after_its_backoff(tmp_path: Pat
     assert dog.check(config, facts, idle, now=t, mono=0.0)["action"] == "release failed"
     for dt in (1.0, 60.0, W.RETRY_AFTER_FAILURE_S - 1):  # still due, but within the backoff: not run again
         state = dog.check(config, facts, idle, now=t + dt, mono=dt)
-        assert state["due"] == "deadline reached" and state["action"] is None
+        assert state["due"] == "deadline reached" and state["action"] == "release failed"  # still billing
     assert attempts.read_text() == "x\n"
     again = dog.check(config, facts, idle, now=t + W.RETRY_AFTER_FAILURE_S, mono=W.RETRY_AFTER_FAILURE_S)
     assert again["action"] == "release failed" and attempts.read_text() == "x\nx\n"

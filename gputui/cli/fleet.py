@@ -7,9 +7,9 @@ import datetime
 import sys
 import time
 
+from ..core import autostop, jsonout
 from ..core import config as cfg
 from ..core import doctor as D
-from ..core import jsonout
 from ..core import model as M
 from ..core.errors import ExitStatus
 from ..core.fleet import Fleet
@@ -80,8 +80,9 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     if not 0 < args.timeout <= 600:
         raise CliError("--timeout must be between 0 and 600 seconds", ExitStatus.USAGE)
     async with open_fleet(args) as fleet:
+        urls = autostop.api_urls(fleet.config)
         results = await gather_hosts(
-            fleet, host_names(fleet.config, args.host), lambda s: D.run_doctor(s, args.python, args.timeout),
+            fleet, host_names(fleet.config, args.host), lambda s: D.run_doctor(s, args.python, args.timeout, fleet.config.hosts[s.name], urls),
             limit=D.HOSTS_AT_ONCE,
         )  # fmt: skip
     reports = [

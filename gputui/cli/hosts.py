@@ -23,6 +23,7 @@ from ..core import doctor as D
 from ..core import jsonout
 from ..core import model as M
 from ..core.errors import ExitStatus
+from ..core.safetext import clean
 from .common import CliError, ask, bounded
 
 if TYPE_CHECKING:
@@ -34,7 +35,47 @@ if TYPE_CHECKING:
 #: written, the keys it found (``price_per_hour``, ``release``, ...) to add where the user set none; None:
 #: nothing found. Until it is set, ``gputui add`` says that no provider was detected.
 ProviderDetector = Callable[["HostSession", dict[str, Any]], Awaitable["dict[str, Any] | None"]]
-detect_provider: ProviderDetector | None = None
+
+
+async def _detect_provider(session: HostSession, table: dict[str, Any]) -> dict[str, Any] | None:
+    """The new host's provider, as its agent finds it (RunPod / vast.ai: the instance's own variables, checked
+    against the provider's API with no side effects), else a Lambda instance of the user's at its address (with
+    $LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys); ``provider`` and the provider's ``price_per_hour`` where the
+    table sets none. Prints what it found; None when nothing was."""
+    from ..core import providers
+
+    found: dict[str, Any] = {}
+    verdict = await session.release_check(provider="auto", api_urls={})
+    via = verdict.get("via")
+    price: Any = None
+    if via in (providers.RUNPOD, providers.VASTAI):
+        found["provider"] = via
+        price = verdict.get("price_per_hour")
+        if not verdict.get("ok"):
+            print(f"provider: {via}, but its API did not answer: {clean(str(verdict.get('detail')), limit=300)}")
+    else:
+        key = providers.lambda_key() if table.get("provider") in (None, "auto", "lambda") else None
+        if key is not None:
+            try:
+                inst = await providers.find(key, str(table.get("host") or session.name))
+            except providers.ProviderError as exc:
+                print(f"provider: Lambda not checked: {clean(str(exc), limit=300)}")
+                inst = None
+            if inst is not None:
+                found["provider"], price = providers.LAMBDA, inst.price_per_hour
+    if not found:
+        print("provider: none detected (not a RunPod pod, vast.ai instance or Lambda instance of yours); set "
+              "price_per_hour and release in its table by hand")  # fmt: skip
+        return None
+    if isinstance(price, (int, float)) and not isinstance(price, bool) and 0 <= price <= 10000:
+        found["price_per_hour"] = round(float(price), 4)
+    found = {k: v for k, v in found.items() if k not in table}
+    shown = ", ".join(f"{k} = {v!r}" for k, v in found.items()) or "nothing new (the table sets it)"
+    print(f"provider: {via if via in (providers.RUNPOD, providers.VASTAI) else providers.LAMBDA} detected; adding {shown}")
+    return found or None
+
+
+detect_provider: ProviderDetector | None = _detect_provider
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -9,7 +9,7 @@ from ..core import autostop, safetext
 from ..core import config as cfg
 from ..core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
 from ..core.errors import ExitStatus
-from ..core.release import ReleaseError, ReleaseRequest, check_configured, release_host
+from ..core.release import ReleaseError, ReleaseRequest, check_configured, check_release, release_host
 from ..core.session import HostSession
 from .common import CliError, ask, bounded, open_fleet, progress_printer, with_session
 
@@ -49,28 +49,60 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     print(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/", file=sys.stderr)
 
 
-async def cmd_release(args: argparse.Namespace) -> int:
+async def cmd_release_check(args: argparse.Namespace) -> int:
+    """``release HOST --check``: prove, with no side effects, that the release would work (exit 1 if not)."""
     async with open_fleet(args) as fleet:
         host = fleet.config.host(args.host)
         try:
             check_configured(host)
         except ReleaseError as exc:
             raise CliError(str(exc), ExitStatus.USAGE) from None
-        if not args.yes and not sys.stdin.isatty():
-            raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
         session = fleet.session(args.host)
         await session.start()
+        verdict = await check_release(session, host, autostop.api_urls(fleet.config))
+    detail = safetext.clean(verdict.detail, limit=600)
+    if not verdict.ok:
+        raise CliError(f"{args.host}: release check FAILED ({verdict.via}): {detail}; the host would NOT be released")
+    print(f"{args.host}: release check ok ({verdict.via}): {detail}")
+    return ExitStatus.OK
+
+
+async def cmd_release(args: argparse.Namespace) -> int:
+    if args.check:
+        return await cmd_release_check(args)
+    async with open_fleet(args) as fleet:
+        host = fleet.config.host(args.host)
+        try:
+            check_configured(host)
+        except ReleaseError as exc:
+            raise CliError(str(exc), ExitStatus.USAGE) from None
+        session, started = fleet.session(args.host), False
+        if not host.release and not host.release_remote and host.provider != "lambda":
+            await session.start()  # is there a provider to release through? Asked before anything else
+            started = True
+            found = await session.release_check(**autostop.release_settings(host, autostop.api_urls(fleet.config)))
+            if found.get("via") == "none":
+                raise CliError(
+                    f"no release command for {args.host}: set release (run here, e.g. a provider CLI) or "
+                    "release_remote (run on the host) in its [hosts.NAME] table; no RunPod or vast.ai instance "
+                    f"was found on the host ({safetext.clean(str(found.get('detail')), limit=300)})", ExitStatus.USAGE,
+                )  # fmt: skip
+        if not args.yes and not sys.stdin.isatty():
+            raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
+        if not started:
+            await session.start()
         await _artifacts_first(args, session, host)
         if not args.yes and not ask(
             f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
         ):
             raise CliError("not released")
-        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force))
+        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force),
+                                    autostop.api_urls(fleet.config))  # fmt: skip
     for step in result.steps:
         print(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
         if step.output:
-            print("  " + step.output.replace("\n", "\n  "))
-    print(f"{args.host}: released")
+            print("  " + safetext.clean(step.output, multiline=True, limit=4000).replace("\n", "\n  "))
+    print(f"{args.host}: released (confirmed: {safetext.clean(result.how, limit=300) or 'commands exited 0'})")
     return ExitStatus.OK
 
 
@@ -109,6 +141,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rl.add_argument("host")
     rl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     rl.add_argument("--force", action="store_true", help="release even while jobs run")
+    rl.add_argument("--check", action="store_true",
+                    help="prove, with no side effects, that the release would work (releases nothing)")  # fmt: skip
     rp = rl.add_mutually_exclusive_group()
     rp.add_argument("--pull", action="store_true", dest="pull", default=None,
                     help="pull artifacts changed since the last pull first (release only if all arrive)")  # fmt: skip

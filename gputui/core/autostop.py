@@ -10,7 +10,7 @@ from typing import Any
 
 from remote_agent import protocol as P
 
-from .config import HostConfig
+from .config import Config, HostConfig
 from .errors import UsageError
 from .link import AgentError
 from .session import HostSession
@@ -49,15 +49,33 @@ def notify_settings(host: HostConfig) -> dict[str, Any] | None:
     }
 
 
-def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]:
-    """What the host's watchdog is told (no autostop, deadline nor stall_minutes: disarmed). It checks every
-    tenth of the shortest window, at most every 15 s."""
+def api_urls(config: Config | None) -> dict[str, str]:
+    """The ``[providers.NAME] api_url`` settings, by provider (the host uses those of RunPod and vast.ai)."""
+    if config is None:
+        return {}
+    return {name: p.api_url for name, p in config.providers.items() if p.api_url}
+
+
+def release_settings(host: HostConfig, urls: dict[str, str]) -> dict[str, Any]:
+    """How the host releases itself: the user's ``release_remote`` (wins where set), else the provider's API
+    when the agent finds one there that ``provider`` allows (remote_agent/host/provider.py)."""
     return {
+        "release_remote": list(host.release_remote or ()),
+        "provider": "none" if host.release and not host.release_remote else host.provider,  # yours win
+        "release_mode": host.release_mode,
+        "api_urls": {k: v for k, v in urls.items() if k in ("runpod", "vastai")},
+    }
+
+
+def watchdog_config(host: HostConfig, boot_time: float | None, urls: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the host's watchdog is told (no autostop, deadline nor stall_minutes: disarmed). It checks every
+    tenth of the shortest window, at most every 15 s. ``urls``: the providers' API bases (``api_urls``)."""
+    return {
+        **release_settings(host, urls or {}),
         "autostop_minutes": host.autostop_minutes,
         "release_at": deadline(host, boot_time),
         "idle_util_percent": host.idle_util_percent,
         "count_sessions": host.count_ssh_sessions,
-        "release_remote": list(host.release_remote or ()),
         "release_timeout": host.release_timeout,
         "pre_stop": list(host.pre_stop) if host.pre_stop else None,
         "pre_stop_timeout": host.pre_stop_timeout,
@@ -68,9 +86,10 @@ def watchdog_config(host: HostConfig, boot_time: float | None) -> dict[str, Any]
     }
 
 
-async def arm(session: HostSession, host: HostConfig) -> None:
-    """Tell the host's watchdog the rules now in the config; with none, this disarms it (run on every connect)."""
-    await session.configure_autostop(watchdog_config(host, session.snapshot.facts.get("boot_time")))
+async def arm(session: HostSession, host: HostConfig, urls: dict[str, str] | None = None) -> None:
+    """Tell the host's watchdog the rules now in the config; with none, this disarms it (run on every connect).
+    Arming makes the watchdog check the release (its verdict shows in ``status``; a failing one notifies)."""
+    await session.configure_autostop(watchdog_config(host, session.snapshot.facts.get("boot_time"), urls))
 
 
 async def snooze(session: HostSession, minutes: float) -> None:
@@ -93,8 +112,8 @@ def _no_autostop(host: str, exc: AgentError, what: str) -> None:
     if exc.code != P.E_NOT_FOUND:
         raise exc
     raise NoAutostop(
-        f"{host} has no autostop to {what}: set autostop_minutes (with release_remote) or a deadline for it "
-        "in the config"
+        f"{host} has no autostop to {what}: set autostop_minutes or a deadline for it in the config (with "
+        "release_remote where the host is not a RunPod pod or vast.ai instance)"
     ) from None
 
 

@@ -39,7 +39,8 @@ class ConfigError(UsageError, ValueError):
 
 
 NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
-                 "queue_empty", "idle", "deadline_soon", "job_restarted", "crash_loop")  # fmt: skip
+                 "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon", "job_restarted",
+                 "crash_loop")  # fmt: skip
 NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
@@ -53,7 +54,8 @@ class Notify:
     ntfy_server: str | None = None  # default https://ntfy.sh
     idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
     events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
-                               "queue_empty", "idle", "deadline_soon", "job_restarted", "crash_loop")  # fmt: skip
+                               "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon",
+                               "job_restarted", "crash_loop")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -361,9 +363,13 @@ def parse(text: str, path: Path) -> Config:
             raise fail(
                 f"hosts.{name}", "currency", f"{values['currency']!r} is not an ISO 4217 code like USD"
             )
-        if values.get("autostop_minutes") and not values.get("release_remote"):
+        if values.get("autostop_minutes") and not values.get("release_remote") and (
+            values.get("provider", "auto") not in ("auto", "runpod", "vastai") or values.get("release")
+        ):  # the watchdog releases through RunPod / vast.ai from the host, unless the user's command is set
+            why = ("release runs here, not on the host" if values.get("release")
+                   else f"provider {values.get('provider')!r} cannot release from the host")  # fmt: skip
             raise fail(
-                f"hosts.{name}", "autostop_minutes", "needs release_remote: the command that stops the host"
+                f"hosts.{name}", "autostop_minutes", f"needs release_remote: the command that stops the host ({why})"
             )
         if values.get("stalled_counts_as_idle") and not values.get("stall_minutes"):
             raise fail(

@@ -224,6 +224,53 @@ def month_start(now: float) -> float:
     )
 
 
+def release_info(activity: P.Activity) -> dict[str, Any]:
+    """What the host's watchdog reports of its release (``remote_agent/watchdog/daemon.py``): the CostInfo
+    fields ``provider``, ``instance_id``, ``release_check_*``, ``release_failed`` and the provider's price
+    (``provider_price``), each checked by type (a host may send anything)."""
+    found: Any = activity.get("watchdog")
+    wd: dict[str, Any] = found if isinstance(found, dict) else {}
+    check: dict[str, Any] = wd["release_check"] if isinstance(wd.get("release_check"), dict) else {}
+    out: dict[str, Any] = {}
+    via = check.get("via")
+    if isinstance(via, str) and via in ("command", "runpod", "vastai", "none"):
+        out["provider"] = via
+        if isinstance(check.get("instance_id"), str):
+            out["instance_id"] = check["instance_id"][:64]
+        if isinstance(check.get("ok"), bool):
+            out["release_check_ok"] = check["ok"]
+        if _number(check.get("t")) is not None:
+            out["release_check_at"] = float(check["t"])
+        if isinstance(check.get("detail"), str):
+            out["release_check_detail"] = check["detail"][:300]
+        price = _number(check.get("price_per_hour"))
+        if via in ("runpod", "vastai") and check.get("ok") is True and price is not None and price <= 10000:
+            out["provider_price"] = (price, via)
+    if wd.get("action") == "release failed":
+        error = wd.get("release_error")
+        out["release_failed"] = error[:300] if isinstance(error, str) else "the release failed"
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def price_and_source(
+    host: HostConfig, gpus: tuple[M.GpuSample, ...], prices: dict[str, float], provider: tuple[float, str] | None
+) -> tuple[float | None, str | None]:
+    """The price per hour and where it comes from: the config's ``price_per_hour`` always wins, then the
+    provider's own figure, then the per-GPU ``[prices]`` table."""
+    if host.price_per_hour is not None:
+        return float(host.price_per_hour), "config"
+    if provider is not None:
+        return provider
+    price = price_per_hour(host, gpus, prices)
+    return price, None if price is None else "prices"
+
+
 def idleness(activity: P.Activity, host: HostConfig) -> tuple[bool, float, tuple[str, ...]]:
     """(idle, idle seconds, why not idle) from the agent's activity report under the host's idle rule."""
     reasons = tuple(str(r) for r in activity.get("reasons") or ())
@@ -237,12 +284,17 @@ def cost_info(
     """Observe the host in the ledger and compute what the UI and ``status --json`` show."""
     now = time.time() if now is None else now
     live = snap.state == M.CONNECTED and snap.error is None
-    price = price_per_hour(host, snap.gpus, config.prices)
+    activity = snap.metrics.activity if snap.metrics is not None else {}
+    release = release_info(activity)
+    wants = host.autostop_minutes or host.release_at is not None or host.release_after_hours is not None
+    if snap.metrics is not None and wants and not activity.get("watchdog"):
+        release.update(release_check_ok=False, release_check_detail="autostop / deadline NOT armed on the host: no "
+                       "release_remote, and no RunPod or vast.ai instance found there")  # fmt: skip
+    price, source = price_and_source(host, snap.gpus, config.prices, release.pop("provider_price", None))
     boot_time = snap.facts.get("boot_time")
     if live and snap.metrics is not None:
         start = host.billing_start.timestamp() if host.billing_start else boot_time
         ledger.observe(host.name, now, price, snap.facts.get("boot_id"), start)
-    activity = snap.metrics.activity if snap.metrics is not None else {}
     idle, idle_seconds, reasons = idleness(activity, host)
     idle = idle and bool(snap.metrics)
     return M.CostInfo(
@@ -258,4 +310,6 @@ def cost_info(
         released=ledger.released(host.name),
         autostop_in_s=autostop_in_s(activity, now),
         deadline_in_s=deadline_in_s(activity, host, boot_time, now),
+        price_source=source,
+        **release,
     )

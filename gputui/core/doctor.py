@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from remote_agent import protocol as P
 
 if TYPE_CHECKING:
+    from .config import HostConfig
     from .session import HostSession
 
 OK, WARN, FAIL, SKIP = P.DOCTOR_OK, P.DOCTOR_WARN, P.DOCTOR_FAIL, P.DOCTOR_SKIP
@@ -86,10 +87,43 @@ class DoctorReport:
 
 
 async def run_doctor(
-    session: HostSession, python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> DoctorReport:
-    """Ask the host's agent for its checks; the torch probe may take ``timeout_s``, the reply a bit more."""
-    return DoctorReport.from_result(session.name, await session.doctor(timeout_s, python))
+    session: HostSession, python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+    host: HostConfig | None = None, urls: dict[str, str] | None = None,
+) -> DoctorReport:  # fmt: skip
+    """Ask the host's agent for its checks; the torch probe may take ``timeout_s``, the reply a bit more.
+    With ``host``, the release check is one of them (``release_item``; ``urls``: the providers' API bases)."""
+    report = DoctorReport.from_result(session.name, await session.doctor(timeout_s, python))
+    if host is None:
+        return report
+    checks = (await release_item(session, host, urls or {}), *report.checks)
+    counts: dict[str, int] = {s: sum(c.status == s for c in checks) for s in STATUSES}
+    return DoctorReport(report.host, checks, report.error, report.python, report.state_dir, counts)
+
+
+async def release_item(session: HostSession, host: HostConfig, urls: dict[str, str]) -> Check:
+    """The release check as a doctor check: would ``gputui release`` (and autostop, a deadline) stop the bill?
+    Proved with no side effects (gputui.core.release.check_release). A host with no release asked for and none
+    found is skipped; one whose autostop or deadline could not release it fails."""
+    import time
+
+    from .release import check_release
+
+    title = "release"
+    try:
+        verdict = await check_release(session, host, urls)
+    except Exception as exc:  # noqa: BLE001 - a check that could not run is a failed check, said why
+        return Check("release", title, FAIL, f"the release could not be checked: {exc}", "see gputui release HOST --check")
+    wants = bool(host.autostop_minutes or host.release_at or host.release_after_hours)
+    when = time.strftime("%H:%M:%S", time.localtime(verdict.checked_at))
+    detail = f"{verdict.via}: {verdict.detail} (checked {when})"
+    if verdict.ok:
+        return Check("release", title, OK, detail)
+    if verdict.via == "none" and not wants and not host.release and not host.release_remote:
+        return Check("release", title, SKIP, "no release set and no RunPod or vast.ai instance found on the host "
+                     "(set release or release_remote, or a provider, to let gputui stop the bill)")  # fmt: skip
+    fix = ("fix the provider key or instance, or set release_remote / release" if verdict.via in ("runpod", "vastai", "lambda")
+           else "install the command, or fix release / release_remote in the host's table")  # fmt: skip
+    return Check("release", title, FAIL, detail + "; the host would NOT be released", fix)
 
 
 def format_report(report: DoctorReport) -> str:

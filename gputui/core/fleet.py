@@ -57,7 +57,7 @@ class Fleet:
                     "idle_util_percent": host.idle_util_percent,
                     "count_sessions": host.count_ssh_sessions,
                 },
-                on_connect=functools.partial(autostop.arm, host=host),  # every host: settings removed must disarm
+                on_connect=functools.partial(autostop.arm, host=host, urls=autostop.api_urls(config)),  # every host: settings removed must disarm
                 scheduler=host.scheduler,
             )
 

@@ -229,6 +229,14 @@ class CostInfo:
     released: bool = False
     autostop_in_s: float | None = None  # watchdog countdown, when autostop is armed
     deadline_in_s: float | None = None  # hard release deadline, when set
+    # provider-native price and release (gputui.core.cost.release_info; remote_agent/host/provider.py)
+    price_source: str | None = None  # "config", "prices" (per-GPU table) or the provider's name
+    provider: str | None = None  # where the host's watchdog releases through: "runpod", "vastai", "command"
+    instance_id: str | None = None
+    release_check_ok: bool | None = None  # the last release check's verdict (None: never checked)
+    release_check_at: float | None = None  # when it was made (epoch seconds)
+    release_check_detail: str | None = None
+    release_failed: str | None = None  # why the last release failed: the host still bills
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

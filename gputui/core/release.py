@@ -1,22 +1,35 @@
-"""Releasing a host: run the configured commands, close its ledger interval, mark it released."""
+"""Releasing a host: run the configured commands (they win where set), else release through the provider's API
+(RunPod / vast.ai from the host with the instance's own key, Lambda from here with the user's key), confirm that
+the bill stopped, then close its ledger interval and mark it released. ``check_release`` proves the same path
+would work, with no side effects."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import model as M
+from . import providers
+from .autostop import release_settings
 from .config import HostConfig
 from .cost import Ledger, idleness
-from .errors import GputuiError
+from .errors import ExitStatus, GputuiError
 from .link import AgentError, LinkClosed
 from .session import HostSession
 
 
 class ReleaseError(GputuiError, RuntimeError):
     """The host was not released; the message says why and what to do."""
+
+
+class NoRelease(ReleaseError):
+    """The host has no way to be released: no command set and no provider found for it."""
+
+    status = ExitStatus.USAGE
 
 
 @dataclass
@@ -41,6 +54,17 @@ class ReleaseRequest:
 class ReleaseResult:
     host: str
     steps: list[Step] = field(default_factory=list)
+    how: str = ""  # how the release was confirmed (the provider's state read back, or the commands' exits)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A release check: whether the release would work, by which path, and what was proved (or why not)."""
+
+    ok: bool
+    via: str  # "command (here)", "command", "runpod", "vastai", "lambda", "none"
+    detail: str
+    checked_at: float
 
 
 async def run_client_command(argv: tuple[str, ...], timeout: float) -> Step:
@@ -67,19 +91,83 @@ async def run_client_command(argv: tuple[str, ...], timeout: float) -> Step:
 
 
 def check_configured(host: HostConfig) -> None:
-    """A ReleaseError saying how to set one up when the host has no release command (ask nothing before it)."""
-    if not host.release and not host.release_remote:
+    """A ReleaseError saying how to set one up when the host has no way to be released: no command and
+    ``provider = "none"`` (ask nothing before it; a provider host is found out when connected)."""
+    if not host.release and not host.release_remote and host.provider == providers.NONE:
         raise ReleaseError(
             f"no release command for {host.name}: set release (run here, e.g. a provider CLI) "
-            "or release_remote (run on the host, e.g. sudo shutdown -h now) in its [hosts.NAME] table"
+            "or release_remote (run on the host) in its [hosts.NAME] table, or a provider (RunPod, vast.ai, "
+            "Lambda: see the README's Providers table)"
         )
 
 
+def _lambda_api(urls: dict[str, str]) -> str | None:
+    return urls.get(providers.LAMBDA)
+
+
+async def check_release(session: HostSession, host: HostConfig, urls: dict[str, str]) -> Verdict:
+    """Prove, with no side effects, that releasing ``host`` would work: each user command exists and is
+    executable (``release`` here, ``release_remote`` on the host), else the provider's API answers for this
+    instance with its key (on the host for RunPod / vast.ai, here for Lambda)."""
+    now = time.time()
+    if host.release:
+        found = shutil.which(host.release[0])
+        if found is None:
+            return Verdict(False, "command (here)", f"release program {host.release[0]!r} is not found or not "
+                           "executable here", now)  # fmt: skip
+        if not host.release_remote:
+            return Verdict(True, "command (here)", f"release program {found} is executable here", now)
+    if host.release_remote or host.provider != providers.LAMBDA:
+        res = await session.release_check(**release_settings(host, urls))
+        return Verdict(bool(res.get("ok")), str(res.get("via") or "none"), str(res.get("detail") or ""), now)
+    try:
+        key = providers.require_lambda_key()
+        inst = await providers.check(key, host.address, _lambda_api(urls))
+    except providers.ProviderError as exc:
+        return Verdict(False, providers.LAMBDA, str(exc), now)
+    return Verdict(True, providers.LAMBDA, f"lambda answers for instance {inst.id} ({inst.status}); release "
+                   "would terminate it", now)  # fmt: skip
+
+
+async def _provider_release(session: HostSession, host: HostConfig, urls: dict[str, str]) -> Step:
+    """Release through the provider's API and confirm it; a ReleaseError when it did not stop the bill."""
+    if host.provider == providers.LAMBDA:
+        try:
+            key = providers.require_lambda_key()
+            inst = await providers.check(key, host.address, _lambda_api(urls))
+            await providers.terminate(key, inst.id, _lambda_api(urls))
+            done = await providers.confirm_terminated(key, inst.id, _lambda_api(urls), host.release_timeout)
+        except providers.ProviderError as exc:
+            raise ReleaseError(f"{host.name} was not released: {exc}") from None
+        return Step("client", ("lambda", "terminate", inst.id), 0, done.how)
+    args: dict[str, Any] = release_settings(host, urls)
+    args.pop("release_remote")
+    try:
+        res = await session.release_provider(host.release_timeout, **args)
+    except LinkClosed:
+        raise ReleaseError(
+            f"{host.name}: the provider was asked to release it, but the host closed the connection before the "
+            f"provider confirmed; it is NOT marked released: run 'gputui release {host.name} --check'"
+        ) from None
+    except AgentError as exc:
+        raise ReleaseError(f"{host.name} was not released: {exc}") from None
+    if not res.get("found"):
+        raise NoRelease(
+            f"no release command for {host.name} and {res.get('error') or 'no provider found'}: set release (run "
+            "here, e.g. a provider CLI) or release_remote (run on the host) in its [hosts.NAME] table"
+        )
+    if not res.get("released"):
+        raise ReleaseError(f"{host.name} was not released: {res.get('error') or 'the provider did not confirm'}")
+    return Step("host", (str(args.get("provider") or "provider"), "release"), 0, str(res.get("how") or ""))
+
+
 async def release_host(
-    session: HostSession, host: HostConfig, ledger: Ledger, request: ReleaseRequest
-) -> ReleaseResult:
+    session: HostSession, host: HostConfig, ledger: Ledger, request: ReleaseRequest,
+    urls: dict[str, str] | None = None,
+) -> ReleaseResult:  # fmt: skip
     """Check again, now, that the release is still what was asked; then run ``release_remote`` on the host
-    and ``release`` here, close the host's ledger interval and mark it released.
+    and ``release`` here (or, with neither, release through the provider and confirm it: ``urls`` are the
+    providers' API bases), close the host's ledger interval and mark it released.
 
     Refused: while a job runs that the request did not name (unless ``force``); for an ``idle_only`` release,
     while any job runs or the host is not idle under its idle rule.
@@ -128,6 +216,12 @@ async def release_host(
             raise ReleaseError(
                 f"release command for {host.name} exited {step.exit_code}: {step.output or 'no output'}"
             )
+    if host.release_remote or host.release:
+        result.how = "; ".join(f"{st.where} command exited {st.exit_code}" for st in result.steps)
+    else:
+        step = await _provider_release(session, host, urls or {})
+        result.steps.append(step)
+        result.how = step.output
     ledger.close(host.name, time.time(), boot_id=boot_id)
     ledger.save(force=True)
     return result

@@ -668,6 +668,18 @@ class HostSession:
         """Give the host's watchdog its rules (see gputui.core.autostop)."""
         await self.request(P.OP_WATCHDOG_CONFIGURE, config=config)
 
+    async def release_check(self, **args: Any) -> P.ReleaseCheckResult:
+        """The host proves, without side effects, that its release would work (gputui.core.release)."""
+        result: P.ReleaseCheckResult = await self.request(P.OP_RELEASE_CHECK, timeout=40.0, **args)
+        return result
+
+    async def release_provider(self, timeout_s: float, **args: Any) -> P.ReleaseProviderResult:
+        """The host releases itself through its provider's API and confirms it (gputui.core.release)."""
+        result: P.ReleaseProviderResult = await self.request(
+            P.OP_RELEASE_PROVIDER, timeout=timeout_s + 90.0, release_timeout=timeout_s, **args
+        )
+        return result
+
     async def notify_test(self, settings: dict[str, Any]) -> P.NotifyTestResult:
         """The host sends a test notification now with these ``[notify]`` settings (gputui.core.autostop)."""
         result: P.NotifyTestResult = await self.request(P.OP_NOTIFY_TEST, timeout=60.0, notify=settings)

@@ -647,6 +647,37 @@ def confirm(
         sleep(interval_s)
 
 
+def detected_from(record: Any) -> Optional[Detected]:
+    """A ``Detected`` from its ``describe`` record (as the watchdog's config keeps it); None when malformed."""
+    if not isinstance(record, dict) or record.get("provider") not in VARIABLES:
+        return None
+    fields = [record.get(k) for k in ("instance_id", "source")]
+    if not all(isinstance(v, str) and v for v in fields):
+        return None
+    return Detected(record["provider"], fields[0], fields[1])
+
+
+def mode_for(found: Instance, mode: Optional[str]) -> str:
+    """The release mode to use: the one set, else stop where the provider can stop this instance, else
+    terminate (what ``release_mode`` unset means)."""
+    return mode if mode else ("stop" if found.can_stop else "terminate")
+
+
+def wanted(provider_setting: Any) -> bool:
+    """Whether the host's ``provider`` setting lets the agent release through a provider it detects."""
+    return provider_setting in (None, "auto", RUNPOD, VASTAI)
+
+
+def detect_for(provider_setting: Any) -> Detected:
+    """``detect()``, kept only when the host's ``provider`` setting allows it (``auto`` or that provider)."""
+    if not wanted(provider_setting):
+        return Detected(NONE, note="provider = %r in the config" % (provider_setting,))
+    found = detect()
+    if found.provider != NONE and provider_setting not in (None, "auto", found.provider):
+        return Detected(NONE, note="the config says provider %r, this host is %s" % (provider_setting, found.provider))
+    return found
+
+
 def describe(detected: Detected) -> Dict[str, str]:
     """What may be shown or sent about a detection (the provider, the id, the source): never the key."""
     return {"provider": detected.provider, "instance_id": detected.instance_id, "source": detected.source,
@@ -655,6 +686,6 @@ def describe(detected: Detected) -> Dict[str, str]:
 
 __all__ = [
     "API_URLS", "MODES", "Confirmed", "Detected", "Instance", "ProviderError", "check", "check_api_url",
-    "confirm", "describe", "detect", "http_json", "instance", "parse_env_file", "parse_environ", "reached",
+    "confirm", "describe", "detect", "detect_for", "detected_from", "http_json", "mode_for", "wanted", "instance", "parse_env_file", "parse_environ", "reached",
     "release",
 ]  # fmt: skip

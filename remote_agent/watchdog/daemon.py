@@ -2,7 +2,15 @@
 
 It reads ``watchdog.json`` (written by the agent from the client's config), applies the idle rule every
 ``interval`` seconds, and when the host has been idle for ``autostop_minutes`` (or ``release_at`` has come)
-runs the optional ``pre_stop`` hook and then ``release_remote``. Every decision goes to ``watchdog.log``;
+runs the optional ``pre_stop`` hook and then ``release_remote``, or, with no ``release_remote``, releases
+through the provider's API with the instance's own key (RunPod, vast.ai: ``release_via``, found by the agent
+when it armed the watchdog; ``remote_agent/host/provider.py``). A provider release is recorded on disk
+(``RELEASE_REQUEST``) before it is asked for, as the container may end with the call, then read back until the
+provider says stopped / terminated; a failed or unconfirmed one is never taken as released: it is logged,
+notified (``release_failed``) and tried again with a growing wait. At every arming the release is checked
+without side effects (``release_check``: the provider answers for this instance with this key, or the command
+exists here); the verdict goes to ``RELEASE_CHECK``, and a failing one is notified (``release_check_failed``).
+Every decision goes to ``watchdog.log``;
 its view of the world goes to ``watchdog_state.json``. Any error while checking activity counts as
 activity: it never releases on doubt. The config is keyed to the boot id, so a reboot disarms it.
 
@@ -16,6 +24,7 @@ once more after ``pre_stop`` (which may run for minutes): a disarm, snooze, canc
 import fcntl
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +32,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..fsutil import open_regular, read_json, write_json
+from ..host import provider as pv
 from ..host.boot import boot_id, boot_time
 from ..metrics.ring import latest_sample
 from . import notify
@@ -33,12 +43,21 @@ CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log
 #: Who holds the lock (``{"pid", "build", "revision"}``), and a newer build's request that it exit (``{"pid",
 #: "build", "by"}``: the watchdog to exit, the build asking, the pid of the one waiting): see ``run``.
 OWNER, STOP = "watchdog_owner.json", "watchdog.stop"
+#: The provider release asked for (written before the call) and the last release check's verdict.
+RELEASE_REQUEST, RELEASE_CHECK = "release_request.json", "release_check.json"
 TAKEOVER = "watchdog.takeover.lock"  # held by the one new watchdog waiting to take over
 #: Bumped when the watchdog's behaviour changes: a build never replaces a running watchdog of a higher one (an
 #: older client connecting must not bring old release logic back).
-REVISION = 2
+REVISION = 3  # 3: releases through the provider, release_failed, the release check at arming
 MAX_LOG_BYTES = 1024 * 1024
 RETRY_AFTER_FAILURE_S = 300.0
+#: A release that failed again waits twice as long as before, up to this.
+RETRY_MAX_S = 3600.0
+#: Bound on each provider call from the watchdog (the API's own deadline), and on a release check's.
+PROVIDER_CALL_S = 20.0
+CHECK_CALL_S = 10.0
+#: The release is checked again this often while armed (its verdict and the provider's price stay fresh).
+RECHECK_S = 1800.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
 RING_FRESH_S = 5.0
 #: A deadline comes no sooner than this after it was set (``armed_at``): one that had already passed when it
@@ -72,9 +91,50 @@ def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> O
         return "nothing to watch"
     if config.get("boot_id") != boot:
         return "config is from another boot"
-    if releases and not config.get("release_remote"):
-        return "no release_remote command configured"
+    if releases and not config.get("release_remote") and pv.detected_from(config.get("release_via")) is None:
+        return "no release_remote command configured"  # and no provider API was found on this host
     return None
+
+
+def _releases(config: Dict[str, Any]) -> bool:
+    return bool(config.get("autostop_minutes") or config.get("release_at") is not None)
+
+
+def api_url(config: Dict[str, Any], provider: str) -> Optional[str]:
+    """The ``[providers.NAME] api_url`` the client sent for ``provider`` (None: the provider's own)."""
+    urls = config.get("api_urls")
+    url = urls.get(provider) if isinstance(urls, dict) else None
+    return url if isinstance(url, str) and url else None
+
+
+def release_check(config: Dict[str, Any], now: Optional[float] = None) -> Dict[str, Any]:
+    """Prove, without side effects, that the release ``config`` asks for would work: ``release_remote``'s
+    program exists and is executable here, or the provider's API answers for this instance with this key
+    (and can do the release mode). ``{"ok", "via", "detail", "t", ...}``; never raises."""
+    now = time.time() if now is None else now
+    remote = config.get("release_remote")
+    if remote:
+        found = shutil.which(str(remote[0]))
+        if found is None:
+            detail = "release_remote program %r is not found or not executable on the host" % (str(remote[0])[:200],)
+        else:
+            detail = "release_remote program %s is executable" % found
+        return {"ok": found is not None, "via": "command", "detail": detail, "t": now}
+    detected = pv.detected_from(config.get("release_via"))
+    if detected is None:
+        return {"ok": False, "via": "none", "t": now,
+                "detail": "no release_remote command and no provider API found on this host"}  # fmt: skip
+    verdict: Dict[str, Any] = {"via": detected.provider, "instance_id": detected.instance_id, "t": now}
+    mode = config.get("release_mode")
+    try:
+        found = pv.check(detected, mode, api_url(config, detected.provider), deadline_s=CHECK_CALL_S)
+    except pv.ProviderError as exc:
+        return dict(verdict, ok=False, detail=str(exc), kind=exc.kind)
+    mode = pv.mode_for(found, mode)
+    detail = "%s answers for instance %s (%s); release would %s it" % (
+        detected.provider, detected.instance_id, found.provider_state, mode)  # fmt: skip
+    return dict(verdict, ok=True, detail=detail, mode=mode, state=found.state, price_per_hour=found.price_per_hour,
+                started_at=found.started_at)  # fmt: skip
 
 
 def is_armed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> bool:
@@ -134,7 +194,8 @@ def view(state_dir: str, idle: Dict[str, Any], boot: Optional[str]) -> Optional[
         fresh = False
     if fresh and state.get("autostop_at") is not None and current["autostop_at"] is not None:
         current["autostop_at"] = max(current["autostop_at"], float(state["autostop_at"]))
-    return dict(state, **current)
+    check = read_json(os.path.join(state_dir, RELEASE_CHECK))
+    return dict(state, **current, release_check=check if isinstance(check, dict) else None)
 
 
 def stalled_jobs(state_dir: str, boot: Optional[str]) -> Dict[str, Dict[str, Any]]:
@@ -171,6 +232,10 @@ class Watchdog:
         self.jobs: List[Dict[str, Any]] = []  # as last sampled
         self.queue_held = False  # the queue kept the host busy in the last pass
         self.retry_at = 0.0
+        self.failures = 0  # release attempts that failed in a row (the backoff)
+        self.last_error = ""  # why the last one failed
+        self.checked_for: Optional[Any] = None  # the arming (``armed_at``) the release was last checked for
+        self.checked_at = 0.0  # when (wall clock)
         self.watched_since: Optional[float] = None  # monotonic time of this process' first idle sample
         self._deadline: Optional[Tuple[float, float]] = (
             None  # (release_at, when it comes on the monotonic clock)
@@ -210,14 +275,32 @@ class Watchdog:
         now = time.time() if now is None else now
         mono = time.monotonic() if mono is None else mono
         state = self._decide(config, facts, sample_fn, now, mono)
+        check = self._check_release(config, now)
         if state["due"] and now >= self.retry_at:
             self._release(config, facts, sample_fn, state, now, mono)
+        elif state["due"] and self.failures:
+            state.update(action="release failed", release_error=self.last_error, retry_at=self.retry_at)
         write_json(self.path(STATE), state)
         if notify.enabled(config.get("notify")):
-            self._notify(config, state, now)
+            self._notify(config, state, now, check)
         return state
 
-    def _notify(self, config: Dict[str, Any], state: Dict[str, Any], now: float) -> None:
+    def _check_release(self, config: Dict[str, Any], now: float) -> Optional[Dict[str, Any]]:
+        """At each arming (a new ``armed_at``) of a release, and every RECHECK_S while armed: check it
+        (``release_check``) and keep the verdict in ``RELEASE_CHECK``. The verdict of this pass when one was made, else None."""
+        if not _releases(config):
+            return None
+        if config.get("armed_at") == self.checked_for and now - self.checked_at < RECHECK_S:
+            return None
+        self.checked_for, self.checked_at = config.get("armed_at"), now
+        verdict = release_check(config, now)
+        write_json(self.path(RELEASE_CHECK), dict(verdict, armed_at=config.get("armed_at")))
+        self.log("release check: %s: %s" % ("ok" if verdict["ok"] else "FAILED", verdict["detail"]))
+        return verdict
+
+    def _notify(
+        self, config: Dict[str, Any], state: Dict[str, Any], now: float, check: Optional[Dict[str, Any]] = None
+    ) -> None:
         """Owe a notification for each new event of this pass, then send what is owed."""
         settings = config["notify"]
         host = notify.clean(settings.get("host") or "host")
@@ -233,12 +316,31 @@ class Watchdog:
             events.append({"key": key, "event": "autostop_soon", "text": text})
         events += notify.host_events(config, state, self.jobs, start, now)
         if state.get("action") == "released":
+            how = "; " + state["released_how"] if not config.get("release_remote") else ""
             events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
-                           "text": "released (%s)" % state.get("due")})  # fmt: skip
+                           "text": "released (%s%s)" % (state.get("due"), how)})  # fmt: skip
+        events += self._release_events(config, state, check)
         for e in events:
             e["text"] = "[%s] %s" % (host, e["text"])
         self.notifier.queue(settings, events, now)
         self.notifier.flush(settings, now)
+
+    def _release_events(
+        self, config: Dict[str, Any], state: Dict[str, Any], check: Optional[Dict[str, Any]]
+    ) -> List[Dict[str, str]]:
+        """``release_check_failed`` (once per arming) and ``release_failed`` (once per failed attempt)."""
+        out = []
+        if check is not None and not check["ok"]:
+            out.append({"key": "release_check_failed:%s" % config.get("armed_at"), "event": "release_check_failed",
+                        "text": "release check failed, the host would NOT be released: %s" % check["detail"]})  # fmt: skip
+        if state.get("action") == "release failed" and state.get("attempt"):
+            wait = max(0.0, float(state.get("retry_at") or 0.0) - float(state.get("t") or 0.0)) / 60.0
+            out.append({"key": "release_failed:%s:%s:%s" % (config.get("boot_id"), config.get("armed_at"),
+                                                            state["attempt"]),
+                        "event": "release_failed",
+                        "text": "release FAILED, the host still bills: %s (tried again in %.0f min)"
+                                % (state.get("release_error"), wait)})  # fmt: skip
+        return out
 
     def _decide(
         self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, now: float, mono: float
@@ -319,13 +421,57 @@ class Watchdog:
                 self.log("not releasing: %s while pre_stop ran" % why)
                 state.update(again)
                 return
-        if self._run_hook(
-            "release_remote", config["release_remote"], float(config.get("release_timeout", 120))
-        ):
-            state["action"] = "released"
+        if config.get("release_remote"):
+            ok = self._run_hook("release_remote", config["release_remote"], float(config.get("release_timeout", 120)))
+            error = None if ok else "release_remote failed (see watchdog.log)"
+            how = "release_remote exited 0"
         else:
-            state["action"] = "release failed"
-            self.retry_at = now + RETRY_AFTER_FAILURE_S
+            how, error = self._provider_release(config, state, now)
+        if error is None:
+            self.failures = 0
+            state.update(action="released", released_how=how)
+        else:
+            self._failed(state, error, now)
+
+    def _failed(self, state: Dict[str, Any], error: str, now: float) -> None:
+        """A release that did not stop the bill: never taken as released; tried again after a growing wait."""
+        self.failures += 1
+        self.last_error = error
+        self.retry_at = now + min(RETRY_MAX_S, RETRY_AFTER_FAILURE_S * 2 ** (self.failures - 1))
+        state.update(action="release failed", release_error=error, attempt=self.failures, retry_at=self.retry_at)
+        self.log("release failed (attempt %d, next try in %.0f s): %s" % (self.failures, self.retry_at - now, error))
+
+    def _provider_release(
+        self, config: Dict[str, Any], state: Dict[str, Any], now: float
+    ) -> Tuple[str, Optional[str]]:
+        return provider_release(self.state_dir, config, state["due"], now, self.log)
+
+
+def provider_release(
+    state_dir: str, config: Dict[str, Any], due: str, now: float, log: Any
+) -> Tuple[str, Optional[str]]:
+    """Release through the provider's API: (how it was confirmed, None) or ("", why it failed). The request is
+    on disk (``RELEASE_REQUEST``) before the call, as the container may end with it. Only the instance armed
+    (``release_via``) and detected again now, under the ``provider`` setting, is ever released."""
+    wanted = pv.detected_from(config.get("release_via"))
+    detected = pv.detect_for(config.get("provider"))
+    if wanted is None or detected != wanted:
+        return "", "the provider detection changed since arming (now %s %s): not releasing through it" % (
+            detected.provider, detected.instance_id)  # fmt: skip
+    url, mode = api_url(config, detected.provider), config.get("release_mode")
+    try:
+        if not mode:
+            mode = pv.mode_for(pv.instance(detected, url, deadline_s=PROVIDER_CALL_S), None)
+        write_json(os.path.join(state_dir, RELEASE_REQUEST), {"t": now, "provider": detected.provider, "mode": mode,
+                                                               "instance_id": detected.instance_id, "due": due})  # fmt: skip
+        log("provider release: asking %s to %s instance %s" % (detected.provider, mode, detected.instance_id))
+        pv.release(detected, mode, url, deadline_s=PROVIDER_CALL_S)
+        done = pv.confirm(detected, mode, float(config.get("release_timeout", 120)),
+                          min(5.0, float(config.get("interval", 15.0))), url, deadline_s=PROVIDER_CALL_S)  # fmt: skip
+    except pv.ProviderError as exc:
+        return "", "%s %s: %s" % (detected.provider, mode or "release", exc)
+    log("provider release: confirmed, %s (%d reads)" % (done.how, done.polls))
+    return "%s (%s)" % (done.how, done.state), None
 
 
 def build_id() -> str:
@@ -386,7 +532,9 @@ def _children(pid: int) -> bool:
     return False
 
 
-_RELEASE_STEP = re.compile(r"^\S+ \S+ (releasing: |release_remote: exit |not releasing: )")
+_RELEASE_STEP = re.compile(
+    r"^\S+ \S+ (releasing: |release_remote: exit |not releasing: |provider release: confirmed|release failed)"
+)
 
 
 def _mid_release(state_dir: str) -> bool:

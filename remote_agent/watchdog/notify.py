@@ -31,6 +31,8 @@ EVENTS = (
     "stalled",
     "autostop_soon",
     "released",
+    "release_failed",
+    "release_check_failed",
     "queue_empty",
     "idle",
     "deadline_soon",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,8 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
         parts = Text()
         if c.price_per_hour is not None or c.accrued:
             parts.append(fmt.money(c.price_per_hour, c.currency, per_hour=True), style="bold")
+            if c.price_source not in (None, "config"):
+                parts.append(f" · {c.price_source}", style=pal.muted)
             parts.append(
                 f" · accrued {fmt.money(c.accrued, c.currency)} · today {fmt.money(c.today, c.currency)}"
             )
@@ -82,6 +85,14 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
             parts.append(f"{' · ' if parts else ''}busy: {busy}", style=pal.muted)
         if c.autostop_in_s is not None:
             parts.append(f" · autostop in {fmt.duration(c.autostop_in_s)}", style=pal.warm)
+        if c.release_check_ok is not None and (c.autostop_in_s is not None or c.deadline_in_s is not None
+                                                or not c.release_check_ok):
+            ago = "" if c.release_check_at is None else f" {fmt.duration(max(0.0, time.time() - c.release_check_at))} ago"
+            verdict = "release checked" + ago if c.release_check_ok else "release check FAILED" + ago
+            parts.append(f" · {verdict}", style=pal.muted if c.release_check_ok else f"bold {pal.hot}")
+        if c.release_failed:
+            reason = safetext.clean(c.release_failed, limit=2 * NAME_CHARS)
+            parts.append(f" · RELEASE FAILED, still billing: {reason}", style=f"bold {pal.hot}")
         if c.deadline_in_s is not None:
             parts.append(f" · release deadline in {fmt.duration(c.deadline_in_s)}", style=pal.hot)
         if c.released:

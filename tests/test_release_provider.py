@@ -1,0 +1,211 @@
+"""``gputui release HOST [--check]`` and ``status`` on provider hosts (issue 26): the real CLI and agent (local
+transport), the provider APIs played by tests/provider_standin.py. The agent's environment holds the pod's
+variables (the emulated pod with PID 1 alone holding them is in tests/test_provider_release.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import provider_standin as standin
+import pytest
+from conftest import Home
+from provider_standin import LAMBDA_KEY, RUNPOD_KEY, StandIn
+
+POD, LAMBDA_ID = "xedezhzb9la3ye", "0920582c7ff041399e34823a0be62549"
+
+
+@pytest.fixture
+def api() -> Iterator[StandIn]:
+    state, server = standin.start()
+    state.pods[POD] = standin.runpod_pod(POD)
+    state.lambdas[LAMBDA_ID] = standin.lambda_instance(LAMBDA_ID, "127.0.0.1")
+    try:
+        yield state
+    finally:
+        standin.stop(state, server)
+
+
+def pod_config(home: Home, api: StandIn, extra: str = "", key: str = RUNPOD_KEY) -> None:
+    """A local host whose agent runs "on a RunPod pod" (its environment holds the pod's id and key)."""
+    home.env.update(RUNPOD_POD_ID=POD, RUNPOD_API_KEY=key)
+    home.write_config(
+        f'[providers.runpod]\napi_url = "{api.base("runpod")}"\n'
+        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\n{extra}'
+    )
+
+
+def writes(api: StandIn) -> list[str]:
+    return [m for m in api.methods() if not m.startswith("GET")]
+
+
+def test_check_proves_the_provider_release_without_side_effects(home: Home, api: StandIn) -> None:
+    pod_config(home, api)
+    res = home.cli("release", "local", "--check")
+    assert res.returncode == 0, res.stderr
+    assert f"release check ok (runpod): runpod answers for instance {POD} (RUNNING); release would stop it" in res.stdout
+    assert writes(api) == [] and api.pods[POD]["desiredStatus"] == "RUNNING"
+
+
+def test_a_wrong_key_fails_the_check(home: Home, api: StandIn) -> None:
+    pod_config(home, api, key="rpa_WRONGKEY_0123456789")
+    res = home.cli("release", "local", "--check")
+    assert res.returncode == 1
+    assert "release check FAILED (runpod)" in res.stderr and "refused (401)" in res.stderr
+    assert "WRONGKEY" not in res.stderr + res.stdout and writes(api) == []
+
+
+def test_a_missing_release_remote_program_fails_the_check(home: Home, api: StandIn) -> None:
+    pod_config(home, api, 'release_remote = ["no-such-release-program-gputui"]\n')
+    res = home.cli("release", "local", "--check")
+    assert res.returncode == 1 and "not found or not executable on the host" in res.stderr
+    assert api.requests == []  # the user's command wins: the provider is not even asked
+
+
+def test_release_stops_the_pod_through_the_agent_and_confirms_before_closing_the_ledger(
+    home: Home, api: StandIn
+) -> None:
+    pod_config(home, api, "price_per_hour = 1.0\n")
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 0, res.stderr
+    assert writes(api) == [f"POST /runpod/pods/{POD}/stop"] and api.pods[POD]["desiredStatus"] == "EXITED"
+    assert "local: released (confirmed: runpod: EXITED (stopped))" in res.stdout
+    [host] = json.loads(home.cli("cost", "--json", check=True).stdout)["hosts"]
+    assert host["released"] is True
+
+
+def test_a_failing_stop_is_not_released(home: Home, api: StandIn) -> None:
+    pod_config(home, api, "price_per_hour = 1.0\n")
+    api.fault = "500"
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 1 and "local was not released: runpod" in res.stderr and "500" in res.stderr
+    [host] = json.loads(home.cli("cost", "--json", check=True).stdout)["hosts"]
+    assert host["released"] is False
+
+
+def test_provider_none_has_no_release(home: Home, api: StandIn) -> None:
+    pod_config(home, api, 'provider = "none"\n')
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 2 and "no release command for local" in res.stderr
+    assert api.requests == []
+
+
+def test_status_shows_the_provider_its_price_and_the_check(home: Home, api: StandIn) -> None:
+    pod_config(home, api, "autostop_minutes = 600\n")
+    home.cli("status", check=True)  # arms the watchdog, which checks the release at once
+    from conftest import wait_for
+
+    wait_for(lambda: (home.state_dir / "release_check.json").exists(), what="the watchdog's release check")
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    cost = host["cost"]
+    assert cost["price_per_hour"] == 0.74 and cost["price_source"] == "runpod"
+    assert cost["provider"] == "runpod" and cost["instance_id"] == POD and cost["release_check_ok"] is True
+    text = home.cli("status", check=True).stdout
+    assert "0.74 USD/h · runpod" in text and f"release  runpod {POD} · release checked" in text
+    assert writes(api) == []
+
+
+def test_a_lambda_host_is_matched_by_address_and_terminated_from_here(home: Home, api: StandIn) -> None:
+    home.env.update(LAMBDA_API_KEY=LAMBDA_KEY)
+    home.write_config(
+        f'[providers.lambda]\napi_url = "{api.base("lambda")}"\n'
+        f'[hosts.local]\ntransport = "local"\nhost = "127.0.0.1"\nremote_dir = "{home.state_dir}"\n'
+        'count_ssh_sessions = false\nprovider = "lambda"\nprice_per_hour = 1.29\n'
+    )
+    check = home.cli("release", "local", "--check")
+    assert check.returncode == 0 and f"lambda answers for instance {LAMBDA_ID}" in check.stdout, check.stderr
+    assert writes(api) == []
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 0, res.stderr
+    assert writes(api) == ["POST /lambda/instance-operations/terminate"]
+    assert "released (confirmed: lambda:" in res.stdout
+
+
+async def test_add_detects_the_provider(
+    home: Home, api: StandIn, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The ``add`` flow's hook: the new host's agent finds the pod; the provider goes where none is set (a host
+that is no pod: tests/test_hostadd.py)."""
+    from gputui.cli import hosts
+    from gputui.core import config as cfg
+    from gputui.core.fleet import Fleet
+
+    pod_config(home, api)
+    for name in ("RUNPOD_POD_ID", "RUNPOD_API_KEY"):
+        monkeypatch.setenv(name, home.env[name])  # the local agent runs with this process' environment
+    config = cfg.load(str(home.root / ".config" / "gputui" / "config.toml"))
+    fleet = Fleet(config)
+    try:
+        session = fleet.session("local")
+        await session.start()
+        assert hosts.detect_provider is not None
+        found = await hosts.detect_provider(session, {"transport": "local"})
+        kept = await hosts.detect_provider(session, {"provider": "auto", "price_per_hour": 2.0})
+    finally:
+        await fleet.close()
+    assert found is not None and found["provider"] == "runpod"
+    assert kept is None  # the table sets both: nothing is added
+    assert "provider: runpod detected; adding provider = 'runpod'" in capsys.readouterr().out
+    assert writes(api) == []
+
+
+def _release_check(home: Home) -> dict:
+    [report] = json.loads(home.cli("doctor", "--json", "--timeout", "60").stdout)["hosts"]
+    return next(c for c in report["checks"] if c["id"] == "release")
+
+
+def test_doctor_has_the_release_check(home: Home, api: StandIn) -> None:
+    pod_config(home, api)
+    check = _release_check(home)
+    assert check["status"] == "ok" and check["detail"].startswith(f"runpod: runpod answers for instance {POD}")
+    pod_config(home, api, key="rpa_WRONGKEY_0123456789")
+    check = _release_check(home)
+    assert check["status"] == "fail" and "refused (401)" in check["detail"] and "would NOT be released" in check["detail"]
+    assert writes(api) == []
+
+
+def test_doctor_skips_the_release_check_where_none_is_set_or_found(home: Home) -> None:
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    assert _release_check(home)["status"] == "skip"
+
+
+def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None:
+    import time
+
+    from gputui.core import model as M
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.host import host_info
+
+    cost = M.CostInfo(price_per_hour=0.74, price_source="runpod", autostop_in_s=2520.0, provider="runpod",
+                      instance_id=POD, release_check_ok=True, release_check_at=time.time() - 180)  # fmt: skip
+    line = host_info(M.HostSnapshot(name="pod", cost=cost), Palette()).plain
+    assert "· runpod" in line and "autostop in 42m" in line and "release checked 3m" in line
+    failed = M.CostInfo(price_per_hour=0.74, release_failed="runpod stop: provider error 500\x1b[2J")
+    line = host_info(M.HostSnapshot(name="pod", cost=failed), Palette()).plain
+    assert "RELEASE FAILED, still billing: runpod stop: provider error 500" in line and "\x1b" not in line
+
+
+def test_autostop_on_a_host_with_no_provider_and_no_command_says_it_is_not_armed(home: Home) -> None:
+    """provider "auto" lets autostop go without release_remote; where the host turns out to be no pod, nothing
+    is armed, and status says so instead of showing a countdown that would release nothing."""
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+                      "count_ssh_sessions = false\nautostop_minutes = 30\n")  # fmt: skip
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    assert host["cost"]["release_check_ok"] is False and host["cost"]["autostop_in_s"] is None
+    assert "NOT armed" in host["cost"]["release_check_detail"]
+    assert not (home.state_dir / "watchdog.json").exists()
+    assert "release  autostop / deadline NOT armed on the host" in home.cli("status", check=True).stdout
+
+
+def test_a_users_release_command_wins_over_the_provider(home: Home, api: StandIn) -> None:
+    """``release`` (run here) set: autostop is a config error (it cannot run with the laptop closed), and the
+    watchdog is never told to use the provider instead."""
+    pod_config(home, api, 'release = ["true"]\nautostop_minutes = 30\n')
+    res = home.cli("status")
+    assert res.returncode == 2 and "needs release_remote" in res.stderr and "release runs here" in res.stderr
+    from gputui.core import autostop
+    from gputui.core import config as cfg
+
+    host = cfg.HostConfig(name="h", release=("true",), release_at=None)
+    assert autostop.watchdog_config(host, None)["provider"] == "none"
+    assert api.requests == []
