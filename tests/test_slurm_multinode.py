@@ -267,7 +267,8 @@ def test_gpu_cards_of_every_node_of_a_running_job(tmp_path: Path, cluster2: Slur
     agent = AgentProc(state, "--nvidia-smi", fake_smi(tmp_path, H100, "load"), env=cluster2.env)
     try:
         code = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"
-        job = agent.call(P.OP_JOBS_START, argv=[sys.executable, "-c", code], slurm={"gpus": 1, "nodes": 2})["result"]
+        asked = {"gpus": 1, "nodes": 2}
+        job = agent.call(P.OP_JOBS_START, argv=[sys.executable, "-c", code], slurm=asked)["result"]
         agent.wait_event(P.EV_JOB, timeout=60, id=job["id"], state="running")
         agent.call(P.OP_METRICS_SUBSCRIBE, interval=0.5)
 

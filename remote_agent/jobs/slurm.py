@@ -655,6 +655,7 @@ class NodeGpus:
         """Append the running Slurm jobs' node GPUs to ``sample["gpus"]`` (indices after the host's own)."""
         running = {j["id"]: (j.get("slurm") or {}).get("job_id") for j in jobs
                    if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}  # fmt: skip
+        nodes = {j["id"]: (j.get("slurm") or {}).get("nodes_count") for j in jobs if j["id"] in running}
         running = dict(sorted(running.items(), key=lambda kv: int(kv[0]))[:MAX_NODE_STREAMS])
         with self._lock:
             for job_id in list(self._streams):
@@ -664,7 +665,7 @@ class NodeGpus:
                 stream = self._streams.get(job_id)
                 if slurm_id and (stream is None or (stream.proc.poll() is not None
                                                     and time.monotonic() - stream.started > RESTART_S)):  # fmt: skip
-                    self._streams[job_id] = _Stream(self._argv(str(slurm_id)))
+                    self._streams[job_id] = _Stream(self._argv(str(slurm_id), nodes.get(job_id)))
             streams = sorted(self._streams.items(), key=lambda kv: int(kv[0]))
         gpus = sample.setdefault("gpus", [])
         fresh, room = time.monotonic() - 3 * NODE_INTERVAL_S, MAX_NODE_GPUS
@@ -678,8 +679,11 @@ class NodeGpus:
                     gpu["processes"] = [dict(p, job=job_id) for p in gpu.get("processes") or []]
                     gpus.append(gpu)
 
-    def _argv(self, slurm_id: str) -> List[str]:
-        return ["srun", "--jobid=" + slurm_id, "--overlap", "--ntasks-per-node=1", "--quiet", "--job-name=gputui-gpus",
+    def _argv(self, slurm_id: str, nodes: Any = None) -> List[str]:
+        """One task on each of the job's nodes (``nodes``, as asked; srun alone would take one node)."""
+        n = nodes if isinstance(nodes, int) and 0 < nodes <= 100000 else 1
+        return ["srun", "--jobid=" + slurm_id, "--overlap", "--nodes=%d" % n, "--ntasks=%d" % n,
+                "--ntasks-per-node=1", "--quiet", "--job-name=gputui-gpus",
                 *self.launcher, "gpu-stream", "--state-dir", self.state_dir, "--nvidia-smi", self.nvidia_smi,
                 "--interval", str(NODE_INTERVAL_S)]  # fmt: skip
 
