@@ -412,15 +412,10 @@ def fill_record(
         record["state"] = P.JOB_KILLED if killed else mapped
         if why and (not info["reason"] or info["reason"] == "None"):
             info["reason"] = why
-        if info.get("launcher") or (info.get("nodes_count") or 1) > 1:
-            task = (
-                None
-                if killed or record["exit_code"] == 0
-                else failed_task(os.path.join(job_dir, "output.log"))
-            )
-            info["reason"] = (
-                task or info["reason"]
-            )  # which task (= node rank) on which node failed, srun says
+        failed = not killed and record["exit_code"] != 0
+        if failed and (info.get("launcher") or (info.get("nodes_count") or 1) > 1):
+            # which task (= node rank) on which node failed, as srun said it
+            info["reason"] = failed_task(os.path.join(job_dir, "output.log")) or info["reason"]
         record["ended_at"] = (status or {}).get("ended_at") if isinstance(status, dict) else None
         record["ended_at"] = record["ended_at"] or time.time()
     else:  # RUNNING, COMPLETING, SUSPENDED, STOPPED, RESIZING, SIGNALING, STAGE_OUT
@@ -463,9 +458,8 @@ def kill(
     sent: List[str] = []
     try:
         if not queued:
-            scope = (
-                () if steps else ("--batch",)
-            )  # without a scope scancel signals every step but the batch one
+            # without a scope scancel signals every step but the batch one: the tasks on every node
+            scope = () if steps else ("--batch",)
             for sig, where in (("INT", scope), ("TERM", scope), ("KILL", ("--full",))):
                 if not _scancel(*where, "--signal=" + sig, slurm_id):
                     break  # the job ended meanwhile: the scancel below settles its allocation
