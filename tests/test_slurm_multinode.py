@@ -116,6 +116,26 @@ def test_a_plain_command_runs_once_on_every_node(box: Login) -> None:
     )
 
 
+def test_the_insights_of_a_many_node_job_are_rank_0s(box: Login, tmp_path: Path) -> None:
+    """Rank 1 prints other progress, after rank 0 is done: the job's epoch and metrics are still rank 0's."""
+    gate = tmp_path / "rank0-done"
+    code = (
+        "import os, time\nrank = os.environ['SLURM_NODEID']\n"
+        "if rank == '0':\n"
+        "    print('Epoch 3/3 train_loss=0.1000 test_acc=0.9000', flush=True)\n"
+        f"    open({str(gate)!r}, 'w').close()\n"
+        "else:\n"
+        f"    while not os.path.exists({str(gate)!r}): time.sleep(0.1)\n"
+        "    time.sleep(0.5)\n"  # after rank 0's line is out (no reader orders the two tasks' lines)
+        "    print('Epoch 1/3 train_loss=2.5000 test_acc=0.1000', flush=True)\n"
+    )
+    job_id = box.run("--nodes", "2", "--", sys.executable, "-c", code)
+    rc, lines = box.follow(job_id)
+    assert rc == 0 and lines[-1].startswith("1: Epoch 1/3"), lines
+    ins = box.job(job_id)["insights"]
+    assert (ins["epoch"], ins["total_epochs"]) == (3, 3) and ins["metrics"]["test_acc"]["last"] == 0.9, ins
+
+
 def test_ddp_on_two_nodes_matches_one_process(box: Login, tmp_path: Path) -> None:
     """The MNIST example's DDP twin, torchrun on 2 nodes x 1 process (gloo, no GPU): both ranks' lines in order,
     the insights read rank 0, and the final accuracy is a single process's, within noise."""

@@ -13,7 +13,7 @@ _LABEL = re.compile(rb"^ *(\d{1,6}): ")
 
 def labelled(record: Mapping[str, Any]) -> bool:
     """Whether a job's log lines carry srun's task labels (a Slurm job run as one step over its nodes)."""
-    asked = record.get("slurm") if record.get("scheduler") == "slurm" else None
+    asked = record.get("slurm")  # only a Slurm job's record has it
     return isinstance(asked, dict) and (bool(asked.get("launcher")) or (asked.get("nodes_count") or 1) > 1)
 
 
