@@ -303,3 +303,14 @@ def test_gpu_cards_of_every_node_of_a_running_job(tmp_path: Path, cluster2: Slur
     finally:
         agent.close()
         stop_host(state)
+
+
+def test_the_jobs_row_shows_a_many_node_jobs_nodes() -> None:
+    from gputui.core import model as M
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.host import job_row
+
+    wire = {"id": "7", "name": "ddp", "state": "running", "argv": ["train.py"], "scheduler": "slurm",
+            "slurm": {"job_id": "12", "state": "RUNNING", "nodes": "n[1-2]", "nodes_count": 2, "gpus": 4}}  # fmt: skip
+    row = job_row(M.Job.from_wire("hpc", wire), None, 0.0, Palette())  # type: ignore[arg-type]
+    assert row[1].plain == "ddp · on n[1-2]" and row[4].plain == "4x2"
