@@ -39,6 +39,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     stream.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
     stream.add_argument("--nvidia-smi", default="nvidia-smi")
     stream.add_argument("--interval", type=float, default=2.0)
+    step = sub.add_parser("slurm-step", help="a many-node Slurm job: start its srun step (--task: its torchrun)")
+    step.add_argument("--task", action="store_true")
+    step.add_argument("job_dir")
     receive = sub.add_parser("receive", help="write files from a raw upload stream into TARGET (gputui sync)")
     receive.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
     receive.add_argument("target")
@@ -53,6 +56,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         from .jobs.slurm import gpu_stream
 
         sys.exit(gpu_stream(os.path.expanduser(args.state_dir), args.nvidia_smi, max(0.1, args.interval)))
+    if args.cmd == "slurm-step":
+        from .jobs.slurm import run_step
+
+        sys.exit(run_step(args.job_dir, args.task, launcher()))
     if args.cmd == "cat":
         from .files import cat_file
 

@@ -280,16 +280,19 @@ class SlurmJob(TypedDict, total=False):
     partition: str
     time: str
     sbatch_args: List[str]
+    launcher: str  # "torchrun": gputui writes the torchrun line (one srun step over the nodes)
 
 
 class SlurmRequest(TypedDict, total=False):
-    """The ``slurm`` args of ``jobs.start``: submit with sbatch instead of starting in tmux."""
+    """The ``slurm`` args of ``jobs.start``: submit with sbatch instead of starting in tmux. More than one node
+    (or a launcher): the command runs once per node in one ``srun --label`` step."""
 
     gpus: int
     nodes: int
     partition: str
     time: str
     sbatch_args: List[str]
+    launcher: str  # "torchrun": rendezvous from the allocation, --nproc_per_node from gpus
 
 
 class Partition(TypedDict):

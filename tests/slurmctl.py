@@ -5,6 +5,9 @@ Debian's ``slurm-wlm`` (22.05) and ``munge``, run as root (scripts/test.sh insta
 side) and two count-only GPUs (``gres.conf`` with ``Count=`` and no device files), so ``--gres=gpu:N`` is
 scheduled and a job asking for more GPUs than exist stays pending with reason ``Resources``-like texts.
 ``extra_nodes`` adds nodes ``n[1-N]`` that never register (DOWN): a big fleet for ``sinfo`` without daemons.
+``nodes=2`` is a real two-node cluster instead: nodes ``n1`` and ``n2``, one ``slurmd -N nX`` each, on 127.0.0.1
+and 127.0.0.2 (all of 127/8 is loopback) with their own ports and ``%n`` in their spool, pid and log paths;
+``srun -N2`` runs one task on each (``SLURMD_NODENAME`` n1/n2, ``SLURM_NODEID`` 0/1).
 The daemons get ``SLURM_CONF`` in their own environment only; ``env`` is what a client of the cluster needs.
 """
 
@@ -44,14 +47,19 @@ def slurm_available() -> str | None:
 class SlurmCluster:
     """munged + slurmctld + slurmd under ``root``; ``start()`` returns once the node is idle."""
 
-    def __init__(self, root: Path, extra_nodes: int = 0) -> None:
+    def __init__(self, root: Path, extra_nodes: int = 0, nodes: int = 1) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
-        self.node = socket.gethostname().split(".")[0]
+        self.host = socket.gethostname().split(".")[0]
+        #: The node names: this host's own name for one node, else n1, n2, ... (one slurmd each, ``-N``).
+        self.nodes = [self.host] if nodes == 1 else [f"n{i}" for i in range(1, nodes + 1)]
+        self.node = self.nodes[0]
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))  # for sbatch, squeue, the agent, ...
-        self._pid_files = [root / "slurmd.pid", root / "slurmctld.pid", root / "munge" / "munged.pid"]
+        one = nodes == 1
+        self._pid_files = [root / f"slurmd-{n}.pid" if not one else root / "slurmd.pid" for n in self.nodes]
+        self._pid_files += [root / "slurmctld.pid", root / "munge" / "munged.pid"]
         for sub in ("munge", "state", "spool", "log"):
             (root / sub).mkdir(mode=0o755, exist_ok=True)  # munged wants its socket's dir searchable
         extra = (
@@ -60,9 +68,23 @@ class SlurmCluster:
             if extra_nodes
             else ""
         )
+        if one:
+            node_lines = (f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory={MEM_MIB} "
+                          f"Gres=gpu:{GPUS} State=UNKNOWN\n")  # fmt: skip
+            daemon_paths = (f"SlurmdSpoolDir={root / 'spool'}\nSlurmdPidFile={root / 'slurmd.pid'}\n"
+                            f"SlurmdLogFile={root / 'log' / 'slurmd.log'}\n")  # fmt: skip
+        else:  # each node its own address and port; %n: each slurmd its own spool, pid and log
+            node_lines = "".join(
+                f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.{i} Port={free_port()} CPUs={CPUS} "
+                f"RealMemory={MEM_MIB} Gres=gpu:{GPUS} State=UNKNOWN\n"
+                for i, n in enumerate(self.nodes, 1)
+            )
+            daemon_paths = (f"SlurmdSpoolDir={root / 'spool'}/%n\nSlurmdPidFile={root}/slurmd-%n.pid\n"
+                            f"SlurmdLogFile={root / 'log'}/slurmd-%n.log\n")  # fmt: skip
+        node_list = ",".join(self.nodes)
         self.conf.write_text(
             "ClusterName=gputuitest\n"
-            f"SlurmctldHost={self.node}(127.0.0.1)\n"
+            f"SlurmctldHost={self.host}(127.0.0.1)\n"
             f"SlurmctldPort={free_port()}\nSlurmdPort={free_port()}\n"
             "SlurmUser=root\nSlurmdUser=root\n"
             f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\nCredType=cred/munge\n"
@@ -74,22 +96,21 @@ class SlurmCluster:
             "SlurmdParameters=config_overrides\nReturnToService=2\n"
             "KillWait=2\nMinJobAge=300\nInactiveLimit=0\nOverTimeLimit=0\n"
             "GresTypes=gpu\n"
-            f"StateSaveLocation={root / 'state'}\nSlurmdSpoolDir={root / 'spool'}\n"
-            f"SlurmctldPidFile={root / 'slurmctld.pid'}\nSlurmdPidFile={root / 'slurmd.pid'}\n"
-            f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}\nSlurmdLogFile={root / 'log' / 'slurmd.log'}\n"
+            f"StateSaveLocation={root / 'state'}\n{daemon_paths}"
+            f"SlurmctldPidFile={root / 'slurmctld.pid'}\nSlurmctldLogFile={root / 'log' / 'slurmctld.log'}\n"
             "SlurmctldDebug=info\nSlurmdDebug=info\n"
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory={MEM_MIB} Gres=gpu:{GPUS} "
-            "State=UNKNOWN\n"
-            f"PartitionName=main Nodes={self.node} Default=YES MaxTime=INFINITE State=UP\n" + extra
+            + node_lines
+            + f"PartitionName=main Nodes={node_list} Default=YES MaxTime=INFINITE State=UP\n"
+            + extra
         )
         # gres/gpu drops GPUs without a File=: plain files stand in for /dev/nvidiaN (nothing opens them;
         # without ConstrainDevices Slurm only counts them and sets CUDA_VISIBLE_DEVICES).
         (root / "dev").mkdir(exist_ok=True)
         for i in range(GPUS):
             (root / "dev" / f"nvidia{i}").touch()
-        (root / "gres.conf").write_text(
-            f"AutoDetect=off\nNodeName={self.node} Name=gpu File={root / 'dev'}/nvidia[0-{GPUS - 1}]\n"
-        )
+        (root / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+            f"NodeName={n} Name=gpu File={root / 'dev'}/nvidia[0-{GPUS - 1}]\n" for n in self.nodes
+        ))  # fmt: skip
 
     # --- process ----------------------------------------------------------------------------------------------
     def _daemon(self, argv: list[str]) -> None:
@@ -109,7 +130,10 @@ class SlurmCluster:
             f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munged.seed'}",
         ])  # fmt: skip
         self._daemon([f"{SBIN}/slurmctld", "-f", str(self.conf)])
-        self._daemon([f"{SBIN}/slurmd", "-f", str(self.conf)])
+        for node in self.nodes:
+            self._daemon(
+                [f"{SBIN}/slurmd", "-f", str(self.conf)] + (["-N", node] if len(self.nodes) > 1 else [])
+            )
         self.wait_idle(timeout)
         return self
 
@@ -121,21 +145,25 @@ class SlurmCluster:
             raise AssertionError(f"{' '.join(argv)} -> {res.returncode}: {res.stderr}")
         return res
 
-    def node_state(self) -> str:
-        res = self.run("sinfo", "-h", "-n", self.node, "-o", "%T", check=False)
+    def node_state(self, node: str | None = None) -> str:
+        res = self.run("sinfo", "-h", "-n", node or self.node, "-o", "%T", check=False)
         return res.stdout.strip() if res.returncode == 0 else ""
 
     def wait_idle(self, timeout: float) -> None:
-        """Until the node is idle (a readiness loop asking slurmctld, not a sleep)."""
+        """Until every node is idle (a readiness loop asking slurmctld, not a sleep)."""
         deadline = time.monotonic() + timeout
-        while self.node_state() != "idle":
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"node {self.node} not idle (state {self.node_state()!r})\n{self.logs()}")
-            time.sleep(0.1)
+        for node in self.nodes:
+            while self.node_state(node) != "idle":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"node {node} not idle (state {self.node_state(node)!r})\n{self.logs()}"
+                    )
+                time.sleep(0.1)
 
     def logs(self) -> str:
         out = []
-        for name in ("log/slurmctld.log", "log/slurmd.log", "munge/munged.log"):
+        slurmd = ["log/slurmd.log"] if len(self.nodes) == 1 else [f"log/slurmd-{n}.log" for n in self.nodes]
+        for name in ("log/slurmctld.log", *slurmd, "munge/munged.log"):
             with contextlib.suppress(OSError):
                 out.append(f"--- {name}\n" + (self.root / name).read_text(errors="replace")[-2000:])
         return "\n".join(out)
@@ -148,7 +176,7 @@ class SlurmCluster:
         return pids
 
     def stop(self) -> None:
-        """Cancel every job, stop the daemons (slurmd first), and wait until each is gone."""
+        """Cancel every job, stop the daemons (the slurmds first), and wait until each is gone."""
         if shutil.which("scancel"):
             self.run("scancel", "--user", "root", check=False)
         for pid in self._pids():  # slurmd, slurmctld, munged: each daemon by its own pid file

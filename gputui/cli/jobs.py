@@ -35,7 +35,8 @@ USAGE = ExitStatus.USAGE
 RUN_EXAMPLES = """examples:
   gputui run local -- python train.py --epochs 10
   gputui run gpu1 --sync --name exp1 --gpus 0,1 -- python train.py
-  gputui run gpu1 --queue --gpus 2 -- torchrun --nproc-per-node=2 train.py"""
+  gputui run gpu1 --queue --gpus 2 -- torchrun --nproc-per-node=2 train.py
+  gputui run hpc --nodes 2 --gpus-per-node 4 --launcher torchrun -- train.py --epochs 3"""
 _GPU_ITEM = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")  # an index or a (MIG) UUID, as CUDA takes them
 
 
@@ -75,8 +76,8 @@ def _check_gpus_on_host(spec: str, items: list[str], host: str, facts: dict[str,
 
 def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, Any] | None:
     """The sbatch settings of ``gputui run`` on a Slurm host (None elsewhere; Slurm flags there are an error)."""
-    flags = {"--nodes": args.nodes, "--partition": args.partition, "--time": args.time,
-             "--sbatch-arg": args.sbatch_arg or None}  # fmt: skip
+    flags = {"--nodes": args.nodes, "--gpus-per-node": args.gpus_per_node, "--launcher": args.launcher,
+             "--partition": args.partition, "--time": args.time, "--sbatch-arg": args.sbatch_arg or None}  # fmt: skip
     if host.scheduler != "slurm":
         used = [flag for flag, value in flags.items() if value is not None]
         if used:
@@ -84,12 +85,15 @@ def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, 
                            USAGE)  # fmt: skip
         return None
     gpus = None
+    if args.gpus is not None and args.gpus_per_node is not None:
+        raise CliError("--gpus and --gpus-per-node: give one (on a Slurm host both are the GPUs per node)", USAGE)
     if args.gpus is not None:
         if not args.gpus.isdigit():
             raise CliError(f"--gpus {args.gpus!r}: on a Slurm host, the GPUs per node (e.g. 2)", USAGE)
         gpus = int(args.gpus)
+    gpus = args.gpus_per_node if args.gpus_per_node is not None else gpus
     request = {"gpus": gpus, "nodes": args.nodes, "partition": args.partition, "time": args.time,
-               "sbatch_args": list(args.sbatch_arg or [])}  # fmt: skip
+               "sbatch_args": list(args.sbatch_arg or []), "launcher": args.launcher}  # fmt: skip
     return {k: v for k, v in request.items() if v is not None}
 
 
@@ -355,10 +359,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
                    help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
-    sl = r.add_argument_group('Slurm hosts (scheduler = "slurm"): --gpus is then the GPUs per node')
-    sl.add_argument(
-        "--nodes", type=bounded(1, 100000, integer=True), metavar="N", help="nodes (sbatch --nodes)"
-    )
+    sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")
+    sl.add_argument("--nodes", type=bounded(1, 100000, integer=True), metavar="N",
+                    help="nodes (sbatch --nodes); more than one: the command runs once per node, in one srun step")  # fmt: skip
+    sl.add_argument("--gpus-per-node", type=bounded(0, 1024, integer=True), metavar="G",
+                    help="GPUs per node (as --gpus N); torchrun's processes per node")  # fmt: skip
+    sl.add_argument("--launcher", choices=("torchrun",),
+                    help="torchrun: gputui writes the torchrun line (rendezvous on the first node, node rank from "
+                    "SLURM_NODEID); the command is then the script and its arguments")  # fmt: skip
     sl.add_argument("--partition", metavar="P", help="partition (sbatch --partition)")
     sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
     sl.add_argument("--sbatch-arg", action="append", metavar="OPT",

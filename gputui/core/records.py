@@ -11,6 +11,7 @@ from remote_agent import protocol as P
 
 from .insights import Hint, JobInsights, timed_parser, with_exit_hint
 from .insights_cache import InsightsCache, cacheable, entry_key
+from .labels import labelled, rank0_view  # a many-node job: the insights read rank 0's lines
 from .model import JOB_RUNNING, Job
 from .session import HostSession, LogTail
 
@@ -82,7 +83,8 @@ def _insights(job: Job, tail: LogTail | None) -> JobInsights:
         fix = f"look at jobs/{job.id}/output.log in the host's state dir"
         detail = tail.error if tail is not None and tail.error is not None else "the host did not send it"
         return JobInsights(hints=(Hint("log_unreadable", "the job's log cannot be read", fix, detail),))
-    parser = timed_parser(tail.data, tail.offset, tail.times)
+    data = rank0_view(tail.data, tail.offset) if labelled(job.record) else tail.data
+    parser = timed_parser(data, tail.offset, tail.times)
     if job.state != JOB_RUNNING:
         parser.flush()  # a final line without newline (e.g. "Killed") still counts once the job is over
     snap = parser.snapshot()

@@ -131,7 +131,7 @@ def run(job_dir: str) -> int:
     _reserve(reserve)
     log = LogWriter(os.path.join(job_dir, "output.log"))
     log_clock = LogClock(os.path.join(job_dir, TIMES_NAME), log.offset)
-    pid, master = _spawn(job["argv"], job["cwd"], env)
+    pid, master = _spawn(job.get("run_argv") or job["argv"], job["cwd"], env)  # run_argv: slurm.launch_fields
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     write_json(
         os.path.join(job_dir, "pid.json"),

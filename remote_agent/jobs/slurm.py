@@ -95,7 +95,7 @@ def check_request(req: Any) -> Dict[str, Any]:
     """The ``slurm`` args of jobs.start, checked: gpus, nodes, partition, time, sbatch_args."""
     if not isinstance(req, dict):
         raise ValueError("slurm must be an object")
-    unknown = set(req) - {"gpus", "nodes", "partition", "time", "sbatch_args"}
+    unknown = set(req) - {"gpus", "nodes", "partition", "time", "sbatch_args", "launcher"}
     if unknown:
         raise ValueError("unknown slurm settings: %s" % ", ".join(sorted(map(str, unknown)))[:200])
     out: Dict[str, Any] = {}
@@ -134,7 +134,117 @@ def check_request(req: Any) -> Dict[str, Any]:
             raise ValueError("sbatch argument %r: gputui sets the log, the working dir and the script itself"
                              % arg[:100])  # fmt: skip
     out["sbatch_args"] = list(extra)
+    launcher = req.get("launcher")
+    if launcher is not None:
+        if launcher not in LAUNCHERS:
+            raise ValueError("launcher %r: one of %s" % (str(launcher)[:100], ", ".join(LAUNCHERS)))
+        out["launcher"] = launcher
     return out
+
+
+# --- many nodes: one srun step ----------------------------------------------------------------------------------
+#: What ``launcher`` may be: torchrun (gputui writes the torchrun line, rendezvous from the allocation).
+LAUNCHERS = ("torchrun",)
+#: srun's own line naming a task that failed (``--label`` does not prefix srun's own messages).
+_TASK_FAILED = re.compile(rb"srun: error: ([^:\s]{1,200}): tasks? ([0-9,-]{1,200}): ([^\r\n]{1,200})")
+#: Bytes at the end of a stepped job's log searched for srun's word on a failed task.
+TASK_ERROR_TAIL = 64 * 1024
+
+
+def stepped(request: Dict[str, Any]) -> bool:
+    """Whether a job runs as one srun step over its nodes (more than one node, or a launcher): then the batch
+    step runs ``slurm-step``, which starts the step; otherwise the job's command runs in the batch step itself."""
+    return (request.get("nodes") or 1) > 1 or bool(request.get("launcher"))
+
+
+def launch_fields(request: Dict[str, Any], launcher: List[str], job_dir: str) -> Dict[str, Any]:
+    """Extra fields of a Slurm job's job.json: ``run_argv``, what the runner runs instead of the job's argv
+    (the agent's ``slurm-step`` for a stepped job)."""
+    return {"run_argv": launcher + ["slurm-step", job_dir]} if stepped(request) else {}
+
+
+def _first_node() -> Tuple[str, str]:
+    """(name, address) of the allocation's first node (where the batch step runs): the rendezvous host."""
+    names = _run(["scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")]).split()
+    if not names:
+        raise SlurmError("scontrol show hostnames %r gave no node" % os.environ.get("SLURM_JOB_NODELIST"))
+    first = names[0]
+    shown = _run(["scontrol", "show", "node", "--oneliner", first])
+    addr = re.search(r"(?:^|\s)NodeAddr=(\S+)", shown)
+    return first, (addr.group(1) if addr and addr.group(1) != "(null)" else first)
+
+
+def _free_port() -> int:
+    """A TCP port free on this node now (the rendezvous port; the first node is this one)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def step_argv(job: Dict[str, Any], job_dir: str, launcher: List[str], nodes: int) -> List[str]:
+    """The srun line of a stepped job: one task per node, every line labelled with its task (= node rank), the
+    whole step ended when one task fails. torchrun: each task runs ``slurm-step --task``, which execs torchrun."""
+    argv = ["srun", "--label", "--kill-on-bad-exit=1", "--nodes=%d" % nodes, "--ntasks=%d" % nodes,
+            "--ntasks-per-node=1", "--export=ALL"]  # fmt: skip
+    if (job.get("slurm") or {}).get("launcher") == "torchrun":
+        return argv + launcher + ["slurm-step", "--task", job_dir]
+    return argv + ["--"] + list(job["argv"])
+
+
+def torchrun_argv(job: Dict[str, Any], env: Dict[str, str]) -> List[str]:
+    """torchrun for this node: nodes from the allocation, node rank from SLURM_NODEID, processes per node from
+    the GPUs per node (1 without GPUs), the rendezvous on MASTER_ADDR:MASTER_PORT (the first node)."""
+    gpus = (job.get("slurm") or {}).get("gpus") or 1
+    argv = ["torchrun", "--nnodes=" + env["SLURM_JOB_NUM_NODES"], "--node_rank=" + env["SLURM_NODEID"],
+            "--nproc_per_node=%d" % gpus, "--master_addr=" + env["MASTER_ADDR"],
+            "--master_port=" + env["MASTER_PORT"]]  # fmt: skip
+    command = list(job["argv"])
+    if not (command[0].endswith(".py") or command[0] == "-m"):
+        argv.append("--no-python")  # an executable (python train.py, a wrapper), not a script torchrun runs
+    return argv + command
+
+
+def run_step(job_dir: str, task: bool, launcher: List[str]) -> int:
+    """``slurm-step JOB_DIR``: in the batch step (first node), set the rendezvous (MASTER_ADDR of the first node,
+    a free MASTER_PORT) and exec the job's srun step; ``--task``: in a task of that step, exec torchrun."""
+    import json
+    import sys
+
+    with open(os.path.join(job_dir, "job.json"), "rb") as f:
+        job = json.loads(f.read().decode("utf-8"))
+    try:
+        if task:
+            argv = torchrun_argv(job, dict(os.environ))
+        else:
+            name, addr = _first_node()
+            os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(_free_port()), GPUTUI_MASTER_NODE=name)
+            argv = step_argv(job, job_dir, launcher, int(os.environ.get("SLURM_JOB_NUM_NODES") or 1))
+        os.execvp(argv[0], argv)
+    except (SlurmError, KeyError, OSError) as exc:
+        what = "torchrun" if task else "the job's srun step"
+        sys.stderr.write("gputui: cannot start %s: %s\n" % (what, exc))
+        return 127 if isinstance(exc, FileNotFoundError) else 1
+    return 1  # not reached: exec replaced this process
+
+
+def failed_task(log_path: str) -> Optional[str]:
+    """srun's word on the first task that failed (``task 1 on n2: Exited with exit code 1``), from the end of
+    the log; None when it said nothing."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - TASK_ERROR_TAIL))
+            tail = f.read(TASK_ERROR_TAIL)
+    except OSError:
+        return None
+    for node, tasks, what in _TASK_FAILED.findall(tail):
+        if b"exit code 0" in what:
+            continue
+        word = "tasks" if re.search(rb"[,-]", tasks) else "task"
+        return _text("%s %s on %s: %s" % (word, tasks.decode(), node.decode("utf-8", "replace"),
+                                          what.decode("utf-8", "replace")))  # fmt: skip
+    return None
 
 
 def batch_script(state_dir: str) -> str:
@@ -302,6 +412,10 @@ def fill_record(
         record["state"] = P.JOB_KILLED if killed else mapped
         if why and (not info["reason"] or info["reason"] == "None"):
             info["reason"] = why
+        failed = not killed and record["exit_code"] != 0
+        if failed and (info.get("launcher") or (info.get("nodes_count") or 1) > 1):
+            # which task (= node rank) on which node failed, as srun said it
+            info["reason"] = failed_task(os.path.join(job_dir, "output.log")) or info["reason"]
         record["ended_at"] = (status or {}).get("ended_at") if isinstance(status, dict) else None
         record["ended_at"] = record["ended_at"] or time.time()
     else:  # RUNNING, COMPLETING, SUSPENDED, STOPPED, RESIZING, SIGNALING, STAGE_OUT
@@ -331,9 +445,12 @@ def _scancel(*args: str) -> bool:
     return True
 
 
-def kill(slurm_id: str, queued: bool, grace_s: float, ended: Callable[[float], bool]) -> None:
+def kill(
+    slurm_id: str, queued: bool, grace_s: float, ended: Callable[[float], bool], steps: bool = False
+) -> None:
     """SIGINT, then SIGTERM to the batch step (the runner passes them to the job's process group), then SIGKILL
     to every step, ``grace_s`` apart; then ``scancel`` ends the allocation, and Slurm must say the job ended.
+    ``steps`` (a job run as one srun step over its nodes): INT and TERM go to the steps' tasks on every node.
     ``ended(timeout)`` waits for the runner's status.json. A queued job is just cancelled.
 
     SlurmError says what failed (scancel's error, a controller that does not answer) and what was sent before:
@@ -341,8 +458,10 @@ def kill(slurm_id: str, queued: bool, grace_s: float, ended: Callable[[float], b
     sent: List[str] = []
     try:
         if not queued:
-            for sig, scope in (("INT", "--batch"), ("TERM", "--batch"), ("KILL", "--full")):
-                if not _scancel(scope, "--signal=" + sig, slurm_id):
+            # without a scope scancel signals every step but the batch one: the tasks on every node
+            scope = () if steps else ("--batch",)
+            for sig, where in (("INT", scope), ("TERM", scope), ("KILL", ("--full",))):
+                if not _scancel(*where, "--signal=" + sig, slurm_id):
                     break  # the job ended meanwhile: the scancel below settles its allocation
                 sent.append("SIG" + sig)
                 if ended(grace_s):
@@ -468,7 +587,7 @@ def gpu_stream(state_dir: str, nvidia_smi: str, interval: float) -> int:
     from ..metrics.sampler import MetricsSampler
 
     sampler = MetricsSampler(state_dir, nvidia_smi=nvidia_smi)
-    node = socket.gethostname().split(".")[0]
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]  # Slurm's name for it
     try:
         while True:
             s = sampler.sample(lambda pid: None)
@@ -530,6 +649,7 @@ class NodeGpus:
         """Append the running Slurm jobs' node GPUs to ``sample["gpus"]`` (indices after the host's own)."""
         running = {j["id"]: (j.get("slurm") or {}).get("job_id") for j in jobs
                    if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}  # fmt: skip
+        nodes = {j["id"]: (j.get("slurm") or {}).get("nodes_count") for j in jobs if j["id"] in running}
         running = dict(sorted(running.items(), key=lambda kv: int(kv[0]))[:MAX_NODE_STREAMS])
         with self._lock:
             for job_id in list(self._streams):
@@ -539,7 +659,7 @@ class NodeGpus:
                 stream = self._streams.get(job_id)
                 if slurm_id and (stream is None or (stream.proc.poll() is not None
                                                     and time.monotonic() - stream.started > RESTART_S)):  # fmt: skip
-                    self._streams[job_id] = _Stream(self._argv(str(slurm_id)))
+                    self._streams[job_id] = _Stream(self._argv(str(slurm_id), nodes.get(job_id)))
             streams = sorted(self._streams.items(), key=lambda kv: int(kv[0]))
         gpus = sample.setdefault("gpus", [])
         fresh, room = time.monotonic() - 3 * NODE_INTERVAL_S, MAX_NODE_GPUS
@@ -553,8 +673,11 @@ class NodeGpus:
                     gpu["processes"] = [dict(p, job=job_id) for p in gpu.get("processes") or []]
                     gpus.append(gpu)
 
-    def _argv(self, slurm_id: str) -> List[str]:
-        return ["srun", "--jobid=" + slurm_id, "--overlap", "--ntasks-per-node=1", "--quiet", "--job-name=gputui-gpus",
+    def _argv(self, slurm_id: str, nodes: Any = None) -> List[str]:
+        """One task on each of the job's nodes (``nodes``, as asked; srun alone would take one node)."""
+        n = nodes if isinstance(nodes, int) and 0 < nodes <= 100000 else 1
+        return ["srun", "--jobid=" + slurm_id, "--overlap", "--nodes=%d" % n, "--ntasks=%d" % n,
+                "--ntasks-per-node=1", "--quiet", "--job-name=gputui-gpus",
                 *self.launcher, "gpu-stream", "--state-dir", self.state_dir, "--nvidia-smi", self.nvidia_smi,
                 "--interval", str(NODE_INTERVAL_S)]  # fmt: skip
 

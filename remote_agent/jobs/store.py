@@ -278,7 +278,7 @@ class JobStore:
         if request is not None:
             del record["tmux_session"], record["tmux_socket"]
             asked = {("nodes_count" if k == "nodes" else k): v for k, v in request.items()}
-            record.update(scheduler="slurm", slurm=asked)
+            record.update(scheduler="slurm", slurm=asked, **S.launch_fields(request, self.launcher, job_dir))
         record.update(extra or {})
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
@@ -401,6 +401,7 @@ class JobStore:
             record = {"error": "job.json of job %s cannot be read" % job_id}
         record["id"] = job_id
         record.pop("env", None)
+        record.pop("run_argv", None)  # the runner's (slurm.launch_fields), not the job's command
         record["usage"] = read_json(os.path.join(path, "usage.json"))
         status = read_json(os.path.join(path, "status.json"))
         pids = read_json(os.path.join(path, "pid.json"))
@@ -552,7 +553,8 @@ class JobStore:
         kill_file = os.path.join(path, "kill.json")
         write_json(kill_file, {"asked_at": time.time(), "grace_s": grace_s})
         try:
-            S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t))
+            S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t),
+                   steps=bool(read_json(os.path.join(path, "job.json")).get("run_argv")))
         except S.SlurmError as exc:
             if not os.path.exists(os.path.join(path, "status.json")):
                 os.unlink(kill_file)  # not killed: how the job ends is Slurm's word, not "killed"

@@ -220,6 +220,12 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
         name.append(" · " + safetext.clean(job.queue_reason or "waiting", limit=300), style=pal.muted)
         count = (job.record.get("queue") or {}).get("gpu_count")
         gpus = f"any {count}" if count else gpus
+    slurm = job.record.get("slurm") or {}
+    if slurm and job.state != M.JOB_QUEUED:  # a Slurm job: its nodes, and GPUs per node x nodes
+        if slurm.get("nodes"):
+            name.append(" · on " + safetext.clean(slurm["nodes"], limit=300), style=pal.muted)
+        nodes = slurm.get("nodes_count") or 1
+        gpus = f"{slurm.get('gpus') or 0}x{nodes}" if nodes > 1 else str(slurm.get("gpus") or 0)
     runtime = None
     if job.started_at is not None:
         runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
