@@ -138,10 +138,11 @@ def _names(src: str) -> list[str]:
         if out is None:
             raise SyncError(f"git ls-files failed in {src}")
         return sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
-    names = []
+    names: list[str] = []
     for root, dirs, files in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d != ".git")
-        names += [os.path.relpath(os.path.join(root, f), src) for f in files]
+        below = root[len(src) :].lstrip(os.sep)  # os.walk's roots all start with src: no relpath per file
+        names += [f"{below}{os.sep}{f}" if below else f for f in files]
         if len(names) > MAX_FILES:
             break
     return sorted(names)
@@ -466,9 +467,14 @@ async def sync(
         / "sync"
         / (hashlib.sha256(src.encode("utf-8", "surrogateescape")).hexdigest()[:24] + ".json")
     )
-    files = await asyncio.to_thread(with_hashes, files, cache)
+    listing = asyncio.ensure_future(_manifest(session, target))  # asked while the files are hashed here
+    try:
+        files = await asyncio.to_thread(with_hashes, files, cache)
+    except BaseException:
+        listing.cancel()
+        raise
     result.files, result.tree_sha256 = len(files), tree_hash(files)
-    result.target, have = await _manifest(session, target)
+    result.target, have = await listing
     todo = [
         f for f in files if (have.get(f.rel) or {}).get("sha256") != f.sha256 or have[f.rel]["mode"] != f.mode
     ]
