@@ -5,6 +5,7 @@ at most ``MAX_LIST_FILES`` entries, a hash streams the file. Reads refuse anythi
 would hang the agent).
 """
 
+import bisect
 import errno
 import glob
 import hashlib
@@ -426,6 +427,7 @@ def _journal(state_dir: str, target: str, entries: List[Dict[str, Any]]) -> None
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
     with _manifest_lock:
+        _journal_writes[0] += 1
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, text.encode("utf-8", "surrogateescape"))
@@ -433,20 +435,15 @@ def _journal(state_dir: str, target: str, entries: List[Dict[str, Any]]) -> None
             os.close(fd)
 
 
-def _unchanged(root: int, rel: str, e: Dict[str, Any]) -> bool:
-    """Whether ``rel`` under the target dir ``root`` is still the regular file the manifest entry wrote."""
+def _unchanged(dirs: "_Dirs", rel: str, e: Dict[str, Any]) -> bool:
+    """Whether ``rel`` under the target dir is still the regular file the manifest entry wrote."""
     try:
         parts = _parts(rel)
-        dfd = _open_parent(root, parts, create=False)
+        dfd = dirs.parent(parts, create=False)
+        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
     except (OSError, ValueError):
         return False
-    try:
-        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-        return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e.get("size"), e.get("mtime_ns"))
-    except OSError:
-        return False
-    finally:
-        os.close(dfd)
+    return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e.get("size"), e.get("mtime_ns"))
 
 
 def _manifest(state_dir: str, target: str, root: int) -> Dict[str, Dict[str, Any]]:
@@ -470,9 +467,13 @@ def _manifest(state_dir: str, target: str, root: int) -> Dict[str, Dict[str, Any
                             entries[e["rel"]] = e
         except FileNotFoundError:
             return {}
-        for rel, e in list(entries.items()):
-            if not _unchanged(root, rel, e):  # changed or removed on the host since: it must be sent again
-                del entries[rel]
+        dirs = _Dirs(root)
+        try:
+            gone = [rel for rel, e in entries.items() if not _unchanged(dirs, rel, e)]
+        finally:
+            dirs.close()
+        for rel in gone:  # changed or removed on the host since: it must be sent again
+            del entries[rel]
         if lines > 2 * len(entries) + 100:  # compact the journal
             write_atomic(path, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries.values())
                          .encode("utf-8", "surrogateescape"))  # fmt: skip
@@ -488,12 +489,35 @@ def manifest_page(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
     except FileNotFoundError:  # not made yet: nothing there
         return {"target": target, "entries": [], "more": False}
     try:
-        entries = _manifest(state_dir, target, root)
+        rels, listed = _listing(state_dir, target, root, fresh=not after)
     finally:
         os.close(root)
-    rels = sorted(r for r in entries if r > after)
-    page = rels[:MANIFEST_PAGE]
-    return {"target": target, "entries": [entries[r] for r in page], "more": len(rels) > len(page)}
+    start = bisect.bisect_right(rels, after) if after else 0
+    page = listed[start : start + MANIFEST_PAGE]
+    return {"target": target, "entries": page, "more": start + len(page) < len(listed)}
+
+
+#: The last listing made: the later pages of one listing are cut from it instead of reading the journal and
+#: statting every file again. ``_journal_writes`` counts manifest writes: a listing made before one is stale.
+_last_listing = {}  # type: Dict[str, Any]
+_journal_writes = [0]
+
+
+def _listing(state_dir: str, target: str, root: int, fresh: bool) -> Any:
+    """The target's manifest as (rels, entries), both in path order: made afresh for a listing's first
+    page, taken from the last listing for its later ones when no manifest write came since."""
+    with _manifest_lock:
+        last = dict(_last_listing)
+        writes = _journal_writes[0]
+    if not fresh and last.get("key") == (state_dir, target, writes):
+        return last["rels"], last["entries"]
+    entries = _manifest(state_dir, target, root)
+    rels = sorted(entries)
+    listed = [entries[r] for r in rels]
+    with _manifest_lock:
+        _last_listing.clear()
+        _last_listing.update(key=(state_dir, target, writes), rels=rels, entries=listed)
+    return rels, listed
 
 
 def _remove_empty_parents(root: int, parts: List[str]) -> None:
@@ -575,64 +599,157 @@ def receive(state_dir: str, target: str, inp: Any, out: Any, block: int = 1024 *
             os.close(root)
 
 
+#: Acknowledgements (and their manifest lines) a receive stream holds back before it writes them out at once.
+ACK_BATCH = 256
+#: Longest a receive stream holds an acknowledgement back while files keep coming, in seconds.
+ACK_HOLD_S = 0.2
+#: Most directory fds a receive stream keeps open for the files that follow.
+MAX_DIR_FDS = 256
+
+
+class _Dirs:
+    """The directories of a target dir ``root``, opened (never through a symlink) once for all the files
+    that land in them, at most MAX_DIR_FDS held; every fd is closed by ``close``."""
+
+    def __init__(self, root: int) -> None:
+        self.root, self.fds = root, {}  # type: int, Dict[tuple, int]
+
+    def parent(self, parts: List[str], create: bool) -> int:
+        """The fd of the dir holding ``parts[-1]`` (owned by this cache: never closed by the caller)."""
+        key = tuple(parts[:-1])
+        fd = self.fds.get(key)
+        if fd is None:
+            if len(self.fds) >= MAX_DIR_FDS:
+                self.close()
+            fd = self.fds[key] = _open_parent(self.root, parts, create)
+        return fd
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+
+class _Acks:
+    """Acknowledgement lines of a receive stream, written out in batches (ACK_BATCH lines or ACK_HOLD_S,
+    and at the end); a committed file's manifest line is journaled before its acknowledgement goes out."""
+
+    def __init__(self, state_dir: str, target: str, out: Any) -> None:
+        import time
+
+        self.state_dir, self.target, self.out, self.clock = state_dir, target, out, time.monotonic
+        self.lines, self.entries, self.since = [], [], self.clock()  # type: List[bytes], List[Dict[str, Any]], float
+
+    def add(self, reply: Dict[str, Any], entry: Optional[Dict[str, Any]]) -> None:
+        if entry is not None:
+            self.entries.append(entry)
+        self.lines.append(json.dumps(reply).encode() + b"\n")
+        if len(self.lines) >= ACK_BATCH or self.clock() - self.since >= ACK_HOLD_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.entries:
+            _journal(self.state_dir, self.target, self.entries)
+        if self.lines:
+            self.out.write(b"".join(self.lines))
+            self.out.flush()
+        self.lines, self.entries, self.since = [], [], self.clock()
+
+
 def _receive_files(
     state_dir: str, target: str, root: int, inp: Any, out: Any, block: int, token: Any
 ) -> int:
-    while True:
-        line = inp.readline(65536)
-        if not line:
-            return 0
-        if not line.endswith(b"\n"):
-            sys.stderr.write("gputui-agent: receive: header line too long\n")
-            return 2
-        try:
-            head = json.loads(line)
-            rel, size = head.get("rel"), P.int_arg(head, "size", 0)
-        except (ValueError, AttributeError) as exc:
-            sys.stderr.write("gputui-agent: receive: bad header: %s\n" % exc)
-            return 2
-        reply: Dict[str, Any] = {"rel": rel, "ok": True}
-        fd = dfd = -1
-        part = ""
-        try:
-            parts = _parts(rel)
-            dfd = _open_parent(root, parts, create=True)
-            name = _part_name(parts[-1], token(16))
-            fd = _create_part(dfd, name)
-            part = name  # ours from here on: removed unless renamed into place
-        except (OSError, ValueError) as exc:
-            reply = {"rel": rel, "ok": False, "error": str(exc)}
-        left, at = size, 0
-        try:
-            while left > 0:
-                data = inp.read(min(block, left))
-                if not data:
-                    return 1  # the client went away mid-file: nothing renamed (the part goes below)
-                left -= len(data)
-                if fd >= 0:
-                    try:
-                        _write_all(fd, data, at, "%s/%s" % (target, rel))
-                    except (OSError, ValueError) as exc:  # a full disk: the rest is read and dropped
-                        reply = {"rel": rel, "ok": False, "error": str(exc)}
-                        os.close(fd)
-                        fd = -1
-                at += len(data)
-            if reply["ok"]:
-                os.close(fd)
-                fd = -1
-                _commit(state_dir, target, parts, dfd, head, part)
-                part = ""
-        except (OSError, ValueError, KeyError) as exc:
-            reply = {"rel": rel, "ok": False, "error": str(exc)}
-        finally:
+    """The files of the stream until EOF or an ``{"end": true}`` line; the acknowledgements of the files
+    received are written out before it returns, whichever way it ends."""
+    dirs, acks = _Dirs(root), _Acks(state_dir, target, out)
+    try:
+        while True:
+            line = inp.readline(65536)
+            if not line:
+                return 0
+            if not line.endswith(b"\n"):
+                sys.stderr.write("gputui-agent: receive: header line too long\n")
+                return 2
+            try:
+                head = json.loads(line)
+                if isinstance(head, dict) and head.get("end") is True:
+                    return 0
+                rel, size = head.get("rel"), P.int_arg(head, "size", 0)
+            except (ValueError, AttributeError) as exc:
+                sys.stderr.write("gputui-agent: receive: bad header: %s\n" % exc)
+                return 2
+            result = _receive_one(state_dir, target, dirs, inp, head, rel, size, block, token)
+            if result is None:
+                return 1  # the client went away mid-file: nothing renamed (its part is removed)
+            acks.add(*result)
+    finally:
+        dirs.close()
+        acks.flush()
+
+
+def _receive_one(
+    state_dir: str, target: str, dirs: _Dirs, inp: Any, head: Dict[str, Any], rel: Any, size: int, block: int,
+    token: Any,
+) -> Optional[tuple]:
+    """One file of the stream: its ``size`` bytes into a part file of a fresh random name, hashed as they
+    are written, checked, renamed into place. (reply, manifest entry or None); None when the stream ended
+    mid-file. A refused file's bytes are read and dropped, so the stream stays in step."""
+    reply = {"rel": rel, "ok": True}  # type: Dict[str, Any]
+    fd, dfd, part, parts = -1, -1, "", []  # type: int, int, str, List[str]
+    digest = hashlib.sha256()
+    try:
+        parts = _parts(rel)
+        dfd = dirs.parent(parts, create=True)
+        name = _part_name(parts[-1], token(16))
+        fd = _create_part(dfd, name)
+        part = name  # ours from here on: removed unless renamed into place
+    except (OSError, ValueError) as exc:
+        reply = {"rel": rel, "ok": False, "error": str(exc)}
+    left, at = size, 0
+    try:
+        while left > 0:
+            data = inp.read(min(block, left))
+            if not data:
+                return None
+            left -= len(data)
             if fd >= 0:
-                os.close(fd)
-            if dfd >= 0:
-                if part:
-                    try:
-                        os.unlink(part, dir_fd=dfd)
-                    except OSError:
-                        pass
-                os.close(dfd)
-        out.write(json.dumps(reply).encode() + b"\n")
-        out.flush()
+                try:
+                    _write_all(fd, data, at, "%s/%s" % (target, rel))
+                    digest.update(data)
+                except (OSError, ValueError) as exc:  # a full disk: the rest is read and dropped
+                    reply = {"rel": rel, "ok": False, "error": str(exc)}
+                    os.close(fd)
+                    fd = -1
+            at += len(data)
+        if reply["ok"]:
+            entry = _commit_written(fd, dfd, parts, part, digest.hexdigest(), head)
+            part = ""
+            reply.update(sha256=entry["sha256"], mode=entry["mode"])
+            return reply, entry
+    except (OSError, ValueError, KeyError) as exc:
+        reply = {"rel": rel, "ok": False, "error": str(exc)}
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if part and dfd >= 0:
+            try:
+                os.unlink(part, dir_fd=dfd)
+            except OSError:
+                pass
+    return reply, None
+
+
+def _commit_written(fd: int, dfd: int, parts: List[str], part: str, sha256: str, c: Dict[str, Any]) -> Dict[str, Any]:
+    """Put the part file just written (open as ``fd``, its bytes hashed as ``sha256`` on the way) in place:
+    the hash checked against the sender's, mode and mtime set, renamed over ``parts[-1]``; its manifest
+    entry. The caller closes ``fd``; a part that does not match is left for the caller to remove."""
+    if sha256 != c.get("sha256"):
+        raise ValueError("sha256 of %s on the host does not match what was sent" % "/".join(parts))
+    os.fchmod(fd, P.int_arg(c, "mode", 0o644, 0, 0o777))
+    mtime_ns = P.int_arg(c, "mtime_ns", 0)
+    if mtime_ns:
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+    os.replace(part, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+    st = os.fstat(fd)
+    return {"rel": "/".join(parts), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "sha256": sha256, "mode": stat.S_IMODE(st.st_mode)}  # fmt: skip

@@ -138,10 +138,11 @@ def _names(src: str) -> list[str]:
         if out is None:
             raise SyncError(f"git ls-files failed in {src}")
         return sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
-    names = []
+    names: list[str] = []
     for root, dirs, files in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d != ".git")
-        names += [os.path.relpath(os.path.join(root, f), src) for f in files]
+        below = root[len(src) :].lstrip(os.sep)  # os.walk's roots all start with src: no relpath per file
+        names += [f"{below}{os.sep}{f}" if below else f for f in files]
         if len(names) > MAX_FILES:
             break
     return sorted(names)
@@ -276,10 +277,12 @@ async def _send_stream(
     todo: list[LocalFile],
     sent: Callable[[int], None],
     notes: list[str],
-    done: set[str],
+    done: dict[str, dict[str, Any] | None],
 ) -> None:
     """Every file of ``todo`` on one raw upload stream (the agent build's ``receive``: a header line, then
-    the bytes; no JSON, no base64); each file the host acknowledges (sent or refused) goes into ``done``."""
+    the bytes; no JSON, no base64), then an end line. Small files go out together, STREAM_BLOCK bytes at a
+    time. Each file the host acknowledges goes into ``done``: its manifest entry (sha256, mode) as the host
+    wrote it, or None where the host refused it."""
     state_dir = str(session.snapshot.facts.get("state_dir") or "~/.gputui")
     channel = await asyncio.wait_for(session.open_stream(["receive", "--state-dir", state_dir, target]), STALL_S)
     sizes = {f.rel: f.size for f in todo}
@@ -293,27 +296,37 @@ async def _send_stream(
             line = await lines.next()
             if not line:
                 return
-            rel, error = _ack(session, line, sizes, done)
-            done.add(rel)
+            rel, entry, error = _ack(session, line, sizes, done)
+            done[rel] = entry
             acked[0] += sizes[rel]
             if error is not None:
                 notes.append(f"not sent {rel}: {error}")
 
     reading = asyncio.ensure_future(acks())
+    out = bytearray()
+
+    async def flush(rel: str) -> None:
+        channel.writer.write(bytes(out))
+        out.clear()
+        await _drained(session, channel, rel, reading)
+
     try:
         for f in todo:
             head = {"rel": f.rel, "size": f.size, "sha256": f.sha256, "mode": f.mode, "mtime_ns": f.mtime_ns}
-            channel.writer.write(json.dumps(head).encode() + b"\n")
+            out += json.dumps(head).encode() + b"\n"
             left = f.size
             with open(f.path, "rb") as src:
                 while left > 0:
                     data = src.read(min(left, STREAM_BLOCK)) or bytes(min(left, STREAM_BLOCK))  # shrank: pad
-                    channel.writer.write(data)
-                    await _drained(session, channel, f.rel, reading)
+                    out += data
                     left -= len(data)
                     sent(len(data))
+                    if len(out) >= STREAM_BLOCK:
+                        await flush(f.rel)
             if reading.done():
                 break  # the stream ended early (link lost, agent gone)
+        out += b'{"end": true}\n'  # the host writes out the acknowledgements it holds back, and ends
+        await flush(todo[-1].rel if todo else "")
         unacked = sum(sizes.values()) - acked[0]
         try:  # the host hashes what it got before it answers: a bound that grows with the bytes
             await asyncio.wait_for(asyncio.shield(reading), hash_timeout(unacked))
@@ -363,9 +376,12 @@ async def _drained(session: HostSession, channel: Any, rel: str, reading: asynci
         drain.cancel()
 
 
-def _ack(session: HostSession, line: bytes, sizes: dict[str, int], done: set[str]) -> tuple[str, str | None]:
-    """One acknowledgement line of the upload stream, checked: (rel, error or None). A ``fatal`` line (the
-    host refused the whole sync, e.g. another sync into the target is under way) is a SyncError."""
+def _ack(
+    session: HostSession, line: bytes, sizes: dict[str, int], done: dict[str, dict[str, Any] | None]
+) -> tuple[str, dict[str, Any] | None, str | None]:
+    """One acknowledgement line of the upload stream, checked: (rel, the host's manifest entry or None,
+    error or None). A ``fatal`` line (the host refused the whole sync, e.g. another sync into the target is
+    under way) is a SyncError."""
     try:
         reply = json.loads(line)
     except ValueError:
@@ -379,15 +395,16 @@ def _ack(session: HostSession, line: bytes, sizes: dict[str, int], done: set[str
             "not an acknowledgement of a file sent"
         )
     if reply["ok"]:
-        return reply["rel"], None
-    return reply["rel"], safetext.clean(reply.get("error"), limit=500)
+        return rel, _manifest_entry(session, reply), None
+    return rel, None, safetext.clean(reply.get("error"), limit=500)
 
 
 async def _send_all(
     session: HostSession, target: str, todo: list[LocalFile], sent: Callable[[int], None], notes: list[str]
-) -> None:
-    """The raw stream when the transport has one, picking up after a dropped link; else chunked writes."""
-    left, done = list(todo), set[str]()
+) -> dict[str, dict[str, Any]] | None:
+    """The raw stream when the transport has one, picking up after a dropped link; else chunked writes.
+    The host's manifest entries of the files the stream carried, or None where chunked writes were used."""
+    left, done = list(todo), dict[str, dict[str, Any] | None]()
     for _attempt in range(5):
         try:
             await _send_stream(session, target, left, sent, notes, done)
@@ -399,9 +416,10 @@ async def _send_all(
             log.info("sync stream to %s broke: %s", session.name, exc)
         left = [f for f in left if f.rel not in done]
         if not left:
-            return
+            return {rel: entry for rel, entry in done.items() if entry is not None}
         await session.wait_connected(60)
     await _send_chunked(session, target, left, sent, notes)
+    return None
 
 
 async def _send_chunked(
@@ -449,9 +467,14 @@ async def sync(
         / "sync"
         / (hashlib.sha256(src.encode("utf-8", "surrogateescape")).hexdigest()[:24] + ".json")
     )
-    files = await asyncio.to_thread(with_hashes, files, cache)
+    listing = asyncio.ensure_future(_manifest(session, target))  # asked while the files are hashed here
+    try:
+        files = await asyncio.to_thread(with_hashes, files, cache)
+    except BaseException:
+        listing.cancel()
+        raise
     result.files, result.tree_sha256 = len(files), tree_hash(files)
-    result.target, have = await _manifest(session, target)
+    result.target, have = await listing
     todo = [
         f for f in files if (have.get(f.rel) or {}).get("sha256") != f.sha256 or have[f.rel]["mode"] != f.mode
     ]
@@ -462,9 +485,12 @@ async def sync(
         if on_progress is not None:
             on_progress(f"{len(todo)} files", result.bytes_sent, total)
 
-    await _send_all(session, result.target, todo, sent, result.notes)
+    landed = await _send_all(session, result.target, todo, sent, result.notes) if todo else {}
     result.sent = len(todo) - sum(n.startswith("not sent") for n in result.notes)
-    _, there = await _manifest(session, result.target) if todo else (result.target, have)
+    if landed is None:  # chunked writes: what landed is in the host's manifest
+        _, there = await _manifest(session, result.target)
+    else:  # the stream's acknowledgements carry the host's entries of the files written
+        there = {**have, **landed}
     result.tree_sha256, result.missing = host_tree(files, there)
     if delete:
         local = {f.rel for f in files}
