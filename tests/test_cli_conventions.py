@@ -170,7 +170,7 @@ def test_completion_of_job_ids_through_bash(home: Home, tmp_path: Path) -> None:
 
 
 # --- --json and NO_COLOR ---------------------------------------------------------------------------------------------
-TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue"}  # each command that prints a table
+TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue", "compare"}  # each command that prints a table
 NOT_TABLES = {"run", "logs", "kill", "trust", "sync", "pull", "forward", "release", "autostop", "notify", "add",
               "remove"}  # fmt: skip
 

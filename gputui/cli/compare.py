@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from typing import TYPE_CHECKING
 
 from ..core import jsonout
-from ..core.compare import MAX_RUNS, MIN_RUNS, Row, compare_rows, load_runs, parse_ref
 from ..core.errors import ExitStatus
 from .common import CliError, open_fleet
 
+if TYPE_CHECKING:  # the comparison loads the log parser: only this command needs it
+    from ..core.compare import Row
+
 
 def _refs(items: list[str]) -> list[tuple[str, str]]:
+    from ..core.compare import MAX_RUNS, MIN_RUNS, parse_ref
+
     if not MIN_RUNS <= len(items) <= MAX_RUNS:
         raise CliError(
             f"compare: give {MIN_RUNS} to {MAX_RUNS} runs as HOST:JOB, not {len(items)}", ExitStatus.USAGE
@@ -45,6 +50,8 @@ def format_table(labels: list[str], rows: list[Row], columns: int) -> list[str]:
 
 
 async def cmd_compare(args: argparse.Namespace) -> int:
+    from ..core.compare import compare_rows, load_runs
+
     refs = _refs(args.runs)
     async with open_fleet(args) as fleet:
         runs = await load_runs(fleet, fleet.config, refs)

@@ -15,7 +15,6 @@ from ..core import config as cfg
 from ..core import jsonout, safetext
 from ..core import model as M
 from ..core.artifacts import check_patterns
-from ..core.compare import load_series
 from ..core.errors import ExitStatus
 from ..core.jobs import (
     MAX_QUEUE_DEPS,
@@ -234,11 +233,18 @@ def _series_flag(args: argparse.Namespace) -> None:
         raise CliError("--series goes with --json (the table has no room for curves)", USAGE)
 
 
+async def _series(fleet: Any, runs: list[tuple[str, str]]) -> Any:
+    """``--series``: each run's metric series (the comparison module loads the log parser: only then)."""
+    from ..core.compare import load_series
+
+    return await load_series(fleet, runs)
+
+
 async def cmd_jobs(args: argparse.Namespace) -> int:
     _series_flag(args)
     async with open_fleet(args) as fleet:
         jobs, errors = await collect_jobs(fleet, host_names(fleet.config, args.host))
-        series = await load_series(fleet, [(j.host, j.id) for j in jobs]) if args.series else {}
+        series = await _series(fleet, [(j.host, j.id) for j in jobs]) if args.series else {}
     status = hosts_status(errors)
     if args.json:
         out = [j.to_json() for j in jobs]
@@ -256,7 +262,7 @@ async def cmd_history(args: argparse.Namespace) -> int:
     async with open_fleet(args) as fleet:
         records, errors = await collect_history(fleet, fleet.config, host_names(fleet.config, args.host))
         if args.series:
-            series = await load_series(fleet, [(r["host"], r["id"]) for r in records])
+            series = await _series(fleet, [(r["host"], r["id"]) for r in records])
             for r in records:
                 got = series.get((r["host"], r["id"]))
                 r["series"] = got.to_json() if got is not None else None

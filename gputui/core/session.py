@@ -9,15 +9,17 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from remote_agent import protocol as P
 
 from . import model as M
 from .link import AgentError, ByteReader, Link, LinkClosed, RequestTimeout
 from .metrics_history import MetricsHistory, MetricsRing
-from .series import JobSeries
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
+
+if TYPE_CHECKING:
+    from .series import JobSeries
 
 log = logging.getLogger(__name__)
 
@@ -479,6 +481,8 @@ class HostSession:
                 break
             if not isinstance(res.get("size"), int) or res["offset"] >= res["size"]:
                 break
+        from .series import JobSeries  # here: it loads the log parser's metric names, which status needs not
+
         return JobSeries.from_wire(self.name, job, res)
 
     async def list_queue(self) -> P.QueueListResult:

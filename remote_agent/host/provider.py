@@ -38,17 +38,18 @@ setting or per-read timeout can get in the way.
 """
 
 import datetime
-import http.client
 import json
 import math
 import os
 import re
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+if TYPE_CHECKING:
+    import http.client
 
 RUNPOD, VASTAI, NONE = "runpod", "vastai", "none"
 API_URLS = {RUNPOD: "https://rest.runpod.io/v1", VASTAI: "https://console.vast.ai/api/v0"}
@@ -280,6 +281,8 @@ def http_json(
     in a worker thread that is waited for that long, and a timer shuts its socket when the time is up (so a
     dripping answer cannot stretch it; only a hung name lookup can outlive it, in the background)."""
     check_api_url(url)
+    import http.client  # here: the agent starts without the HTTP stack, only a provider call loads it
+
     parts = urllib.parse.urlsplit(url)
     what = f"{method} {parts.hostname}{parts.path}"
     headers = {"Authorization": "Bearer " + key, "Accept": "application/json", "User-Agent": "gputui-agent"}
@@ -317,7 +320,10 @@ def _exchange(
     """The request and the whole answer: (status, body, Location, Retry-After), within ``deadline_s``."""
     end = time.monotonic() + deadline_s
     host, port = parts.hostname or "", parts.port
-    conn: http.client.HTTPConnection
+    import http.client
+    import ssl
+
+    conn: "http.client.HTTPConnection"
     if parts.scheme == "https":
         conn = http.client.HTTPSConnection(
             host, port, timeout=deadline_s, context=ssl.create_default_context()
@@ -355,7 +361,7 @@ def _exchange(
     return result
 
 
-def _read_body(resp: http.client.HTTPResponse, max_body: int, end: float, what: str) -> bytes:
+def _read_body(resp: "http.client.HTTPResponse", max_body: int, end: float, what: str) -> bytes:
     length = resp.getheader("Content-Length")
     if length and length.strip().isdigit() and int(length) > max_body:
         raise ProviderError("bad_answer", f"{what}: answer of {int(length)} bytes, more than {max_body}")
