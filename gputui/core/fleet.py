@@ -46,20 +46,23 @@ class Fleet:
         if self.ledger.notice:
             warn(self.ledger.notice)  # once: the bad file is set aside
         self._on_change = on_change
-        self.sessions: dict[str, HostSession] = {}
-        for name, host in config.hosts.items():
-            self.sessions[name] = HostSession(
-                name,
-                transport_factory(host, config),
-                self._changed,
-                metrics_interval,
-                sample_args={
-                    "idle_util_percent": host.idle_util_percent,
-                    "count_sessions": host.count_ssh_sessions,
-                },
-                on_connect=functools.partial(autostop.arm, host=host, urls=autostop.api_urls(config)),  # every host: settings removed must disarm
-                scheduler=host.scheduler,
-            )
+        self._metrics_interval, self._transport_factory = metrics_interval, transport_factory
+        self.sessions: dict[str, HostSession] = {
+            name: self.new_session(name, host) for name, host in config.hosts.items()
+        }
+
+    def new_session(self, name: str, host: HostConfig) -> HostSession:
+        """The session of one host of ``self.config``: its transport, idle rule and autostop arming."""
+        return HostSession(
+            name,
+            self._transport_factory(host, self.config),
+            self._changed,
+            self._metrics_interval,
+            sample_args={"idle_util_percent": host.idle_util_percent, "count_sessions": host.count_ssh_sessions},
+            # every host, every connect: settings removed must disarm
+            on_connect=functools.partial(autostop.arm, host=host, urls=autostop.api_urls(self.config)),
+            scheduler=host.scheduler,
+        )
 
     def _changed(self, snap: M.HostSnapshot) -> None:
         enriched = self.with_cost(snap)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from gputui.core import autostop
 from gputui.core import model as M
-from gputui.core.config import Config, ConfigError, HostConfig, parse
+from gputui.core.config import Config, ConfigError, parse
 from gputui.core.fleet import Fleet
-from gputui.core.session import HostSession
 
 OnChange = Callable[[M.HostSnapshot], None]
 
@@ -49,7 +46,6 @@ class LiveFleet(Fleet):
 
     def __init__(self, config: Config, on_change: OnChange, metrics_interval: float | None = None) -> None:
         super().__init__(config, on_change=on_change, metrics_interval=metrics_interval)
-        self._metrics_interval = metrics_interval
         self._running = False
 
     def _changed(self, snap: M.HostSnapshot) -> None:
@@ -60,16 +56,6 @@ class LiveFleet(Fleet):
         self._running = True
         super().run_in_background()
 
-    def _new_session(self, name: str, host: HostConfig, config: Config) -> HostSession:
-        """The session Fleet builds for a host (same transport, sampling and autostop wiring)."""
-        from gputui.core.fleet import make_transport
-
-        return HostSession(
-            name, make_transport(host, config), self._changed, self._metrics_interval,
-            sample_args={"idle_util_percent": host.idle_util_percent, "count_sessions": host.count_ssh_sessions},
-            on_connect=functools.partial(autostop.arm, host=host), scheduler=host.scheduler,
-        )  # fmt: skip
-
     async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]:
         """Follow ``config``: (hosts added or restarted, hosts removed or restarted)."""
         old = self.config.hosts
@@ -79,7 +65,7 @@ class LiveFleet(Fleet):
         self.config = config
         await asyncio.gather(*(s.close() for s in closing), return_exceptions=True)
         for name in new:
-            session = self.sessions[name] = self._new_session(name, config.hosts[name], config)
+            session = self.sessions[name] = self.new_session(name, config.hosts[name])
             if self._running:
                 session.run_in_background()
         return new, gone
