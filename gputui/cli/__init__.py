@@ -2,7 +2,7 @@
 
 One module per family of commands, each command's parser beside its handler (``register``): ``jobs`` (run,
 queue, jobs, history, logs, kill), ``fleet`` (status, cost, doctor, trust), ``release`` (release, autostop,
-notify), ``files`` (sync, pull, forward), ``hosts`` (add, remove, hosts); ``common`` holds what they share,
+notify), ``files`` (sync, pull, forward), ``hosts`` (add, remove, hosts), ``compare``; ``common`` holds what they share,
 ``main`` parses and runs one.
 """
 
