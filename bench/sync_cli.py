@@ -14,45 +14,15 @@ Prints medians and the ratios gputui / rsync (the target: at most 2). No asserts
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sshd import start_with_client  # noqa: E402
-
-GPUTUI = [sys.executable, "-c", "from gputui.launch import main; main()"]
-
-
-def stop_agents(root: Path) -> None:
-    """End the agents this run started (their command lines name its dirs), by pid."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(root).encode() in argv and int(pid) != os.getpid():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    t0 = time.perf_counter()
-    res = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    took = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"{argv[-4:]} failed ({res.returncode}): {res.stderr[-2000:]}")
-    return took
+from sshbox import GPUTUI, ROOT, ssh_box  # noqa: E402
 
 
 def main() -> None:
@@ -63,35 +33,27 @@ def main() -> None:
     args = ap.parse_args()
     if not shutil.which("rsync"):
         raise SystemExit("rsync is not installed")
-    root = Path(tempfile.mkdtemp(prefix="gputui-bench-"))
-    server, key, known = start_with_client(root)
-    home = root / "home"
-    settings = {"host": "127.0.0.1", "port": server.port, "user": server.user, "identity_file": str(key),
-                "known_hosts": str(known), "remote_dir": str(root / "remote")}  # fmt: skip
-    (home / ".config" / "gputui").mkdir(parents=True)
-    (home / ".config" / "gputui" / "config.toml").write_text(
-        "[hosts.box]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items())
-    )
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
-    src = root / "src"
-    for i in range(args.files):
-        d = src / f"d{i % 50}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"f{i}.py").write_bytes(os.urandom(args.size))
-    ssh = f"ssh -p {server.port} -i {key} -o UserKnownHostsFile={known} -o BatchMode=yes"
-    times: dict[str, list[float]] = {k: [] for k in ("gputui first", "gputui resync", "rsync first", "rsync resync")}
-    try:
+    times: dict[str, list[float]] = {
+        k: [] for k in ("gputui first", "gputui resync", "rsync first", "rsync resync")
+    }
+    with ssh_box() as box:
+        src = box.root / "src"
+        for i in range(args.files):
+            d = src / f"d{i % 50}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"f{i}.py").write_bytes(os.urandom(args.size))
+        ssh_e, dest = " ".join(box.ssh[:-1]), box.ssh[-1]
         for run in range(args.runs):
-            ours, theirs = root / f"ours{run}", root / f"theirs{run}"
+            ours, theirs = box.root / f"ours{run}", box.root / f"theirs{run}"
             for label in ("first", "resync"):
-                times[f"gputui {label}"].append(timed([*GPUTUI, "sync", "box", str(src), "--to", str(ours)], env))
-                rsync = ["rsync", "-a", "-e", ssh, f"{src}/", f"{server.user}@127.0.0.1:{theirs}/"]
-                times[f"rsync {label}"].append(timed(rsync, env))
+                times[f"gputui {label}"].append(
+                    box.timed([*GPUTUI, "sync", "box", str(src), "--to", str(ours)])
+                )
+                times[f"rsync {label}"].append(
+                    box.timed(["rsync", "-a", "-e", ssh_e, f"{src}/", f"{dest}:{theirs}/"])
+                )
             shutil.rmtree(ours, ignore_errors=True)
             shutil.rmtree(theirs, ignore_errors=True)
-    finally:
-        server.stop()
-        stop_agents(root)
     print(f"gputui sync (python -c 'from gputui.launch import main; main()', PYTHONPATH={ROOT}) vs rsync -a,")
     print(f"{args.files} files x {args.size} B, {args.runs} runs, load average {os.getloadavg()[0]:.1f}")
     for label in ("first", "resync"):
@@ -99,7 +61,6 @@ def main() -> None:
         print(f"{label:<7} gputui {ours:6.2f} s  rsync {theirs:6.2f} s  gputui/rsync {ours / theirs:5.2f}x"
               f"  (gputui {' '.join(f'{t:.2f}' for t in times[f'gputui {label}'])};"
               f" rsync {' '.join(f'{t:.2f}' for t in times[f'rsync {label}'])})")  # fmt: skip
-    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
