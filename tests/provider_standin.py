@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -89,6 +90,7 @@ class StandIn:
     lock: threading.Lock = field(default_factory=threading.Lock)
     ended: threading.Event = field(default_factory=threading.Event)
     pending: dict[str, tuple[int, Any]] = field(default_factory=dict)  # instance: (reads left, new state)
+    on_release: Callable[[], None] | None = None  # run on an accepted stop/terminate, before its answer
 
     def base(self, provider: str) -> str:
         return f"{self.url}/{provider}"
@@ -213,6 +215,10 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 table[name.split(":", 1)[1]].update(change)
 
+    def _released(self) -> None:
+        if self.server.state.on_release is not None:
+            self.server.state.on_release()
+
     def _runpod(self, method: str, path: str, wrong: bool) -> None:
         st = self.server.state
         parts = path.strip("/").split("/")
@@ -231,6 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(404, {"error": "pod not found"})
         if method == "POST" and parts[2:] == ["stop"]:
             st.pending["runpod:" + pod_id] = (st.settle_reads, {"desiredStatus": "EXITED"})
+            self._released()
             return self._send(200, None)
         if method == "DELETE" and len(parts) == 2:
             st.pending["runpod:" + pod_id] = (st.settle_reads, None)
@@ -260,6 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
                 st.settle_reads,
                 {"actual_status": "stopped", "cur_state": "stopped"},
             )
+            self._released()
             return self._send(200, {"success": True})
         if method == "DELETE":
             st.pending["vastai:" + iid] = (st.settle_reads, None)

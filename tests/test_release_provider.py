@@ -4,13 +4,17 @@ variables (the emulated pod with PID 1 alone holding them is in tests/test_provi
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import provider_standin as standin
 import pytest
 from conftest import Home
-from provider_standin import LAMBDA_KEY, RUNPOD_KEY, StandIn
+from provider_standin import LAMBDA_KEY, RUNPOD_KEY, VAST_KEY, StandIn
 
 POD, LAMBDA_ID = "xedezhzb9la3ye", "0920582c7ff041399e34823a0be62549"
 
@@ -209,3 +213,87 @@ def test_a_users_release_command_wins_over_the_provider(home: Home, api: StandIn
     host = cfg.HostConfig(name="h", release=("true",), release_at=None)
     assert autostop.watchdog_config(host, None)["provider"] == "none"
     assert api.requests == []
+
+
+VAST_ID = "4242"
+
+
+def end_the_container(home: Home) -> Callable[[], None]:
+    """What a stop does to a pod: every process in it ends, the agent (and with it the link) first."""
+
+    def end() -> None:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                if str(home.state_dir).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)
+
+    return end
+
+
+def vast_config(home: Home, api: StandIn) -> None:
+    """A local host whose agent runs "on a vast.ai instance" (the instance's own id and key in its env)."""
+    api.vast[VAST_ID] = standin.vast_instance(int(VAST_ID))
+    home.env.update(CONTAINER_ID=VAST_ID, CONTAINER_API_KEY=VAST_KEY)
+    home.write_config(
+        f'[providers.vastai]\napi_url = "{api.base("vastai")}"\n[hosts.local]\ntransport = "local"\n'
+        f'remote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\nprice_per_hour = 1.0\n'
+    )
+
+
+def released(home: Home) -> bool:
+    [host] = json.loads(home.cli("cost", "--json", check=True).stdout)["hosts"]
+    return bool(host["released"])
+
+
+def test_a_stop_that_ends_the_pod_and_the_link_is_confirmed_from_here_with_the_users_key(
+    home: Home, api: StandIn
+) -> None:
+    pod_config(home, api, "price_per_hour = 1.0\n")  # RUNPOD_API_KEY is in this machine's environment too
+    api.on_release = end_the_container(home)
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 0, res.stderr
+    assert api.pods[POD]["desiredStatus"] == "EXITED" and writes(api) == [f"POST /runpod/pods/{POD}/stop"]
+    assert "released (confirmed: runpod: EXITED, read back from this machine with the key in $RUNPOD_API_KEY" in res.stdout
+    assert released(home)
+
+
+def test_without_a_key_here_a_release_the_link_did_not_outlive_is_loud_and_not_marked(
+    home: Home, api: StandIn
+) -> None:
+    vast_config(home, api)  # the instance's CONTAINER_API_KEY is no key of the user's: nothing to read back with
+    api.on_release = end_the_container(home)
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 1, res.stdout
+    assert "it is NOT marked released" in res.stderr and f"check instance {VAST_ID}" in res.stderr
+    assert "$VAST_API_KEY or ~/.config/vastai/vast_api_key" in res.stderr and VAST_KEY not in res.stderr
+    assert writes(api) == [f"PUT /vastai/instances/{VAST_ID}/"] and not released(home)
+
+
+def test_the_vastai_cli_key_file_here_confirms_it(home: Home, api: StandIn) -> None:
+    vast_config(home, api)
+    key_file = Path(home.env["HOME"]) / ".config" / "vastai" / "vast_api_key"
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    key_file.write_text(VAST_KEY + "\n")
+    api.on_release = end_the_container(home)
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 0, res.stderr
+    assert "read back from this machine with the key in ~/.config/vastai/vast_api_key" in res.stdout
+    assert api.vast[VAST_ID]["actual_status"] == "stopped" and released(home)
+
+
+def test_account_keys_are_read_from_the_providers_own_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gputui.core import providers
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert providers.account_key("runpod", env={}) is None
+    conf = tmp_path / ".runpod" / "config.toml"
+    conf.parent.mkdir()
+    conf.write_text('apikey = "rpa_FROMRUNPODCTL0123"\napiurl = "https://api.runpod.io/graphql"\n')  # runpodctl
+    assert providers.account_key("runpod", env={}) == ("rpa_FROMRUNPODCTL0123", "~/.runpod/config.toml")
+    conf.write_text('[default]\napi_key = "rpa_FROMSDK0123456"\n')  # runpod-python's `runpod config`
+    assert providers.account_key("runpod", env={})[0] == "rpa_FROMSDK0123456"  # type: ignore[index]
+    assert providers.account_key("runpod", env={"RUNPOD_API_KEY": "rpa_ENV0123456789"})[1] == "$RUNPOD_API_KEY"  # type: ignore[index]
+    conf.write_text('apikey = "two words"\n')
+    with pytest.raises(providers.ProviderError, match="runpod API key in ~/.runpod/config.toml is not an API key"):
+        providers.account_key("runpod", env={})
+    assert providers.account_key("lambda", env={}) is None  # Lambda's key is its own (lambda_key)

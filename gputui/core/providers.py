@@ -107,17 +107,70 @@ def require_lambda_key(env: Mapping[str, str] | None = None, path: str | Path | 
     return key
 
 
-def _key_from_file(file: Path) -> str | None:
+def _key_from_file(file: Path, names: tuple[str, ...] = ("api_key",)) -> str | None:
+    """The value of the first ``NAME = KEY`` line for one of ``names``; with no names, the file's first line
+    (a file holding the key alone)."""
     try:
         with file.open("rb") as fh:
             text = fh.read(MAX_KEY_FILE).decode("utf-8", "replace")
     except OSError:
         return None
+    if not names:
+        return next(iter(text.split()), None)
     for line in text.splitlines():
         name, sep, value = line.partition("=")
-        if sep and name.strip() == "api_key":
+        if sep and name.strip() in names:
             return value.strip().strip("'\"")
     return None
+
+
+# The user's own account key for RunPod / vast.ai on this machine, used only to read a release back when the
+# host could not (a stop takes the container, and the link, with it): the variable, then the files the
+# providers' own tools write (runpodctl's ``apikey = "KEY"``, runpod-python's ``api_key = "KEY"``; the vastai
+# CLI's file holding the key alone).
+ACCOUNT_KEYS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    RUNPOD: ("RUNPOD_API_KEY", ("~/.runpod/config.toml",), ("apikey", "api_key")),
+    VASTAI: ("VAST_API_KEY", ("~/.config/vastai/vast_api_key", "~/.vast_api_key"), ()),
+}
+
+
+def account_key(provider: str, env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """The user's key for ``provider`` on this machine and where it was found (``ACCOUNT_KEYS``); None when
+    there is none. A malformed one is a ``ProviderError("config")`` naming where it came from."""
+    if provider not in ACCOUNT_KEYS:
+        return None
+    variable, files, names = ACCOUNT_KEYS[provider]
+    values = os.environ if env is None else env
+    found = [(values.get(variable, "").strip(), f"${variable}")]
+    found += [(_key_from_file(Path(os.path.expanduser(f)), names) or "", f) for f in files]
+    key, where = next(((k, w) for k, w in found if k), ("", ""))
+    if not key:
+        return None
+    if not agent_provider.KEY_SHAPE.match(key):
+        raise ProviderError("config", f"the {provider} API key in {where} is not an API key (printable, no spaces)")
+    return key, where
+
+
+def account_key_hint(provider: str) -> str:
+    """Where ``account_key`` looks, for an error message."""
+    variable, files, _ = ACCOUNT_KEYS[provider]
+    return f"${variable} or {' or '.join(files)}"
+
+
+async def confirm_instance(
+    provider: str, instance_id: str, mode: str, key: str, api_url: str | None, timeout_s: float,
+    interval_s: float = 5.0,
+) -> agent_provider.Confirmed:  # fmt: skip
+    """Read a RunPod / vast.ai instance back from here with the user's ``key`` until it is stopped /
+    terminated as ``mode`` asked (``remote_agent.host.provider.confirm``: same rules, same bound)."""
+    id_name, key_name, _ = agent_provider.VARIABLES[provider]
+    detected = agent_provider.Detected(provider, instance_id, agent_provider.ENVIRONMENT)
+    env = {id_name: instance_id, key_name: key}
+    result: agent_provider.Confirmed = await _bounded(
+        timeout_s + DEADLINE_S + 5, agent_provider.confirm, detected, mode, timeout_s, interval_s, api_url, env,
+        what=provider,
+    )  # fmt: skip
+    return result
 
 
 def _str(obj: dict[str, Any], name: str, optional: bool = True) -> str | None:
@@ -231,12 +284,12 @@ async def resolve(address: str, timeout_s: float = 5.0) -> set[str]:
     return out
 
 
-async def _bounded(bound_s: float, fn: Callable[..., Any], *args: Any) -> Any:
+async def _bounded(bound_s: float, fn: Callable[..., Any], *args: Any, what: str = LAMBDA) -> Any:
     """``fn(*args)`` in a thread, waited for at most ``bound_s`` (each call inside has its own deadline too)."""
     try:
         return await asyncio.wait_for(asyncio.to_thread(fn, *args), bound_s)
     except asyncio.TimeoutError:
-        raise ProviderError("timeout", f"lambda: no answer within {bound_s:g} s") from None
+        raise ProviderError("timeout", f"{what}: no answer within {bound_s:g} s") from None
 
 
 async def list_instances(

@@ -141,14 +141,16 @@ async def _provider_release(session: HostSession, host: HostConfig, urls: dict[s
             raise ReleaseError(f"{host.name} was not released: {exc}") from None
         return Step("client", ("lambda", "terminate", inst.id), 0, done.how)
     args: dict[str, Any] = release_settings(host, urls)
+    # which instance, known before the stop: a stopped pod takes the link with it before it can answer
+    try:
+        target: dict[str, Any] = dict(await session.release_check(**args))
+    except AgentError:
+        target = {}
     args.pop("release_remote")
     try:
         res = await session.release_provider(host.release_timeout, **args)
     except LinkClosed:
-        raise ReleaseError(
-            f"{host.name}: the provider was asked to release it, but the host closed the connection before the "
-            f"provider confirmed; it is NOT marked released: run 'gputui release {host.name} --check'"
-        ) from None
+        return await _confirm_from_here(host, target, urls)
     except AgentError as exc:
         raise ReleaseError(f"{host.name} was not released: {exc}") from None
     if not res.get("found"):
@@ -159,6 +161,31 @@ async def _provider_release(session: HostSession, host: HostConfig, urls: dict[s
     if not res.get("released"):
         raise ReleaseError(f"{host.name} was not released: {res.get('error') or 'the provider did not confirm'}")
     return Step("host", (str(args.get("provider") or "provider"), "release"), 0, str(res.get("how") or ""))
+
+
+async def _confirm_from_here(host: HostConfig, target: dict[str, Any], urls: dict[str, str]) -> Step:
+    """The host closed the link after the provider was asked to release it (a stop ends the container): read
+    the instance back from here with the user's own key; without one, or unconfirmed, a ReleaseError."""
+    provider, instance, mode = (str(target.get(k) or "") for k in ("via", "instance_id", "mode"))
+    lost = f"{host.name}: {provider or 'the provider'} was asked to release it and the host closed the connection "
+    if provider not in providers.ACCOUNT_KEYS or not instance or not mode:
+        raise ReleaseError(lost + "before it confirmed; it is NOT marked released: check it in the provider's console")
+    try:
+        found = providers.account_key(provider)
+        if found is None:
+            raise ReleaseError(
+                lost + f"(as a stopped {provider} instance does) before the provider confirmed; it is NOT marked "
+                f"released: check instance {instance} in {provider}'s console, or put your {provider} API key in "
+                f"{providers.account_key_hint(provider)} so that gputui reads the release back from this machine"
+            )
+        key, where = found
+        done = await providers.confirm_instance(
+            provider, instance, mode, key, urls.get(provider), host.release_timeout
+        )
+    except providers.ProviderError as exc:
+        raise ReleaseError(lost + f"and reading it back from here failed: {exc}; it is NOT marked released") from None
+    how = f"{done.how}, read back from this machine with the key in {where} after the host closed the connection"
+    return Step("client", (provider, "confirm", instance), 0, how)
 
 
 async def release_host(
