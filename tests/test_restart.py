@@ -360,3 +360,26 @@ def test_a_host_being_released_never_restarts_a_job(tmp_path: Path) -> None:
         assert said == [f"restart: job {jid} ends for good: not restarted: the host was released"]
     finally:
         stop_host(state)
+
+
+def test_a_job_waiting_to_restart_on_a_host_a_deadline_releases_ends_for_good(tmp_path: Path) -> None:
+    """The real watchdog releases the host (a deadline) while a job waits out its backoff: the job must end as
+    failed, saying why, instead of showing "restarting" for ever (nothing would ever restart it)."""
+    state, stopped = tmp_path / "state", tmp_path / "stopped"
+    agent = AgentProc(state)
+    try:
+        jid = agent.call("jobs.start", argv=["false"], restart=dict(FAST, max=5, backoff_s=3600,
+                         backoff_max_s=3600))["result"]["id"]  # fmt: skip
+        wait_for(lambda: (_job(state, jid) / R.PENDING).exists(), timeout=60, what="the restart to be scheduled")
+        config = {"release_at": time.time() + 1, "count_sessions": False, "interval": 0.5,
+                  "release_remote": ["touch", str(stopped)]}  # fmt: skip
+        assert agent.call("watchdog.configure", config=config)["result"]["armed"]
+        armed = read_json(str(state / W.CONFIG))
+        write_json(str(state / W.CONFIG), dict(armed, armed_at=armed["armed_at"] - W.DEADLINE_GRACE_S))  # long armed
+        agent.close()
+        end = _ended(state, jid)
+        assert stopped.exists()
+        assert (end["exit_code"], end["error"]) == (1, "not restarted: the host was released")
+    finally:
+        agent.close()
+        stop_host(state)

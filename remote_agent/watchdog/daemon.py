@@ -777,6 +777,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
             if why is None:
                 state = dog.check(config, facts, lambda taken=taken: _taken(taken, jobs))
                 if state["action"] == "released":
+                    restarts.run_pass(True)  # a job waiting to restart ends for good, saying why
                     return 0
             interval = float((config or {}).get("interval", 15.0)) if why is None else PASS_S
             _nap(min(interval, PASS_S) if waiting else interval, os.path.join(state_dir, QUEUE), state_dir)
