@@ -110,9 +110,15 @@ def print_jobs(jobs: list[M.Job]) -> None:
             if isinstance(text, str) and text:
                 print(f"  {j.host} {j.id} {what}: {_fit([clean(text)], max(16, _columns() - 20))}")
         attempts = j.record.get("attempts") or []
-        if attempts:  # restart policies: every attempt that ended
-            ends = [clean(f"exit {a.get('exit_code')}" + (f" ({a['hint']})" if a.get("hint") else "")) for a in attempts]
+        if attempts:  # restart policies and Slurm requeues: every attempt that ended
+            ends = [clean(_attempt_end(a)) for a in attempts if isinstance(a, dict)]
             print(f"  {j.host} {j.id} attempts: {_fit(ends, max(16, _columns() - 24))}")
+
+
+def _attempt_end(a: dict[str, Any]) -> str:
+    """One ended attempt: ``exit 1 (its hint)``, ``requeued by Slurm`` where Slurm ran it again."""
+    end = "requeued by Slurm" if a.get("requeued_by") == "slurm" else f"exit {a.get('exit_code')}"
+    return end + (f" ({a['hint']})" if a.get("hint") else "")
 
 
 def _state(job: M.Job) -> str:

@@ -47,7 +47,9 @@ def slurm_available() -> str | None:
 class SlurmCluster:
     """munged + slurmctld + slurmd under ``root``; ``start()`` returns once the node is idle."""
 
-    def __init__(self, root: Path, extra_nodes: int = 0, nodes: int = 1) -> None:
+    def __init__(self, root: Path, extra_nodes: int = 0, nodes: int = 1, cred_expire: int | None = None) -> None:
+        """``cred_expire``: Slurm's credential lifetime (120 s by default), which is also how long a requeued job
+        waits before it may start again."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.host = socket.gethostname().split(".")[0]
@@ -87,7 +89,8 @@ class SlurmCluster:
             f"SlurmctldHost={self.host}(127.0.0.1)\n"
             f"SlurmctldPort={free_port()}\nSlurmdPort={free_port()}\n"
             "SlurmUser=root\nSlurmdUser=root\n"
-            f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}\nCredType=cred/munge\n"
+            f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket}{f',cred_expire={cred_expire}' if cred_expire else ''}\n"
+            "CredType=cred/munge\n"
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
             "SchedulerType=sched/builtin\n"

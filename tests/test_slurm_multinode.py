@@ -4,6 +4,7 @@ twin over gloo), kill on every node, a failing rank named, pending for more node
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -26,7 +27,7 @@ def cluster2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]
     why = slurm_available()
     if why:
         pytest.skip(why)
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm2"), nodes=2)
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm2"), nodes=2, cred_expire=30)  # a requeue waits 30 s, not 120
     try:
         c.start()
         yield c
@@ -252,6 +253,60 @@ def test_three_nodes_of_two_wait_with_slurms_reason(box: Login) -> None:
     assert job["slurm"]["state"] == "PENDING"
     assert "queued" in box.h.cli("jobs", "box", check=True).stdout
     assert box.h.cli("kill", "box", job_id, "-y", timeout=60).returncode == 0
+
+
+STEPPER = ("import os, time\nprint('attempt', os.environ.get('GPUTUI_ATTEMPT'), 'on', os.environ['SLURMD_NODENAME'],"
+           " flush=True)\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.2)\n")  # fmt: skip
+
+
+@contextlib.contextmanager
+def node_down(cluster: SlurmCluster, node: str) -> Iterator[None]:
+    """A node failure as slurmctld sees one (the node set DOWN ends the jobs on it); the node back after."""
+    cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=gputui-test")
+    try:
+        yield
+    finally:
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+
+def started_on(box: Login, job_id: str, attempt: str = "None") -> str:
+    """The node the job's run ``attempt`` (GPUTUI_ATTEMPT as the job saw it) printed it started on."""
+    prefix = f"attempt {attempt} on "
+    return wait_for(
+        lambda: next((ln[len(prefix):] for ln in box.follow_now(job_id) if ln.startswith(prefix)), None),
+        240, 0.5, f"run {attempt} to start",
+    )
+
+
+def test_a_node_failure_without_requeue_loses_the_job_saying_so(box: Login, cluster2: SlurmCluster) -> None:
+    job_id = box.run("--sbatch-arg=--no-requeue", "--", sys.executable, "-c", STEPPER)
+    with node_down(cluster2, started_on(box, job_id)):
+        job = box.wait(job_id, ("lost", "failed", "killed", "succeeded"), timeout=60)
+    assert (job["state"], job["slurm"]["state"]) == ("lost", "NODE_FAIL"), job
+    assert job["slurm"]["reason"] in ("node failure", "NodeDown"), job["slurm"]
+
+
+def test_a_run_slurm_requeues_after_a_node_failure_is_the_jobs_next_attempt(box: Login, cluster2: SlurmCluster) -> None:
+    """Slurm's default for batch jobs: a run ended by a node failure is queued again and runs again. gputui shows
+    it queued (not failed with the killed run's exit code), then running as attempt 2, with the first run kept in
+    attempts and the log marked between the runs."""
+    job_id = box.run("--", sys.executable, "-c", STEPPER)
+    try:
+        first = started_on(box, job_id)
+        with node_down(cluster2, first):
+            queued = box.wait(job_id, ("queued", "lost", "failed", "succeeded"), timeout=60)
+        assert queued["state"] == "queued" and queued["exit_code"] is None, queued
+        second = started_on(box, job_id, attempt="2")  # (the node is back: ReturnToService=2)
+        job = box.job(job_id)
+        assert (job["state"], job["exit_code"]) == ("running", None), job
+        [attempt] = job["attempts"]
+        assert attempt["attempt"] == 1 and attempt["requeued_by"] == "slurm" and attempt["progress"].startswith("step")
+        log = box.follow_now(job_id)
+        marker = log.index("── attempt 2, requeued by Slurm ──")
+        assert log.index(f"attempt None on {first}") < marker < log.index(f"attempt 2 on {second}")
+        assert f"box {job_id} attempts: requeued by Slurm (" in box.h.cli("jobs", "box", check=True).stdout
+    finally:
+        box.h.cli("kill", "box", job_id, "-y", timeout=60)
 
 
 def test_many_node_flags_on_a_host_without_slurm_are_a_usage_error(home: Home) -> None:

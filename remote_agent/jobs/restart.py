@@ -221,6 +221,40 @@ def wait_launched(job_dir: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
+
+def slurm_requeued(job_dir: str, restart_count: str) -> int:
+    """The attempt a Slurm batch run is: ``SLURM_RESTART_COUNT`` + 1. A run Slurm requeued (a node failure, a
+    preemption, ``scontrol requeue``) first files the previous run's end in attempts.json (lost when its runner
+    wrote none), removes that run's status.json (Slurm runs the job again: it is not over) and marks the log."""
+    count = restart_count.strip()
+    if not count.isdigit() or not 1 <= int(count) < 10**6:
+        return 1
+    n = int(count) + 1
+    attempts = read_json(os.path.join(job_dir, ATTEMPTS))
+    attempts = attempts if isinstance(attempts, list) else []
+    if any(isinstance(a, dict) and a.get("attempt") == n - 1 for a in attempts):
+        return n  # filed already (this run's runner started once before)
+    status_path, log_path = os.path.join(job_dir, "status.json"), os.path.join(job_dir, "output.log")
+    end = read_json(status_path)
+    end = end if isinstance(end, dict) else {"lost": "the run ended with its node: no exit status"}
+    pids = read_json(os.path.join(job_dir, "pid.json"))
+    pids = pids if isinstance(pids, dict) else {}
+    start = attempts[-1].get("log_end", 0) if attempts and isinstance(attempts[-1], dict) else 0
+    hint, progress = log_facts(_tail(log_path, int(start) if isinstance(start, int) else 0))
+    attempts.append({
+        "attempt": n - 1, "started_at": pids.get("started_at"), "ended_at": end.get("ended_at") or time.time(),
+        "exit_code": end.get("exit_code"), "signal": end.get("signal"), "hint": end.get("lost") or hint,
+        "progress": progress, "requeued_by": "slurm",
+    })  # fmt: skip
+    write_json(os.path.join(job_dir, ATTEMPTS), attempts[-MAX_ATTEMPTS:])
+    try:
+        os.unlink(status_path)
+    except FileNotFoundError:
+        pass
+    attempts[-1]["log_end"] = Restarts._mark(job_dir, "── attempt %d, requeued by Slurm ──" % n)
+    write_json(os.path.join(job_dir, ATTEMPTS), attempts[-MAX_ATTEMPTS:])
+    return n
+
 # --- the decision (in the watchdog) --------------------------------------------------------------------------
 def _tail(path: str, start: int) -> bytes:
     try:

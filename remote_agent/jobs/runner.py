@@ -122,6 +122,10 @@ def run(job_dir: str) -> int:
         env = dict(os.environ, **env)
     env.update(R.attempt_env(job_dir, job))  # GPUTUI_ATTEMPT, GPUTUI_RESUME_FROM (restart policies)
     attempt = R.current_attempt(job_dir)
+    if on_slurm:  # a run Slurm requeued is the job's next attempt (its log marked, the last run's end kept)
+        attempt = R.slurm_requeued(job_dir, os.environ.get("SLURM_RESTART_COUNT", ""))
+        if attempt > 1:
+            env["GPUTUI_ATTEMPT"] = str(attempt)
     if attempt > 1 and os.path.exists(os.path.join(job_dir, "kill.json")):  # killed as it was being restarted
         write_json(os.path.join(job_dir, "status.json"),
                    {"exit_code": None, "error": "killed while waiting to restart", "ended_at": time.time()})

@@ -9,6 +9,8 @@ times), ``pid.json``, ``status.json``. ``slurm.json`` holds the Slurm job id. Sl
     RUNNING, COMPLETING, ...       -> running
     COMPLETED -> succeeded; FAILED, OUT_OF_MEMORY, TIMEOUT, DEADLINE -> failed; CANCELLED -> killed;
     NODE_FAIL, BOOT_FAIL, PREEMPTED -> lost; a kill asked through gputui -> killed
+    a run Slurm requeued (a node failure or preemption with requeue on, Slurm's default for batch jobs) is the
+    job's next attempt: queued again, then running, its runner marking the log (restart.slurm_requeued)
 
 A record is final once Slurm says the job ended (or forgot it: then ``status.json``, else ``sacct`` if
 accounting is on, else lost). This module must stay stdlib-only and Python 3.8 compatible.
@@ -401,6 +403,10 @@ def fill_record(
     info.update(state=state or None, reason=reason or None, nodes=nodes or None)
     if record.get("pid") is None:
         record["started_at"] = None  # the runner never started: queue time is not run time (nor billed)
+    if state not in _ENDED and seen is not None:  # a status.json left by a run Slurm requeued is not the end
+        record["exit_code"] = None
+        if isinstance(status, dict) and status.get("error"):
+            record.pop("error", None)
     if state in _QUEUED or state.startswith("REQUEUE"):
         record["state"], record["started_at"] = P.JOB_QUEUED, None
     elif state in _ENDED or seen is None:

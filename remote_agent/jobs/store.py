@@ -411,7 +411,7 @@ class JobStore:
         record["started_at"] = pids.get("started_at", record.get("dequeued_at" if queued else "created_at"))
         record["pid"] = pids.get("pid")
         on_slurm = record.get("scheduler") == "slurm"
-        restarting = not on_slurm and R.fill_record(record, path)  # between attempts (remote_agent/jobs/restart.py)
+        restarting = R.fill_record(record, path) and not on_slurm  # between attempts (remote_agent/jobs/restart.py)
         ended = isinstance(status, dict) or on_slurm or restarting
         live = self._live_state(record, pids, sessions) if not ended else None
         if live == LOST:  # the runner may have written its status and exited since we looked
