@@ -124,9 +124,11 @@ class Run(NamedTuple):
 GAP_LINES = 8  # lines between two redraws of a run, one of them to be read on its own, at most
 
 
+@lru_cache(maxsize=256)
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
     """The bar whose text before its count is ``prefix`` ("Epoch 3/5:  45%|███  | "), with ``total``
-    as its total; None when its shape is unusual (then its redraws are read line by line)."""
+    as its total; None when its shape is unusual (then its redraws are read line by line). Cached: a bar's
+    prefix changes once per percent."""
     m = _PREFIX.fullmatch(prefix)
     if m is None:
         return None
