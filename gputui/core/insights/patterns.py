@@ -65,7 +65,9 @@ TOTAL_EPOCHS = re.compile(
     r"(?i)\b(?:num[_ ]?(?:train[_ ])?epochs|n_?epochs|max_?epochs|total_?epochs|epochs)\s*[=:]\s*(\d+)\b"
 )
 TOTAL_STEPS = re.compile(r"(?i)\b(?:total optimization steps|max_?steps|total_?steps)\s*[=:]\s*([\d,]+)")
-PER_ITERATION = re.compile(r"per iteration \(ms\):\s*(\d+(?:\.\d+)?)")  # Megatron-LM: "elapsed time per iteration (ms): 86545.2"
+PER_ITERATION = re.compile(
+    r"per iteration \(ms\):\s*(\d+(?:\.\d+)?)"
+)  # Megatron-LM: "elapsed time per iteration (ms): 86545.2"
 ETA = re.compile(
     r"(?i)\beta\b\s*[:=]?\s*(?:(\d+)\s*days?,\s*)?(\d+(?::\d\d){1,2}|\d+(?:\.\d+)?\s*(?:s|m|h|min)\b)"
 )
@@ -133,7 +135,9 @@ def _shape(text: str) -> str | None:
 
 
 @lru_cache(maxsize=2048)
-def _first(pattern: re.Pattern[str], shape: str, pos: int, anchored: bool) -> tuple[tuple[int, int], ...] | None:
+def _first(
+    pattern: re.Pattern[str], shape: str, pos: int, anchored: bool
+) -> tuple[tuple[int, int], ...] | None:
     """The spans of the first match (``anchored``: at ``pos``) of ``pattern`` and its groups in a line of
     this shape, from ``pos`` on; None when there is none."""
     m = (pattern.match if anchored else pattern.search)(shape, pos)
