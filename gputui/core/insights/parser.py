@@ -53,7 +53,7 @@ from .patterns import (
     tqdm_count,
 )
 from .plans import PCT_BAR, TORCHTUNE, EpochRead, Name, PlainRead, Read, count_at, kv_name, line_plan, skipped
-from .redraws import Inline, Redraws, Run, other_epoch, read_run, redraw_pattern
+from .redraws import Inline, Redraws, Run, read_run, redraw_pattern, run_start
 from .repeats import PlainLayout, Span, dict_plan, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
@@ -180,6 +180,7 @@ class LogInsights:
         self._epoch_last: tuple[int, float] | None = None  # and of the latest
         self._last_point: tuple[float, float] | None = None
         self._snap: JobInsights | None = None
+        self._plan: tuple[bytes, Read | None] = (b"", None)  # a line and its shape's plan, looked up for _line
 
     # ---- input ----------------------------------------------------------------------------
 
@@ -207,10 +208,12 @@ class LogInsights:
         i, n = 0, len(lines)
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
+            raw = lines[i]
+            if not raw:
+                i += 1
+                continue
             bar = self._redraws
-            if bar is not None and bar.desc and not lines[i].startswith(bar.desc):
-                bar = other_epoch(bar, lines[i])  # else not a run's start
-            if bar is not None:
+            if bar is not None and (bar := run_start(bar, raw)) is not None:
                 run = read_run(
                     bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most
                 )
@@ -228,19 +231,25 @@ class LogInsights:
                     self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
                     skipped = None
                     continue
-            raw = lines[i]
-            if not raw:
-                i += 1
-                continue
             raw = raw[-MAX_LINE:]
-            needs = self._needs(raw)
+            shape = raw.translate(DIGITS_AS_0)
+            # (as _needs and _read do; a shape is its own shape)
+            needs = 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(shape)
             if not needs:
                 if raw.strip() and (raw.isascii() or raw.decode("utf-8", "replace").strip()):
                     skipped = raw
                 i += 1
                 continue
             skipped = None
-            i = self._read(lines, i, raw, needs)
+            if len(raw) > PLAIN_MAX:
+                self._line(raw, hints=needs > 1)
+                i += 1
+            elif needs == 1:
+                i = self._plain_run(lines, i, shape)
+            else:
+                self._plan = (raw, line_plan(shape).read)
+                self._line(raw)
+                i += 1
         if skipped is not None:
             self._last_line = skipped.decode("utf-8", "replace").strip()
 
@@ -252,16 +261,16 @@ class LogInsights:
         """Read line ``i`` (``raw``: capped; ``needs``: not 0) and, for a plain line, the lines of its shape
         right after it; the index after them."""
         if needs == 1 and len(raw) <= PLAIN_MAX:
-            return self._plain_run(lines, i)
+            return self._plain_run(lines, i, raw.translate(DIGITS_AS_0))
         self._line(raw, hints=needs > 1)
         return i + 1
 
-    def _plain_run(self, lines: list[bytes], i: int) -> int:
-        """Read line ``i`` and the lines of its shape right after it (see repeats.py), each by its shape's plan
-        (see plans.py); the index after them."""
+    def _plain_run(self, lines: list[bytes], i: int, shape: bytes) -> int:
+        """Read line ``i`` (of this ``shape``) and the lines of its shape right after it (see repeats.py), each
+        by its shape's plan (see plans.py); the index after them."""
         first = lines[i]
-        shape = first.translate(DIGITS_AS_0)
-        layout, phase, _ = line_plan(shape)
+        layout, phase, read = line_plan(shape)
+        self._plan = (first, read)
         if layout is None and phase is not None and not self._table and not self._eval_table:
             self._glued, self._last_line = "", first.decode("utf-8", "replace").strip()  # a validation bar's
             self._phase = phase or self._phase
@@ -350,7 +359,11 @@ class LogInsights:
         self._last_line = text
         if hints:
             add_line_hints(text, self._hints)
-        read = line_plan(raw.translate(DIGITS_AS_0)).read if len(raw) <= PLAIN_MAX else None
+        plan = self._plan
+        if plan[0] is raw:  # the plan that the caller looked up
+            read = plan[1]
+        else:
+            read = line_plan(raw.translate(DIGITS_AS_0)).read if len(raw) <= PLAIN_MAX else None
         if read is None or self._table or self._eval_table:
             self._parse(text)
         else:
@@ -444,7 +457,7 @@ class LogInsights:
             return
         found = False
         if plain.items is not None:
-            found = self._dict_items((_key(text, key), text[a:b]) for key, (a, b) in plain.items)
+            found = self._dict_items([(_key(text, key), text[a:b]) for key, (a, b) in plain.items])
         if not found and plain.pairs:
             evaluation = self._phase == "eval"
             prefix = "eval_" if evaluation else ""
@@ -839,12 +852,11 @@ class LogInsights:
         return found
 
     def _add_metric(self, name: str, value: float) -> bool:
-        kind = metric_kind(name)
-        if kind is None:
-            return False
         metric = self._metrics.get(name)
-        if metric is not None:
+        if metric is not None:  # (a name is kept only when it is a metric's)
             metric.add(value)
+        elif (kind := metric_kind(name)) is None:
+            return False
         elif len(self._metrics) < MAX_METRICS:
             self._metrics[name] = Metric(kind, value)
         else:

@@ -176,6 +176,14 @@ def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
     )
 
 
+def run_start(r: Redraws, line: bytes) -> Redraws | None:
+    """The bar whose run of redraws ``line`` may start: ``r``'s when the line starts with its description (a
+    bar without one: when it starts like a bar), the next epoch's (see :func:`other_epoch`), else None."""
+    if r.desc:
+        return r if line.startswith(r.desc) else other_epoch(r, line)
+    return r if _PCT.match(line) else None
+
+
 def _epoch_at(text: str) -> tuple[slice, slice | None]:
     """Where the epoch and the epochs' total are in a bar's description that names an epoch (bytes)."""
     e = EPOCH.search(text)
