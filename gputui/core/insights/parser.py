@@ -416,19 +416,17 @@ class LogInsights:
             if bar.phase:
                 self._phase = bar.phase
             return
-        total = text[slice(*bar.total)] if bar.total else None
-        rem = text[slice(*bar.remaining)] if bar.remaining else None
-        self._set_bar(
-            _Bar(text[slice(*bar.n)], total, text[slice(*bar.elapsed)], rem, text[slice(*bar.rate)])
-        )
-        label = self._label = text[slice(*bar.label)]
+        total = text[bar.total] if bar.total else None
+        rem = text[bar.remaining] if bar.remaining else None
+        self._set_bar(_Bar(text[bar.n], total, text[bar.elapsed], rem, text[bar.rate]))
+        label = self._label = text[bar.label]
         if total:  # a run of its redraws may be read in bulk, unless its description names metrics
             self._redraws = None if _names_metrics(label) else redraw_pattern(text[: bar.desc], total)
         if label != self._bar_label:  # set_description(f"loss {loss:.4f}")
             self._bar_label = label
             if label and _names_metrics(label):
                 self._parse_kv(label)
-        if bar.post is not None and (post := text[slice(*bar.post)]) != self._bar_post:
+        if bar.post is not None and (post := text[bar.post]) != self._bar_post:
             self._bar_post = post  # a redraw's postfix only counts when it changed
             if bar.pairs is not None:
                 for key, (a, b) in bar.pairs:
@@ -480,12 +478,12 @@ class LogInsights:
     def _planned_epoch(self, text: str, e: EpochRead) -> bool | None:
         """:meth:`_parse_epoch` by the plan of the line's shape."""
         if e.of_all is not None:
-            self._total_epochs = int(text[slice(*e.of_all)]) or None
+            self._total_epochs = int(text[e.of_all]) or None
         if e.epoch is None:
             return None
-        self._set_epoch(int(text[slice(*e.epoch)]), from_text=True)
+        self._set_epoch(int(text[e.epoch]), from_text=True)
         if e.of is not None:
-            self._total_epochs = int(text[slice(*e.of)]) or None
+            self._total_epochs = int(text[e.of]) or None
         if e.inner is None:
             return False
         (a, b), (c, d) = e.inner

@@ -78,9 +78,9 @@ class EpochRead(NamedTuple):
     and its total (``epoch``, ``of``: None when it has none), and the count inside the epoch (``inner``, (n, total):
     "(3/10)", "200/2983 batches", "epoch 9: 1000 / 2737"), None when there is none."""
 
-    of_all: Span | None
-    epoch: Span | None
-    of: Span | None
+    of_all: slice | None
+    epoch: slice | None
+    of: slice | None
     inner: tuple[Span, Span] | None
 
 
@@ -191,14 +191,14 @@ class BarRead(NamedTuple):
     its "key=value" pairs that may be metrics (see :func:`_postfix`; None: keras "- loss: 0.2" text). ``phase``: not None for a bar that
     is not the training run's, the phase its redraws set (see :func:`skipped`); then only that is read."""
 
-    n: Span
-    total: Span | None
-    elapsed: Span
-    remaining: Span | None
-    rate: Span
+    n: slice
+    total: slice | None
+    elapsed: slice
+    remaining: slice | None
+    rate: slice
     desc: int
-    label: Span
-    post: Span | None
+    label: slice
+    post: slice | None
     pairs: tuple[tuple[Name, Span], ...] | None
     phase: str | None
 
@@ -224,6 +224,11 @@ class LinePlan(NamedTuple):
     read: Read | None
 
 
+def _cut(span: Span | None) -> slice | None:
+    """A span as the slice that cuts it out of the line."""
+    return None if span is None else slice(*span)
+
+
 def _span(m: re.Match[str], group: int | str) -> Span | None:
     a, b = m.span(group)
     return None if a < 0 else (a, b)
@@ -244,7 +249,7 @@ def _epoch(text: str) -> EpochRead:
         of_all = _span(m2, 1) if m2 else None
     m = EPOCH.search(text)
     if m is None:
-        return EpochRead(of_all, None, None, None)
+        return EpochRead(_cut(of_all), None, None, None)
     count: tuple[Span, Span] | None = None
     if m.group(4):
         count = (m.span(3), m.span(4))
@@ -252,7 +257,7 @@ def _epoch(text: str) -> EpochRead:
         count = (inner.span(1), inner.span(2)) if inner.group(1) else (inner.span(3), inner.span(4))
     elif (colon := COLON_COUNT.match(text, m.end())) is not None:
         count = (colon.span(1), colon.span(2))
-    return EpochRead(of_all, m.span(1), _span(m, 2), count)
+    return EpochRead(_cut(of_all), slice(*m.span(1)), _cut(_span(m, 2)), count)
 
 
 def _bar(text: str) -> BarRead | None | bool:
@@ -285,16 +290,15 @@ def _bar(text: str) -> BarRead | None | bool:
     pairs = None
     if post is not None and "=" in text[slice(*post)] and ": " not in text[slice(*post)]:
         pairs = _postfix(text, *post)
-    rate = m.span("rate")
     return BarRead(
-        cm.span("n"),
-        _span(cm, "total"),
-        m.span("el"),
-        _span(m, "rem"),
-        rate,
+        slice(*cm.span("n")),
+        _cut(_span(cm, "total")),
+        slice(*m.span("el")),
+        _cut(_span(m, "rem")),
+        slice(*m.span("rate")),
         cm.start(),
-        label,
-        post,
+        slice(*label),
+        _cut(post),
         pairs,
         phase,
     )
