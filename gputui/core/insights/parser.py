@@ -245,7 +245,14 @@ class LogInsights:
                 self._line(raw, hints=needs > 1)
                 i += 1
             elif needs == 1:
-                i = self._plain_run(lines, i, shape)
+                j = i + 1  # a plain run needs a next line of the same length (past empty ones): else this one alone
+                while j < n and not lines[j]:
+                    j += 1
+                if j < n and len(lines[j]) == len(raw):
+                    i = self._plain_run(lines, i, shape)
+                else:
+                    self._plain_line(raw, shape)
+                    i += 1
             else:
                 self._plan = (raw, line_plan(shape).read)
                 self._line(raw)
@@ -264,6 +271,17 @@ class LogInsights:
             return self._plain_run(lines, i, raw.translate(DIGITS_AS_0))
         self._line(raw, hints=needs > 1)
         return i + 1
+
+    def _plain_line(self, raw: bytes, shape: bytes) -> None:
+        """Read a line of this ``shape`` that no rule for hints needs, on its own (what :meth:`_plain_run`
+        does with a line that has no other of its shape after it)."""
+        layout, phase, read = line_plan(shape)
+        if layout is None and phase is not None and not self._table and not self._eval_table:
+            self._glued, self._last_line = "", raw.decode("utf-8", "replace").strip()  # a validation bar's
+            self._phase = phase or self._phase
+            return
+        self._plan = (raw, read)
+        self._line(raw, hints=False)
 
     def _plain_run(self, lines: list[bytes], i: int, shape: bytes) -> int:
         """Read line ``i`` (of this ``shape``) and the lines of its shape right after it (see repeats.py), each
@@ -430,9 +448,11 @@ class LogInsights:
             self._bar_post = post  # a redraw's postfix only counts when it changed
             if bar.pairs is not None:
                 for key, (a, b) in bar.pairs:
-                    num = to_float(text[a:b])
-                    if num is not None:
-                        self._add_metric(key if isinstance(key, str) else text[key[0] : key[1]].lower(), num)
+                    try:
+                        num = float(text[a:b])
+                    except ValueError:
+                        continue
+                    self._add_metric(key if isinstance(key, str) else text[key[0] : key[1]].lower(), num)
             else:  # keras: "- ETA: 3s - loss: 0.25 - accuracy: 0.91"
                 self._parse_kv(post)
                 self._parse_eta(post)
@@ -455,7 +475,9 @@ class LogInsights:
             return
         found = False
         if plain.items is not None:
-            found = self._dict_items([(_key(text, key), text[a:b]) for key, (a, b) in plain.items])
+            found = self._dict_items(
+                [(key if isinstance(key, str) else _key(text, key), text[a:b]) for key, (a, b) in plain.items]
+            )
         if not found and plain.pairs:
             evaluation = self._phase == "eval"
             prefix = "eval_" if evaluation else ""
@@ -725,8 +747,9 @@ class LogInsights:
         """A dict line's (key, number) items (keys as the parser names them): epoch, step and metrics."""
         found = False
         for key, num in items:
-            value = to_float(num)
-            if value is None:
+            try:
+                value = float(num)
+            except ValueError:
                 continue
             if key not in DICT_STATE_KEYS:
                 if self._add_metric(key, value):
