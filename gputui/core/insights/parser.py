@@ -213,7 +213,12 @@ class LogInsights:
                 i += 1
                 continue
             bar = self._redraws
-            if bar is not None and (bar := run_start(bar, raw)) is not None:
+            if (
+                bar is not None
+                and (bar := run_start(bar, raw)) is not None
+                # reading at most one segment, a run needs a next redraw right after this one
+                and (self._most > 1 or (i + 1 < n and run_start(bar, lines[i + 1]) is not None))
+            ):
                 run = read_run(
                     bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most
                 )
