@@ -218,24 +218,10 @@ class LogInsights:
                 and (bar := run_start(bar, raw)) is not None
                 # reading at most one segment, a run needs a next redraw right after this one
                 and (self._most > 1 or (i + 1 < n and run_start(bar, lines[i + 1]) is not None))
+                and (after := self._run(lines, i, bar)) is not None
             ):
-                run = read_run(
-                    bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most
-                )
-                if run is not None:
-                    whole = run.stop  # where the lines read in bulk end when the whole run was
-                    if run.segments:
-                        i = self._apply_run(run, lines)
-                    else:
-                        for raw in lines[i : run.stop]:
-                            self._line(raw[-MAX_LINE:])
-                        i, whole = run.stop, -1
-                    # a run read in bulk in part (a line between two segments changed what the next one
-                    # assumed) or not at all is read on from there: fewer segments at once next time, so
-                    # that the work stays in proportion to the lines
-                    self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
-                    skipped = None
-                    continue
+                i, skipped = after, None
+                continue
             raw = raw[-MAX_LINE:]
             shape = raw.translate(DIGITS_AS_0)
             # (as _needs and _read do; a shape is its own shape)
@@ -264,6 +250,25 @@ class LogInsights:
                 i += 1
         if skipped is not None:
             self._last_line = skipped.decode("utf-8", "replace").strip()
+
+    def _run(self, lines: list[bytes], i: int, bar: Redraws) -> int | None:
+        """Read the run of ``bar``'s redraws from line ``i`` on (see redraws.read_run); the index after the
+        lines read, or None when line ``i`` starts none."""
+        run = read_run(bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most)
+        if run is None:
+            return None
+        whole = run.stop  # where the lines read in bulk end when the whole run was
+        if run.segments:
+            i = self._apply_run(run, lines)
+        else:
+            for raw in lines[i : run.stop]:
+                self._line(raw[-MAX_LINE:])
+            i, whole = run.stop, -1
+        # a run read in bulk in part (a line between two segments changed what the next one assumed) or not
+        # at all is read on from there: fewer segments at once next time, so that the work stays in
+        # proportion to the lines
+        self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
+        return i
 
     def _needs(self, raw: bytes) -> int:
         """What reading this (capped) line needs (see patterns.line_needs): everything under a table."""
