@@ -180,9 +180,11 @@ def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
 def run_start(r: Redraws, line: bytes) -> Redraws | None:
     """The bar whose run of redraws ``line`` may start: ``r``'s when the line starts with its description (a
     bar without one: when it starts like a bar), the next epoch's (see :func:`other_epoch`), else None."""
-    if r.desc:
-        return r if line.startswith(r.desc) else other_epoch(r, line)
-    return r if _PCT.match(line) else None
+    if not r.desc:
+        return r if _PCT.match(line) else None
+    if line.startswith(r.desc):
+        return r
+    return other_epoch(r, line) if r.epoch is not None and line.startswith(r.lead) else None
 
 
 def _epoch_at(text: str) -> tuple[slice, slice | None]:
