@@ -180,7 +180,7 @@ class LogInsights:
         self._epoch_last: tuple[int, float] | None = None  # and of the latest
         self._last_point: tuple[float, float] | None = None
         self._snap: JobInsights | None = None
-        self._plan: tuple[bytes, Read | None] = (b"", None)  # a line and its shape's plan, looked up for _line
+        self._plan: tuple[bytes, Read | None] = (b"", None)  # a line and its shape's plan, for _line
 
     # ---- input ----------------------------------------------------------------------------
 
@@ -236,7 +236,8 @@ class LogInsights:
                 self._line(raw, hints=needs > 1)
                 i += 1
             elif needs == 1:
-                j = i + 1  # a plain run needs a next line of the same length (past empty ones): else this one alone
+                # a plain run needs a next line of the same length (past empty ones), else the line is alone
+                j = i + 1
                 while j < n and not lines[j]:
                     j += 1
                 if j < n and len(lines[j]) == len(raw):
