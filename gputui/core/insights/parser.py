@@ -7,6 +7,11 @@ chunking; ``\\r`` counts as a line end so tqdm redraws are seen one by one) and
 Every line is capped to :data:`MAX_LINE` bytes (its tail is kept) before any regex runs, each
 regex sits behind a cheap substring check, and all state is bounded (metric names, loss
 history, hints de-duplicated by code).
+
+A line read on its own is read by its shape's plan (plans.py: which rules apply and where its parts are,
+worked out once per shape, since no rule tells one digit from another), so a log whose kind of line changes
+every line costs no regex per line; runs of one bar's redraws (redraws.py) and of plain lines of one shape
+(repeats.py) are read in bulk.
 """
 
 from __future__ import annotations
