@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core.insights import LogInsights, parser, plans
+from gputui.core.insights import LogInsights, parser, plans, redraws
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,3 +130,21 @@ def test_an_interleaved_log_loses_no_line(monkeypatch: pytest.MonkeyPatch) -> No
         assert snap["step"] == int(
             lines[-4].split(b"/")[0].rsplit(b" ", 1)[1]
         )  # the last tqdm redraw's count
+
+
+def test_a_bar_redrawn_once_between_lines_read_alone_is_not_read_in_bulk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Lightning bar between HF dict lines whose epoch is not the bar's (each must be read on its own): no
+    run of one redraw is read in bulk (each such run cost about ten times reading the line by its plan)."""
+    data = b"".join(
+        b"\rEpoch 0:  %2d%%|#   | %d/1000 [00:01<00:30, 31.0it/s, v_num=0, train_loss=0.%03d]\n"
+        b"{'loss': 0.%03d, 'grad_norm': 1.5, 'epoch': 0.%02d}\n" % (k // 10, k, k, k, k % 100)
+        for k in range(1, 400)
+    )
+    bulk, read = [], redraws._bulk
+    monkeypatch.setattr(redraws, "_bulk", lambda *a: bulk.append(len(a[0])) or read(*a))
+    snap = parse(data, 1 << 16, True, monkeypatch)
+    assert snap == parse(data, 1 << 16, False, monkeypatch, fast=False)
+    assert snap[-1]["metrics"]["train_loss"]["count"] == 399 and snap[-1]["metrics"]["loss"]["count"] == 399
+    assert bulk == []
