@@ -3,7 +3,8 @@
 Pure and headless: no I/O, no UI imports. The modules:
 
 - :mod:`.parser`: :class:`LogInsights`, fed raw log bytes, returns frozen :class:`JobInsights` snapshots;
-- :mod:`.patterns`: its regexes; :mod:`.redraws`: runs of tqdm redraws read in bulk;
+- :mod:`.patterns`: its regexes; :mod:`.plans`: how a line of one shape is read, worked out once per shape;
+  :mod:`.redraws`: runs of tqdm redraws read in bulk;
 - :mod:`.metrics`: which names are metrics and which way is "best";
 - :mod:`.log_hints`: hints from log lines, and :func:`hint_for_exit` for an exit status;
 - :mod:`.gpu_hints`: :func:`hints_from_metrics`, hints from GPU telemetry;

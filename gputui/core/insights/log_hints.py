@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .snapshot import Hint, cap_line
 
@@ -256,11 +257,29 @@ def first_hint_key(data: bytes) -> int:
     return -1 if m is None else m.start()
 
 
+_DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
+_SHAPED_MAX = 512  # characters of a line beyond which its rules are not looked up by its shape
+
+
+@lru_cache(maxsize=512)
+def _rules_of(shape: str) -> tuple[tuple[str, _Rule], ...]:
+    """The (key, rule) pairs, in order, whose key may be in a line of this shape (digits read 0)."""
+    return tuple((key, rule) for key, rule in _RULE_KEYS if key.translate(_KEY_SHAPE) in shape)
+
+
+_KEY_SHAPE = str.maketrans("123456789", "000000000")
+
+
 def add_line_hints(text: str, found: dict[str, Hint]) -> None:
     """Add the hints that one log line triggers to ``found`` (by code; the first line of a code is kept)."""
-    if _HINT_GATE.search(text) is None:
+    if len(text) <= _SHAPED_MAX:  # only the rules whose key the line's shape holds
+        shape = text.encode("utf-8", "surrogatepass").translate(_DIGITS_AS_0).decode("utf-8", "surrogatepass")
+        rules = _rules_of(shape)
+    elif _HINT_GATE.search(text) is None:
         return
-    for key, rule in _RULE_KEYS:
+    else:
+        rules = _RULE_KEYS
+    for key, rule in rules:
         if key in text and rule.code not in found and (rule.pattern is None or rule.pattern.search(text)):
             found[rule.code] = rule.make(text)
 

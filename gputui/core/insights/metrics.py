@@ -74,14 +74,16 @@ class Metric:
     def add(self, value: float) -> None:
         self.last = value
         self.count += 1
-        if math.isnan(value):
+        if value != value:  # nan
             return
-        if math.isnan(self.best) or self.kind == "last":
+        best = self.best
+        if best != best or self.kind == "last":
             self.best = value
         elif self.kind == "min":
-            self.best = min(self.best, value)
-        else:
-            self.best = max(self.best, value)
+            if value < best:
+                self.best = value
+        elif value > best:
+            self.best = value
 
     def merge(self, count: int, last: float, low: float, high: float) -> None:
         """``add()`` ``count`` finite values at once, given the last, the lowest and the highest."""

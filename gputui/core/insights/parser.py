@@ -7,19 +7,23 @@ chunking; ``\\r`` counts as a line end so tqdm redraws are seen one by one) and
 Every line is capped to :data:`MAX_LINE` bytes (its tail is kept) before any regex runs, each
 regex sits behind a cheap substring check, and all state is bounded (metric names, loss
 history, hints de-duplicated by code).
+
+A line read on its own is read by its shape's plan (plans.py: which rules apply and where its parts are,
+worked out once per shape, since no rule tells one digit from another), so a log whose kind of line changes
+every line costs no regex per line; runs of one bar's redraws (redraws.py) and of plain lines of one shape
+(repeats.py) are read in bulk.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 from .log_hints import add_line_hints
-from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind, says_its_split
+from .metrics import MAIN_LOSSES, Metric, is_train_loss, metric_kind
 from .patterns import (
     ANSI,
     ASCII_BAR,
@@ -41,7 +45,7 @@ from .patterns import (
     TOTAL_EPOCHS,
     TOTAL_STEPS,
     TQDM,
-    TQDM_COUNT,
+    Found,
     clock,
     dict_items,
     eta_seconds,
@@ -49,19 +53,16 @@ from .patterns import (
     kv_pairs,
     line_needs,
     search,
-    skipped_bar,
     table_columns,
     to_float,
     tqdm_count,
 )
-from .redraws import Inline, Redraws, Run, other_epoch, read_run, redraw_pattern
-from .repeats import PlainLayout, Span, dict_plan, plain_layout, same_digits
+from .plans import PCT_BAR, TORCHTUNE, EpochRead, Name, PlainRead, Read, count_at, kv_name, line_plan, skipped
+from .redraws import Inline, Redraws, Run, read_run, redraw_pattern, run_start
+from .repeats import PlainLayout, Span, dict_plan, same_digits
 from .snapshot import Hint, JobInsights, cap_line
 
 _IGNORED = "\x00ignored"  # _parse_tqdm's answer for bars that are not the training run
-_TORCHTUNE = re.compile(r"\s*(\d+)\|\d+\|Loss: ")  # a torchtune bar's description
-_PCT_BAR = re.compile(r"[ \t]*\d{1,3}%(?:\|[^|]*\|)?[ \t]*$")  # the end of a tqdm bar's text before its count
-_EVAL_DESCS = ("val", "eval", "test", "class")  # skipped bars that are an evaluation loop
 
 MAX_METRICS = 32  # metric names tracked per job; later new names are ignored
 LOSS_HISTORY = 200  # loss values kept for the sparkline
@@ -73,34 +74,6 @@ BURST_S = 0.2  # progress changes closer together than this (a log replay) do no
 
 def _clamp(v: float) -> float:
     return min(max(v, 0.0), 1.0)
-
-
-def _skipped(desc: str, rate: str) -> str | None:
-    """The phase that a redraw of a bar that is not the training run's sets ("eval" for an evaluation loop's,
-    else ""), from its description and rate; None for the training run's bar."""
-    if "B/s" not in rate and not skipped_bar(desc):
-        return None
-    return "eval" if desc.lstrip()[:5].lower().startswith(_EVAL_DESCS) else ""
-
-
-@lru_cache(maxsize=256)
-def ignored_bar(shape: bytes) -> str | None:
-    """What reading a line of this shape (digits read 0) sets the phase to (see :func:`_skipped`) when that
-    and the last line shown is all it does: a redraw of a bar that is not the training run's, without an
-    epoch, not a YOLO "class" bar, outside epoch tables. None otherwise. Every line of one shape does the
-    same, since no rule tells one digit from another."""
-    text = shape.decode("utf-8", "replace").strip()
-    if "[" not in text or "poch" in text or "POCH" in text or (m := TQDM.search(text)) is None:
-        return None
-    cm = _count(text, m.start())
-    desc = text[: cm.start()] if cm is not None else "class"
-    return _skipped(desc, m["rate"]) if desc[:5].lower() != "class" else None
-
-
-def _count(text: str, bracket: int) -> re.Match[str] | None:
-    """The count of a tqdm bar ("450/1000", "12it") just before its "[" at ``bracket``."""
-    head = text[:bracket].rstrip()
-    return TQDM_COUNT.fullmatch(head, max(head.rfind(" "), head.rfind("|")) + 1)
 
 
 class _Bar:
@@ -158,11 +131,15 @@ _BAR_STATE = (
 )
 
 
-def _kv_name(split: str, key: str, prefix: str) -> str:
-    """The metric name of a key=value pair: "valid loss" -> "valid_loss"; ``prefix`` + it unless it
-    already says which split it is of (after an evaluation, "train_loss" is still the training's)."""
-    name = f"{split}_{key}".lower() if split else key.lower()
-    return prefix + name if prefix and not says_its_split(name) else name
+@lru_cache(maxsize=256)
+def _names_metrics(label: str) -> bool:
+    """Whether a bar's label names metrics ("loss 0.1234": then its redraws are read one by one)."""
+    return any(metric_kind(kv_name(q, k, "")) for q, k, _, _ in kv_pairs(label))
+
+
+def _key(text: str, key: Name) -> str:
+    """A dict item's key as the parser names it (see plans.PlainRead)."""
+    return key if isinstance(key, str) else text[key[0] : key[1]].strip().lower().replace(" ", "_")
 
 
 class LogInsights:
@@ -208,6 +185,7 @@ class LogInsights:
         self._epoch_last: tuple[int, float] | None = None  # and of the latest
         self._last_point: tuple[float, float] | None = None
         self._snap: JobInsights | None = None
+        self._plan: tuple[bytes, Read | None] = (b"", None)  # a line and its shape's plan, for _line
 
     # ---- input ----------------------------------------------------------------------------
 
@@ -235,42 +213,68 @@ class LogInsights:
         i, n = 0, len(lines)
         skipped: bytes | None = None  # the newest line passed over, when nothing was read after it
         while i < n:
-            bar = self._redraws
-            if bar is not None and bar.desc and not lines[i].startswith(bar.desc):
-                bar = other_epoch(bar, lines[i])  # else not a run's start
-            if bar is not None:
-                run = read_run(
-                    bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most
-                )
-                if run is not None:
-                    whole = run.stop  # where the lines read in bulk end when the whole run was
-                    if run.segments:
-                        i = self._apply_run(run, lines)
-                    else:
-                        for raw in lines[i : run.stop]:
-                            self._line(raw[-MAX_LINE:])
-                        i, whole = run.stop, -1
-                    # a run read in bulk in part (a line between two segments changed what the next one
-                    # assumed) or not at all is read on from there: fewer segments at once next time, so
-                    # that the work stays in proportion to the lines
-                    self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
-                    skipped = None
-                    continue
             raw = lines[i]
             if not raw:
                 i += 1
                 continue
+            bar = self._redraws
+            if (
+                bar is not None
+                and (bar := run_start(bar, raw)) is not None
+                # reading at most one segment, a run needs a next redraw right after this one
+                and (self._most > 1 or (i + 1 < n and run_start(bar, lines[i + 1]) is not None))
+                and (after := self._run(lines, i, bar)) is not None
+            ):
+                i, skipped = after, None
+                continue
             raw = raw[-MAX_LINE:]
-            needs = self._needs(raw)
+            shape = raw.translate(DIGITS_AS_0)
+            # (as _needs and _read do; a shape is its own shape)
+            needs = 3 if b"\x1b" in raw or self._table or self._eval_table else line_needs(shape)
             if not needs:
                 if raw.strip() and (raw.isascii() or raw.decode("utf-8", "replace").strip()):
                     skipped = raw
                 i += 1
                 continue
             skipped = None
-            i = self._read(lines, i, raw, needs)
+            if len(raw) > PLAIN_MAX:
+                self._line(raw, hints=needs > 1)
+                i += 1
+            elif needs == 1:
+                # a plain run needs a next line of the same length (past empty ones), else the line is alone
+                j = i + 1
+                while j < n and not lines[j]:
+                    j += 1
+                if j < n and len(lines[j]) == len(raw):
+                    i = self._plain_run(lines, i, shape)
+                else:
+                    self._plain_line(raw, shape)
+                    i += 1
+            else:
+                self._plan = (raw, line_plan(shape).read)
+                self._line(raw)
+                i += 1
         if skipped is not None:
             self._last_line = skipped.decode("utf-8", "replace").strip()
+
+    def _run(self, lines: list[bytes], i: int, bar: Redraws) -> int | None:
+        """Read the run of ``bar``'s redraws from line ``i`` on (see redraws.read_run); the index after the
+        lines read, or None when line ``i`` starts none."""
+        run = read_run(bar, lines, i, self._run_post(bar), line_needs, LOSS_HISTORY, self._absorb, self._most)
+        if run is None:
+            return None
+        whole = run.stop  # where the lines read in bulk end when the whole run was
+        if run.segments:
+            i = self._apply_run(run, lines)
+        else:
+            for raw in lines[i : run.stop]:
+                self._line(raw[-MAX_LINE:])
+            i, whole = run.stop, -1
+        # a run read in bulk in part (a line between two segments changed what the next one assumed) or not
+        # at all is read on from there: fewer segments at once next time, so that the work stays in
+        # proportion to the lines
+        self._most = min(self._most * 2, RUN_SEGMENTS) if i == whole else max(self._most // 2, 1)
+        return i
 
     def _needs(self, raw: bytes) -> int:
         """What reading this (capped) line needs (see patterns.line_needs): everything under a table."""
@@ -280,21 +284,31 @@ class LogInsights:
         """Read line ``i`` (``raw``: capped; ``needs``: not 0) and, for a plain line, the lines of its shape
         right after it; the index after them."""
         if needs == 1 and len(raw) <= PLAIN_MAX:
-            return self._plain_run(lines, i)
+            return self._plain_run(lines, i, raw.translate(DIGITS_AS_0))
         self._line(raw, hints=needs > 1)
         return i + 1
 
-    def _plain_run(self, lines: list[bytes], i: int) -> int:
-        """Read line ``i`` and the lines of its shape right after it (see repeats.py); the index after them."""
+    def _plain_line(self, raw: bytes, shape: bytes) -> None:
+        """Read a line of this ``shape`` that no rule for hints needs, on its own (what :meth:`_plain_run`
+        does with a line that has no other of its shape after it)."""
+        layout, phase, read = line_plan(shape)
+        if layout is None and phase is not None and not self._table and not self._eval_table:
+            self._glued, self._last_line = "", raw.decode("utf-8", "replace").strip()  # a validation bar's
+            self._phase = phase or self._phase
+            return
+        self._plan = (raw, read)
+        self._line(raw, hints=False)
+
+    def _plain_run(self, lines: list[bytes], i: int, shape: bytes) -> int:
+        """Read line ``i`` (of this ``shape``) and the lines of its shape right after it (see repeats.py), each
+        by its shape's plan (see plans.py); the index after them."""
         first = lines[i]
-        shape = first.translate(DIGITS_AS_0)
-        layout = plain_layout(shape)
-        if layout is None and not self._table and not self._eval_table:
-            phase = ignored_bar(shape)  # a validation bar's redraw: read by its shape
-            if phase is not None:
-                self._glued, self._last_line = "", first.decode("utf-8", "replace").strip()
-                self._phase = phase or self._phase
-                return i + 1
+        layout, phase, read = line_plan(shape)
+        self._plan = (first, read)
+        if layout is None and phase is not None and not self._table and not self._eval_table:
+            self._glued, self._last_line = "", first.decode("utf-8", "replace").strip()  # a validation bar's
+            self._phase = phase or self._phase
+            return i + 1
         group, j, n, stop = [first], i + 1, len(lines), i + 1
         while layout is not None and j < n:
             line = lines[j]
@@ -331,7 +345,7 @@ class LogInsights:
         if not columns:
             prefix = "eval_" if self._phase == "eval" else ""
             for split, key, value, pct in layout.pairs:
-                name = _kv_name(text[split[0] : split[1]], text[key[0] : key[1]], prefix)
+                name = kv_name(text[split[0] : split[1]], text[key[0] : key[1]], prefix)
                 if name in self._metrics:
                     columns.append((name, value, pct and metric_kind(name) == "max"))
         if len({name for name, _, _ in columns}) != len(columns):
@@ -368,7 +382,8 @@ class LogInsights:
             del self._partial[:-MAX_LINE]
 
     def _line(self, raw: bytes, hints: bool = True) -> None:
-        """Read one line (``hints=False``: it holds no hint's key)."""
+        """Read one line (``hints=False``: it holds no hint's key): by its shape's plan (see plans.py) when
+        it has one, else through every rule."""
         text = raw.decode("utf-8", "replace")
         if "\x1b" in text:
             text = ANSI.sub("", text)
@@ -378,7 +393,15 @@ class LogInsights:
         self._last_line = text
         if hints:
             add_line_hints(text, self._hints)
-        self._parse(text)
+        plan = self._plan
+        if plan[0] is raw:  # the plan that the caller looked up
+            read = plan[1]
+        else:
+            read = line_plan(raw.translate(DIGITS_AS_0)).read if len(raw) <= PLAIN_MAX else None
+        if read is None or self._table or self._eval_table:
+            self._parse(text)
+        else:
+            self._read_planned(text, read)
 
     # ---- parsing --------------------------------------------------------------------------
 
@@ -412,6 +435,99 @@ class LogInsights:
                 self._parse_kv(post)
                 self._parse_eta(post)
 
+    def _read_planned(self, text: str, read: Read) -> None:
+        """:meth:`_parse` outside tables, by the plan of the line's shape: the same steps on the text sliced where
+        the plan says its parts are."""
+        epoch = self._planned_epoch(text, read.epoch) if read.epoch is not None else None
+        if read.barred:
+            self._glued = self._label = ""
+        bar = read.bar
+        if bar is None:
+            assert read.plain is not None
+            self._planned_plain(text, read.plain, summary=epoch is False)
+            return
+        if bar.phase is not None:  # a bar that is not the training run's
+            if bar.phase:
+                self._phase = bar.phase
+            return
+        total = text[bar.total] if bar.total else None
+        rem = text[bar.remaining] if bar.remaining else None
+        self._set_bar(_Bar(text[bar.n], total, text[bar.elapsed], rem, text[bar.rate]))
+        label = self._label = text[bar.label]
+        if total:  # a run of its redraws may be read in bulk, unless its description names metrics
+            self._redraws = None if _names_metrics(label) else redraw_pattern(text[: bar.desc], total)
+        if label != self._bar_label:  # set_description(f"loss {loss:.4f}")
+            self._bar_label = label
+            if label and _names_metrics(label):
+                self._parse_kv(label)
+        if bar.post is not None and (post := text[bar.post]) != self._bar_post:
+            self._bar_post = post  # a redraw's postfix only counts when it changed
+            if bar.pairs is not None:
+                for key, (a, b) in bar.pairs:
+                    try:
+                        num = float(text[a:b])
+                    except ValueError:
+                        continue
+                    self._add_metric(key if isinstance(key, str) else text[key[0] : key[1]].lower(), num)
+            else:  # keras: "- ETA: 3s - loss: 0.25 - accuracy: 0.91"
+                self._parse_kv(post)
+                self._parse_eta(post)
+
+    def _planned_plain(self, text: str, plain: PlainRead, summary: bool) -> None:
+        """:meth:`_parse_plain` by the plan of the line's shape."""
+        if plain.steps_of is not None:
+            self._total_steps = int(text[slice(*plain.steps_of)].replace(",", "")) or None
+        elif plain.step is not None:
+            (a, b), (c, d) = plain.step
+            self._set_bar(_Bar(text[a:b], text[c:d]))
+            summary = False
+            if plain.per_iteration:
+                self._iteration_eta(text)
+        if plain.eval:
+            self._phase = "eval"
+        elif plain.eta is not None:
+            self._log_eta = eta_seconds(Found(text, plain.eta))
+        if plain.config:
+            return
+        found = False
+        if plain.items is not None:
+            found = self._dict_items(
+                [(key if isinstance(key, str) else _key(text, key), text[a:b]) for key, (a, b) in plain.items]
+            )
+        if not found and plain.pairs:
+            evaluation = self._phase == "eval"
+            prefix = "eval_" if evaluation else ""
+            for q, (c, d), (e, f), pct, names in plain.pairs:
+                if names is None:
+                    name = kv_name(text[q[0] : q[1]] if q else "", text[c:d], prefix)
+                elif (known := names[evaluation]) is not None:
+                    name = known
+                else:
+                    continue
+                value = to_float(text[e:f])
+                if value is not None and pct and metric_kind(name) == "max":
+                    value /= 100.0
+                if value is not None and self._add_metric(name, value):
+                    found = True
+        if found and summary:
+            self._epoch_done = True
+            self._bars.clear()
+
+    def _planned_epoch(self, text: str, e: EpochRead) -> bool | None:
+        """:meth:`_parse_epoch` by the plan of the line's shape."""
+        if e.of_all is not None:
+            self._total_epochs = int(text[e.of_all]) or None
+        if e.epoch is None:
+            return None
+        self._set_epoch(int(text[e.epoch]), from_text=True)
+        if e.of is not None:
+            self._total_epochs = int(text[e.of]) or None
+        if e.inner is None:
+            return False
+        (a, b), (c, d) = e.inner
+        self._set_bar(_Bar(text[a:b], text[c:d]))
+        return True
+
     def _parse_bar(self, text: str) -> str | None:
         """A tqdm or ascii bar line -> its postfix text; None when the line is no bar."""
         self._glued = self._label = ""
@@ -431,7 +547,7 @@ class LogInsights:
         if m is None:
             return None
         desc = text[: m.start()].strip()
-        phase = _skipped(desc, m["rate"] or "")
+        phase = skipped(desc, m["rate"] or "")
         if phase is not None:  # "Validation", "Sanity Checking", "Testing", "Predicting"
             self._phase = phase or self._phase
             return _IGNORED
@@ -483,12 +599,12 @@ class LogInsights:
         m = search(TQDM, text)
         if m is None:
             return None
-        cm = _count(text, m.start())
+        cm = count_at(text, m.start())
         if cm is None:
             return None
         el, rem, rate, post = m.groups()
         desc = text[: cm.start()]
-        phase = _skipped(desc, rate)
+        phase = skipped(desc, rate)
         if phase is not None:
             if phase:
                 self._phase = phase
@@ -496,17 +612,16 @@ class LogInsights:
                 self._eval_table = table_columns(desc[: desc.find("%")].rstrip("0123456789 :"))
             return _IGNORED
         n, total = cm.groups()
-        tune = _TORCHTUNE.match(desc)
+        tune = TORCHTUNE.match(desc)
         if tune is not None:  # torchtune: "{epoch}|{step}|Loss: {loss}", epochs from 1
             self._set_epoch(int(tune[1]), from_text=True)
         self._set_bar(_Bar(n, total, el, rem, rate))
-        pct = _PCT_BAR.search(desc)
+        pct = PCT_BAR.search(desc)
         self._label = (desc[: pct.start()] if pct else desc).strip(" \t:|")
         if m.end() < len(text):
             self._glued = text[m.end() :].strip()
         elif total:  # a run of its redraws may be read in bulk, unless its description names metrics
-            named = any(metric_kind(_kv_name(q, k, "")) for q, k, _, _ in kv_pairs(self._label))
-            self._redraws = None if named else redraw_pattern(desc, total)
+            self._redraws = None if _names_metrics(self._label) else redraw_pattern(desc, total)
         return post.strip() if post else ""
 
     def _parse_table_row(self, text: str) -> None:
@@ -642,10 +757,15 @@ class LogInsights:
 
     def _parse_dict(self, text: str) -> bool:
         """JSON lines / Python dict reprs: epoch, step and metric keys."""
+        return self._dict_items((key.strip().lower().replace(" ", "_"), num) for key, num in dict_items(text))
+
+    def _dict_items(self, items: Iterable[tuple[str, str]]) -> bool:
+        """A dict line's (key, number) items (keys as the parser names them): epoch, step and metrics."""
         found = False
-        for key, num in dict_items(text):
-            key, value = key.strip().lower().replace(" ", "_"), to_float(num)
-            if value is None:
+        for key, num in items:
+            try:
+                value = float(num)
+            except ValueError:
                 continue
             if key not in DICT_STATE_KEYS:
                 if self._add_metric(key, value):
@@ -761,7 +881,7 @@ class LogInsights:
         found = False
         for split, key, num, pct in kv_pairs(text):
             value = to_float(num)
-            name = _kv_name(split, key, prefix)
+            name = kv_name(split, key, prefix)
             if value is not None and pct and metric_kind(name) == "max":
                 value /= 100.0  # "74.87%" next to "0.73": one scale
             if value is not None and self._add_metric(name, value):
@@ -769,12 +889,11 @@ class LogInsights:
         return found
 
     def _add_metric(self, name: str, value: float) -> bool:
-        kind = metric_kind(name)
-        if kind is None:
-            return False
         metric = self._metrics.get(name)
-        if metric is not None:
+        if metric is not None:  # (a name is kept only when it is a metric's)
             metric.add(value)
+        elif (kind := metric_kind(name)) is None:
+            return False
         elif len(self._metrics) < MAX_METRICS:
             self._metrics[name] = Metric(kind, value)
         else:

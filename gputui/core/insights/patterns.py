@@ -65,7 +65,9 @@ TOTAL_EPOCHS = re.compile(
     r"(?i)\b(?:num[_ ]?(?:train[_ ])?epochs|n_?epochs|max_?epochs|total_?epochs|epochs)\s*[=:]\s*(\d+)\b"
 )
 TOTAL_STEPS = re.compile(r"(?i)\b(?:total optimization steps|max_?steps|total_?steps)\s*[=:]\s*([\d,]+)")
-PER_ITERATION = re.compile(r"per iteration \(ms\):\s*(\d+(?:\.\d+)?)")  # Megatron-LM: "elapsed time per iteration (ms): 86545.2"
+PER_ITERATION = re.compile(
+    r"per iteration \(ms\):\s*(\d+(?:\.\d+)?)"
+)  # Megatron-LM: "elapsed time per iteration (ms): 86545.2"
 ETA = re.compile(
     r"(?i)\beta\b\s*[:=]?\s*(?:(\d+)\s*days?,\s*)?(\d+(?::\d\d){1,2}|\d+(?:\.\d+)?\s*(?:s|m|h|min)\b)"
 )
@@ -108,34 +110,37 @@ SHAPED_MAX = 512  # characters of a line beyond which its matches are not cached
 
 
 @lru_cache(maxsize=1024)
-def _spans(pattern: re.Pattern[str], shape: bytes, groups: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+def _spans(pattern: re.Pattern[str], shape: str, groups: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     """Where the ``groups`` of each match of ``pattern`` are in a line of this shape (digits read 0): no
     rule tells one digit from another, so lines equal once each digit reads 0 have their matches in the
     same places."""
-    return tuple(sum((m.span(g) for g in groups), ()) for m in pattern.finditer(shape.decode()))
+    return tuple(sum((m.span(g) for g in groups), ()) for m in pattern.finditer(shape))
 
 
-_last_shape: tuple[str, bytes | None] = ("", None)  # the last call's text and shape: a line is searched often
+_last_shape: tuple[str, str | None] = ("", None)  # the last call's text and shape: a line is searched often
 
 
-def _shape(text: str) -> bytes | None:
-    """The shape of a line's text for :func:`_spans`; None for long or non-ASCII text (not cached)."""
+def _shape(text: str) -> str | None:
+    """The shape of a line's text for :func:`_spans` (its ASCII digits read 0; any other character, a bar's
+    blocks included, is kept, so offsets in it are offsets in the text); None for long text (not cached)."""
     global _last_shape
     last = _last_shape  # one tuple: threads that parse at once each see a matching pair
     if text is last[0]:
         return last[1]
-    shape = text.encode().translate(DIGITS_AS_0) if len(text) <= SHAPED_MAX and text.isascii() else None
+    shape = None
+    if len(text) <= SHAPED_MAX:  # (ASCII digits never occur inside a character's UTF-8 bytes)
+        shape = text.encode("utf-8", "surrogatepass").translate(DIGITS_AS_0).decode("utf-8", "surrogatepass")
     _last_shape = (text, shape)
     return shape
 
 
 @lru_cache(maxsize=2048)
 def _first(
-    pattern: re.Pattern[str], shape: bytes, pos: int, anchored: bool
+    pattern: re.Pattern[str], shape: str, pos: int, anchored: bool
 ) -> tuple[tuple[int, int], ...] | None:
     """The spans of the first match (``anchored``: at ``pos``) of ``pattern`` and its groups in a line of
     this shape, from ``pos`` on; None when there is none."""
-    m = (pattern.match if anchored else pattern.search)(shape.decode(), pos)
+    m = (pattern.match if anchored else pattern.search)(shape, pos)
     return None if m is None else tuple(m.span(g) for g in range(1 + pattern.groups))
 
 

@@ -122,11 +122,14 @@ class Run(NamedTuple):
 
 
 GAP_LINES = 8  # lines between two redraws of a run, one of them to be read on its own, at most
+MIN_REDRAWS = 2  # redraws that a segment of a run has at least when a line to be read on its own ends it
 
 
+@lru_cache(maxsize=256)
 def redraw_pattern(prefix: str, total: str) -> Redraws | None:
     """The bar whose text before its count is ``prefix`` ("Epoch 3/5:  45%|███  | "), with ``total``
-    as its total; None when its shape is unusual (then its redraws are read line by line)."""
+    as its total; None when its shape is unusual (then its redraws are read line by line). Cached: a bar's
+    prefix changes once per percent."""
     m = _PREFIX.fullmatch(prefix)
     if m is None:
         return None
@@ -174,6 +177,16 @@ def other_epoch(r: Redraws, line: bytes) -> Redraws | None:
     )
 
 
+def run_start(r: Redraws, line: bytes) -> Redraws | None:
+    """The bar whose run of redraws ``line`` may start: ``r``'s when the line starts with its description (a
+    bar without one: when it starts like a bar), the next epoch's (see :func:`other_epoch`), else None."""
+    if not r.desc:
+        return r if _PCT.match(line) else None
+    if line.startswith(r.desc):
+        return r
+    return other_epoch(r, line) if r.epoch is not None and line.startswith(r.lead) else None
+
+
 def _epoch_at(text: str) -> tuple[slice, slice | None]:
     """Where the epoch and the epochs' total are in a bar's description that names an epoch (bytes)."""
     e = EPOCH.search(text)
@@ -192,7 +205,7 @@ def _others(lines: list[bytes], j: int, desc: bytes) -> Iterator[int]:
     """The lines from line ``j`` on that are no redraw of a bar of this description (do not start with it, or
     do not look like a bar when it has none), in order: worked out in C a window of lines at a time, each
     twice as long as the one before (so the work stays in proportion to the lines looked at)."""
-    size = 64
+    size = 8  # (a short run, as in a log whose kinds of line interleave, costs little)
     while j < len(lines):
         window = lines[j : j + size]
         redraws = map(bytes.startswith, window, repeat(desc)) if desc else map(_PCT.match, window)
@@ -268,6 +281,8 @@ def read_run(
             at = next(other, n)
         if not redraw:
             break  # the lines after the last redraw are not part of the run
+        if read and len(reds) - (cuts[-1][0] if cuts else 0) < MIN_REDRAWS:
+            break  # a segment of one redraw is read faster line by line: the run ends before the gap
         if read or after is not None:
             cuts.append((len(reds), stop, j))
             bars.append(after or bar)
@@ -280,6 +295,8 @@ def read_run(
             bar, lead, other = after, after.lead, _others(lines, j, after.desc)
             at = next(other, n)
     cuts.append((len(reds), stop, stop))
+    if len(reds) < MIN_REDRAWS:
+        return Run(stop)  # read line by line
     while True:  # when they cannot be read in bulk, the first half of the segments (the parser reads on)
         run = _bulk(reds[: cuts[-1][0]], len(desc), r.total, bar_post, keep, cuts, others, inline, bars)
         if run is not None or len(cuts) == 1:
