@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -62,6 +63,23 @@ def ended_job(box: Box, src: Path) -> tuple[str, Path]:
     return job, logs[0]
 
 
+class Clock:
+    """Each command's wall time and its client's CPU time (user + sys of the child: less noisy on a busy box)."""
+
+    def __init__(self, box: Box, labels: list[str]) -> None:
+        self.box = box
+        self.wall: dict[str, list[float]] = {k: [] for k in labels}
+        self.cpu: dict[str, list[float]] = {k: [] for k in labels}
+
+    def __call__(self, label: str, argv: list[str], dest: Path | None = None) -> float:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        took = to_file(self.box, argv, dest) if dest is not None else self.box.timed(argv)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.wall[label].append(took)
+        self.cpu[label].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        return took
+
+
 def to_file(box: Box, argv: list[str], dest: Path) -> float:
     with dest.open("wb") as out:
         took = box.timed(argv, stdout=out.fileno())
@@ -87,7 +105,6 @@ def main() -> None:
         ("pull ", "ssh cat > file (2)"),
         ("logs --tail 0 (connect)", "ssh true (connect)"),
     ]
-    times: dict[str, list[float]] = {k: [] for pair in pairs for k in pair}
     with ssh_box() as box:
         box.env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui runs from its .pyc, as here
         src = box.root / "train.log"
@@ -96,33 +113,41 @@ def main() -> None:
         size = log.stat().st_size
         out, pulled = box.root / "out.bin", box.root / "pulled"
         g, ssh = [*GPUTUI], box.ssh
+        clock = Clock(box, [k for pair in pairs for k in pair])
+        scp = ["scp", "-O", "-q", "-P", ssh[2], *ssh[3:-1], f"{ssh[-1]}:{log}", str(out)]
         for _ in range(args.runs):
-            times["logs > /dev/null"].append(box.timed([*g, "logs", "box", job]))
-            times["ssh cat > /dev/null"].append(box.timed([*ssh, "cat", str(log)]))
-            times["logs > file"].append(to_file(box, [*g, "logs", "box", job], out))
-            times["ssh cat > file"].append(to_file(box, [*ssh, "cat", str(log)], out))
-            times["logs -f > /dev/null"].append(box.timed([*g, "logs", "-f", "box", job]))
-            times["ssh cat > /dev/null (2)"].append(box.timed([*ssh, "cat", str(log)]))
+            clock("logs > /dev/null", [*g, "logs", "box", job])
+            clock("ssh cat > /dev/null", [*ssh, "cat", str(log)])
+            clock("logs > file", [*g, "logs", "box", job], out)
+            clock("ssh cat > file", [*ssh, "cat", str(log)], out)
+            clock("logs -f > /dev/null", [*g, "logs", "-f", "box", job])
+            clock("ssh cat > /dev/null (2)", [*ssh, "cat", str(log)])
             shutil.rmtree(pulled, ignore_errors=True)
-            pull = box.timed([*g, "pull", "box", str(log), f"{pulled}/"])
+            clock("pull", [*g, "pull", "box", str(log), f"{pulled}/"])
             if (pulled / "output.log").stat().st_size != size:
                 raise SystemExit("pull brought a file of another size")
-            times["pull"].append(pull)
-            times["pull "].append(pull)
-            scp = ["scp", "-O", "-q", "-P", ssh[2], *ssh[3:-1], f"{ssh[-1]}:{log}", str(out)]
-            times["scp -O"].append(box.timed(scp))
+            clock.wall["pull "].append(clock.wall["pull"][-1])
+            clock.cpu["pull "].append(clock.cpu["pull"][-1])
+            clock("scp -O", scp)
             out.unlink()
-            times["ssh cat > file (2)"].append(to_file(box, [*ssh, "cat", str(log)], out))
-            times["logs --tail 0 (connect)"].append(box.timed([*g, "logs", "--tail", "0", "box", job]))
-            times["ssh true (connect)"].append(box.timed([*ssh, "true"]))
-    print(f"gputui (python -c 'from gputui.launch import main; main()', PYTHONPATH={ROOT}) vs OpenSSH, one ended")
-    print(f"job's log of {size / 1e6:.0f} MB on a loopback sshd, {args.runs} runs interleaved, medians, "
-          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
-    print(f"{'gputui':<26} {'s':>6}   {'peer':<26} {'s':>6}   peer/gputui")
+            clock("ssh cat > file (2)", [*ssh, "cat", str(log)], out)
+            clock("logs --tail 0 (connect)", [*g, "logs", "--tail", "0", "box", job])
+            clock("ssh true (connect)", [*ssh, "true"])
+    med = statistics.median
+    print(
+        f"gputui (python -c 'from gputui.launch import main; main()', PYTHONPATH={ROOT}) vs OpenSSH, one ended"
+    )
+    print(f"job's log of {size / 1e6:.0f} MB on a loopback sshd, {args.runs} runs interleaved, medians (min), "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; CPU: the client's user+sys")  # fmt: skip
+    print(
+        f"{'gputui':<24} {'wall s':>12} {'CPU s':>6}   {'peer':<24} {'wall s':>12} {'CPU s':>6}   peer/gputui"
+    )
     for ours, theirs in pairs:
-        a, b = statistics.median(times[ours]), statistics.median(times[theirs])
-        print(f"{ours:<26} {a:6.2f}   {theirs:<26} {b:6.2f}   {b / a:5.2f}x"
-              f"   ({' '.join(f'{t:.2f}' for t in times[ours])} | {' '.join(f'{t:.2f}' for t in times[theirs])})")  # fmt: skip
+        a, b = med(clock.wall[ours]), med(clock.wall[theirs])
+        print(
+            f"{ours:<24} {a:5.2f} ({min(clock.wall[ours]):4.2f}) {med(clock.cpu[ours]):6.2f}   "
+            f"{theirs:<24} {b:5.2f} ({min(clock.wall[theirs]):4.2f}) {med(clock.cpu[theirs]):6.2f}   {b / a:5.2f}x"
+        )
 
 
 if __name__ == "__main__":
