@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, AgentProc, Home, SshHome, stop_host
@@ -252,3 +253,63 @@ def test_a_host_file_named_like_a_part_file_is_pulled_beside_its_namesake(home: 
     res = home.cli("pull", "here", str(host), str(tmp_path / "dest"), check=True)
     assert res.stdout.count("pulled:") == 2, res.stdout
     assert {p.name: p.read_bytes() for p in (tmp_path / "dest" / "ckpt").iterdir()} == files
+
+
+def _pull_in_process(ssh_home: SshHome, session_cls: type[HostSession], src: Path, dest: Path,
+                     on_progress: Any = None) -> list[Any]:  # fmt: skip
+    async def main() -> list[Any]:
+        session = session_cls("box", SSHTransport(HostConfig(name="box", **ssh_home.host_settings())))
+        await session.start()
+        try:
+            return await pull(session, [str(src)], str(dest) + "/", on_progress=on_progress)
+        finally:
+            await session.close()
+
+    return asyncio.run(main())
+
+
+def test_the_host_hashes_while_the_stream_runs_and_a_pull_keeps_the_version_it_got(
+    ssh_home: SshHome, tmp_path: Path
+) -> None:
+    """The host's sha256 is asked for as the transfer starts (its read of the file overlaps the stream's),
+    and the part file is hashed as it is written, never read back; a file touched on the host while it was
+    read (same bytes, new mtime: the hashes alone match) is fetched again and carries the host's new mtime."""
+    src = tmp_path / "host" / "big.bin"
+    src.parent.mkdir()
+    data = os.urandom(9 * 1024 * 1024 + 11)  # a raw stream
+    src.write_bytes(data)
+    events: list[str] = []
+
+    class Noting(HostSession):
+        async def request(self, op: str, timeout: float | None = 30.0, **args: Any) -> Any:
+            events.append(op)
+            return await super().request(op, timeout=timeout, **args)
+
+        async def open_stream(self, args: list[str]) -> AgentChannel:
+            channel = await super().open_stream(args)
+            close = channel.close
+
+            async def closed() -> None:
+                events.append("stream closed")
+                await close()
+
+            channel.close = closed  # type: ignore[method-assign]
+            return channel
+
+    read_back: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("gputui.core.pull.sha256_file", lambda path: read_back.append(path) or "")
+        touched: list[float] = []
+
+        def progress(name: str, done: int, total: int) -> None:
+            if not touched:  # same bytes, a new mtime: only the host's stat tells
+                touched.append(time.time() + 100)
+                os.utime(src, (touched[0], touched[0]))
+
+        outcomes = _pull_in_process(ssh_home, Noting, src, tmp_path / "here", progress)
+    got = tmp_path / "here" / "big.bin"
+    assert [o.status for o in outcomes] == ["pulled"] and got.read_bytes() == data
+    assert got.stat().st_mtime == pytest.approx(touched[0]) and outcomes[0].mtime == pytest.approx(touched[0])
+    first_close = events.index("stream closed")
+    assert P.OP_FILES_HASH in events[:first_close], events  # asked before the stream ended
+    assert read_back == []  # the part file was hashed as it was written

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import pty
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -133,3 +137,28 @@ def test_status_shows_an_armed_autostop_and_deadline(home: Home) -> None:
     out = home.cli("status", check=True).stdout
     cost = next(line for line in out.splitlines() if line.strip().startswith("cost"))
     assert re.search(r"; autostop in (1h|59m\d+s|60m); deadline release in (2h|1h59m)$", cost), cost
+
+
+def test_logs_to_a_terminal_show_control_sequences_escaped_and_a_pipe_gets_the_bytes(home: Home) -> None:
+    """A log's ESC sequences (OSC 52 clipboard write, screen clear, colours), bidi overrides and bad UTF-8
+    never reach a terminal raw; line ends and ``\\r`` redraws do. A pipe gets the bytes exactly as written."""
+    hostile = b"a\x1b]52;c;aGk=\x07b\x1b[2Jc\x1b[31mred\xe2\x80\xae\xff\xfe \xc3\xa9t\xc3\xa9 50%\r100%\n"
+    code = f"import sys; sys.stdout.buffer.write({hostile!r}); sys.stdout.flush()"
+    job = run(home, "hostile", code)
+    piped = home.cli_bytes("logs", "-f", "local", job)
+    assert piped.returncode == 0 and hostile.replace(b"\n", b"\r\n") in piped.stdout, piped  # the job's pty
+    master, slave = pty.openpty()
+    try:
+        res = subprocess.run([sys.executable, "-m", "gputui", "logs", "local", job], env=home.env, stdout=slave,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+        os.close(slave)
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal's other side is closed and read
+            while chunk := os.read(master, 65536):
+                seen += chunk
+    finally:
+        os.close(master)
+    assert res.returncode == 0, res.stderr
+    text = seen.decode("utf-8", "replace")
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, text
+    assert "a\\x1b]52;c;aGk=\\x07b\\x1b[2Jc\\x1b[31mred\\u202e\\xff\\xfe été 50%\r100%" in text, text

@@ -12,6 +12,7 @@ from test_ssh_faults import session, until
 
 from gputui.core import session as S
 from gputui.core.transport import AgentChannel
+from remote_agent import protocol as P
 
 # Writes MB megabytes of every byte value (no line structure, NULs, \r, bad UTF-8), waits for the stop file,
 # writes a last line without its newline and exits 3.
@@ -42,6 +43,20 @@ def recorded_streams(s: S.HostSession) -> list[list[str]]:
 
     s.transport.open_agent_stream = counted  # type: ignore[method-assign]
     return streams
+
+
+def recorded_requests(s: S.HostSession) -> list[tuple[str, dict[str, Any]]]:
+    """(op, args) of every request ``s`` sends on its current link from now on."""
+    sent: list[tuple[str, dict[str, Any]]] = []
+    assert s.link is not None
+    request = s.link.request
+
+    async def counted(op: str, timeout: float | None = 30.0, **args: Any) -> Any:
+        sent.append((op, args))
+        return await request(op, timeout=timeout, **args)
+
+    s.link.request = counted  # type: ignore[method-assign]
+    return sent
 
 
 async def test_catch_up_cut_by_a_link_reset_resumes_byte_exact_over_raw_streams(
@@ -119,10 +134,17 @@ async def test_logs_without_follow_copy_a_big_log_over_a_raw_stream(ssh_home: Ss
 
         await asyncio.wait_for(job_ended(), 120)  # readiness, with a bound on the wait
         received = bytearray()
+        sent = recorded_requests(s)
         end = await s.copy_log(job.id, 100, received.extend)
         log = (ssh_home.remote_job_dir(job.id) / "output.log").read_bytes()
         assert end == len(log) and bytes(received) == log[100:]
         assert [args[0] for args in streams] == ["cat"]
+        # The first read brings bytes and the size (no probe of its own); one more after the stream finds the end.
+        reads = [args for op, args in sent if op == P.OP_LOGS_READ]
+        assert len(reads) == 2 and all(args.get("max_bytes") is None for args in reads), sent
+        sent.clear()
+        assert await s.copy_log(job.id, len(log) - 1000, received.extend) == len(log)  # a short stretch
+        assert bytes(received[-1000:]) == log[-1000:] and [op for op, _ in sent] == [P.OP_LOGS_READ]
     finally:
         await s.close()
     res = ssh_home.cli_bytes("logs", "box", job.id)  # the CLI prints the same bytes

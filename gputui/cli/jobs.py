@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import datetime
 import os
 import re
@@ -275,20 +276,40 @@ async def cmd_history(args: argparse.Namespace) -> int:
 
 
 # --- one job ----------------------------------------------------------------------------------------------------
-async def cmd_logs(args: argparse.Namespace) -> int:
-    out = sys.stdout.buffer
+class LogOutput:
+    """Where ``logs`` writes the job's output. A pipe or a file gets the bytes as written (one write each: no
+    decoding, no copying); a terminal gets them as text whose control characters but line ends and ``\\r`` are
+    shown escaped (``\\x1b[31m``; a tab becomes a space): a host's bytes never drive the terminal."""
 
-    def write(data: bytes) -> None:
-        out.write(data)
-        out.flush()
+    def __init__(self, stream: Any) -> None:
+        self._out = stream.buffer
+        self._encoding = stream.encoding or "utf-8"
+        self._text = codecs.getincrementaldecoder("utf-8")("backslashreplace") if stream.isatty() else None
+
+    def write(self, data: bytes, final: bool = False) -> None:
+        if self._text is not None:  # a UTF-8 sequence cut between two chunks waits for its end
+            text = self._text.decode(data, final)
+            data = "\r".join(safetext.clean(part, multiline=True) for part in text.split("\r")).encode(
+                self._encoding, "backslashreplace"
+            )
+        if data:
+            self._out.write(data)
+            self._out.flush()
+
+
+async def cmd_logs(args: argparse.Namespace) -> int:
+    out = LogOutput(sys.stdout)
+    write = out.write
 
     async def body(s: HostSession) -> int:
-        if args.tail is not None:
-            offset, _, _ = await s.read_log(args.job, tail_lines=args.tail)
-        else:
-            offset = 0
+        offset = 0
+        if args.tail is not None:  # the reply's bytes are the tail's first: written, not asked for again
+            offset, data, _ = await s.read_log(args.job, tail_lines=args.tail)
+            write(data)
+            offset += len(data)
         if not args.follow:
             await s.copy_log(args.job, offset, write)
+            write(b"", final=True)
             return ExitStatus.OK
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         s.run_in_background()  # survive link drops: the follow resumes from its cursor
@@ -304,7 +325,9 @@ async def cmd_logs(args: argparse.Namespace) -> int:
                     done.set_exception(exc)
 
         await s.follow_log(args.job, offset, follow, lambda info: done.done() or done.set_result(info), gap)
-        return job_exit(await done)
+        info = await done
+        write(b"", final=True)
+        return job_exit(info)
 
     return await with_session(args, args.host, body)
 

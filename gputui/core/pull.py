@@ -287,35 +287,51 @@ def _no_space(exc: OSError, part: str) -> bool:
     return True
 
 
-async def _download(session: HostSession, f: Remote, part: str, on_progress: Progress | None) -> int:
-    """Bring ``part`` up to ``f.size`` bytes from where it stops; returns the offset it resumed at."""
+async def _download(
+    session: HostSession, f: Remote, part: str, on_progress: Progress | None
+) -> tuple[int, str]:
+    """Bring ``part`` up to ``f.size`` bytes from where it stops; (the offset it resumed at, the part's sha256,
+    hashed as its bytes were written: the part file is never read back whole)."""
     out, start = _open_part(part, f.size)
     try:
         with out:
+            digest = await asyncio.to_thread(_hash_prefix, out, start)
             if f.size - start >= STREAM_MIN_BYTES:
-                await _stream(session, f, out, start, on_progress)
+                await _stream(session, f, out, start, on_progress, digest)
             else:
-                await _chunks(session, f, out, start, on_progress)
+                await _chunks(session, f, out, start, on_progress, digest)
     except OSError as exc:
         if _no_space(exc, part):
             raise PullError(f"no space left on device ({os.path.dirname(part) or '.'})") from None
         raise
-    return start
+    return start, digest.hexdigest()
+
+
+def _hash_prefix(out: BinaryIO, start: int, block: int = 1024 * 1024) -> Any:
+    """A sha256 of the part file's first ``start`` bytes (what an earlier pull left), the file at ``start``."""
+    digest = hashlib.sha256()
+    out.seek(0)
+    while (done := out.tell()) < start and (data := out.read(min(block, start - done))):
+        digest.update(data)
+    if out.tell() != start:
+        raise _Changed()  # the part file shrank under us: fetch afresh
+    return digest
 
 
 class _LocalWrite(Exception):
     """A write to the local part file failed (its OSError is the cause): never taken for a link problem."""
 
 
-def _write(out: BinaryIO, data: bytes) -> None:
+def _write(out: BinaryIO, data: bytes, digest: Any) -> None:
     try:
         out.write(data)
     except OSError as exc:
         raise _LocalWrite() from exc
+    digest.update(data)
 
 
 async def _stream(
-    session: HostSession, f: Remote, out: BinaryIO, offset: int, on_progress: Progress | None
+    session: HostSession, f: Remote, out: BinaryIO, offset: int, on_progress: Progress | None, digest: Any
 ) -> None:
     """Raw bytes from the agent build's ``cat`` on a channel of its own (no JSON, no base64); a stream cut
     by a dropped link is opened again at the byte reached once the session is back."""
@@ -330,7 +346,7 @@ async def _stream(
                     data := await _stalling(session, f, offset, channel.reader.read(STREAM_READ))
                 ):
                     data = data[: f.size - offset]
-                    _write(out, data)
+                    _write(out, data, digest)
                     offset += len(data)
                     if on_progress is not None:
                         on_progress(f.rel, offset, f.size)
@@ -371,7 +387,7 @@ async def _stalling(session: HostSession, f: Remote, offset: int, step: Any) -> 
 
 
 async def _chunks(
-    session: HostSession, f: Remote, out: BinaryIO, offset: int, on_progress: Progress | None
+    session: HostSession, f: Remote, out: BinaryIO, offset: int, on_progress: Progress | None, digest: Any
 ) -> None:
     """Small files: base64 chunks on the agent channel, a few in flight (no process to start on the host)."""
     pending: collections.deque[tuple[int, asyncio.Task[Any]]] = collections.deque()
@@ -394,6 +410,7 @@ async def _chunks(
             if size != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
                 raise _Changed()
             out.write(data)
+            digest.update(data)
             offset += len(data)
             if on_progress is not None:
                 on_progress(f.rel, offset, f.size)
@@ -403,13 +420,55 @@ async def _chunks(
         out.flush()
 
 
-async def _same(session: HostSession, f: Remote, local: str) -> bool:
-    """Whether the local file holds exactly the host's file (sha256 on both sides; the host's is as big)."""
+async def _host_sha256(session: HostSession, f: Remote) -> str:
+    """The host's sha256 of ``f`` (it must still be ``f.size`` bytes, else _Changed)."""
     remote = await request_retrying(session, P.OP_FILES_HASH, path=f.path, timeout=hash_timeout(f.size))
     size, sha = _size_of(session, P.OP_FILES_HASH, remote), remote.get("sha256")
     if not isinstance(sha, str) or len(sha) != 64:
         raise wire_error(session, P.OP_FILES_HASH, f"sha256 of {f.path} is {sha!r:.80}")
-    return bool(size == f.size and await asyncio.to_thread(sha256_file, local) == sha)
+    if size != f.size:
+        raise _Changed()
+    return sha
+
+
+async def _same(session: HostSession, f: Remote, local: str) -> bool:
+    """Whether the local file holds exactly the host's file (sha256 on both sides at once; as big)."""
+    try:
+        ours, theirs = await asyncio.gather(asyncio.to_thread(sha256_file, local), _host_sha256(session, f))
+    except _Changed:
+        return False
+    return ours == theirs
+
+
+async def _fetch(
+    session: HostSession, f: Remote, part: str, on_progress: Progress | None
+) -> tuple[int, bool]:
+    """Download ``part`` while the host hashes its file (one read of it on each side, at the same time);
+    (the offset it resumed at, whether the part holds the host's file). The hashes alone could both miss a
+    write that landed during the transfer: the file must also still have the size and mtime it was listed
+    with, else it changed and is fetched again."""
+    theirs = asyncio.ensure_future(_host_sha256(session, f))
+    theirs.add_done_callback(lambda t: t.cancelled() or t.exception())  # an error unawaited is never logged
+    try:
+        resumed, ours = await _download(session, f, part, on_progress)
+        same = ours == await theirs and await _unchanged(session, f)
+    except _Changed:
+        return -1, False
+    finally:
+        theirs.cancel()
+    return resumed, same
+
+
+async def _unchanged(session: HostSession, f: Remote) -> bool:
+    """Whether the host's file still has the size and mtime it was listed with."""
+    try:
+        res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=0, max_bytes=0)
+    except AgentError as exc:
+        raise PullError(f"{f.path} on {session.name}: {exc}") from None
+    size, mtime = _size_of(session, P.OP_FILES_READ, res), res.get("mtime")
+    if not isinstance(mtime, int | float) or isinstance(mtime, bool):
+        raise wire_error(session, P.OP_FILES_READ, f"{f.path}'s mtime is {mtime!r:.40}")
+    return size == f.size and float(mtime) == f.mtime
 
 
 async def pull_file(
@@ -428,11 +487,8 @@ async def pull_file(
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
     seen = _local_version(target)  # what the checks above judged: replaced only if still that
     for attempt in range(3):
-        try:
-            resumed = await _download(session, f, part, on_progress)
-        except _Changed:
-            resumed = -1
-        if resumed >= 0 and await _same(session, f, part):
+        resumed, same = await _fetch(session, f, part, on_progress)
+        if same:
             os.chmod(part, f.mode & 0o777)
             os.utime(part, (f.mtime, f.mtime))
             if _local_version(target) != seen:

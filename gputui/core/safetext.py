@@ -55,7 +55,7 @@ def strip(text: str) -> str:
 
 class TerminalGuard:
     """A text stream to a terminal that shows the control characters of what is written as visible escapes
-    (line ends pass). Bytes written to its ``buffer`` pass untouched: ``gputui logs`` streams a log as is."""
+    (line ends pass). Bytes written to its ``buffer`` pass untouched (``gputui logs`` escapes a log for a terminal itself)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream

@@ -509,17 +509,20 @@ class HostSession:
 
     async def copy_log(self, job: str, offset: int, on_data: Callable[[bytes], None]) -> int:
         """Every byte of the job's log from ``offset`` to its end, handed to ``on_data`` in order; returns the
-        offset reached. Far from the end the bytes come as a raw stream (as a follow's catch-up does)."""
+        offset reached. Each read also says the log's size: far from the end the rest comes as a raw stream
+        (as a follow's catch-up does), so a short log costs one request and a long one no extra round trip."""
         copy = LogFollow(job, offset, on_data, lambda _msg: None, lambda _info: None)
-        target = await self._far_behind(await self._linked(30.0), copy)
-        if target is not None:
-            await self._catch_up(copy, *target)
+        streams = type(self.transport).open_agent_stream is not Transport.open_agent_stream
         while True:
-            _, data, size = await self.read_log(job, copy.cursor)
+            res = await self.request(P.OP_LOGS_READ, job=job, offset=copy.cursor)
+            data, size, path = P.unb64(res["b64"]), int(res["size"]), res.get("path")
             if data:
                 copy.cursor += len(data)
                 on_data(data)
-            if not data or copy.cursor >= size:
+            far = path and size - copy.cursor >= CATCHUP_MIN_BYTES and copy.stream_failures < CATCHUP_TRIES
+            if streams and far:
+                await self._catch_up(copy, str(path), size)
+            elif not data or copy.cursor >= size:
                 return copy.cursor
 
     async def log_times(self, job: str, start: int, end: int) -> list[tuple[int, float]]:
