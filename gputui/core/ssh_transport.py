@@ -46,6 +46,8 @@ DEFAULT_SSH_CONFIG = "~/.ssh/config"  # honoured when present, like OpenSSH
 #: asyncssh's defaults after it; a ``Ciphers`` line in ssh_config wins.
 PREFERRED_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
+#: The host's python for the probe and install steps: stdlib only, so ``-S`` (no site-packages, no ``.pth``).
+PY_FLAGS = " ".join(AGENT_PYTHON_FLAGS)
 _SHA256_PY = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
 
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
@@ -378,20 +380,22 @@ class SSHTransport(Transport):
         nonce = secrets.token_hex(8)
         begin, end = f"gputui-probe-{nonce}-begin", f"gputui-probe-{nonce}-end"
         prepare = (
-            f'"$py" -c {shlex.quote(installer_source())} prepare "$dir" '
-            f"{shlex.quote(name)} {shlex.quote(unpacked_name(name))} {STALE_UPLOAD_MIN}\n"
+            f'"$py" {PY_FLAGS} -c {shlex.quote(installer_source())} prepare "$dir" '
+            f'{shlex.quote(name)} {shlex.quote(unpacked_name(name))} {STALE_UPLOAD_MIN} || {{ '
+            f'"$py" {PY_FLAGS} -c "import sys; sys.exit(sys.version_info < (3, 8))" >/dev/null 2>&1 '
+            '|| echo "old-python $("$py" -V 2>&1 | head -n 1)"; }\n'
         )
         probe = (
             f"printf '\\n%s\\n' {begin}; trap 'echo {end}' EXIT\n"
             f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
             'command -v "$py" >/dev/null 2>&1 || { echo missing-python; exit 0; }\n'
             'py=$(command -v "$py")\n'
-            '"$py" -c "import sys; sys.exit(sys.version_info < (3, 8))" >/dev/null 2>&1 '
-            '|| { echo "old-python $("$py" -V 2>&1 | head -n 1)"; exit 0; }\n'
             "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
             'echo "python $py"\n'
-            # Ownership and modes of the state dir and all above it, before anything is written or run there;
-            # then temp files of uploads or unpacks that died go (a fresh one may be another client's).
+            # One python start: the installer checks the version first (an older one fails or exits 3 before
+            # doing anything; only then a second start says which version it is), then the ownership and modes
+            # of the state dir and all above it, before anything is written or run there; then temp files of
+            # uploads or unpacks that died go (a fresh one may be another client's).
             f"{prepare}"
             "exit 0\n"
         )  # fmt: skip
@@ -475,13 +479,13 @@ class SSHTransport(Transport):
                 f'tmp="$dir"/.{shlex.quote(name)}.$$\n'
                 "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
                 'cat > "$tmp" || exit 1\n'
-                f'sum=$({py} -c {shlex.quote(_SHA256_PY)} "$tmp") || exit 1\n'
+                f'sum=$({py} {PY_FLAGS} -c {shlex.quote(_SHA256_PY)} "$tmp") || exit 1\n'
                 f'[ "$sum" = {hashlib.sha256(data).hexdigest()} ] '
                 '|| { echo "sha256 mismatch after upload: $sum" >&2; exit 1; }\n'
                 f'mv -f "$tmp" {shlex.quote(agent.pyz)} || exit 1\n'
             )
         script += (
-            f"{py} -c {shlex.quote(installer_source())} unpack "
+            f"{py} {PY_FLAGS} -c {shlex.quote(installer_source())} unpack "
             f"{shlex.quote(agent.pyz)} {shlex.quote(agent.build)} {tree_hash()}\n"
         )
         res = await self._run(conn, script, data)
