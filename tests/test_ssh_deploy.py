@@ -136,3 +136,27 @@ def test_the_installer_does_nothing_on_a_python_older_than_the_agents(
     state = tmp_path / "state"
     assert agent_install.main(["prepare", str(state), "a.pyz", "a", "10"]) == 3
     assert not state.exists()
+
+
+async def test_a_host_with_the_agent_is_started_without_making_the_zipapp(
+    ssh_home: SshHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe names the build after this machine's checked unpacked copy: the zipapp (tens of ms of
+    compression) is made only when the host needs it uploaded or unpacked."""
+    from gputui.core import ssh_transport
+    from gputui.core.config import HostConfig
+
+    ssh_home.cli("status", "--json", check=True)  # the host gets the agent
+    assert ssh_transport.build_name() == agent_build()[0]  # this machine's unpacked copy (made once)
+
+    def made(*_: object) -> None:
+        raise AssertionError("the zipapp was made for a host that has the build")
+
+    monkeypatch.setattr(ssh_transport, "agent_build", made)
+    transport = ssh_transport.SSHTransport(HostConfig(name="box", **ssh_home.host_settings()))
+    try:
+        channel = await transport.open_agent()
+        assert (await channel.reader.readline()).strip() == b""  # the newline before the agent's hello
+        await channel.close()
+    finally:
+        await transport.close()

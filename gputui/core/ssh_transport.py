@@ -24,8 +24,9 @@ from asyncssh.encryption import get_default_encryption_algs
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 from . import known_hosts as kh
+from . import paths
 from .agentproc import AGENT_PYTHON_FLAGS
-from .bundle import agent_build, installer_source, tree_hash, unpacked_name
+from .bundle import agent_build, ensure_local_build, installer_source, tree_hash, unpacked_name
 from .config import HostConfig
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
@@ -114,6 +115,21 @@ class Target:
     @property
     def pattern(self) -> str:
         return kh.host_pattern(self.key_name, self.port)
+
+
+def build_name() -> str:
+    """This client's agent build's file name (``gputui-agent-HASH.pyz``) without making the zipapp (tens of
+    ms of compression at every start) when this machine has the build unpacked: its folder is named after
+    it and checked to hold exactly its files (``bundle.ensure_local_build``, which makes it when missing)."""
+    try:
+        return ensure_local_build(paths.cache_dir()).name + ".pyz"
+    except OSError:  # no writable cache here: the zipapp names itself
+        return agent_build()[0]
+
+
+def name_digest(name: str) -> str:
+    """The start of the zipapp's sha256 that its ``name`` carries (``gputui-agent-<16 hex>.pyz``)."""
+    return name[len("gputui-agent-") : -len(".pyz")]
 
 
 @dataclass(frozen=True)
@@ -419,9 +435,30 @@ class SSHTransport(Transport):
         return facts
 
     async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
-        """Find python3 and tmux on the host; upload this agent build unless the host has it intact."""
-        name, data = agent_build()
-        facts = await self._probe(conn, name)
+        """Find python3 and tmux on the host; upload this agent build unless the host has it intact (the
+        zipapp is made only when the host lacks it or holds it damaged)."""
+        name = build_name()
+        agent, facts = self._agent_of(await self._probe(conn, name), name)
+        present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
+        if tree == tree_hash() and present is not None and present.startswith(name_digest(name)):
+            return agent
+        real, data = agent_build()
+        if real != name:  # the local folder build_name read was misnamed: ask about the real build
+            name = real
+            agent, facts = self._agent_of(await self._probe(conn, name), name)
+            present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
+        upload = present != hashlib.sha256(data).hexdigest()
+        if upload and present is not None:
+            log.warning("%s: the agent build on the host is damaged (%s); uploading it again", self.cfg.name, present)
+        if tree != tree_hash() and tree is not None:
+            log.warning("%s: the unpacked agent build on the host is damaged; unpacking it again", self.cfg.name)
+        if upload or tree != tree_hash():
+            await self._install(conn, agent, name, data if upload else None)
+        return agent
+
+    def _agent_of(self, facts: dict[str, str], name: str) -> tuple[RemoteAgent, dict[str, str]]:
+        """Where the build ``name`` lives on the host, from the probe's ``facts``; HostError (with the fix)
+        for a host that cannot run it."""
         python = self.cfg.python or "python3"
         host = self.cfg.name
         if "missing-python" in facts:
@@ -453,16 +490,7 @@ class SSHTransport(Transport):
             detail = facts.get("bad-dir") or facts["stderr"] or "no output"
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", _kind_of(detail))
         base = f"{facts['dir']}/agent/"
-        agent = RemoteAgent(facts["python"], facts["dir"], base + name, base + unpacked_name(name))
-        present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
-        upload = present != hashlib.sha256(data).hexdigest()
-        if upload and present is not None:
-            log.warning("%s: the agent build on the host is damaged (%s); uploading it again", host, present)
-        if tree != tree_hash() and tree is not None:
-            log.warning("%s: the unpacked agent build on the host is damaged; unpacking it again", host)
-        if upload or tree != tree_hash():
-            await self._install(conn, agent, name, data if upload else None)
-        return agent
+        return RemoteAgent(facts["python"], facts["dir"], base + name, base + unpacked_name(name)), facts
 
     async def _install(
         self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes | None
