@@ -8,7 +8,7 @@ stand-in of nvidia-smi the tests use (tests/fixtures/gpu/fake_nvidia_smi.py, an 
 and the peer read the same GPU. gputui runs as the installed script's entry point from this tree; its agent is
 on the host already (a first run deploys it), as on every start but the first. Then where gputui's time goes,
 each phase timed in a fresh process (medians): the imports (asyncssh), the SSH connection (kex, auth, host
-key check), the probe exec, the agent's exec up to its hello and job list, the status op (sample + jobs),
+key check), the probe (naming the build, its exec), the agent's exec up to its hello and job list, the status op (sample + jobs),
 the close; beside OpenSSH's `ssh HOST true` and a bare `python3 -S -c pass` on the host. No asserts.
 """
 
@@ -31,13 +31,12 @@ from sshbox import GPUTUI, ROOT, ssh_box  # noqa: E402
 from remote_agent.metrics.smi import CSV_FORMAT, GPU_FIELDS  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "fixtures" / "gpu" / "h100-80gb-hbm3_590.48.01_capture.txt"
-PHASES = ("imports", "connect", "agent build", "probe", "agent start", "status op", "close")
+PHASES = ("imports", "connect", "probe", "agent start", "status op", "close")
 
 
 async def _phases() -> dict[str, float]:
     """Seconds of each phase of `gputui status` for the host ``box``, in this (fresh) process."""
     t = [time.perf_counter()]
-    from gputui.core import bundle
     from gputui.core import config as cfg
     from gputui.core.fleet import Fleet
     from gputui.core.ssh_transport import SSHTransport
@@ -49,8 +48,6 @@ async def _phases() -> dict[str, float]:
     assert isinstance(transport, SSHTransport)
     conn = await transport._connection()
     t.append(time.perf_counter())
-    bundle.agent_build(), bundle.tree_hash()  # cached: the probe's own calls then cost nothing
-    t.append(time.perf_counter())
     transport._agent = await transport._deploy(conn)
     t.append(time.perf_counter())
     await session.start()
@@ -60,7 +57,7 @@ async def _phases() -> dict[str, float]:
     t.append(time.perf_counter())
     await fleet.close()
     t.append(time.perf_counter())
-    return {name: b - a for name, a, b in zip(PHASES, t, t[1:], strict=True)}
+    return {name: b - a for name, a, b in zip(PHASES, t[:-1], t[1:], strict=True)}
 
 
 def main() -> None:
