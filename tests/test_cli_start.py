@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import Home
+from conftest import ROOT, Home
 
 HEAVY = {"textual", "rich", "asyncssh", "cryptography"}
 
@@ -65,3 +66,23 @@ def test_command_word(argv: list[str], word: str | None) -> None:
     from gputui.cli.main import command_word
 
     assert command_word(argv) == word
+
+
+def test_asyncssh_is_imported_without_running_a_compiler_or_linker(tmp_path: Path) -> None:
+    """asyncssh looks for optional C libraries at import (ctypes.util.find_library), which runs gcc and ld for
+    each one the loader's cache lacks (liboqs, usually): through gputui it reads only that cache, and
+    find_library is itself again afterwards."""
+    import os
+
+    bin_dir, ran = tmp_path / "bin", tmp_path / "ran"
+    bin_dir.mkdir()
+    for tool in ("gcc", "cc", "ld"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho {tool} >> "{ran}"\nexit 1\n')
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    env.pop("LD_LIBRARY_PATH", None)
+    check = "import ctypes.util, gputui.core.ssh_transport, asyncssh; print(ctypes.util.find_library.__qualname__)"
+    res = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "find_library"
+    assert not ran.exists(), ran.read_text()

@@ -18,6 +18,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import sshlib  # noqa: F401 - first: asyncssh imports without its slow library search
+
+# isort: split
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
 
