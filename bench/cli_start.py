@@ -4,7 +4,7 @@ through the installed `gputui` script of the README's editable install (`python3
 
 Run: python bench/cli_start.py [--runs 15] [--venvs DIR]. The two venvs are made in DIR (default: a temp dir,
 removed after; a DIR given is kept and reused, as the venvs take a while to install): `editable` with
-`pip install -e` of this checkout, `wheel` with `pip wheel --no-deps` of it installed into a fresh venv (pip
+`pip install -e` of this checkout, `wheel` with `pip wheel --no-deps` of a copy of it installed into a fresh venv (pip
 brings the dependencies from the package index or its cache). Each command runs once first (bytecode written,
 agent unpacked) from a throwaway HOME with one local host. Prints medians and the ratio to `python3 -c pass` of
 a fresh venv (no .pth of ours: the wheel venv's python); the floor of any asyncio command
@@ -44,9 +44,15 @@ def make_venvs(where: Path) -> tuple[Path, Path]:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(editable)], check=True)
         pip(editable, "install", "-e", str(ROOT))
     if not (wheel / "bin" / "gputui").exists():
-        dist = where / "dist"
+        dist, src = where / "dist", where / "src"  # built from a copy: no build/ left in the checkout
         shutil.rmtree(dist, ignore_errors=True)
-        pip(editable, "wheel", "--no-deps", "-w", str(dist), str(ROOT))
+        shutil.rmtree(src, ignore_errors=True)
+        for name in ("pyproject.toml", "README.md", "gputui", "remote_agent", "themes"):
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(ROOT / name, src / name)
+        pip(editable, "wheel", "--no-deps", "-w", str(dist), str(src))
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(wheel)], check=True)
         pip(wheel, "install", *map(str, dist.glob("gputui-*.whl")))
     return editable, wheel
