@@ -47,6 +47,7 @@ def make_venvs(where: Path) -> tuple[Path, Path]:
         dist, src = where / "dist", where / "src"  # built from a copy: no build/ left in the checkout
         shutil.rmtree(dist, ignore_errors=True)
         shutil.rmtree(src, ignore_errors=True)
+        src.mkdir()
         for name in ("pyproject.toml", "README.md", "gputui", "remote_agent", "themes"):
             if (ROOT / name).is_dir():
                 shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
