@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -120,10 +121,12 @@ class Target:
         return kh.host_pattern(self.key_name, self.port)
 
 
+@functools.lru_cache(maxsize=1)
 def build_name() -> str:
     """This client's agent build's file name (``gputui-agent-HASH.pyz``) without making the zipapp (tens of
     ms of compression at every start) when this machine has the build unpacked: its folder is named after
-    it and checked to hold exactly its files (``bundle.ensure_local_build``, which makes it when missing)."""
+    it and checked to hold exactly its files (``bundle.ensure_local_build``, which makes it when missing).
+    Once per process (a fleet deploys to many hosts); the host checks what it runs against ``tree_hash``."""
     try:
         return ensure_local_build(paths.cache_dir()).name + ".pyz"
     except OSError:  # no writable cache here: the zipapp names itself
