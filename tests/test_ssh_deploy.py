@@ -96,3 +96,67 @@ def test_agent_runs_unpacked_with_cached_bytecode_and_damage_is_repaired(ssh_hom
     job = run_job(ssh_home, "echo", "repaired")
     assert server.read_bytes() == source and not (build / "stray.py").exists()
     assert ssh_home.cli("logs", "-f", "box", job, check=True).stdout.strip() == "repaired"
+
+
+def test_status_on_a_host_with_the_agent_starts_its_python_twice_without_site(
+    ssh_home: SshHome, tmp_path: Path
+) -> None:
+    """One python start checks the version and the state dir (the probe), one runs the agent; both with -S
+    (stdlib only: no site-packages, no .pth files to import on every start)."""
+    starts = tmp_path / "python-starts"
+    python = tmp_path / "python-logged"
+    python.write_text(f'#!/bin/sh\nprintf "%s\\n" "$1" >> "{starts}"\nexec python3 "$@"\n')
+    python.chmod(0o755)
+    ssh_home.configure(python=str(python))
+    ssh_home.cli("status", "--json", check=True)  # deploys the agent
+    starts.write_text("")
+    ssh_home.cli("status", "--json", check=True)
+    assert starts.read_text().splitlines() == ["-S", "-S"]
+
+
+def test_an_old_python_is_named_and_nothing_is_written(ssh_home: SshHome, tmp_path: Path) -> None:
+    python = tmp_path / "python3.6"  # as a 3.6 does with the installer: it fails to compile it
+    python.write_text('#!/bin/sh\n[ "$1" = -V ] && { echo "Python 3.6.15"; exit 0; }\necho SyntaxError >&2; exit 1\n')
+    python.chmod(0o755)
+    ssh_home.configure(python=str(python))
+    res = ssh_home.cli("run", "box", "--", "true")
+    assert res.returncode == HOST_ERROR and "is Python 3.6.15; the agent needs Python >= 3.8" in res.stderr, res.stderr
+    assert not ssh_home.remote_dir.exists()
+
+
+def test_the_installer_does_nothing_on_a_python_older_than_the_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 3.7 compiles the installer: it must still refuse before making or checking any dir."""
+    import sys
+
+    from gputui.core import agent_install
+
+    monkeypatch.setattr(sys, "version_info", (3, 7, 17, "final", 0))
+    state = tmp_path / "state"
+    assert agent_install.main(["prepare", str(state), "a.pyz", "a", "10"]) == 3
+    assert not state.exists()
+
+
+async def test_a_host_with_the_agent_is_started_without_making_the_zipapp(
+    ssh_home: SshHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe names the build after this machine's checked unpacked copy: the zipapp (tens of ms of
+    compression) is made only when the host needs it uploaded or unpacked."""
+    from gputui.core import ssh_transport
+    from gputui.core.config import HostConfig
+
+    ssh_home.cli("status", "--json", check=True)  # the host gets the agent
+    assert ssh_transport.build_name() == agent_build()[0]  # this machine's unpacked copy (made once)
+
+    def made(*_: object) -> None:
+        raise AssertionError("the zipapp was made for a host that has the build")
+
+    monkeypatch.setattr(ssh_transport, "agent_build", made)
+    transport = ssh_transport.SSHTransport(HostConfig(name="box", **ssh_home.host_settings()))
+    try:
+        channel = await transport.open_agent()
+        assert (await channel.reader.readline()).strip() == b""  # the newline before the agent's hello
+        await channel.close()
+    finally:
+        await transport.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import os
 import re
 import select
@@ -14,7 +15,6 @@ from typing import Any
 from .. import __version__, appstart
 from ..core import safetext
 from ..core.errors import ExitStatus, GputuiError
-from . import compare, files, fleet, hosts, jobs, release
 
 CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/config.toml)"
 #: Help of the arguments several commands share (a command's own help, where given, wins).
@@ -26,7 +26,35 @@ SHARED_HELP = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: The module of each command (in --help's order): a command line that names one imports only its module
+#: (``gputui status`` loads neither the sync nor the release code); tests/test_cli_start.py checks the list.
+FAMILIES = {
+    "jobs": ("run", "jobs", "history", "logs", "kill", "queue"),
+    "fleet": ("status", "trust", "cost", "doctor"),
+    "release": ("release", "autostop", "notify"),
+    "files": ("sync", "forward", "pull"),
+    "hosts": ("add", "remove", "hosts"),
+    "compare": ("compare",),
+}
+_FAMILY_OF = {cmd: family for family, cmds in FAMILIES.items() for cmd in cmds}
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The command ``argv`` names (its first word that is neither an option nor ``--config``'s value)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        if word == "--config":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command, or only the family of ``command`` when it is one."""
+    family = _FAMILY_OF.get(command or "")
     p = argparse.ArgumentParser(
         prog="gputui",
         description=f"Watch, run and release jobs on GPU hosts. (gputui {__version__})",
@@ -37,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--completion", choices=sorted(COMPLETION_SCRIPTS), metavar="SHELL",
                    help='print the shell completion script (bash, zsh): eval "$(gputui --completion bash)"')  # fmt: skip
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
-    for family in (jobs, fleet, release, files, hosts, compare):
-        family.register(sub)
+    for name in [family] if family else FAMILIES:
+        importlib.import_module(f"{__package__}.{name}").register(sub)
     for name, parser in sub.choices.items():
         _document(parser, next(a.help for a in sub._choices_actions if a.dest == name))
     return p
@@ -94,10 +122,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
-    parser = build_parser()
+    parser = build_parser(command_word(argv))
     args, extra = parser.parse_known_args(argv)
     if args.cmd == "run":
-        jobs.check_run_command(argv, args.command, extra, command)
+        from .jobs import check_run_command
+
+        check_run_command(argv, args.command, extra, command)
     if extra:
         parser.parse_args(argv)  # argparse's own error for them
     if command is not None:

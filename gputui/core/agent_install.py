@@ -210,6 +210,8 @@ def prepare(state_dir: str, pyz: str, build: str, stale_min: float) -> List[str]
 
 
 def main(argv: List[str]) -> int:
+    if sys.version_info < (3, 8):  # the agent's floor: nothing is done with an older one (the probe says why)
+        return 3
     os.umask(0o077)
     if len(argv) == 5 and argv[0] == "prepare":
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -18,14 +19,18 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import sshlib  # noqa: F401 - first: asyncssh imports without its slow library search
+
+# isort: split
 import asyncssh
 from asyncssh.encryption import get_default_encryption_algs
 
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 from . import known_hosts as kh
+from . import paths
 from .agentproc import AGENT_PYTHON_FLAGS
-from .bundle import agent_build, installer_source, tree_hash, unpacked_name
+from .bundle import agent_build, ensure_local_build, installer_source, tree_hash, unpacked_name
 from .config import HostConfig
 from .transport import AgentChannel, HostError, HostUnavailable, Transport
 
@@ -46,6 +51,8 @@ DEFAULT_SSH_CONFIG = "~/.ssh/config"  # honoured when present, like OpenSSH
 #: asyncssh's defaults after it; a ``Ciphers`` line in ssh_config wins.
 PREFERRED_CIPHERS = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
+#: The host's python for the probe and install steps: stdlib only, so ``-S`` (no site-packages, no ``.pth``).
+PY_FLAGS = " ".join(AGENT_PYTHON_FLAGS)
 _SHA256_PY = "import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest())"
 
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
@@ -112,6 +119,23 @@ class Target:
     @property
     def pattern(self) -> str:
         return kh.host_pattern(self.key_name, self.port)
+
+
+@functools.lru_cache(maxsize=1)
+def build_name() -> str:
+    """This client's agent build's file name (``gputui-agent-HASH.pyz``) without making the zipapp (tens of
+    ms of compression at every start) when this machine has the build unpacked: its folder is named after
+    it and checked to hold exactly its files (``bundle.ensure_local_build``, which makes it when missing).
+    Once per process (a fleet deploys to many hosts); the host checks what it runs against ``tree_hash``."""
+    try:
+        return ensure_local_build(paths.cache_dir()).name + ".pyz"
+    except OSError:  # no writable cache here: the zipapp names itself
+        return agent_build()[0]
+
+
+def name_digest(name: str) -> str:
+    """The start of the zipapp's sha256 that its ``name`` carries (``gputui-agent-<16 hex>.pyz``)."""
+    return name[len("gputui-agent-") : -len(".pyz")]
 
 
 @dataclass(frozen=True)
@@ -378,20 +402,22 @@ class SSHTransport(Transport):
         nonce = secrets.token_hex(8)
         begin, end = f"gputui-probe-{nonce}-begin", f"gputui-probe-{nonce}-end"
         prepare = (
-            f'"$py" -c {shlex.quote(installer_source())} prepare "$dir" '
-            f"{shlex.quote(name)} {shlex.quote(unpacked_name(name))} {STALE_UPLOAD_MIN}\n"
+            f'"$py" {PY_FLAGS} -c {shlex.quote(installer_source())} prepare "$dir" '
+            f'{shlex.quote(name)} {shlex.quote(unpacked_name(name))} {STALE_UPLOAD_MIN} || {{ '
+            f'"$py" {PY_FLAGS} -c "import sys; sys.exit(sys.version_info < (3, 8))" >/dev/null 2>&1 '
+            '|| echo "old-python $("$py" -V 2>&1 | head -n 1)"; }\n'
         )
         probe = (
             f"printf '\\n%s\\n' {begin}; trap 'echo {end}' EXIT\n"
             f"umask 077; py={shlex.quote(python)}; dir={shell_path(self.cfg.remote_dir)}\n"
             'command -v "$py" >/dev/null 2>&1 || { echo missing-python; exit 0; }\n'
             'py=$(command -v "$py")\n'
-            '"$py" -c "import sys; sys.exit(sys.version_info < (3, 8))" >/dev/null 2>&1 '
-            '|| { echo "old-python $("$py" -V 2>&1 | head -n 1)"; exit 0; }\n'
             "command -v tmux >/dev/null 2>&1 || { echo missing-tmux; exit 0; }\n"
             'echo "python $py"\n'
-            # Ownership and modes of the state dir and all above it, before anything is written or run there;
-            # then temp files of uploads or unpacks that died go (a fresh one may be another client's).
+            # One python start: the installer checks the version first (an older one fails or exits 3 before
+            # doing anything; only then a second start says which version it is), then the ownership and modes
+            # of the state dir and all above it, before anything is written or run there; then temp files of
+            # uploads or unpacks that died go (a fresh one may be another client's).
             f"{prepare}"
             "exit 0\n"
         )  # fmt: skip
@@ -415,9 +441,30 @@ class SSHTransport(Transport):
         return facts
 
     async def _deploy(self, conn: asyncssh.SSHClientConnection) -> RemoteAgent:
-        """Find python3 and tmux on the host; upload this agent build unless the host has it intact."""
-        name, data = agent_build()
-        facts = await self._probe(conn, name)
+        """Find python3 and tmux on the host; upload this agent build unless the host has it intact (the
+        zipapp is made only when the host lacks it or holds it damaged)."""
+        name = build_name()
+        agent, facts = self._agent_of(await self._probe(conn, name), name)
+        present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
+        if tree == tree_hash() and present is not None and present.startswith(name_digest(name)):
+            return agent
+        real, data = agent_build()
+        if real != name:  # the local folder build_name read was misnamed: ask about the real build
+            name = real
+            agent, facts = self._agent_of(await self._probe(conn, name), name)
+            present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
+        upload = present != hashlib.sha256(data).hexdigest()
+        if upload and present is not None:
+            log.warning("%s: the agent build on the host is damaged (%s); uploading it again", self.cfg.name, present)
+        if tree != tree_hash() and tree is not None:
+            log.warning("%s: the unpacked agent build on the host is damaged; unpacking it again", self.cfg.name)
+        if upload or tree != tree_hash():
+            await self._install(conn, agent, name, data if upload else None)
+        return agent
+
+    def _agent_of(self, facts: dict[str, str], name: str) -> tuple[RemoteAgent, dict[str, str]]:
+        """Where the build ``name`` lives on the host, from the probe's ``facts``; HostError (with the fix)
+        for a host that cannot run it."""
         python = self.cfg.python or "python3"
         host = self.cfg.name
         if "missing-python" in facts:
@@ -449,16 +496,7 @@ class SSHTransport(Transport):
             detail = facts.get("bad-dir") or facts["stderr"] or "no output"
             raise HostError(f"cannot use remote_dir {self.cfg.remote_dir} on {host}: {detail}", _kind_of(detail))
         base = f"{facts['dir']}/agent/"
-        agent = RemoteAgent(facts["python"], facts["dir"], base + name, base + unpacked_name(name))
-        present, tree = facts.get("agent-sha256"), facts.get("agent-tree")
-        upload = present != hashlib.sha256(data).hexdigest()
-        if upload and present is not None:
-            log.warning("%s: the agent build on the host is damaged (%s); uploading it again", host, present)
-        if tree != tree_hash() and tree is not None:
-            log.warning("%s: the unpacked agent build on the host is damaged; unpacking it again", host)
-        if upload or tree != tree_hash():
-            await self._install(conn, agent, name, data if upload else None)
-        return agent
+        return RemoteAgent(facts["python"], facts["dir"], base + name, base + unpacked_name(name)), facts
 
     async def _install(
         self, conn: asyncssh.SSHClientConnection, agent: RemoteAgent, name: str, data: bytes | None
@@ -475,13 +513,13 @@ class SSHTransport(Transport):
                 f'tmp="$dir"/.{shlex.quote(name)}.$$\n'
                 "trap 'rm -f \"$tmp\"' EXIT; trap 'exit 1' HUP INT TERM PIPE\n"
                 'cat > "$tmp" || exit 1\n'
-                f'sum=$({py} -c {shlex.quote(_SHA256_PY)} "$tmp") || exit 1\n'
+                f'sum=$({py} {PY_FLAGS} -c {shlex.quote(_SHA256_PY)} "$tmp") || exit 1\n'
                 f'[ "$sum" = {hashlib.sha256(data).hexdigest()} ] '
                 '|| { echo "sha256 mismatch after upload: $sum" >&2; exit 1; }\n'
                 f'mv -f "$tmp" {shlex.quote(agent.pyz)} || exit 1\n'
             )
         script += (
-            f"{py} -c {shlex.quote(installer_source())} unpack "
+            f"{py} {PY_FLAGS} -c {shlex.quote(installer_source())} unpack "
             f"{shlex.quote(agent.pyz)} {shlex.quote(agent.build)} {tree_hash()}\n"
         )
         res = await self._run(conn, script, data)

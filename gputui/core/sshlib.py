@@ -1,0 +1,36 @@
+"""asyncssh, imported without its slow search for optional C libraries.
+
+At import asyncssh looks for liboqs (post-quantum key exchange) and nettle (UMAC) with
+``ctypes.util.find_library``, which on Linux reads ``ldconfig -p`` and, for a name not there, runs ``gcc`` and
+then ``ld`` too: ~45 ms per missing name here, and liboqs is looked for under two names, at every start of a
+command that uses SSH. While asyncssh imports, the search reads only the dynamic loader's cache
+(``ldconfig -p``): what ``dlopen`` finds by name. With ``LD_LIBRARY_PATH`` set, or off Linux, it is left as is.
+Import this module before anything imports asyncssh (``ssh_transport`` does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes.util
+import os
+import sys
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def loader_cache_only() -> Iterator[None]:
+    """``ctypes.util.find_library`` reads only the loader's cache within this block (see the module)."""
+    cached = getattr(ctypes.util, "_findSoname_ldconfig", None)
+    if not sys.platform.startswith("linux") or cached is None or os.environ.get("LD_LIBRARY_PATH"):
+        yield
+        return
+    original = ctypes.util.find_library
+    ctypes.util.find_library = cached
+    try:
+        yield
+    finally:
+        ctypes.util.find_library = original
+
+
+with loader_cache_only():
+    import asyncssh  # noqa: E402, F401
