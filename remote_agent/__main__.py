@@ -42,6 +42,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     step = sub.add_parser("slurm-step", help="a many-node Slurm job: start its srun step (--task: its torchrun)")
     step.add_argument("--task", action="store_true")
     step.add_argument("job_dir")
+    boot = sub.add_parser("boot", help="after a reboot (resume_on_boot's crontab line): resume this state dir's work")
+    boot.add_argument("state_dir")
     receive = sub.add_parser("receive", help="write files from a raw upload stream into TARGET (gputui sync)")
     receive.add_argument("--state-dir", default=os.environ.get("GPUTUI_STATE_DIR", DEFAULT_STATE_DIR))
     receive.add_argument("target")
@@ -64,6 +66,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         from .files import cat_file
 
         sys.exit(cat_file(args.path, args.offset, args.limit))
+    if args.cmd == "boot":
+        from .host.autostart import boot as run_boot
+
+        sys.exit(run_boot(os.path.abspath(os.path.expanduser(args.state_dir)), launcher()))
     if args.cmd == "watchdog":
         from .watchdog.daemon import run as run_watchdog
 

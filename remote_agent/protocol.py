@@ -535,6 +535,7 @@ class WatchdogConfigureResult(TypedDict):
     armed: bool
     started: bool
     config: Optional[Dict[str, Any]]
+    autostart: Dict[str, Any]  # resume_on_boot's crontab line: {"ok", "changed", "detail"}
 
 
 class NotifyTestArgs(TypedDict):

@@ -11,6 +11,7 @@ need=()
 command -v tmux >/dev/null || need+=(tmux)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v ssh >/dev/null || need+=(openssh-client)
+command -v crontab >/dev/null || need+=(cron)  # tests/test_resume_on_boot.py: the real crontab
 [ -x "$venv/bin/python" ] || python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ "$(id -u)" = 0 ]; then  # a real single-node Slurm for tests/test_slurm.py (skipped without root)
   [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)

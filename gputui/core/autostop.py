@@ -82,6 +82,7 @@ def watchdog_config(host: HostConfig, boot_time: float | None, urls: dict[str, s
         "notify": notify_settings(host),
         "stall_minutes": host.stall_minutes,
         "stalled_counts_as_idle": host.stalled_counts_as_idle,
+        "resume_on_boot": host.resume_on_boot,
         "interval": max(0.5, min(15.0, min(host.autostop_minutes or 60.0, host.stall_minutes or 60.0) * 6.0)),
     }
 
@@ -89,7 +90,8 @@ def watchdog_config(host: HostConfig, boot_time: float | None, urls: dict[str, s
 async def arm(session: HostSession, host: HostConfig, urls: dict[str, str] | None = None) -> None:
     """Tell the host's watchdog the rules now in the config; with none, this disarms it (run on every connect).
     Arming makes the watchdog check the release (its verdict shows in ``status``; a failing one notifies)."""
-    await session.configure_autostop(watchdog_config(host, session.snapshot.facts.get("boot_time"), urls))
+    result = await session.configure_autostop(watchdog_config(host, session.snapshot.facts.get("boot_time"), urls))
+    session.autostart = result.get("autostart") if isinstance(result, dict) else None
 
 
 async def snooze(session: HostSession, minutes: float) -> None:

@@ -95,7 +95,8 @@ async def run_doctor(
     report = DoctorReport.from_result(session.name, await session.doctor(timeout_s, python))
     if host is None:
         return report
-    checks = (await release_item(session, host, urls or {}), *report.checks)
+    boot = boot_item(session, host)
+    checks = (await release_item(session, host, urls or {}), *([boot] if boot else []), *report.checks)
     counts: dict[str, int] = {s: sum(c.status == s for c in checks) for s in STATUSES}
     return DoctorReport(report.host, checks, report.error, report.python, report.state_dir, counts)
 
@@ -124,6 +125,20 @@ async def release_item(session: HostSession, host: HostConfig, urls: dict[str, s
     fix = ("fix the provider key or instance, or set release_remote / release" if verdict.via in ("runpod", "vastai", "lambda")
            else "install the command, or fix release / release_remote in the host's table")  # fmt: skip
     return Check("release", title, FAIL, detail + "; the host would NOT be released", fix)
+
+
+def boot_item(session: HostSession, host: HostConfig) -> Check | None:
+    """``resume_on_boot``, where set: is its ``@reboot`` line in the host's crontab (as this connect's arming
+    found it)?"""
+    if not host.resume_on_boot:
+        return None
+    said = session.autostart or {}
+    if said.get("ok"):
+        return Check("resume_on_boot", "resume on boot", OK, "an @reboot line in the host's crontab brings its work "
+                     "back after a reboot")  # fmt: skip
+    why = str(said.get("detail") or "the host's agent did not say (a build from before resume_on_boot)")
+    return Check("resume_on_boot", "resume on boot", FAIL, why + ": a reboot would leave the host's work stopped",
+                 "install cron on the host, or set resume_on_boot = false")  # fmt: skip
 
 
 def format_report(report: DoctorReport) -> str:

@@ -130,6 +130,7 @@ class HostSession:
         self.metrics_interval = metrics_interval
         self.sample_args = sample_args or {}  # the idle rule: idle_util_percent, count_sessions
         self.on_connect = on_connect  # e.g. arm the autostop watchdog after every (re)connect
+        self.autostart: dict[str, Any] | None = None  # resume_on_boot's crontab line, as the last arming found it
         self.link: Link | None = None
         self._channel: AgentChannel | None = None
         self._snapshot = M.HostSnapshot(name=name)
@@ -671,9 +672,10 @@ class HostSession:
         result: dict[str, Any] = await self.request(P.OP_DOCTOR, timeout=timeout_s + 30.0, **args)
         return result or {}
 
-    async def configure_autostop(self, config: dict[str, Any]) -> None:
+    async def configure_autostop(self, config: dict[str, Any]) -> P.WatchdogConfigureResult:
         """Give the host's watchdog its rules (see gputui.core.autostop)."""
-        await self.request(P.OP_WATCHDOG_CONFIGURE, config=config)
+        result: P.WatchdogConfigureResult = await self.request(P.OP_WATCHDOG_CONFIGURE, config=config)
+        return result
 
     async def release_check(self, **args: Any) -> P.ReleaseCheckResult:
         """The host proves, without side effects, that its release would work (gputui.core.release)."""

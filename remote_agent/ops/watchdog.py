@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from .. import protocol as P
 from ..fsutil import read_json, write_json
-from ..host import provider
+from ..host import autostart, provider
 from ..jobs.store import JobError
 from ..watchdog import daemon as W
 from ..watchdog import notify
@@ -29,6 +29,7 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
     settings and the boot stay the same.
     """
     config = dict(a.get("config") or {})
+    boot = _resume_on_boot(agent, bool(config.get("resume_on_boot")))
     for key, (low, high) in _NUMBERS.items():
         if config.get(key) is not None:
             config[key] = P.number_arg(config, key, 0.0, low, high)
@@ -47,7 +48,7 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
             os.unlink(path)
         except FileNotFoundError:
             pass
-        return {"armed": False, "started": False, "config": None}
+        return {"armed": False, "started": False, "config": None, "autostart": boot}
     old = read_json(path) or {}
     kept = ("snoozed_until", "cancelled", "armed_at")  # state of this boot, not settings
     settings = lambda c: {k: v for k, v in c.items() if k not in kept}  # noqa: E731
@@ -55,7 +56,26 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
     if old.get("boot_id") == config["boot_id"] and settings(old) == settings(config):
         config.update({k: old.get(k) for k in kept if k in old})
     write_json(path, config)
-    return {"armed": True, "started": W.ensure_running(agent.jobs.state_dir, agent.launcher), "config": config}
+    started = W.ensure_running(agent.jobs.state_dir, agent.launcher)
+    return {"armed": True, "started": started, "config": config, "autostart": boot}
+
+
+def _resume_on_boot(agent: "Agent", want: bool) -> Dict[str, Any]:
+    """The crontab's ``@reboot`` line for this state dir, there exactly when the host's ``resume_on_boot`` asks
+    (remote_agent/host/autostart.py); ``autostart.json`` remembers that one was added, so a host that never
+    asked runs no ``crontab`` at each connect."""
+    state_dir = agent.jobs.state_dir
+    marker = os.path.join(state_dir, "autostart.json")
+    if not want and not os.path.exists(marker):
+        return {"ok": True, "changed": False, "detail": ""}
+    result = autostart.sync(want, state_dir, agent.launcher)
+    if result["changed"]:
+        W.log_line(state_dir, "resume_on_boot: %s" % result["detail"])
+    if want and result["ok"]:
+        write_json(marker, {"entry": autostart.entry(agent.launcher, state_dir)})
+    elif not want and result["ok"]:
+        os.unlink(marker)
+    return result
 
 
 def _update(agent: "Agent", **changes: Any) -> Dict[str, Any]:
