@@ -11,7 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import HostConfig
 
 #: The agent is stdlib-only (pynvml comes in its build): ``-S`` skips site-packages and every ``.pth`` file in
 #: them, which can cost more than the rest of the interpreter's start.
@@ -81,15 +86,21 @@ def start_early(args: list[str]) -> None:
         return
     try:
         from . import config as cfg
-        from . import paths
 
         config = cfg.load(config_path)
         named = [config.hosts[w] for w in words[1:] if w in config.hosts]
-        for host in named or config.hosts.values():
-            if host.transport == "local":
-                state_dir = os.path.expanduser(host.remote_dir)
-                argv = serve_argv(host.python or sys.executable, paths.cache_dir(), state_dir)
-                if tuple(argv) not in _started:
-                    _started[tuple(argv)] = spawn(argv)
+        start_local(named or config.hosts.values())
     except Exception:  # noqa: BLE001 - an early start is only a head start
         return
+
+
+def start_local(hosts: Iterable[HostConfig]) -> None:
+    """Start the agent of each local host among ``hosts`` now, for its LocalTransport to take (``take``).
+    Raises what starting one raises (the callers' early starts ignore it: the transport starts its own)."""
+    from . import paths
+
+    for host in hosts:
+        if host.transport == "local":
+            argv = serve_argv(host.python or sys.executable, paths.cache_dir(), os.path.expanduser(host.remote_dir))
+            if tuple(argv) not in _started:
+                _started[tuple(argv)] = spawn(argv)

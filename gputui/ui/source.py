@@ -37,6 +37,13 @@ class Reconfigurable(Protocol):
     async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]: ...
 
 
+@runtime_checkable
+class LocalFirst(Protocol):
+    """A source whose local hosts can start before the rest (before the app's first frame)."""
+
+    def start_local(self) -> None: ...
+
+
 SourceFactory = Callable[[OnChange], FleetSource]
 
 
