@@ -35,12 +35,10 @@ def run_app(config_path: str | None) -> int:
 
 
 def start_local_agents(config: Config) -> None:
-    """Start the agent of each local host of ``config`` now, for the app's fleet to take when its links start:
-    the agent's own start-up (python, imports, host facts: ~120 ms) runs beside the app's imports and first
-    frame instead of after them. Never raises: whatever goes wrong here, the fleet starts its agents itself."""
+    """Start the agent of each local host of ``config`` now, in a thread, for the app's fleet to take when its
+    links start: the agent's own start-up (python, imports, host facts: ~120 ms) and the check of its build
+    run beside the app's imports and first frame instead of after them. Whatever goes wrong here, the fleet
+    starts its agents itself."""
     from .core import agentproc
 
-    try:
-        agentproc.start_local(config.hosts.values())
-    except Exception:  # noqa: BLE001 - an early start is only a head start
-        return
+    agentproc.start_local_soon(config.hosts.values())

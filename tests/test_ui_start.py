@@ -165,11 +165,10 @@ def test_the_app_launch_starts_the_local_agent_before_the_app_loads(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = home.write_config(local_table(home.state_dir))
-    running: list[bool] = []
+    under_way: list[bool] = []
 
     def run(config: cfg.Config) -> int:  # where the app's modules would load
-        proc = agentproc._started.get(local_argv(home.state_dir))
-        running.append(proc is not None and proc.poll() is None)
+        under_way.append(bool(agentproc._starting) or bool(agentproc._started))
         return 0
 
     monkeypatch.setattr(ui, "run", run)
@@ -179,10 +178,9 @@ def test_the_app_launch_starts_the_local_agent_before_the_app_loads(
         import gc
 
         gc.enable()
-        proc = agentproc.take(list(local_argv(home.state_dir)))
-        if proc is not None:
-            proc.communicate(timeout=30)  # stdin closed: the agent ends
-    assert running == [True]
+        early = agentproc.take(list(local_argv(home.state_dir)))  # waits for the start's thread
+    assert under_way == [True] and early is not None and early.poll() is None
+    early.communicate(timeout=30)  # stdin closed: the agent ends
 
 
 async def test_the_app_adopts_the_local_agent_started_with_it(home: Home, tmp_path: Path) -> None:
@@ -193,3 +191,20 @@ async def test_the_app_adopts_the_local_agent_started_with_it(home: Home, tmp_pa
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["local"].state == M.CONNECTED, what="local up")
         assert local_argv(home.state_dir) not in agentproc._started and early.poll() is None  # taken, serving
+
+
+def test_the_build_an_early_start_checked_is_not_checked_again_before_its_agent_is_taken(
+    home: Home, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gputui.core import bundle
+
+    checks: list[Path] = []
+    real = bundle.ensure_local_build
+    monkeypatch.setattr(bundle, "ensure_local_build", lambda cache_dir: checks.append(cache_dir) or real(cache_dir))
+    host = cfg.HostConfig(name="local", transport="local", remote_dir=str(home.state_dir))
+    agentproc.start_local_soon([host])
+    early = agentproc.take(list(local_argv(home.state_dir)))  # what LocalTransport.open_agent does
+    assert early is not None and len(checks) == 1
+    local_argv(home.state_dir)  # a later start checks again
+    assert len(checks) == 2
+    early.communicate(timeout=30)
