@@ -4,7 +4,8 @@ launch -> the local host shown up; with a local-only config and with SSH hosts i
 Run: python bench/ui_start.py [--runs 9] [--no-ssh]. Each run starts a fresh process on a pseudo-terminal
 (160x48) and reads what it draws (escape sequences stripped): the first frame is the first output that shows
 the table's "Host" column header (both apps have one), up to the first 10 ms pause in the output; the local
-host is shown up when its row reads "● up" or "● idle". gputui runs as users start it, the `gputui` script
+host is shown up when its row reads "● up" or "● idle"; the CPU to the first frame is what the app's process
+(all its threads) ran until then, which a loaded machine barely moves. gputui runs as users start it, the `gputui` script
 pip installed beside this python (else `python3 -m gputui`), importing this tree (PYTHONPATH), with its
 bytecode cached and its agent unpacked (a warm-up run of each does that), over two configs:
 
@@ -13,7 +14,7 @@ bytecode cached and its agent unpacked (a warm-up run of each does that), over t
   takes the TCP connection and never says a word, like a blackholed address); each run reports whether the
   first frame shows both SSH rows ``◌ connecting``.
 
-Runs alternate between the apps. No asserts.
+Each round runs every app once, in a shuffled order. No asserts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import contextlib
 import fcntl
 import os
 import pty
+import random
 import re
 import select
 import signal
@@ -83,8 +85,9 @@ class Plain:
 
 
 def launch(argv: list[str], marks: dict[str, re.Pattern[str]], env: dict[str, str]) -> tuple[dict[str, float], str]:
-    """Start ``argv`` on a fresh pseudo-terminal: seconds from launch to each mark's first appearance, and the
-    text of the first frame (the output from the "frame" mark's read to the first pause)."""
+    """Start ``argv`` on a fresh pseudo-terminal: seconds from launch to each mark's first appearance (and the
+    process's CPU seconds by the first frame: "cpu"), and the text of the first frame (the output from the
+    "frame" mark's read to the first pause)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 48, 160, 0, 0))
     t0 = time.perf_counter()
@@ -96,7 +99,7 @@ def launch(argv: list[str], marks: dict[str, re.Pattern[str]], env: dict[str, st
     plain = Plain()
     frame_from, frame = -1, ""
     try:
-        while (len(seen) < len(marks) or not frame) and time.perf_counter() - t0 < TIMEOUT_S:
+        while (marks.keys() - seen.keys() or not frame) and time.perf_counter() - t0 < TIMEOUT_S:
             if not select.select([master], [], [], FRAME_PAUSE_S if frame_from >= 0 and not frame else 0.5)[0]:
                 if frame_from >= 0 and not frame:
                     frame = plain.text[frame_from:]
@@ -113,6 +116,7 @@ def launch(argv: list[str], marks: dict[str, re.Pattern[str]], env: dict[str, st
                     seen[name] = now - t0
                     if name == "frame":
                         frame_from = max(0, before - 4096)
+                        seen["cpu"] = cpu_s(proc.pid)
         os.write(master, b"q")
         deadline = time.monotonic() + 10
         while proc.poll() is None and time.monotonic() < deadline:  # keep reading: a full pty blocks it
@@ -126,10 +130,20 @@ def launch(argv: list[str], marks: dict[str, re.Pattern[str]], env: dict[str, st
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
         os.close(master)
-    missing = set(marks) - set(seen)
+    missing = marks.keys() - seen.keys()
     if missing:
         raise SystemExit(f"{argv[-1][:40]!r}: never saw {sorted(missing)} within {TIMEOUT_S:g} s")
     return seen, frame
+
+
+def cpu_s(pid: int) -> float:
+    """Seconds of CPU the process ``pid`` (all its threads) has run so far (/proc/PID/task/*/schedstat): unlike
+    the wall clock, barely moved by the other processes of a loaded machine."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def gputui_argv() -> list[str]:
@@ -168,7 +182,7 @@ class Series:
         self, name: str, argv: list[str], marks: dict[str, re.Pattern[str]], env: dict[str, str], ssh: bool = False
     ) -> None:
         self.name, self.argv, self.marks, self.env, self.ssh = name, argv, marks, env, ssh
-        self.times: dict[str, list[float]] = {m: [] for m in marks}
+        self.times: dict[str, list[float]] = {m: [] for m in [*marks, "cpu"]}
         self.connecting = 0
 
     def run(self, record: bool = True) -> None:
@@ -181,9 +195,10 @@ class Series:
     def median_ms(self, mark: str) -> float:
         return statistics.median(self.times[mark]) * 1000
 
-    def line(self, label: str, mark: str, peer: Series | None = None) -> str:
-        text = f"{label + ', ' + self.name:58s} median {self.median_ms(mark):6.0f} ms  min {min(self.times[mark]) * 1000:6.0f} ms"
-        return text + (f"  {self.median_ms(mark) / peer.median_ms('frame'):4.2f}x the minimal app" if peer else "")
+    def line(self, label: str, mark: str, peer: Series | None = None, peer_mark: str = "frame") -> str:
+        """One figure: median and min of ``mark``, and the median over ``peer``'s median ``peer_mark``."""
+        text = f"{label + ', ' + self.name:66s} median {self.median_ms(mark):4.0f} ms  min {min(self.times[mark]) * 1000:4.0f} ms"
+        return text + (f"  {self.median_ms(mark) / peer.median_ms(peer_mark):4.2f}x the minimal app" if peer else "")
 
 
 def main() -> None:
@@ -207,13 +222,16 @@ def main() -> None:
                 series.append(Series(f"{name}, local + 2 SSH hosts", gputui_argv(), marks, ssh_env, ssh=True))
         for s in series:
             s.run(record=False)  # warm-up: bytecode written, agent unpacked
-        for _ in range(args.runs):
-            for s in series:
+        order = random.Random(31)
+        for _ in range(args.runs):  # every app once a round, in a shuffled order: no app always follows another
+            for s in order.sample(series, len(series)):
                 s.run()
     print(minimal.line("launch -> first frame", "frame"))
+    print(minimal.line("CPU to the first frame", "cpu"))
     for s in series[1:]:
         print(s.line("launch -> first frame", "frame", minimal))
         print(s.line("launch -> local host shown up", "up", minimal))
+        print(s.line("CPU to the first frame", "cpu", minimal, "cpu"))
     for s in series:
         if s.ssh:
             print(f"first frames showing box and hung '◌ connecting', {s.name}: {s.connecting} of {args.runs}")
