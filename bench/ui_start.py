@@ -4,8 +4,8 @@ launch -> the local host shown up; with a local-only config and with SSH hosts i
 Run: python bench/ui_start.py [--runs 9] [--no-ssh]. Each run starts a fresh process on a pseudo-terminal
 (160x48) and reads what it draws (escape sequences stripped): the first frame is the first output that shows
 the table's "Host" column header (both apps have one), up to the first 10 ms pause in the output; the local
-host is shown up when its row reads "● up" or "● idle"; the CPU to the first frame is what the app's process
-(all its threads) ran until then, which a loaded machine barely moves. gputui runs as users start it, the `gputui` script
+host is shown up when its row reads "● up" or "● idle"; the CPU to the first frame is what the app's main
+thread ran until the bench read the frame, which a loaded machine barely moves. gputui runs as users start it, the `gputui` script
 pip installed beside this python (else `python3 -m gputui`), importing this tree (PYTHONPATH), with its
 bytecode cached and its agent unpacked (a warm-up run of each does that), over two configs:
 
@@ -137,13 +137,12 @@ def launch(argv: list[str], marks: dict[str, re.Pattern[str]], env: dict[str, st
 
 
 def cpu_s(pid: int) -> float:
-    """Seconds of CPU the process ``pid`` (all its threads) has run so far (/proc/PID/task/*/schedstat): unlike
-    the wall clock, barely moved by the other processes of a loaded machine."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(OSError):
-            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-    return total / 1e9
+    """Seconds of CPU the main thread of process ``pid`` has run so far (/proc/PID/task/PID/schedstat): unlike
+    the wall clock, barely moved by the other processes of a loaded machine. The main thread builds the first
+    frame; other threads (gputui's agent start before it, the SSH stack's load after it) are left out."""
+    with contextlib.suppress(OSError):
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
+    return float("nan")
 
 
 def gputui_argv() -> list[str]:

@@ -208,3 +208,11 @@ def test_the_build_an_early_start_checked_is_not_checked_again_before_its_agent_
     local_argv(home.state_dir)  # a later start checks again
     assert len(checks) == 2
     early.communicate(timeout=30)
+
+
+async def test_a_fleet_closed_before_the_ssh_stack_loaded_starts_no_ssh_host(home: Home, hung: int) -> None:
+    text = ssh_table("hung", host="127.0.0.1", port=hung)
+    fleet = Fleet(cfg.parse(text, home.root / "config.toml"), defer_ssh=True)
+    fleet.run_in_background()
+    await fleet.close()  # the user quit at once
+    assert fleet.session("hung")._runner is None  # built when asked for after the close, never connecting

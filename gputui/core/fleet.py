@@ -74,6 +74,7 @@ class Fleet:
         self.sessions: dict[str, HostSession] = {}
         self._deferred: dict[str, HostConfig] = {}  # SSH hosts whose session waits for the SSH stack
         self._loader: asyncio.Task[None] | None = None
+        self._closed = False
         for name, host in config.hosts.items():
             if defer_ssh and host.transport != "local":
                 self._deferred[name] = host
@@ -146,7 +147,7 @@ class Fleet:
         except ImportError as exc:
             session = HostSession(name, Unloadable(f"cannot load the SSH support: {exc}"), self._changed)
         self.sessions[name] = session
-        if self._loader is not None:
+        if self._loader is not None and not self._closed:
             session.run_in_background()
 
     def forget(self, name: str) -> HostSession | None:
@@ -155,6 +156,7 @@ class Fleet:
         return self.sessions.pop(name, None)
 
     async def close(self) -> None:
+        self._closed = True  # a deferred host built from now on is not started
         if self._loader is not None:
             self._loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
