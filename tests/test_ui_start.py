@@ -4,6 +4,7 @@ host's agent starts before the app's modules load. No timings here: bench/ui_sta
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -216,3 +217,36 @@ async def test_a_fleet_closed_before_the_ssh_stack_loaded_starts_no_ssh_host(hom
     fleet.run_in_background()
     await fleet.close()  # the user quit at once
     assert fleet.session("hung")._runner is None  # built when asked for after the close, never connecting
+
+
+async def test_the_ssh_stack_loads_once_the_local_host_is_connected(
+    home: Home, hung: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load holds the GIL most of its time: the local host's hello goes first (bounded by LOCAL_FIRST_S,
+    made long here so that the order is the rule's, whatever the machine's load)."""
+    import importlib
+
+    from gputui.core import fleet as fleet_module
+
+    monkeypatch.setattr(fleet_module, "LOCAL_FIRST_S", 60.0)
+    text = local_table(home.state_dir) + ssh_table("hung", host="127.0.0.1", port=hung)
+    fleet = Fleet(cfg.parse(text, home.root / "config.toml"), defer_ssh=True)
+    local_at_load: list[str] = []
+    real = importlib.import_module
+
+    def import_module(name: str, package: str | None = None) -> object:
+        if name == fleet_module.SSH_STACK:
+            local_at_load.append(fleet.sessions["local"].snapshot.state)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    fleet.run_in_background()
+    try:
+        await fleet.sessions["local"].wait_connected(timeout=60)
+        for _ in range(600):
+            if "hung" in fleet.sessions:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await fleet.close()
+    assert local_at_load == [M.CONNECTED]

@@ -32,6 +32,7 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
 
 
 SSH_STACK = f"{__package__}.ssh_transport"  # with asyncssh and its crypto: ~120 ms to import
+LOCAL_FIRST_S = 0.5  # the SSH stack's load waits at most this long for the local hosts' connect
 
 
 class Unloadable(Transport):
@@ -133,6 +134,13 @@ class Fleet:
             self._loader = asyncio.get_running_loop().create_task(self._start_deferred())
 
     async def _start_deferred(self) -> None:
+        """Load the SSH stack, then build and start the deferred hosts. The load holds the GIL most of the time,
+        so it begins once the local hosts are connected (their agents started with the app: milliseconds),
+        or after ``LOCAL_FIRST_S``, whichever comes first."""
+        local = [s for n, s in self.sessions.items() if self.config.hosts[n].transport == "local"]
+        if local:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(s.wait_connected() for s in local)), LOCAL_FIRST_S)
         with contextlib.suppress(Exception):  # a failure to load is said by each host's session (Unloadable)
             await asyncio.to_thread(importlib.import_module, SSH_STACK)
         for name in list(self._deferred):
