@@ -118,32 +118,43 @@ def start_early(args: list[str]) -> None:
         return
 
 
-def start_local(hosts: Iterable[HostConfig], env: dict[str, str] | None = None) -> None:
+def start_local(hosts: Iterable[HostConfig]) -> None:
     """Start the agent of each local host among ``hosts`` now, for its LocalTransport to take (``take``).
     Raises what starting one raises (the callers' early starts ignore it: the transport starts its own)."""
-    from . import paths
-    from .bundle import ensure_local_build
-
-    for host in hosts:
-        if host.transport == "local":
-            cache_dir = paths.cache_dir()
-            build = _checked[cache_dir] = ensure_local_build(cache_dir)
-            argv = [host.python or sys.executable, *AGENT_PYTHON_FLAGS, str(build),
-                    *_serve_args(os.path.expanduser(host.remote_dir))]  # fmt: skip
-            if tuple(argv) not in _started:
-                _started[tuple(argv)] = spawn(argv, env)
+    for python, cache_dir, state_dir in _local_starts(hosts):
+        _start(python, cache_dir, state_dir, private_env())
 
 
 def start_local_soon(hosts: Iterable[HostConfig]) -> None:
-    """``start_local`` in a thread, beside what this process does meanwhile (the app's imports); the first
-    ``take`` or ``build_argv`` waits for it. Never raises: whatever goes wrong, the transport starts its own."""
-    local, env = [h for h in hosts if h.transport == "local"], private_env()  # umask read here, not racing
+    """``start_local`` in a thread, beside what this process does meanwhile (the app's imports): the check of
+    the build and the spawn run there (what they depend on, paths and umask, is read here); the first ``take``
+    or ``build_argv`` waits for it. Never raises: whatever goes wrong, the transport starts its own."""
+    starts, env = _local_starts(hosts), private_env()
 
     def run() -> None:
         with contextlib.suppress(Exception):
-            start_local(local, env)
+            for python, cache_dir, state_dir in starts:
+                _start(python, cache_dir, state_dir, env)
 
-    if local:
+    if starts:
         thread = threading.Thread(target=run, name="gputui-agent-start", daemon=True)
         _starting.append(thread)
         thread.start()
+
+
+def _local_starts(hosts: Iterable[HostConfig]) -> list[tuple[str, Path, str]]:
+    """(python, cache dir, state dir) of each local host's agent."""
+    from . import paths
+
+    return [(h.python or sys.executable, paths.cache_dir(), os.path.expanduser(h.remote_dir))
+            for h in hosts if h.transport == "local"]  # fmt: skip
+
+
+def _start(python: str, cache_dir: Path, state_dir: str, env: dict[str, str]) -> None:
+    """Check the build in ``cache_dir`` (kept for the take that follows: ``_checked``) and start its agent."""
+    from .bundle import ensure_local_build
+
+    build = _checked[cache_dir] = ensure_local_build(cache_dir)
+    argv = [python, *AGENT_PYTHON_FLAGS, str(build), *_serve_args(state_dir)]
+    if tuple(argv) not in _started:
+        _started[tuple(argv)] = spawn(argv, env)
