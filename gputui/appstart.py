@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import gc
 import sys
+from typing import TYPE_CHECKING
 
 from .core.errors import ExitStatus
+
+if TYPE_CHECKING:
+    from .core.config import Config
 
 
 def run_app(config_path: str | None) -> int:
@@ -13,7 +17,8 @@ def run_app(config_path: str | None) -> int:
 
     Garbage collection pauses until the first frame is out, when the app's ``on_ready`` freezes what the
     start-up built and resumes it: collections during the start-up scan the modules and widgets it builds,
-    which live as long as the app, and only delay the first frame."""
+    which live as long as the app, and only delay the first frame. The local hosts' agents start before the
+    app's modules load (:func:`start_local_agents`)."""
     gc.disable()
     from .core import config as cfg
 
@@ -23,6 +28,17 @@ def run_app(config_path: str | None) -> int:
         gc.enable()
         print(f"gputui: {exc}", file=sys.stderr)
         return ExitStatus.USAGE
+    start_local_agents(config)
     from .ui import run
 
     return run(config)
+
+
+def start_local_agents(config: Config) -> None:
+    """Start the agent of each local host of ``config`` now, in a thread, for the app's fleet to take when its
+    links start: the agent's own start-up (python, imports, host facts: ~120 ms) and the check of its build
+    run beside the app's imports and first frame instead of after them. Whatever goes wrong here, the fleet
+    starts its agents itself."""
+    from .core import agentproc
+
+    agentproc.start_local_soon(config.hosts.values())

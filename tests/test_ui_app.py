@@ -746,6 +746,20 @@ def test_cli_without_a_subcommand_starts_the_app_on_a_terminal(monkeypatch: pyte
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     monkeypatch.delenv("GPUTUI_CONFIG", raising=False)
-    with pytest.raises(SystemExit) as exit_:
-        cli.main([])
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([])
+    finally:
+        end_early_agents()  # the launch started the local agent for the app, which did not run
     assert exit_.value.code == 0 and list(started[0].hosts) == ["local"]
+
+
+def end_early_agents() -> None:
+    """End the agents an app launch started early that no app took (their stdin closed: they exit)."""
+    from gputui.core import agentproc
+
+    agentproc._settle()  # an early start still under way in its thread
+    for argv in list(agentproc._started):
+        proc = agentproc.take(list(argv))
+        if proc is not None:
+            proc.communicate(timeout=30)

@@ -37,7 +37,15 @@ from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
 from .logstream import LogStream
 from .palette import Palette
-from .source import CONFIG_POLL_S, ConfigWatch, FleetSource, Reconfigurable, SourceFactory, fleet_factory
+from .source import (
+    CONFIG_POLL_S,
+    ConfigWatch,
+    FleetSource,
+    LocalFirst,
+    Reconfigurable,
+    SourceFactory,
+    fleet_factory,
+)
 from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
 from .widgets.log import LOG_KEYS, LogPane, LogView
@@ -296,8 +304,11 @@ class GpuTuiApp(App[None]):
             self.notify(error, title="theme not loaded", severity="warning", timeout=NOTIFY_S)
         self._render_all()
         self.query_one(FleetTable).focus()
-        # The links start once the first frame is out: building and spawning the local agent takes ~20 ms here,
-        # and its start-up shares the CPU with the first frame.
+        # The local hosts' links start now (their agents started with the app: gputui.appstart), so that the
+        # agent's hello is read while the first frame is drawn; the rest once the first frame is out (the SSH
+        # stack loads in a thread then, which would share the CPU with the first frame).
+        if isinstance(self.source, LocalFirst):
+            self.source.start_local()
         self.call_after_refresh(self.source.run_in_background)
         if self._watch is not None and isinstance(self.source, Reconfigurable):
             self._poll_soon()

@@ -37,6 +37,13 @@ class Reconfigurable(Protocol):
     async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]: ...
 
 
+@runtime_checkable
+class LocalFirst(Protocol):
+    """A source whose local hosts can start before the rest (before the app's first frame)."""
+
+    def start_local(self) -> None: ...
+
+
 SourceFactory = Callable[[OnChange], FleetSource]
 
 
@@ -45,7 +52,7 @@ class LiveFleet(Fleet):
     (only the link: nothing on the host is touched), hosts whose table changed restart with the new one."""
 
     def __init__(self, config: Config, on_change: OnChange, metrics_interval: float | None = None) -> None:
-        super().__init__(config, on_change=on_change, metrics_interval=metrics_interval)
+        super().__init__(config, on_change=on_change, metrics_interval=metrics_interval, defer_ssh=True)
         self._running = False
 
     def _changed(self, snap: M.HostSnapshot) -> None:
@@ -61,7 +68,7 @@ class LiveFleet(Fleet):
         old = self.config.hosts
         gone = [n for n in old if n not in config.hosts or old[n] != config.hosts[n]]
         new = [n for n in config.hosts if n not in old or old[n] != config.hosts[n]]
-        closing = [self.sessions.pop(n) for n in gone if n in self.sessions]
+        closing = [s for s in map(self.forget, gone) if s is not None]
         self.config = config
         await asyncio.gather(*(s.close() for s in closing), return_exceptions=True)
         for name in new:
