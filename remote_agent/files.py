@@ -473,8 +473,10 @@ def _read_journal(path: str) -> Any:
     with open(path, "rb") as f:
         data = f.read()
     lines = data.count(b"\n")
+    if not data.strip():
+        return [], lines
     try:
-        return json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]") if data.strip() else [], lines
+        return json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]"), lines
     except ValueError:
         pass
     out = []
