@@ -439,9 +439,9 @@ def _unchanged(dfd: int, name: str, e: Dict[str, Any]) -> bool:
     """Whether ``name`` in the dir ``dfd`` is still the regular file the manifest entry ``e`` wrote."""
     try:
         st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except (OSError, ValueError):
+        return stat.S_ISREG(st.st_mode) and st.st_size == e["size"] and st.st_mtime_ns == e["mtime_ns"]
+    except (OSError, ValueError, KeyError):
         return False
-    return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e.get("size"), e.get("mtime_ns"))
 
 
 def _gone(root: int, entries: Dict[str, Dict[str, Any]]) -> List[str]:
@@ -517,11 +517,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def tree_digest(listed: List[Dict[str, Any]]) -> str:
     """The tree hash of manifest entries in path order, the way the client hashes its tree (gputui/core/sync.py
-    ``tree_hash``): sha256 of ``rel NUL mode-in-octal NUL sha256 LF`` for each. "" for an entry without
-    an int mode or str sha256 (it never matches)."""
-    if not all(type(e.get("mode")) is int and isinstance(e.get("sha256"), str) for e in listed):
+    ``tree_hash``): sha256 of ``rel NUL mode-in-octal NUL sha256 LF`` for each; "" when an entry has no
+    int mode (it never matches)."""
+    try:
+        text = "".join(["%s\0%o\0%s\n" % (e["rel"], e["mode"], e["sha256"]) for e in listed])
+    except (KeyError, TypeError):  # no mode, or one that is no number
         return ""
-    text = "".join("%s\0%o\0%s\n" % (e["rel"], e["mode"], e["sha256"]) for e in listed)
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 

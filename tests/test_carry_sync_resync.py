@@ -205,4 +205,4 @@ def test_the_hash_cache_keys_on_the_inode_and_is_written_only_when_it_changed(tm
     (src / "new").write_bytes(b"new!")
     os.utime(src / "new", ns=(written.st_mtime_ns, (src / "a.py").stat().st_mtime_ns))
     os.replace(src / "new", src / "a.py")
-    assert hashes() == [sha(b"new!")] and json.loads(cache.read_text())["a.py"][1] == sha(b"new!")
+    assert hashes() == [sha(b"new!")] and list(json.loads(cache.read_text()).values()) == [sha(b"new!")]

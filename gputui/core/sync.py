@@ -266,30 +266,27 @@ def local_files(src: str, notes: list[str]) -> list[LocalFile]:
 
 
 def _cache_key(f: LocalFile) -> str:
-    return f"{f.size}:{f.mtime_ns}:{f.ino}"
+    return f"{f.rel}\0{f.size}:{f.mtime_ns}:{f.ino}"
 
 
 def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
-    """Each file's sha256, reusing the cache entry of a file whose size, mtime and inode did not change; the
-    cache is written again only when it changed."""
+    """Each file's sha256, reusing the cache's of a file whose path, size, mtime and inode did not change
+    (the cache maps ``rel NUL size:mtime_ns:inode`` to the sha256); written again only when it changed."""
     try:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
     cache = cache if isinstance(cache, dict) else {}
-    out, fresh, changed = [], {}, len(cache) != len(files)
+    out, changed = [], len(cache) != len(files)
     for f in files:
-        key, hit = _cache_key(f), cache.get(f.rel)
-        if isinstance(hit, list) and len(hit) == 2 and hit[0] == key and isinstance(hit[1], str):
-            sha = hit[1]
-        else:
+        sha = cache.get(_cache_key(f))
+        if not isinstance(sha, str):
             sha, changed = sha256_file(f.path), True
-        fresh[f.rel] = [key, sha]
-        out.append(f._replace(sha256=sha))
+        out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha, f.ino))
     if changed:
         make_dirs(cache_path.parent)
         tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(fresh))
+        tmp.write_text(json.dumps({_cache_key(f): f.sha256 for f in out}))
         os.replace(tmp, cache_path)
     return out
 
@@ -314,9 +311,9 @@ def local_tree(src: str, cache_dir: Path | None = None) -> LocalTree:
 
 
 def start_local(src: str, cache_dir: Path | None = None) -> asyncio.Future[LocalTree]:
-    """``local_tree`` in a thread, begun now: the CLI starts it before it connects, so the walk and the
-    hashing overlap the connect and the agent's start."""
-    return asyncio.ensure_future(asyncio.to_thread(local_tree, src, cache_dir))
+    """``local_tree`` in a thread, begun at once (not at the event loop's next turn): the CLI starts it
+    before it connects, so the walk and the hashing overlap the connect and the agent's start."""
+    return asyncio.get_running_loop().run_in_executor(None, local_tree, src, cache_dir)
 
 
 def tree_hash(files: list[LocalFile]) -> str:
