@@ -453,7 +453,8 @@ def _gone(root: int, entries: Dict[str, Dict[str, Any]]) -> List[str]:
     gone = []  # type: List[str]
     for head, rels in by_dir.items():
         try:
-            dfd = _walk_down(os.dup(root), _parts(head) if head else [], False, head)
+            names = _parts(head) if head else []
+            dfd = _walk_down(os.dup(root), names, False, head)
         except (OSError, ValueError):
             gone += rels
             continue
