@@ -206,3 +206,31 @@ def test_the_hash_cache_keys_on_the_inode_and_is_written_only_when_it_changed(tm
     os.utime(src / "new", ns=(written.st_mtime_ns, (src / "a.py").stat().st_mtime_ns))
     os.replace(src / "new", src / "a.py")
     assert hashes() == [sha(b"new!")] and list(json.loads(cache.read_text()).values()) == [sha(b"new!")]
+
+
+async def test_an_unchanged_tree_is_not_hashed_again_until_the_host_differs(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No file's stat changed since the last sync: its tree hash comes from the summary of that sync, and
+    no file's hash is looked up, unless the host's answer is not ``same`` (then every file is)."""
+    src, target = root / "src", root / "tgt"
+    make_tree(src, 9)
+    calls: list[int] = []
+    real = SY.with_hashes
+    monkeypatch.setattr(SY, "with_hashes", lambda files, cache: (calls.append(len(files)), real(files, cache))[1])
+    session = Recording(root)
+    await session.start()
+    try:
+        first = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        calls.clear()
+        again = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        assert (calls, again.tree_sha256, again.sent) == ([], first.tree_sha256, 0)
+        os.unlink(target / "d0" / "f0.py")  # gone on the host: not same, every file's hash wanted
+        third = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        assert (calls, third.sent, third.missing, third.tree_sha256) == ([9], 1, [], first.tree_sha256)
+        (src / "d1" / "f1.py").write_bytes(b"changed here")
+        calls.clear()
+        fourth = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        assert (calls, fourth.sent) == ([9], 1) and fourth.tree_sha256 != first.tree_sha256
+    finally:
+        await session.close()

@@ -67,12 +67,22 @@ class LocalFile(NamedTuple):
 
 @dataclass
 class LocalTree:
-    """The local side of a sync, made without the host (so it can run while the host connects)."""
+    """The local side of a sync, made without the host (so it can run while the host connects). ``files``
+    lack their sha256 until ``hashed`` when the tree hash came from the last sync's summary (no file's
+    path, size, mtime, inode or mode changed since)."""
 
     files: list[LocalFile]
     notes: list[str]
     git: dict[str, Any] | None
     tree_sha256: str
+    cache: Path
+    is_hashed: bool = True
+
+    def hashed(self) -> list[LocalFile]:
+        """The files with their sha256 (from the hash cache, or hashed now)."""
+        if not self.is_hashed:
+            self.files, self.is_hashed = with_hashes(self.files, self.cache), True
+        return self.files
 
 
 @dataclass
@@ -284,10 +294,7 @@ def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
             sha, changed = sha256_file(f.path), True
         out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha, f.ino))
     if changed:
-        make_dirs(cache_path.parent)
-        tmp = cache_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({_cache_key(f): f.sha256 for f in out}))
-        os.replace(tmp, cache_path)
+        _write_atomic(cache_path, json.dumps({_cache_key(f): f.sha256 for f in out}))
     return out
 
 
@@ -305,9 +312,39 @@ def local_tree(src: str, cache_dir: Path | None = None) -> LocalTree:
         raise SyncError(f"{src} is not a directory")
     notes: list[str] = []
     files = local_files(src, notes)
-    git = git_state(src, files)
-    files = with_hashes(files, cache_path(src, cache_dir))
-    return LocalTree(files, notes, git, tree_hash(files))
+    git, cache = git_state(src, files), cache_path(src, cache_dir)
+    stats = stat_digest(files)
+    known = _summary(cache)
+    if known.get("stat") == stats and isinstance(known.get("tree"), str):
+        return LocalTree(files, notes, git, known["tree"], cache, is_hashed=False)
+    files = with_hashes(files, cache)
+    tree = LocalTree(files, notes, git, tree_hash(files), cache)
+    _write_atomic(cache.with_suffix(".tree"), json.dumps({"stat": stats, "tree": tree.tree_sha256}))
+    return tree
+
+
+def stat_digest(files: list[LocalFile]) -> str:
+    """One sha256 of every file's path, size, mtime, inode and mode: equal to the last sync's, the tree
+    hash is the last sync's too (the hash cache would give each file the same sha256)."""
+    text = "".join([f"{f.rel}\0{f.size}\0{f.mtime_ns}\0{f.ino}\0{f.mode}\n" for f in files])
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _summary(cache: Path) -> dict[str, Any]:
+    """The last sync's stat digest and tree hash of this tree ({} when none or unreadable)."""
+    try:
+        known = json.loads(cache.with_suffix(".tree").read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temp file of its own (two syncs of one tree never share one)."""
+    make_dirs(path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def start_local(src: str, cache_dir: Path | None = None) -> asyncio.Future[LocalTree]:
@@ -588,14 +625,14 @@ async def sync(
     session.run_in_background()
     target = target or default_target(src)
     tree = await (local if local is not None else asyncio.to_thread(local_tree, src, cache_dir))
-    files = tree.files
-    result = SyncResult(target=target, files=len(files), tree_sha256=tree.tree_sha256, git=tree.git,
+    result = SyncResult(target=target, files=len(tree.files), tree_sha256=tree.tree_sha256, git=tree.git,
                         notes=list(tree.notes))  # fmt: skip
     result.target, have, same = await _manifest(session, target, expect=tree.tree_sha256)
     if same:  # the host holds exactly these files, as they are here: nothing to send or delete
         if on_progress is not None:
             on_progress("0 files changed", 0, 0)
         return result
+    files = tree.files if tree.is_hashed else await asyncio.to_thread(tree.hashed)
     todo = [
         f for f in files if (have.get(f.rel) or {}).get("sha256") != f.sha256 or have[f.rel]["mode"] != f.mode
     ]
