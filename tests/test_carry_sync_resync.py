@@ -131,17 +131,17 @@ async def test_the_cli_walks_the_local_tree_while_the_host_connects(
     make_tree(src, 3)
     monkeypatch.setenv("GPUTUI_STATE_DIR", str(state))
     began, seen = threading.Event(), []
-    real_walk, real_start = SY.local_files, HostSession.start
+    real_walk, real_start = SY._ignore_patterns, HostSession.start
 
-    def walk(src: str, notes: list[str]) -> list[SY.LocalFile]:
+    def walk(src: str) -> list[str]:  # the walk's first step
         began.set()
-        return real_walk(src, notes)
+        return real_walk(src)
 
     async def start(self: HostSession) -> None:
         seen.append(await asyncio.to_thread(began.wait, 10))
         await real_start(self)
 
-    monkeypatch.setattr(SY, "local_files", walk)
+    monkeypatch.setattr(SY, "_ignore_patterns", walk)
     monkeypatch.setattr(HostSession, "start", start)
     args = argparse.Namespace(host="local", src=str(src), to=str(tmp_path / "tgt"), delete=False, config=None)
     try:

@@ -270,9 +270,14 @@ def _walked(src: str, rules: IgnoreRules, notes: list[str]) -> list[LocalFile]:
 def local_files(src: str, notes: list[str]) -> list[LocalFile]:
     """The regular files to carry (in path order), with size, mtime, mode and inode; symlinks and the like
     skipped with a note."""
+    return _local_files(src, notes)[0]
+
+
+def _local_files(src: str, notes: list[str]) -> tuple[list[LocalFile], bool]:
+    """``local_files`` and whether ``src`` is in a git work tree."""
     rules = IgnoreRules(_ignore_patterns(src))
     names = _git_files(src)
-    return _walked(src, rules, notes) if names is None else _listed(src, names, rules, notes)
+    return (_walked(src, rules, notes), False) if names is None else (_listed(src, names, rules, notes), True)
 
 
 def _cache_key(f: LocalFile) -> str:
@@ -311,8 +316,8 @@ def local_tree(src: str, cache_dir: Path | None = None) -> LocalTree:
     if not os.path.isdir(src):
         raise SyncError(f"{src} is not a directory")
     notes: list[str] = []
-    files = local_files(src, notes)
-    git, cache = git_state(src, files), cache_path(src, cache_dir)
+    files, in_git = _local_files(src, notes)
+    git, cache = git_state(src, files) if in_git else None, cache_path(src, cache_dir)
     stats = stat_digest(files)
     known = _summary(cache)
     if known.get("stat") == stats and isinstance(known.get("tree"), str):
