@@ -7,8 +7,11 @@ holds one SSH host (``box``, beside the built-in ``local``), and a tree of ``--f
 ``--size`` bytes in 50 dirs. Each run times the whole command, connect and agent start included:
 ``gputui sync box SRC --to DIR`` (run as ``python -c 'from gputui.launch import main; main()'`` with this
 checkout on PYTHONPATH: the installed script's entry point, from this tree) into a fresh target, then the
-unchanged resync; and ``rsync -a -e ssh`` (OpenSSH) into its own fresh target, then its unchanged resync.
-Prints medians and the ratios gputui / rsync (the target: at most 2). No asserts: loopback numbers are noisy.
+unchanged resync; and ``rsync -a -e ssh`` (OpenSSH) into its own fresh target, then its unchanged resync;
+and, interleaved with those, ``gputui jobs box --json`` (connect, agent start, one small request, close: what
+any command pays before its work). Prints medians, the ratios gputui / rsync (the target: at most 2) and the
+resync net of that connect. The runs drop ``PYTHONDONTWRITEBYTECODE`` (an installed gputui has its bytecode;
+without it every run compiles the modules again). No asserts: loopback numbers are noisy.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ def main() -> None:
     if not shutil.which("rsync"):
         raise SystemExit("rsync is not installed")
     times: dict[str, list[float]] = {
-        k: [] for k in ("gputui first", "gputui resync", "rsync first", "rsync resync")
+        k: [] for k in ("gputui first", "gputui resync", "rsync first", "rsync resync", "connect")
     }
     with ssh_box() as box:
+        box.env.pop("PYTHONDONTWRITEBYTECODE", None)
         src = box.root / "src"
         for i in range(args.files):
             d = src / f"d{i % 50}"
@@ -52,6 +56,7 @@ def main() -> None:
                 times[f"rsync {label}"].append(
                     box.timed(["rsync", "-a", "-e", ssh_e, f"{src}/", f"{dest}:{theirs}/"])
                 )
+            times["connect"].append(box.timed([*GPUTUI, "jobs", "box", "--json"]))
             shutil.rmtree(ours, ignore_errors=True)
             shutil.rmtree(theirs, ignore_errors=True)
     print(f"gputui sync (python -c 'from gputui.launch import main; main()', PYTHONPATH={ROOT}) vs rsync -a,")
@@ -61,6 +66,9 @@ def main() -> None:
         print(f"{label:<7} gputui {ours:6.2f} s  rsync {theirs:6.2f} s  gputui/rsync {ours / theirs:5.2f}x"
               f"  (gputui {' '.join(f'{t:.2f}' for t in times[f'gputui {label}'])};"
               f" rsync {' '.join(f'{t:.2f}' for t in times[f'rsync {label}'])})")  # fmt: skip
+    connect, resync = statistics.median(times["connect"]), statistics.median(times["gputui resync"])
+    print(f"connect (gputui jobs box --json) {connect:.2f} s ({' '.join(f'{t:.2f}' for t in times['connect'])});"
+          f" resync net of it {resync - connect:.2f} s vs rsync {statistics.median(times['rsync resync']):.2f} s")
 
 
 if __name__ == "__main__":

@@ -435,44 +435,76 @@ def _journal(state_dir: str, target: str, entries: List[Dict[str, Any]]) -> None
             os.close(fd)
 
 
-def _unchanged(dirs: "_Dirs", rel: str, e: Dict[str, Any]) -> bool:
-    """Whether ``rel`` under the target dir is still the regular file the manifest entry wrote."""
+def _unchanged(dfd: int, name: str, e: Dict[str, Any]) -> bool:
+    """Whether ``name`` in the dir ``dfd`` is still the regular file the manifest entry ``e`` wrote."""
     try:
-        parts = _parts(rel)
-        dfd = dirs.parent(parts, create=False)
-        st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-    except (OSError, ValueError):
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return stat.S_ISREG(st.st_mode) and st.st_size == e["size"] and st.st_mtime_ns == e["mtime_ns"]
+    except (OSError, ValueError, KeyError):
         return False
-    return stat.S_ISREG(st.st_mode) and (st.st_size, st.st_mtime_ns) == (e.get("size"), e.get("mtime_ns"))
+
+
+def _gone(root: int, entries: Dict[str, Dict[str, Any]]) -> List[str]:
+    """The entries' paths that are no longer as sync wrote them under the target dir ``root``: each dir
+    opened once (never through a symlink), each file statted once in it."""
+    by_dir = {}  # type: Dict[str, List[str]]
+    for rel in entries:
+        by_dir.setdefault(rel.rpartition("/")[0], []).append(rel)
+    gone = []  # type: List[str]
+    for head, rels in by_dir.items():
+        try:
+            names = _parts(head) if head else []
+            dfd = _walk_down(os.dup(root), names, False, head)
+        except (OSError, ValueError):
+            gone += rels
+            continue
+        try:
+            for rel in rels:
+                name = rel[len(head) + 1 :] if head else rel
+                if name in ("", ".", "..") or rel.startswith("/") or not _unchanged(dfd, name, entries[rel]):
+                    gone.append(rel)
+        finally:
+            os.close(dfd)
+    return gone
+
+
+def _read_journal(path: str) -> Any:
+    """The journal's entries in the order written, and its line count: one JSON parse of the whole file;
+    line by line (skipping a line a crash cut) when that fails."""
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.count(b"\n")
+    if not data.strip():
+        return [], lines
+    try:
+        return json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]"), lines
+    except ValueError:
+        pass
+    out = []
+    for line in data.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash
+    return out, lines
 
 
 def _manifest(state_dir: str, target: str, root: int) -> Dict[str, Dict[str, Any]]:
     """What sync wrote into ``target`` (open as ``root``) and is still there unchanged (size and mtime)."""
     path = _manifest_path(state_dir, target)
-    entries: Dict[str, Dict[str, Any]] = {}
-    lines = 0
+    entries = {}  # type: Dict[str, Dict[str, Any]]
     with _manifest_lock:
         try:
-            with open(path, "rb") as f:
-                for line in f:
-                    lines += 1
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        continue  # a line cut by a crash
-                    if isinstance(e, dict) and isinstance(e.get("rel"), str):
-                        if e.get("del"):
-                            entries.pop(e["rel"], None)
-                        else:
-                            entries[e["rel"]] = e
+            journal, lines = _read_journal(path)
         except FileNotFoundError:
             return {}
-        dirs = _Dirs(root)
-        try:
-            gone = [rel for rel, e in entries.items() if not _unchanged(dirs, rel, e)]
-        finally:
-            dirs.close()
-        for rel in gone:  # changed or removed on the host since: it must be sent again
+        for e in journal:
+            if isinstance(e, dict) and isinstance(e.get("rel"), str):
+                if e.get("del"):
+                    entries.pop(e["rel"], None)
+                else:
+                    entries[e["rel"]] = e
+        for rel in _gone(root, entries):  # changed or removed on the host since: it must be sent again
             del entries[rel]
         if lines > 2 * len(entries) + 100:  # compact the journal
             write_atomic(path, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries.values())
@@ -480,10 +512,30 @@ def _manifest(state_dir: str, target: str, root: int) -> Dict[str, Dict[str, Any
     return entries
 
 
+#: A sha256 in hex, as a client's ``expect`` names its tree.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def tree_digest(listed: List[Dict[str, Any]]) -> str:
+    """The tree hash of manifest entries in path order, the way the client hashes its tree (gputui/core/sync.py
+    ``tree_hash``): sha256 of ``rel NUL mode-in-octal NUL sha256 LF`` for each; "" when an entry has no
+    int mode (it never matches)."""
+    try:
+        text = "".join(["%s\0%o\0%s\n" % (e["rel"], e["mode"], e["sha256"]) for e in listed])
+    except (KeyError, TypeError):  # no mode, or one that is no number
+        return ""
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 def manifest_page(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
-    """Entries of the target's manifest after ``after`` (in path order), at most MANIFEST_PAGE of them."""
+    """Entries of the target's manifest after ``after`` (in path order), at most MANIFEST_PAGE of them. With
+    ``expect`` (the client's tree hash) on a first page, a manifest that hashes the same is answered
+    ``same`` with no entries: every file is there as the client has it, and no other (each still statted)."""
     target = target_dir(a.get("target"))
     after = str(a.get("after") or "")
+    expect = a.get("expect")
+    if expect is not None and not (isinstance(expect, str) and _SHA256.fullmatch(expect)):
+        raise ValueError("expect must be a sha256 in hex (64 digits)")
     try:
         root = open_target(state_dir, target, create=False)
     except FileNotFoundError:  # not made yet: nothing there
@@ -492,6 +544,8 @@ def manifest_page(state_dir: str, a: Dict[str, Any]) -> Dict[str, Any]:
         rels, listed = _listing(state_dir, target, root, fresh=not after)
     finally:
         os.close(root)
+    if expect and not after and tree_digest(listed) == expect:
+        return {"target": target, "entries": [], "more": False, "same": True}
     start = bisect.bisect_right(rels, after) if after else 0
     page = listed[start : start + MANIFEST_PAGE]
     return {"target": target, "entries": page, "more": start + len(page) < len(listed)}

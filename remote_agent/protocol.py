@@ -93,7 +93,7 @@ OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{pa
 OP_FILES_READ = "files.read"  # args: path, offset, max_bytes; result: {offset, size, mtime, b64}
 OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}
 OP_FILES_WRITE = "files.write"  # args: target, rel, part, offset, b64, truncate, commit {sha256, mode, mtime_ns}
-OP_FILES_MANIFEST = "files.manifest"  # args: target, after; result: {target, entries, more}
+OP_FILES_MANIFEST = "files.manifest"  # args: target, after[, expect]; result: {target, entries, more[, same]}
 OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
 OP_SLURM_INFO = "slurm.info"  # a Slurm login node: partitions and nodes with their GPUs (one sinfo)
 

@@ -43,13 +43,14 @@ async def cmd_pull(args: argparse.Namespace) -> int:
     return await with_session(args, args.host, body)
 
 
-async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool) -> Any:
-    """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult."""
+async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool, local: Any = None) -> Any:
+    """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult. ``local``: the
+    ``start_local`` of ``src`` begun before the connect."""
     from ..core.pull import PullError
     from ..core.sync import SyncError, sync
 
     try:
-        res = await sync(s, src, target, delete=delete, on_progress=progress_printer())
+        res = await sync(s, src, target, delete=delete, on_progress=progress_printer(), local=local)
     except Unreachable:
         raise
     except (SyncError, PullError, OSError) as exc:  # e.g. a local file unreadable, a host's bad answer
@@ -62,14 +63,24 @@ async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool) 
 
 
 async def cmd_sync(args: argparse.Namespace) -> int:
-    """Copy a local tree to a directory on the host: only changed files travel."""
+    """Copy a local tree to a directory on the host: only changed files travel. The local tree is walked and
+    hashed in a thread while the host connects."""
+    from ..core.sync import start_local
+
+    local = start_local(args.src)
 
     async def body(s: HostSession) -> int:
-        res = await sync_tree(s, args.src, args.to, args.delete)
+        res = await sync_tree(s, args.src, args.to, args.delete, local)
         print(res.target)
         return ExitStatus.FAILED if res.missing or any(n.startswith("not sent") for n in res.notes) else ExitStatus.OK
 
-    return await with_session(args, args.host, body)
+    try:
+        return await with_session(args, args.host, body)
+    finally:
+        if not local.done():  # the connect failed: the walk's result is not wanted
+            local.cancel()
+        elif not local.cancelled():
+            local.exception()  # retrieved: an error of the walk that the connect's error came before
 
 
 async def cmd_forward(args: argparse.Namespace) -> int:

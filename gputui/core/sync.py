@@ -19,13 +19,14 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import stat
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from remote_agent import protocol as P
 
@@ -54,14 +55,34 @@ class SyncError(GputuiError):
     """A sync that cannot start or go on; the message says why."""
 
 
-@dataclass(frozen=True)
-class LocalFile:
+class LocalFile(NamedTuple):
     rel: str
     path: str
     size: int
     mtime_ns: int
     mode: int
     sha256: str = ""
+    ino: int = 0
+
+
+@dataclass
+class LocalTree:
+    """The local side of a sync, made without the host (so it can run while the host connects). ``files``
+    lack their sha256 until ``hashed`` when the tree hash came from the last sync's summary (no file's
+    path, size, mtime, inode or mode changed since)."""
+
+    files: list[LocalFile]
+    notes: list[str]
+    git: dict[str, Any] | None
+    tree_sha256: str
+    cache: Path
+    is_hashed: bool = True
+
+    def hashed(self) -> list[LocalFile]:
+        """The files with their sha256 (from the hash cache, or hashed now)."""
+        if not self.is_hashed:
+            self.files, self.is_hashed = with_hashes(self.files, self.cache), True
+        return self.files
 
 
 @dataclass
@@ -116,83 +137,225 @@ def _ignore_patterns(src: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
+def _matcher(globs: list[str]) -> Callable[[str], object] | None:
+    """One compiled regex for all of ``globs`` (fnmatch syntax, whole string); None for no globs."""
+    return re.compile("|".join(fnmatch.translate(g) for g in globs)).match if globs else None
+
+
+class IgnoreRules:
+    """``.gputuiignore`` patterns, gitignore-like, compiled once into four regexes: a pattern with a ``/``
+    matches the path (or a leading dir of it), one without matches any component; a trailing ``/`` names
+    directories. An ignored dir is never walked into."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        dir_path: list[str] = []
+        dir_name: list[str] = []
+        file_path: list[str] = []
+        file_name: list[str] = []
+        for pattern in patterns:
+            dir_only, pat = pattern.endswith("/"), pattern.strip("/")
+            if not pat:
+                continue
+            anchored = "/" in pattern.rstrip("/")
+            (dir_path if anchored else dir_name).append(pat)
+            if not dir_only:
+                (file_path if anchored else file_name).append(pat)
+        self._dir_path, self._dir_name = _matcher(dir_path), _matcher(dir_name)
+        self._file_path, self._file_name = _matcher(file_path), _matcher(file_name)
+        self._dirs: dict[str, bool] = {}  # dir rel -> ignored (itself or a dir above it)
+
+    def dir(self, rel: str, name: str) -> bool:
+        """Whether the directory ``rel`` (last component ``name``) is ignored by a pattern of its own."""
+        return bool((self._dir_path and self._dir_path(rel)) or (self._dir_name and self._dir_name(name)))
+
+    def file(self, rel: str, name: str) -> bool:
+        """Whether the file ``rel`` (last component ``name``) is ignored by a pattern of its own."""
+        return bool((self._file_path and self._file_path(rel)) or (self._file_name and self._file_name(name)))
+
+    def _dir_or_above(self, rel: str) -> bool:
+        hit = self._dirs.get(rel)
+        if hit is None:
+            head, _, name = rel.rpartition("/")
+            hit = self._dirs[rel] = bool(head and self._dir_or_above(head)) or self.dir(rel, name)
+        return hit
+
+    def __call__(self, rel: str) -> bool:
+        """Whether the file ``rel`` is ignored, by its own name or path or by a dir above it."""
+        head, _, name = rel.rpartition("/")
+        return bool(head and self._dir_or_above(head)) or self.file(rel, name)
+
+
 def ignored(rel: str, patterns: list[str]) -> bool:
-    """gitignore-like: a pattern with a ``/`` matches the path (or a leading dir of it), one without
-    matches any component; a trailing ``/`` names directories."""
-    parts = rel.split("/")
-    for pattern in patterns:
-        dir_only = pattern.endswith("/")
-        pat = pattern.strip("/")
-        if "/" in pattern.rstrip("/"):
-            prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + (0 if dir_only else 1))]
-            if any(fnmatch.fnmatchcase(p, pat) for p in prefixes):
-                return True
-        elif any(fnmatch.fnmatchcase(p, pat) for p in (parts[:-1] if dir_only else parts)):
-            return True
-    return False
+    """Whether ``.gputuiignore`` ``patterns`` ignore the file ``rel`` (see IgnoreRules)."""
+    return IgnoreRules(patterns)(rel)
 
 
-def _names(src: str) -> list[str]:
-    if _git(src, "rev-parse", "--is-inside-work-tree") is not None:
-        out = _git(src, "ls-files", "-co", "--exclude-standard", "-z")
-        if out is None:
-            raise SyncError(f"git ls-files failed in {src}")
-        return sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
-    names: list[str] = []
-    for root, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d != ".git")
-        below = root[len(src) :].lstrip(os.sep)  # os.walk's roots all start with src: no relpath per file
-        names += [f"{below}{os.sep}{f}" if below else f for f in files]
-        if len(names) > MAX_FILES:
-            break
-    return sorted(names)
+def _git_files(src: str) -> list[str] | None:
+    """The names ``git ls-files -co --exclude-standard`` gives when ``src`` is in a git work tree, else None."""
+    if _git(src, "rev-parse", "--is-inside-work-tree") is None:
+        return None
+    out = _git(src, "ls-files", "-co", "--exclude-standard", "-z")
+    if out is None:
+        raise SyncError(f"git ls-files failed in {src}")
+    return sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
 
 
-def local_files(src: str, notes: list[str]) -> list[LocalFile]:
-    """The regular files to carry, with size, mtime and mode; symlinks and the like skipped with a note."""
-    patterns = _ignore_patterns(src)
+def _too_many(src: str) -> SyncError:
+    return SyncError(f"{src} holds more than {MAX_FILES:,} files to sync: add what need not go to {IGNORE_FILE}")
+
+
+def _file(rel: str, path: str, st: os.stat_result, notes: list[str]) -> LocalFile | None:
+    """The LocalFile of a regular file; None (a note for a symlink) for anything else."""
+    if stat.S_ISLNK(st.st_mode):
+        notes.append(f"skipped symlink {rel}")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return LocalFile(rel, path, st.st_size, st.st_mtime_ns, st.st_mode & 0o777, "", st.st_ino)
+
+
+def _listed(src: str, names: list[str], rules: IgnoreRules, notes: list[str]) -> list[LocalFile]:
+    """The files of a git listing, minus the ignored ones, each lstat'ed."""
     files = []
-    for rel in _names(src):
-        if ignored(rel, patterns):
+    for rel in names:
+        if rules(rel):
             continue
         path = os.path.join(src, rel)
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue  # a tracked file deleted in the work tree
-        if stat.S_ISLNK(st.st_mode):
-            notes.append(f"skipped symlink {rel}")
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        files.append(LocalFile(rel, path, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode) & 0o777))
-        if len(files) > MAX_FILES:
-            raise SyncError(
-                f"{src} holds more than {MAX_FILES:,} files to sync: add what need not go to {IGNORE_FILE}"
-            )
+        f = _file(rel, path, st, notes)
+        if f is not None:
+            files.append(f)
+            if len(files) > MAX_FILES:
+                raise _too_many(src)
     return files
 
 
+def _walked(src: str, rules: IgnoreRules, notes: list[str]) -> list[LocalFile]:
+    """Every file under ``src`` but ``.git`` dirs and what ``rules`` ignore (an ignored dir is not entered),
+    by ``os.scandir``: one lstat per file, none per dir."""
+    files: list[LocalFile] = []
+    todo = [("", src)]
+    while todo:
+        below, path = todo.pop()
+        try:
+            entries = os.scandir(path)
+        except OSError as exc:
+            if not below:
+                raise SyncError(f"cannot read {src}: {exc.strerror or exc}") from None
+            notes.append(f"skipped unreadable dir {below.rstrip('/')}")
+            continue
+        with entries:
+            for entry in entries:
+                name, rel = entry.name, below + entry.name
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        if name != ".git" and not rules.dir(rel, name):
+                            todo.append((rel + "/", entry.path))
+                        continue
+                    if rules.file(rel, name):
+                        continue
+                    f = _file(rel, entry.path, entry.stat(follow_symlinks=False), notes)
+                except FileNotFoundError:
+                    continue  # gone meanwhile
+                if f is not None:
+                    files.append(f)
+                    if len(files) > MAX_FILES:
+                        raise _too_many(src)
+    return sorted(files)
+
+
+def local_files(src: str, notes: list[str]) -> list[LocalFile]:
+    """The regular files to carry (in path order), with size, mtime, mode and inode; symlinks and the like
+    skipped with a note."""
+    return _local_files(src, notes)[0]
+
+
+def _local_files(src: str, notes: list[str]) -> tuple[list[LocalFile], bool]:
+    """``local_files`` and whether ``src`` is in a git work tree."""
+    rules = IgnoreRules(_ignore_patterns(src))
+    names = _git_files(src)
+    return (_walked(src, rules, notes), False) if names is None else (_listed(src, names, rules, notes), True)
+
+
+def _cache_key(f: LocalFile) -> str:
+    return f"{f.rel}\0{f.size}:{f.mtime_ns}:{f.ino}"
+
 
 def with_hashes(files: list[LocalFile], cache_path: Path) -> list[LocalFile]:
-    """Each file's sha256, reusing the cache entry of a file whose size and mtime did not change."""
+    """Each file's sha256, reusing the cache's of a file whose path, size, mtime and inode did not change
+    (the cache maps ``rel NUL size:mtime_ns:inode`` to the sha256); written again only when it changed."""
     try:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
     cache = cache if isinstance(cache, dict) else {}
-    out, fresh = [], {}
+    out, changed = [], len(cache) != len(files)
     for f in files:
-        key = f"{f.size}:{f.mtime_ns}"
-        hit = cache.get(f.rel)
-        sha = hit[1] if isinstance(hit, list) and len(hit) == 2 and hit[0] == key else sha256_file(f.path)
-        fresh[f.rel] = [key, sha]
-        out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha))
-    make_dirs(cache_path.parent)
-    tmp = cache_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(fresh))
-    os.replace(tmp, cache_path)
+        sha = cache.get(_cache_key(f))
+        if not isinstance(sha, str):
+            sha, changed = sha256_file(f.path), True
+        out.append(LocalFile(f.rel, f.path, f.size, f.mtime_ns, f.mode, sha, f.ino))
+    if changed:
+        _write_atomic(cache_path, json.dumps({_cache_key(f): f.sha256 for f in out}))
     return out
+
+
+def cache_path(src: str, cache_dir: Path | None = None) -> Path:
+    """Where the hashes of ``src``'s files are kept between syncs."""
+    key = hashlib.sha256(src.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    return (cache_dir or Path.home() / ".cache" / "gputui") / "sync" / f"{key}.json"
+
+
+def local_tree(src: str, cache_dir: Path | None = None) -> LocalTree:
+    """The files of ``src`` to carry, hashed, with the git state and the tree hash: all a sync needs of the
+    local side, without the host (``start_local`` runs it in a thread while the host connects)."""
+    src = os.path.abspath(src)
+    if not os.path.isdir(src):
+        raise SyncError(f"{src} is not a directory")
+    notes: list[str] = []
+    files, in_git = _local_files(src, notes)
+    git, cache = git_state(src, files) if in_git else None, cache_path(src, cache_dir)
+    stats = stat_digest(files)
+    known = _summary(cache)
+    if known.get("stat") == stats and isinstance(known.get("tree"), str):
+        return LocalTree(files, notes, git, known["tree"], cache, is_hashed=False)
+    files = with_hashes(files, cache)
+    tree = LocalTree(files, notes, git, tree_hash(files), cache)
+    _write_atomic(cache.with_suffix(".tree"), json.dumps({"stat": stats, "tree": tree.tree_sha256}))
+    return tree
+
+
+def stat_digest(files: list[LocalFile]) -> str:
+    """One sha256 of every file's path, size, mtime, inode and mode: equal to the last sync's, the tree
+    hash is the last sync's too (the hash cache would give each file the same sha256)."""
+    text = "".join([f"{f.rel}\0{f.size}\0{f.mtime_ns}\0{f.ino}\0{f.mode}\n" for f in files])
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _summary(cache: Path) -> dict[str, Any]:
+    """The last sync's stat digest and tree hash of this tree ({} when none or unreadable)."""
+    try:
+        known = json.loads(cache.with_suffix(".tree").read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temp file of its own (two syncs of one tree never share one)."""
+    make_dirs(path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def start_local(src: str, cache_dir: Path | None = None) -> asyncio.Future[LocalTree]:
+    """``local_tree`` in a thread, begun at once (not at the event loop's next turn): the CLI starts it
+    before it connects, so the walk and the hashing overlap the connect and the agent's start."""
+    return asyncio.get_running_loop().run_in_executor(None, local_tree, src, cache_dir)
 
 
 def tree_hash(files: list[LocalFile]) -> str:
@@ -233,22 +396,29 @@ def _manifest_entry(session: HostSession, e: Any) -> dict[str, Any]:
     return {"rel": rel, "sha256": sha, "mode": mode}
 
 
-async def _manifest(session: HostSession, target: str) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The host's manifest of ``target`` (what earlier syncs wrote and is unchanged), page by page."""
+async def _manifest(
+    session: HostSession, target: str, expect: str = ""
+) -> tuple[str, dict[str, dict[str, Any]], bool]:
+    """The host's manifest of ``target`` (what earlier syncs wrote and is unchanged), page by page:
+    (the target's absolute path, the entries, same). With ``expect`` (this side's tree hash) a host whose
+    manifest hashes the same answers ``same`` and no entries: nothing to send, nothing to delete."""
     entries: dict[str, dict[str, Any]] = {}
     after, abs_target = "", target
     while True:
-        page = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after)
+        args: dict[str, Any] = {"expect": expect} if expect and not after else {}
+        page = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after, **args)
         if not isinstance(page, dict) or not isinstance(page.get("target"), str):
             raise wire_error(session, P.OP_FILES_MANIFEST, f"the reply is {str(page)[:80]!r}")
-        got = page.get("entries")
-        if not isinstance(got, list) or not isinstance(page.get("more", False), bool):
-            raise wire_error(session, P.OP_FILES_MANIFEST, "entries is no list, or more no bool")
+        got, same = page.get("entries"), page.get("same", False)
+        if not isinstance(got, list) or not isinstance(page.get("more", False), bool) or not isinstance(same, bool):
+            raise wire_error(session, P.OP_FILES_MANIFEST, "entries is no list, or more or same no bool")
         abs_target = page["target"]
+        if same and args:
+            return abs_target, {}, True
         for e in map(lambda e: _manifest_entry(session, e), got):
             entries[e["rel"]] = e
         if not page.get("more") or not got or got[-1]["rel"] <= after:
-            return abs_target, entries
+            return abs_target, entries, False
         after = got[-1]["rel"]
 
 
@@ -452,29 +622,22 @@ async def sync(
     delete: bool = False,
     cache_dir: Path | None = None,
     on_progress: Progress | None = None,
+    local: Awaitable[LocalTree] | None = None,
 ) -> SyncResult:
-    """Make ``target`` on the host hold ``src``'s files; only changed ones travel."""
+    """Make ``target`` on the host hold ``src``'s files; only changed ones travel. ``local``: the
+    ``start_local`` of ``src`` begun earlier (else it is made now)."""
     src = os.path.abspath(src)
-    if not os.path.isdir(src):
-        raise SyncError(f"{src} is not a directory")
     session.run_in_background()
     target = target or default_target(src)
-    result = SyncResult(target=target)
-    files = local_files(src, result.notes)
-    result.git = git_state(src, files)
-    cache = (
-        (cache_dir or Path.home() / ".cache" / "gputui")
-        / "sync"
-        / (hashlib.sha256(src.encode("utf-8", "surrogateescape")).hexdigest()[:24] + ".json")
-    )
-    listing = asyncio.ensure_future(_manifest(session, target))  # asked while the files are hashed here
-    try:
-        files = await asyncio.to_thread(with_hashes, files, cache)
-    except BaseException:
-        listing.cancel()
-        raise
-    result.files, result.tree_sha256 = len(files), tree_hash(files)
-    result.target, have = await listing
+    tree = await (local if local is not None else asyncio.to_thread(local_tree, src, cache_dir))
+    result = SyncResult(target=target, files=len(tree.files), tree_sha256=tree.tree_sha256, git=tree.git,
+                        notes=list(tree.notes))  # fmt: skip
+    result.target, have, same = await _manifest(session, target, expect=tree.tree_sha256)
+    if same:  # the host holds exactly these files, as they are here: nothing to send or delete
+        if on_progress is not None:
+            on_progress("0 files changed", 0, 0)
+        return result
+    files = tree.files if tree.is_hashed else await asyncio.to_thread(tree.hashed)
     todo = [
         f for f in files if (have.get(f.rel) or {}).get("sha256") != f.sha256 or have[f.rel]["mode"] != f.mode
     ]
@@ -488,13 +651,13 @@ async def sync(
     landed = await _send_all(session, result.target, todo, sent, result.notes) if todo else {}
     result.sent = len(todo) - sum(n.startswith("not sent") for n in result.notes)
     if landed is None:  # chunked writes: what landed is in the host's manifest
-        _, there = await _manifest(session, result.target)
+        _, there, _ = await _manifest(session, result.target)
     else:  # the stream's acknowledgements carry the host's entries of the files written
         there = {**have, **landed}
     result.tree_sha256, result.missing = host_tree(files, there)
     if delete:
-        local = {f.rel for f in files}
-        gone = sorted(rel for rel in have if rel not in local)
+        local_rels = {f.rel for f in files}
+        gone = sorted(rel for rel in have if rel not in local_rels)
         for i in range(0, len(gone), 1000):
             res = await request_retrying(
                 session, P.OP_FILES_DELETE, target=result.target, rels=gone[i : i + 1000]
