@@ -163,3 +163,12 @@ def test_the_cli_adds_the_line_doctor_shows_it_and_turning_it_off_takes_it_out(h
     home.cli("status", check=True)
     assert ours(home.state_dir) == [] and crontab() == USERS
     assert "resume on boot" not in home.cli("doctor", "local").stdout
+
+
+def test_a_path_with_a_line_break_makes_no_line(tmp_path: Path, users_crontab: None) -> None:
+    """A line break in the state dir (it comes from the config's remote_dir) would end the crontab line and
+    start one of its own: no line is made, and the crontab stays as it was."""
+    state = tmp_path / "state\n* * * * * touch /tmp/gputui-not-from-cron"
+    said = autostart.sync(True, str(state), [sys.executable, "-c", "pass"])
+    assert said["ok"] is False and "line break" in said["detail"]
+    assert crontab() == USERS

@@ -39,6 +39,9 @@ def sync(want: bool, state_dir: str, launcher: List[str]) -> Dict[str, Any]:
     """Make the user's crontab hold this state dir's line exactly when ``want``: ``{"ok", "changed", "detail"}``.
     Never raises; a host without ``crontab`` (most containers) is ``ok: False`` saying so when the line is
     wanted, and nothing to do when it is not."""
+    if want and any(ch in word for word in launcher + [state_dir] for ch in "\n\r\0"):
+        return {"ok": False, "changed": False, "detail": "the state dir or the agent's path holds a line break: "
+                "no crontab line is made for it"}  # (a line break would end the line and start another)
     if shutil.which("crontab") is None:
         return {"ok": not want, "changed": False,
                 "detail": "no crontab on this host: resume_on_boot needs cron" if want else ""}  # fmt: skip
