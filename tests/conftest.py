@@ -252,6 +252,17 @@ def agent(tmp_path: Path) -> Iterator[AgentProc]:
     stop_host(state)
 
 
+def lost_in_a_reboot_job(tmp_path: Path) -> list[str]:
+    """argv of a job for the faked reboots (test_restart, test_resume_on_boot): it prints its GPUTUI_ATTEMPT;
+    attempt 1 runs until the reboot kills it, a later attempt succeeds at once."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        'import os, time\nprint("attempt", os.environ["GPUTUI_ATTEMPT"], flush=True)\n'
+        'while os.environ["GPUTUI_ATTEMPT"] == "1":\n    time.sleep(0.05)\n'
+    )
+    return [sys.executable, str(script)]
+
+
 def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.05, what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns a truthy value (a readiness check, not a sleep)."""
     deadline = time.monotonic() + timeout

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import AgentProc, Home, kill_tmux, stop_host, wait_for
+from conftest import AgentProc, Home, kill_tmux, lost_in_a_reboot_job, stop_host, wait_for
 
 from remote_agent.fsutil import read_json, write_json
 from remote_agent.jobs import restart as R
@@ -154,13 +154,7 @@ def test_a_kill_while_waiting_to_restart_ends_the_job(tmp_path: Path) -> None:
 def test_a_job_lost_in_a_reboot_restarts_at_the_next_agent_start(tmp_path: Path) -> None:
     """The tmux server dies with the job and the boot id changes (a reboot); the watchdog is gone too. The next
     agent start resumes the job and says so."""
-    gate = tmp_path / "rebooted"
-    argv = _script(tmp_path, f"""
-import os, time
-print("attempt", os.environ["GPUTUI_ATTEMPT"], flush=True)
-while os.environ["GPUTUI_ATTEMPT"] == "1" and not os.path.exists({str(gate)!r}):
-    time.sleep(0.05)
-""")
+    argv = lost_in_a_reboot_job(tmp_path)
     state = tmp_path / "state"
     agent = AgentProc(state)
     try:

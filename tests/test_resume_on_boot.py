@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import AgentProc, Home, kill_tmux, stop_host, wait_for
+from conftest import AgentProc, Home, kill_tmux, lost_in_a_reboot_job, stop_host, wait_for
 
 from remote_agent.fsutil import read_json, write_json
 from remote_agent.host import autostart
@@ -84,14 +84,6 @@ def test_a_host_that_never_asked_runs_no_crontab(tmp_path: Path, users_crontab: 
 def test_after_a_reboot_the_line_resumes_the_lost_job_and_arms_the_idle_rule_again(
     tmp_path: Path, users_crontab: None
 ) -> None:
-    gate = tmp_path / "rebooted"
-    script = tmp_path / "job.py"
-    script.write_text(f"""
-import os, time
-print("attempt", os.environ["GPUTUI_ATTEMPT"], flush=True)
-while os.environ["GPUTUI_ATTEMPT"] == "1" and not os.path.exists({str(gate)!r}):
-    time.sleep(0.05)
-""")
     state = tmp_path / "state"
     agent = AgentProc(state)
     try:
@@ -99,7 +91,7 @@ while os.environ["GPUTUI_ATTEMPT"] == "1" and not os.path.exists({str(gate)!r}):
                   "release_at": 4102444800.0, "count_sessions": False}  # fmt: skip
         assert agent.call("watchdog.configure", config=config)["result"]["armed"]
         restart = {"policy": "on-failure", "max": 3, "backoff_s": 0, "backoff_max_s": 0}
-        jid = agent.call("jobs.start", argv=[sys.executable, str(script)], restart=restart)["result"]["id"]
+        jid = agent.call("jobs.start", argv=lost_in_a_reboot_job(tmp_path), restart=restart)["result"]["id"]
         job_dir = state / "jobs" / jid
         wait_for(lambda: (job_dir / "pid.json").exists(), what="the job to run")
         agent.close()

@@ -122,9 +122,11 @@ class Fleet:
     def start_local(self) -> None:
         """Start the local hosts' sessions now (the app does before its first frame: their agents started
         with the app, so this is only pipes and a hello); ``run_in_background`` starts the rest."""
-        for name, session in self.sessions.items():
-            if self.config.hosts[name].transport == "local":
-                session.run_in_background()
+        for session in self._local_sessions():
+            session.run_in_background()
+
+    def _local_sessions(self) -> list[HostSession]:
+        return [s for n, s in self.sessions.items() if self.config.hosts[n].transport == "local"]
 
     def run_in_background(self) -> None:
         """Start every host's session; the deferred SSH hosts' once the SSH stack has loaded in a thread."""
@@ -137,7 +139,7 @@ class Fleet:
         """Load the SSH stack, then build and start the deferred hosts. The load holds the GIL most of the time,
         so it begins once the local hosts are connected (their agents started with the app: milliseconds),
         or after ``LOCAL_FIRST_S``, whichever comes first."""
-        local = [s for n, s in self.sessions.items() if self.config.hosts[n].transport == "local"]
+        local = self._local_sessions()
         if local:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(s.wait_connected() for s in local)), LOCAL_FIRST_S)

@@ -80,20 +80,26 @@ class LambdaInstance:
 def lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = None) -> str | None:
     """The user's Lambda key: ``$LAMBDA_API_KEY``, else ``api_key = KEY`` in ``~/.lambda_cloud/lambda_keys``;
     None when neither has one. A malformed key is a ``ProviderError("config")`` naming where it came from."""
+    found = _user_key("Lambda", LAMBDA_KEY_ENV, (str(path or LAMBDA_KEY_FILE),), ("api_key",), env)
+    return found[0] if found else None
+
+
+def _user_key(
+    label: str, variable: str, files: tuple[str, ...], names: tuple[str, ...], env: Mapping[str, str] | None
+) -> tuple[str, str] | None:
+    """The first key found in ``$variable``, then in ``files`` (``_key_from_file``), and where; None when none
+    has one. A malformed key is a ``ProviderError("config")`` naming where it came from."""
     values = os.environ if env is None else env
-    key = values.get(LAMBDA_KEY_ENV, "").strip()
-    where = f"${LAMBDA_KEY_ENV}"
-    if not key:
-        file = Path(os.path.expanduser(str(path or LAMBDA_KEY_FILE)))
-        where = str(file)
-        key = _key_from_file(file) or ""
+    key, where = values.get(variable, "").strip(), f"${variable}"
+    for file in files:
+        if key:
+            break
+        key, where = _key_from_file(Path(os.path.expanduser(file)), names) or "", file
     if not key:
         return None
     if not agent_provider.KEY_SHAPE.match(key):
-        raise ProviderError(
-            "config", f"the Lambda API key in {where} is not an API key (printable, no spaces)"
-        )
-    return key
+        raise ProviderError("config", f"the {label} API key in {where} is not an API key (printable, no spaces)")
+    return key, where
 
 
 def require_lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = None) -> str:
@@ -139,16 +145,7 @@ def account_key(provider: str, env: Mapping[str, str] | None = None) -> tuple[st
     there is none. A malformed one is a ``ProviderError("config")`` naming where it came from."""
     if provider not in ACCOUNT_KEYS:
         return None
-    variable, files, names = ACCOUNT_KEYS[provider]
-    values = os.environ if env is None else env
-    found = [(values.get(variable, "").strip(), f"${variable}")]
-    found += [(_key_from_file(Path(os.path.expanduser(f)), names) or "", f) for f in files]
-    key, where = next(((k, w) for k, w in found if k), ("", ""))
-    if not key:
-        return None
-    if not agent_provider.KEY_SHAPE.match(key):
-        raise ProviderError("config", f"the {provider} API key in {where} is not an API key (printable, no spaces)")
-    return key, where
+    return _user_key(provider, *ACCOUNT_KEYS[provider], env)
 
 
 def account_key_hint(provider: str) -> str:

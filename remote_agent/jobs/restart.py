@@ -221,7 +221,6 @@ def wait_launched(job_dir: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
-
 def slurm_requeued(job_dir: str, restart_count: str) -> int:
     """The attempt a Slurm batch run is: ``SLURM_RESTART_COUNT`` + 1. A run Slurm requeued (a node failure, a
     preemption, ``scontrol requeue``) first files the previous run's end in attempts.json (lost when its runner
@@ -254,6 +253,7 @@ def slurm_requeued(job_dir: str, restart_count: str) -> int:
     attempts[-1]["log_end"] = Restarts._mark(job_dir, "── attempt %d, requeued by Slurm ──" % n)
     write_json(os.path.join(job_dir, ATTEMPTS), attempts[-MAX_ATTEMPTS:])
     return n
+
 
 # --- the decision (in the watchdog) --------------------------------------------------------------------------
 def _tail(path: str, start: int) -> bytes:

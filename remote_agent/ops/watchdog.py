@@ -71,7 +71,7 @@ def _resume_on_boot(agent: "Agent", want: bool) -> Dict[str, Any]:
     result = autostart.sync(want, state_dir, agent.launcher)
     if result["changed"]:
         W.log_line(state_dir, "resume_on_boot: %s" % result["detail"])
-    if want and result["ok"]:
+    if want and result["ok"] and (result["changed"] or not os.path.exists(marker)):
         write_json(marker, {"entry": autostart.entry(agent.launcher, state_dir)})
     elif not want and result["ok"]:
         os.unlink(marker)
