@@ -81,6 +81,21 @@ def test_a_bom_at_the_start_is_accepted(home: Home) -> None:
     assert res.returncode == 0, res.stderr
 
 
+def test_bytes_that_are_not_utf8_are_fine_in_comments_only(home: Home) -> None:
+    """An old editor's Latin-1 comment does not stop gputui; such bytes in a key or value are an error."""
+    path = home.write_config("")
+    path.write_bytes(f'# caf\xe9\n[hosts.local]  # \xff\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+                     .encode("latin-1"))  # fmt: skip
+    assert list(cfg.load(str(path)).hosts) == ["local"]
+    assert home.cli("jobs").returncode == 0
+    path.write_bytes(b'[hosts.local]\ntransport = "local"\nremote_dir = "/tmp/caf\xe9"\n')
+    with pytest.raises(cfg.ConfigError, match="hosts.local.remote_dir: holds bytes that are not UTF-8"):
+        cfg.load(str(path))
+    path.write_bytes(b'[hosts."caf\xe9\\u001b"]\ntransport = "local"\n')
+    with pytest.raises(cfg.ConfigError, match=r"hosts\.'caf\\udce9\\x1b': holds bytes"):
+        cfg.load(str(path))
+
+
 @pytest.mark.parametrize(
     ("text", "says"),
     [

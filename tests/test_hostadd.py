@@ -3,6 +3,7 @@ and the whole flow against the real test sshd (tests/sshd.py)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pty
@@ -10,6 +11,7 @@ import select
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -182,7 +184,98 @@ def test_a_file_changed_since_it_was_read_is_not_overwritten(tmp_path: Path) -> 
     with pytest.raises(H.EditError, match="changed while gputui worked on it"):
         H.write(file, text)
     assert file.path.read_text() == USER_CONFIG + "# edited meanwhile\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]  # no temp file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".config.toml.gputui-lock", "config.toml"]  # no temp file
+
+
+def test_removing_the_last_table_keeps_the_commented_out_tables_and_notes_after_it(tmp_path: Path) -> None:
+    text = '[hosts.a]\nhost = "a"\n\n[hosts.b]\nhost = "b"\n\n# [hosts.old]\n# host = "x"\n\n# note: keep\n'
+    assert H.without_host(_file(tmp_path, text), "b") == (
+        '[hosts.a]\nhost = "a"\n\n# [hosts.old]\n# host = "x"\n\n# note: keep\n'
+    )  # they belong to nobody
+    assert H.without_host(_file(tmp_path, '[hosts.a]\nhost = "a"\n# port = 2\n'), "a") == "# port = 2\n"
+    assert H.without_host(_file(tmp_path, 'x = 1\n\n[hosts.a]\nhost = "a"\n\n\n'), "a") == "x = 1\n"
+
+
+def test_a_bom_before_the_first_table_stays_and_the_table_goes(tmp_path: Path) -> None:
+    text = '\ufeff[hosts.a]\nhost = "a"\n\n[hosts.b]\nhost = "b"\n'
+    assert H.without_host(_file(tmp_path, text), "a") == '\ufeff[hosts.b]\nhost = "b"\n'
+    assert H.without_host(_file(tmp_path, text), "b") == '\ufeff[hosts.a]\nhost = "a"\n'
+
+
+HEAD = b'# caf\xe9 \xff: my hosts\n[hosts.a]\nhost = "a"  # \xe9t\xe9\n'
+TABLE = b'[hosts.b]\nhost = "b"\n'
+TAIL = b"# keys every host shares\n[defaults]\nconnect_timeout = 10\n"
+
+
+def _variant(data: bytes, bom: bool, crlf: bool, utf8: bool) -> bytes:
+    if not utf8:  # the same text with the comments' bytes as UTF-8
+        data = data.replace(b"\xe9", "\u00e9".encode()).replace(b"\xff", b"?")
+    return (b"\xef\xbb\xbf" if bom else b"") + (data.replace(b"\n", b"\r\n") if crlf else data)
+
+
+@pytest.mark.parametrize("bom, crlf, utf8", [(False, False, True), (True, False, True), (False, True, True),
+                                             (False, False, False), (True, True, False)])  # fmt: skip
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_remove_then_add_keeps_every_other_byte(
+    tmp_path: Path, bom: bool, crlf: bool, utf8: bool, final_newline: bool
+) -> None:
+    """A BOM, CRLF line ends, a missing final newline, bytes that are not UTF-8 in comments: kept as they are."""
+    path = tmp_path / "config.toml"
+    v = functools.partial(_variant, bom=False, crlf=crlf, utf8=utf8)
+    last = _variant(HEAD + b"\n" + TABLE, bom, crlf, utf8)
+    path.write_bytes(last if final_newline else last.removesuffix(b"\n").removesuffix(b"\r"))
+    file = H.read(path)
+    H.write(file, H.without_host(file, "b"))
+    assert path.read_bytes() == _variant(HEAD, bom, crlf, utf8)
+    file = H.read(path)
+    H.write(file, H.with_host(file, "b", {"host": "b"}))
+    assert path.read_bytes() == last  # as it was (with a final newline: the new table ends its line)
+
+    middle = _variant(HEAD, bom, crlf, utf8) + v(b"\n" + TABLE + b"\n" + TAIL)
+    path.write_bytes(middle if final_newline else middle.removesuffix(b"\n").removesuffix(b"\r"))
+    file = H.read(path)
+    H.write(file, H.without_host(file, "b"))
+    after = _variant(HEAD, bom, crlf, utf8) + v(b"\n" + TAIL)
+    assert path.read_bytes() == (after if final_newline else after.removesuffix(b"\n").removesuffix(b"\r"))
+
+
+def test_bytes_that_are_not_utf8_in_a_value_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_bytes(b'[hosts.a]\nhost = "caf\xe9"\n')
+    with pytest.raises(H.EditError, match="not UTF-8"):
+        H.without_host(H.read(path), "a")
+
+
+def test_gputui_writers_take_turns_and_the_last_check_sees_the_other_ones_edit(tmp_path: Path) -> None:
+    """Every gputui writer holds the lock beside the config from its last check to its rename: one waiting for
+    it sees the edit the holder made and writes nothing."""
+    file = _file(tmp_path, USER_CONFIG)
+    text = H.with_host(file, "gpu1", {"host": "h"})
+    failed: list[BaseException] = []
+
+    def second_writer() -> None:
+        try:
+            H.write(file, text)
+        except H.EditError as exc:
+            failed.append(exc)
+
+    with H.locked(file.path):  # another gputui, between its own last check and its rename
+        writer = threading.Thread(target=second_writer)
+        writer.start()
+        wait_for(lambda: any(p.name.endswith(".gputui-tmp") for p in tmp_path.iterdir()), what="the temp file")
+        file.path.write_text(USER_CONFIG + "# theirs\n")
+    writer.join(timeout=60)
+    assert not writer.is_alive() and "changed while gputui worked on it" in str(failed[0])
+    assert file.path.read_text() == USER_CONFIG + "# theirs\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".gputui-tmp")]
+
+
+def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    file = _file(tmp_path, USER_CONFIG)
+    monkeypatch.setattr(H, "LOCK_WAIT_S", 0.0)
+    with H.locked(file.path), pytest.raises(H.EditError, match="another gputui is writing it"):
+        H.write(file, H.with_host(file, "gpu1", {"host": "h"}))
+    assert file.path.read_text() == USER_CONFIG
 
 
 def test_a_new_config_is_created_private_with_a_header(tmp_path: Path) -> None:

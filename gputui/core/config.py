@@ -233,6 +233,32 @@ def _text_problem(value: Any) -> str | None:
     return None
 
 
+def decode(data: bytes) -> str:
+    """A config file's text; bytes that are not UTF-8 become surrogates (``encode`` gives them back), which
+    ``not_utf8`` refuses in anything but comments."""
+    return data.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    """The bytes of a config's text read by ``decode``."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def not_utf8(data: Any, where: str = "") -> str | None:
+    """The dotted name (printable) of the first key or value of parsed TOML holding bytes that are not UTF-8
+    (as ``decode`` gives them), else None."""
+    if isinstance(data, str):
+        return where or "the file" if any("\udc80" <= ch <= "\udcff" for ch in data) else None
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        shown = str(key) if str(key).isprintable() else repr(key)
+        name = f"{where}.{shown}" if where else shown
+        found = not_utf8(key, name) or not_utf8(value, name)
+        if found:
+            return found
+    return None
+
+
 def default_path() -> Path:
     return paths.config_dir() / "config.toml"
 
@@ -259,8 +285,8 @@ def load(explicit: str | None = None) -> Config:
             raise ConfigError(f"{path}: config file not found")
         return Config(path=None, hosts={LOCAL: default_local()})
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = decode(path.read_bytes())
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     return parse(text, path)
 
@@ -297,6 +323,9 @@ def parse(text: str, path: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    where = not_utf8(data)
+    if where is not None:
+        raise ConfigError(f"{path}: {where}: holds bytes that are not UTF-8 (only comments may)")
 
     for key, value in data.items():
         if key in GLOBAL_TABLES:

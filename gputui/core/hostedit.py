@@ -3,11 +3,18 @@
 ``gputui add`` and ``gputui remove`` (gputui/cli/hosts.py) use this. The config is the user's file: a table is
 appended or cut out as text, so every byte outside it (comments, order, formatting) stays as it was; tomlkit
 writes the new table's TOML, and the result is parsed back and compared with what was meant before it replaces
-the file (atomically, and never over a file that changed since it was read).
+the file (atomically, and never over a file that changed since it was read). A BOM, CRLF line ends, a missing
+final newline and bytes that are not UTF-8 in comments are kept as they are.
+
+gputui's writers (``add``, ``remove``, the app's ``+``) take turns: each holds an ``flock`` on a lock file beside
+the config (``.NAME.gputui-lock``) from its last "unchanged since read" check to its rename. What remains is an
+editor (not gputui) that saves in the instant between that check and the rename: its save is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import os
@@ -15,7 +22,8 @@ import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,8 @@ NEW_FILE_HEADER = (
 )
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config file larger than this is not one gputui edits
 MAX_SSH_CONFIG_BYTES = 1024 * 1024
+LOCK_WAIT_S = 10.0  # how long a writer waits for another gputui writing the same config
+BOM = "\ufeff"
 #: ssh's flags that take no value and change nothing gputui would store: ignored in a pasted command line.
 HARMLESS_FLAGS = set("tTCqv46")
 #: ssh's options with a value that gputui stores (the letter, or the -o keyword in lower case).
@@ -278,9 +288,10 @@ class ConfigFile:
     """The config as read: its path (a symlink resolved: the file it points to is edited), text and hash."""
 
     path: Path
-    text: str
+    text: str  # bytes that are not UTF-8 as surrogates (cfg.decode)
     sha256: str | None  # None: the file did not exist
     mode: int = 0o600
+    stamp: tuple[int, int] | None = None  # (size, mtime in ns) as read
 
     @property
     def exists(self) -> bool:
@@ -296,27 +307,42 @@ def read(path: Path) -> ConfigFile:
     real = Path(os.path.realpath(path))
     try:
         with real.open("rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-            mode = os.fstat(f.fileno()).st_mode & 0o7777
+            data, stamp, mode = _read_open(f)
     except FileNotFoundError:
         return ConfigFile(real, "", None)
     except OSError as exc:
         raise EditError(f"{real}: cannot read the config: {exc.strerror or exc}") from None
     if len(data) > MAX_CONFIG_BYTES:
         raise EditError(f"{real}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not a config gputui edits")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise EditError(f"{real}: not UTF-8 text ({exc}): edit it by hand") from None
-    return ConfigFile(real, text, hashlib.sha256(data).hexdigest(), mode)
+    return ConfigFile(real, cfg.decode(data), hashlib.sha256(data).hexdigest(), mode, stamp)
+
+
+def _read_open(f: Any) -> tuple[bytes, tuple[int, int], int]:
+    """(at most MAX_CONFIG_BYTES + 1 bytes, (size, mtime_ns), mode) of an open file."""
+    st = os.fstat(f.fileno())
+    return f.read(MAX_CONFIG_BYTES + 1), (st.st_size, st.st_mtime_ns), st.st_mode & 0o7777
 
 
 def _data(text: str, path: Path) -> dict[str, Any]:
     try:
-        data: dict[str, Any] = tomllib.loads(text.removeprefix("\ufeff"))
+        data: dict[str, Any] = tomllib.loads(text.removeprefix(BOM))
     except tomllib.TOMLDecodeError as exc:
         raise EditError(f"{path}: invalid TOML: {exc}") from None
+    where = cfg.not_utf8(data)
+    if where is not None:
+        raise EditError(f"{path}: {where} holds bytes that are not UTF-8 (only comments may): edit it by hand")
     return data
+
+
+def _eol(text: str) -> str:
+    """The file's line end: CRLF when its first line ends so, else LF."""
+    first = text.find("\n")
+    return "\r\n" if first > 0 and text[first - 1] == "\r" else "\n"
+
+
+def _lines(text: str) -> list[str]:
+    """``text`` cut after each LF only (``str.splitlines`` also cuts at U+2028, FF, lone CR, ...)."""
+    return [line for line in re.split(r"(?<=\n)", text) if line]
 
 
 def _hosts(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -350,11 +376,12 @@ def with_host(file: ConfigFile, name: str, table: Mapping[str, Any]) -> str:
         raise EditError(f"{file.path}: a host named {name!r} exists already (gputui remove {name} first, or "
                         "choose another name)")  # fmt: skip
     text = file.text if file.exists else NEW_FILE_HEADER
-    if text and not text.endswith("\n"):
-        text += "\n"
-    if text.strip() and not text.endswith("\n\n"):
-        text += "\n"
-    text += render_table(name, table)
+    eol = _eol(text)
+    if text.removeprefix(BOM) and not text.endswith("\n"):
+        text += eol
+    if text.removeprefix(BOM).strip() and not text.endswith(eol * 2):
+        text += eol
+    text += render_table(name, table).replace("\n", eol)
     expected = dict(before)
     expected["hosts"] = {**_hosts(before), name: dict(table)}
     try:
@@ -394,12 +421,14 @@ def _is_comment_or_blank(line: str) -> bool:
 
 def without_host(file: ConfigFile, name: str) -> str:
     """The config's text without ``[hosts.NAME]`` (and its sub-tables, and the comment block set off above
-    its header); every other byte as it was. Comments after its last key stay: they lead the next table."""
+    its header); every other byte as it was. Comments after its last key stay: they lead the next table, or,
+    after the last table, belong to nobody."""
     before = _data(file.text, file.path)
     if name not in _hosts(before):
         known = ", ".join(sorted(_hosts(before))) or "none"
         raise EditError(f"{file.path}: no [hosts.{name}] table (hosts in the file: {known})")
-    lines = file.text.splitlines(keepends=True)
+    bom = BOM if file.text.startswith(BOM) else ""
+    lines = _lines(file.text[len(bom) :])
     heads = [(i, p) for i, line in enumerate(lines) if (p := _header_path(line)) is not None]
     ours = [i for i, p in heads if p[:2] == ["hosts", name]]
     if not ours:
@@ -407,8 +436,10 @@ def without_host(file: ConfigFile, name: str) -> str:
     start = ours[0]
     later = [i for i, p in heads if i > start and p[:2] != ["hosts", name]]
     end = later[0] if later else len(lines)
-    while end - 1 > start and _is_comment_or_blank(lines[end - 1]) and later:
-        end -= 1  # the comments before the next header are that table's
+    while end - 1 > start and _is_comment_or_blank(lines[end - 1]):
+        end -= 1  # the comments before the next header are that table's; after the last, nobody's
+    if not later and all(not line.strip() for line in lines[end:]):
+        end = len(lines)  # only blank lines after it: they go with it
     top = start
     while top > 0 and lines[top - 1].lstrip().startswith("#"):
         top -= 1
@@ -418,7 +449,7 @@ def without_host(file: ConfigFile, name: str) -> str:
         top -= 1  # one blank line of the two around the cut
     while top == 0 and end < len(lines) and not lines[end].strip():
         end += 1  # the file does not start with blank lines it did not have
-    text = "".join(lines[:top] + lines[end:])
+    text = bom + "".join(lines[:top] + lines[end:])
     expected = dict(before)
     expected["hosts"] = {k: v for k, v in _hosts(before).items() if k != name}
     if not expected["hosts"] and "hosts" not in _data(text, file.path):
@@ -430,35 +461,66 @@ def without_host(file: ConfigFile, name: str) -> str:
 
 def write(file: ConfigFile, text: str) -> None:
     """Replace the config with ``text`` atomically (a temp file beside it, then rename; its mode kept, 0600
-    when new), unless it changed since ``file`` was read: then an EditError and nothing written."""
+    when new), unless it changed since ``file`` was read: then an EditError and nothing written. The last check
+    and the rename are made holding gputui's lock (``locked``)."""
     path = file.path
     if not file.exists:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".gputui-tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(cfg.encode(text))
             f.flush()
-            os.fchmod(f.fileno(), file.mode)
             os.fsync(f.fileno())
-        _check_unchanged(file)
-        os.replace(tmp, path)
+        with locked(path):
+            os.chmod(tmp, _check_unchanged(file))
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def _check_unchanged(file: ConfigFile) -> None:
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold gputui's lock of the config at ``path`` (an ``flock`` on ``.NAME.gputui-lock`` beside it, created
+    0600 and left there), waiting at most ``LOCK_WAIT_S`` for another gputui holding it."""
+    lock = path.parent / f".{path.name}.gputui-lock"
     try:
-        now: str | None = hashlib.sha256(file.path.read_bytes()).hexdigest()
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise EditError(f"{lock}: cannot open gputui's lock of the config: {exc.strerror or exc}") from None
+    try:
+        end = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    raise EditError(f"{path}: another gputui is writing it (it has held {lock} for "
+                                    f"{LOCK_WAIT_S:g} s): nothing written; run the command again") from None  # fmt: skip
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _check_unchanged(file: ConfigFile) -> int:
+    """The mode to give the new file; an EditError when the config's size, mtime or content is not as read."""
+    mode, now = file.mode, None
+    try:
+        with file.path.open("rb") as f:
+            data, stamp, mode = _read_open(f)
+            now = (stamp, hashlib.sha256(data).hexdigest() if stamp == file.stamp else None)
     except FileNotFoundError:
-        now = None
+        pass
     except OSError as exc:
         raise EditError(f"{file.path}: cannot read the config again: {exc.strerror or exc}") from None
-    if now != file.sha256:
-        what = "was created" if file.sha256 is None else ("was removed" if now is None else "changed")
+    if now != ((file.stamp, file.sha256) if file.exists else None):
+        what = "was created" if not file.exists else ("was removed" if now is None else "changed")
         raise EditError(f"{file.path} {what} while gputui worked on it (edited elsewhere?): nothing written; "
                         "run the command again")  # fmt: skip
+    return mode
 
 
 # --- hosts already there ------------------------------------------------------------------------------------------
