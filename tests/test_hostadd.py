@@ -353,6 +353,33 @@ def test_add_trusts_checks_writes_then_a_job_runs(ssh_home: SshHome) -> None:
     assert config.read_text() == text
 
 
+def test_add_detects_a_lambda_instance_through_the_configured_api_url(ssh_home: SshHome) -> None:
+    """``[providers.lambda] api_url`` (a proxy, a private endpoint) is the API add asks, never Lambda's own."""
+    import provider_standin as standin
+
+    state, server = standin.start()
+    try:
+        state.lambdas["i-1"] = standin.lambda_instance("i-1", "127.0.0.1", cents=129)
+        config = ssh_home.write_config(f'[providers.lambda]\napi_url = "{state.base("lambda")}"\n\n[defaults]\n'
+                                       f'remote_dir = "{ssh_home.remote_dir}"\n')  # fmt: skip
+        ssh_home.env["LAMBDA_API_KEY"] = standin.LAMBDA_KEY
+        res = ssh_home.cli(*_add(ssh_home, "--yes"), timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert "provider: lambda detected; adding provider = 'lambda', price_per_hour = 1.29" in res.stdout, res.stdout
+        assert 'provider = "lambda"\nprice_per_hour = 1.29\n' in config.read_text()
+        assert "GET /lambda/instances" in state.methods() and standin.LAMBDA_KEY not in res.stdout + res.stderr
+    finally:
+        standin.stop(state, server)
+
+
+def test_hosts_says_the_provider_the_config_sets(home: Home) -> None:
+    home.write_config('[hosts.pod]\nhost = "203.0.113.7"\nprovider = "runpod"\n\n[hosts.box]\nhost = "box"\n\n'
+                      '[hosts.own]\nhost = "own"\nprovider = "none"\n')  # fmt: skip
+    listed = {h["name"]: h["provider"] for h in json.loads(home.cli("hosts", "--json", check=True).stdout)["hosts"]}
+    assert listed == {"pod": "runpod", "box": None, "own": "none"}  # "auto" (box): known once connected
+    assert [line.split()[3] for line in home.cli("hosts", check=True).stdout.splitlines()[1:]] == ["runpod", "-", "none"]
+
+
 def test_add_with_a_key_the_host_refuses_writes_nothing(ssh_home: SshHome) -> None:
     config = _fresh(ssh_home)
     before = config.read_text()

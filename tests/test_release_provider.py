@@ -128,9 +128,10 @@ def test_a_lambda_host_is_matched_by_address_and_terminated_from_here(home: Home
 async def test_add_detects_the_provider(
     home: Home, api: StandIn, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The ``add`` flow's hook: the new host's agent finds the pod; the provider goes where none is set (a host
-that is no pod: tests/test_hostadd.py)."""
+    """The ``add`` flow's hook: the new host's agent finds the pod, asking the API at the config's ``api_url``;
+the provider and its price go where none is set (a host that is no pod: tests/test_hostadd.py)."""
     from gputui.cli import hosts
+    from gputui.core import autostop
     from gputui.core import config as cfg
     from gputui.core.fleet import Fleet
 
@@ -143,14 +144,15 @@ that is no pod: tests/test_hostadd.py)."""
         session = fleet.session("local")
         await session.start()
         assert hosts.detect_provider is not None
-        found = await hosts.detect_provider(session, {"transport": "local"})
-        kept = await hosts.detect_provider(session, {"provider": "auto", "price_per_hour": 2.0})
+        urls = autostop.api_urls(config)
+        found = await hosts.detect_provider(session, {"transport": "local"}, urls)
+        kept = await hosts.detect_provider(session, {"provider": "auto", "price_per_hour": 2.0}, urls)
     finally:
         await fleet.close()
-    assert found is not None and found["provider"] == "runpod"
+    assert found == {"provider": "runpod", "price_per_hour": 0.74}  # the stand-in's answer
     assert kept is None  # the table sets both: nothing is added
-    assert "provider: runpod detected; adding provider = 'runpod'" in capsys.readouterr().out
-    assert writes(api) == []
+    assert "provider: runpod detected; adding provider = 'runpod', price_per_hour = 0.74" in capsys.readouterr().out
+    assert f"GET /runpod/pods/{POD}" in api.methods() and writes(api) == []
 
 
 def _release_check(home: Home) -> dict:

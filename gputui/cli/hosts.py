@@ -31,21 +31,24 @@ if TYPE_CHECKING:
     from ..core.session import HostSession
     from ..core.trust import TrustCheck
 
-#: The hook for provider detection (issue 26): given the new host's connected session and the table to be
-#: written, the keys it found (``price_per_hour``, ``release``, ...) to add where the user set none; None:
-#: nothing found. Until it is set, ``gputui add`` says that no provider was detected.
-ProviderDetector = Callable[["HostSession", dict[str, Any]], Awaitable["dict[str, Any] | None"]]
+#: The hook for provider detection (issue 26): given the new host's connected session, the table to be
+#: written and the config's API bases (``autostop.api_urls``), the keys it found (``price_per_hour``,
+#: ``release``, ...) to add where the user set none; None: nothing found. Until it is set, ``gputui add`` says
+#: that no provider was detected.
+ProviderDetector = Callable[["HostSession", dict[str, Any], dict[str, str]], Awaitable["dict[str, Any] | None"]]
 
 
-async def _detect_provider(session: HostSession, table: dict[str, Any]) -> dict[str, Any] | None:
+async def _detect_provider(session: HostSession, table: dict[str, Any], urls: dict[str, str]) -> dict[str, Any] | None:
     """The new host's provider, as its agent finds it (RunPod / vast.ai: the instance's own variables, checked
     against the provider's API with no side effects), else a Lambda instance of the user's at its address (with
-    $LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys); ``provider`` and the provider's ``price_per_hour`` where the
-    table sets none. Prints what it found; None when nothing was."""
+    $LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys); each API asked at ``urls`` where the config sets one.
+    ``provider`` and the provider's ``price_per_hour`` where the table sets none. Prints what it found; None
+    when nothing was."""
     from ..core import providers
 
     found: dict[str, Any] = {}
-    verdict = await session.release_check(provider="auto", api_urls={})
+    host_urls = {k: v for k, v in urls.items() if k in (providers.RUNPOD, providers.VASTAI)}
+    verdict = await session.release_check(provider="auto", api_urls=host_urls)
     via = verdict.get("via")
     price: Any = None
     if via in (providers.RUNPOD, providers.VASTAI):
@@ -57,7 +60,7 @@ async def _detect_provider(session: HostSession, table: dict[str, Any]) -> dict[
         key = providers.lambda_key() if table.get("provider") in (None, "auto", "lambda") else None
         if key is not None:
             try:
-                inst = await providers.find(key, str(table.get("host") or session.name))
+                inst = await providers.find(key, str(table.get("host") or session.name), urls.get(providers.LAMBDA))
             except providers.ProviderError as exc:
                 print(f"provider: Lambda not checked: {clean(str(exc), limit=300)}")
                 inst = None
@@ -223,6 +226,7 @@ async def _confirm_key(args: argparse.Namespace, check: TrustCheck) -> None:
 
 async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> dict[str, Any] | None:
     """Connect, run the doctor's checks and print them; the keys provider detection found (None: none)."""
+    from ..core import autostop
     from ..core.fleet import Fleet
 
     fleet = Fleet(config)
@@ -236,7 +240,7 @@ async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> d
         if detect_provider is None:
             print("provider: not detected yet (set price_per_hour and release in its table by hand)")
             return None
-        return await detect_provider(session, dict(table))
+        return await detect_provider(session, dict(table), autostop.api_urls(config))
     finally:
         await fleet.close()
 
@@ -303,7 +307,8 @@ async def cmd_hosts(args: argparse.Namespace) -> int:
     except H.EditError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
     rows = [
-        {"name": name, "source": H.source(host, aliases), "address": H.address(host), "provider": None,
+        {"name": name, "source": H.source(host, aliases), "address": H.address(host),
+         "provider": None if host.provider == "auto" else host.provider,
          "price_per_hour": host.price_per_hour, "currency": host.currency or config.currency}
         for name, host in config.hosts.items()
     ]  # fmt: skip
