@@ -77,6 +77,7 @@ def test_a_bom_at_the_start_is_accepted(home: Home) -> None:
     )
     assert list(cfg.load(str(path)).hosts) == ["local"]
     assert "c.toml:2: hosts.a.port" in error_of('\ufeff[hosts.a]\nport = "22"\n')  # lines still count right
+    assert "c.toml:3: hosts.a.port" in error_of('# a\u2028b\r\n[hosts.a]\r\nport = "22"\r\n')  # TOML's lines
     res = home.cli("jobs")
     assert res.returncode == 0, res.stderr
 

@@ -440,6 +440,20 @@ def test_remove_of_an_unreachable_host_needs_force(ssh_home: SshHome) -> None:
     ssh_home.cli("remove", "box", "--yes", "--force", check=True)
 
 
+def test_a_broken_table_blocks_only_its_own_removal_check(home: Home) -> None:
+    """Another host's broken field does not stop remove from asking this host; a host whose own table is
+    broken cannot be asked: --force removes it."""
+    config = home.write_config(f'[hosts.a]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n\n'
+                               '[hosts.b]\nhost = "b"\nport = "x"\n')  # fmt: skip
+    res = home.cli("remove", "b", "--yes")
+    assert res.returncode == USAGE and "hosts.b.port" in res.stderr and "--force removes it" in res.stderr
+    res = home.cli("remove", "a", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert config.read_text() == '[hosts.b]\nhost = "b"\nport = "x"\n'
+    home.cli("remove", "b", "--yes", "--force", check=True)
+    assert config.read_text() == ""
+
+
 def test_hosts_lists_ssh_config_aliases_and_adds_them(ssh_home: SshHome) -> None:
     s = ssh_home.sshd
     ssh_dir = ssh_home.root / ".ssh"

@@ -258,7 +258,7 @@ async def cmd_remove(args: argparse.Namespace) -> int:
     except H.EditError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
     if not args.force:
-        await _refuse_while_busy(file.config(), args.name)
+        await _refuse_while_busy(_host_config(file, args.name), args.name)
     if not args.yes:
         if not sys.stdin.isatty():
             raise CliError(f"removing {args.name} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
@@ -270,6 +270,21 @@ async def cmd_remove(args: argparse.Namespace) -> int:
         raise CliError(f"{args.name} not removed: {exc}", ExitStatus.FAILED) from None
     print(f"removed [hosts.{args.name}] from {file.path} (nothing on the host was touched)")
     return ExitStatus.OK
+
+
+def _host_config(file: ConfigFile, name: str) -> cfg.Config:
+    """The config to reach ``name`` with: the file's, else (another host's table is broken: that does not block
+    this one's removal) the file with no other host; a CliError naming --force when neither loads."""
+    from ..core import hostedit as H
+
+    try:
+        return file.config()
+    except cfg.ConfigError:
+        try:
+            return cfg.parse(H.only_host(file, name), file.path)
+        except (cfg.ConfigError, H.EditError) as exc:
+            raise CliError(f"not removed: cannot ask {name} whether jobs run there ({exc}); --force removes it "
+                           "anyway (jobs there keep running)", ExitStatus.USAGE) from None  # fmt: skip
 
 
 async def _refuse_while_busy(config: cfg.Config, name: str) -> None:

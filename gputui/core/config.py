@@ -294,7 +294,7 @@ def load(explicit: str | None = None) -> Config:
 def _line_of(text: str, table: str | None, key: str) -> int | None:
     """Best-effort line number of ``key`` inside ``[table]`` (or at top level)."""
     current: str | None = None
-    for no, raw in enumerate(text.splitlines(), 1):
+    for no, raw in enumerate(text.split("\n"), 1):  # TOML's lines (splitlines also cuts at U+2028, FF, ...)
         line = raw.strip()
         m = re.match(r"^\[\s*([^\]]+?)\s*\]", line)
         if m:

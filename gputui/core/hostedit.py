@@ -459,6 +459,15 @@ def without_host(file: ConfigFile, name: str) -> str:
     return text
 
 
+def only_host(file: ConfigFile, name: str) -> str:
+    """The config's text with every ``[hosts.X]`` table but ``name``'s cut out (as ``without_host`` cuts)."""
+    text = file.text
+    for other in _hosts(_data(file.text, file.path)):
+        if other != name:
+            text = without_host(replace(file, text=text), other)
+    return text
+
+
 def write(file: ConfigFile, text: str) -> None:
     """Replace the config with ``text`` atomically (a temp file beside it, then rename; its mode kept, 0600
     when new), unless it changed since ``file`` was read: then an EditError and nothing written. The last check
