@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from . import config as cfg
@@ -285,7 +285,8 @@ def ssh_config_aliases(path: str | None) -> list[str]:
 # --- the config file ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConfigFile:
-    """The config as read: its path (a symlink resolved: the file it points to is edited), text and hash."""
+    """The config as read: its path (a symlink resolved: the file it points to is edited), text, hash, mode,
+    size and modification time."""
 
     path: Path
     text: str  # bytes that are not UTF-8 as surrogates (cfg.decode)
@@ -317,7 +318,7 @@ def read(path: Path) -> ConfigFile:
     return ConfigFile(real, cfg.decode(data), hashlib.sha256(data).hexdigest(), mode, stamp)
 
 
-def _read_open(f: Any) -> tuple[bytes, tuple[int, int], int]:
+def _read_open(f: BinaryIO) -> tuple[bytes, tuple[int, int], int]:
     """(at most MAX_CONFIG_BYTES + 1 bytes, (size, mtime_ns), mode) of an open file."""
     st = os.fstat(f.fileno())
     return f.read(MAX_CONFIG_BYTES + 1), (st.st_size, st.st_mtime_ns), st.st_mode & 0o7777
