@@ -194,6 +194,7 @@ def test_env_cwd_gpus_and_unbuffered(agent: AgentProc, tmp_path) -> None:
         ({"argv": ["true"], "gpus": "0;reboot"}, "GPU selection"),
         ({"argv": ["true"], "env": {"A=B": "c"}}, "env"),
         ({"argv": ["true"], "secrets": {"1X": "v"}}, "secret name '1X': use letters, digits and _"),
+        ({"argv": ["true"], "secrets": {"X\n": "v"}}, "secret name 'X\\n': use letters, digits and _"),
         ({"argv": ["true"], "secrets": {"T": "a\x00b"}}, "secret T: its value must be a string of at most"),
         ({"argv": ["true"], "env": {"T": "a"}, "secrets": {"T": "b"}}, "T: given both as env and as a secret"),
     ],

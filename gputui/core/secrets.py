@@ -45,7 +45,7 @@ def resolve(names: Iterable[str], config_path: Path | None, env: Mapping[str, st
 
     A SecretError names what is wrong: a bad name, a name found nowhere, a file someone else may read."""
     names = list(dict.fromkeys(names))
-    bad = [n for n in names if not agent_secrets.NAME.match(n)]
+    bad = [n for n in names if not agent_secrets.NAME.fullmatch(n)]
     if bad:
         raise SecretError(f"--secret {bad[0][:60]!r}: a variable name (letters, digits and _, not first)")
     if len(names) > agent_secrets.MAX_SECRETS:

@@ -22,7 +22,7 @@ from ..fsutil import read_json, write_json
 DIR, FILE = "secrets", "values.json"
 #: Most secrets one job may have, longest name and longest value (bytes of UTF-8).
 MAX_SECRETS, MAX_NAME, MAX_VALUE = 64, 128, 64 * 1024
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,%d}$" % (MAX_NAME - 1))
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,%d}" % (MAX_NAME - 1))  # (fullmatch: ``$`` would let a newline end it)
 
 
 def check(secrets: Any) -> Dict[str, str]:
@@ -32,7 +32,7 @@ def check(secrets: Any) -> Dict[str, str]:
     if not isinstance(secrets, dict) or len(secrets) > MAX_SECRETS:
         raise ValueError("secrets must map at most %d variable names to strings" % MAX_SECRETS)
     for name, value in secrets.items():
-        if not isinstance(name, str) or not NAME.match(name):
+        if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ValueError("secret name %r: use letters, digits and _ (not first), at most %d" % (
                 str(name)[:MAX_NAME], MAX_NAME))  # fmt: skip
         if not isinstance(value, str) or "\x00" in value or len(value.encode("utf-8", "replace")) > MAX_VALUE:
