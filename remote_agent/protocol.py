@@ -354,6 +354,7 @@ class JobRecord(TypedDict, total=False):
     code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
     artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
     env_keys: List[str]  # the names of the env the job was given (its values never travel: they may be secrets)
+    secrets: List[str]  # the names of its secrets (gputui run --secret): the values are never in a record
     gpu_inventory: List[GpuFact]
     price_per_hour: Optional[float]
     usage: Optional[Dict[str, Any]]  # peak GPU memory, mean utilisation (remote_agent/jobs/usage.py)
@@ -397,6 +398,7 @@ class StartArgs(TypedDict, total=False):
     artifacts: List[str]  # see JobRecord.artifacts
     slurm: SlurmRequest  # submit to Slurm (the host is a Slurm login node)
     restart: Dict[str, Any]  # restart policy: {"policy": "on-failure", "max", "resume_from", "backoff_s", ...}
+    secrets: Dict[str, str]  # variables whose values never rest in the record (remote_agent/jobs/secrets.py)
 
 
 class JobArgs(TypedDict):

@@ -193,6 +193,10 @@ def test_env_cwd_gpus_and_unbuffered(agent: AgentProc, tmp_path) -> None:
         ({"argv": ["true"], "cwd": "/no/such/dir"}, "does not exist"),
         ({"argv": ["true"], "gpus": "0;reboot"}, "GPU selection"),
         ({"argv": ["true"], "env": {"A=B": "c"}}, "env"),
+        ({"argv": ["true"], "secrets": {"1X": "v"}}, "secret name '1X': use letters, digits and _"),
+        ({"argv": ["true"], "secrets": {"X\n": "v"}}, "secret name 'X\\n': use letters, digits and _"),
+        ({"argv": ["true"], "secrets": {"T": "a\x00b"}}, "secret T: its value must be a string of at most"),
+        ({"argv": ["true"], "env": {"T": "a"}, "secrets": {"T": "b"}}, "T: given both as env and as a secret"),
     ],
 )
 def test_bad_job_requests_are_refused(agent: AgentProc, args: dict, message: str) -> None:
@@ -207,6 +211,7 @@ def test_bad_job_requests_are_refused(agent: AgentProc, args: dict, message: str
         ("jobs.start", {"argv": ["true"], "queue": {"after": [7]}}, "queue.after[0] must be a string, not an integer"),
         ("jobs.start", {"argv": ["true"], "slurm": {"gpus": "2"}}, "slurm.gpus must be an integer, not a string"),
         ("jobs.start", {"argv": ["true"], "code": 5}, "code must be an object, not an integer"),
+        ("jobs.start", {"argv": ["true"], "secrets": {"T": 5}}, "secrets.T must be a string, not an integer"),
         ("jobs.kill", {"job": "1", "grace_s": "soon"}, "grace_s must be a number, not a string"),
         ("jobs.get", {"job": ["1"]}, "job must be a string, not a list"),
         ("jobs.list", {"after": True}, "after must be an integer, not true or false"),

@@ -93,6 +93,27 @@ def test_run_follow_and_succeed(chome: ClusterHome, cluster: SlurmCluster) -> No
     assert tail == slurm_id
 
 
+def test_a_secret_reaches_a_slurm_job_and_leaves_the_state_dir_once_slurm_says_it_ended(chome: ClusterHome) -> None:
+    """The runner on the allocation's node puts the secret into the job's environment; the host keeps it (a run
+    Slurm requeues needs it again) until Slurm says the job ended, and then no file under the state dir holds it."""
+    import hashlib
+    import secrets
+
+    value = "hf_" + secrets.token_hex(16)
+    stored = chome.root / ".config" / "gputui" / "secrets.toml"  # (in the environment, the local agent would inherit it)
+    stored.write_text(f'HF_TOKEN = "{value}"\n')
+    stored.chmod(0o600)
+    job_id = chome.run("--secret", "HF_TOKEN", *py("import hashlib, os\n"
+                       "print(hashlib.sha256(os.environ['HF_TOKEN'].encode()).hexdigest())"))  # fmt: skip
+    job = wait_state(chome, job_id, ("succeeded", "failed", "lost"), timeout=90)
+    assert job["state"] == "succeeded", job
+    job_dir = chome.job_dir(job_id)
+    assert (job_dir / "output.log").read_text().strip() == hashlib.sha256(value.encode()).hexdigest()
+    assert not (job_dir / "secrets").exists()
+    files = [p for p in chome.state_dir.rglob("*") if p.is_file() and value.encode() in p.read_bytes()]
+    assert files == []
+
+
 def test_queued_with_reason_then_runs(chome: ClusterHome, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     hold = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)\nprint('released')"

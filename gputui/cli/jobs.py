@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from ..core import config as cfg
-from ..core import jsonout, safetext
+from ..core import jsonout, safetext, secrets
 from ..core import model as M
 from ..core.artifacts import check_patterns
 from ..core.errors import ExitStatus
@@ -139,6 +139,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         restart_request(config, args.host, args.restart, args.resume_from)  # bad input: refused before connecting
     except ValueError as exc:
         raise CliError(str(exc), USAGE) from None
+    env = _parse_env(args.env)
+    both = sorted(set(env) & set(args.secret))
+    if both:
+        raise CliError(f"{', '.join(both)}: given both as --env and as --secret: give each variable once", USAGE)
+    job_secrets = secrets.resolve(args.secret, config.path)  # before connecting: a missing one starts nothing
     slurm = _slurm_request(args, host_cfg)
     if slurm is not None and queue is not None:
         raise CliError(f"--queue/--after: {args.host} is a Slurm host; its jobs wait in Slurm's queue", USAGE)
@@ -159,7 +164,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
                 raise CliError(f"run --sync: {exc}") from None
             code, job_cwd = synced.code(), synced.target
         spec = JobSpec(
-            args.host, argv, name=args.name, cwd=job_cwd, env=_parse_env(args.env),
+            args.host, argv, name=args.name, cwd=job_cwd, env=env, secrets=job_secrets,
             gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
             queue=queue, slurm=slurm, restart=args.restart, resume_from=args.resume_from,
         )  # fmt: skip
@@ -383,7 +388,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="checkpoint glob inside the job's dir (e.g. 'ckpt/*.pt'): a restart gets the newest match as "
                         "GPUTUI_RESUME_FROM")  # fmt: skip
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
-    r.add_argument("--env", action="append", default=[], metavar="K=V", help="extra environment (repeatable)")
+    r.add_argument("--env", action="append", default=[], metavar="K=V",
+                   help="extra environment (repeatable); kept in the job's record on the host")  # fmt: skip
+    r.add_argument("--secret", action="append", default=[], metavar="NAME",
+                   help="give the job $NAME from here (else NAME in secrets.toml beside the config, mode 0600); "
+                        "never kept in a record, deleted from the host when the job can no longer restart")  # fmt: skip
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",

@@ -33,6 +33,8 @@ class JobSpec:
     slurm: dict[str, Any] | None = None  # sbatch settings (gpus, nodes, partition, time, sbatch_args)
     restart: str | None = None  # "no" / "on-failure[:N]"; None: the host's default (remote_agent/jobs/restart.py)
     resume_from: str | None = None  # checkpoint glob inside the job's dir: GPUTUI_RESUME_FROM of each restart
+    # variables whose values never rest in a record (gputui/core/secrets.py); never shown, not even in a repr
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -71,7 +73,7 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
         gpus=None if slurm is not None or spec.queue is not None else spec.gpus, price_per_hour=price,
         code=spec.code, artifacts=spec.artifacts, slurm=slurm,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
-        restart=restart_request(config, session.name, spec.restart, spec.resume_from),
+        restart=restart_request(config, session.name, spec.restart, spec.resume_from), secrets=dict(spec.secrets),
     )  # fmt: skip
 
 

@@ -427,8 +427,10 @@ class HostSession:
         artifacts: tuple[str, ...] = (),
         slurm: dict[str, Any] | None = None,
         restart: dict[str, Any] | None = None,
+        secrets: dict[str, str] | None = None,
     ) -> M.Job:
-        """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free)."""
+        """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free).
+        ``secrets``: variables the host keeps out of the job's record (remote_agent/jobs/secrets.py)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
                                 "price_per_hour": price_per_hour}  # fmt: skip
         if code:
@@ -441,6 +443,8 @@ class HostSession:
             args["slurm"] = slurm  # submit with sbatch on a Slurm login node
         if restart is not None:
             args["restart"] = restart  # restart policy (remote_agent/jobs/restart.py)
+        if secrets:
+            args["secrets"] = secrets
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .. import protocol as P
 from ..fsutil import read_json, write_json
 from ..host.container import grant_of, holders
+from .secrets import end_job
 from .store import _GPU_SPEC, QUEUE_LOCK, JobError, JobStore, running_jobs
 
 QUEUE, LOCK = "queue.json", QUEUE_LOCK
@@ -363,9 +364,9 @@ class JobQueue:
 
     def submit(
         self, request: Dict[str, Any], argv: Any, cwd: Any, env: Any, name: Any, extra: Dict[str, Any],
-        boot: Optional[str],
+        boot: Optional[str], secrets: Any = None,
     ) -> str:  # fmt: skip
-        """Queue a job; its id. The jobs it waits for must exist."""
+        """Queue a job; its id. The jobs it waits for must exist; ``secrets`` wait with it (JobStore.create)."""
         with self.locked():
             jobs = self.store.list()
             ids = {str(j["id"]) for j in jobs}
@@ -375,7 +376,8 @@ class JobQueue:
             queued = self.queued(jobs)
             if len(queued) >= MAX_QUEUED:
                 raise JobError("the queue is full (%d jobs wait)" % len(queued), P.E_FAILED)
-            job_id = self.store.create(argv, cwd, env, name, request["gpus"], dict(extra, queue=dict(request, queued_at=time.time())))
+            job_id = self.store.create(argv, cwd, env, name, request["gpus"],
+                                       dict(extra, queue=dict(request, queued_at=time.time())), None, secrets)
             self._refuse_a_loop(job_id, queued)
             order = [str(j["id"]) for j in queued] + [job_id]
             self._write(order=order, boot_id=self.state().get("boot_id") or boot, nvidia_smi=self.store.nvidia_smi)
@@ -412,7 +414,7 @@ class JobQueue:
                 return None
             now = time.time()
             write_json(os.path.join(job_dir, "kill.json"), {"asked_at": now, "grace_s": 0.0})
-            write_json(os.path.join(job_dir, "status.json"), {"exit_code": None, "error": why, "ended_at": now})
+            end_job(job_dir, {"exit_code": None, "error": why, "ended_at": now})
         self.log("queue: job %s removed (%s)" % (job_id, why))
         return self.store.describe(job_id)
 
@@ -497,8 +499,7 @@ class JobQueue:
         """End a queued job that never started (``picked``: one picked before, whose runner never came up)."""
         if not picked and not self._still_queued(job_id):
             return
-        write_json(os.path.join(self.store.job_dir(job_id), "status.json"),
-                   {"exit_code": None, "error": why, "ended_at": time.time()})  # fmt: skip
+        end_job(self.store.job_dir(job_id), {"exit_code": None, "error": why, "ended_at": time.time()})
         self.log("queue: job %s %s" % (job_id, why))
 
     def _start(self, job_id: str, gpus: Optional[str]) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..fsutil import open_regular, read_json, write_json
+from .secrets import end_job
 
 ATTEMPT, ATTEMPTS, PENDING = "attempt.json", "attempts.json", "restart.json"
 POLICY_NO, POLICY_ON_FAILURE = "no", "on-failure"
@@ -206,8 +207,7 @@ def end_pending(job_dir: str, why: str) -> bool:
     last = last if isinstance(last, dict) else {}
     if pending:
         write_json(os.path.join(job_dir, PENDING), dict(pending, due_at=None))
-    write_json(os.path.join(job_dir, "status.json"),
-               {"exit_code": last.get("exit_code", pending.get("after_exit")), "ended_at": time.time(), "error": why})
+    end_job(job_dir, {"exit_code": last.get("exit_code", pending.get("after_exit")), "ended_at": time.time(), "error": why})
     return True
 
 
@@ -442,7 +442,7 @@ class Restarts:
         pending = read_json(os.path.join(job_dir, PENDING))
         if isinstance(pending, dict):
             write_json(os.path.join(job_dir, PENDING), dict(pending, due_at=None))
-        write_json(os.path.join(job_dir, "status.json"), final)
+        end_job(job_dir, final)
         self._unlink(os.path.join(job_dir, ATTEMPT))
         self.log("restart: job %s ends for good: %s" % (jid, why))
 

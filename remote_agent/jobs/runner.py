@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 from ..fsutil import user_umask, write_json
 from ..host.boot import boot_id
 from . import restart as R
+from . import secrets as SEC
 from .logclock import TIMES_NAME, LogClock
 from .series import SeriesKeeper
 from .usage import UsageRecorder
@@ -127,9 +128,16 @@ def run(job_dir: str) -> int:
         if attempt > 1:
             env["GPUTUI_ATTEMPT"] = str(attempt)
     if attempt > 1 and os.path.exists(os.path.join(job_dir, "kill.json")):  # killed as it was being restarted
-        write_json(os.path.join(job_dir, "status.json"),
-                   {"exit_code": None, "error": "killed while waiting to restart", "ended_at": time.time()})
+        SEC.end_job(job_dir, {"exit_code": None, "error": "killed while waiting to restart", "ended_at": time.time()})
         return 130
+    names = job.get("secrets") or []
+    try:
+        env.update(SEC.load(job_dir, names))  # never through env.json: they must not outlive the job
+    except ValueError as exc:  # no attempt without them: the job ends, saying why
+        SEC.end_job(job_dir, {"exit_code": None, "error": "not started: %s" % exc, "ended_at": time.time()})
+        return 1
+    if names and not on_slurm and R.policy_of(job) is None:
+        SEC.forget(job_dir)  # its one attempt has them: the host keeps them no longer
 
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
@@ -235,5 +243,8 @@ def run(job_dir: str) -> int:
     end = {"exit_code": code, "signal": sig, "ended_at": time.time(), "log_error": log.error}
     # A failed attempt of a job with a restart policy: the watchdog decides (remote_agent/jobs/restart.py).
     final = R.ends_for_good(job_dir, job, code, sig)
-    write_json(os.path.join(job_dir, "status.json" if final else R.ATTEMPT), end)
+    if final and not on_slurm:
+        SEC.end_job(job_dir, end)
+    else:  # Slurm may requeue the run: its secrets stay until Slurm says the job ended (the store deletes them)
+        write_json(os.path.join(job_dir, "status.json" if final else R.ATTEMPT), end)
     return code

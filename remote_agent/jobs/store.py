@@ -4,6 +4,7 @@ Layout under the state dir (all 0700 / 0600)::
 
     jobs/<id>/job.json     what was asked: argv, cwd, name, gpus, created_at
     jobs/<id>/env.json     the exact environment the job gets (a tmux pane would get the server's)
+    jobs/<id>/secrets/     its secrets' values, until it can no longer start again (remote_agent/jobs/secrets.py)
     jobs/<id>/pid.json     written by the runner: job pid (= its process group), runner pid
     jobs/<id>/output.log   every byte the job printed, append-only
     jobs/<id>/status.json  written by the runner when the job ends: exit_code, signal, ended_at
@@ -29,6 +30,7 @@ from .. import protocol as P
 from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
 from ..host.container import Owners
 from . import restart as R
+from . import secrets as SEC
 from . import slurm as S
 from .index import EndedIndex, Entry, Key, job_key, to_json
 
@@ -203,15 +205,16 @@ class JobStore:
         extra: Optional[Dict[str, Any]] = None,
         slurm: Optional[Dict[str, Any]] = None,
         restart: Optional[Dict[str, Any]] = None,
+        secrets: Optional[Dict[str, str]] = None,
     ) -> Dict[str, Any]:
         """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show).
         ``slurm``: submit it with sbatch instead (remote_agent/jobs/slurm.py); ``gpus`` is then not used.
-        ``restart``: its restart policy (remote_agent/jobs/restart.py)."""
+        ``restart``: its restart policy (remote_agent/jobs/restart.py); ``secrets``: see ``create``."""
         request = None if slurm is None else S.check_request(slurm)
         policy = checked_restart(restart, request is not None)
         if policy is not None:
             extra = dict(extra or {}, restart=policy)
-        job_id = self.create(argv, cwd, env, name, gpus, extra, request)
+        job_id = self.create(argv, cwd, env, name, gpus, extra, request, secrets)
         if request is None:
             return self.launch(job_id)
         job_dir = self.job_dir(job_id)
@@ -226,9 +229,12 @@ class JobStore:
         gpus: Optional[str] = None,
         extra: Optional[Dict[str, Any]] = None,
         request: Optional[Dict[str, Any]] = None,
+        secrets: Optional[Dict[str, str]] = None,
     ) -> str:
         """Check a job request and write its job dir (record and environment); its id. Nothing runs yet.
-        ``request``: a checked Slurm request (the job is then submitted with sbatch, not run in tmux)."""
+        ``request``: a checked Slurm request (the job is then submitted with sbatch, not run in tmux).
+        ``secrets``: variables kept apart from the record, only until the job can no longer start again
+        (remote_agent/jobs/secrets.py); job.json lists their names."""
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise JobError("command must be a non-empty list of strings", "bad_args")
         if any("\x00" in a for a in argv):
@@ -239,6 +245,14 @@ class JobStore:
         env = env or {}
         if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k for k, v in env.items()):
             raise JobError("env must map variable names (without '=') to strings", "bad_args")
+        try:
+            secrets = SEC.check(secrets)
+        except ValueError as exc:
+            raise JobError(str(exc), "bad_args") from None
+        both = sorted(set(secrets) & set(env))
+        if both:
+            raise JobError("%s: given both as env and as a secret; give each variable once" % ", ".join(both),
+                           "bad_args")  # fmt: skip
         if gpus is not None and (
             not isinstance(gpus, str) or len(gpus) > MAX_NAME or not _GPU_SPEC.match(gpus)
         ):
@@ -258,6 +272,8 @@ class JobStore:
         job_env.update(env)  # the user's explicit env wins over every default
         if request is not None:
             job_env, gpus = S.env_file(env), None
+        for secret in secrets:  # (an agent run locally inherits the user's variables): the runner adds its own
+            job_env.pop(secret, None)
 
         job_id, job_dir = self._new_job_dir()
         display = _CONTROL.sub(" ", name if name else " ".join(argv))[:MAX_NAME].strip() or job_id
@@ -275,6 +291,8 @@ class JobStore:
             "git": git_info(cwd),
             "nvidia_smi": self.nvidia_smi,
         }
+        if secrets:
+            record["secrets"] = sorted(secrets)  # the names: the values are kept apart (secrets.keep)
         if request is not None:
             del record["tmux_session"], record["tmux_socket"]
             asked = {("nodes_count" if k == "nodes" else k): v for k, v in request.items()}
@@ -282,6 +300,12 @@ class JobStore:
         record.update(extra or {})
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
+        try:
+            SEC.keep(job_dir, secrets)
+        except OSError as exc:  # (a full disk): the job never starts, and says why
+            SEC.end_job(job_dir, {"exit_code": None, "error": "cannot keep its secrets: %s" % (exc.strerror or exc),
+                                  "ended_at": time.time()})  # fmt: skip
+            raise JobError("cannot keep the job's secrets on the host: %s" % (exc.strerror or exc)) from None
         return job_id
 
     def launch(self, job_id: str) -> Dict[str, Any]:
@@ -296,10 +320,7 @@ class JobStore:
                 break
         else:
             err = res.stderr.decode("utf-8", "replace").strip()
-            write_json(
-                os.path.join(job_dir, "status.json"),
-                {"exit_code": None, "error": err, "ended_at": time.time()},
-            )
+            SEC.end_job(job_dir, {"exit_code": None, "error": err, "ended_at": time.time()})
             raise JobError("tmux could not start the job: %s" % err)
         return self.describe(job_id)
 
@@ -310,8 +331,7 @@ class JobStore:
         try:
             S.submit(argv, job_dir)
         except S.SlurmError as exc:
-            end = {"exit_code": None, "error": str(exc), "ended_at": time.time()}
-            write_json(os.path.join(job_dir, "status.json"), end)
+            SEC.end_job(job_dir, {"exit_code": None, "error": str(exc), "ended_at": time.time()})
             raise JobError(str(exc)) from None
         finally:
             self.slurm.forget()
@@ -369,6 +389,7 @@ class JobStore:
             record["error"] = "record too large to list (%d bytes); jobs.get has it" % len(text)
             text = to_json(record)
         if record["ended_at"] is not None:  # final: the runner wrote its last bytes before the status
+            SEC.forget(path)  # it never starts again (on Slurm: Slurm's word; elsewhere gone already, as a rule)
             self.ended.add(job_id, key, record, text)
         return Entry(key, text, record)
 
@@ -542,8 +563,7 @@ class JobStore:
             if _pid_alive(pids.get("runner_pid")) and self._wait_ended(path, 5.0):
                 return
         if not os.path.exists(os.path.join(path, "status.json")):
-            end = {"exit_code": None, "error": "killed before it started", "ended_at": time.time()}
-            write_json(os.path.join(path, "status.json"), end)
+            SEC.end_job(path, {"exit_code": None, "error": "killed before it started", "ended_at": time.time()})
 
     def _kill_slurm(self, job_id: str, path: str, info: Dict[str, Any], grace_s: float) -> Dict[str, Any]:
         """Kill a Slurm job (escalating as ``kill`` does, with scancel) and wait until Slurm says it ended."""

@@ -32,14 +32,13 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         never = never_fits(request, agent.facts().get("gpus") or [])
         if never:
             raise JobError(never, "bad_args")
-        job_id = agent.queue.submit(
-            request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra, agent.facts()["boot_id"]
-        )
+        job_id = agent.queue.submit(request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra,
+                                    agent.facts()["boot_id"], a.get("secrets"))  # fmt: skip
         W.ensure_running(agent.jobs.state_dir, agent.launcher)
         job = agent.mark(agent.jobs.describe(job_id))
     else:
         job = agent.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra,
-                               a.get("slurm"), a.get("restart"))  # fmt: skip
+                               a.get("slurm"), a.get("restart"), a.get("secrets"))  # fmt: skip
         if job.get("restart"):  # the watchdog decides its restarts, with the client gone
             W.ensure_running(agent.jobs.state_dir, agent.launcher)
     agent.emit(P.EV_JOB, job)
