@@ -216,6 +216,8 @@ def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None
                       instance_id=POD, release_check_ok=True, release_check_at=time.time() - 180)  # fmt: skip
     line = host_info(M.HostSnapshot(name="pod", cost=cost), Palette()).plain
     assert "· runpod" in line and "autostop in 42m" in line and "release checked 3m" in line
+    unknown = M.CostInfo(price_unknown="runpod API: costPerHr must be a number, not '$0.74'", provider="runpod")
+    assert "price unknown" in host_info(M.HostSnapshot(name="pod", cost=unknown), Palette()).plain
     failed = M.CostInfo(price_per_hour=0.74, release_failed="runpod stop: provider error 500\x1b[2J")
     line = host_info(M.HostSnapshot(name="pod", cost=failed), Palette()).plain
     assert "RELEASE FAILED, still billing: runpod stop: provider error 500" in line and "\x1b" not in line

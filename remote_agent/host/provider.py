@@ -34,8 +34,9 @@ API base that is a parameter (tests, proxies; plain http only to a loopback addr
 header), never follows a redirect (a 3xx is an error that names its Location), reads at most ``MAX_BODY``
 bytes, and checks every field it uses by type (``Fields``): a field an action needs (``NEEDS``) that a broken
 or hostile API gave unusably is a ``ProviderError``, never a traceback; one it does not need (a price, display
-only) reads as unknown and never blocks it. Every error text from the HTTP layer goes through ``redact``. ``http.client`` (what urllib itself uses) is used directly so that no redirect handler, proxy
-setting or per-read timeout can get in the way.
+only) reads as unknown and never blocks it. Every error text from the HTTP layer goes through ``redact``.
+``http.client`` (what urllib itself uses) is used directly so that no redirect handler, proxy setting or
+per-read timeout can get in the way.
 """
 
 import datetime
@@ -118,10 +119,6 @@ class Instance(NamedTuple):
     can_stop: bool  # False only where the answer shows "stop" is impossible (only terminate)
     why_no_stop: str = ""  # why not, in words
     unusable: Tuple[Tuple[str, str], ...] = ()  # (field of this tuple, why) for each value given unusably
-
-    def price_text(self) -> str:
-        """The price for display: ``0.74/h``, or ``price unknown`` (none given, or none usable)."""
-        return "price unknown" if self.price_per_hour is None else "%.4g/h" % self.price_per_hour
 
     def needed(self, action: str) -> "Instance":
         """This instance, when every field ``action`` needs (``NEEDS``) was usable; else a ``ProviderError``
