@@ -211,8 +211,8 @@ def test_release_then_confirm_polls_until_the_provider_says_so(
 
 
 # Values a provider may put where a price (or another number) belongs; none of them is a usable price.
-ODD_NUMBERS = ["$0.74", "abc", -1, float("nan"), 1e308, True, [0.74], {"usd": 0.74}, "9" * 200_000]
-ODD_IDS = ["dollar", "abc", "negative", "nan", "1e308", "true", "list", "object", "huge-string"]
+ODD_NUMBERS = ["$0.74", "abc", -1, float("nan"), 1e308, True, None, [0.74], {"usd": 0.74}, "9" * 200_000]
+ODD_IDS = ["dollar", "abc", "negative", "nan", "1e308", "true", "null", "list", "object", "huge-string"]
 PRICE_FIELDS = {pv.RUNPOD: "costPerHr", pv.VASTAI: "dph_total"}
 
 
@@ -235,7 +235,7 @@ def test_an_unusable_price_never_blocks_a_check_a_release_or_its_read_back(
     detected, env = on(provider)
     shown = pv.instance(detected, api_url=api.base(provider), env=env)
     assert (shown.price_per_hour, shown.started_at) == (None, None)
-    assert {name for name, _ in shown.unusable} == {"price_per_hour", "started_at"}
+    assert {name for name, _ in shown.unusable} == (set() if value is None else {"price_per_hour", "started_at"})
     assert pv.check(detected, "stop", api_url=api.base(provider), env=env).state == pv.RUNNING
     pv.release(detected, "stop", api_url=api.base(provider), env=env)
     done = pv.confirm(detected, "stop", interval_s=0, api_url=api.base(provider), env=env)
@@ -303,6 +303,10 @@ def test_a_key_with_a_trailing_newline_is_trimmed_wherever_it_is_read(api: Stand
     found = pv.detect(env={}, env_files=(), proc_environ=str(environ))
     assert found == pv.Detected(pv.RUNPOD, POD, str(environ))
     pv.release(found, "stop", api_url=api.base("runpod"))
+    rp_environment = tmp_path / "rp_environment"
+    rp_environment.write_text(f"export RUNPOD_POD_ID={POD}\nexport RUNPOD_API_KEY='{RUNPOD_KEY}\t'\n")
+    found = pv.detect(env={}, env_files=(str(rp_environment),), proc_environ=str(tmp_path / "none"))
+    assert pv.check(found, api_url=api.base("runpod")).provider == pv.RUNPOD
     assert {r.auth for r in api.requests} == {f"Bearer {RUNPOD_KEY}"}
 
 

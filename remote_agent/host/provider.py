@@ -208,14 +208,15 @@ def _source_values(source: str, env: Optional[Dict[str, str]]) -> Dict[str, str]
     trailing newline is still that key: a header cannot hold the newline)."""
     keys = _wanted()
     if source == ENVIRONMENT:
-        values = os.environ if env is None else env
-        return {k: values[k].strip() for k in keys if k in values}
-    data = _read_bounded(source, MAX_PROC_ENVIRON)
-    if not data:
-        return {}
-    if b"\0" in data:
-        return {k: v.strip() for k, v in parse_environ(data, keys).items()}
-    return parse_env_file(data[:MAX_ENV_FILE].decode("utf-8", "replace"), keys)
+        environ = os.environ if env is None else env
+        values = {k: environ[k] for k in keys if k in environ}
+    else:
+        data = _read_bounded(source, MAX_PROC_ENVIRON) or b""
+        if b"\0" in data:
+            values = parse_environ(data, keys)
+        else:
+            values = parse_env_file(data[:MAX_ENV_FILE].decode("utf-8", "replace"), keys)
+    return {k: v.strip() for k, v in values.items()}
 
 
 def detect(
