@@ -182,7 +182,8 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
             print(f"  {clean(cluster_text(s.cluster), limit=2000)}")
         c = s.cost
         if c is not None:
-            price = "no price set" if c.price_per_hour is None else f"{c.price_per_hour:.2f} {c.currency}/h"
+            price = f"{c.price_per_hour:.2f} {c.currency}/h" if c.price_per_hour is not None else (
+                "price unknown" if c.price_unknown else "no price set")  # fmt: skip
             price += f" · {c.price_source}" if c.price_source not in (None, "config") else ""
             stops = [f"{what} in {duration(left)}" for what, left in
                      (("autostop", c.autostop_in_s), ("deadline release", c.deadline_in_s)) if left is not None]  # fmt: skip

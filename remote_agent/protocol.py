@@ -565,6 +565,7 @@ class ReleaseCheckResult(TypedDict, total=False):
     mode: str
     state: str
     price_per_hour: Optional[float]
+    price_per_hour_unknown: str  # why the provider's price was unusable (it is display-only: "price unknown")
     started_at: Optional[float]
     kind: str  # the ProviderError kind, when it failed
 

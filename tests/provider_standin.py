@@ -9,8 +9,9 @@ It answers the documented endpoints with bodies shaped as the providers' API ref
 A release takes effect after ``settle_reads`` further reads of the instance (as a real one takes a while), so
 a confirm must poll. ``fault`` makes the next ``fault_count`` requests (None: all) fail one way: ``401``,
 ``404``, ``429``, ``500``, ``slow`` (no answer until the test ends), ``drip`` (a valid start, then a byte every
-50 ms for ever), ``redirect`` (302 to another host), ``wrongtype`` (fields of the wrong JSON type), ``huge``
-(2 MiB without a Content-Length), ``hugelength`` (a Content-Length of 2 MiB), ``notjson`` (an HTML page that echoes the Authorization header). Every request is
+50 ms for ever), ``redirect`` (302 to another host), ``wrongtype`` (a price and a status of the wrong JSON type), ``huge``
+(2 MiB without a Content-Length), ``hugelength`` (a Content-Length of 2 MiB), ``notjson`` (an HTML page that echoes the Authorization header), ``echo`` (a 500 whose JSON echoes the
+Authorization header as sent and URL-quoted). Every request is
 recorded (method, path, the Authorization header, the JSON body) in ``requests``.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -160,6 +162,9 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 pass
             self.close_connection = True
+        elif fault == "echo":
+            auth = self.headers.get("Authorization", "")
+            self._send(500, {"error": "cannot use " + auth, "request": "/pods?auth=" + urllib.parse.quote(auth)})
         elif fault == "notjson":
             echo = self.headers.get("Authorization", "").encode()  # a broken proxy echoing the request
             data = b"<html>Bad gateway: " + echo + b"</html>"
@@ -281,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._settle("lambda:" + iid, st.lambdas)
             data = list(st.lambdas.values())
             if wrong:
-                data = [{**d, "instance_type": {"price_cents_per_hour": "129"}} for d in data]
+                data = [{**d, "status": 5, "instance_type": {"price_cents_per_hour": "129"}} for d in data]
             return self._send(200, {"data": data})
         if method == "POST" and path == "/instance-operations/terminate":
             ids = body.get("instance_ids") if isinstance(body, dict) else None

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,57 @@ def test_release_then_confirm_polls_until_the_provider_says_so(
     assert done.state == state and done.polls == 3
 
 
+# Values a provider may put where a price (or another number) belongs; none of them is a usable price.
+ODD_NUMBERS = ["$0.74", "abc", -1, float("nan"), 1e308, True, None, [0.74], {"usd": 0.74}, "9" * 200_000]
+ODD_IDS = ["dollar", "abc", "negative", "nan", "1e308", "true", "null", "list", "object", "huge-string"]
+PRICE_FIELDS = {pv.RUNPOD: "costPerHr", pv.VASTAI: "dph_total"}
+
+
+def odd_instance(api: StandIn, provider: str, value: Any) -> dict[str, Any]:
+    """The stand-in's instance with ``value`` in its price field (and its start time: a number there too)."""
+    inst = api.pods[POD] if provider == pv.RUNPOD else api.vast[VAST]
+    inst[PRICE_FIELDS[provider]] = value
+    inst["lastStartedAt" if provider == pv.RUNPOD else "start_date"] = value
+    return inst
+
+
+@pytest.mark.parametrize("value", ODD_NUMBERS, ids=ODD_IDS)
+@pytest.mark.parametrize("provider", [pv.RUNPOD, pv.VASTAI])
+def test_an_unusable_price_never_blocks_a_check_a_release_or_its_read_back(
+    api: StandIn, provider: str, value: Any
+) -> None:
+    """The price is display-only: the status shows "price unknown", the check, the stop and the read-back after
+    it (the answer still holding the odd price) go through."""
+    odd_instance(api, provider, value)
+    detected, env = on(provider)
+    shown = pv.instance(detected, api_url=api.base(provider), env=env)
+    assert (shown.price_per_hour, shown.started_at) == (None, None)
+    assert {name for name, _ in shown.unusable} == (set() if value is None else {"price_per_hour", "started_at"})
+    assert pv.check(detected, "stop", api_url=api.base(provider), env=env).state == pv.RUNNING
+    pv.release(detected, "stop", api_url=api.base(provider), env=env)
+    done = pv.confirm(detected, "stop", interval_s=0, api_url=api.base(provider), env=env)
+    assert done.state == pv.STOPPED and [m for m in api.methods() if not m.startswith("GET")] == [
+        f"POST /runpod/pods/{POD}/stop" if provider == pv.RUNPOD else f"PUT /vastai/instances/{VAST}/"
+    ]
+
+
+@pytest.mark.parametrize("provider", [pv.RUNPOD, pv.VASTAI])
+def test_an_unusable_state_fails_the_check_and_the_read_back_but_not_the_request(
+    api: StandIn, provider: str
+) -> None:
+    """What an action needs decides it: a confirm cannot say stopped without a state, and says why."""
+    field = "desiredStatus" if provider == pv.RUNPOD else "actual_status"
+    (api.pods[POD] if provider == pv.RUNPOD else api.vast[VAST])[field] = 5
+    api.settle_reads = 10**6  # the odd state stays
+    detected, env = on(provider)
+    assert pv.instance(detected, api_url=api.base(provider), env=env).state == pv.OTHER
+    pv.release(detected, "stop", api_url=api.base(provider), env=env)
+    for call in (pv.check, pv.confirm):
+        with pytest.raises(pv.ProviderError, match=f"{field} must be a string") as err:
+            call(detected, "stop", api_url=api.base(provider), env=env)  # type: ignore[operator]
+        assert err.value.kind == "bad_answer"
+
+
 def test_confirm_retries_transient_errors_within_its_bound(api: StandIn) -> None:
     api.settle_reads = 0
     detected, env = on(pv.RUNPOD)
@@ -240,6 +292,47 @@ def test_confirm_stops_at_once_on_a_refused_key(api: StandIn) -> None:
     with pytest.raises(pv.ProviderError) as err:
         pv.confirm(detected, "stop", interval_s=0, api_url=api.base("runpod"), env=env)
     assert err.value.kind == "auth" and len(api.requests) == 1
+
+
+def test_a_key_with_a_trailing_newline_is_trimmed_wherever_it_is_read(api: StandIn, tmp_path: Path) -> None:
+    """PID 1's RUNPOD_API_KEY='...\\n': the header cannot hold the newline, the key is the rest."""
+    detected, env = on(pv.RUNPOD)
+    assert pv.check(detected, api_url=api.base("runpod"), env={**env, "RUNPOD_API_KEY": RUNPOD_KEY + "\n"}).state
+    environ = tmp_path / "environ"
+    environ.write_bytes(f"RUNPOD_POD_ID={POD}\0RUNPOD_API_KEY={RUNPOD_KEY}\r\n\0".encode())
+    found = pv.detect(env={}, env_files=(), proc_environ=str(environ))
+    assert found == pv.Detected(pv.RUNPOD, POD, str(environ))
+    pv.release(found, "stop", api_url=api.base("runpod"))
+    rp_environment = tmp_path / "rp_environment"
+    rp_environment.write_text(f"export RUNPOD_POD_ID={POD}\nexport RUNPOD_API_KEY='{RUNPOD_KEY}\t'\n")
+    found = pv.detect(env={}, env_files=(str(rp_environment),), proc_environ=str(tmp_path / "none"))
+    assert pv.check(found, api_url=api.base("runpod")).provider == pv.RUNPOD
+    assert {r.auth for r in api.requests} == {f"Bearer {RUNPOD_KEY}"}
+
+
+@pytest.mark.parametrize("bad", [RUNPOD_KEY[:8] + "\n" + RUNPOD_KEY[8:], RUNPOD_KEY + "\x01", RUNPOD_KEY + " x",
+                                 RUNPOD_KEY + "\u00e9"])  # fmt: skip
+def test_a_key_a_header_cannot_hold_is_refused_by_its_name_never_its_value(api: StandIn, bad: str) -> None:
+    detected, env = on(pv.RUNPOD)
+    with pytest.raises(pv.ProviderError) as err:
+        pv.check(detected, api_url=api.base("runpod"), env={**env, "RUNPOD_API_KEY": bad})
+    assert err.value.kind == "config" and "RUNPOD_API_KEY in the environment is not an API key" in str(err.value)
+    with pytest.raises(pv.ProviderError) as sent:  # nor is it sent by the HTTP layer, whoever calls it
+        pv.http_json("GET", api.base("runpod") + f"/pods/{POD}", bad)
+    assert sent.value.kind == "config" and "cannot hold" in str(sent.value)
+    for message in (str(err.value), str(sent.value)):
+        assert "STANDINKEY" not in message and "rpa_" not in message
+    assert api.requests == []
+
+
+def test_every_form_of_the_key_an_error_may_hold_is_redacted() -> None:
+    key = RUNPOD_KEY + "\n"
+    texts = [f"Invalid header value {('Bearer ' + key).encode()!r}", f"got {key!r}", f"url ?k={RUNPOD_KEY}",
+             "/x?auth=" + urllib.parse.quote("Bearer " + RUNPOD_KEY), "q=" + urllib.parse.quote_plus(RUNPOD_KEY + "/+")]
+    for text in texts:
+        cleaned = pv.redact(text, key, RUNPOD_KEY + "/+")
+        assert "STANDINKEY" not in cleaned and "***" in cleaned, (text, cleaned)
+    assert pv.redact("nothing secret here", key) == "nothing secret here"
 
 
 def test_a_wrong_key_is_refused_by_the_provider(api: StandIn) -> None:
@@ -282,8 +375,8 @@ def test_every_failure_is_a_clear_provider_error(
 ) -> None:
     api.fault = fault
     detected, env = on(provider)
-    with pytest.raises(pv.ProviderError) as err:
-        pv.instance(
+    with pytest.raises(pv.ProviderError) as err:  # a check: it needs the state ("wrongtype" breaks it)
+        pv.check(
             detected, api_url=api.base(provider), env=env, deadline_s=0.5 if fault in ("slow", "drip") else 10
         )
     message = str(err.value)
@@ -367,33 +460,53 @@ def test_the_deadline_covers_a_hung_name_lookup(monkeypatch: pytest.MonkeyPatch)
         gate.set()
 
 
+def _parsed(provider: str, change: dict[str, Any]) -> pv.Instance:
+    """The stand-in's instance, with ``change`` made to its fields, as the agent parses it."""
+    if provider == pv.RUNPOD:
+        return pv._runpod_instance({**standin.runpod_pod(POD), **change}, POD)
+    found = pv._vast_instance({"instances": {**standin.vast_instance(int(VAST)), **change}}, VAST)
+    assert found is not None
+    return found
+
+
 @pytest.mark.parametrize(
-    ("provider", "change", "words"),
+    ("provider", "change", "words", "feeds"),
     [
-        (pv.RUNPOD, {"costPerHr": -1}, "costPerHr must be a price"),
-        (pv.RUNPOD, {"costPerHr": True}, "costPerHr must be a number"),
-        (pv.RUNPOD, {"costPerHr": "NaN"}, "costPerHr must be a number"),
-        (pv.RUNPOD, {"costPerHr": 1e9}, "costPerHr must be a price"),
-        (pv.RUNPOD, {"desiredStatus": None}, "desiredStatus must be a string"),
-        (pv.RUNPOD, {"desiredStatus": "R" * 500}, "desiredStatus must be a string"),
-        (pv.RUNPOD, {"networkVolumeId": 5}, "networkVolumeId must be a string"),
-        (pv.RUNPOD, {"lastStartedAt": "yesterday"}, "lastStartedAt must be an ISO 8601 time"),
-        (pv.RUNPOD, {"id": "someoneelse"}, "id must be the pod asked for"),
-        (pv.VASTAI, {"dph_total": float("inf")}, "dph_total must be a price"),
-        (pv.VASTAI, {"dph_total": [0.3]}, "dph_total must be a number"),
-        (pv.VASTAI, {"actual_status": 1}, "actual_status must be a string"),
-        (pv.VASTAI, {"start_date": "soon"}, "start_date must be an ISO 8601 time"),
-        (pv.VASTAI, {"id": 884}, "id must be the instance asked for"),
+        (pv.RUNPOD, {"costPerHr": -1}, "costPerHr must be a price", "price_per_hour"),
+        (pv.RUNPOD, {"costPerHr": True}, "costPerHr must be a number", "price_per_hour"),
+        (pv.RUNPOD, {"costPerHr": "NaN"}, "costPerHr must be a number", "price_per_hour"),
+        (pv.RUNPOD, {"costPerHr": 1e9}, "costPerHr must be a price", "price_per_hour"),
+        (pv.RUNPOD, {"desiredStatus": None}, "desiredStatus must be a string", "state"),
+        (pv.RUNPOD, {"desiredStatus": "R" * 500}, "desiredStatus must be a string", "state"),
+        (pv.RUNPOD, {"networkVolumeId": 5}, "networkVolumeId must be a string", "can_stop"),
+        (pv.RUNPOD, {"lastStartedAt": "yesterday"}, "lastStartedAt must be an ISO 8601 time", "started_at"),
+        (pv.RUNPOD, {"id": "someoneelse"}, "id must be the pod asked for", None),
+        (pv.VASTAI, {"dph_total": float("inf")}, "dph_total must be a price", "price_per_hour"),
+        (pv.VASTAI, {"dph_total": [0.3]}, "dph_total must be a number", "price_per_hour"),
+        (pv.VASTAI, {"actual_status": 1}, "actual_status must be a string", "state"),
+        (pv.VASTAI, {"start_date": "soon"}, "start_date must be an ISO 8601 time", "started_at"),
+        (pv.VASTAI, {"id": 884}, "id must be the instance asked for", None),
     ],
 )
-def test_every_field_used_is_checked_by_type(provider: str, change: dict[str, Any], words: str) -> None:
-    if provider == pv.RUNPOD:
+def test_every_field_used_is_checked_by_type(
+    provider: str, change: dict[str, Any], words: str, feeds: str | None
+) -> None:
+    """Every field is checked; an unusable one reads as unknown, noted for the field of ``Instance`` it feeds
+    (which only the actions that need that field refuse: ``pv.NEEDS``). Another instance's id is never used."""
+    if feeds is None:
         with pytest.raises(pv.ProviderError) as err:
-            pv._runpod_instance({**standin.runpod_pod(POD), **change}, POD)
-    else:
-        with pytest.raises(pv.ProviderError) as err:
-            pv._vast_instance({"instances": {**standin.vast_instance(int(VAST)), **change}}, VAST)
-    assert err.value.kind == "bad_answer" and words in str(err.value)
+            _parsed(provider, change)
+        assert err.value.kind == "bad_answer" and words in str(err.value)
+        return
+    found = _parsed(provider, change)
+    assert [(name, words in why) for name, why in found.unusable] == [(feeds, True)]
+    assert getattr(found, feeds) in (None, pv.OTHER, True)  # unknown (a stop is left to the provider to refuse)
+    for action, needs in pv.NEEDS.items():
+        if feeds in needs:
+            with pytest.raises(pv.ProviderError, match=words):
+                found.needed(action)
+        else:
+            assert found.needed(action) is found
 
 
 @pytest.mark.parametrize("body", [[], "pod", 5, None])

@@ -136,6 +136,18 @@ def test_every_failure_is_a_clear_provider_error(api: StandIn, fault: str, kind:
     assert err.value.kind == kind and LAMBDA_KEY not in str(err.value)
 
 
+@pytest.mark.parametrize("value", [129.5, "$1.29", "abc", -1, float("nan"), 1e308, True, None, [129], "9" * 200_000])
+def test_an_unusable_price_is_unknown_and_never_blocks_the_release(api: StandIn, value: object) -> None:
+    """price_cents_per_hour is display-only: any odd value reads as None; matching, terminating and the
+    read-back go through (what they need, id and status, is usable)."""
+    api.lambdas[ID]["instance_type"]["price_cents_per_hour"] = value
+    api.lambdas[ID]["name"] = {"odd": "name"}
+    found = asyncio.run(pr.check(LAMBDA_KEY, IP, api.base("lambda")))
+    assert (found.id, found.price_per_hour, found.name) == (ID, None, None)
+    pr.terminate_sync(LAMBDA_KEY, ID, api.base("lambda"))
+    assert pr.confirm_terminated_sync(LAMBDA_KEY, ID, api.base("lambda"), interval_s=0).state == "terminated"
+
+
 def test_a_wrong_key_is_refused(api: StandIn) -> None:
     with pytest.raises(pr.ProviderError) as err:
         pr.list_instances_sync("secret_wrong_0000", api.base("lambda"))

@@ -91,6 +91,26 @@ def test_a_due_release_stops_the_instance_through_the_provider_and_confirms(
     assert RUNPOD_KEY not in log and VAST_KEY not in log
 
 
+@pytest.mark.parametrize("value", ["$0.74", "abc", -1, float("nan"), 1e308, True, [0.74], "9" * 200_000])
+@pytest.mark.parametrize("provider", [pv.RUNPOD, pv.VASTAI])
+def test_an_unusable_price_never_blocks_the_watchdogs_check_or_release(
+    tmp_path: Path, api: StandIn, on_pod: Any, provider: str, value: Any
+) -> None:
+    """The price is display-only: the check is ok and says "price per hour unknown"; the due release stops the
+    instance and its read-back (which still holds the odd price) confirms it."""
+    if provider == pv.RUNPOD:
+        api.pods[POD]["costPerHr"] = value
+    else:
+        api.vast[VAST]["dph_total"] = value
+    config = armed(tmp_path, api, on_pod(provider))
+    verdict = W.release_check(config)
+    assert verdict["ok"] is True and verdict["price_per_hour"] is None, verdict
+    assert "must be" in verdict["price_per_hour_unknown"] and "price per hour unknown" in verdict["detail"]
+    state = W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
+    assert state["action"] == "released", state
+    assert len(releases(api)) == 1
+
+
 def test_a_pod_with_a_network_volume_is_terminated_when_no_mode_is_set(
     tmp_path: Path, api: StandIn, on_pod: Any
 ) -> None:

@@ -8,6 +8,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -109,6 +111,36 @@ def test_status_shows_the_provider_its_price_and_the_check(home: Home, api: Stan
     assert writes(api) == []
 
 
+@pytest.mark.parametrize(
+    ("provider", "value"), [("runpod", "$0.74"), ("runpod", float("nan")), ("runpod", True), ("vastai", 1e308),
+                            ("vastai", "abc"), ("vastai", float("nan"))],
+)  # fmt: skip
+def test_a_price_the_provider_gives_unusably_is_unknown_and_the_release_goes_through(
+    home: Home, api: StandIn, provider: str, value: object
+) -> None:
+    """status says "price unknown" (the check is ok, its detail says why); release stops the instance and
+    reads it back (the answer after the stop still holds the odd price)."""
+    if provider == "runpod":
+        pod_config(home, api, "autostop_minutes = 600\n")
+        api.pods[POD]["costPerHr"], want = value, f"POST /runpod/pods/{POD}/stop"
+    else:
+        vast_config(home, api, "autostop_minutes = 600\n")
+        api.vast[VAST_ID]["dph_total"], want = value, f"PUT /vastai/instances/{VAST_ID}/"
+    home.cli("status", check=True)
+    from conftest import wait_for
+
+    wait_for(lambda: (home.state_dir / "release_check.json").exists(), what="the watchdog's release check")
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    cost = host["cost"]
+    assert cost["price_per_hour"] is None and cost["release_check_ok"] is True
+    field = "costPerHr" if provider == "runpod" else "dph_total"
+    assert f"{field} must be" in cost["price_unknown"] and "price per hour unknown" in cost["release_check_detail"]
+    assert "cost  price unknown" in home.cli("status", check=True).stdout
+    res = home.cli("release", "local", "--yes", "--no-pull")
+    assert res.returncode == 0, res.stderr
+    assert writes(api) == [want] and "released (confirmed:" in res.stdout
+
+
 def test_a_lambda_host_is_matched_by_address_and_terminated_from_here(home: Home, api: StandIn) -> None:
     home.env.update(LAMBDA_API_KEY=LAMBDA_KEY)
     home.write_config(
@@ -186,6 +218,8 @@ def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None
                       instance_id=POD, release_check_ok=True, release_check_at=time.time() - 180)  # fmt: skip
     line = host_info(M.HostSnapshot(name="pod", cost=cost), Palette()).plain
     assert "· runpod" in line and "autostop in 42m" in line and "release checked 3m" in line
+    unknown = M.CostInfo(price_unknown="runpod API: costPerHr must be a number, not '$0.74'", provider="runpod")
+    assert "price unknown" in host_info(M.HostSnapshot(name="pod", cost=unknown), Palette()).plain
     failed = M.CostInfo(price_per_hour=0.74, release_failed="runpod stop: provider error 500\x1b[2J")
     line = host_info(M.HostSnapshot(name="pod", cost=failed), Palette()).plain
     assert "RELEASE FAILED, still billing: runpod stop: provider error 500" in line and "\x1b" not in line
@@ -232,13 +266,13 @@ def end_the_container(home: Home) -> Callable[[], None]:
     return end
 
 
-def vast_config(home: Home, api: StandIn) -> None:
+def vast_config(home: Home, api: StandIn, extra: str = "price_per_hour = 1.0\n") -> None:
     """A local host whose agent runs "on a vast.ai instance" (the instance's own id and key in its env)."""
     api.vast[VAST_ID] = standin.vast_instance(int(VAST_ID))
     home.env.update(CONTAINER_ID=VAST_ID, CONTAINER_API_KEY=VAST_KEY)
     home.write_config(
         f'[providers.vastai]\napi_url = "{api.base("vastai")}"\n[hosts.local]\ntransport = "local"\n'
-        f'remote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\nprice_per_hour = 1.0\n'
+        f'remote_dir = "{home.state_dir}"\ncount_ssh_sessions = false\n{extra}'
     )
 
 
@@ -299,3 +333,33 @@ def test_account_keys_are_read_from_the_providers_own_files(tmp_path: Path, monk
     with pytest.raises(providers.ProviderError, match="runpod API key in ~/.runpod/config.toml is not an API key"):
         providers.account_key("runpod", env={})
     assert providers.account_key("lambda", env={}) is None  # Lambda's key is its own (lambda_key)
+
+
+def _all_text(home: Home, *outputs: subprocess.CompletedProcess[str]) -> bytes:
+    """Every command's output and every file under the test's HOME (the host's state dir, release_check.json,
+    watchdog.log, the client's state, cache and log dirs), as bytes."""
+    found = [(res.stdout + res.stderr).encode() for res in outputs]
+    found += [p.read_bytes() for p in home.root.rglob("*") if p.is_file() and not p.is_symlink()]
+    return b"\n".join(found)
+
+
+@pytest.mark.parametrize("fault", [None, "echo", "notjson", "redirect", "401"])
+def test_a_key_with_a_newline_releases_and_never_shows_anywhere(home: Home, api: StandIn, fault: str | None) -> None:
+    """PID 1's RUNPOD_API_KEY='...\\n' (a trailing newline): trimmed, it works; with an endpoint that fails in
+    several ways (echoing the key as sent and URL-quoted, a redirect, a refusal), the key's value appears in no
+    output and no file of ours: the check, status with the armed watchdog, doctor, the release."""
+    pod_config(home, api, "price_per_hour = 1.0\nautostop_minutes = 600\n", key=RUNPOD_KEY + "\n")
+    api.fault = fault
+    check = home.cli("release", "local", "--check")
+    status = home.cli("status")  # arms the watchdog: its own check goes to release_check.json and watchdog.log
+    from conftest import wait_for
+
+    wait_for(lambda: (home.state_dir / "release_check.json").exists(), what="the watchdog's release check")
+    doctor = home.cli("doctor", "--json", "--timeout", "60")
+    release = home.cli("release", "local", "--yes", "--no-pull")
+    assert (check.returncode, release.returncode) == ((0, 0) if fault is None else (1, 1)), release.stderr
+    assert released(home) is (fault is None)
+    text = _all_text(home, check, status, doctor, release)
+    assert (home.state_dir / "watchdog.log").exists()  # (release_check.json: waited for above)
+    for form in (RUNPOD_KEY, urllib.parse.quote(RUNPOD_KEY), "STANDINKEY"):
+        assert form.encode() not in text, form

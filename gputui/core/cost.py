@@ -246,6 +246,8 @@ def release_info(activity: P.Activity) -> dict[str, Any]:
         price = _number(check.get("price_per_hour"))
         if via in ("runpod", "vastai") and check.get("ok") is True and price is not None and price <= 10000:
             out["provider_price"] = (price, via)
+        elif isinstance(check.get("price_per_hour_unknown"), str):
+            out["price_unknown"] = check["price_per_hour_unknown"][:300]
     if wd.get("action") == "release failed":
         error = wd.get("release_error")
         out["release_failed"] = error[:300] if isinstance(error, str) else "the release failed"

@@ -231,6 +231,7 @@ class CostInfo:
     deadline_in_s: float | None = None  # hard release deadline, when set
     # provider-native price and release (gputui.core.cost.release_info; remote_agent/host/provider.py)
     price_source: str | None = None  # "config", "prices" (per-GPU table) or the provider's name
+    price_unknown: str | None = None  # why the provider's own price could not be used (display: "price unknown")
     provider: str | None = None  # where the host's watchdog releases through: "runpod", "vastai", "command"
     instance_id: str | None = None
     release_check_ok: bool | None = None  # the last release check's verdict (None: never checked)

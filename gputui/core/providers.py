@@ -97,9 +97,7 @@ def _user_key(
         key, where = _key_from_file(Path(os.path.expanduser(file)), names) or "", file
     if not key:
         return None
-    if not agent_provider.KEY_SHAPE.match(key):
-        raise ProviderError("config", f"the {label} API key in {where} is not an API key (printable, no spaces)")
-    return key, where
+    return agent_provider.usable_key(key, f"the {label} API key", where), where
 
 
 def require_lambda_key(env: Mapping[str, str] | None = None, path: str | Path | None = None) -> str:
@@ -170,25 +168,25 @@ async def confirm_instance(
     return result
 
 
-def _str(obj: dict[str, Any], name: str, optional: bool = True) -> str | None:
-    return agent_provider.field_str(obj, name, LAMBDA, optional=optional)
+LAMBDA_STRINGS = ("ip", "private_ip", "hostname", "name")  # read as unknown (None) where given unusably
 
 
 def parse_instance(value: Any) -> LambdaInstance:
-    """A Lambda Instance object, every field used checked by type (``ProviderError`` otherwise)."""
+    """A Lambda Instance object: ``id`` and ``status`` (what matching, terminating and confirming need) must be
+    strings (``ProviderError`` otherwise); any other field given unusably reads as unknown (None), so that a
+    price or a name never blocks a release (``remote_agent.host.provider.Fields``)."""
     if not isinstance(value, dict):
         raise ProviderError("bad_answer", "lambda API: an instance must be a JSON object")
-    kind = value.get("instance_type")
-    if kind is not None and not isinstance(kind, dict):
-        raise ProviderError("bad_answer", "lambda API: instance_type must be a JSON object")
-    kind = kind or {}
-    price = agent_provider.field_price(kind, "price_cents_per_hour", LAMBDA, scale=0.01)
-    if kind.get("price_cents_per_hour") is not None and not isinstance(kind["price_cents_per_hour"], int):
-        raise ProviderError("bad_answer", "lambda API: price_cents_per_hour must be a whole number of cents")
+    kind: dict[str, Any] = value["instance_type"] if isinstance(value.get("instance_type"), dict) else {}
+    price = agent_provider.Fields(kind, LAMBDA).get(agent_provider.field_price, "price_cents_per_hour", "", 0.01)
+    if not isinstance(kind.get("price_cents_per_hour"), int):  # documented as whole cents: another figure is none
+        price = None
+    got = agent_provider.Fields(value, LAMBDA)
+    ip, private_ip, hostname, name = (got.get(agent_provider.field_str, n, n, True) for n in LAMBDA_STRINGS)
     return LambdaInstance(
-        id=_str(value, "id", optional=False) or "", status=_str(value, "status", optional=False) or "",
-        ip=_str(value, "ip"), private_ip=_str(value, "private_ip"), hostname=_str(value, "hostname"),
-        name=_str(value, "name"), type_name=_str(kind, "name"), price_per_hour=price,
+        id=agent_provider.field_str(value, "id", LAMBDA) or "", status=agent_provider.field_str(value, "status", LAMBDA) or "",
+        ip=ip, private_ip=private_ip, hostname=hostname, name=name, price_per_hour=price,
+        type_name=agent_provider.Fields(kind, LAMBDA).get(agent_provider.field_str, "name", "", True),
     )  # fmt: skip
 
 

@@ -32,9 +32,11 @@ The APIs, as their references document them (checked 2026-12):
 Every call has a TOTAL deadline (connect, headers and body together: a dripping answer cannot stretch it), an
 API base that is a parameter (tests, proxies; plain http only to a loopback address, as the key travels in a
 header), never follows a redirect (a 3xx is an error that names its Location), reads at most ``MAX_BODY``
-bytes, and checks every field it uses by type: a broken or hostile API gives a ``ProviderError``, never a
-traceback. ``http.client`` (what urllib itself uses) is used directly so that no redirect handler, proxy
-setting or per-read timeout can get in the way.
+bytes, and checks every field it uses by type (``Fields``): a field an action needs (``NEEDS``) that a broken
+or hostile API gave unusably is a ``ProviderError``, never a traceback; one it does not need (a price, display
+only) reads as unknown and never blocks it. Every error text from the HTTP layer goes through ``redact``.
+``http.client`` (what urllib itself uses) is used directly so that no redirect handler, proxy setting or
+per-read timeout can get in the way.
 """
 
 import datetime
@@ -63,10 +65,11 @@ PROC_ENVIRON = "/proc/1/environ"
 ENVIRONMENT = "environment"  # Detected.source when the agent's own environment had them
 MAX_ENV_FILE = 256 * 1024  # bytes read of an env file
 MAX_PROC_ENVIRON = 1024 * 1024  # bytes read of /proc/1/environ (Linux caps a process's env near this)
-KEY_SHAPE = re.compile(r"^[\x21-\x7e]{8,512}$")  # printable ASCII, no spaces: what goes into a header
+KEY_SHAPE = re.compile(r"[\x21-\x7e]{8,512}\Z")  # with .match: printable ASCII, no spaces (what a header holds)
 MAX_BODY = 1024 * 1024
 DEADLINE_S = 20.0
 MAX_PRICE = 10000.0  # $/h: above this the figure is not a price
+MAX_EPOCH = 253402300800.0  # year 10000: a later "time" is not one
 MODES = ("stop", "terminate")
 _DONE = {"stop": "stopped", "terminate": "terminated"}
 # Normalised states: the bill stops at STOPPED (the disk may bill on) and at TERMINATED.
@@ -111,10 +114,26 @@ class Instance(NamedTuple):
     instance_id: str
     state: str  # running / starting / stopped / terminated / other (see the module's constants)
     provider_state: str  # the provider's own word, e.g. "EXITED", "loading"
-    price_per_hour: Optional[float]  # the provider's figure in USD per hour (None: it gave none)
+    price_per_hour: Optional[float]  # the provider's figure in USD per hour (None: it gave none usable)
     started_at: Optional[float]  # epoch seconds the current run started, where the provider says
-    can_stop: bool  # whether "stop" is possible (False: only terminate)
+    can_stop: bool  # False only where the answer shows "stop" is impossible (only terminate)
     why_no_stop: str = ""  # why not, in words
+    unusable: Tuple[Tuple[str, str], ...] = ()  # (field of this tuple, why) for each value given unusably
+
+    def needed(self, action: str) -> "Instance":
+        """This instance, when every field ``action`` needs (``NEEDS``) was usable; else a ``ProviderError``
+        naming those fields. The others (a price: display only) never decide it."""
+        bad = [why for name, why in self.unusable if name in NEEDS[action]]
+        if bad:
+            raise ProviderError("bad_answer", "; ".join(bad))
+        return self
+
+
+# What each action needs of an instance read back (besides its id, always checked): a field of ``Instance``
+# the answer gave unusably fails only the actions that need it. A release needs the instance only (a "stop"
+# the provider cannot do is refused by the provider, loudly); a check and a confirm need its state; a status
+# display needs nothing (an unusable price shows as "price unknown").
+NEEDS: Dict[str, Tuple[str, ...]] = {"status": (), "release": (), "check": ("state",), "confirm": ("state",)}
 
 
 class Confirmed(NamedTuple):
@@ -185,17 +204,19 @@ def _read_bounded(path: str, limit: int) -> Optional[bytes]:
 
 def _source_values(source: str, env: Optional[Dict[str, str]]) -> Dict[str, str]:
     """The provider variables found in one source: ``environment``, or a file (NUL-separated like
-    ``/proc/1/environ``, else ``K=V`` lines)."""
+    ``/proc/1/environ``, else ``K=V`` lines), each trimmed of surrounding whitespace (a key written with a
+    trailing newline is still that key: a header cannot hold the newline)."""
     keys = _wanted()
     if source == ENVIRONMENT:
-        values = os.environ if env is None else env
-        return {k: values[k] for k in keys if k in values}
-    data = _read_bounded(source, MAX_PROC_ENVIRON)
-    if not data:
-        return {}
-    if b"\0" in data:
-        return parse_environ(data, keys)
-    return parse_env_file(data[:MAX_ENV_FILE].decode("utf-8", "replace"), keys)
+        environ = os.environ if env is None else env
+        values = {k: environ[k] for k in keys if k in environ}
+    else:
+        data = _read_bounded(source, MAX_PROC_ENVIRON) or b""
+        if b"\0" in data:
+            values = parse_environ(data, keys)
+        else:
+            values = parse_env_file(data[:MAX_ENV_FILE].decode("utf-8", "replace"), keys)
+    return {k: v.strip() for k, v in values.items()}
 
 
 def detect(
@@ -231,10 +252,21 @@ def _key_of(detected: Detected, env: Optional[Dict[str, str]]) -> str:
         raise ProviderError("config", f"no provider API on this host (provider {detected.provider!r})")
     id_name, key_name, _ = VARIABLES[detected.provider]
     values = _source_values(detected.source, env)
-    key = values.get(key_name, "")
-    if values.get(id_name) != detected.instance_id or not KEY_SHAPE.match(key):
-        where = "the environment" if detected.source == ENVIRONMENT else detected.source
+    where = "the environment" if detected.source == ENVIRONMENT else detected.source
+    if values.get(id_name) != detected.instance_id or not values.get(key_name):
         raise ProviderError("auth", f"{key_name} for instance {detected.instance_id} is no longer in {where}")
+    return usable_key(values[key_name], key_name, where)
+
+
+def usable_key(value: str, name: str, where: str) -> str:
+    """``value`` fit for an ``Authorization`` header: surrounding whitespace (a trailing newline) trimmed; a
+    key with any other character a header cannot hold is a ``ProviderError("config")`` that names ``name`` and
+    ``where`` it was found, never the value."""
+    key = value.strip()
+    if not KEY_SHAPE.match(key):
+        raise ProviderError(
+            "config", f"{name} in {where} is not an API key (8 to 512 printable characters, no spaces)"
+        )
     return key
 
 
@@ -243,11 +275,23 @@ def _key_of(detected: Detected, env: Optional[Dict[str, str]]) -> str:
 _LOOPBACK = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|localhost|::1)$")
 
 
+def redact(text: str, *secrets: str) -> str:
+    """``text`` with each secret replaced by ``***`` in every form an error text may hold it: as is, trimmed,
+    as Python shows it in a str or bytes repr (``Invalid header value b'Bearer KEY\\n'``), URL-quoted. Every
+    error path from the HTTP layer goes through this (``_clean``)."""
+    forms = set()
+    for secret in secrets:
+        for form in (secret, secret.strip()):
+            forms.update((form, repr(form)[1:-1], repr(form.encode("utf-8", "replace"))[2:-1],
+                          urllib.parse.quote(form, safe=""), urllib.parse.quote_plus(form)))  # fmt: skip
+    for form in sorted((f for f in forms if len(f) >= 4), key=len, reverse=True):
+        text = text.replace(form, "***")
+    return text
+
+
 def _clean(text: str, secret: str = "", limit: int = 200) -> str:
-    """Provider text fit for an error message: the key cut out, control characters replaced, shortened."""
-    if secret:
-        text = text.replace(secret, "<key>")
-    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    """Provider text fit for an error message: the key redacted, control characters replaced, shortened."""
+    text = "".join(ch if ch.isprintable() else "?" for ch in redact(text, secret))
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -281,10 +325,10 @@ def http_json(
     in a worker thread that is waited for that long, and a timer shuts its socket when the time is up (so a
     dripping answer cannot stretch it; only a hung name lookup can outlive it, in the background)."""
     check_api_url(url)
-    import http.client  # here: the agent starts without the HTTP stack, only a provider call loads it
-
     parts = urllib.parse.urlsplit(url)
     what = f"{method} {parts.hostname}{parts.path}"
+    if not isinstance(key, str) or not KEY_SHAPE.match(key):
+        raise ProviderError("config", f"{what}: the API key holds a character a header cannot hold (not sent)")
     headers = {"Authorization": "Bearer " + key, "Accept": "application/json", "User-Agent": "gputui-agent"}
     payload = None
     if body is not None:
@@ -297,7 +341,7 @@ def http_json(
             box.append(_exchange(parts, method, payload, headers, deadline_s, max_body, what))
         except ProviderError as exc:
             box.append(exc)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001  (OSError, HTTPException, ValueError, ...: never a traceback)
             box.append(
                 ProviderError("network", f"{what}: {_clean(type(exc).__name__ + ': ' + str(exc), key)}")
             )
@@ -438,7 +482,7 @@ def field_price(obj: Dict[str, Any], name: str, provider: str, scale: float = 1.
     return price
 
 
-def _epoch(obj: Dict[str, Any], name: str, provider: str) -> Optional[float]:
+def field_epoch(obj: Dict[str, Any], name: str, provider: str) -> Optional[float]:
     """A time as epoch seconds: a number, or an ISO 8601 string (``...Z`` allowed); None when absent/null."""
     value = obj.get(name)
     if value is None:
@@ -458,7 +502,7 @@ def _epoch(obj: Dict[str, Any], name: str, provider: str) -> Optional[float]:
         isinstance(value, bool)
         or not isinstance(value, (int, float))
         or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value < MAX_EPOCH
     ):
         raise _bad(provider, name, value, "a time")
     return float(value)
@@ -470,6 +514,25 @@ def _obj(value: Any, provider: str, what: str) -> Dict[str, Any]:
     return value
 
 
+class Fields:
+    """Reads one answer's fields, each into its typed value or, where the answer gave it unusably, None with
+    the reason kept in ``unusable`` as (the field it feeds, why): whether that matters is for each action to
+    say (``NEEDS``), not for the reader."""
+
+    def __init__(self, obj: Dict[str, Any], provider: str) -> None:
+        self.obj, self.provider = obj, provider
+        self.unusable: List[Tuple[str, str]] = []
+
+    def get(self, read: Callable[..., Any], name: str, feeds: str, *args: Any) -> Any:
+        """``read(obj, name, provider, *args)`` (``field_str``, ``field_price``, ``field_epoch``); None when
+        that raises a ``ProviderError``, noted as unusable for ``feeds``."""
+        try:
+            return read(self.obj, name, self.provider, *args)
+        except ProviderError as exc:
+            self.unusable.append((feeds, str(exc)))
+            return None
+
+
 # ---- the providers ---------------------------------------------------------------------------------------------
 
 _RUNPOD_STATES = {"RUNNING": RUNNING, "EXITED": STOPPED, "TERMINATED": TERMINATED, "CREATED": STARTING}
@@ -479,14 +542,16 @@ def _runpod_instance(data: Any, pod_id: str) -> Instance:
     pod = _obj(data, RUNPOD, "the pod")
     if pod.get("id") is not None and pod.get("id") != pod_id:
         raise _bad(RUNPOD, "id", pod.get("id"), f"the pod asked for ({pod_id})")
-    status = field_str(pod, "desiredStatus", RUNPOD) or ""
-    volume = field_str(pod, "networkVolumeId", RUNPOD, optional=True)
+    got = Fields(pod, RUNPOD)
+    status = got.get(field_str, "desiredStatus", "state")
+    volume = got.get(field_str, "networkVolumeId", "can_stop", True)
     why = ""
     if volume:
         why = f"pod {pod_id} has a network volume ({_clean(volume, limit=40)}): RunPod can only terminate it"
     return Instance(
-        RUNPOD, pod_id, _RUNPOD_STATES.get(status, OTHER), status, field_price(pod, "costPerHr", RUNPOD),
-        _epoch(pod, "lastStartedAt", RUNPOD), not why, why,
+        RUNPOD, pod_id, _RUNPOD_STATES.get(status or "", OTHER), status or "?",
+        got.get(field_price, "costPerHr", "price_per_hour"), got.get(field_epoch, "lastStartedAt", "started_at"),
+        not why, why, tuple(got.unusable),
     )  # fmt: skip
 
 
@@ -510,12 +575,18 @@ def _vast_instance(data: Any, instance_id: str) -> Optional[Instance]:
     got = inst.get("id")
     if got is not None and (isinstance(got, bool) or str(got) != instance_id):
         raise _bad(VASTAI, "id", got, f"the instance asked for ({instance_id})")
-    actual = field_str(inst, "actual_status", VASTAI, optional=True)
-    cur = field_str(inst, "cur_state", VASTAI, optional=True)
-    price = field_price(inst, "dph_total", VASTAI)
+    fields = Fields(inst, VASTAI)
+    actual = fields.get(field_str, "actual_status", "state", True)
+    cur = fields.get(field_str, "cur_state", "state", True)
+    state = _vast_state(actual, cur)
+    if state == STOPPED:  # either word says stopped: known even where the other one is unusable
+        fields.unusable = [(f, why) for f, why in fields.unusable if f != "state"]
+    elif any(f == "state" for f, _ in fields.unusable):
+        state = OTHER
     return Instance(
-        VASTAI, instance_id, _vast_state(actual, cur), f"{actual or 'null'}/{cur or 'null'}", price,
-        _epoch(inst, "start_date", VASTAI), True,
+        VASTAI, instance_id, state, f"{actual or 'null'}/{cur or 'null'}",
+        fields.get(field_price, "dph_total", "price_per_hour"), fields.get(field_epoch, "start_date", "started_at"),
+        True, "", tuple(fields.unusable),
     )  # fmt: skip
 
 
@@ -558,7 +629,7 @@ def instance(
         raise ProviderError(
             "not_found", f"{detected.provider}: no instance {detected.instance_id} for this key"
         )
-    return found
+    return found.needed("status")
 
 
 def check(
@@ -567,7 +638,7 @@ def check(
 ) -> Instance:  # fmt: skip
     """Prove, without side effects, that a release would work: the key is accepted and the instance answers
     (and, with ``mode``, that the provider can do that mode for it). The instance, or a ``ProviderError``."""
-    found = instance(detected, api_url, env, deadline_s)
+    found = instance(detected, api_url, env, deadline_s).needed("check")
     if mode is not None:
         _check_mode(found, mode)
     return found
@@ -590,7 +661,7 @@ def release(
     if mode not in MODES:
         raise ProviderError("config", f"release mode must be one of {', '.join(MODES)}, not {mode!r}")
     if detected.provider == RUNPOD and mode == "stop":
-        _check_mode(instance(detected, api_url, env, deadline_s), mode)
+        _check_mode(instance(detected, api_url, env, deadline_s).needed("release"), mode)
     path = _path(detected)
     if detected.provider == RUNPOD:
         method, path, body = ("POST", path + "/stop", None) if mode == "stop" else ("DELETE", path, None)
@@ -633,6 +704,8 @@ def confirm(
         polls += 1
         try:
             found = _read(detected, api_url, env, min(deadline_s, max(1.0, end - clock())))
+            if found is not None:
+                found.needed("confirm")
         except ProviderError as exc:
             if not exc.retryable:
                 raise

@@ -133,6 +133,10 @@ def release_check(config: Dict[str, Any], now: Optional[float] = None) -> Dict[s
     mode = pv.mode_for(found, mode)
     detail = "%s answers for instance %s (%s); release would %s it" % (
         detected.provider, detected.instance_id, found.provider_state, mode)  # fmt: skip
+    unusable = ["%s unknown (%s)" % (name.replace("_", " "), why) for name, why in found.unusable]
+    if unusable:  # what the release does not need: shown, never deciding it
+        detail += "; " + "; ".join(unusable)
+    verdict.update(("%s_unknown" % name, why) for name, why in found.unusable if name == "price_per_hour")
     return dict(verdict, ok=True, detail=detail, mode=mode, state=found.state, price_per_hour=found.price_per_hour,
                 started_at=found.started_at)  # fmt: skip
 

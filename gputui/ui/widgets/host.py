@@ -75,6 +75,8 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
             parts.append(
                 f" · accrued {fmt.money(c.accrued, c.currency)} · today {fmt.money(c.today, c.currency)}"
             )
+        elif c.price_unknown:  # the provider's figure was unusable (the reason is in status --json)
+            parts.append("price unknown", style=pal.muted)
         if c.idle:
             money = f" ({fmt.money(c.idle_cost, c.currency)})" if c.price_per_hour is not None else ""
             parts.append(
