@@ -328,3 +328,16 @@ def test_trust_and_jobs_go_through_a_proxy_jump_url_hop(ssh_home: SshHome, tmp_p
     finally:
         stop_host(ssh_home.remote_dir)
         jump.stop()
+
+
+def test_a_host_ssh_accepts_is_accepted(ssh_home: SshHome, resolver: str) -> None:
+    """An end-of-line comment and a missing IdentityFile/CertificateFile (OpenSSH carries on: Teleport's
+    generated configs do this) do not refuse the host."""
+    s = ssh_home.sshd
+    _alias_config(ssh_home, (
+        f"Host boxalias  # the test box\n  HostName 127.0.0.1 # loopback\n  Port {s.port}\n  User {s.user}\n"
+        f"  IdentityFile /no/such/key\n  CertificateFile /no/such/key-cert.pub\n  IdentityFile {s.keys['ok']}\n"
+    ))  # fmt: skip
+    ssh_home.known_hosts.write_text(s.host_key_line())
+    job_id = run_job(ssh_home, "echo", "accepted")
+    assert ssh_home.cli("logs", "-f", "box", job_id, check=True).stdout.strip() == "accepted"

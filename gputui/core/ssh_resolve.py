@@ -17,6 +17,7 @@ import socket
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .transport import HostError
 
@@ -213,22 +214,119 @@ def _expanded(raw: Resolved) -> Resolved:
 
 
 # --- asyncssh's parser (no ssh client here) ---------------------------------------------------------------------
-def _from_asyncssh(config: str | None, name: str, port: int | None, user: str | None) -> Resolved:
+MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
+_KEYWORD = re.compile(r"\s*([^\s=]+)(?:\s*=\s*|\s+|$)(.*)", re.S)
+
+
+def split_args(text: str) -> list[str]:
+    """OpenSSH's ``argv_split`` (misc.c) for a config line's arguments: quotes group, a backslash escapes only a
+    quote, a backslash or (unquoted) a space and is kept otherwise (``C:\\Users\\me``), a word starting with
+    ``#`` ends the line. An unclosed quote is a ValueError."""
+    args: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] in " \t":
+            i += 1
+            continue
+        if text[i] == "#":
+            break
+        word: list[str] = []
+        quote = ""
+        while i < n:
+            ch = text[i]
+            if ch == "\\" and i + 1 < n and (text[i + 1] in "'\"\\" or (not quote and text[i + 1] == " ")):
+                word.append(text[i + 1])
+                i += 1
+            elif not quote and ch in " \t":
+                break
+            elif not quote and ch in "'\"":
+                quote = ch
+            elif quote and ch == quote:
+                quote = ""
+            else:
+                word.append(ch)
+            i += 1
+        if quote:
+            raise ValueError("unclosed quote")
+        args.append("".join(word))
+    return args
+
+
+def _fallback_config() -> Any:
+    """asyncssh's client config read as OpenSSH reads the file (see ``_from_asyncssh``)."""
     from . import sshlib  # noqa: F401 - asyncssh without its slow library search
 
     # isort: split
+    from pathlib import Path
+
     from asyncssh.config import SSHClientConfig
 
+    class OpenSSHRead(SSHClientConfig):
+        """Lines split as OpenSSH splits them (end-of-line comments, backslashes kept, ``=``), the first of
+        ProxyCommand/ProxyJump winning, Include bounded to OpenSSH's depth; ``%`` tokens left to us."""
+
+        _percent_expand: set[str] = set()
+        _depth = 0
+
+        def parse(self, path: Path) -> None:
+            if self._depth >= MAX_INCLUDE_DEPTH:
+                self._error(f"Include nested more than {MAX_INCLUDE_DEPTH} deep (a file that includes itself?)")
+            self._depth += 1
+            try:
+                self._parse(path)
+            finally:
+                self._depth -= 1
+
+        def _parse(self, path: Path) -> None:
+            self._path, self._line_no, self._matching, self._tokens = path, 0, True, {"%": "%"}
+            with open(path, encoding="utf-8", errors="replace", newline="") as file:
+                for line in file.read(MAX_OUTPUT_BYTES).split("\n"):
+                    self._line_no += 1
+                    m = _KEYWORD.match(line.strip())
+                    if not m or m.group(1).startswith("#"):
+                        continue
+                    option, rest = m.group(1).lower(), m.group(2)
+                    if option in self._no_split:
+                        args = [rest.strip()]
+                    else:
+                        try:
+                            args = split_args(rest)
+                        except ValueError as exc:
+                            self._error(str(exc))
+                    if option in self._conditionals:  # Match host=NAME: asyncssh's split at '='
+                        args = [part for arg in args for part in arg.split("=", 1) if part]
+                    if not self._matching and option not in self._conditionals:
+                        continue
+                    if option in ("proxycommand", "proxyjump") and {"ProxyCommand", "ProxyJump"} & set(self._options):
+                        continue  # OpenSSH: whichever of the two comes first wins
+                    if option not in self._handlers:
+                        continue
+                    if not args:
+                        self._error(f"Missing {option} value")
+                    name, handler = self._handlers[option]
+                    handler(self, name, args)
+                    if args:
+                        self._error(f"Extra data at end: {' '.join(args)}")
+
+    return OpenSSHRead
+
+
+def _from_asyncssh(config: str | None, name: str, port: int | None, user: str | None) -> Resolved:
     local = _local_user()
+    cls = _fallback_config()
+
+    def load(final: bool) -> Any:
+        return cls.load(None, [config] if config else [], False, False, final, local,
+                        () if user is None else user, name, () if port is None else port)  # fmt: skip
+
     try:
-        c = SSHClientConfig.load(None, [config] if config else [], False, False, False, local,
-                                 () if user is None else user, name, () if port is None else port)  # fmt: skip
-    except RecursionError:
-        raise HostError(f"ssh_config {config}: an Include includes itself (a loop)", "config") from None
+        c = load(False)
+        if c.has_match_final():  # OpenSSH reads the files again with ``Match final`` blocks on
+            c = load(True)
     except (OSError, ValueError) as exc:
         raise HostError(f"ssh_config {config}: {exc}", "config") from None
 
-    def get(key: str, default: object = None) -> object:
+    def get(key: str, default: Any = None) -> Any:
         return c.get(key, default)
 
     jump = get("ProxyJump")
@@ -236,15 +334,15 @@ def _from_asyncssh(config: str | None, name: str, port: int | None, user: str | 
     identities = get("IdentityFile") or [f"~/.ssh/{n}" for n in DEFAULT_IDENTITIES]
     ciphers = get("Ciphers")
     raw = Resolved(
-        name=name, host=str(get("Hostname") or name), port=int(get("Port") or 22),  # type: ignore[call-overload]
-        user=str(get("User") or local), identity_files=tuple(str(f) for f in identities),  # type: ignore[attr-defined]
-        certificate_files=tuple(str(f) for f in get("CertificateFile") or ()),  # type: ignore[attr-defined]
+        name=name, host=str(get("Hostname") or name).lower(), port=int(get("Port") or 22),
+        user=str(get("User") or local), identity_files=tuple(dict.fromkeys(str(f) for f in identities)),
+        certificate_files=tuple(dict.fromkeys(str(f) for f in get("CertificateFile") or ())),
         proxy_jump=tuple(str(jump).split(",")) if jump and str(jump).lower() != "none" else (),
-        proxy_command=" ".join(command) if isinstance(command, list) else (str(command) if command else None),
-        user_known_hosts=tuple(str(f) for f in get("UserKnownHostsFile") or DEFAULT_USER_KNOWN_HOSTS),  # type: ignore[attr-defined]
+        proxy_command=str(command) if command and str(command).lower() != "none" else None,
+        user_known_hosts=tuple(str(f) for f in get("UserKnownHostsFile") or DEFAULT_USER_KNOWN_HOSTS),
         host_key_alias=str(get("HostKeyAlias")) if get("HostKeyAlias") else None,
         identities_only=bool(get("IdentitiesOnly")),
-        ciphers=str(ciphers) if ciphers else None,
+        ciphers=",".join(ciphers) if isinstance(ciphers, (list, tuple)) else (str(ciphers) if ciphers else None),
     )  # fmt: skip
     return _expanded(raw)
 
