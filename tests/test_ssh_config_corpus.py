@@ -161,3 +161,34 @@ def test_the_fallback_reads_what_asyncssh_misread_as_openssh_does(text: str, tmp
 )
 def test_proxy_jump_hops_are_read_as_openssh_reads_them(spec: str, hop: sr.Hop) -> None:
     assert sr.parse_hop(spec) == hop
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "k15-include-recursive"])
+def test_hosts_lists_the_aliases_of_every_included_file(case: str) -> None:
+    """``gputui hosts --ssh-config``: every concrete ``Host`` name of the case's files (its config Includes the
+    others), not only those of ``config``."""
+    home = Path(os.environ["HOME"])
+    config = _placed(case, home)
+    everywhere = set()
+    for file in (f for f in (home / ".ssh").rglob("*") if f.is_file()):
+        for line in file.read_text(errors="replace").split("\n"):
+            words = line.replace("=", " ", 1).split()
+            if words and words[0].lower() == "host":
+                for word in words[1:]:
+                    if word.startswith("#"):
+                        break
+                    if not any(c in word for c in "*?!"):
+                        everywhere.add(word)
+    assert set(H.ssh_config_aliases(str(config))) == everywhere
+
+
+def test_a_recursive_include_is_named(can_namespace: None, tmp_path: Path) -> None:
+    """The name whose block Includes a file that Includes itself: a clear error from each reader."""
+    config = _placed("k15-include-recursive", Path(os.environ["HOME"]))
+    name = "kevinburke.ssh_config.test.example.com"
+    with pytest.raises(H.EditError, match="Include nested more than 16 deep"):
+        H.ssh_config_aliases(str(config))
+    with pytest.raises(HostError, match="Include nested more than 16 deep"):
+        sr._from_asyncssh(str(config), name, None, None)  # noqa: SLF001
+    with pytest.raises(HostError, match="(?i)too many recursive configuration includes"):
+        sr._from_openssh(str(_namespace_ssh(tmp_path / "bin")), str(config), name, None, None)  # noqa: SLF001

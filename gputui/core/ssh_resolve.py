@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .safetext import clean
 from .transport import HostError
 
 RESOLVE_TIMEOUT_S = 10.0  # ``ssh -G`` never connects, but ``Match exec`` runs the user's commands
@@ -159,7 +160,8 @@ def _ssh_g(ssh: str, config: str | None, name: str, port: int | None, user: str 
     except OSError as exc:
         raise HostError(f"cannot run {ssh} -G: {exc.strerror or exc}", "config") from None
     if done.returncode != 0:
-        why = " ".join(done.stderr.decode("utf-8", "replace").split())[:500] or f"exit status {done.returncode}"
+        why = clean(" ".join(done.stderr.decode("utf-8", "replace").split()), limit=500)
+        why = why or f"exit status {done.returncode}"
         raise HostError(f"ssh_config {config or '(none)'} does not resolve {name!r}: {why}", "config")
     values: dict[str, list[str]] = {}
     for line in done.stdout[:MAX_OUTPUT_BYTES].decode("utf-8", "replace").split("\n"):

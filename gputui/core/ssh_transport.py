@@ -335,6 +335,8 @@ class SSHTransport(Transport):
                 if tunnel is not None:
                     tunnel.close()
                 raise
+            if tunnel is not None:
+                self._conn.set_tunnel(tunnel)  # closing the connection closes its hops
         return self._conn
 
     async def _through_hops(self, target: Target, verify: bool) -> asyncssh.SSHClientConnection | None:
