@@ -354,20 +354,20 @@ def resolve(name: str, config: str | None, port: int | None = None, user: str | 
     """``name`` as ssh_config ``config`` (None: no file) resolves it, ``port``/``user`` given winning.
 
     ``ssh -G`` decides where an ssh client is installed, asyncssh's parser elsewhere. Cached per process and
-    per state of the config file (edited while a UI runs: resolved again).
+    per state of the config file (edited while a UI runs: resolved again) and $HOME.
     """
     try:
         st = os.stat(config) if config else None
         stamp = (st.st_mtime_ns, st.st_size) if st else None
     except OSError:
         stamp = None
-    return _resolve_cached(name, config, port, user, stamp, ssh_binary())
+    return _resolve_cached(name, config, port, user, stamp, ssh_binary(), os.path.expanduser("~"))
 
 
 @functools.lru_cache(maxsize=256)
 def _resolve_cached(name: str, config: str | None, port: int | None, user: str | None,
-                    stamp: tuple[int, int] | None, ssh: str | None) -> Resolved:  # fmt: skip
-    del stamp  # part of the cache key only
+                    stamp: tuple[int, int] | None, ssh: str | None, home: str) -> Resolved:  # fmt: skip
+    del stamp, home  # part of the cache key only (``~`` is $HOME in the files resolved)
     if ssh is not None:
         return _from_openssh(ssh, config, name, port, user)
     return _from_asyncssh(config, name, port, user)
