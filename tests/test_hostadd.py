@@ -360,6 +360,23 @@ def test_hosts_lists_ssh_config_aliases_and_adds_them(ssh_home: SshHome) -> None
     assert "testbox" in ssh_home.cli("hosts", check=True).stdout
 
 
+def test_add_from_ssh_config_fetches_the_key_where_the_alias_s_own_block_sends_it(ssh_home: SshHome) -> None:
+    """The common layout (specific hosts first, ``Host *`` defaults last): the alias's Port, not the default's."""
+    from sshd import free_port
+
+    s = ssh_home.sshd
+    ssh_dir = ssh_home.root / ".ssh"
+    ssh_dir.mkdir(exist_ok=True)
+    (ssh_dir / "config").write_text(
+        f"Host a100\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n  IdentityFile {s.keys['ok']}\n"
+        f"Host *\n  Port {free_port()}\n"
+    )
+    _fresh(ssh_home)
+    res = ssh_home.cli("add", "--from-ssh-config", "a100", "--yes", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (ssh_dir / "known_hosts").read_text() == s.host_key_line()
+
+
 def test_version(home: Home) -> None:
     from gputui import __version__
 
