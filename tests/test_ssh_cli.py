@@ -330,14 +330,27 @@ def test_trust_and_jobs_go_through_a_proxy_jump_url_hop(ssh_home: SshHome, tmp_p
         jump.stop()
 
 
-def test_a_host_ssh_accepts_is_accepted(ssh_home: SshHome, resolver: str) -> None:
+def test_a_host_ssh_accepts_is_accepted(ssh_home: SshHome, resolver: str, tmp_path) -> None:
     """An end-of-line comment and a missing IdentityFile/CertificateFile (OpenSSH carries on: Teleport's
-    generated configs do this) do not refuse the host."""
+    generated configs do this), one that is no key or is encrypted, do not refuse the host."""
     s = ssh_home.sshd
+    garbage, locked = tmp_path / "not-a-key", tmp_path / "id_locked"
+    garbage.write_text("not a key\n")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
     _alias_config(ssh_home, (
         f"Host boxalias  # the test box\n  HostName 127.0.0.1 # loopback\n  Port {s.port}\n  User {s.user}\n"
-        f"  IdentityFile /no/such/key\n  CertificateFile /no/such/key-cert.pub\n  IdentityFile {s.keys['ok']}\n"
+        f"  IdentityFile /no/such/key\n  CertificateFile /no/such/key-cert.pub\n  IdentityFile {garbage}\n"
+        f"  IdentityFile {locked}\n  IdentityFile {s.keys['ok']}\n"
     ))  # fmt: skip
     ssh_home.known_hosts.write_text(s.host_key_line())
     job_id = run_job(ssh_home, "echo", "accepted")
     assert ssh_home.cli("logs", "-f", "box", job_id, check=True).stdout.strip() == "accepted"
+
+
+def test_an_encrypted_identity_file_says_to_load_it_into_the_agent(ssh_home: SshHome, tmp_path) -> None:
+    key = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(key)], check=True)
+    ssh_home.configure(identity_file=str(key))
+    res = ssh_home.cli("run", "box", "--", "true")
+    assert res.returncode == REFUSED, res.stderr
+    assert "Traceback" not in res.stderr and "ssh-add" in res.stderr

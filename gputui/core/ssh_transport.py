@@ -172,8 +172,7 @@ def connect_options(r: sr.Resolved, cfg: HostConfig, identity_file: str | None) 
             raise HostError(f"identity_file {path}: no such file", "config")
         kw["client_keys"] = [path]
     elif not r.default_identities:
-        kw["client_keys"] = r.existing(r.identity_files)
-        kw["ignore_encrypted"] = True  # OpenSSH would ask for the passphrase; the agent may hold the key
+        kw["client_keys"] = [path for path in r.existing(r.identity_files) if _loadable(path)]
     if r.identities_only and "client_keys" in kw:
         kw["agent_identities"] = kw["client_keys"]
     certs = r.existing(r.certificate_files)
@@ -182,6 +181,17 @@ def connect_options(r: sr.Resolved, cfg: HostConfig, identity_file: str | None) 
     if r.proxy_command is not None:  # as OpenSSH runs it: the user's shell, exec'ing the command
         kw["proxy_command"] = [os.environ.get("SHELL") or "/bin/sh", "-c", "exec " + r.proxy_command]
     return kw
+
+
+def _loadable(path: str) -> bool:
+    """Whether an ssh_config IdentityFile is a private key asyncssh can load without a passphrase; OpenSSH
+    carries on past one it cannot (an encrypted one: the agent may hold it)."""
+    try:
+        asyncssh.read_private_key(path)
+    except (asyncssh.KeyImportError, OSError, ValueError):
+        log.debug("skipping identity file %s: not loadable without a passphrase", path)
+        return False
+    return True
 
 
 def _ciphers(configured: str | None) -> str | list[str]:
@@ -384,6 +394,12 @@ class SSHTransport(Transport):
             return await asyncssh.connect(known_hosts=known, client_factory=lambda: client, tunnel=tunnel or (), **kw)
         except asyncssh.HostKeyNotVerifiable as exc:
             raise host_key_error(str(exc)) from None
+        except asyncssh.KeyImportError as exc:  # a ValueError: before the catch-all below
+            raise HostError(
+                f"{role}cannot load the identity file: {exc} (an encrypted key must be loaded into ssh-agent: "
+                "ssh-add)",
+                "auth",
+            ) from None
         except asyncssh.PermissionDenied:
             keys = f" with {kw['client_keys'][0]}" if kw.get("client_keys") else ""
             raise HostError(
@@ -405,6 +421,8 @@ class SSHTransport(Transport):
                 f"no SSH answer from {where} within {self.cfg.connect_timeout:g} s (host down, "
                 "firewall, or the link is dead)"
             ) from None
+        except ValueError as exc:  # asyncssh refusing a setting (a bad key or certificate file...)
+            raise HostError(f"ssh settings for {where}: {exc}", "config") from None
         except (OSError, asyncssh.Error) as exc:
             raise HostUnavailable(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
 
