@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -354,3 +355,21 @@ def test_an_encrypted_identity_file_says_to_load_it_into_the_agent(ssh_home: Ssh
     res = ssh_home.cli("run", "box", "--", "true")
     assert res.returncode == REFUSED, res.stderr
     assert "Traceback" not in res.stderr and "ssh-add" in res.stderr
+
+
+def test_the_identity_agent_of_ssh_config_is_used(ssh_home: SshHome, resolver: str, tmp_path) -> None:
+    """``IdentityAgent SOCKET`` (1Password, Secretive...): the key comes from that agent."""
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen([shutil.which("ssh-agent") or "ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, what="the agent's socket")
+        env = {**ssh_home.env, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run([shutil.which("ssh-add") or "ssh-add", "-q", str(ssh_home.sshd.keys["ok"])], env=env, check=True, capture_output=True)
+        s = ssh_home.sshd
+        _alias_config(ssh_home, f"Host boxalias\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n"
+                                f"  IdentityAgent {sock}\n")  # fmt: skip
+        ssh_home.known_hosts.write_text(s.host_key_line())
+        run_job(ssh_home, "true")
+    finally:
+        agent.terminate()
+        agent.wait(10)

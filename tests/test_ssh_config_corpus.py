@@ -28,7 +28,7 @@ CORPUS = next(
 ) / "corpus" / "ssh_config"  # fmt: skip
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir()) if CORPUS.is_dir() else []
 REAL_SSH = shutil.which("ssh")
-FIELDS = ("host", "port", "user", "identity_files", "proxy_jump", "proxy_command")
+FIELDS = ("host", "port", "user", "identity_files", "proxy_jump", "proxy_command", "identity_agent")
 ANY_NAME = "gputui-probe.example.org"  # every case: what its ``Host *`` / Match blocks give any other name
 
 
@@ -77,6 +77,12 @@ def _names(case: str, config: Path) -> list[str]:
     return list(dict.fromkeys([*aliases, *extra, ANY_NAME]))
 
 
+def _in_home(path: str) -> str:
+    """A path OpenSSH expanded from ``~`` (the account's home: $HOME in the namespace) as under $HOME."""
+    account = _account_home().rstrip("/")
+    return os.environ["HOME"] + path[len(account) :] if path.startswith(account + "/") else path
+
+
 def _oracle(ssh: Path, config: Path, name: str) -> sr.Resolved | None:
     """``ssh -G``'s answer read independently of ours (None: OpenSSH rejects the name)."""
     done = subprocess.run([str(ssh), "-G", "-F", str(config), "--", name], capture_output=True, text=True)
@@ -91,6 +97,7 @@ def _oracle(ssh: Path, config: Path, name: str) -> sr.Resolved | None:
         name=name, host=g["hostname"][0], port=int(g["port"][0]), user=g["user"][0],
         identity_files=tuple(g.get("identityfile", [])), certificate_files=(),
         proxy_jump=tuple(jump.split(",")) if jump else (), proxy_command=command or None, user_known_hosts=(),
+        identity_agent=_in_home(g["identityagent"][0]) if "identityagent" in g else None,
     )  # fmt: skip
     return sr._expanded(raw)  # noqa: SLF001 - ~ and % tokens as both resolutions expand them
 

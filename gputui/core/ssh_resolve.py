@@ -46,6 +46,7 @@ class Resolved:
     host_key_alias: str | None = None
     identities_only: bool = False
     ciphers: str | None = None  # configured ``Ciphers`` (None: the client's defaults)
+    identity_agent: str | None = None  # ``IdentityAgent``: a socket path, ``none`` or ``SSH_AUTH_SOCK``
 
     @property
     def default_identities(self) -> bool:
@@ -198,6 +199,7 @@ def _from_openssh(ssh: str, config: str | None, name: str, port: int | None, use
         host_key_alias=one("hostkeyalias") or None,
         identities_only=one("identitiesonly") == "yes",
         ciphers=ciphers if ciphers != _openssh_default_ciphers(ssh) else None,
+        identity_agent=_in_home(one("identityagent")) or None,
     )  # fmt: skip
     return _expanded(raw)
 
@@ -212,6 +214,7 @@ def _expanded(raw: Resolved) -> Resolved:
         proxy_command=expand_tokens(raw.proxy_command, raw, ",".join(raw.proxy_jump)) if raw.proxy_command else None,
         user_known_hosts=tuple(_expand_file(f, raw) for f in raw.user_known_hosts),
         host_key_alias=raw.host_key_alias, identities_only=raw.identities_only, ciphers=raw.ciphers,
+        identity_agent=_expand_file(raw.identity_agent, raw) if raw.identity_agent else None,
     )  # fmt: skip
 
 
@@ -345,6 +348,7 @@ def _from_asyncssh(config: str | None, name: str, port: int | None, user: str | 
         host_key_alias=str(get("HostKeyAlias")) if get("HostKeyAlias") else None,
         identities_only=bool(get("IdentitiesOnly")),
         ciphers=",".join(ciphers) if isinstance(ciphers, (list, tuple)) else (str(ciphers) if ciphers else None),
+        identity_agent=str(get("IdentityAgent")) if get("IdentityAgent") else None,
     )  # fmt: skip
     return _expanded(raw)
 

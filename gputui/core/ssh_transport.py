@@ -175,12 +175,24 @@ def connect_options(r: sr.Resolved, cfg: HostConfig, identity_file: str | None) 
         kw["client_keys"] = [path for path in r.existing(r.identity_files) if _loadable(path)]
     if r.identities_only and "client_keys" in kw:
         kw["agent_identities"] = kw["client_keys"]
+    if r.identity_agent is not None:
+        kw["agent_path"] = _agent_path(r.identity_agent)
     certs = r.existing(r.certificate_files)
     if certs:
         kw["client_certs"] = certs
     if r.proxy_command is not None:  # as OpenSSH runs it: the user's shell, exec'ing the command
         kw["proxy_command"] = [os.environ.get("SHELL") or "/bin/sh", "-c", "exec " + r.proxy_command]
     return kw
+
+
+def _agent_path(identity_agent: str) -> str | None:
+    """``IdentityAgent`` as OpenSSH reads it: ``none`` (no agent), ``SSH_AUTH_SOCK`` or ``$VAR`` (that
+    variable's socket), else a socket path."""
+    if identity_agent.lower() == "none":
+        return None
+    if identity_agent == "SSH_AUTH_SOCK" or identity_agent.startswith("$"):
+        return os.environ.get(identity_agent.lstrip("$")) or None
+    return identity_agent
 
 
 def _loadable(path: str) -> bool:
