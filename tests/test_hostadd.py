@@ -305,6 +305,25 @@ def test_ssh_config_aliases_are_the_plain_host_names(tmp_path: Path) -> None:
     assert H.ssh_config_aliases(str(path)) == ["a100", "h100", "lambda1"]
 
 
+def test_ssh_config_aliases_include_the_included_files(tmp_path: Path) -> None:
+    """``Include`` as OpenSSH follows it: relative to ~/.ssh, globbed in sorted order, nested, ``~`` expanded."""
+    ssh = Path(os.path.expanduser("~/.ssh"))
+    (ssh / "conf.d").mkdir(parents=True)
+    (ssh / "conf.d" / "b").write_text("Host b1 b2\n")
+    (ssh / "conf.d" / "a").write_text("Host a1 # first by name\nInclude ~/.ssh/nested\n")
+    (ssh / "nested").write_text("Host deep\n")
+    (tmp_path / "abs").write_text("Host elsewhere\n")
+    (ssh / "config").write_text(f"Host top\nInclude conf.d/* {tmp_path / 'abs'} missing/*\nHost last\n")
+    assert H.ssh_config_aliases(None) == ["top", "a1", "deep", "b1", "b2", "elsewhere", "last"]
+
+
+def test_ssh_config_aliases_of_a_file_including_itself_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "ssh_config"
+    path.write_text(f"Host a\nInclude {path}\n")
+    with pytest.raises(H.EditError, match="Include nested more than 16 deep"):
+        H.ssh_config_aliases(str(path))
+
+
 # --- against the real sshd ---------------------------------------------------------------------------------------
 def _fresh(ssh_home: SshHome) -> Path:
     """The user's commented config, with the remote state dir of this test in [defaults] (no host yet)."""
@@ -473,6 +492,23 @@ def test_hosts_lists_ssh_config_aliases_and_adds_them(ssh_home: SshHome) -> None
         h for h in listed["hosts"] if h["name"] == "testbox"
     ).items()
     assert "testbox" in ssh_home.cli("hosts", check=True).stdout
+
+
+def test_add_from_ssh_config_fetches_the_key_where_the_alias_s_own_block_sends_it(ssh_home: SshHome) -> None:
+    """The common layout (specific hosts first, ``Host *`` defaults last): the alias's Port, not the default's."""
+    from sshd import free_port
+
+    s = ssh_home.sshd
+    ssh_dir = ssh_home.root / ".ssh"
+    ssh_dir.mkdir(exist_ok=True)
+    (ssh_dir / "config").write_text(
+        f"Host a100\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n  IdentityFile {s.keys['ok']}\n"
+        f"Host *\n  Port {free_port()}\n"
+    )
+    _fresh(ssh_home)
+    res = ssh_home.cli("add", "--from-ssh-config", "a100", "--yes", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (ssh_dir / "known_hosts").read_text() == s.host_key_line()
 
 
 def test_version(home: Home) -> None:

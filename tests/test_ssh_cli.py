@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
-from conftest import SshHome, wait_for
-from sshd import free_port, keygen
+import pytest
+from conftest import SshHome, stop_host, wait_for
+from sshd import Sshd, free_port, keygen, restricted_bin
 
 CONNECTED_EXIT, UNREACHABLE, REFUSED, USAGE = 0, 3, 4, 2
 
@@ -216,3 +218,158 @@ def test_ssh_config_alias_is_honoured(ssh_home: SshHome) -> None:
     assert ssh_home.known_hosts.read_text() == ssh_home.sshd.host_key_line()
     job_id = run_job(ssh_home, "echo", "via alias")
     assert ssh_home.cli("logs", "-f", "box", job_id, check=True).stdout.strip() == "via alias"
+
+
+# --- ssh_config resolved as OpenSSH resolves it ------------------------------------------------------------------
+RELAY = (
+    "import os, socket, sys, threading\n"
+    "open(sys.argv[3], 'a').write(f'{sys.argv[1]}:{sys.argv[2]}\\n')\n"
+    "s = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
+    "def up():\n"
+    "    while data := os.read(0, 65536):\n"
+    "        s.sendall(data)\n"
+    "    s.shutdown(socket.SHUT_WR)\n"
+    "threading.Thread(target=up, daemon=True).start()\n"
+    "while data := s.recv(65536):\n"
+    "    os.write(1, data)\n"
+)
+
+
+@pytest.fixture(params=["ssh -G", "asyncssh"])
+def resolver(request: pytest.FixtureRequest, ssh_home: SshHome, tmp_path) -> str:
+    """Each test twice: ssh_config resolved by OpenSSH's client, and by asyncssh's parser (no ``ssh`` on PATH)."""
+    if request.param == "asyncssh":
+        ssh_home.env["PATH"] = str(restricted_bin(tmp_path / "bin-nossh", ("ssh",)))
+    return str(request.param)
+
+
+def _alias_config(ssh_home: SshHome, ssh_config: str) -> None:
+    """gputui's config: host ``box`` is the ssh_config alias ``boxalias`` of ``ssh_config`` (its text)."""
+    path = ssh_home.root / "ssh_config"
+    path.write_text(ssh_config)
+    ssh_home.known_hosts.write_text("")
+    ssh_home.write_config(
+        f'ssh_config = "{path}"\n[hosts.box]\nhost = "boxalias"\n'
+        f'known_hosts = "{ssh_home.known_hosts}"\nremote_dir = "{ssh_home.remote_dir}"\n'
+    )
+
+
+def _alias_block(ssh_home: SshHome, extra: str = "") -> str:
+    s = ssh_home.sshd
+    return (f"Host boxalias\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n"
+            f"  IdentityFile {s.keys['ok']}\n{extra}")  # fmt: skip
+
+
+def test_trust_fetches_the_key_where_the_host_s_own_block_sends_it(ssh_home: SshHome, tmp_path, resolver: str) -> None:
+    """Specific hosts first, ``Host *`` defaults last (the common layout): the host's own Port wins."""
+    _alias_config(ssh_home, _alias_block(ssh_home) + f"Host *\n  Port {free_port()}\n  User nobody-else\n")
+    res = ssh_home.cli("trust", "box", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert ssh_home.known_hosts.read_text() == ssh_home.sshd.host_key_line()
+    run_job(ssh_home, "true")
+
+
+def test_trust_and_jobs_go_through_the_host_s_proxy_command(ssh_home: SshHome, tmp_path, resolver: str) -> None:
+    """The ProxyCommand gets the host's %h and %p (not those of an empty name) and runs as OpenSSH runs it."""
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    seen = tmp_path / "proxied"
+    command = f"  ProxyCommand {sys.executable} {relay} %h %p {seen}\n"
+    _alias_config(ssh_home, _alias_block(ssh_home, command) + f"Host *\n  Port {free_port()}\n")
+    res = ssh_home.cli("trust", "box", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert ssh_home.known_hosts.read_text() == ssh_home.sshd.host_key_line()
+    run_job(ssh_home, "true")
+    assert set(seen.read_text().split()) == {f"127.0.0.1:{ssh_home.sshd.port}"}
+
+
+def test_a_recursive_include_is_a_clear_error(ssh_home: SshHome, resolver: str) -> None:
+    path = ssh_home.root / "ssh_config"
+    _alias_config(ssh_home, f"Include {path}\n" + _alias_block(ssh_home))
+    for args in (("trust", "box", "--yes"), ("jobs", "box")):
+        res = ssh_home.cli(*args)
+        assert res.returncode == USAGE, res.stderr
+        assert "Traceback" not in res.stderr and "include" in res.stderr.lower(), res.stderr
+
+
+@pytest.mark.parametrize(
+    ("jumps", "says"),
+    [
+        ("Host *\n  ProxyJump jumper\n", "jumper"),  # the jump host's own block sends it through itself
+        ("  ProxyJump j1\nHost j1\n  ProxyJump j2\nHost j2\n  ProxyJump j1\n", "boxalias -> j1 -> j2 -> j1"),
+    ],
+)
+def test_a_proxy_jump_loop_is_a_clear_error_naming_it(ssh_home: SshHome, resolver: str, jumps: str, says: str) -> None:
+    _alias_config(ssh_home, _alias_block(ssh_home, jumps))
+    for args in (("trust", "box", "--yes"), ("jobs", "box")):
+        res = ssh_home.cli(*args)
+        assert res.returncode == USAGE, res.stderr
+        assert "Traceback" not in res.stderr and "loop" in res.stderr and says in res.stderr, res.stderr
+
+
+def test_trust_and_jobs_go_through_a_proxy_jump_url_hop(ssh_home: SshHome, tmp_path, resolver: str) -> None:
+    """``ProxyJump ssh://user@host:port``: the hop read as OpenSSH reads it, resolved by its own block, its key
+    checked against its own known_hosts; the host's key is fetched through it."""
+    jump = Sshd(tmp_path / "jump", tcp_forwarding="local")
+    jump.client_key("ok")
+    jump.start()
+    try:
+        hop_known = tmp_path / "hop_known_hosts"
+        hop_known.write_text(jump.host_key_line())
+        hop = (f"Host 127.0.0.1\n  IdentityFile {jump.keys['ok']}\n  UserKnownHostsFile {hop_known}\n"
+               f"Host *\n  Port {free_port()}\n")  # fmt: skip
+        url = f"  ProxyJump ssh://{jump.user}@127.0.0.1:{jump.port}\n"
+        _alias_config(ssh_home, _alias_block(ssh_home, url) + hop)
+        res = ssh_home.cli("trust", "box", "--yes")
+        assert res.returncode == 0, res.stderr
+        assert ssh_home.known_hosts.read_text() == ssh_home.sshd.host_key_line()
+        job_id = run_job(ssh_home, "echo", "via jump")
+        assert ssh_home.cli("logs", "-f", "box", job_id, check=True).stdout.strip() == "via jump"
+        assert "Accepted publickey" in (jump.root / "sshd.log").read_text()  # it went through the hop
+    finally:
+        stop_host(ssh_home.remote_dir)
+        jump.stop()
+
+
+def test_a_host_ssh_accepts_is_accepted(ssh_home: SshHome, resolver: str, tmp_path) -> None:
+    """An end-of-line comment and a missing IdentityFile/CertificateFile (OpenSSH carries on: Teleport's
+    generated configs do this), one that is no key or is encrypted, do not refuse the host."""
+    s = ssh_home.sshd
+    garbage, locked = tmp_path / "not-a-key", tmp_path / "id_locked"
+    garbage.write_text("not a key\n")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(locked)], check=True)
+    _alias_config(ssh_home, (
+        f"Host boxalias  # the test box\n  HostName 127.0.0.1 # loopback\n  Port {s.port}\n  User {s.user}\n"
+        f"  IdentityFile /no/such/key\n  CertificateFile /no/such/key-cert.pub\n  IdentityFile {garbage}\n"
+        f"  IdentityFile {locked}\n  IdentityFile {s.keys['ok']}\n"
+    ))  # fmt: skip
+    ssh_home.known_hosts.write_text(s.host_key_line())
+    job_id = run_job(ssh_home, "echo", "accepted")
+    assert ssh_home.cli("logs", "-f", "box", job_id, check=True).stdout.strip() == "accepted"
+
+
+def test_an_encrypted_identity_file_says_to_load_it_into_the_agent(ssh_home: SshHome, tmp_path) -> None:
+    key = tmp_path / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret", "-f", str(key)], check=True)
+    ssh_home.configure(identity_file=str(key))
+    res = ssh_home.cli("run", "box", "--", "true")
+    assert res.returncode == REFUSED, res.stderr
+    assert "Traceback" not in res.stderr and "ssh-add" in res.stderr
+
+
+def test_the_identity_agent_of_ssh_config_is_used(ssh_home: SshHome, resolver: str, tmp_path) -> None:
+    """``IdentityAgent SOCKET`` (1Password, Secretive...): the key comes from that agent."""
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen([shutil.which("ssh-agent") or "ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(sock.exists, what="the agent's socket")
+        env = {**ssh_home.env, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run([shutil.which("ssh-add") or "ssh-add", "-q", str(ssh_home.sshd.keys["ok"])], env=env, check=True, capture_output=True)
+        s = ssh_home.sshd
+        _alias_config(ssh_home, f"Host boxalias\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n"
+                                f"  IdentityAgent {sock}\n")  # fmt: skip
+        ssh_home.known_hosts.write_text(s.host_key_line())
+        run_job(ssh_home, "true")
+    finally:
+        agent.terminate()
+        agent.wait(10)

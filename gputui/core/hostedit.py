@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import ipaddress
+import itertools
 import os
 import re
 import shlex
@@ -44,6 +46,7 @@ MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config file larger than this is not one 
 MAX_SSH_CONFIG_BYTES = 1024 * 1024
 LOCK_WAIT_S = 10.0  # how long a writer waits for another gputui writing the same config
 BOM = "\ufeff"
+MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 #: ssh's flags that take no value and change nothing gputui would store: ignored in a pasted command line.
 HARMLESS_FLAGS = set("tTCqv46")
 #: ssh's options with a value that gputui stores (the letter, or the -o keyword in lower case).
@@ -257,29 +260,46 @@ def parse(destination: str | None, command: Sequence[str] | None) -> Destination
 
 # --- ~/.ssh/config aliases --------------------------------------------------------------------------------------
 def ssh_config_aliases(path: str | None) -> list[str]:
-    """The plain ``Host`` names of an ssh_config (no wildcards, no negations), in file order.
+    """The plain ``Host`` names of an ssh_config and of the files it Includes (no wildcards, no negations), in
+    the order OpenSSH reads them. A file that Includes itself (deeper than OpenSSH's 16 levels) is an
+    EditError naming it."""
+    found: list[str] = []
+    _read_aliases(Path(os.path.expanduser(path or "~/.ssh/config")), found, 0)
+    return found
 
-    Include lines are not followed: the aliases listed are those of this one file.
-    """
-    file = Path(os.path.expanduser(path or "~/.ssh/config"))
+
+def _read_aliases(file: Path, found: list[str], depth: int) -> None:
     try:
         with file.open("rb") as f:
             data = f.read(MAX_SSH_CONFIG_BYTES + 1)
-    except OSError:
-        return []
+    except OSError:  # a missing file, or an Include matching nothing readable: OpenSSH carries on too
+        return
     if len(data) > MAX_SSH_CONFIG_BYTES:
         raise EditError(f"{file}: larger than {MAX_SSH_CONFIG_BYTES} bytes: not read")
-    found: list[str] = []
-    for raw in data.decode("utf-8", "replace").splitlines():
+    for raw in data.decode("utf-8", "replace").split("\n"):  # OpenSSH's line ends, not str.splitlines()'
         words = raw.strip().replace("=", " ", 1).split()
-        if len(words) < 2 or words[0].lower() != "host":
+        if len(words) < 2 or words[0].lower() not in ("host", "include"):
             continue
-        for name in words[1:]:
-            if name.startswith("#"):
-                break
+        values = list(itertools.takewhile(lambda w: not w.startswith("#"), words[1:]))
+        if words[0].lower() == "include":
+            if depth >= MAX_INCLUDE_DEPTH:
+                raise EditError(f"{file}: Include nested more than {MAX_INCLUDE_DEPTH} deep (a file that "
+                                "includes itself?): fix that Include line")  # fmt: skip
+            for pattern in values:
+                for included in _include_files(pattern):
+                    _read_aliases(included, found, depth + 1)
+            continue
+        for name in values:
             if not any(ch in name for ch in "*?!") and name not in found and not cfg.has_control(name):
                 found.append(name)
-    return found
+
+
+def _include_files(pattern: str) -> list[Path]:
+    """The files an ``Include`` names, as OpenSSH finds them: relative to ~/.ssh, globbed, in sorted order."""
+    pattern = os.path.expanduser(pattern)
+    if not os.path.isabs(pattern):
+        pattern = os.path.join(os.path.expanduser("~/.ssh"), pattern)
+    return [Path(p) for p in sorted(glob.glob(pattern))]
 
 
 # --- the config file ----------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import secrets
 import shlex
 import socket
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -23,12 +24,13 @@ from . import sshlib  # noqa: F401 - first: asyncssh imports without its slow li
 
 # isort: split
 import asyncssh
-from asyncssh.encryption import get_default_encryption_algs
+from asyncssh.encryption import get_encryption_algs
 
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 from . import known_hosts as kh
 from . import paths
+from . import ssh_resolve as sr
 from .agentproc import AGENT_PYTHON_FLAGS
 from .bundle import agent_build, ensure_local_build, installer_source, tree_hash, unpacked_name
 from .config import HostConfig
@@ -115,6 +117,7 @@ class Target:
     user: str
     key_name: str  # the name in known_hosts: HostKeyAlias, else host
     known_hosts: tuple[str, ...]
+    hops: tuple[sr.Resolved, ...] = ()  # ProxyJump hosts to go through, in connect order
 
     @property
     def pattern(self) -> str:
@@ -144,6 +147,73 @@ class RemoteAgent:
     state_dir: str  # absolute
     pyz: str  # absolute path of this client's agent build on the host (the zipapp, as uploaded)
     build: str  # the same build unpacked beside it (checked): what runs, so Python caches its bytecode
+
+
+def connect_options(r: sr.Resolved, cfg: HostConfig, identity_file: str | None) -> dict[str, Any]:
+    """asyncssh.connect()'s keyword arguments for the resolved ``r``, every one explicit (asyncssh reads no
+    ssh_config): the connection and ``gputui trust``'s key fetch both use these. ``identity_file`` (gputui's
+    own setting) wins over IdentityFile; missing identity and certificate files are skipped, as OpenSSH does."""
+    kw: dict[str, Any] = {
+        "host": r.host,
+        "port": r.port,
+        "username": r.user,
+        "config": None,
+        "connect_timeout": cfg.connect_timeout,
+        "keepalive_interval": cfg.keepalive_interval,
+        "keepalive_count_max": cfg.keepalive_count_max,
+        "agent_forwarding": False,
+        "encryption_algs": _ciphers(r.ciphers),
+    }
+    if r.host_key_alias:
+        kw["host_key_alias"] = r.host_key_alias
+    if identity_file is not None:
+        path = os.path.expanduser(identity_file)
+        if not os.path.isfile(path):
+            raise HostError(f"identity_file {path}: no such file", "config")
+        kw["client_keys"] = [path]
+    elif not r.default_identities:
+        kw["client_keys"] = [path for path in r.existing(r.identity_files) if _loadable(path)]
+    if r.identities_only and "client_keys" in kw:
+        kw["agent_identities"] = kw["client_keys"]
+    if r.identity_agent is not None:
+        kw["agent_path"] = _agent_path(r.identity_agent)
+    certs = r.existing(r.certificate_files)
+    if certs:
+        kw["client_certs"] = certs
+    if r.proxy_command is not None:  # as OpenSSH runs it: the user's shell, exec'ing the command
+        kw["proxy_command"] = [os.environ.get("SHELL") or "/bin/sh", "-c", "exec " + r.proxy_command]
+    return kw
+
+
+def _agent_path(identity_agent: str) -> str | None:
+    """``IdentityAgent`` as OpenSSH reads it: ``none`` (no agent), ``SSH_AUTH_SOCK`` or ``$VAR`` (that
+    variable's socket), else a socket path."""
+    if identity_agent.lower() == "none":
+        return None
+    if identity_agent == "SSH_AUTH_SOCK" or identity_agent.startswith("$"):
+        return os.environ.get(identity_agent.lstrip("$")) or None
+    return identity_agent
+
+
+def _loadable(path: str) -> bool:
+    """Whether an ssh_config IdentityFile is a private key asyncssh can load without a passphrase; OpenSSH
+    carries on past one it cannot (an encrypted one: the agent may hold it)."""
+    try:
+        asyncssh.read_private_key(path)
+    except (asyncssh.KeyImportError, OSError, ValueError):
+        log.debug("skipping identity file %s: not loadable without a passphrase", path)
+        return False
+    return True
+
+
+def _ciphers(configured: str | None) -> str | list[str]:
+    """AES-GCM first unless ssh_config names ``Ciphers`` (those asyncssh has, in their order, then)."""
+    if configured:
+        have = {alg.decode() for alg in get_encryption_algs()}
+        usable = [c for c in configured.split(",") if c in have]
+        if usable:
+            return usable
+    return PREFERRED_CIPHERS
 
 
 class _Client(asyncssh.SSHClient):
@@ -209,48 +279,25 @@ class SSHTransport(Transport):
             return None
         raise HostError(f"ssh_config {path}: no such file", "config")
 
-    def _options(self) -> dict[str, Any]:
-        cfg = self.cfg
-        kw: dict[str, Any] = {
-            "config": self._config_paths(),
-            "connect_timeout": cfg.connect_timeout,
-            "keepalive_interval": cfg.keepalive_interval,
-            "keepalive_count_max": cfg.keepalive_count_max,
-            "agent_forwarding": False,
-        }
-        if cfg.port is not None:
-            kw["port"] = cfg.port
-        if cfg.user is not None:
-            kw["username"] = cfg.user
-        if cfg.identity_file is not None:
-            path = os.path.expanduser(cfg.identity_file)
-            if not os.path.isfile(path):
-                raise HostError(f"identity_file {path}: no such file", "config")
-            kw["client_keys"] = [path]
-        return kw
+    def resolved(self) -> sr.Resolved:
+        """This host as ssh_config resolves it (``ssh -G`` where an ssh client exists), explicit settings winning."""
+        config = self._config_paths()
+        return sr.resolve(self.cfg.address, config[0] if config else None, self.cfg.port, self.cfg.user)
 
     async def resolve(self) -> tuple[Target, dict[str, Any]]:
-        """The host as ssh_config describes it, and the keyword arguments for asyncssh.connect()."""
-        kw = self._options()
-        try:
-            opts = await asyncssh.SSHClientConnectionOptions.construct(host=self.cfg.address, **kw)
-        except asyncssh.KeyImportError as exc:
-            raise HostError(
-                f"cannot load the identity file: {exc} (an encrypted key must be loaded into ssh-agent: ssh-add)",
-                "auth",
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise HostError(f"ssh settings for {self.cfg.address}: {exc}", "config") from None
-        if list(opts.encryption_algs) == get_default_encryption_algs():
-            kw["encryption_algs"] = PREFERRED_CIPHERS
-        configured = opts.known_hosts if isinstance(opts.known_hosts, list) else None
+        """The host as ssh_config describes it, and the keyword arguments for asyncssh.connect() (see
+        ``connect_options``: the one place they are built)."""
+        config = self._config_paths()
+        r = await asyncio.to_thread(self.resolved)
+        hops = await asyncio.to_thread(sr.jump_chain, r, config[0] if config else None)
         target = Target(
             alias=self.cfg.address,
-            host=opts.host,
-            port=opts.port,
-            user=opts.username,
-            key_name=opts.host_key_alias or opts.host,
-            known_hosts=tuple(kh.files_for(self.cfg.known_hosts, configured)),
+            host=r.host,
+            port=r.port,
+            user=r.user,
+            key_name=r.host_key_alias or r.host,
+            known_hosts=tuple(kh.files_for(self.cfg.known_hosts, r.configured_known_hosts)),
+            hops=tuple(hops),
         )
         try:
             target.host.encode("idna")  # what name resolution does; an empty or 64+ char label fails it
@@ -260,7 +307,7 @@ class SSHTransport(Transport):
                 "than 63 characters, or cannot be encoded)",
                 "config",
             ) from None
-        return target, kw
+        return target, connect_options(r, self.cfg, self.cfg.identity_file)
 
     def terminal_prefix(self) -> list[str]:
         argv = ["ssh", "-t"]
@@ -300,39 +347,96 @@ class SSHTransport(Transport):
                     self.cfg.name,
                     target.pattern,
                 )
-        where = f"{target.user}@{kh.host_pattern(target.host, target.port)}"
         async with _connect_gate():
+            tunnel = await self._through_hops(target, known is not None)
             try:
-                self._conn = await asyncssh.connect(
-                    self.cfg.address, known_hosts=known, client_factory=lambda: client, **kw
+                self._conn = await self._dial(
+                    kw, known, client, tunnel, lambda reason: self._host_key_error(target, client, reason)
                 )
-            except asyncssh.HostKeyNotVerifiable as exc:
-                raise self._host_key_error(target, client, str(exc)) from None
-            except asyncssh.PermissionDenied:
-                keys = f" with {kw['client_keys'][0]}" if "client_keys" in kw else ""
-                raise HostError(
-                    f"authentication failed for {where}{keys}: the server accepted none of our keys. "
-                    f"Check user/identity_file for this host, or add your public key to "
-                    f"~/.ssh/authorized_keys on the host",
-                    "auth",
-                ) from None
-            except asyncssh.KeyExchangeFailed as exc:
-                raise HostError(f"{where}: key exchange failed: {exc}", "host_key") from None
-            except ConnectionRefusedError:
-                raise HostUnavailable(
-                    f"connection refused by {kh.host_pattern(target.host, target.port)}: "
-                    "no sshd listens there (wrong port, or sshd is down)"
-                ) from None
-            except socket.gaierror as exc:
-                raise HostUnavailable(f"cannot resolve host name {target.host!r}: {exc.strerror}") from None
-            except asyncio.TimeoutError:
-                raise HostUnavailable(
-                    f"no SSH answer from {where} within {self.cfg.connect_timeout:g} s (host down, "
-                    "firewall, or the link is dead)"
-                ) from None
-            except (OSError, asyncssh.Error) as exc:
-                raise HostUnavailable(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
+            except BaseException:
+                if tunnel is not None:
+                    tunnel.close()
+                raise
+            if tunnel is not None:
+                self._conn.set_tunnel(tunnel)  # closing the connection closes its hops
         return self._conn
+
+    async def _through_hops(self, target: Target, verify: bool) -> asyncssh.SSHClientConnection | None:
+        """The ProxyJump hops connected in order, each through the one before (closing the last closes them
+        all); the last one, None without hops. Each hop's key is checked against its own known_hosts files."""
+        last: asyncssh.SSHClientConnection | None = None
+        try:
+            for hop in target.hops:
+                kw = connect_options(hop, self.cfg, None)
+                if last is not None:
+                    kw.pop("proxy_command", None)  # reached through the hop before (as ``ssh -J``)
+                files = kh.files_for(None, hop.configured_known_hosts)
+                pattern = kh.host_pattern(hop.host_key_alias or hop.host, hop.port)
+
+                def unknown(reason: str, pattern: str = pattern, files: list[str] = files) -> HostError:
+                    return HostError(
+                        f"jump host {pattern}: host key not trusted ({reason}); it is checked against "
+                        f"{' or '.join(files)}: connect once with `ssh` to check and add it",
+                        "host_key",
+                    )
+
+                conn = await self._dial(kw, kh.load(files) if verify else None, _Client(), last, unknown, "jump host ")
+                if last is not None:
+                    conn.set_tunnel(last)
+                last = conn
+        except BaseException:
+            if last is not None:
+                last.close()
+            raise
+        return last
+
+    async def _dial(
+        self,
+        kw: dict[str, Any],
+        known: Any,
+        client: _Client,
+        tunnel: asyncssh.SSHClientConnection | None,
+        host_key_error: Callable[[str], HostError],
+        role: str = "",
+    ) -> asyncssh.SSHClientConnection:
+        """asyncssh.connect() with ``kw``, its failures turned into HostError / HostUnavailable with the fix."""
+        pattern = kh.host_pattern(kw["host"], kw["port"])
+        where = f"{role}{kw['username']}@{pattern}"
+        try:
+            return await asyncssh.connect(known_hosts=known, client_factory=lambda: client, tunnel=tunnel or (), **kw)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise host_key_error(str(exc)) from None
+        except asyncssh.KeyImportError as exc:  # a ValueError: before the catch-all below
+            raise HostError(
+                f"{role}cannot load the identity file: {exc} (an encrypted key must be loaded into ssh-agent: "
+                "ssh-add)",
+                "auth",
+            ) from None
+        except asyncssh.PermissionDenied:
+            keys = f" with {kw['client_keys'][0]}" if kw.get("client_keys") else ""
+            raise HostError(
+                f"authentication failed for {where}{keys}: the server accepted none of our keys. "
+                f"Check user/identity_file for this host, or add your public key to "
+                f"~/.ssh/authorized_keys on the host",
+                "auth",
+            ) from None
+        except asyncssh.KeyExchangeFailed as exc:
+            raise HostError(f"{where}: key exchange failed: {exc}", "host_key") from None
+        except ConnectionRefusedError:
+            raise HostUnavailable(
+                f"connection refused by {role}{pattern}: no sshd listens there (wrong port, or sshd is down)"
+            ) from None
+        except socket.gaierror as exc:
+            raise HostUnavailable(f"cannot resolve {role}host name {kw['host']!r}: {exc.strerror}") from None
+        except asyncio.TimeoutError:
+            raise HostUnavailable(
+                f"no SSH answer from {where} within {self.cfg.connect_timeout:g} s (host down, "
+                "firewall, or the link is dead)"
+            ) from None
+        except ValueError as exc:  # asyncssh refusing a setting (a bad key or certificate file...)
+            raise HostError(f"ssh settings for {where}: {exc}", "config") from None
+        except (OSError, asyncssh.Error) as exc:
+            raise HostUnavailable(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
 
     def _host_key_error(self, target: Target, client: _Client, reason: str) -> HostError:
         fix = f"gputui trust {self.cfg.name}"
@@ -608,24 +712,32 @@ class SSHTransport(Transport):
 
 
 async def fetch_host_key(transport: SSHTransport) -> tuple[Target, asyncssh.SSHKey]:
-    """The key the host presents (no authentication, nothing trusted): for ``gputui trust``."""
+    """The key the host presents (no authentication of the host itself, nothing trusted): for ``gputui trust``.
+    It goes exactly where the connection goes: the same options (``connect_options``), through the same
+    ProxyCommand or ProxyJump hops (those are authenticated, as for the connection)."""
     target, kw = await transport.resolve()
     where = kh.host_pattern(target.host, target.port)
-    try:
-        opts = await asyncssh.SSHClientConnectionOptions.construct(
-            connect_timeout=transport.cfg.connect_timeout, config=kw["config"]
-        )
-        key = await asyncssh.get_server_host_key(
-            transport.cfg.address, kw.get("port", ()), config=kw["config"], options=opts
-        )
-    except ConnectionRefusedError:
-        raise HostUnavailable(f"connection refused by {where}: no sshd listens there") from None
-    except asyncio.TimeoutError:
-        raise HostUnavailable(
-            f"no SSH answer from {where} within {transport.cfg.connect_timeout:g} s"
-        ) from None
-    except (OSError, asyncssh.Error) as exc:
-        raise HostUnavailable(f"cannot fetch the host key of {where}: {exc or type(exc).__name__}") from None
+    async with _connect_gate():
+        tunnel = await transport._through_hops(target, transport.cfg.verify_host_key)  # noqa: SLF001
+        try:
+            opts = await asyncssh.SSHClientConnectionOptions.construct(
+                connect_timeout=transport.cfg.connect_timeout, config=None
+            )
+            key = await asyncssh.get_server_host_key(
+                kw["host"], kw["port"], tunnel=tunnel or (), proxy_command=kw.get("proxy_command", ()), config=None,
+                options=opts,
+            )  # fmt: skip
+        except ConnectionRefusedError:
+            raise HostUnavailable(f"connection refused by {where}: no sshd listens there") from None
+        except asyncio.TimeoutError:
+            raise HostUnavailable(
+                f"no SSH answer from {where} within {transport.cfg.connect_timeout:g} s"
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
+            raise HostUnavailable(f"cannot fetch the host key of {where}: {exc or type(exc).__name__}") from None
+        finally:
+            if tunnel is not None:
+                tunnel.close()
     if key is None:
         raise HostError(f"{where} presented no host key", "host_key")
     return target, key
