@@ -8,8 +8,9 @@ continues an old part file the same way, and removes one left over for a file it
 here. What each pull fetched is noted (``pulled.py``).
 
 Every answer of the host is parsed by ``fileswire`` before it is used, and every wait on it is bounded: a
-stream that brings no byte for ``STALL_S``, or a request the host leaves unanswered while its link lives, is an
-error naming the host and the file (the part file stays, so the next pull resumes). A full local disk ends the pull at once and removes the part file.
+stream that brings no byte for ``STALL_S``, or a request the host leaves unanswered while its link lives, is
+an error naming the host and the file (the part file stays, so the next pull resumes). A full local disk ends
+the pull at once and removes the part file.
 """
 
 from __future__ import annotations

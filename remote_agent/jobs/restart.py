@@ -348,8 +348,9 @@ class Restarts:
 
     def _job(self, jid: str, job: Dict[str, Any], released: bool) -> int:
         job_dir = self.store.job_dir(jid)
-        if (os.path.exists(os.path.join(job_dir, ATTEMPT)) or job.get("state") == P.JOB_LOST) and not _read_through(job_dir):
-            return 1  # the ended attempt's progress is not read yet (much output, or another reader): a later pass
+        attempt_over = os.path.exists(os.path.join(job_dir, ATTEMPT)) or job.get("state") == P.JOB_LOST
+        if attempt_over and not _read_through(job_dir):
+            return 1  # the ended attempt's progress is not read yet (much output, or another reader): next pass
         with self.store.queue_locked():  # a kill (its tombstone) and a restart never cross
             if os.path.exists(os.path.join(job_dir, "status.json")):
                 return 0
