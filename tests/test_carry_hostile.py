@@ -154,6 +154,39 @@ async def test_a_bad_file_listing_is_a_clear_error_on_every_path(root: Path, cas
     assert not (root / "dest").exists()
 
 
+BAD_ANSWERS = {  # op: (answer, what the error names); each pulled (read, hash) or synced (manifest)
+    "hash not hex": (P.OP_FILES_HASH, {"sha256": "z" * 64, "size": 3, "mtime": 1.0}, "sha256 of"),
+    "hash size a string": (P.OP_FILES_HASH, {"sha256": "0" * 64, "size": "3"}, "size of"),
+    "read size a float": (P.OP_FILES_READ, {"offset": 0, "size": 3.0, "mtime": 1.0, "b64": "YWJj"}, "size of"),
+    "read mtime NaN": (P.OP_FILES_READ, {"offset": 0, "size": 3, "mtime": float("nan"), "b64": "YWJj"}, "mtime of"),
+    "read b64 garbage": (P.OP_FILES_READ, {"offset": 0, "size": 3, "mtime": 1.0, "b64": "\x1b[2J"}, "b64 of"),
+    "manifest target a list": (P.OP_FILES_MANIFEST, {"target": [], "entries": [], "more": False}, "target is"),
+    "manifest mode a string": (P.OP_FILES_MANIFEST, {"target": "/t", "more": False,
+                                                     "entries": [{"rel": "f.txt", "sha256": "0" * 64, "mode": "644"}]},
+                               "entries[0].mode"),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ANSWERS))
+async def test_a_bad_read_hash_or_manifest_answer_is_a_protocol_error_naming_the_field(root: Path, case: str) -> None:
+    op, answer, field = BAD_ANSWERS[case]
+    src = root / "host"
+    src.mkdir()
+    (src / "f.txt").write_bytes(b"abc")
+    session = Answering(Hostile(root), {op: answer})
+    await session.start()
+    try:
+        with pytest.raises(WireError, match=f"evil answered {op} with data that does not follow the protocol") as err:
+            if op == P.OP_FILES_MANIFEST:
+                await sync(session, str(src), str(root / "tgt"), cache_dir=root / "hc")
+            else:
+                await pull(session, [str(src / "f.txt")], str(root / "dest") + "/")
+    finally:
+        await session.close()
+    assert field in str(err.value) and "\x1b" not in str(err.value), err.value
+    assert not (root / "dest" / "f.txt").exists()
+
+
 async def test_a_stalled_cat_is_an_error_naming_host_and_file_and_the_pull_resumes(root: Path, quick: None) -> None:
     """The host's ``cat`` sends 1 MiB, then nothing: an error after STALL_S (not a hang), with the part file
     kept; the next pull asks the host for the rest from that very byte and ends byte-identical."""
