@@ -645,7 +645,7 @@ OPS: Dict[str, Op] = {
     OP_NOTIFY_TEST: Op(NotifyTestArgs, NotifyTestResult),
     OP_RELEASE_CHECK: Op(ReleaseCheckArgs, ReleaseCheckResult),
     OP_RELEASE_PROVIDER: Op(ReleaseProviderArgs, ReleaseProviderResult),
-    # files.*: checked field by field where they are used (remote_agent/files.py, gputui/core/pull.py, sync.py)
+    # files.*: checked field by field by the agent (remote_agent/files.py) and the client (gputui/core/fileswire.py)
     OP_FILES_LIST: Op(None, Dict[str, Any]),
     OP_FILES_READ: Op(None, Dict[str, Any]),
     OP_FILES_HASH: Op(None, Dict[str, Any]),

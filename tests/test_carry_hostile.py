@@ -6,9 +6,13 @@ what a hostile host would send instead.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import os
+import pty
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +20,14 @@ from typing import Any
 import pytest
 from conftest import Home, stop_host
 
+from gputui.cli.common import CliError
+from gputui.cli.release import _artifacts_first
+from gputui.core import artifacts as AR
+from gputui.core import config as cfg
 from gputui.core import pull as PL
 from gputui.core import sync as SY
+from gputui.core.errors import ExitStatus
+from gputui.core.fileswire import WireError
 from gputui.core.link import RequestTimeout
 from gputui.core.pull import PullError, part_path, pull
 from gputui.core.session import HostSession
@@ -102,6 +112,8 @@ def entry(**over: Any) -> dict[str, Any]:
 
 BAD_LISTINGS = {
     "string size": {"files": [entry(size="12")], "missing": []},
+    "size not a number": {"files": [entry(size="abc")], "missing": []},
+    "float mode": {"files": [entry(mode=420.5)], "missing": []},
     "bool size": {"files": [entry(size=True)], "missing": []},
     "negative size": {"files": [entry(size=-1)], "missing": []},
     "NUL in rel": {"files": [entry(rel="a\x00b")], "missing": []},
@@ -121,15 +133,58 @@ BAD_LISTINGS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_LISTINGS))
-async def test_a_bad_file_listing_is_a_clear_error(root: Path, case: str) -> None:
+async def test_a_bad_file_listing_is_a_clear_error_on_every_path(root: Path, case: str) -> None:
+    """pull, the artifact check (``release --pull`` and the app) and ``release --yes --pull`` itself: each a
+    protocol error naming the host and the op (the release refused), never a crash, nothing written."""
+    said = "evil answered files.list with data that does not follow the protocol"
     session = Answering(Hostile(root), {P.OP_FILES_LIST: BAD_LISTINGS[case]})
+    host = cfg.parse('[hosts.evil]\ntransport = "local"\nartifacts = ["/x/a.pt"]\n', root / "c.toml").hosts["evil"]
     await session.start()
     try:
-        with pytest.raises(PullError, match="evil answered files.list with data that does not follow the protocol"):
+        with pytest.raises(WireError, match=said) as err:
             await pull(session, ["/x/a.pt"], str(root / "dest"))
+        assert err.value.status == ExitStatus.FAILED
+        found = await AR.check(session, host)
+        assert not found.unpulled and len(found.problems) == 1 and said in found.problems[0], found.problems
+        args = argparse.Namespace(pull=True, yes=True, to=str(root / "dest"), host="evil")
+        with pytest.raises(CliError, match="not released: evil's artifacts could not all be checked"):
+            await _artifacts_first(args, session, host)
     finally:
         await session.close()
     assert not (root / "dest").exists()
+
+
+BAD_ANSWERS = {  # op: (answer, what the error names); each pulled (read, hash) or synced (manifest)
+    "hash not hex": (P.OP_FILES_HASH, {"sha256": "z" * 64, "size": 3, "mtime": 1.0}, "sha256 of"),
+    "hash size a string": (P.OP_FILES_HASH, {"sha256": "0" * 64, "size": "3"}, "size of"),
+    "read size a float": (P.OP_FILES_READ, {"offset": 0, "size": 3.0, "mtime": 1.0, "b64": "YWJj"}, "size of"),
+    "read mtime NaN": (P.OP_FILES_READ, {"offset": 0, "size": 3, "mtime": float("nan"), "b64": "YWJj"}, "mtime of"),
+    "read b64 garbage": (P.OP_FILES_READ, {"offset": 0, "size": 3, "mtime": 1.0, "b64": "\x1b[2J"}, "b64 of"),
+    "manifest target a list": (P.OP_FILES_MANIFEST, {"target": [], "entries": [], "more": False}, "target is"),
+    "manifest mode a string": (P.OP_FILES_MANIFEST, {"target": "/t", "more": False,
+                                                     "entries": [{"rel": "f.txt", "sha256": "0" * 64, "mode": "644"}]},
+                               "entries[0].mode"),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ANSWERS))
+async def test_a_bad_read_hash_or_manifest_answer_is_a_protocol_error_naming_the_field(root: Path, case: str) -> None:
+    op, answer, field = BAD_ANSWERS[case]
+    src = root / "host"
+    src.mkdir()
+    (src / "f.txt").write_bytes(b"abc")
+    session = Answering(Hostile(root), {op: answer})
+    await session.start()
+    try:
+        with pytest.raises(WireError, match=f"evil answered {op} with data that does not follow the protocol") as err:
+            if op == P.OP_FILES_MANIFEST:
+                await sync(session, str(src), str(root / "tgt"), cache_dir=root / "hc")
+            else:
+                await pull(session, [str(src / "f.txt")], str(root / "dest") + "/")
+    finally:
+        await session.close()
+    assert field in str(err.value) and "\x1b" not in str(err.value), err.value
+    assert not (root / "dest" / "f.txt").exists()
 
 
 async def test_a_stalled_cat_is_an_error_naming_host_and_file_and_the_pull_resumes(root: Path, quick: None) -> None:
@@ -165,8 +220,9 @@ async def test_a_stalled_cat_is_an_error_naming_host_and_file_and_the_pull_resum
     assert (dest / "model.pt").read_bytes() == body and not part.exists()
 
 
-async def test_a_host_that_never_answers_a_hash_is_an_error_at_once(root: Path, quick: None) -> None:
-    """A host that keeps the link but never answers files.hash: one request, then an error naming the host,
+async def test_a_host_that_never_answers_a_hash_is_an_error_at_once_naming_the_file(root: Path, quick: None) -> None:
+    """A host that keeps the link but never answers files.hash: one request, then an error naming the host and
+    the file with the status of a host that answers outside the protocol (1, not 3: the host did answer),
     never retried until the link deadline (it is no link problem)."""
     src = root / "host" / "a.pt"
     src.parent.mkdir()
@@ -181,10 +237,11 @@ async def test_a_host_that_never_answers_a_hash_is_an_error_at_once(root: Path, 
     session = Answering(Hostile(root), {P.OP_FILES_HASH: never})
     await session.start()
     try:
-        with pytest.raises(RequestTimeout, match="evil did not answer files.hash within"):
+        with pytest.raises(WireError, match=f"evil did not answer files.hash about {src} within") as err:
             await pull(session, [str(src)], str(root / "dest"))
     finally:
         await session.close()
+    assert err.value.status == ExitStatus.FAILED and "outside the protocol" in str(err.value)
     assert session.asked.count(P.OP_FILES_HASH) == 1
 
 
@@ -264,3 +321,30 @@ def test_a_pull_into_a_full_disk_fails_at_once_and_removes_its_part(
     res = home.cli("pull", "here", str(src), str(full_disk) + "/")
     assert res.returncode == 1 and f"no space left on device ({full_disk})" in res.stderr, res.stderr
     assert list(full_disk.iterdir()) == []  # no part file left filling the disk
+
+
+def test_a_pull_that_fails_on_a_terminal_restores_the_cursor_and_draws_no_bar_after_the_error(
+    home: Home, tmp_path: Path, full_disk: Path
+) -> None:
+    """Progress on a terminal hides the cursor while the bar is drawn; a pull that fails (here: a full disk)
+    shows it again and ends the bar before the error is printed, so the error is the last thing drawn."""
+    home.write_config('[hosts.here]\ntransport = "local"\n')
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 * 1024 * 1024))
+    master, slave = pty.openpty()
+    try:
+        res = subprocess.run([sys.executable, "-m", "gputui", "pull", "here", str(src), str(full_disk) + "/"],
+                             env=dict(home.env, COLUMNS="100"), stdout=subprocess.PIPE, stderr=slave,
+                             stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+        os.close(slave)
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal's other side is closed and read
+            while chunk := os.read(master, 65536):
+                seen += chunk
+    finally:
+        os.close(master)
+    text = seen.decode("utf-8", "replace")
+    assert res.returncode == 1 and "no space left on device" in text, text
+    assert "\x1b[?25l" in text  # the bar was drawn (and hid the cursor) ...
+    assert text.rfind("\x1b[?25h") > text.rfind("\x1b[?25l"), repr(text[-300:])  # ... and the cursor is back
+    assert "━" not in text[text.index("no space left on device") :], repr(text[-300:])  # no bar after the error

@@ -26,10 +26,10 @@ def _on_pty(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int, int]]) 
     monkeypatch.setattr(sys, "stderr", err)
     monkeypatch.setenv("COLUMNS", "120")
     monkeypatch.setattr(common, "time", SimpleNamespace(monotonic=itertools.count(step=1.0).__next__))  # no throttle
-    show = common.progress_printer()
-    assert show is not None
-    for call in calls:
-        show(*call)
+    with common.progress_printer() as show:
+        assert show is not None
+        for call in calls:
+            show(*call)
     err.flush()
     os.set_blocking(master, False)
     out = b""
@@ -62,7 +62,8 @@ def test_progress_file_names_are_data(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_progress_is_off_when_stderr_is_not_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    assert common.progress_printer() is None
+    with common.progress_printer() as show:
+        assert show is None
 
 
 def test_no_color_turns_the_bar_colourless(monkeypatch: pytest.MonkeyPatch) -> None:

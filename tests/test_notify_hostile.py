@@ -142,14 +142,36 @@ def test_a_dripping_webhook_does_not_hold_up_the_hosts_queue(tmp_path: Path, dri
         stop_host(state)
 
 
-def test_notify_test_against_a_dripping_webhook_answers_with_its_deadline(home: Home, dripping: Raw) -> None:
-    home.write_config(
-        f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
-        f'[hosts.local.notify]\nwebhook = "{dripping.url}"\n'
-    )
-    res = home.cli("notify", "local", "--test", timeout=120)
-    assert res.returncode == 1, (res.returncode, res.stderr)
-    assert "test notification failed: webhook did not answer within 10 s" in res.stderr
+def drip_body(server: Raw, conn: socket.socket) -> None:
+    """A 2xx status and headers at once, then the body a byte every 0.2 s, for as long as the client listens."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+    while not server.closing.wait(0.2):
+        conn.sendall(b"a")
+
+
+@pytest.mark.parametrize(
+    ("reply", "sent"), [(drip_body, True), (drip, False), (hang, False)], ids=["body drips", "status drips", "hang"]
+)
+def test_notify_test_is_sent_on_a_2xx_status_and_fails_without_one_within_its_deadline(
+    home: Home, reply: Any, sent: bool
+) -> None:
+    """A 2xx status within the deadline is a delivery (the body is never read: it may drip forever); a status
+    line and headers that do not arrive whole within it (dripping, or never sent) fail with the deadline."""
+    server = Raw(reply)
+    try:
+        home.write_config(
+            f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+            f'[hosts.local.notify]\nwebhook = "{server.url}"\n'
+        )
+        res = home.cli("notify", "local", "--test", timeout=120)
+        if sent:
+            assert res.returncode == 0 and "local: test notification sent" in res.stdout, res.stderr
+            wait_for(lambda: server.open == 0, what="the sender to close the connection whose body drips")
+        else:
+            assert res.returncode == 1, (res.returncode, res.stderr)
+            assert "test notification failed: webhook did not answer within 10 s" in res.stderr
+    finally:
+        server.close()
 
 
 def redirect_to(target: str) -> Any:

@@ -115,6 +115,44 @@ def test_a_crash_loop_stops_with_its_reason_and_a_cap_stops_a_job_that_moves(tmp
         stop_host(state)
 
 
+#: An attempt that prints its step, then 50 MB of output (far more than any tail), then fails.
+LOUD = """
+import os, sys
+n = int(os.environ["GPUTUI_ATTEMPT"])
+print("step %d" % ({step}), flush=True)
+sys.stdout.write("x" * 50_000_000 + "\\n")
+print("ValueError: bad batch", flush=True)
+raise SystemExit(3)
+"""
+
+
+@pytest.mark.parametrize(("step", "loop"), [("1200", True), ("1000 * n", False)], ids=["stuck", "moving"])
+def test_the_crash_loop_guard_takes_progress_from_the_whole_log_not_its_tail(
+    tmp_path: Path, step: str, loop: bool
+) -> None:
+    """Each attempt prints its step and then 50 MB: the step is far out of any tail, yet the host's series.json
+    (the log read through) holds it. Three attempts at one step are a crash loop; attempts that each get further
+    are not (they stop at the cap)."""
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    try:
+        argv = _script(tmp_path, LOUD.format(step=step))
+        jid = agent.call("jobs.start", argv=argv, restart=dict(FAST, max=3 if not loop else 4))["result"]["id"]
+        agent.close()
+        end = _ended(state, jid, timeout=240)
+        attempts = read_json(str(_job(state, jid) / R.ATTEMPTS))
+        assert all(a["log_bytes"] > 50_000_000 for a in attempts)
+        if loop:
+            assert end["error"] == "crash loop: 3 attempts at step 1200, last error: ValueError: bad batch"
+            assert [a["progress"] for a in attempts] == ["step 1200"] * 3
+        else:
+            assert end["error"] == "gave up after 3 attempts in a row, last error: ValueError: bad batch"
+            assert [a["progress"] for a in attempts] == ["step 1000", "step 2000", "step 3000"]
+    finally:
+        agent.close()
+        stop_host(state)
+
+
 def test_a_job_killed_by_the_user_is_never_restarted(tmp_path: Path) -> None:
     state = tmp_path / "state"
     agent = AgentProc(state)

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from ..core import config as cfg
@@ -119,11 +119,14 @@ async def ask_async(question: str) -> bool:
     return await asyncio.to_thread(ask, question)
 
 
-def progress_printer() -> Callable[[str, int, int], None] | None:
+@contextlib.contextmanager
+def progress_printer() -> Iterator[Callable[[str, int, int], None] | None]:
     """A Rich progress bar per file on stderr when it is a terminal (rate, ETA; redrawn at most ten times a
-    second; a finished file leaves one line); else None. File names are a host's data: escaped, never markup."""
+    second; a finished file leaves one line); else None. File names are a host's data: escaped, never markup.
+    Leaving the block ends the bar, error or not: the cursor is shown again and nothing is drawn after."""
     if not sys.stderr.isatty():
-        return None
+        yield None
+        return
     from rich import progress as rp
     from rich.console import Console
 
@@ -158,7 +161,12 @@ def progress_printer() -> Callable[[str, int, int], None] | None:
             last[0] = now
             bar.refresh()
 
-    return show
+    try:
+        yield show
+    finally:
+        if tasks:  # a transfer ended early (an error, Ctrl-C): its bar goes, the cursor comes back
+            tasks.clear()
+            bar.stop()
 
 
 def job_exit(info: dict[str, Any]) -> int:

@@ -17,6 +17,7 @@ from .common import CliError, bounded, progress_printer, with_session
 
 async def cmd_pull(args: argparse.Namespace) -> int:
     """Copy files from a host here: resumable, verified by sha256, never over a newer local file."""
+    from ..core.fileswire import WireError
     from ..core.pull import PullError, pull
 
     specs, dest = args.paths, None
@@ -25,10 +26,11 @@ async def cmd_pull(args: argparse.Namespace) -> int:
 
     async def body(s: HostSession) -> int:
         try:
-            outcomes = await pull(s, specs, dest, force=args.force, on_progress=progress_printer())
+            with progress_printer() as show:
+                outcomes = await pull(s, specs, dest, force=args.force, on_progress=show)
         except Unreachable:
             raise
-        except (PullError, OSError) as exc:  # e.g. no room or no permission here
+        except (PullError, WireError, OSError) as exc:  # e.g. no room or no permission here, a host's bad answer
             raise CliError(f"pull: {safetext.clean(exc)}") from None
         status = ExitStatus.OK
         for o in outcomes:  # a host's file name is data: one line each, control characters escaped
@@ -46,14 +48,16 @@ async def cmd_pull(args: argparse.Namespace) -> int:
 async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool, local: Any = None) -> Any:
     """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult. ``local``: the
     ``start_local`` of ``src`` begun before the connect."""
+    from ..core.fileswire import WireError
     from ..core.pull import PullError
     from ..core.sync import SyncError, sync
 
     try:
-        res = await sync(s, src, target, delete=delete, on_progress=progress_printer(), local=local)
+        with progress_printer() as show:
+            res = await sync(s, src, target, delete=delete, on_progress=show, local=local)
     except Unreachable:
         raise
-    except (SyncError, PullError, OSError) as exc:  # e.g. a local file unreadable, a host's bad answer
+    except (SyncError, PullError, WireError, OSError) as exc:  # e.g. a local file unreadable, a host's bad answer
         raise CliError(f"sync: {safetext.clean(exc)}") from None
     for note in res.notes:
         print(f"gputui: {safetext.clean(note)}", file=sys.stderr)

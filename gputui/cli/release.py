@@ -18,6 +18,7 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     """Before a release: the artifacts changed on the host since the last pull, pulled when asked (--pull, or
     yes on a terminal); a CliError (not released) when some would be lost and nobody said so."""
     from ..core.artifacts import check, pull_artifacts
+    from ..core.fileswire import WireError
     from ..core.pull import PullError
 
     if args.pull is False:
@@ -39,8 +40,9 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     if found.problems:
         raise CliError(f"not released: {args.host}'s artifacts could not all be checked (--no-pull releases anyway)")
     try:
-        outcomes = await pull_artifacts(session, found.unpulled, args.to, progress_printer())
-    except (PullError, OSError) as exc:
+        with progress_printer() as show:
+            outcomes = await pull_artifacts(session, found.unpulled, args.to, show)
+    except (PullError, WireError, OSError) as exc:
         raise CliError(f"not released: pulling the artifacts failed: {exc}") from None
     kept = [o for o in outcomes if o.status == "newer here"]
     if kept:

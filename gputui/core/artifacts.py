@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 from remote_agent import protocol as P
 
-from . import pulled
+from . import fileswire, pulled
 from .config import HostConfig
+from .fileswire import Remote, WireError
 from .link import AgentError
-from .pull import Outcome, Progress, Remote, local_target, pull_planned, request_retrying
+from .pull import Outcome, Progress, local_target, pull_planned, request_retrying
 from .session import HostSession
 
 #: Most job directories one check looks into (a host with more jobs: the newest ones).
@@ -104,19 +105,18 @@ async def check(session: HostSession, host: HostConfig) -> Check:
     record = pulled.load(host.name)
     seen: set[str] = set()
     for (job_id, base), patterns in wanted.items():
+        unique = list(dict.fromkeys(patterns))
         try:
-            res = await request_retrying(
-                session, P.OP_FILES_LIST, base=base, patterns=list(dict.fromkeys(patterns))
-            )
-        except AgentError as exc:
+            res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=unique, about=", ".join(unique))
+            listed = fileswire.listing(session.name, res).files
+        except (AgentError, WireError) as exc:  # nothing known safe there: the release is refused, saying why
             where = f"job {job_id}'s dir {base}" if job_id else base
-            result.problems.append(f"{', '.join(patterns)} in {where}: {exc}")
+            result.problems.append(f"{', '.join(unique)} in {where}: {exc}")
             continue
-        for f in res["files"]:
-            if f["path"] in seen:
+        for remote in listed:
+            if remote.path in seen:
                 continue
-            seen.add(f["path"])
-            remote = Remote(f["path"], f["rel"], int(f["size"]), float(f["mtime"]), int(f["mode"]))
+            seen.add(remote.path)
             if not pulled.is_fetched(record, remote.path, remote.size, remote.mtime):
                 result.unpulled.append(Artifact(job_id, remote))
     return result

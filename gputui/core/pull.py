@@ -7,9 +7,10 @@ link costs nothing: the session reconnects and the transfer goes on from the byt
 continues an old part file the same way, and removes one left over for a file it finds up to date or newer
 here. What each pull fetched is noted (``pulled.py``).
 
-Every answer of the host is checked against the protocol before it is used, and every wait on it is bounded:
-a stream that brings no byte for ``STALL_S`` is an error naming the host and the file (the part file stays,
-so the next pull resumes). A full local disk ends the pull at once and removes the part file.
+Every answer of the host is parsed by ``fileswire`` before it is used, and every wait on it is bounded: a
+stream that brings no byte for ``STALL_S``, or a request the host leaves unanswered while its link lives, is
+an error naming the host and the file (the part file stays, so the next pull resumes). A full local disk ends
+the pull at once and removes the part file.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import errno
 import fcntl
 import hashlib
 import hmac
-import math
 import os
 import re
 import secrets
@@ -32,8 +32,10 @@ from typing import Any, BinaryIO
 
 from remote_agent import protocol as P
 
+from . import fileswire as W
 from . import paths, pulled, safetext
 from .errors import GputuiError
+from .fileswire import Remote, WireError
 from .link import AgentError, LinkClosed, RequestTimeout
 from .paths import sha256_file
 from .session import HostSession
@@ -49,9 +51,6 @@ STREAM_READ = 1024 * 1024
 STALL_S = 60.0
 #: Hashing speed a host is granted at least (a files.hash or sync commit of N bytes waits STALL_S + N/rate).
 HASH_MIN_RATE = 50 * 1024 * 1024
-#: Bounds of the numbers a host sends about a file.
-MAX_SIZE = 2**62
-MAX_MTIME = 2.0**36  # about the year 4147: beyond it os.utime overflows on some platforms
 _JOB_SPEC = re.compile(r"(\d+):(.+)", re.DOTALL)
 
 Progress = Callable[[str, int, int], None]  # (name, bytes done, bytes total)
@@ -63,15 +62,6 @@ class PullError(GputuiError):
 
 class _Changed(Exception):
     """The file changed on the host while it was read."""
-
-
-@dataclass(frozen=True)
-class Remote:
-    path: str  # absolute on the host
-    rel: str  # where it goes under the destination
-    size: int
-    mtime: float
-    mode: int
 
 
 @dataclass(frozen=True)
@@ -95,16 +85,13 @@ def hash_timeout(size: int) -> float:
     return STALL_S + size / HASH_MIN_RATE
 
 
-def wire_error(session: HostSession, op: str, what: str) -> PullError:
-    """The error for an answer of the host that does not follow the protocol."""
-    return PullError(f"{session.name} answered {op} with data that does not follow the protocol: "
-                     f"{safetext.clean(what, limit=200)}")  # fmt: skip
-
-
-async def request_retrying(session: HostSession, op: str, *, timeout: float = STALL_S, **args: Any) -> Any:
+async def request_retrying(
+    session: HostSession, op: str, *, timeout: float = STALL_S, about: str = "", **args: Any
+) -> Any:
     """One request, retried across link drops until the session reconnects (LinkClosed after
     RECONNECT_WAIT_S without a link). For idempotent requests only. A host that keeps the link but does not
-    answer within ``timeout`` is an error at once (RequestTimeout naming the host), not retried."""
+    answer within ``timeout`` answers outside the protocol: a WireError at once naming the host, the op and
+    ``about`` (the file asked about), not retried."""
     deadline = time.monotonic() + RECONNECT_WAIT_S
     while True:
         try:
@@ -113,7 +100,9 @@ async def request_retrying(session: HostSession, op: str, *, timeout: float = ST
             if not session.link or session.link.closed.is_set():  # the link went: retry as below
                 await asyncio.sleep(0.2)
                 continue
-            raise RequestTimeout(f"{session.name} did not answer {op} within {timeout:g} s") from exc
+            of = f" about {safetext.clean(about, limit=200)}" if about else ""
+            raise WireError(f"{session.name} did not answer {op}{of} within {timeout:g} s, its link up all the "
+                            "while (a host that answers outside the protocol)") from exc  # fmt: skip
         except (LinkClosed, asyncio.TimeoutError) as exc:
             if time.monotonic() > deadline:
                 raise LinkClosed(
@@ -134,61 +123,19 @@ async def list_remote(session: HostSession, specs: list[str]) -> list[Remote]:
         if job is not None:
             cwd = (await session.get_job(job)).cwd
             if cwd is not None and not isinstance(cwd, str):
-                raise wire_error(session, "its job record", f"job {job}'s cwd is {cwd!r:.80}")
+                raise W.wire_error(session.name, "its job record", f"job {job}'s cwd is {cwd!r:.80}")
             base = cwd or "~"
-        res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns)
-        listed, missing, where = _listing(session, res)
-        if missing:
-            where = f"job {job}'s dir {where}" if job else where
+        about = ", ".join(patterns)
+        res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns, about=about)
+        listed = W.listing(session.name, res)
+        if listed.missing:
+            where = f"job {job}'s dir {listed.base}" if job else listed.base
             raise PullError(
                 f"no such file on {session.name} (relative to {safetext.clean(where)}): "
-                + ", ".join(safetext.clean(m, limit=200) for m in missing[:20])
+                + ", ".join(safetext.clean(m, limit=200) for m in listed.missing[:20])
             )
-        files += listed
+        files += listed.files
     return files
-
-
-def _listing(session: HostSession, res: Any) -> tuple[list[Remote], list[str], str]:
-    """A files.list answer, checked field by field: (files, missing patterns, base)."""
-    if not isinstance(res, dict):
-        raise wire_error(session, P.OP_FILES_LIST, f"the reply is {type(res).__name__}, not an object")
-    got, missing, base = res.get("files"), res.get("missing", []), res.get("base", "")
-    if not isinstance(got, list) or not isinstance(missing, list) or not isinstance(base, str):
-        raise wire_error(session, P.OP_FILES_LIST, "files or missing is no list, or base no string")
-    if not all(isinstance(m, str) for m in missing):
-        raise wire_error(session, P.OP_FILES_LIST, "a missing pattern is no string")
-    return [_remote(session, f) for f in got], missing, base
-
-
-def _remote(session: HostSession, f: Any) -> Remote:
-    """One file of a files.list answer: path and rel non-empty strings without NUL (path absolute), size a
-    whole number, mtime a finite number, mode a permission mask."""
-    op = P.OP_FILES_LIST
-    if not isinstance(f, dict):
-        raise wire_error(session, op, f"a file entry is {type(f).__name__}, not an object")
-    path, rel, size, mtime, mode = (f.get(k) for k in ("path", "rel", "size", "mtime", "mode"))
-    for key, text in (("path", path), ("rel", rel)):
-        if not isinstance(text, str) or not text or "\0" in text or len(text) > 4096:
-            raise wire_error(session, op, f"a file's {key} is {text!r:.80}")
-    assert isinstance(path, str) and isinstance(rel, str)
-    if not path.startswith("/"):
-        raise wire_error(session, op, f"the path {path!r:.80} is not absolute")
-    if type(size) is not int or not 0 <= size <= MAX_SIZE:
-        raise wire_error(session, op, f"{path!r:.80}'s size is {size!r:.40}")
-    if not isinstance(mtime, int | float) or isinstance(mtime, bool) or not math.isfinite(mtime) \
-            or not -MAX_MTIME < mtime < MAX_MTIME:  # fmt: skip
-        raise wire_error(session, op, f"{path!r:.80}'s mtime is {mtime!r:.40}")
-    if type(mode) is not int or not 0 <= mode <= 0o7777:
-        raise wire_error(session, op, f"{path!r:.80}'s mode is {mode!r:.40}")
-    return Remote(path, rel, size, float(mtime), mode)
-
-
-def _size_of(session: HostSession, op: str, res: Any) -> int:
-    """The ``size`` of a files.read or files.hash answer, checked."""
-    size = res.get("size") if isinstance(res, dict) else None
-    if type(size) is not int or not 0 <= size <= MAX_SIZE:
-        raise wire_error(session, op, f"size is {size!r:.40}")
-    return size
 
 
 def local_target(dest_dir: str, rel: str) -> str:
@@ -355,7 +302,7 @@ async def _stream(
         except _LocalWrite as exc:
             assert isinstance(exc.__cause__, OSError)
             raise exc.__cause__ from None
-        except PullError:
+        except (PullError, WireError):
             raise
         except Exception as exc:  # link lost (OSError, asyncssh errors), reconnect timeout: retried below
             why = str(exc) or type(exc).__name__
@@ -366,10 +313,12 @@ async def _stream(
             raise PullError(f"{f.path} on {session.name}: {why}")
         await asyncio.sleep(0.2)
         try:  # no byte came: is the file still there, readable, and as big? (else not a link problem)
-            res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=offset, max_bytes=0)
+            res = await request_retrying(
+                session, P.OP_FILES_READ, path=f.path, offset=offset, max_bytes=0, about=f.path
+            )
         except AgentError as exc:
             raise PullError(f"{f.path} on {session.name}: {exc}") from None
-        if _size_of(session, P.OP_FILES_READ, res) != f.size:
+        if W.chunk(session.name, f.path, res, with_data=False).size != f.size:
             raise _Changed()
     out.flush()
 
@@ -395,19 +344,16 @@ async def _chunks(
     try:
         while offset < f.size:
             while len(pending) < DEPTH and next_off < f.size:
-                args: dict[str, Any] = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES}
+                args: dict[str, Any] = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES,
+                                        "about": f.path}  # fmt: skip
                 pending.append(
                     (next_off, asyncio.ensure_future(request_retrying(session, P.OP_FILES_READ, **args)))
                 )
                 next_off += P.FILE_CHUNK_BYTES
             at, task = pending.popleft()
-            res = await task
-            size = _size_of(session, P.OP_FILES_READ, res)
-            try:
-                data = P.unb64(res.get("b64"))
-            except (ValueError, AttributeError, TypeError):
-                raise wire_error(session, P.OP_FILES_READ, f"b64 of {f.path} is not base64") from None
-            if size != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
+            got = W.chunk(session.name, f.path, await task)
+            data = got.data
+            if got.size != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
                 raise _Changed()
             out.write(data)
             digest.update(data)
@@ -422,13 +368,11 @@ async def _chunks(
 
 async def _host_sha256(session: HostSession, f: Remote) -> str:
     """The host's sha256 of ``f`` (it must still be ``f.size`` bytes, else _Changed)."""
-    remote = await request_retrying(session, P.OP_FILES_HASH, path=f.path, timeout=hash_timeout(f.size))
-    size, sha = _size_of(session, P.OP_FILES_HASH, remote), remote.get("sha256")
-    if not isinstance(sha, str) or len(sha) != 64:
-        raise wire_error(session, P.OP_FILES_HASH, f"sha256 of {f.path} is {sha!r:.80}")
-    if size != f.size:
+    res = await request_retrying(session, P.OP_FILES_HASH, path=f.path, timeout=hash_timeout(f.size), about=f.path)
+    theirs = W.digest(session.name, f.path, res)
+    if theirs.size != f.size:
         raise _Changed()
-    return sha
+    return theirs.sha256
 
 
 async def _same(session: HostSession, f: Remote, local: str) -> bool:
@@ -462,13 +406,11 @@ async def _fetch(
 async def _unchanged(session: HostSession, f: Remote) -> bool:
     """Whether the host's file still has the size and mtime it was listed with."""
     try:
-        res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=0, max_bytes=0)
+        res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=0, max_bytes=0, about=f.path)
     except AgentError as exc:
         raise PullError(f"{f.path} on {session.name}: {exc}") from None
-    size, mtime = _size_of(session, P.OP_FILES_READ, res), res.get("mtime")
-    if not isinstance(mtime, int | float) or isinstance(mtime, bool):
-        raise wire_error(session, P.OP_FILES_READ, f"{f.path}'s mtime is {mtime!r:.40}")
-    return size == f.size and float(mtime) == f.mtime
+    now = W.chunk(session.name, f.path, res, with_data=False)
+    return now.size == f.size and now.mtime == f.mtime
 
 
 async def pull_file(
@@ -512,8 +454,8 @@ def _local_version(path: str) -> tuple[int, int, int] | None:
 
 
 async def _restat(session: HostSession, f: Remote) -> Remote:
-    res = await request_retrying(session, P.OP_FILES_LIST, base="/", patterns=[f.path])
-    listed, _, _ = _listing(session, res)
+    res = await request_retrying(session, P.OP_FILES_LIST, base="/", patterns=[f.path], about=f.path)
+    listed = W.listing(session.name, res).files
     if not listed:
         raise PullError(f"{f.path} vanished from {session.name} during the pull")
     new = listed[0]

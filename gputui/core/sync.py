@@ -30,11 +30,11 @@ from typing import Any, NamedTuple
 
 from remote_agent import protocol as P
 
-from . import safetext
+from . import fileswire, safetext
 from .errors import GputuiError
 from .link import AgentError
 from .paths import make_dirs, sha256_file
-from .pull import STALL_S, hash_timeout, request_retrying, wire_error
+from .pull import STALL_S, hash_timeout, request_retrying
 from .session import HostSession
 
 #: Most files one sync carries; a bigger tree is almost surely a mistake (a dataset, a venv).
@@ -382,20 +382,6 @@ def default_target(src: str) -> str:
     return f"~/gputui-work/{os.path.basename(os.path.abspath(src)) or 'root'}"
 
 
-def _manifest_entry(session: HostSession, e: Any) -> dict[str, Any]:
-    """One manifest entry from the host, checked: rel (str), sha256 (64 hex digits), mode (0..0o7777)."""
-    if not isinstance(e, dict):
-        raise wire_error(session, P.OP_FILES_MANIFEST, f"an entry is {type(e).__name__}, not an object")
-    rel, sha, mode = e.get("rel"), e.get("sha256"), e.get("mode")
-    if not isinstance(rel, str) or not rel or "\0" in rel:
-        raise wire_error(session, P.OP_FILES_MANIFEST, f"an entry's rel is {rel!r:.80}")
-    if not isinstance(sha, str) or len(sha) != 64:
-        raise wire_error(session, P.OP_FILES_MANIFEST, f"{rel!r:.80}'s sha256 is {sha!r:.80}")
-    if type(mode) is not int or not 0 <= mode <= 0o7777:
-        raise wire_error(session, P.OP_FILES_MANIFEST, f"{rel!r:.80}'s mode is {mode!r:.80}")
-    return {"rel": rel, "sha256": sha, "mode": mode}
-
-
 async def _manifest(
     session: HostSession, target: str, expect: str = ""
 ) -> tuple[str, dict[str, dict[str, Any]], bool]:
@@ -406,20 +392,16 @@ async def _manifest(
     after, abs_target = "", target
     while True:
         args: dict[str, Any] = {"expect": expect} if expect and not after else {}
-        page = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after, **args)
-        if not isinstance(page, dict) or not isinstance(page.get("target"), str):
-            raise wire_error(session, P.OP_FILES_MANIFEST, f"the reply is {str(page)[:80]!r}")
-        got, same = page.get("entries"), page.get("same", False)
-        if not isinstance(got, list) or not isinstance(page.get("more", False), bool) or not isinstance(same, bool):
-            raise wire_error(session, P.OP_FILES_MANIFEST, "entries is no list, or more or same no bool")
-        abs_target = page["target"]
-        if same and args:
+        res = await request_retrying(session, P.OP_FILES_MANIFEST, target=target, after=after, about=target, **args)
+        page = fileswire.manifest_page(session.name, res)
+        abs_target = page.target
+        if page.same and args:
             return abs_target, {}, True
-        for e in map(lambda e: _manifest_entry(session, e), got):
+        for e in page.entries:
             entries[e["rel"]] = e
-        if not page.get("more") or not got or got[-1]["rel"] <= after:
+        if not page.more or not page.entries or page.entries[-1]["rel"] <= after:
             return abs_target, entries, False
-        after = got[-1]["rel"]
+        after = page.entries[-1]["rel"]
 
 
 async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[[int], None]) -> None:
@@ -432,7 +414,7 @@ async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[
             commit = {"sha256": f.sha256, "mode": f.mode, "mtime_ns": f.mtime_ns} if last else None
             await request_retrying(
                 session, P.OP_FILES_WRITE, target=target, rel=f.rel, offset=offset, b64=P.b64(data),
-                truncate=offset == 0, commit=commit, part=part,
+                truncate=offset == 0, commit=commit, part=part, about=f.rel,
                 timeout=hash_timeout(f.size) if last else STALL_S,
             )  # fmt: skip
             offset += len(data)
@@ -565,7 +547,7 @@ def _ack(
             "not an acknowledgement of a file sent"
         )
     if reply["ok"]:
-        return rel, _manifest_entry(session, reply), None
+        return rel, fileswire.manifest_entry(session.name, reply, "the upload stream", "the acknowledgement"), None
     return rel, None, safetext.clean(reply.get("error"), limit=500)
 
 
@@ -660,9 +642,9 @@ async def sync(
         gone = sorted(rel for rel in have if rel not in local_rels)
         for i in range(0, len(gone), 1000):
             res = await request_retrying(
-                session, P.OP_FILES_DELETE, target=result.target, rels=gone[i : i + 1000]
+                session, P.OP_FILES_DELETE, target=result.target, rels=gone[i : i + 1000], about=result.target
             )
-            result.deleted += len(res["deleted"])
+            result.deleted += len(fileswire.deleted(session.name, res))
     if on_progress is not None and not todo:
         on_progress("0 files changed", 0, 0)
     return result

@@ -155,10 +155,16 @@ async def _adopt(proc: subprocess.Popen[bytes]) -> AgentChannel:
 
 
 async def _end_process(proc: asyncio.subprocess.Process) -> None:
-    """A stream's process: done, or not wanted any more (killed)."""
+    """A stream's process: done, or not wanted any more (killed). What it sent that nobody read is drained
+    first (at most a pipe's buffer, once it is gone): ``wait()`` also waits for its output's end, which a pipe
+    paused with a full buffer never reaches (a pull cut short by a full local disk hung there)."""
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+    if proc.stdout is not None:
+        with contextlib.suppress(Exception):
+            while await proc.stdout.read(1024 * 1024):
+                pass
     await proc.wait()
 
 

@@ -4,7 +4,9 @@ A job started with ``restart`` (``{"policy": "on-failure", "max": N, "resume_fro
 is not over when an attempt fails. Its runner then writes ``attempt.json`` (the attempt's end) instead of
 ``status.json``, and the detached watchdog (remote_agent/watchdog/daemon.py) calls ``run_pass`` every pass:
 
-- each ended attempt is kept in ``attempts.json`` (exit, start/end, the hint found in its log, its progress);
+- each ended attempt is kept in ``attempts.json`` (exit, start/end, the hint found at its log's end, its
+  progress: the last step/epoch it printed, from the job's series.json once the log is read through: see
+  remote_agent/jobs/series.py);
 - then either a restart is planned in ``restart.json`` (``due_at``: after a backoff of ``backoff_s`` doubling
   up to ``backoff_max_s``), with a marker line in output.log, or the job ends for good: ``status.json`` with
   the reason (the cap reached, a crash loop: attempts without progress between them);
@@ -24,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..fsutil import open_regular, read_json, write_json
+from . import series
 from .secrets import end_job
 
 ATTEMPT, ATTEMPTS, PENDING = "attempt.json", "attempts.json", "restart.json"
@@ -36,14 +39,16 @@ DEFAULTS = {"backoff_s": 30.0, "backoff_max_s": 600.0, "healthy_s": 600.0}
 CRASH_LOOP_ATTEMPTS = 3
 #: A launched attempt whose runner has not come up after this long is given up.
 LAUNCH_GRACE_S = 60.0
-LOG_TAIL_BYTES = 64 * 1024  # how much of an attempt's log is read for its hint and progress
+LOG_TAIL_BYTES = 64 * 1024  # how much of the end of an attempt's log is read for its hint
+#: Reads of the log (series.READ_BYTES each) one pass may make to bring an ended attempt's series up to its end
+#: (its progress); an attempt with more output unread is decided by a later pass.
+CATCH_UP_READS = 16
 MAX_HINT = 200
 MAX_GLOB = 1000
 MAX_MATCHES = 100_000  # checkpoint candidates looked at, at most
 #: A match changed this recently may still be being written: it is skipped.
 SETTLED_S = 2.0
 _PARTIAL = (".tmp", ".part", ".partial", ".incomplete", ".lock")
-_PROGRESS = re.compile(rb"\b(step|epoch|iter(?:ation)?|it)\b\s*[:=#]?\s*\[?(\d{1,12})", re.IGNORECASE)
 _ERROR = re.compile(rb"(error|exception|traceback|nccl|killed|out of memory|oom|fatal|segmentation)", re.IGNORECASE)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -239,7 +244,9 @@ def slurm_requeued(job_dir: str, restart_count: str) -> int:
     pids = read_json(os.path.join(job_dir, "pid.json"))
     pids = pids if isinstance(pids, dict) else {}
     start = attempts[-1].get("log_end", 0) if attempts and isinstance(attempts[-1], dict) else 0
-    hint, progress = log_facts(_tail(log_path, int(start) if isinstance(start, int) else 0))
+    start = start if isinstance(start, int) else 0
+    _read_through(job_dir)  # (not through: the progress kept so far)
+    hint, progress = log_hint(_tail(log_path, start)), attempt_progress(job_dir, start)
     attempts.append({
         "attempt": n - 1, "started_at": pids.get("started_at"), "ended_at": end.get("ended_at") or time.time(),
         "exit_code": end.get("exit_code"), "signal": end.get("signal"), "hint": end.get("lost") or hint,
@@ -270,16 +277,27 @@ def _clean(text: bytes) -> str:
     return _CONTROL.sub(" ", text.decode("utf-8", "replace")).strip()[:MAX_HINT]
 
 
-def log_facts(tail: bytes) -> Tuple[Optional[str], Optional[str]]:
-    """(hint, progress) of an attempt's log tail: the last error-like line (else the last line) and the last
-    step/epoch it printed (``"step 1200"``), each None when there is none."""
+def log_hint(tail: bytes) -> Optional[str]:
+    """The hint of an attempt's log tail: the last error-like line (else the last line), None when none."""
     lines = [ln for ln in re.split(rb"[\r\n]+", tail) if ln.strip() and not ln.startswith("── ".encode())]
     errors = [ln for ln in lines if _ERROR.search(ln)]
-    hint = _clean((errors or lines)[-1]) if lines else None
-    progress = None
-    for match in _PROGRESS.finditer(tail):
-        progress = "%s %d" % (match.group(1).decode().lower(), int(match.group(2)))
-    return hint or None, progress
+    return (_clean((errors or lines)[-1]) or None) if lines else None
+
+
+def _read_through(job_dir: str) -> bool:
+    """Bring the job's series.json up to its log's end (CATCH_UP_READS at most); False when more is left. A
+    series that cannot be kept (a full disk) is left as it is: the attempt is decided with what it holds."""
+    try:
+        return series.read_through(job_dir, CATCH_UP_READS) is not None
+    except (OSError, ValueError):
+        return True
+
+
+def attempt_progress(job_dir: str, start: int) -> Optional[str]:
+    """The last step/epoch (``"step 1200"``) printed by the attempt whose log starts at ``start``, as the job's
+    series.json keeps it (the whole log read, however much followed); None when it printed none."""
+    ex = series.Extractor.load(os.path.join(job_dir, series.SERIES_NAME))
+    return ex.progress if ex.progress is not None and ex.progress_at >= start else None
 
 
 def _crash_loop(attempts: List[Dict[str, Any]]) -> Optional[str]:
@@ -330,6 +348,9 @@ class Restarts:
 
     def _job(self, jid: str, job: Dict[str, Any], released: bool) -> int:
         job_dir = self.store.job_dir(jid)
+        attempt_over = os.path.exists(os.path.join(job_dir, ATTEMPT)) or job.get("state") == P.JOB_LOST
+        if attempt_over and not _read_through(job_dir):
+            return 1  # the ended attempt's progress is not read yet (much output, or another reader): next pass
         with self.store.queue_locked():  # a kill (its tombstone) and a restart never cross
             if os.path.exists(os.path.join(job_dir, "status.json")):
                 return 0
@@ -371,7 +392,7 @@ class Restarts:
                 size = os.lstat(log_path).st_size
             except OSError:
                 size = start
-            hint, progress = log_facts(_tail(log_path, start))
+            hint, progress = log_hint(_tail(log_path, start)), attempt_progress(job_dir, start)
             started = pids.get("started_at") if pids.get("attempt", 1) == n else None
             ended_at = float(end.get("ended_at") or time.time())
             healthy = isinstance(started, (int, float)) and ended_at - started >= float(policy.get("healthy_s", 600.0))
@@ -417,7 +438,7 @@ class Restarts:
             pids = read_json(os.path.join(job_dir, "pid.json")) or {}
             if pids.get("attempt") == pending.get("attempt"):
                 write_json(os.path.join(job_dir, PENDING), dict(pending, due_at=None))  # it runs
-                return 0
+                return 1  # the watchdog stays to decide when it ends (it left here: a long attempt's end was lost)
             if now - float(launched) < LAUNCH_GRACE_S:
                 return 1
             self._final(jid, job_dir, pending.get("after_exit"), "restart failed: the runner of attempt %s did not "

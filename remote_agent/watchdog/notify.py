@@ -92,7 +92,8 @@ def deliver(notify: Dict[str, Any], event: str, text: str, deadline_s: float = T
 
 
 def post(url: str, body: bytes, content_type: str, what: str, deadline_s: float = TIMEOUT_S) -> Optional[str]:
-    """POST ``body``; the problem, or None when the server accepted it (2xx).
+    """POST ``body``; the problem, or None when the server accepted it: a 2xx status within the deadline (the
+    answer's body is never read: an endpoint that drips it after the status cannot turn a delivery into a failure).
 
     ``deadline_s`` bounds the whole exchange (connect, TLS, send, the answer's status and headers): when it
     passes, a timer shuts the socket, so an endpoint that drips a byte every few seconds cannot hold the
