@@ -71,9 +71,9 @@ def test_the_line_is_there_exactly_while_asked_and_the_users_lines_are_kept(tmp_
         stop_host(state)
 
 
-def test_a_host_that_never_asked_runs_no_crontab(tmp_path: Path, users_crontab: None) -> None:
+def test_a_host_without_cron_that_never_asked_is_fine(tmp_path: Path, users_crontab: None) -> None:
     state = tmp_path / "state"
-    agent = AgentProc(state, env={**os.environ, "PATH": "/nonexistent"})  # a crontab run would fail: none found
+    agent = AgentProc(state, env={**os.environ, "PATH": "/nonexistent"})  # no crontab found: nothing to do
     try:
         reply = agent.call("watchdog.configure", config={"autostop_minutes": 60, "release_remote": ["true"]})
         assert reply["result"]["autostart"] == {"ok": True, "changed": False, "detail": ""}

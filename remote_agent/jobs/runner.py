@@ -132,7 +132,8 @@ def run(job_dir: str) -> int:
         return 130
 
     pid_path = os.path.join(job_dir, "pid.json")
-    if (read_json(pid_path) or {}).get("attempt") == attempt:  # another runner started this attempt: never twice
+    before = read_json(pid_path)
+    if isinstance(before, dict) and before.get("attempt") == attempt:  # this attempt was started: never twice
         sys.stderr.write("gputui: attempt %d of this job was started before: not starting it again\n" % attempt)
         return 0
     reserve = os.path.join(job_dir, ".reserve")
