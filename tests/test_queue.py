@@ -3,8 +3,10 @@ recording (``--state q`` of the nvidia-smi stand-in) and the H100 capture under 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 from sshd import SYSTEM_PATH
+from test_agent_bad_logs import small_disk
 from test_metrics_smi import H100, NoNvml, fake_smi
 
 from remote_agent.fsutil import read_json, write_json
@@ -262,7 +265,7 @@ def test_a_crash_between_pick_and_start_neither_loses_nor_repeats_the_job(tmp_pa
         write_json(str(job_json), record)
         [job] = queue.queued()
         assert job["id"] == jid and job["state"] == "queued"
-        assert queue.run_pass({"gpus": []}, store.list(), "b") == 0
+        assert queue.run_pass({"gpus": []}, store.list(), "b") == 1  # launched, not yet on record: stay for it
         wait_for(lambda: store.describe(jid)["state"] == "succeeded", timeout=30, what="the relaunched job")
         assert queue.run_pass({"gpus": []}, store.list(), "b") == 0  # ended: never launched again
         assert (state / "jobs" / jid / "output.log").read_bytes().count(b"ran") == 1
@@ -300,7 +303,7 @@ def test_a_remove_move_or_submit_while_a_pass_samples_is_not_undone(tmp_path: Pa
         queue.remove(a, "removed from the queue before it started")  # ... then the user acts
         queue.move(c, 1)
         d = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "x")
-        assert queue.run_pass({"gpus": []}, stale, "x") == 1  # b and c start; d waits (no GPU)
+        assert queue.run_pass({"gpus": []}, stale, "x") == 3  # d waits (no GPU); b and c start (not yet on record)
         assert store.describe(a)["state"] == "killed" and not (state / "jobs" / a / "pid.json").exists()
         assert read_json(str(state / "jobs" / a / "job.json")).get("dequeued_at") is None
         assert [j["id"] for j in queue.queued()] == [d] and queue.state()["order"] == [d]
@@ -469,8 +472,6 @@ def test_release_refuses_while_a_job_waits_in_the_queue(home: Home, tmp_path: Pa
 
 
 def test_logs_follow_of_a_queued_job_waits_for_it_to_run_and_end(home: Home, tmp_path: Path) -> None:
-    import subprocess
-
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
     go = tmp_path / "go"
     home.cli("run", "local", "--", sys.executable, "-c",
@@ -611,3 +612,74 @@ def test_the_watchdog_log_is_bounded(tmp_path: Path) -> None:
         W.log_line(str(tmp_path), f"queue: job {n} started")
     for path in (log, tmp_path / (W.LOG + ".1")):
         assert path.stat().st_size <= W.MAX_LOG_BYTES + 100
+
+
+def test_jobs_picked_while_the_disk_is_full_run_once_and_the_queue_resumes_without_a_client(tmp_path: Path) -> None:
+    """The state dir's disk full when the queue's jobs come up (a real ENOSPC: a small tmpfs, as root): no job
+    runs before its start is on record, none runs twice, and the watchdog starts them once space returns, with
+    no client connected."""
+    disk = tmp_path / "disk"
+    small_disk(disk, "4m")
+    state, ledger, hold, passes = disk / "state", tmp_path / "ledger", tmp_path / "hold", tmp_path / "passes"
+    smi = tmp_path / "smi" / "nvidia-smi"  # the A100 stand-in, counting the watchdog's passes (one reading each)
+    smi.parent.mkdir()
+    smi.write_text(f'#!/bin/sh\necho >> "{passes}"\nexec "{a100s(tmp_path / "bin") / "nvidia-smi"}" "$@"\n')
+    smi.chmod(0o755)
+    agent = AgentProc(state, "--nvidia-smi", str(smi))
+    try:
+        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]  # fmt: skip
+        after = {"gpus": "none", "after": [blocker["id"]]}
+        ids = [agent.call("jobs.start", argv=["sh", "-c", f"echo q{n} >> {ledger}"], queue=after)["result"]["id"]
+               for n in range(3)]  # fmt: skip
+        agent.close()
+        wait_for(lambda: (state / W.LOG).exists() and "started (pid" in (state / W.LOG).read_text(), what="the watchdog")
+        (disk / "room").write_bytes(bytes(256 * 1024))
+        fill(disk / "filler")
+        hold.touch()
+        wait_for(lambda: (state / "jobs" / blocker["id"] / "status.json").exists(), what="the blocker to end")
+        (disk / "room").unlink()  # a little room: enough for a job's small files, not under MIN_FREE_BYTES
+        seen = passes.read_text().count("\n")
+        wait_for(lambda: passes.read_text().count("\n") >= seen + 2, what="a pass on the full disk")
+        assert not ledger.exists()  # nothing ran without room to record its start
+        (disk / "filler").unlink()
+        wait_for(lambda: all((state / "jobs" / j / "status.json").exists() for j in ids), timeout=60,
+                 what="the queue to resume with no client")  # fmt: skip
+        again = AgentProc(state, "--nvidia-smi", str(smi))  # a client connects: nothing is started again
+        try:
+            assert [j["state"] for j in again.call("jobs.list")["result"]["jobs"][1:]] == ["succeeded"] * 3
+        finally:
+            again.close()
+        assert sorted(ledger.read_text().split()) == ["q0", "q1", "q2"]
+        assert [read_json(str(state / "jobs" / j / "job.json"))["start_attempts"] for j in ids] == [1, 1, 1]
+    finally:
+        agent.close()
+        stop_host(state)
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def fill(path: Path) -> None:
+    """Write ``path`` until its disk is full (ENOSPC)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"x" * 65536)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    finally:
+        os.close(fd)
+
+
+def test_a_runner_runs_nothing_it_cannot_record_nor_an_attempt_on_record_already(tmp_path: Path) -> None:
+    """The job's start (pid.json) is on disk before the job runs: a runner that cannot write it (here a
+    directory in its place) runs nothing, and one launched for an attempt already on record runs nothing."""
+    store = JobStore(str(tmp_path / "state"), [sys.executable, "-m", "remote_agent"])
+    ran = tmp_path / "ran"
+    for blocked in (True, False):
+        job_dir = Path(store.job_dir(store.create(["sh", "-c", f"echo x >> {ran}"])))
+        if blocked:
+            (job_dir / "pid.json").mkdir()
+        else:
+            write_json(str(job_dir / "pid.json"), {"pid": None, "runner_pid": 1, "attempt": 1, "started_at": T})
+        runner = subprocess.run([sys.executable, "-m", "remote_agent", "runner", str(job_dir)], cwd=Path(__file__).parent.parent,
+                                stdin=subprocess.DEVNULL, capture_output=True, timeout=60)  # fmt: skip
+        assert not (job_dir / "status.json").exists() and not ran.exists(), runner.stderr

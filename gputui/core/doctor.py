@@ -138,7 +138,7 @@ def boot_item(session: HostSession, host: HostConfig) -> Check | None:
                      "back after a reboot")  # fmt: skip
     why = str(said.get("detail") or "the host's agent did not say (a build from before resume_on_boot)")
     return Check("resume_on_boot", "resume on boot", FAIL, why + ": a reboot would leave the host's work stopped",
-                 "install cron on the host, or set resume_on_boot = false")  # fmt: skip
+                 "install cron on the host or fix what it says, or set resume_on_boot = false")  # fmt: skip
 
 
 def format_report(report: DoctorReport) -> str:

@@ -36,6 +36,9 @@ MAX_DEPS = P.MAX_QUEUE_DEPS  # job ids one job may wait for
 MAX_REASON = 300
 MAX_START_ATTEMPTS = 3  # launches of a picked job whose runner never came up, before it is failed
 PASS_S = 2.0  # the scheduler's pass interval while jobs wait
+#: Free space the state dir's disk needs for the queue to start a job (its runner writes its start, a reserve and
+#: its log there): below it the queue waits, so a full disk burns no start attempt.
+MIN_FREE_BYTES = 1024 * 1024
 
 
 def parse_request(queue: Any) -> Dict[str, Any]:
@@ -330,6 +333,19 @@ def plan(
     return {"start": start, "wait": wait, "fail": fail}
 
 
+def disk_full(path: str) -> Optional[str]:
+    """Why the disk of ``path`` has no room to start a job (under ``MIN_FREE_BYTES``, or no inode), or None."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None  # unknown: the start itself will tell
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if free >= MIN_FREE_BYTES and not (st.f_files and st.f_favail == 0):
+        return None
+    return "the state dir's disk is full (%d KiB free): jobs start again from %d KiB" % (
+        free // 1024, MIN_FREE_BYTES // 1024)
+
+
 # --- the queue on disk -------------------------------------------------------------------------------------------
 
 def host_queued(record: Dict[str, Any]) -> bool:
@@ -439,7 +455,9 @@ class JobQueue:
 
     # --- the scheduler (in the watchdog process) ------------------------------------------------------------
     def run_pass(self, sample: Optional[Dict[str, Any]], jobs: List[Dict[str, Any]], boot: Optional[str]) -> int:
-        """One scheduling pass; how many jobs still wait. ``sample``: None when the GPUs could not be read."""
+        """One scheduling pass; how many jobs the scheduler must stay for: those still waiting, and those picked
+        whose start is not on record yet (launched now or before). ``sample``: None when the GPUs could not be
+        read."""
         with self.locked():
             queued = self.queued(jobs)
             saved = self.state()
@@ -451,19 +469,18 @@ class JobQueue:
             damaged = {str(j["id"]): _damaged(j) for j in fresh}
             damaged = {jid: why for jid, why in damaged.items() if why is not None}
             fresh = [j for j in fresh if str(j["id"]) not in damaged]
-            for job in relaunch:
-                self._relaunch(job)
-            if sample is None:
+            full = disk_full(self.store.state_dir)
+            launched = sum(self._relaunch(job) for job in (relaunch if full is None else []))
+            if sample is None or full is not None:
                 decided: Dict[str, Any] = {"start": [], "fail": {}, "wait": {
-                    str(j["id"]): "GPU reading failed" for j in fresh}}  # fmt: skip
+                    str(j["id"]): full or "GPU reading failed" for j in fresh}}  # fmt: skip
             else:
                 grants = self._grants(jobs) + [{"id": j["id"], "gpus": j.get("gpus")} for j in relaunch]
                 decided = plan(fresh, jobs, sample, grants)
             decided["fail"].update(damaged)
             for jid, why in decided["fail"].items():
                 self._fail(jid, why)
-            for jid, gpus in decided["start"]:
-                self._start(jid, gpus)
+            launched += sum(self._start(jid, gpus) for jid, gpus in decided["start"])
             gone = set(decided["fail"]) | {jid for jid, _ in decided["start"]} | {str(j["id"]) for j in relaunch}
             listed = {str(j.get("id")) for j in jobs}
             order = [str(j["id"]) for j in queued if str(j["id"]) not in gone]
@@ -474,7 +491,17 @@ class JobQueue:
             write_json(self.path, dict(saved, order=order, waiting=waiting, boot_id=boot, t=time.time()))
         if resumed:  # said once it is recorded: whoever reads the line finds resumed_at in queue.list
             self.log("queue resumed after a reboot: %d job%s waiting" % (len(queued), "s" if len(queued) > 1 else ""))
-        return len(order)
+        return len(order) + launched + self.coming_up(jobs)
+
+    def coming_up(self, jobs: List[Dict[str, Any]]) -> int:
+        """How many picked jobs have no start on record yet (no pid.json, no status.json): each is either
+        coming up or, its runner gone, launched again by a later pass, so the scheduler must stay for them."""
+        count = 0
+        for job in jobs:
+            if job.get("state") == P.JOB_RUNNING and isinstance(job.get("queue"), dict) and job.get("dequeued_at"):
+                job_dir = os.path.join(self.store.jobs_dir, str(job.get("id")))
+                count += not any(os.path.exists(os.path.join(job_dir, f)) for f in ("pid.json", "status.json"))
+        return count
 
     def _grants(self, jobs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """What each running job holds: its CUDA_VISIBLE_DEVICES as it runs (None: every GPU)."""
@@ -502,16 +529,16 @@ class JobQueue:
         end_job(self.store.job_dir(job_id), {"exit_code": None, "error": why, "ended_at": time.time()})
         self.log("queue: job %s %s" % (job_id, why))
 
-    def _start(self, job_id: str, gpus: Optional[str]) -> None:
-        """Pick a job (one atomic job.json write: its GPUs and ``dequeued_at``), then launch it."""
+    def _start(self, job_id: str, gpus: Optional[str]) -> bool:
+        """Pick a job (one atomic job.json write: its GPUs and ``dequeued_at``), then launch it; True when it was."""
         if not self._still_queued(job_id):
-            return
+            return False
         job_dir = self.store.job_dir(job_id)
         record = read_json(os.path.join(job_dir, "job.json"))
         env = read_json(os.path.join(job_dir, "env.json"))
         if not isinstance(record, dict) or not isinstance(env, dict):
             self._fail(job_id, "not started: its job files cannot be read")
-            return
+            return False
         user_env = record.get("env") if isinstance(record.get("env"), dict) else {}
         if gpus is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
             env["CUDA_VISIBLE_DEVICES"] = "" if gpus == "none" else gpus
@@ -522,25 +549,28 @@ class JobQueue:
         where = "the whole host" if gpus is None else "no GPU" if gpus == "none" else "GPU " + gpus
         self.log("queue: starting job %s on %s after %.1f min in the queue" % (job_id, where, waited / 60.0))
         self._launch(job_id)
+        return True
 
-    def _relaunch(self, job: Dict[str, Any]) -> None:
-        """A job picked before a crash whose runner never came up: launch it again (a bounded number of times)."""
+    def _relaunch(self, job: Dict[str, Any]) -> bool:
+        """A job picked before a crash whose runner never came up: launch it again (a bounded number of times);
+        True when it was."""
         jid = str(job["id"])
         job_dir = self.store.job_dir(jid)
         record = read_json(os.path.join(job_dir, "job.json"))
         if not isinstance(record, dict) or self.store.describe(jid).get("state") != P.JOB_QUEUED:
-            return  # it came up (or ended) since the pass listed the jobs
+            return False  # it came up (or ended) since the pass listed the jobs
         if os.path.exists(os.path.join(job_dir, "kill.json")):  # killed before its runner came up: it stays dead
             self._fail(jid, "killed before it started", picked=True)
-            return
+            return False
         attempts = int(record.get("start_attempts") or 0)
         if attempts >= MAX_START_ATTEMPTS:
             self._fail(jid, "not started: its runner did not come up in %d attempts" % attempts, picked=True)
-            return
+            return False
         record.update(dequeued_at=time.time(), start_attempts=attempts + 1)
         write_json(os.path.join(job_dir, "job.json"), record)
         self.log("queue: job %s was picked but never started (a crash?): launching it again" % jid)
         self._launch(jid)
+        return True
 
     def _launch(self, job_id: str) -> None:
         try:

@@ -19,7 +19,7 @@ import time
 import tty
 from typing import Dict, List, Optional
 
-from ..fsutil import user_umask, write_json
+from ..fsutil import read_json, user_umask, write_json
 from ..host.boot import boot_id
 from . import restart as R
 from . import secrets as SEC
@@ -139,16 +139,26 @@ def run(job_dir: str) -> int:
     if names and not on_slurm and R.policy_of(job) is None:
         SEC.forget(job_dir)  # its one attempt has them: the host keeps them no longer
 
+    pid_path = os.path.join(job_dir, "pid.json")
+    before = read_json(pid_path)
+    if isinstance(before, dict) and before.get("attempt") == attempt:  # this attempt was started: never twice
+        sys.stderr.write("gputui: attempt %d of this job was started before: not starting it again\n" % attempt)
+        return 0
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
     log = LogWriter(os.path.join(job_dir, "output.log"))
     log_clock = LogClock(os.path.join(job_dir, TIMES_NAME), log.offset)
+    # The start is on disk before the job runs (a runner that cannot write it, on a full disk, runs nothing and
+    # the queue launches it again later); the job's pid is added once it exists.
+    started = {"pid": None, "runner_pid": os.getpid(), "started_at": time.time(), "attempt": attempt,
+               "boot_id": boot_id()}  # fmt: skip
+    write_json(pid_path, started)
     pid, master = _spawn(job.get("run_argv") or job["argv"], job["cwd"], env)  # run_argv: slurm.launch_fields
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
-    write_json(
-        os.path.join(job_dir, "pid.json"),
-        {"pid": pid, "runner_pid": os.getpid(), "started_at": time.time(), "attempt": attempt, "boot_id": boot_id()},
-    )
+    try:
+        write_json(pid_path, dict(started, pid=pid))
+    except OSError:
+        pass  # the job runs (and its runner is on record): it must not be left unwatched for want of its pid
     usage = UsageRecorder(job_dir, pid, job.get("gpus"), job.get("nvidia_smi") or "nvidia-smi")
     usage.start()
     series = SeriesKeeper(job_dir)  # the job's metric series, kept beside its log as it grows

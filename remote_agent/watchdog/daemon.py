@@ -772,7 +772,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
                 if repr(exc) != queue_error:
                     dog.log("queue pass failed (tried again every %g s): %r" % (PASS_S, exc))
                 queue_error = repr(exc)
-                waiting = 1 if isinstance(taken, Exception) else sum(map(host_queued, taken[1]))
+                waiting = 1 if isinstance(taken, Exception) else sum(map(host_queued, taken[1])) + queue.coming_up(taken[1])
             # Restart policies (remote_agent/jobs/restart.py): a pending restart keeps the watchdog running.
             waiting += restarts.run_pass(R.released(state_dir))
             if why is not None and not waiting:
