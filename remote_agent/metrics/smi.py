@@ -58,6 +58,8 @@ class SmiFailed(SmiUnavailable):
         self.output = output
 
 
+#: At most this many lost GPUs are read off lines of nvidia-smi's words (a hostile tool may print millions).
+MAX_FAILED_LINES = 64
 #: A line of nvidia-smi's output that says a GPU cannot be reached (instead of its CSV row).
 _GPU_FAILED_LINE = re.compile(r"device handle|GPU is lost|requires (?:reset|restart)|fallen off the bus", re.I)
 #: A cell that says the GPU itself is gone (as opposed to one field being unsupported).
@@ -123,7 +125,7 @@ def parse_gpus(text: str) -> List[Dict[str, Any]]:
     for line in text.splitlines():
         cells = line.split(", ")
         if len(cells) != len(GPU_FIELDS):
-            if _GPU_FAILED_LINE.search(line):
+            if _GPU_FAILED_LINE.search(line) and len(failed) < MAX_FAILED_LINES:
                 failed.append(line.strip())
             continue
         gone = [c.strip()[1:-1] for c in cells if _GPU_FAILED_CELL.match(c.strip())]
@@ -256,6 +258,8 @@ class SmiSource:
         fields = "--query-compute-apps=" + ",".join(APP_FIELDS)
         try:
             apps = parse_apps(run([self.path, fields, CSV_FORMAT], self.timeout))
+        except SmiFailed as e:  # a lost GPU fails this call too: the others' processes are printed all the same
+            apps = parse_apps(e.output)
         except SmiUnavailable:
             apps = {}
         for g in gpus:
