@@ -172,6 +172,9 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
         if not m.gpus:
             print(f"  gpus  none ({m.gpu_error or 'no GPU found'})")
         for g in m.gpus:
+            if g.lost:  # the health line: only for a GPU with a problem
+                print(f"  gpu{g.index} LOST: {clean(g.error or '?', limit=600)} Fix: {clean(g.fix or '?', limit=600)}")
+                continue
             gmem = f"{fmt(g.mem_used_mib)}/{fmt(g.mem_total_mib, ' MiB')}"
             print(
                 f"  gpu{g.index} {g.name or '?'}  {fmt(g.util_percent, '%')}  {gmem}  {fmt(g.temp_c, 'C')}  {fmt(g.power_w, 'W')}"

@@ -133,6 +133,12 @@ DOCTOR_SKIP: DoctorStatus = "skip"
 DOCTOR_STATUSES: Tuple[DoctorStatus, ...] = (DOCTOR_OK, DOCTOR_WARN, DOCTOR_FAIL, DOCTOR_SKIP)
 
 
+#: A GPU's health in a metrics sample (``Gpu.state``).
+GpuState = Literal["ok", "lost"]
+GPU_OK: GpuState = "ok"
+GPU_LOST: GpuState = "lost"
+
+
 class GpuProcess(TypedDict):
     """A compute process on a GPU; ``job`` is the gputui job owning the pid, if any.
 
@@ -177,6 +183,11 @@ class Gpu(TypedDict):
     throttle_reasons: Optional[List[str]]  # short names: gpu_idle, sw_power_cap, hw_thermal, ...
     persistence_mode: Optional[bool]
     processes: List[GpuProcess]
+    # "ok", or "lost": the driver cannot reach this GPU (its handle or a read failed with "GPU is lost",
+    # "Unknown Error", ...); the other GPUs keep reporting. ``error``: the driver's words; ``fix``: what to do.
+    state: GpuState
+    error: Optional[str]
+    fix: Optional[str]
 
 
 #: Every field of a GPU reading, in order; the samplers produce exactly these.

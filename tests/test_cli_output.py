@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import pty
@@ -162,3 +163,26 @@ def test_logs_to_a_terminal_show_control_sequences_escaped_and_a_pipe_gets_the_b
     text = seen.decode("utf-8", "replace")
     assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, text
     assert "a\\x1b]52;c;aGk=\\x07b\\x1b[2Jc\\x1b[31mred\\u202e\\xff\\xfe été 50%\r100%" in text, text
+
+
+def test_status_reports_a_lost_gpu_and_the_others(home: Home, tmp_path: Path) -> None:
+    """A local host whose nvidia-smi replays 4 recorded A100s with GPU 2 failing its handle: `status --json`
+    gives each GPU's state (the lost one with the driver's words and the fix), plain `status` a health line."""
+    from test_queue import a100s
+
+    home.env["PATH"] = f"{a100s(tmp_path / 'bin', 4)}:{home.env['PATH']}"
+    home.env["FAKE_NVIDIA_SMI_NO_HANDLE"] = "2"
+    home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
+    assert host["gpu_source"] == "nvidia-smi"
+    gpus = host["gpus"]
+    assert [(g["index"], g["state"], g["error"]) for g in gpus] == [
+        (0, "ok", None), (1, "ok", None),
+        (2, "lost", "Unable to determine the device handle for GPU 00000003:00:00.0: Unknown Error"), (3, "ok", None),
+    ]  # fmt: skip
+    assert gpus[2]["fix"] == "Reboot the host; if the GPU is still lost, ask the provider for another instance."
+    assert [g["name"] for g in gpus] == ["A100-SXM4-40GB", "A100-SXM4-40GB", None, "A100-SXM4-40GB"]
+    lines = home.cli("status", check=True).stdout.splitlines()
+    assert "  gpu2 LOST: Unable to determine the device handle for GPU 00000003:00:00.0: Unknown Error Fix: Reboot " \
+        "the host; if the GPU is still lost, ask the provider for another instance." in lines
+    assert sum(line.startswith("  gpu") and "A100-SXM4-40GB" in line for line in lines) == 3

@@ -149,9 +149,9 @@ def test_h100_idle_is_ok_and_idle_is_not_throttling(tmp_path: Path) -> None:
 
 def test_rtx_4080_persistence_off_warns_and_cuda_comes_from_the_driver_version(tmp_path: Path) -> None:
     checks = by_id(smi_checks(tmp_path, RTX4080, "idle"))
-    # This recording has no `nvidia-smi --version`: the CUDA major comes from the driver version.
+    # This recording has no `nvidia-smi --version` nor table header: the CUDA version comes from the driver's.
     assert checks["cuda"]["status"] == "ok"
-    assert checks["cuda"]["detail"].startswith("driver 595.71.05 supports CUDA 13.x")
+    assert checks["cuda"]["detail"].startswith("driver 595.71.05 supports CUDA 13.2")
     g = checks["gpu.0"]
     assert (g["title"], g["status"], g["detail"]) == (
         "GPU 0: NVIDIA GeForce RTX 4080 SUPER",

@@ -10,6 +10,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from remote_agent import protocol as P
 from remote_agent.metrics import sampler as metrics
 from remote_agent.metrics.sampler import MetricsSampler
 
@@ -18,6 +19,7 @@ sys.path.insert(0, str(FIXTURES))
 from fake_nvidia_smi import sections  # noqa: E402
 from nvml_double import NvmlDouble  # noqa: E402
 
+HEALTHY = {"state": "ok", "error": None, "fix": None}
 A100_X8 = (FIXTURES / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt").read_text()
 H100_LOAD = sections((FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt").read_text())["load :: query (-q)"]
 
@@ -64,6 +66,7 @@ def test_eight_a100s_exact_values_and_fan_not_supported(tmp_path):
             "throttle_reasons": ["gpu_idle"],
             "persistence_mode": False,
             "processes": [],
+            **HEALTHY,
         }
     json.dumps(out)
     facts = s.facts()
@@ -216,3 +219,52 @@ def test_a_runner_reads_only_its_own_gpus(tmp_path):
     out = s.sample(lambda pid: None)
     assert [(g["index"], g["uuid"]) for g in out["gpus"]] == [(3, A100_GPUS[3][0]), (5, A100_GPUS[5][0])]
     assert nv.calls["nvmlDeviceGetUtilizationRates"] == 2
+
+
+def _lost(index: int, error: str) -> dict:
+    """What a GPU the driver cannot reach reads as: its index, the driver's words and the fix, nothing else."""
+    return dict.fromkeys(P.GPU_FIELDS) | {
+        "index": index,
+        "processes": [],
+        "state": "lost",
+        "error": error,
+        "fix": "Reboot the host; if the GPU is still lost, ask the provider for another instance.",
+    }
+
+
+def test_four_gpus_with_gpu_2_failing_its_handle_the_others_report(tmp_path):
+    nv = NvmlDouble(A100_X8, gpus=4, handle_errors={2: pynvml.NVML_ERROR_UNKNOWN})
+    s = MetricsSampler(str(tmp_path), nvml=nv)
+    out = s.sample(lambda pid: None)
+    assert (out["gpu_source"], out["gpu_error"]) == ("nvml", None)
+    gpus = out["gpus"]
+    assert [g["index"] for g in gpus] == [0, 1, 2, 3]
+    assert gpus[2] == _lost(2, "Unable to determine the device handle for GPU 2: Unknown Error")
+    for g in gpus[:2] + gpus[3:]:
+        uuid, temp, power = A100_GPUS[g["index"]]
+        assert (g["uuid"], g["temp_c"], g["power_w"], g["mem_total_mib"]) == (uuid, temp, power, 40536)
+        assert (g["state"], g["error"], g["fix"]) == ("ok", None, None)
+    assert [f["uuid"] for f in s.facts()["gpus"]] == [A100_GPUS[0][0], A100_GPUS[1][0], None, A100_GPUS[3][0]]
+    json.dumps(out)
+    # A runner given GPUs 2 and 3 gets the lost one by its index, and the live one.
+    only = MetricsSampler(str(tmp_path), nvml=NvmlDouble(A100_X8, gpus=4, handle_errors={2: 999}), only=["2", "3"])
+    assert [(g["index"], g["state"]) for g in only.sample(lambda pid: None)["gpus"]] == [(2, "lost"), (3, "ok")]
+
+
+def test_a_gpu_whose_reads_say_it_is_lost_is_lost_in_the_drivers_words(tmp_path):
+    class Hostile(pynvml.NVMLError):
+        def __str__(self):
+            return "GPU \x1b[31mis\x07 lost\r\n" + "x" * 1000
+
+    class LostReads(NvmlDouble):
+        def nvmlDeviceGetUtilizationRates(self, h):
+            if h == 1:
+                raise Hostile(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return super().nvmlDeviceGetUtilizationRates(h)
+
+    s = MetricsSampler(str(tmp_path), nvml=LostReads(A100_X8, gpus=4, lost={3}))
+    gpus = s.sample(lambda pid: None)["gpus"]
+    assert [(g["index"], g["state"]) for g in gpus] == [(0, "ok"), (1, "lost"), (2, "ok"), (3, "lost")]
+    assert gpus[1]["error"] == "GPU [31mis lost " + "x" * (300 - len("GPU [31mis lost "))
+    assert gpus[3]["error"] == "GPU is lost" and gpus[3]["fix"].startswith("Reboot the host")
+    assert gpus[2]["power_w"] == A100_GPUS[2][2]

@@ -683,3 +683,19 @@ def test_a_runner_runs_nothing_it_cannot_record_nor_an_attempt_on_record_already
         runner = subprocess.run([sys.executable, "-m", "remote_agent", "runner", str(job_dir)], cwd=Path(__file__).parent.parent,
                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=60)  # fmt: skip
         assert not (job_dir / "status.json").exists() and not ran.exists(), runner.stderr
+
+
+def test_a_lost_gpu_is_never_handed_to_a_queued_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 recorded A100s, GPU 2's handle fails: a 4-GPU job waits, saying why; a 3-GPU job gets the live three."""
+    monkeypatch.setenv("FAKE_NVIDIA_SMI_NO_HANDLE", "2")
+    sample = sample_of(tmp_path, str(a100s(tmp_path / "bin", 4) / "nvidia-smi"))
+    assert [g["state"] for g in sample["gpus"]] == ["ok", "ok", "lost", "ok"]
+    jobs = [queued("1", gpu_count=4)]
+    assert Q.plan(jobs, jobs, sample, [])["wait"]["1"] == (
+        "needs 4 free GPUs, 3 free; GPU 2 lost (Unable to determine the device handle for GPU 00000003:00:00.0: "
+        "Unknown Error)"
+    )
+    jobs = [queued("2", gpu_count=3)]
+    assert Q.plan(jobs, jobs, sample, [])["start"] == [("2", "0,1,3")]
+    jobs = [queued("3", "2")]
+    assert Q.plan(jobs, jobs, sample, [])["wait"]["3"].startswith("GPU 2 lost (")

@@ -26,6 +26,7 @@ from textual.widgets import Input
 from ui_fixtures import (
     T0,
     ReplaySession,
+    four_gpus_one_lost,
     job,
     price,
     recorded_gpus,
@@ -51,6 +52,7 @@ from gputui.ui.screens.release import ReleaseScreen
 from gputui.ui.widgets.fleet import FleetTable
 from gputui.ui.widgets.host import GpuCard, JobsTable
 from gputui.ui.widgets.log import LOG_KEYS, LogView
+from gputui.ui.widgets.textbox import TextBox
 
 SIZE = (160, 48)
 
@@ -388,6 +390,30 @@ async def test_new_metrics_of_the_selected_host_reach_its_gpu_cards(tmp_path: Pa
         want = f" {busy[0].util_percent:.0f}% "
         await until(pilot, lambda: want in card.text.plain, what="the card's new utilisation")
         assert card.text.plain != before
+
+
+async def test_a_lost_gpu_shows_on_its_card_as_text_and_marks_its_host(tmp_path: Path) -> None:
+    """GPU 2 of 4 fails its handle with words holding markup and an escape: its card says LOST with the words
+    as they are, a health line gives the fix, the hosts table marks the host; the other cards read normally."""
+    gpus = four_gpus_one_lost("[bold]Unknown[/] Error [@click=app.quit]x[/] \x1b[31m")
+    assert [g.state for g in gpus] == ["ok", "ok", "lost", "ok"]
+    app = static_app(tmp_path, [snapshot("quad", gpus)])
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: len(app.query(GpuCard)) == 4, what="4 GPU cards")
+        cards = list(app.query(GpuCard))
+        assert cards[2].text.plain.startswith("LOST")
+        assert "e for GPU 2: [bold]Unknown[/] Error" in cards[2].text.plain  # the driver's words, cut to fit
+        assert all("util" in c.text.plain for c in cards[:2] + cards[3:])
+        note = app.query_one(".gpu-note", TextBox).text.plain  # the health line, shown only when something is wrong
+        assert note == (
+            "GPU 2 lost: Unable to determine the device handle for GPU 2: [bold]Unknown[/] Error [@click=app.quit]x[/] "
+            "[31m Fix: Reboot the host; if the GPU is still lost, ask the provider for another instance."
+        )
+        text = screen_text(app)
+        assert "GPU 2 lost: Unable to determine the device handle" in text and "\x1b" not in text
+        assert "⚠ 1 lost · 4× A10" in text  # the mark first: a narrow column cuts the end
+        await pilot.pause()
+        assert app.is_running  # the words were never markup: no action ran, nothing raised
 
 
 async def test_a_snapshot_is_applied_by_the_next_flush_even_with_a_repaint_timer_pending(

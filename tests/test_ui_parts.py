@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from ui_fixtures import job, price, recorded_gpus, snapshot
+from ui_fixtures import four_gpus_one_lost, job, price, recorded_gpus, snapshot
 
 from gputui.core import model as M
 from gputui.ui import fmt, notices
@@ -144,6 +144,8 @@ def test_free_gpus_are_suggested() -> None:
     half = replace(busy, metrics=replace(busy.metrics, gpus=busy.gpus[:4] + idle.gpus[4:]))
     assert gpu_hint(half) == ("4,5,6,7", "free: 4, 5, 6, 7 · busy: 0, 1, 2, 3")
     assert gpu_hint(snapshot("cpu-only")) == ("", "no GPUs reported on this host")
+    # GPU 2 fails its handle: it is never suggested, and "empty = all" (which would include it) is not offered.
+    assert gpu_hint(snapshot("box", four_gpus_one_lost("Unknown Error"))) == ("0,1,3", "free: 0, 1, 3 · lost: 2")
     assert parse_env("A=1 B='two words'") == {"A": "1", "B": "two words"}
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_env("oops")

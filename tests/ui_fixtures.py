@@ -37,6 +37,28 @@ def recorded_gpus(which: str) -> tuple[M.GpuSample, ...]:
     return tuple(M.GpuSample.from_wire(g) for g in NvmlSource(NvmlDouble(text)).sample())
 
 
+def four_gpus_one_lost(words: str) -> tuple[M.GpuSample, ...]:
+    """The real NVML sampler's reading of 4 recorded A100s whose GPU 2 fails its handle with ``words``."""
+    sys.path.insert(0, str(FIXTURES / "gpu"))
+    import pynvml
+    from nvml_double import NvmlDouble
+
+    from remote_agent.metrics.nvml import NvmlSource
+
+    class Failing(pynvml.NVMLError):
+        def __str__(self) -> str:
+            return words
+
+    class Double(NvmlDouble):
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+            if index == 2:
+                raise Failing(pynvml.NVML_ERROR_UNKNOWN)
+            return super().nvmlDeviceGetHandleByIndex(index)
+
+    text = (FIXTURES / "gpu" / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt").read_text()
+    return tuple(M.GpuSample.from_wire(g) for g in NvmlSource(Double(text, gpus=4)).sample())
+
+
 def with_load(gpus: Sequence[M.GpuSample], step: int, job: str | None = None) -> tuple[M.GpuSample, ...]:
     """The recorded GPUs with a deterministic training-like load (for history and busy cards)."""
     out = []

@@ -43,6 +43,10 @@ class GpuProcess:
     inferred: bool = False  # job matched by its GPUs, not by /proc (a pid from another PID namespace)
 
 
+#: A lost GPU's ``error`` and ``fix`` from the agent are kept to this many characters.
+MAX_GPU_TEXT = 500
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One GPU's reading (``protocol.Gpu``); the GPU lists of host facts fill the first fields only."""
@@ -64,12 +68,24 @@ class GpuSample:
     throttle_reasons: tuple[str, ...] | None = None
     persistence_mode: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
+    state: str = P.GPU_OK  # "lost": the driver cannot reach this GPU; ``error`` has its words, ``fix`` what to do
+    error: str | None = None
+    fix: str | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self.state == P.GPU_LOST
 
     @classmethod
     def from_wire(cls, gpu: P.Gpu | P.GpuFact) -> GpuSample:
         d: Mapping[str, Any] = gpu  # a reading, or a GPU of the host's facts (the first fields only)
-        fields = [k for k in P.GPU_FIELDS if k not in ("processes", "throttle_reasons")]
+        fields = [k for k in P.GPU_FIELDS if k not in ("processes", "throttle_reasons", "state", "error", "fix")]
         known: dict[str, Any] = {k: d.get(k) for k in fields}
+        if d.get("state") == P.GPU_LOST:  # anything else is a GPU without a known problem
+            known["state"] = P.GPU_LOST
+            for k in ("error", "fix"):
+                v = d.get(k)
+                known[k] = v[:MAX_GPU_TEXT] if isinstance(v, str) else None
         procs = tuple(
             GpuProcess(
                 pid=int(p["pid"]),

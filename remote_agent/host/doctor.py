@@ -34,8 +34,21 @@ DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 600.0
 PROBE_MARK = "GPUTUI-DOCTOR "
 
-# Oldest Linux driver of each CUDA major (minor version compatibility covers the rest of that major).
-CUDA_MAJOR_MIN_DRIVER = ((13, "580.65.06"), (12, "525.60.13"), (11, "450.80.02"))
+# The CUDA version a driver reports ("CUDA Version" in nvidia-smi's header), for a driver that does not say:
+# (oldest driver, CUDA), newest first, from the Linux column of NVIDIA's CUDA Toolkit release notes ("CUDA
+# Toolkit and Corresponding Driver Versions"); 525.60.11 already reports 12.0, 450.51(.05) 11.0. 565 reports
+# 12.7 (no toolkit of its own); 595 and 610 are the oldest drivers of the corpus that report 13.2 and 13.3
+# (../shared/corpus/nvidia-smi). A driver between two rows supports at least the lower row's CUDA.
+DRIVER_CUDA = (
+    ("610.57.04", "13.3"), ("595.71.05", "13.2"), ("590.44.01", "13.1"), ("580.65.06", "13.0"),
+    ("575.51.03", "12.9"), ("570.26", "12.8"), ("565.57.01", "12.7"), ("560.28.03", "12.6"),
+    ("555.42.02", "12.5"), ("550.54.14", "12.4"), ("545.23.06", "12.3"), ("535.54.03", "12.2"),
+    ("530.30.02", "12.1"), ("525.60.11", "12.0"), ("520.61.05", "11.8"), ("515.43.04", "11.7"),
+    ("510.39.01", "11.6"), ("495.29.05", "11.5"), ("470.42.01", "11.4"), ("465.19.01", "11.3"),
+    ("460.27.03", "11.2"), ("455.23", "11.1"), ("450.51", "11.0"), ("440.33", "10.2"), ("418.39", "10.1"),
+    ("410.48", "10.0"), ("396.26", "9.2"), ("390.46", "9.1"), ("384.81", "9.0"), ("367.48", "8.0"),
+    ("352.31", "7.5"), ("346.46", "7.0"),
+)  # fmt: skip
 
 THROTTLE_FIX = {
     "app_clocks": "application clocks are set: `sudo nvidia-smi -rac` resets them",
@@ -126,13 +139,13 @@ def hardware() -> Dict[str, Any]:
 
 
 def cuda_from_driver(driver: Optional[str]) -> Optional[str]:
-    """The CUDA major a driver version supports, as "13.x", from the minimum-driver table."""
+    """The CUDA version a driver version supports (at least), from DRIVER_CUDA; None when unknown or older."""
     version = _version_tuple(driver)
     if version is None:
         return None
-    for major, minimum in CUDA_MAJOR_MIN_DRIVER:
+    for minimum, cuda in DRIVER_CUDA:
         if version >= (_version_tuple(minimum) or ()):
-            return "%d.x" % major
+            return cuda
     return None
 
 
@@ -258,9 +271,11 @@ def _cuda_check(facts: Dict[str, Any]) -> P.DoctorCheck:
 
 
 def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
-    """One GPU's state: ECC errors fail; persistence off, throttling or heat warn."""
+    """One GPU's state: a lost GPU or ECC errors fail; persistence off, throttling or heat warn."""
     idx = g.get("index")
     cid, title = "gpu.%s" % idx, "GPU %s: %s" % (idx, g.get("name") or "?")
+    if g.get("state") == P.GPU_LOST:
+        return check(cid, title, FAIL, "lost: %s" % g.get("error"), g.get("fix") or "")
     problems: List[Tuple[str, str, str]] = []  # (status, detail, fix)
     ecc = g.get("ecc_errors_uncorrected")
     if isinstance(ecc, int) and ecc > 0:
@@ -429,10 +444,8 @@ def _python_check(
 
 
 def _compare_cuda(build: str, driver_cuda: str) -> int:
-    """-1/0/1: the torch build's CUDA against the driver's (only the major when the driver's is "13.x")."""
+    """-1/0/1: the torch build's CUDA (major.minor) against the driver's."""
     b, d = _version_tuple(build) or (0,), _version_tuple(driver_cuda) or (0,)
-    if driver_cuda.endswith(".x") or b[0] != d[0]:
-        return (b[0] > d[0]) - (b[0] < d[0])
     return (b[:2] > d[:2]) - (b[:2] < d[:2])
 
 
@@ -533,7 +546,7 @@ def torch_checks(
             % (driver_cuda or "the driver's", py),
         )
     elif driver_cuda and _compare_cuda(build, driver_cuda) > 0:
-        same_major = not driver_cuda.endswith(".x") and build.split(".")[0] == driver_cuda.split(".")[0]
+        same_major = build.split(".")[0] == driver_cuda.split(".")[0]
         status = WARN if same_major and available else FAIL
         detail = "torch is built for CUDA %s but the driver supports CUDA %s" % (build, driver_cuda)
         if status == WARN:

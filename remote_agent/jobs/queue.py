@@ -116,6 +116,8 @@ def gpu_blockers(
         util = gpu.get("util_percent")
         if util is not None and util >= util_percent and not held:
             why.append("at %.0f%% utilisation" % util)
+        if gpu.get("state") == P.GPU_LOST:  # the driver cannot reach it: a job given it would only fail
+            why.append("lost (%s)" % _clip(str(gpu.get("error") or "no reading")))
         out[int(gpu.get("index"))] = why
     return out
 

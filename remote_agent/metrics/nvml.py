@@ -40,6 +40,19 @@ THROTTLE_BITS = (
 )
 
 
+#: A read failing with one of these (nvml.h) means the GPU itself is gone: it is reported ``lost``.
+_ERR_GPU_IS_LOST = 15
+_ERR_RESET_REQUIRED = 16
+#: What to do about a lost GPU (shown with the driver's words).
+LOST_FIX = "Reboot the host; if the GPU is still lost, ask the provider for another instance."
+NO_ACCESS_FIX = (
+    "This user or container cannot open this GPU: check access to /dev/nvidia* (or the container's GPU "
+    "mapping); if that is right, reboot the host or ask the provider for another instance."
+)
+#: The driver's words about a lost GPU are cut to this many characters.
+MAX_ERROR_CHARS = 300
+
+
 class NvmlUnavailable(Exception):
     """NVML cannot be used; the message is meant for a human."""
 
@@ -56,6 +69,29 @@ def throttle_names(mask: Optional[int]) -> Optional[List[str]]:
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def driver_words(text: Any) -> str:
+    """The driver's message as one bounded line: control characters dropped, whitespace collapsed."""
+    printable = "".join(ch if ch.isprintable() else " " for ch in _text(text)[: MAX_ERROR_CHARS * 4])
+    return " ".join(printable.split())[:MAX_ERROR_CHARS] or "unknown error"
+
+
+def gpu_health(error: Optional[str] = None) -> Dict[str, Any]:
+    """The ``state``, ``error`` and ``fix`` of a ``protocol.Gpu``: ok, or lost with the driver's words."""
+    if error is None:
+        return {"state": P.GPU_OK, "error": None, "fix": None}
+    words = driver_words(error)
+    fix = NO_ACCESS_FIX if "permission" in words.lower() else LOST_FIX
+    return {"state": P.GPU_LOST, "error": words, "fix": fix}
+
+
+def lost_gpu(index: int, error: str, uuid: Optional[str] = None, name: Optional[str] = None) -> Dict[str, Any]:
+    """A ``protocol.Gpu`` for a GPU the driver cannot reach: every reading None, state ``lost``."""
+    gpu: Dict[str, Any] = dict.fromkeys(P.GPU_FIELDS)
+    gpu.update(index=index, uuid=uuid, name=name, processes=[])
+    gpu.update(gpu_health(error))
+    return gpu
 
 
 def init_error_message(nvml: Any, err: BaseException) -> str:
@@ -110,17 +146,27 @@ class NvmlSource:
         except Exception as e:
             raise NvmlUnavailable(init_error_message(self.nvml, e)) from None
         self._open = True
+        self._gone: Optional[str] = None  # why the GPU being read is gone, if a read said so
         try:
             count = self.nvml.nvmlDeviceGetCount()
-            self.indices = list(range(count))
-            self.handles = [self.nvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
-            if only is not None:
-                keep = [k for k, h in enumerate(self.handles) if self._is_one_of(k, h, set(only))]
-                self.indices = [self.indices[k] for k in keep]
-                self.handles = [self.handles[k] for k in keep]
         except Exception as e:
             self.close()
             raise NvmlUnavailable("NVML could not list the GPUs: {}".format(e)) from None
+        self.indices = list(range(count))
+        #: None for a GPU whose handle failed; ``lost`` holds the driver's words for it (and for a GPU
+        #: whose reads said it is lost): one failed GPU never hides the others.
+        self.handles: List[Any] = []
+        self.lost: Dict[int, str] = {}
+        for i in self.indices:
+            try:
+                self.handles.append(self.nvml.nvmlDeviceGetHandleByIndex(i))
+            except Exception as e:
+                self.handles.append(None)
+                self.lost[i] = "Unable to determine the device handle for GPU {}: {}".format(i, e)
+        if only is not None:
+            keep = [k for k, h in enumerate(self.handles) if self._is_one_of(k, h, set(only))]
+            self.indices = [self.indices[k] for k in keep]
+            self.handles = [self.handles[k] for k in keep]
         # pynvml >= 12.535 names it "event reasons"; older ones only "throttle reasons".
         self._reasons_fn = "nvmlDeviceGetCurrentClocksThrottleReasons"
         if getattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) is not None:
@@ -134,13 +180,23 @@ class NvmlSource:
     def _is_one_of(self, index: int, handle: Any, names: "set[str]") -> bool:
         if str(index) in names:
             return True
+        if handle is None:  # a lost GPU has no UUID to match
+            return False
         return any(not n.isdigit() for n in names) and self._str("nvmlDeviceGetUUID", handle) in names
 
     def _get(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args), or None on any NVML error (NotSupported included)."""
+        """fn(*args), or None on any NVML error (NotSupported included); an error saying the GPU is gone
+        ("GPU is lost", "GPU requires reset") is kept in ``_gone`` for the GPU being read."""
         try:
             return fn(*args)
-        except Exception:
+        except Exception as e:
+            code = getattr(e, "value", None)
+            lost = (
+                getattr(self.nvml, "NVML_ERROR_GPU_IS_LOST", _ERR_GPU_IS_LOST),
+                getattr(self.nvml, "NVML_ERROR_RESET_REQUIRED", _ERR_RESET_REQUIRED),
+            )
+            if code in lost and self._gone is None:
+                self._gone = str(e)
             return None
 
     def _call(self, name: str, *args: Any) -> Any:
@@ -154,6 +210,9 @@ class NvmlSource:
             nvml_version = self._call("nvmlSystemGetNVMLVersion")
             gpus: List[P.GpuFact] = []
             for k, h in enumerate(self.handles):
+                if h is None:
+                    gpus.append({"index": self.indices[k], "uuid": None, "name": None, "mem_total_mib": None})
+                    continue
                 mem = self._call("nvmlDeviceGetMemoryInfo", h)
                 gpus.append(
                     {
@@ -213,11 +272,17 @@ class NvmlSource:
         return True
 
     def sample(self) -> List[Dict[str, Any]]:
-        """One ``protocol.Gpu`` per GPU, but processes carry pid and mem_mib only (the sampler adds the rest)."""
+        """One ``protocol.Gpu`` per GPU, but processes carry pid and mem_mib only (the sampler adds the rest);
+        a GPU whose handle failed, or whose reads say it is gone, is reported ``lost``."""
         facts = self.facts()["gpus"]
         now = time.monotonic()
         out = []
         for i, h in enumerate(self.handles):
+            index = self.indices[i]
+            if h is None:
+                out.append(lost_gpu(index, self.lost[index]))
+                continue
+            self._gone = None
             util = self._call("nvmlDeviceGetUtilizationRates", h)
             mem = self._call("nvmlDeviceGetMemoryInfo", h)
             power = self._call("nvmlDeviceGetPowerUsage", h)
@@ -237,6 +302,9 @@ class NvmlSource:
             }
             gpu.update(self._slow[i])
             gpu.update(self._settings[i])
+            if self._gone is not None:
+                self.lost[index] = self._gone
+            gpu.update(gpu_health(self.lost.get(index)))
             out.append(gpu)
         return out
 

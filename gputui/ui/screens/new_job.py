@@ -24,10 +24,12 @@ FREE_MEM_FRACTION = 0.10
 
 
 def free_gpus(snap: M.HostSnapshot | None) -> list[int]:
-    """GPUs with no processes, low utilisation and little memory in use."""
+    """GPUs with no processes, low utilisation and little memory in use (a lost GPU is never free)."""
     out = []
     for g in snap.gpus if snap else ():
         mem = (g.mem_used_mib or 0) / g.mem_total_mib if g.mem_total_mib else 0.0
+        if g.lost:
+            continue
         if not g.processes and (g.util_percent or 0) < FREE_UTIL_PCT and mem < FREE_MEM_FRACTION:
             out.append(g.index)
     return out
@@ -39,12 +41,16 @@ def gpu_hint(snap: M.HostSnapshot | None) -> tuple[str, str]:
     if not gpus:
         return "", "no GPUs reported on this host"
     free = free_gpus(snap)
-    busy = [g.index for g in gpus if g.index not in free]
-    if not busy:
+    lost = [g.index for g in gpus if g.lost]
+    busy = [g.index for g in gpus if g.index not in free and not g.lost]
+    if not busy and not lost:
         return "", f"all {len(gpus)} free (empty = all)"
     if not free:
         return "", "none free (empty = all)"
-    return ",".join(map(str, free)), f"free: {', '.join(map(str, free))} · busy: {', '.join(map(str, busy))}"
+    why = f"free: {', '.join(map(str, free))}" + "".join(
+        f" · {what}: {', '.join(map(str, which))}" for what, which in (("busy", busy), ("lost", lost)) if which
+    )
+    return ",".join(map(str, free)), why
 
 
 def parse_env(text: str) -> dict[str, str]:

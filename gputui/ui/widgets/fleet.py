@@ -41,11 +41,14 @@ def state_text(snap: M.HostSnapshot, pal: Palette) -> Text:
 
 
 def gpu_summary(snap: M.HostSnapshot) -> str:
+    """``4× A100``; a host with a lost GPU says so first (the column may cut the end): ``⚠ 1 lost · 4× A100``."""
     gpus = snap.gpus
     if not gpus:
         return "none" if snap.metrics is not None else "-"
-    names = {fmt.short_gpu_name(n) for n in {g.name for g in gpus}}
-    return f"{len(gpus)}× {names.pop() if len(names) == 1 else 'mixed'}"
+    names = {fmt.short_gpu_name(n) for n in {g.name for g in gpus if not g.lost}}
+    summary = f"{len(gpus)}× {names.pop() if len(names) == 1 else 'mixed' if names else 'GPU'}"
+    lost = sum(1 for g in gpus if g.lost)
+    return f"⚠ {lost} lost · {summary}" if lost else summary
 
 
 def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
@@ -65,7 +68,10 @@ def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
         Text(safetext.clean(snap.name, limit=200), style="bold", no_wrap=True, overflow="ellipsis"),
         state_text(snap, pal),
         Text(
-            safetext.clean(gpu_summary(snap), limit=200), style=dim or "", no_wrap=True, overflow="ellipsis"
+            safetext.clean(gpu_summary(snap), limit=200),
+            style=dim or (f"bold {pal.hot}" if any(g.lost for g in gpus) else ""),
+            no_wrap=True,
+            overflow="ellipsis",
         ),
         Text(fmt.pct(util), style=dim or pal.util(util), justify="right"),
         Text(fmt.mem_pair(used, total), style=dim or pal.mem(fmt.ratio(used, total)), justify="right"),

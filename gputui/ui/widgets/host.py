@@ -122,8 +122,32 @@ def _bar(text: Text, fraction: float | None, color: str, pal: Palette) -> None:
     text.append(filled, style=f"{color} on {pal.empty}")
 
 
+def lost_card(g: M.GpuSample, pal: Palette) -> Text:
+    """Three lines for a GPU the driver cannot reach: LOST, then the driver's words (as text, never markup)."""
+    width = CARD_WIDTH - 4  # border and padding
+    words = safetext.clean(g.error or "no reading", limit=2 * width)
+    t = Text(no_wrap=True, overflow="crop")
+    t.append("LOST", style=f"bold {pal.hot}")
+    t.append(" · reboot or new instance", style=pal.muted)
+    for k in range(0, min(len(words), 2 * width), width):
+        t.append("\n" + words[k : k + width], style=pal.hot)
+    return t
+
+
+def health_line(gpus: tuple[M.GpuSample, ...]) -> str:
+    """"GPU 2 lost: <the driver's words>. Fix: ..." for each GPU with a problem; "" when all is well."""
+    return "\n".join(
+        f"GPU {g.index} lost: {safetext.clean(g.error or '?', limit=ERROR_CHARS)} "
+        f"Fix: {safetext.clean(g.fix or '?', limit=ERROR_CHARS)}"
+        for g in gpus
+        if g.lost
+    )
+
+
 def gpu_card(g: M.GpuSample, series: GpuSeries | None, pal: Palette) -> Text:
-    """Three lines: utilisation, memory, temperature/power, each with its sparkline."""
+    """Three lines: utilisation, memory, temperature/power, each with its sparkline (a lost GPU: lost_card)."""
+    if g.lost:
+        return lost_card(g, pal)
     util_h, mem_h, temp_h = series or ([], [], [])
     memf = fmt.ratio(g.mem_used_mib, g.mem_total_mib)
     t = Text(no_wrap=True, overflow="crop")
@@ -151,7 +175,7 @@ class GpuCard(TextBox):
 
     def show_gpu(self, g: M.GpuSample, series: GpuSeries | None, pal: Palette) -> None:
         title = safetext.clean(f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}")
-        subtitle = fmt.mem_pair(g.mem_used_mib, g.mem_total_mib)
+        subtitle = "lost" if g.lost else fmt.mem_pair(g.mem_used_mib, g.mem_total_mib)
         if title != self._title:  # border titles are markup when given as str: a Text is taken literally
             self._title = title
             self.border_title = Text(title)
@@ -186,14 +210,16 @@ class GpuGrid(Vertical):
             if new:
                 self._grid.mount_all(new)
                 self._cards.extend(new)
-        note = ""
+        note, style = "", pal.muted
         if snap is not None and not gpus:
             m = snap.metrics
             if m is None:
                 note = "no metrics yet" if snap.state in (M.CONNECTING, M.CONNECTED) else "no data"
             else:
                 note = f"no GPUs: {m.gpu_error or 'none found'} (host metrics only)"
-        self._note.show(Text(safetext.clean(note, limit=500), style=pal.muted))
+        elif health_line(gpus):  # a health line only when something is wrong
+            note, style = health_line(gpus), f"bold {pal.hot}"
+        self._note.show(Text(safetext.clean(note, limit=2000, multiline=True), style=style))
         set_display(self._note, bool(note))
         set_display(self._grid, bool(gpus))
         series = gpu_series(snap.history) if gpus and snap else {}
