@@ -695,9 +695,9 @@ def test_the_footer_and_the_help_are_built_from_one_key_table() -> None:
     (each key's text there is its binding's)."""
     from gputui.ui import keys
 
-    assert GpuTuiApp.BINDINGS[: len(keys.APP_KEYS)] == keys.APP_KEYS
-    assert LogView.BINDINGS is keys.LOG_KEYS
-    assert ConfirmScreen.BINDINGS is keys.CONFIRM_KEYS and ReleaseScreen.BINDINGS is keys.RELEASE_KEYS
+    assert GpuTuiApp.BINDINGS == keys.APP_BINDINGS and keys.APP_BINDINGS[: len(keys.APP_KEYS)] == keys.APP_KEYS
+    assert LogView.BINDINGS == keys.LOG_KEYS
+    assert ConfirmScreen.BINDINGS == keys.CONFIRM_KEYS and ReleaseScreen.BINDINGS == keys.RELEASE_KEYS
     sections = dict(keys.help_sections())
     assert list(sections) == ["Everywhere", "Log pane", "Moving around", "Dialogs"]
     for title, bindings in (("Everywhere", keys.APP_KEYS), ("Log pane", keys.LOG_KEYS)):

@@ -73,7 +73,7 @@ class GpuTuiApp(App[None]):
 
     CSS_PATH = "gputui.tcss"
     TITLE = "gputui"
-    BINDINGS = APP_BINDINGS  # gputui/ui/keys.py: every key, with the help's rows
+    BINDINGS = [*APP_BINDINGS]  # gputui/ui/keys.py: every key, with the help's rows
 
     def __init__(
         self,

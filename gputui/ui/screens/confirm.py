@@ -14,7 +14,7 @@ from ..keys import CONFIRM_KEYS
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = CONFIRM_KEYS
+    BINDINGS = [*CONFIRM_KEYS]
 
     def __init__(self, title: str, body: str, confirm: str = "Yes") -> None:
         super().__init__(classes="dialog-screen")

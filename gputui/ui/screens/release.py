@@ -20,7 +20,7 @@ SHOWN = 8  # artifact names listed; the rest counted
 class ReleaseScreen(ModalScreen[str | None]):
     """Answers PULL (pull the artifacts, then release), RELEASE (without them) or None. Cancel has the focus."""
 
-    BINDINGS = RELEASE_KEYS  # p, d (never y: see keys.py), n
+    BINDINGS = [*RELEASE_KEYS]  # p, d (never y: see keys.py), n
 
     def __init__(self, body: str, found: Check, dest: str) -> None:
         super().__init__(classes="dialog-screen")

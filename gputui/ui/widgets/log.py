@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class LogView(ScrollView, can_focus=True):
     """Renders only the visible lines. Follows the end until the user scrolls up; ``f`` resumes."""
 
-    BINDINGS = LOG_KEYS
+    BINDINGS = [*LOG_KEYS]
     follow: reactive[bool] = reactive(True)
 
     class StateChanged(Message):
