@@ -209,3 +209,27 @@ def test_only_the_core_speaks_the_agent_protocol() -> None:
         if any(isinstance(n, ast.Attribute) and n.attr in SESSION_OPS for n in ast.walk(ast.parse(p.read_text())))
     )
     assert senders == ["gputui/core/session.py"]
+
+
+def _private_app_attributes(path: Path) -> list[str]:
+    """``app._x`` and ``self.app._x`` in ``path``: a reach into the app's private parts."""
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and (
+            (isinstance(node.value, ast.Name) and node.value.id == "app")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "app")
+        )
+    ]
+
+
+def test_flows_screens_and_widgets_use_the_apps_public_surface() -> None:
+    """Only gputui/ui/app.py touches the app's private methods and fields; the flows (gputui/ui/flows/) and
+    every screen or widget use what it offers in public (session, ledger, confirm, notify, run_worker, ...)."""
+    ui = ROOT / "gputui" / "ui"
+    assert (ui / "flows" / "release.py").is_file() and (ui / "flows" / "files.py").is_file()
+    bad = [hit for path in sorted(ui.rglob("*.py")) if path != ui / "app.py" for hit in _private_app_attributes(path)]
+    assert bad == []

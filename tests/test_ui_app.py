@@ -42,16 +42,17 @@ from gputui.core.cost import Ledger
 from gputui.core.fleet import Fleet
 from gputui.core.release import ReleaseRequest, ReleaseResult, Step
 from gputui.ui import app as app_module
-from gputui.ui.app import APP_KEYS, GpuTuiApp
+from gputui.ui.app import GpuTuiApp
+from gputui.ui.keys import APP_KEYS, LOG_KEYS, key_label
 from gputui.ui.logbuffer import MARK
 from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
-from gputui.ui.screens.help import HelpScreen, key_label
+from gputui.ui.screens.help import HelpScreen
 from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.screens.release import ReleaseScreen
 from gputui.ui.widgets.fleet import FleetTable
 from gputui.ui.widgets.host import GpuCard, JobsTable
-from gputui.ui.widgets.log import LOG_KEYS, LogView
+from gputui.ui.widgets.log import LogView
 from gputui.ui.widgets.textbox import TextBox
 
 SIZE = (160, 48)
@@ -713,6 +714,21 @@ async def test_start_theme_is_the_watchers(tmp_path: Path, theme: str) -> None:
     assert shots[0][0] == theme
     for got, want in zip(shots[0][1:], shots[1][1:], strict=True):
         assert got == want
+
+
+def test_the_footer_and_the_help_are_built_from_one_key_table() -> None:
+    """gputui/ui/keys.py is the one table: the app's, the log's and the dialogs' bindings, and the help's rows
+    (each key's text there is its binding's)."""
+    from gputui.ui import keys
+
+    assert GpuTuiApp.BINDINGS == keys.APP_BINDINGS and keys.APP_BINDINGS[: len(keys.APP_KEYS)] == keys.APP_KEYS
+    assert LogView.BINDINGS == keys.LOG_KEYS
+    assert ConfirmScreen.BINDINGS == keys.CONFIRM_KEYS and ReleaseScreen.BINDINGS == keys.RELEASE_KEYS
+    sections = dict(keys.help_sections())
+    assert list(sections) == ["Everywhere", "Log pane", "Moving around", "Dialogs"]
+    for title, bindings in (("Everywhere", keys.APP_KEYS), ("Log pane", keys.LOG_KEYS)):
+        assert list(sections[title]) == [(keys.key_label(b), b.tooltip or b.description) for b in bindings]
+    assert ("y / n", "confirm / cancel a kill or release") in sections["Dialogs"]
 
 
 async def test_help_lists_every_key(tmp_path: Path) -> None:

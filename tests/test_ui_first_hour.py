@@ -15,6 +15,7 @@ from gputui.core import config as cfg
 from gputui.core import model as M
 from gputui.core.spend import fleet_spend
 from gputui.ui import fmt
+from gputui.ui.keys import help_sections
 from gputui.ui.palette import Palette
 from gputui.ui.screens.reports import ReportScreen
 from gputui.ui.widgets.fleet import FleetTable, fleet_summary
@@ -225,7 +226,7 @@ async def test_autostop_keys_with_no_autostop_say_why(tmp_path: Path) -> None:
             app._notifications.clear()
             await pilot.press(key)
             await until(pilot, lambda: [n for n in app._notifications if "box has no autostop counting down" in n.message])
-        assert sum(key == "z" for key, _ in app.key_sections()[0][1]) == 1
+        assert sum(key == "z" for key, _ in help_sections()[0][1]) == 1
 
 
 async def test_a_theme_the_config_names_wrongly_is_said(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.theme import Theme
@@ -30,11 +29,13 @@ from textual.widgets import DataTable, Footer
 from gputui.core import autostop, safetext
 from gputui.core import config as cfg
 from gputui.core import model as M
-from gputui.core.spend import fleet_spend, idle_release_candidates
+from gputui.core.spend import fleet_spend
 
 from . import fmt
 from . import themes as T
 from .attach import Runner, attach_argv, run_in_terminal
+from .flows import NAME_CHARS, NOTIFY_S
+from .keys import APP_BINDINGS, APP_KEYS, help_sections, key_label
 from .logstream import LogStream
 from .palette import Palette
 from .source import (
@@ -48,117 +49,23 @@ from .source import (
 )
 from .widgets.fleet import FleetTable, fleet_summary, host_row
 from .widgets.host import GpuGrid, JobsTable, ProcsTable, host_info
-from .widgets.log import LOG_KEYS, LogPane, LogView
+from .widgets.log import LogPane, LogView
 from .widgets.textbox import TextBox, set_class
 
 if TYPE_CHECKING:  # what only actions, dialogs or the first log need loads then, not before the first frame
     from gputui.core.cost import Ledger
     from gputui.core.insights import Hint, JobInsights
     from gputui.core.jobs import JobSpec
-    from gputui.core.release import ReleaseRequest, ReleaseResult
     from gputui.core.session import HostSession
 
-    from .carry import Forwards  # carry (sync, artifacts, forwards: asyncssh) loads when first used
-    from .screens.help import Section
+    from .flows.files import Forwards  # the flows (sync, artifacts, forwards: asyncssh) load when first used
+    from .flows.release import ReleaseCall
 
 FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
 FLEET_EVERY_S = 1.0  # the fleet table repaints metrics at most this often (state changes at once)
 JOB_SELECT_DELAY_S = 0.15  # a job's log opens once the cursor rests on it this long
 KILL_GRACE_S = 10.0
-NOTIFY_S = 8.0
 NOTIFY_CHARS = 600  # a notification shows at most this much of a message (a host may send megabytes)
-NAME_CHARS = 120  # a job's name or command in a dialog
-
-# the call that runs a host's release (core.release.release_host); tests give one that records instead
-ReleaseCall = Callable[
-    ["HostSession", cfg.HostConfig, "Ledger", "ReleaseRequest"], Awaitable["ReleaseResult"]
-]
-
-APP_KEYS = [
-    Binding("n", "new_job", "New job", tooltip="Start a job on the selected host"),
-    Binding("plus", "add_host", "Add host", key_display="+", show=False, tooltip="Add an SSH host: connect, trust, check, save"),
-    Binding("k", "kill_job", "Kill", tooltip="Kill the selected job (asks first)"),
-    Binding(
-        "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
-    ),
-    Binding("r", "release", "Release", tooltip="Release the selected host (asks first)"),
-    Binding(
-        "o", "forward_url", "Open URL", show=False,
-        tooltip="Forward the web URL the job printed (TensorBoard, Jupyter) to 127.0.0.1 here; token kept",
-    ),  # fmt: skip
-    Binding(
-        "z", "snooze_autostop", "Snooze autostop", tooltip="Postpone the host's idle autostop by an hour"
-    ),
-    Binding(
-        "x", "cancel_autostop", "Cancel autostop", show=False, tooltip="No autostop until the host reboots"
-    ),
-    Binding("d", "doctor", "Doctor", show=False, tooltip="Check the host: driver, CUDA, torch, tmux, disk"),
-    Binding("h", "history", "History", show=False, tooltip="Finished runs with their records and cost"),
-    Binding("l", "toggle_log", "Log", tooltip="Full-screen log on/off"),
-    Binding("c", "chart", "Chart", show=False, tooltip="The selected job's metrics as a chart (live while it runs)"),
-    Binding("C", "compare_runs", "Compare runs", show=False, tooltip="Mark 2-8 finished runs and compare them"),
-    Binding("g", "gpu_chart", "GPU chart", show=False, tooltip="The selected host's GPU history as a chart"),
-    Binding("slash", "search", "Search", tooltip="Search the log"),
-    Binding("t", "change_theme", "Theme", tooltip="Pick a theme (remembered)"),
-    Binding("question_mark", "help", "Help", key_display="?", tooltip="Every key"),
-    Binding("q", "quit", "Quit"),
-    Binding("1", "focus_pane('hosts')", "Hosts", show=False),
-    Binding("2", "focus_pane('jobs')", "Jobs", show=False),
-    Binding("3", "focus_pane('log-view')", "Log view", show=False),
-    Binding("4", "focus_pane('procs')", "GPU processes", show=False),
-]
-
-NAV_KEYS: list[tuple[str, str]] = [
-    ("↑ ↓ / click", "move in a table (hosts: pick the host; jobs: pick the job whose log shows)"),
-    ("enter", "hosts: go to its jobs; jobs: full-screen log"),
-    ("pgup pgdn home end", "page / jump in tables and the log (scrolling up stops following)"),
-    ("← →", "scroll long log lines sideways"),
-    ("tab shift+tab", "next / previous pane"),
-    ("ctrl+p", "command palette: every action, themes"),
-    ("ctrl+q", "quit"),
-]
-DIALOG_KEYS: list[tuple[str, str]] = [
-    ("enter", "new job: start it (from any field)"),
-    ("tab", "next field"),
-    ("y / n", "confirm / cancel a kill or release"),
-    ("esc", "cancel, close"),
-]
-
-
-def release_not_configured(app: GpuTuiApp, host: str) -> None:
-    app.notify(
-        f"release is not configured for {host}: set release or release_remote in its [hosts.{host}] table",
-        severity="warning",
-        timeout=NOTIFY_S,
-    )
-
-
-def release_configured(app: GpuTuiApp, host: str) -> bool:
-    """The host has a release command (here or on the host) and the fleet keeps a ledger to record it."""
-    conf = app.config.hosts.get(host)
-    ledger = getattr(app.source, "ledger", None)
-    return conf is not None and ledger is not None and bool(conf.release or conf.release_remote)
-
-
-async def release_with_fleet(app: GpuTuiApp, request: ReleaseRequest) -> None:
-    """Run the host's configured release; the core checks again that it is still what was asked (the jobs the
-    confirmation named, or an idle host for a budget release)."""
-    from gputui.core.release import ReleaseError
-
-    host = request.host
-    conf = app.config.hosts.get(host)
-    ledger = getattr(app.source, "ledger", None)
-    if conf is None or ledger is None or not release_configured(app, host):
-        release_not_configured(app, host)
-        return
-    app.notify(f"releasing {host}…", timeout=NOTIFY_S)
-    try:
-        result = await app.release_call(app.source.session(host), conf, ledger, request)
-    except ReleaseError as exc:
-        app.notify(str(exc), title="not released", severity="error", timeout=2 * NOTIFY_S)
-        return
-    steps = "; ".join(f"{shlex.join(s.argv)} -> exit {s.exit_code}" for s in result.steps)
-    app.notify(f"{host} released ({steps})", timeout=2 * NOTIFY_S)
 
 
 class GpuTuiApp(App[None]):
@@ -166,8 +73,7 @@ class GpuTuiApp(App[None]):
 
     CSS_PATH = "gputui.tcss"
     TITLE = "gputui"
-    # z and x with no autostop armed: the armed bindings above are off then, these say why (not in help/palette)
-    BINDINGS = [*APP_KEYS, Binding("z,x", "autostop_unarmed", show=False)]
+    BINDINGS = [*APP_BINDINGS]  # gputui/ui/keys.py: every key, with the help's rows
 
     def __init__(
         self,
@@ -186,7 +92,7 @@ class GpuTuiApp(App[None]):
         self.config = config if config is not None else cfg.Config(path=None, hosts={})
         self.clock = clock
         self.attach_runner = attach_runner
-        self._release_call = release_call
+        self.release_call = release_call  # None: the core's (flows.release.release_call)
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
         self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
@@ -221,10 +127,26 @@ class GpuTuiApp(App[None]):
     def forwards(self) -> Forwards:
         """The web URLs forwarded here, kept until the app ends."""
         if self._forwards is None:
-            from . import carry
+            from .flows.files import Forwards
 
-            self._forwards = carry.Forwards()
+            self._forwards = Forwards()
         return self._forwards
+
+    # --- what the flows use (gputui/ui/flows/) ----------------------------------------------------------------
+    def session(self, host: str) -> HostSession:
+        """The session of ``host`` (connecting it if need be)."""
+        return self.source.session(host)
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The fleet's ledger of rented time (None when the source keeps none: nothing can be released)."""
+        return getattr(self.source, "ledger", None)
+
+    def confirm(self, title: str, body: str, verb: str, answered: Callable[[bool | None], None]) -> None:
+        """Ask before a kill, a removal or a release (``y``/``n``); ``answered`` gets the answer."""
+        from .screens.confirm import ConfirmScreen
+
+        self.push_screen(ConfirmScreen(title, body, verb), answered)
 
     def notify(  # type: ignore[override]
         self,
@@ -489,15 +411,10 @@ class GpuTuiApp(App[None]):
                 level = "error" if alert.level == "exceeded" else "warning"
                 self.notify(alert.message, title="budget", severity=level, timeout=2 * NOTIFY_S)
         self._budget_seen = {(a.period, a.level) for a in alerts}
-        for host in idle_release_candidates(list(self.hosts.values()), self.config, alerts):
-            if host not in self._auto_released:  # on_exceed = "release-idle": idle hosts only, once
-                self._auto_released.add(host)
-                self.notify(
-                    f"budget exceeded: releasing idle host {host}", severity="warning", timeout=NOTIFY_S
-                )
-                from gputui.core.release import ReleaseRequest
+        if alerts:  # on_exceed = "release-idle": the release flow loads with the first alert
+            from .flows import release
 
-                self.run_worker(self._release(ReleaseRequest(host, idle_only=True)), group="command")
+            release.release_idle(self, alerts, self._auto_released)
 
     def _mark_stream(self, old: M.HostSnapshot | None, new: M.HostSnapshot) -> None:
         """Markers in the open log when its host drops and comes back (the core resumes the follow)."""
@@ -695,17 +612,7 @@ class GpuTuiApp(App[None]):
     def action_help(self) -> None:
         from .screens.help import HelpScreen
 
-        self.push_screen(HelpScreen(self.key_sections()))
-
-    def key_sections(self) -> list[Section]:
-        from .screens.help import key_label
-
-        return [
-            ("Everywhere", [(key_label(b), b.tooltip or b.description) for b in APP_KEYS]),
-            ("Log pane", [(key_label(b), b.tooltip or b.description) for b in LOG_KEYS]),
-            ("Moving around", NAV_KEYS),
-            ("Dialogs", DIALOG_KEYS),
-        ]
+        self.push_screen(HelpScreen(help_sections()))
 
     @property
     def log_full(self) -> bool:
@@ -765,9 +672,9 @@ class GpuTuiApp(App[None]):
     async def _start_job(self, spec: JobSpec) -> None:
         asked = spec
         if spec.sync is not None:  # the tree goes first; the job then runs in the synced dir
-            from . import carry
+            from .flows import files
 
-            synced = await carry.sync_first(self, spec)
+            synced = await files.sync_first(self, spec)
             if synced is None:
                 self._draft = (asked, "the sync failed, the job did not start")
                 return
@@ -814,7 +721,7 @@ class GpuTuiApp(App[None]):
             if yes:
                 self.run_worker(self._kill(job), group="command")
 
-        self._confirm("Kill job", body, "Kill", answered)
+        self.confirm("Kill job", body, "Kill", answered)
 
     def _remove_queued(self, job: M.Job) -> None:
         """Kill of a queued job: it leaves the host's queue and never starts (confirmed like a kill)."""
@@ -825,13 +732,7 @@ class GpuTuiApp(App[None]):
             if yes:  # only the removal: a job the scheduler started meanwhile is not killed
                 self.run_worker(self._kill(job, queued_only=True), group="command")
 
-        self._confirm("Remove queued job", body, "Remove", answered)
-
-    def _confirm(self, title: str, body: str, verb: str, answered: Callable[[bool | None], None]) -> None:
-        """Ask before a kill, a removal or a release (``y``/``n``); ``answered`` gets the answer."""
-        from .screens.confirm import ConfirmScreen
-
-        self.push_screen(ConfirmScreen(title, body, verb), answered)
+        self.confirm("Remove queued job", body, "Remove", answered)
 
     async def _kill(self, job: M.Job, queued_only: bool = False) -> None:
         self.notify(f"killing job {job.id} on {job.host}…", timeout=NOTIFY_S)
@@ -845,69 +746,19 @@ class GpuTuiApp(App[None]):
 
     def action_release(self) -> None:
         host = self.selected_host
-        if self._no_host() or host is None:
-            return
-        if not release_configured(self, host):
-            release_not_configured(self, host)  # before asking: there would be nothing to confirm
-            return
-        snap = self.hosts.get(host)
-        running = [j for j in snap.jobs if j.running or j.state == M.JOB_QUEUED] if snap else []
-        body = f"Release {safetext.clean(host, limit=NAME_CHARS)}?\n\nThe machine goes back to its provider and billing stops."
-        if running:
-            n = len(running)
-            kind = "running or queued" if any(j.state == M.JOB_QUEUED for j in running) else "running"
-            body += f" {n} {kind} job{'s' if n != 1 else ''} and everything on its disk will be lost: "
-            body += safetext.clean(
-                ", ".join(f"{j.id} ({fmt.job_name(j.name, j.command)})" for j in running[:5]),
-                limit=2 * NAME_CHARS,
-            )
-            body += f" and {n - 5} more." if n > 5 else "."
-        from gputui.core.release import ReleaseRequest
+        if not self._no_host() and host is not None:
+            from .flows import release
 
-        request = ReleaseRequest(host, confirmed_jobs=frozenset(j.id for j in running))
-        conf = self.config.hosts.get(host)
-        if conf is not None:
-            for where, argv in (("on the host", conf.release_remote), ("here", conf.release)):
-                if argv:
-                    body += f"\nRuns {where}: {safetext.clean(shlex.join(argv), limit=NAME_CHARS)}"
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(self._release(request), group="command")
-
-        def ask() -> None:
-            self._confirm("Release host", body, "Release", answered)
-
-        from . import carry
-
-        if not carry.wants_artifact_check(conf, snap):
-            ask()
-        else:  # artifacts first: which changed since the last pull (a request to the host)
-            self.run_worker(carry.ask_release(self, request, body, ask), group="command")
+            release.ask(self, host)
 
     def action_forward_url(self) -> None:
         job = self.current_job()
         if job is None:
             self.notify("no job selected: pick the job that printed the URL", timeout=NOTIFY_S)
             return
-        from . import carry
+        from .flows import files
 
-        self.run_worker(carry.forward_url(self, job, self.forwards), group="command")
-
-    @property
-    def release_call(self) -> ReleaseCall:
-        """What runs a confirmed release on the host: the core's, unless the app was given another."""
-        if self._release_call is None:
-            from gputui.core.release import release_host
-
-            self._release_call = release_host
-        return self._release_call
-
-    async def _release(self, request: ReleaseRequest) -> None:
-        try:
-            await release_with_fleet(self, request)
-        except Exception as exc:
-            self.notify(f"release of {request.host} failed: {exc}", severity="error", timeout=NOTIFY_S)
+        self.run_worker(files.forward_url(self, job, self.forwards), group="command")
 
     def action_snooze_autostop(self) -> None:
         self._autostop(lambda s: autostop.snooze(s, 60), "autostop snoozed for 60 min")
@@ -1018,8 +869,6 @@ class GpuTuiApp(App[None]):
 
     # --- command palette --------------------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        from .screens.help import key_label
-
         yield from super().get_system_commands(screen)
         for b in APP_KEYS:
             if b.action in ("quit", "change_theme") or self.check_action(b.action.split("(")[0], ()) is False:

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from gputui.core import safetext
 
+from ..keys import CONFIRM_KEYS
+
 
 class ConfirmScreen(ModalScreen[bool]):
-    BINDINGS = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
-    ]
+    BINDINGS = [*CONFIRM_KEYS]
 
     def __init__(self, title: str, body: str, confirm: str = "Yes") -> None:
         super().__init__(classes="dialog-screen")

@@ -1,4 +1,4 @@
-"""Every key, grouped by where it works."""
+"""Every key, grouped by where it works (the table: gputui/ui/keys.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-Section = tuple[str, Sequence[tuple[str, str]]]
-
-
-def key_label(binding: Binding) -> str:
-    names = {"slash": "/", "question_mark": "?", "escape": "esc", "enter": "enter"}
-    keys = [names.get(k, k) for k in binding.key.split(",")]
-    return binding.key_display or " / ".join(keys)
+from ..keys import Section
 
 
 def keys_table(sections: Sequence[Section]) -> Table:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from gputui.core import safetext
 from gputui.core.artifacts import Check
+
+from ..keys import RELEASE_KEYS
 
 PULL, RELEASE = "pull", "release"
 SHOWN = 8  # artifact names listed; the rest counted
@@ -19,12 +20,7 @@ SHOWN = 8  # artifact names listed; the rest counted
 class ReleaseScreen(ModalScreen[str | None]):
     """Answers PULL (pull the artifacts, then release), RELEASE (without them) or None. Cancel has the focus."""
 
-    BINDINGS = [
-        Binding("p", "answer('pull')", "Pull first"),
-        # not "y": the plain release confirmation's yes must never mean "without them" here (muscle memory)
-        Binding("d", "answer('release')", "Release without"),
-        Binding("n,escape", "answer(None)", "Cancel"),
-    ]
+    BINDINGS = [*RELEASE_KEYS]  # p, d (never y: see keys.py), n
 
     def __init__(self, body: str, found: Check, dest: str) -> None:
         super().__init__(classes="dialog-screen")

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.geometry import Size
 from textual.message import Message
@@ -20,6 +19,7 @@ from gputui.core import model as M
 from gputui.core import safetext
 
 from .. import fmt
+from ..keys import LOG_KEYS
 from ..logbuffer import MARK, LogBuffer
 from ..palette import Palette
 from .plain_input import PlainInput
@@ -28,19 +28,11 @@ from .textbox import TextBox, set_display
 if TYPE_CHECKING:
     from gputui.core.insights import Hint, JobInsights
 
-LOG_KEYS = [
-    Binding("f", "follow", "Follow", tooltip="Jump to the end and keep following new output"),
-    Binding("slash", "search", "Search", tooltip="Search the log (case-insensitive)"),
-    Binding("n", "next_match", "Next match"),
-    Binding("N", "previous_match", "Prev match"),
-    Binding("escape", "clear_search", "Clear search", show=False),
-]
-
 
 class LogView(ScrollView, can_focus=True):
     """Renders only the visible lines. Follows the end until the user scrolls up; ``f`` resumes."""
 
-    BINDINGS = LOG_KEYS
+    BINDINGS = [*LOG_KEYS]
     follow: reactive[bool] = reactive(True)
 
     class StateChanged(Message):
