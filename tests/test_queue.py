@@ -633,6 +633,9 @@ def test_jobs_picked_while_the_disk_is_full_run_once_and_the_queue_resumes_witho
                for n in range(3)]  # fmt: skip
         agent.close()
         wait_for(lambda: (state / W.LOG).exists() and "started (pid" in (state / W.LOG).read_text(), what="the watchdog")
+        # The blocker runs (its start on record) before the disk fills: a runner that cannot record runs nothing.
+        wait_for(lambda: (read_json(str(state / "jobs" / blocker["id"] / "pid.json")) or {}).get("pid"),
+                 what="the blocker to run")  # fmt: skip
         (disk / "room").write_bytes(bytes(256 * 1024))
         fill(disk / "filler")
         hold.touch()

@@ -49,8 +49,9 @@ async def test_hosts_added_and_removed_by_hand_follow_and_a_broken_edit_is_shown
         await until(pilot, lambda: app._watch is not None and app._watch._digest is not None, what="first look")
         path.write_text(first + table("beta", tmp_path / "beta-state"))
         await until(pilot, lambda: "beta" in app.hosts, what="beta added")
-        await until(pilot, lambda: app.hosts["beta"].state == M.CONNECTED, what="beta connected")
+        # Said as the host joins (the note lasts NOTIFY_S: a slow connect must not outlive it).
         await until(pilot, lambda: messages(app, "config reloaded: added beta"), what="said")
+        await until(pilot, lambda: app.hosts["beta"].state == M.CONNECTED, what="beta connected")
         assert "beta" in app.query_one(FleetTable).rows
 
         path.write_text(first + "[hosts.gamma\n")  # broken TOML
