@@ -75,8 +75,8 @@ def _cpu_s(pid):
 
 
 async def _agent_cpu(state, cache, seconds):
-    from gputui.core.session import HostSession
-    from gputui.core.transport import LocalTransport
+    from gputui.core.session.host import HostSession
+    from gputui.core.transport.base import LocalTransport
 
     session = HostSession("local", LocalTransport(state, cache), metrics_interval=1.0)
     await session.start()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gputui.core.agentproc import AGENT_PYTHON_FLAGS  # noqa: E402
-from gputui.core.bundle import build_bytes, ensure_local_build  # noqa: E402
+from gputui.core.deploy.agentproc import AGENT_PYTHON_FLAGS  # noqa: E402
+from gputui.core.deploy.bundle import build_bytes, ensure_local_build  # noqa: E402
 
 
 def start_once(build: Path, state_dir: str) -> float:

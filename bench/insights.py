@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 import tempfile  # noqa: E402
 
 from gputui.core.insights import LogInsights, timed_parser  # noqa: E402
-from gputui.core.records import TAIL_BYTES  # noqa: E402
+from gputui.core.jobs.records import TAIL_BYTES  # noqa: E402
 from remote_agent.jobs.logclock import LogClock, read_times  # noqa: E402
 
 CHUNK = 64 * 1024

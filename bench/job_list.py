@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gputui.core.session import HostSession  # noqa: E402
-from gputui.core.transport import LocalTransport  # noqa: E402
+from gputui.core.session.host import HostSession  # noqa: E402
+from gputui.core.transport.base import LocalTransport  # noqa: E402
 
 
 def write_json(path: Path, obj: object) -> None:

@@ -26,11 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from insights import make_log  # noqa: E402
 from test_agent_listing import ended_job  # noqa: E402
 
-from gputui.core import model as M  # noqa: E402
-from gputui.core import records  # noqa: E402
 from gputui.core.insights import timed_parser  # noqa: E402
-from gputui.core.session import HostSession  # noqa: E402
-from gputui.core.transport import LocalTransport  # noqa: E402
+from gputui.core.jobs import records  # noqa: E402
+from gputui.core.session import model as M  # noqa: E402
+from gputui.core.session.host import HostSession  # noqa: E402
+from gputui.core.transport.base import LocalTransport  # noqa: E402
 
 
 async def per_job(session: HostSession, job: M.Job) -> object:

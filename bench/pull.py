@@ -29,10 +29,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from sshd import Sshd, start_with_client  # noqa: E402
 
-from gputui.core.config import HostConfig  # noqa: E402
-from gputui.core.pull import pull  # noqa: E402
-from gputui.core.session import HostSession  # noqa: E402
-from gputui.core.ssh_transport import SSHTransport  # noqa: E402
+from gputui.core.config.file import HostConfig  # noqa: E402
+from gputui.core.files.pull import pull  # noqa: E402
+from gputui.core.session.host import HostSession  # noqa: E402
+from gputui.core.transport.ssh import SSHTransport  # noqa: E402
 
 
 def _opts(key: Path, known_hosts: Path) -> list[str]:

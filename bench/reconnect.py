@@ -32,10 +32,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from faultproxy import FaultProxy  # noqa: E402
 from sshd import Sshd  # noqa: E402
 
-from gputui.core import model as M  # noqa: E402
-from gputui.core.config import HostConfig  # noqa: E402
-from gputui.core.session import HostSession  # noqa: E402
-from gputui.core.ssh_transport import SSHTransport  # noqa: E402
+from gputui.core.config.file import HostConfig  # noqa: E402
+from gputui.core.session import model as M  # noqa: E402
+from gputui.core.session.host import HostSession  # noqa: E402
+from gputui.core.transport.ssh import SSHTransport  # noqa: E402
 
 JOB = """
 import os, sys, time

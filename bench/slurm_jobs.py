@@ -58,8 +58,8 @@ async def session_relist(env: dict[str, str], config: Path, runs: int, log: Path
     """list_jobs() on a connected session, once a second; (median seconds, Slurm commands per second): the
     agent's own once-a-second watch pass and these listings share one squeue per refresh."""
     os.environ.update(env)
-    from gputui.core import config as cfg
-    from gputui.core.fleet import Fleet
+    from gputui.core.config import file as cfg
+    from gputui.core.hosts.fleet import Fleet
 
     fleet = Fleet(cfg.load(str(config)))
     session = fleet.session("hpc")

@@ -37,9 +37,9 @@ PHASES = ("imports", "connect", "probe", "agent start", "status op", "close")
 async def _phases() -> dict[str, float]:
     """Seconds of each phase of `gputui status` for the host ``box``, in this (fresh) process."""
     t = [time.perf_counter()]
-    from gputui.core import config as cfg
-    from gputui.core.fleet import Fleet
-    from gputui.core.ssh_transport import SSHTransport
+    from gputui.core.config import file as cfg
+    from gputui.core.hosts.fleet import Fleet
+    from gputui.core.transport.ssh import SSHTransport
 
     t.append(time.perf_counter())
     fleet = Fleet(cfg.load(None))

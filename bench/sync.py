@@ -26,10 +26,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from sshd import Sshd, start_with_client  # noqa: E402
 
-from gputui.core.config import HostConfig  # noqa: E402
-from gputui.core.session import HostSession  # noqa: E402
-from gputui.core.ssh_transport import SSHTransport  # noqa: E402
-from gputui.core.sync import sync  # noqa: E402
+from gputui.core.config.file import HostConfig  # noqa: E402
+from gputui.core.files.sync import sync  # noqa: E402
+from gputui.core.session.host import HostSession  # noqa: E402
+from gputui.core.transport.ssh import SSHTransport  # noqa: E402
 
 
 def rsync(server: Sshd, key: Path, known: Path, src: Path, dest: Path) -> float:

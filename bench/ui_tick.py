@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gputui.core import model as M  # noqa: E402
-from gputui.core.metrics_history import MetricsRing  # noqa: E402
+from gputui.core.session import model as M  # noqa: E402
+from gputui.core.session.metrics_history import MetricsRing  # noqa: E402
 
 GPUS = 8
 HISTORY = 600

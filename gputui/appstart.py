@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .core.errors import ExitStatus
 
 if TYPE_CHECKING:
-    from .core.config import Config
+    from .core.config.file import Config
 
 
 def run_app(config_path: str | None) -> int:
@@ -20,7 +20,7 @@ def run_app(config_path: str | None) -> int:
     which live as long as the app, and only delay the first frame. The local hosts' agents start before the
     app's modules load (:func:`start_local_agents`)."""
     gc.disable()
-    from .core import config as cfg
+    from .core.config import file as cfg
 
     try:
         config = cfg.load(config_path)
@@ -39,6 +39,6 @@ def start_local_agents(config: Config) -> None:
     links start: the agent's own start-up (python, imports, host facts: ~120 ms) and the check of its build
     run beside the app's imports and first frame instead of after them. Whatever goes wrong here, the fleet
     starts its agents itself."""
-    from .core import agentproc
+    from .core.deploy import agentproc
 
     agentproc.start_local_soon(config.hosts.values())

@@ -12,12 +12,12 @@ import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
-from .core import model as M
-from .core.cluster import cluster_text
 from .core.durations import duration
-from .core.headline import headline, ranked
+from .core.hosts.cluster import cluster_text
+from .core.jobs.headline import headline, ranked
+from .core.money.spend import FleetSpend, Spend
 from .core.safetext import clean
-from .core.spend import FleetSpend, Spend
+from .core.session import model as M
 
 if TYPE_CHECKING:  # log parsing is loaded only by the commands that parse logs
     from .core.insights import JobInsights

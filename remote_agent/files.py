@@ -517,7 +517,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def tree_digest(listed: List[Dict[str, Any]]) -> str:
-    """The tree hash of manifest entries in path order, the way the client hashes its tree (gputui/core/sync.py
+    """The tree hash of manifest entries in path order, the way the client hashes its tree (gputui/core/files/sync.py
     ``tree_hash``): sha256 of ``rel NUL mode-in-octal NUL sha256 LF`` for each; "" when an entry has no
     int mode (it never matches)."""
     try:

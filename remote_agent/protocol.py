@@ -541,7 +541,7 @@ class ExecResult(TypedDict):
 
 
 class WatchdogConfigureArgs(TypedDict):
-    config: Dict[str, Any]  # the client's autostop settings (gputui/core/release.py)
+    config: Dict[str, Any]  # the client's autostop settings (gputui/core/money/release.py)
 
 
 class WatchdogConfigureResult(TypedDict):
@@ -627,7 +627,7 @@ class Op(NamedTuple):
 
 
 #: Every op the agent answers, the one table both sides are checked against: the agent dispatches exactly these
-#: (remote_agent/ops/), HostSession is the only client of them (gputui/core/session.py), the tests check each
+#: (remote_agent/ops/), HostSession is the only client of them (gputui/core/session/host.py), the tests check each
 #: op's args and result against it, and ``check_args`` refuses a field of the wrong type before an op runs.
 #: (``flow.credit`` is no op: it has no id and is never answered.)
 OPS: Dict[str, Op] = {
@@ -656,7 +656,7 @@ OPS: Dict[str, Op] = {
     OP_NOTIFY_TEST: Op(NotifyTestArgs, NotifyTestResult),
     OP_RELEASE_CHECK: Op(ReleaseCheckArgs, ReleaseCheckResult),
     OP_RELEASE_PROVIDER: Op(ReleaseProviderArgs, ReleaseProviderResult),
-    # files.*: checked field by field by the agent (remote_agent/files.py) and the client (gputui/core/fileswire.py)
+    # files.*: checked field by field by the agent (remote_agent/files.py) and the client (gputui/core/files/wire.py)
     OP_FILES_LIST: Op(None, Dict[str, Any]),
     OP_FILES_READ: Op(None, Dict[str, Any]),
     OP_FILES_HASH: Op(None, Dict[str, Any]),

@@ -10,9 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from gputui.core import agent_install, bundle
-from gputui.core.agentproc import AGENT_PYTHON_FLAGS
-from gputui.core.bundle import agent_build, ensure_local_build, tree_hash
+from gputui.core.deploy import bundle
+from gputui.core.deploy import install as agent_install
+from gputui.core.deploy.agentproc import AGENT_PYTHON_FLAGS
+from gputui.core.deploy.bundle import agent_build, ensure_local_build, tree_hash
 
 
 def test_local_build_is_unpacked_checked_and_repaired(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The CLI starts the local agent while it imports (gputui.core.agentproc); the local transport takes it."""
+"""The CLI starts the local agent while it imports (gputui.core.deploy.agentproc); the local transport takes it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core import agentproc, paths
-from gputui.core.session import HostSession
-from gputui.core.transport import LocalTransport
+from gputui.core import paths
+from gputui.core.deploy import agentproc
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import LocalTransport
 
 
 async def test_an_agent_started_early_is_taken_once_and_stopped(

@@ -230,7 +230,7 @@ def test_a_wrong_typed_field_is_bad_args_naming_it(agent: AgentProc, op: str, ar
 
 def test_the_jobs_table_shows_a_jobs_log_error(capsys: pytest.CaptureFixture[str]) -> None:
     """The runner's "disk full at offset N" (the log stops there) is in the table, not only in jobs --json."""
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.tables import print_jobs
 
     wire = {"id": "3", "state": "failed", "exit_code": 7, "argv": ["python", "train.py"],

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from conftest import AgentProc, Home, kill_tmux
 
-from gputui.core.session import HostSession
-from gputui.core.transport import LocalTransport
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import LocalTransport
 from remote_agent import protocol as P
 
 BIG_ARGV = ["python3", "train.py"] + ["--opt=" + "x" * 100_000] * 15  # 1.5 MB, like the report's

@@ -16,8 +16,8 @@ from test_carry_forward import fwd_home  # noqa: F401
 from test_ui_app import SIZE, connected, local, local_app, log_lines, py, releasable, until  # noqa: F401
 from textual.widgets import Input, Static
 
-from gputui.core import config as cfg
-from gputui.core import model as M
+from gputui.core.config import file as cfg
+from gputui.core.session import model as M
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.new_job import NewJobScreen

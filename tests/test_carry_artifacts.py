@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import SshHome
 
-from gputui.core import config as cfg
+from gputui.core.config import file as cfg
 
 
 def test_release_pulls_changed_artifacts_first_or_refuses(ssh_home: SshHome, tmp_path: Path) -> None:

@@ -19,10 +19,10 @@ from conftest import Home, SshHome, stop_host
 from faultproxy import FaultProxy
 from sshd import Sshd, free_port, ssh_available
 
-from gputui.core.config import HostConfig
-from gputui.core.forward import Forward
-from gputui.core.session import HostSession
-from gputui.core.ssh_transport import SSHTransport
+from gputui.core.config.file import HostConfig
+from gputui.core.files.forward import Forward
+from gputui.core.session.host import HostSession
+from gputui.core.transport.ssh import SSHTransport
 
 
 @pytest.fixture
@@ -161,7 +161,7 @@ def test_a_forward_to_a_port_nothing_listens_on_says_why(fwd_home: SshHome) -> N
 
 
 def test_job_urls_finds_local_servers_newest_first_with_their_tokens() -> None:
-    from gputui.core.forward import job_urls
+    from gputui.core.files.forward import job_urls
 
     lines = [  # newest first, as the app hands them over
         "Serving on http://0.0.0.0:8000.",
@@ -251,7 +251,7 @@ async def _until(predicate: Callable[[], bool], what: str, timeout: float = 60) 
 
 
 def test_job_urls_end_at_control_and_bidi_characters() -> None:
-    from gputui.core.forward import job_urls
+    from gputui.core.files.forward import job_urls
 
     lines = [
         "http://localhost:8888/?token=abc\x1b]52;c;ZXZpbA==\x07",  # an OSC 52 clipboard write after the token

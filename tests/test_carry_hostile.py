@@ -22,17 +22,17 @@ from conftest import Home, stop_host
 
 from gputui.cli.common import CliError
 from gputui.cli.release import _artifacts_first
-from gputui.core import artifacts as AR
-from gputui.core import config as cfg
-from gputui.core import pull as PL
-from gputui.core import sync as SY
+from gputui.core.config import file as cfg
 from gputui.core.errors import ExitStatus
-from gputui.core.fileswire import WireError
-from gputui.core.link import RequestTimeout
-from gputui.core.pull import PullError, part_path, pull
-from gputui.core.session import HostSession
-from gputui.core.sync import SyncError, sync
-from gputui.core.transport import AgentChannel, LocalTransport
+from gputui.core.files import artifacts as AR
+from gputui.core.files import pull as PL
+from gputui.core.files import sync as SY
+from gputui.core.files.pull import PullError, part_path, pull
+from gputui.core.files.sync import SyncError, sync
+from gputui.core.files.wire import WireError
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import AgentChannel, LocalTransport
+from gputui.core.transport.link import RequestTimeout
 from remote_agent import protocol as P
 
 

@@ -15,11 +15,11 @@ import pytest
 from conftest import ROOT, AgentProc, Home, SshHome, stop_host
 from faultproxy import FaultProxy
 
-from gputui.core.config import HostConfig
-from gputui.core.pull import PullError, local_target, part_path, pull
-from gputui.core.session import HostSession
-from gputui.core.ssh_transport import SSHTransport
-from gputui.core.transport import AgentChannel, LocalTransport
+from gputui.core.config.file import HostConfig
+from gputui.core.files.pull import PullError, local_target, part_path, pull
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import AgentChannel, LocalTransport
+from gputui.core.transport.ssh import SSHTransport
 from remote_agent import files as F
 from remote_agent import protocol as P
 
@@ -298,7 +298,7 @@ def test_the_host_hashes_while_the_stream_runs_and_a_pull_keeps_the_version_it_g
 
     read_back: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("gputui.core.pull.sha256_file", lambda path: read_back.append(path) or "")
+        mp.setattr("gputui.core.files.pull.sha256_file", lambda path: read_back.append(path) or "")
         touched: list[float] = []
 
         def progress(name: str, done: int, total: int) -> None:

@@ -19,11 +19,11 @@ import pytest
 from conftest import AgentProc, Home, SshHome, stop_host
 from faultproxy import FaultProxy
 
-from gputui.core.config import HostConfig
-from gputui.core.session import HostSession
-from gputui.core.ssh_transport import SSHTransport
-from gputui.core.sync import LocalFile, SyncResult, sync, tree_hash
-from gputui.core.transport import AgentChannel, LocalTransport
+from gputui.core.config.file import HostConfig
+from gputui.core.files.sync import LocalFile, SyncResult, sync, tree_hash
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import AgentChannel, LocalTransport
+from gputui.core.transport.ssh import SSHTransport
 from remote_agent import files as F
 from remote_agent import protocol as P
 

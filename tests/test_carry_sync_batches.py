@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from conftest import stop_host
 
-from gputui.core.session import HostSession
-from gputui.core.sync import sync
-from gputui.core.transport import AgentChannel, LocalTransport
+from gputui.core.files.sync import sync
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import AgentChannel, LocalTransport
 from remote_agent import files as F
 from remote_agent import protocol as P
 

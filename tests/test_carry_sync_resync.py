@@ -20,9 +20,9 @@ from conftest import stop_host
 from test_carry_sync_batches import stream_of
 
 from gputui.cli.files import cmd_sync
-from gputui.core import sync as SY
-from gputui.core.session import HostSession
-from gputui.core.transport import LocalTransport
+from gputui.core.files import sync as SY
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import LocalTransport
 from remote_agent import files as F
 from remote_agent import protocol as P
 

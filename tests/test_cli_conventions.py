@@ -104,9 +104,9 @@ async def _shell_only_server(tmp_path: Path) -> tuple[Any, int, Path]:
 
 
 async def test_a_server_that_runs_no_commands_gets_an_error_naming_the_fix(tmp_path: Path) -> None:
-    from gputui.core.config import HostConfig
-    from gputui.core.ssh_transport import SSHTransport
-    from gputui.core.transport import HostError
+    from gputui.core.config.file import HostConfig
+    from gputui.core.transport.base import HostError
+    from gputui.core.transport.ssh import SSHTransport
 
     server, port, known = await _shell_only_server(tmp_path)
     try:
@@ -125,9 +125,9 @@ async def test_a_server_that_runs_no_commands_gets_an_error_naming_the_fix(tmp_p
 
 @pytest.mark.parametrize("host", ["ssh.runpod.io", "SSH.RunPod.io."])
 async def test_the_runpod_proxy_is_named_before_any_connect(host: str) -> None:
-    from gputui.core.config import HostConfig
-    from gputui.core.ssh_transport import SSHTransport
-    from gputui.core.transport import HostError
+    from gputui.core.config.file import HostConfig
+    from gputui.core.transport.base import HostError
+    from gputui.core.transport.ssh import SSHTransport
 
     transport = SSHTransport(HostConfig(name="pod", host=host, user="abc123-64411", connect_timeout=10))
     with pytest.raises(HostError, match="RunPod's basic SSH proxy.*exposed TCP port") as caught:
@@ -195,7 +195,7 @@ def test_json_output_parses_and_holds_no_colour(home: Home) -> None:
 
 
 async def test_no_color_turns_the_app_colourless(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from gputui.core import config as cfg
+    from gputui.core.config import file as cfg
     from gputui.ui.app import GpuTuiApp
 
     monkeypatch.setenv("NO_COLOR", "1")

@@ -270,8 +270,8 @@ def test_help_lists_every_command(home: Home, capsys: pytest.CaptureFixture[str]
 def test_core_does_not_import_textual() -> None:
     code = (
         "import sys, pkgutil, importlib, gputui.core as c\n"
-        "for m in pkgutil.iter_modules(c.__path__):\n"
-        "    importlib.import_module('gputui.core.' + m.name)\n"
+        "for m in pkgutil.walk_packages(c.__path__, 'gputui.core.'):\n"
+        "    importlib.import_module(m.name)\n"
         "import gputui.cli\n"
         "assert 'textual' not in sys.modules, [m for m in sys.modules if m.startswith('textual')]\n"
     )

@@ -17,7 +17,7 @@ import pytest
 from conftest import Home, wait_for
 
 from gputui.core.insights import JobInsights
-from gputui.core.model import Job
+from gputui.core.session.model import Job
 from gputui.tables import print_jobs
 
 #: Lines as train_mnist.py prints them: each epoch's summary, then epoch 3's tqdm bar half way.
@@ -100,7 +100,9 @@ def test_cli_and_app_write_durations_the_same_way(capsys: pytest.CaptureFixture[
 
 
 def test_every_client_file_lives_under_the_xdg_dirs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from gputui.core import config, cost, paths
+    from gputui.core import paths
+    from gputui.core.config import file as config
+    from gputui.core.money import cost
     from gputui.ui import themes
 
     for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):

@@ -81,7 +81,7 @@ def test_asyncssh_is_imported_without_running_a_compiler_or_linker(tmp_path: Pat
         (bin_dir / tool).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
     env.pop("LD_LIBRARY_PATH", None)
-    check = "import ctypes.util, gputui.core.ssh_transport, asyncssh; print(ctypes.util.find_library.__qualname__)"
+    check = "import ctypes.util, gputui.core.transport.ssh, asyncssh; print(ctypes.util.find_library.__qualname__)"
     res = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "find_library"

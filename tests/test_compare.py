@@ -8,7 +8,7 @@ import sys
 from conftest import Home
 
 from gputui.cli.compare import format_table
-from gputui.core.compare import Run, argv_diffs, compare_rows
+from gputui.core.jobs.compare import Run, argv_diffs, compare_rows
 
 TRAIN = "import sys\nlr = float(sys.argv[1])\nfor i in range(1, 6): print(f'step {i} loss={1 / (i * lr):.3f}', flush=True)"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import Home
 
-from gputui.core import config as cfg
+from gputui.core.config import file as cfg
 
 
 def error_of(text: str) -> str:

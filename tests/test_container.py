@@ -260,7 +260,7 @@ def test_status_json_says_whether_the_host_is_a_container(home) -> None:
 
 
 def test_host_line_says_the_memory_is_the_containers_limit() -> None:
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.palette import Palette
     from gputui.ui.widgets.host import host_info
 

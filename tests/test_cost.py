@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core import autostop, cost, spend
-from gputui.core import config as cfg
-from gputui.core import model as M
+from gputui.core.config import file as cfg
+from gputui.core.money import autostop, cost, spend
+from gputui.core.session import model as M
 from remote_agent.watchdog.activity import ActivityLog, busy_reasons, idle_status
 
 H = 3600.0

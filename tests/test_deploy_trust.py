@@ -20,7 +20,7 @@ from conftest import SshHome, stop_host
 from test_agent_bad_logs import small_disk
 from test_ssh_deploy import HOST_ERROR, agent_dir, run_job
 
-from gputui.core.bundle import agent_build
+from gputui.core.deploy.bundle import agent_build
 
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to give files to another user")
 OTHER_UID = 4242

@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import AgentProc, Home
 
-from gputui.core.link import Link, RequestTooLarge
+from gputui.core.transport.link import Link, RequestTooLarge
 from remote_agent import protocol as P
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gputui.core.doctor import HOSTS_AT_ONCE
-from gputui.core.gather import gather_hosts
-from gputui.core.transport import HostUnavailable
+from gputui.core.hosts.doctor import HOSTS_AT_ONCE
+from gputui.core.session.gather import gather_hosts
+from gputui.core.transport.base import HostUnavailable
 
 
 class Hosts:

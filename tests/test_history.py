@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, AgentProc, Home, kill_tmux, wait_for
 from test_metrics_smi import H100, fake_smi
 
-from gputui.core.headline import headline, ranked
+from gputui.core.jobs.headline import headline, ranked
 from remote_agent.metrics.sampler import MetricsSampler
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import Home, SshHome, wait_for
 
-from gputui.core import hostedit as H
+from gputui.core.hosts import edit as H
 
 UNREACHABLE, REFUSED, USAGE = 3, 4, 2
 

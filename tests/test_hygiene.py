@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from gputui.core import bundle
+from gputui.core.deploy import bundle
 from remote_agent import protocol as P
 
 AGENT = ROOT / "remote_agent"
-INSTALLER = ROOT / "gputui" / "core" / "agent_install.py"  # runs on the host too
+INSTALLER = ROOT / "gputui" / "core" / "deploy" / "install.py"  # runs on the host too
 
 
 def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
@@ -175,7 +175,7 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-#: The files ops: sync and pull send them (gputui/core/sync.py, pull.py); HostSession alone sends every other op.
+#: The files ops: sync and pull send them (gputui/core/files/sync.py, pull.py); HostSession alone sends every other op.
 OP_NAMES = {name: value for name, value in vars(P).items() if name.startswith("OP_") and isinstance(value, str)}
 FILE_OPS = {name for name in OP_NAMES if name.startswith("OP_FILES_")}
 SESSION_OPS = {name for name, value in OP_NAMES.items() if value in P.OPS} - FILE_OPS
@@ -208,7 +208,7 @@ def test_only_the_core_speaks_the_agent_protocol() -> None:
         for p in gputui.rglob("*.py")
         if any(isinstance(n, ast.Attribute) and n.attr in SESSION_OPS for n in ast.walk(ast.parse(p.read_text())))
     )
-    assert senders == ["gputui/core/session.py"]
+    assert senders == ["gputui/core/session/host.py"]
 
 
 def _private_app_attributes(path: Path) -> list[str]:

@@ -780,7 +780,7 @@ def test_oom_names_other_processes_holding_memory() -> None:
 
 
 def test_metrics_hints_accept_sample_objects() -> None:
-    from gputui.core import model as M
+    from gputui.core.session import model as M
 
     gpu = M.GpuSample(index=3, name="L4", temp_c=90.0, throttle_reasons=())
     assert [h.code for h in hints_from_metrics(True, [], [gpu])] == ["gpu_thermal_throttle"]
@@ -818,9 +818,9 @@ def test_hint_line_is_capped() -> None:
 
 
 def test_job_hints_join_log_exit_and_gpu_telemetry() -> None:
-    from gputui.core import model as M
     from gputui.core.insights import job_hints
-    from gputui.core.metrics_history import MetricsHistory
+    from gputui.core.session import model as M
+    from gputui.core.session.metrics_history import MetricsHistory
 
     idle = M.GpuSample(index=0, util_percent=5.0, processes=(M.GpuProcess(pid=9, mem_mib=900, job="j1"),))
     busy = M.GpuSample(index=1, util_percent=99.0, processes=(M.GpuProcess(pid=7, mem_mib=500),))

@@ -16,12 +16,12 @@ import pytest
 from conftest import Home
 from test_agent_listing import ended_job
 
-from gputui.core import insights_cache as C
-from gputui.core import records
 from gputui.core.insights import JobInsights
-from gputui.core.model import JOB_RUNNING, Job
-from gputui.core.session import HostSession
-from gputui.core.transport import LocalTransport
+from gputui.core.jobs import insights_cache as C
+from gputui.core.jobs import records
+from gputui.core.session.host import HostSession
+from gputui.core.session.model import JOB_RUNNING, Job
+from gputui.core.transport.base import LocalTransport
 from remote_agent import protocol as P
 from remote_agent.jobs.index import INDEX
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gputui.core.insights import LogInsights, timed_parser
-from gputui.core.records import TAIL_BYTES
+from gputui.core.jobs.records import TAIL_BYTES
 from remote_agent.jobs.logclock import DENSITY, MAX_ENTRIES, LogClock, read_times
 
 EPOCHS, TRAIN_S, EVAL_S = 5, 20.0, 4.0  # each epoch: 20 s of batches, then 4 s of evaluation

@@ -220,7 +220,7 @@ def test_bulk_redraws_equal_line_by_line_on_fixtures(name: str, monkeypatch: pyt
 
 def test_the_app_parses_every_line_of_a_flood() -> None:
     """No flood cap: a 4 MiB batch of output reaches the insights parser whole (it used to read 16 KiB)."""
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.logstream import LogStream
 
     job = M.Job(host="h", id="1", name="1", state=M.JOB_RUNNING, command=("python",))

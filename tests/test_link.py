@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, kill_tmux
 
-from gputui.core.link import Link, LinkClosed, RequestTimeout
+from gputui.core.transport.link import Link, LinkClosed, RequestTimeout
 from remote_agent import protocol as P
 
 

@@ -10,8 +10,8 @@ from conftest import SshHome
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
 
-from gputui.core import session as S
-from gputui.core.transport import AgentChannel
+from gputui.core.session import host as S
+from gputui.core.transport.base import AgentChannel
 from remote_agent import protocol as P
 
 # Writes MB megabytes of every byte value (no line structure, NULs, \r, bad UTF-8), waits for the stop file,

@@ -17,9 +17,9 @@ from typing import Any
 
 from conftest import stop_host
 
-from gputui.core import model as M
-from gputui.core.session import HostSession
-from gputui.core.transport import AgentChannel, LocalTransport
+from gputui.core.session import model as M
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import AgentChannel, LocalTransport
 from remote_agent import protocol as P
 
 OVERLAP = 700  # bytes the agent resends before the client's cursor on every resume

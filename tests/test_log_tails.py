@@ -12,9 +12,9 @@ from typing import Any
 from conftest import AgentProc, Home
 from test_agent_listing import ended_job
 
-from gputui.core import records
-from gputui.core.session import HostSession
-from gputui.core.transport import LocalTransport
+from gputui.core.jobs import records
+from gputui.core.session.host import HostSession
+from gputui.core.transport.base import LocalTransport
 from remote_agent import protocol as P
 
 BIG = 700 * 1024  # above the largest tail

@@ -6,8 +6,8 @@ from __future__ import annotations
 import gc
 import random
 
-from gputui.core import model as M
-from gputui.core.metrics_history import GpuSeries, MetricsHistory, MetricsRing
+from gputui.core.session import model as M
+from gputui.core.session.metrics_history import GpuSeries, MetricsHistory, MetricsRing
 from gputui.ui import fmt
 from gputui.ui.palette import Palette
 from gputui.ui.widgets.host import HISTORY_WINDOW, gpu_card, gpu_series

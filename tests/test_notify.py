@@ -159,14 +159,14 @@ def test_the_notify_test_op_reports_success_and_failure(agent: AgentProc, hook: 
     ],
 )
 def test_bad_notify_settings_are_clear_errors(tmp_path: Path, text: str, message: str) -> None:
-    from gputui.core.config import ConfigError, parse
+    from gputui.core.config.file import ConfigError, parse
 
     with pytest.raises(ConfigError, match=message):
         parse(text + '[hosts.gpu]\nhost = "h"\n', tmp_path / "c.toml")
 
 
 def test_host_notify_keys_override_the_global_ones(tmp_path: Path) -> None:
-    from gputui.core.config import parse
+    from gputui.core.config.file import parse
 
     text = '[notify]\nwebhook = "https://hooks.example/a"\nevents = ["job_failed"]\n'
     text += '[hosts.a]\nhost = "a"\n[hosts.b]\nhost = "b"\n[hosts.b.notify]\nevents = ["stalled"]\n'

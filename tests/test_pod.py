@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 from gputui.ui.widgets.host import proc_job
 
 HERE = Path(__file__).parent

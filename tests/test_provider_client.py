@@ -1,4 +1,4 @@
-"""gputui/core/providers.py (the Lambda client, against the local stand-in) and the config keys ``provider``,
+"""gputui/core/money/providers.py (the Lambda client, against the local stand-in) and the config keys ``provider``,
 ``release_mode`` and ``[providers.NAME] api_url``."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import provider_standin as standin
 import pytest
 from provider_standin import LAMBDA_KEY, StandIn
 
-from gputui.core import config as cfg
-from gputui.core import providers as pr
+from gputui.core.config import file as cfg
+from gputui.core.money import providers as pr
 
 IP = "198.51.100.7"
 

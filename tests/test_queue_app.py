@@ -8,8 +8,8 @@ from pathlib import Path
 from test_ui_app import SIZE, connected, local, local_app, py, screen_text, start_from_dialog, until  # noqa: F401
 from textual.widgets import Checkbox, Input
 
-from gputui.core import config as cfg
-from gputui.core import model as M
+from gputui.core.config import file as cfg
+from gputui.core.session import model as M
 from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen
 from gputui.ui.screens.new_job import NewJobScreen

@@ -125,8 +125,8 @@ def test_queue_empty_fires_from_the_host_with_no_client(tmp_path: Path, ntfy: Nt
 
 
 def test_ntfy_idle_minutes_and_the_new_events_in_the_config(tmp_path: Path) -> None:
-    from gputui.core import autostop
-    from gputui.core.config import ConfigError, parse
+    from gputui.core.config.file import ConfigError, parse
+    from gputui.core.money import autostop
 
     text = '[notify]\nntfy = "my-runs"\nidle_minutes = 30\nevents = ["queue_empty", "idle", "deadline_soon"]\n'
     host = parse(text + '[hosts.a]\nhost = "a"\n', tmp_path / "c.toml").hosts["a"]

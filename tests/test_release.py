@@ -420,9 +420,9 @@ def test_a_job_started_while_pre_stop_runs_wins(tmp_path: Path) -> None:
 
 
 async def test_an_automatic_release_checks_again_that_the_host_is_idle(home: Home, tmp_path: Path) -> None:
-    from gputui.core import config as cfg
-    from gputui.core.fleet import Fleet
-    from gputui.core.release import ReleaseError, ReleaseRequest, release_host
+    from gputui.core.config import file as cfg
+    from gputui.core.hosts.fleet import Fleet
+    from gputui.core.money.release import ReleaseError, ReleaseRequest, release_host
 
     marker = tmp_path / "released"
     local_config(home, f'release = ["touch", "{marker}"]\nidle_minutes = 1000\n')
@@ -499,9 +499,9 @@ def test_a_failed_release_remote_is_retried_only_after_its_backoff(tmp_path: Pat
 
 async def test_an_automatic_release_of_an_idle_host_releases_it(home: Home, tmp_path: Path) -> None:
     """The budget's release-idle path when the host is idle: the release runs and the ledger closes."""
-    from gputui.core import config as cfg
-    from gputui.core.fleet import Fleet
-    from gputui.core.release import ReleaseRequest, release_host
+    from gputui.core.config import file as cfg
+    from gputui.core.hosts.fleet import Fleet
+    from gputui.core.money.release import ReleaseRequest, release_host
 
     marker = tmp_path / "released"
     local_config(home, f'release = ["touch", "{marker}"]\nidle_minutes = 0\n')

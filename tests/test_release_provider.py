@@ -163,9 +163,9 @@ async def test_add_detects_the_provider(
     """The ``add`` flow's hook: the new host's agent finds the pod, asking the API at the config's ``api_url``;
 the provider and its price go where none is set (a host that is no pod: tests/test_hostadd.py)."""
     from gputui.cli import hosts
-    from gputui.core import autostop
-    from gputui.core import config as cfg
-    from gputui.core.fleet import Fleet
+    from gputui.core.config import file as cfg
+    from gputui.core.hosts.fleet import Fleet
+    from gputui.core.money import autostop
 
     pod_config(home, api)
     for name in ("RUNPOD_POD_ID", "RUNPOD_API_KEY"):
@@ -210,7 +210,7 @@ def test_doctor_skips_the_release_check_where_none_is_set_or_found(home: Home) -
 def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None:
     import time
 
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.palette import Palette
     from gputui.ui.widgets.host import host_info
 
@@ -243,8 +243,8 @@ def test_a_users_release_command_wins_over_the_provider(home: Home, api: StandIn
     pod_config(home, api, 'release = ["true"]\nautostop_minutes = 30\n')
     res = home.cli("status")
     assert res.returncode == 2 and "needs release_remote" in res.stderr and "release runs here" in res.stderr
-    from gputui.core import autostop
-    from gputui.core import config as cfg
+    from gputui.core.config import file as cfg
+    from gputui.core.money import autostop
 
     host = cfg.HostConfig(name="h", release=("true",), release_at=None)
     assert autostop.watchdog_config(host, None)["provider"] == "none"
@@ -318,7 +318,7 @@ def test_the_vastai_cli_key_file_here_confirms_it(home: Home, api: StandIn) -> N
 
 
 def test_account_keys_are_read_from_the_providers_own_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gputui.core import providers
+    from gputui.core.money import providers
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert providers.account_key("runpod", env={}) is None

@@ -7,7 +7,7 @@ from pathlib import Path
 from test_ui_app import SIZE, connected, local, local_app, py, screen_text, until  # noqa: F401 (local: a fixture)
 from textual.widgets import Input
 
-from gputui.core import config as cfg
+from gputui.core.config import file as cfg
 from gputui.ui.screens.new_job import NewJobScreen
 
 

@@ -1,5 +1,5 @@
 """Metric series kept on the host beside each job's log (remote_agent/jobs/series.py), served by logs.series
-and checked by the client (gputui/core/series.py)."""
+and checked by the client (gputui/core/session/series.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import AgentProc, wait_for
 
-from gputui.core.series import X_EPOCH, X_LINE, X_STEP, JobSeries
+from gputui.core.session.series import X_EPOCH, X_LINE, X_STEP, JobSeries
 from remote_agent import protocol as P
 from remote_agent.jobs import series as S
 

@@ -15,8 +15,8 @@ from conftest import SshHome, wait_for
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
 
-from gputui.core import model as M
-from gputui.core import session as S
+from gputui.core.session import host as S
+from gputui.core.session import model as M
 
 RATE = 10_000  # bytes per second, each direction
 # A backlog past CATCHUP_MIN_BYTES at once, then nothing until the stop file exists.

@@ -376,7 +376,7 @@ def test_one_squeue_per_refresh_for_all_jobs(
 
 # --- the fleet view: partitions and nodes from one sinfo ----------------------------------------------------------
 def test_status_shows_partitions_and_nodes_with_gpus(chome: ClusterHome, cluster: SlurmCluster, tmp_path: Path) -> None:
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.palette import Palette
     from gputui.ui.widgets.host import host_info
 
@@ -416,8 +416,8 @@ def test_app_session_keeps_the_cluster_view(tmp_path: Path, cluster: SlurmCluste
     """A connected session with metrics on (the app's) asks for the cluster view by itself, and again later."""
     import asyncio
 
-    from gputui.core import config as cfg
-    from gputui.core.fleet import Fleet
+    from gputui.core.config import file as cfg
+    from gputui.core.hosts.fleet import Fleet
 
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     state = tmp_path / "state"
@@ -511,7 +511,7 @@ def test_attach_opens_a_shell_on_the_jobs_node(chome: ClusterHome, tmp_path: Pat
     import select
     import time
 
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.attach import attach_argv
 
     gate = tmp_path / "gate"
@@ -543,8 +543,8 @@ async def test_app_shows_the_cluster_and_kills_a_queued_job(
     from test_ui_app import SIZE, until
     from ui_fixtures import screen_text
 
-    from gputui.core import config as cfg
-    from gputui.core import model as M
+    from gputui.core.config import file as cfg
+    from gputui.core.session import model as M
     from gputui.ui.app import GpuTuiApp
     from gputui.ui.screens.confirm import ConfirmScreen
 
@@ -629,7 +629,7 @@ def test_a_slurm_job_is_never_judged_stalled_by_the_login_nodes_gpus() -> None:
 def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
     """A cluster (or a broken sinfo) with 30,000 partitions of 400-character names, each node in 100 of them:
     slurm.info still answers, with the first partitions and nodes, counting all of them."""
-    from gputui.core.cluster import cluster_text
+    from gputui.core.hosts.cluster import cluster_text
 
     fake = tmp_path / "bin"
     fake.mkdir()

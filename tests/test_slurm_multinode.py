@@ -318,7 +318,7 @@ def test_many_node_flags_on_a_host_without_slurm_are_a_usage_error(home: Home) -
 
 
 def test_the_insights_of_a_labelled_log_read_rank_0() -> None:
-    from gputui.core.labels import rank0_view
+    from gputui.core.jobs.labels import rank0_view
 
     log = (b"0: Epoch 1/3 test_acc=0.5\n1: Epoch 1/3 test_acc=0.1\n1: Epoch 2/3 test_acc=0.2\n"
            b"srun: error: n2: task 1: Exited with exit code 1\n 0: Epoch 2/3 test_acc=0.6\n")  # fmt: skip
@@ -363,7 +363,7 @@ def test_gpu_cards_of_every_node_of_a_running_job(tmp_path: Path, cluster2: Slur
 
 
 def test_the_jobs_row_shows_a_many_node_jobs_nodes() -> None:
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.palette import Palette
     from gputui.ui.widgets.host import job_row
 

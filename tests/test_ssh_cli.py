@@ -191,7 +191,7 @@ def test_verify_host_key_false_is_the_only_way_around_and_warns(ssh_home: SshHom
 
 def test_terminal_prefix_is_an_argv(ssh_home: SshHome) -> None:
     code = (
-        "from gputui.core import config; from gputui.core.fleet import make_transport\n"
+        "from gputui.core.config import file as config; from gputui.core.hosts.fleet import make_transport\n"
         "c = config.load(); print(make_transport(c.host('box'), c).terminal_prefix())\n"
     )
     out = subprocess.run(

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core import hostedit as H
-from gputui.core import ssh_resolve as sr
-from gputui.core.transport import HostError
+from gputui.core.hosts import edit as H
+from gputui.core.transport import ssh_config as sr
+from gputui.core.transport.base import HostError
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = next(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import SshHome
 
-from gputui.core.bundle import agent_build
+from gputui.core.deploy.bundle import agent_build
 
 HOST_ERROR = 4
 
@@ -130,7 +130,7 @@ def test_the_installer_does_nothing_on_a_python_older_than_the_agents(
     """A 3.7 compiles the installer: it must still refuse before making or checking any dir."""
     import sys
 
-    from gputui.core import agent_install
+    from gputui.core.deploy import install as agent_install
 
     monkeypatch.setattr(sys, "version_info", (3, 7, 17, "final", 0))
     state = tmp_path / "state"
@@ -143,8 +143,8 @@ async def test_a_host_with_the_agent_is_started_without_making_the_zipapp(
 ) -> None:
     """The probe names the build after this machine's checked unpacked copy: the zipapp (tens of ms of
     compression) is made only when the host needs it uploaded or unpacked."""
-    from gputui.core import ssh_transport
-    from gputui.core.config import HostConfig
+    from gputui.core.config.file import HostConfig
+    from gputui.core.transport import ssh as ssh_transport
 
     ssh_home.cli("status", "--json", check=True)  # the host gets the agent
     assert ssh_transport.build_name() == agent_build()[0]  # this machine's unpacked copy (made once)

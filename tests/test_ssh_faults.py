@@ -20,11 +20,11 @@ from conftest import SshHome, wait_for
 from faultproxy import FaultProxy
 from sshd import free_port
 
-from gputui.core import model as M
-from gputui.core.config import HostConfig
-from gputui.core.link import LinkClosed
-from gputui.core.session import HostSession
-from gputui.core.ssh_transport import SSHTransport
+from gputui.core.config.file import HostConfig
+from gputui.core.session import model as M
+from gputui.core.session.host import HostSession
+from gputui.core.transport.link import LinkClosed
+from gputui.core.transport.ssh import SSHTransport
 from remote_agent import protocol as P
 
 # Prints numbered lines (now and then one of 200 KB, so faults cut frames in half) until the stop file exists.

@@ -12,7 +12,7 @@ from conftest import SshHome, wait_for
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 from remote_agent import protocol as P
 
 RATE = 10_000  # bytes per second, each direction

@@ -143,7 +143,7 @@ def test_the_detached_watchdog_marks_a_stalled_job_and_autostop_releases(tmp_pat
     ],
 )
 def test_bad_stall_settings_are_clear_errors(tmp_path: Path, extra: str, message: str) -> None:
-    from gputui.core.config import ConfigError, parse
+    from gputui.core.config.file import ConfigError, parse
 
     text = f'[hosts.gpu]\nhost = "h"\n{extra}'
     with pytest.raises(ConfigError, match=message) as err:
@@ -152,7 +152,7 @@ def test_bad_stall_settings_are_clear_errors(tmp_path: Path, extra: str, message
 
 
 def test_the_jobs_table_and_jobs_json_show_a_stalled_job() -> None:
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.ui.palette import Palette
     from gputui.ui.widgets.host import job_row
 
@@ -169,7 +169,7 @@ def test_the_jobs_table_and_jobs_json_show_a_stalled_job() -> None:
 
 
 def test_the_cli_jobs_table_says_stalled(capsys: pytest.CaptureFixture[str]) -> None:
-    from gputui.core import model as M
+    from gputui.core.session import model as M
     from gputui.tables import print_jobs
 
     wire = {"id": "3", "state": "running", "argv": ["python", "train.py"], "stalled": True}

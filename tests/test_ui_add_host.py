@@ -10,9 +10,9 @@ from conftest import SshHome
 from test_ui_app import until
 from textual.widgets import Button
 
-from gputui.core import config as cfg
-from gputui.core import model as M
-from gputui.core.jobs import JobSpec
+from gputui.core.config import file as cfg
+from gputui.core.jobs.usecases import JobSpec
+from gputui.core.session import model as M
 from gputui.ui import app as app_module
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.screens.add_host import AddHostScreen

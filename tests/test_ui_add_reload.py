@@ -10,8 +10,8 @@ import pytest
 from conftest import Home
 from test_ui_app import until
 
-from gputui.core import config as cfg
-from gputui.core import model as M
+from gputui.core.config import file as cfg
+from gputui.core.session import model as M
 from gputui.ui import app as app_module
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.widgets.fleet import FleetTable

@@ -36,11 +36,11 @@ from ui_fixtures import (
     with_load,
 )
 
-from gputui.core import config as cfg
-from gputui.core import model as M
-from gputui.core.cost import Ledger
-from gputui.core.fleet import Fleet
-from gputui.core.release import ReleaseRequest, ReleaseResult, Step
+from gputui.core.config import file as cfg
+from gputui.core.hosts.fleet import Fleet
+from gputui.core.money.cost import Ledger
+from gputui.core.money.release import ReleaseRequest, ReleaseResult, Step
+from gputui.core.session import model as M
 from gputui.ui import app as app_module
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.keys import APP_KEYS, LOG_KEYS, key_label
@@ -474,7 +474,7 @@ async def test_notifications_for_host_drop_return_and_job_end(tmp_path: Path) ->
 
 
 async def test_budget_alerts_once_per_level(tmp_path: Path) -> None:
-    from gputui.core.config import Budget
+    from gputui.core.config.file import Budget
 
     config = cfg.Config(path=None, hosts={}, budget=Budget(daily=10.0))
     snaps = [
@@ -798,7 +798,7 @@ def test_cli_without_a_subcommand_starts_the_app_on_a_terminal(monkeypatch: pyte
 
 def end_early_agents() -> None:
     """End the agents an app launch started early that no app took (their stdin closed: they exit)."""
-    from gputui.core import agentproc
+    from gputui.core.deploy import agentproc
 
     agentproc._settle()  # an early start still under way in its thread
     for argv in list(agentproc._started):

@@ -12,9 +12,9 @@ from test_ui_snapshots import TRAIN_LOG, log_ready, make_app, select, settle
 from textual.pilot import Pilot
 from ui_fixtures import ReplaySession
 
-from gputui.core.compare import Run, compare_rows
-from gputui.core.config import Config
-from gputui.core.series import JobSeries
+from gputui.core.config.file import Config
+from gputui.core.jobs.compare import Run, compare_rows
+from gputui.core.session.series import JobSeries
 from gputui.ui.screens.chart import CompareChartScreen, JobChartScreen, compare_table
 from gputui.ui.widgets.chart import Line, plot
 from remote_agent.jobs import series as S

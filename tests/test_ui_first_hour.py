@@ -11,9 +11,9 @@ from typing import Any
 from test_ui_app import SIZE, connected, local, local_app, static_app, until  # noqa: F401 - local: a fixture
 from ui_fixtures import T0, ReplaySession, job, recorded_gpus, screen_text, snapshot
 
-from gputui.core import config as cfg
-from gputui.core import model as M
-from gputui.core.spend import fleet_spend
+from gputui.core.config import file as cfg
+from gputui.core.money.spend import fleet_spend
+from gputui.core.session import model as M
 from gputui.ui import fmt
 from gputui.ui.keys import help_sections
 from gputui.ui.palette import Palette

@@ -30,12 +30,12 @@ from textual.widgets import Input, Static
 from ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, static_factory
 
 from gputui import tables
-from gputui.core import config as cfg
-from gputui.core import model as M
-from gputui.core.cost import Ledger
+from gputui.core.config import file as cfg
 from gputui.core.insights import Hint, JobInsights
+from gputui.core.money.cost import Ledger
+from gputui.core.money.spend import FleetSpend, Spend
 from gputui.core.safetext import TerminalGuard, clean, guard_terminal
-from gputui.core.spend import FleetSpend, Spend
+from gputui.core.session import model as M
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.palette import Palette
 from gputui.ui.screens.confirm import ConfirmScreen

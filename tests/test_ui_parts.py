@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from ui_fixtures import four_gpus_one_lost, job, price, recorded_gpus, snapshot
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 from gputui.ui import fmt, notices
 from gputui.ui import themes as T
 from gputui.ui.attach import attach_argv

@@ -12,8 +12,8 @@ import pytest
 from conftest import Home, wait_for
 from test_ui_app import SIZE, connected, local_app, screen_text, until
 
-from gputui.core import config as cfg
-from gputui.core import model as M
+from gputui.core.config import file as cfg
+from gputui.core.session import model as M
 from gputui.ui import notices
 from gputui.ui.screens.reports import ReportScreen
 

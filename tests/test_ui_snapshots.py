@@ -17,8 +17,8 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 from ui_fixtures import T0, ReplaySession, job, price, recorded_gpus, snapshot, static_factory
 
-from gputui.core import model as M
-from gputui.core.cost import Ledger
+from gputui.core.money.cost import Ledger
+from gputui.core.session import model as M
 from gputui.ui.app import GpuTuiApp
 from gputui.ui.screens.new_job import NewJobScreen
 from gputui.ui.widgets.fleet import FleetTable
@@ -213,7 +213,7 @@ def test_kill_confirm(snap_compare: Any, tmp_path: Path) -> None:
 
 
 def test_release_confirm(snap_compare: Any, tmp_path: Path) -> None:
-    from gputui.core.config import Config, HostConfig
+    from gputui.core.config.file import Config, HostConfig
 
     async def run(pilot: Pilot) -> None:
         await log_ready(pilot)
@@ -233,7 +233,7 @@ def test_help(snap_compare: Any, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("theme", ["gputui-light", "gputui-contrast"])
 def test_themes(snap_compare: Any, tmp_path: Path, theme: str) -> None:
-    from gputui.core.config import Config
+    from gputui.core.config.file import Config
 
     app = make_app(tmp_path, config=Config(path=None, hosts={}, theme=theme))
     assert snap_compare(app, terminal_size=SIZE, run_before=log_ready)

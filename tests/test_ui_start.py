@@ -22,11 +22,12 @@ from ui_fixtures import screen_text
 
 import gputui.ui as ui
 from gputui import appstart
-from gputui.core import agentproc, paths
-from gputui.core import config as cfg
-from gputui.core import model as M
-from gputui.core.fleet import Fleet
-from gputui.core.session import HostSession
+from gputui.core import paths
+from gputui.core.config import file as cfg
+from gputui.core.deploy import agentproc
+from gputui.core.hosts.fleet import Fleet
+from gputui.core.session import model as M
+from gputui.core.session.host import HostSession
 from gputui.ui import app as app_module
 from gputui.ui.app import GpuTuiApp
 
@@ -87,7 +88,7 @@ async def test_an_ssh_host_held_at_connect_reads_connecting_and_the_local_host_c
 FIRST_FRAME_PROBE = """
 import asyncio, json, sys
 from pathlib import Path
-from gputui.core import config as cfg
+from gputui.core.config import file as cfg
 from gputui.ui.app import GpuTuiApp
 from ui_fixtures import screen_text
 
@@ -136,7 +137,7 @@ def test_the_first_frame_does_not_wait_for_the_ssh_stack(home: Home, hung: int, 
 async def test_an_ssh_stack_that_does_not_load_is_each_ssh_hosts_error(
     home: Home, hung: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "gputui.core.ssh_transport", None)  # importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "gputui.core.transport.ssh", None)  # importing it raises ImportError
     path = home.write_config(local_table(home.state_dir) + ssh_table("hung", host="127.0.0.1", port=hung))
     app = GpuTuiApp(cfg.load(str(path)), state_path=tmp_path / "ui.json")
     async with app.run_test(size=SIZE) as pilot:
@@ -146,7 +147,7 @@ async def test_an_ssh_stack_that_does_not_load_is_each_ssh_hosts_error(
 
 
 def test_a_deferred_ssh_host_is_built_when_asked_for_and_listed_in_config_order(home: Home, hung: int) -> None:
-    from gputui.core.ssh_transport import SSHTransport
+    from gputui.core.transport.ssh import SSHTransport
 
     text = ssh_table("hung", host="127.0.0.1", port=hung) + local_table(home.state_dir)
     fleet = Fleet(cfg.parse(text, home.root / "config.toml"), defer_ssh=True)
@@ -197,7 +198,7 @@ async def test_the_app_adopts_the_local_agent_started_with_it(home: Home, tmp_pa
 def test_the_build_an_early_start_checked_is_not_checked_again_before_its_agent_is_taken(
     home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gputui.core import bundle
+    from gputui.core.deploy import bundle
 
     checks: list[Path] = []
     real = bundle.ensure_local_build
@@ -226,7 +227,7 @@ async def test_the_ssh_stack_loads_once_the_local_host_is_connected(
     made long here so that the order is the rule's, whatever the machine's load)."""
     import importlib
 
-    from gputui.core import fleet as fleet_module
+    from gputui.core.hosts import fleet as fleet_module
 
     monkeypatch.setattr(fleet_module, "LOCAL_FIRST_S", 60.0)
     text = local_table(home.state_dir) + ssh_table("hung", host="127.0.0.1", port=hung)

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT, Home, stop_host, wait_for
 from test_notify import Hook, hook  # noqa: F401  (the fixture)
 
-from gputui.core import bundle
+from gputui.core.deploy import bundle
 from remote_agent.fsutil import read_json
 from remote_agent.watchdog import daemon as W
 
@@ -187,8 +187,8 @@ while not os.path.exists({str(tmp_path / W.STOP)!r}): time.sleep(0.05)
 
 # --- the client refuses an agent that speaks another protocol ---------------------------------------------------
 async def test_an_agent_speaking_another_protocol_is_refused(tmp_path: Path) -> None:
-    from gputui.core.session import HostError, HostSession
-    from gputui.core.transport import LocalTransport, _stop_process
+    from gputui.core.session.host import HostError, HostSession
+    from gputui.core.transport.base import LocalTransport, _stop_process
 
     build = old_build(tmp_path, PROTOCOL_VERSION=0)
     state = tmp_path / "state"

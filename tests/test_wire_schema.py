@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import AgentProc, wait_for
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 from remote_agent import protocol as P
 from remote_agent.metrics import sampler as metrics
 from remote_agent.metrics.sampler import MetricsSampler

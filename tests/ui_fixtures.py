@@ -13,9 +13,9 @@ from typing import Any
 
 from rich.console import Console
 
-from gputui.core import model as M
-from gputui.core.metrics_history import MetricsHistory
-from gputui.core.session import LogTail
+from gputui.core.session import model as M
+from gputui.core.session.host import LogTail
+from gputui.core.session.metrics_history import MetricsHistory
 
 FIXTURES = Path(__file__).parent / "fixtures"
 T0 = 1_760_000_000.0  # the fixed "now" of the snapshot tests

@@ -6,7 +6,7 @@ notify), ``files`` (sync, pull, forward), ``hosts`` (add, remove, hosts), ``comp
 ``main`` parses and runs one.
 """
 
-from ..core import earlystart  # noqa: F401 - first: the local agent starts while the imports below load
+from ..core.deploy import earlystart  # noqa: F401 - first: the local agent starts while the imports below load
 
 # isort: split
 from .main import build_parser, main

@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from ..core import config as cfg
 from ..core import safetext
+from ..core.config import file as cfg
 from ..core.errors import ExitStatus, GputuiError
-from ..core.fleet import Fleet
-from ..core.link import AgentError
-from ..core.session import HostSession
+from ..core.hosts.fleet import Fleet
+from ..core.session.host import HostSession
+from ..core.transport.link import AgentError
 
 
 class CliError(GputuiError):

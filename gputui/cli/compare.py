@@ -11,11 +11,11 @@ from ..core.errors import ExitStatus
 from .common import CliError, open_fleet
 
 if TYPE_CHECKING:  # the comparison loads the log parser: only this command needs it
-    from ..core.compare import Row
+    from ..core.jobs.compare import Row
 
 
 def _refs(items: list[str]) -> list[tuple[str, str]]:
-    from ..core.compare import MAX_RUNS, MIN_RUNS, parse_ref
+    from ..core.jobs.compare import MAX_RUNS, MIN_RUNS, parse_ref
 
     if not MIN_RUNS <= len(items) <= MAX_RUNS:
         raise CliError(
@@ -50,7 +50,7 @@ def format_table(labels: list[str], rows: list[Row], columns: int) -> list[str]:
 
 
 async def cmd_compare(args: argparse.Namespace) -> int:
-    from ..core.compare import compare_rows, load_runs
+    from ..core.jobs.compare import compare_rows, load_runs
 
     refs = _refs(args.runs)
     async with open_fleet(args) as fleet:

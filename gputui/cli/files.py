@@ -8,17 +8,17 @@ import os
 import sys
 from typing import Any
 
-from ..core import config as cfg
 from ..core import safetext
+from ..core.config import file as cfg
 from ..core.errors import ExitStatus, Unreachable
-from ..core.session import HostSession
+from ..core.session.host import HostSession
 from .common import CliError, bounded, progress_printer, with_session
 
 
 async def cmd_pull(args: argparse.Namespace) -> int:
     """Copy files from a host here: resumable, verified by sha256, never over a newer local file."""
-    from ..core.fileswire import WireError
-    from ..core.pull import PullError, pull
+    from ..core.files.pull import PullError, pull
+    from ..core.files.wire import WireError
 
     specs, dest = args.paths, None
     if len(specs) > 1:
@@ -48,9 +48,9 @@ async def cmd_pull(args: argparse.Namespace) -> int:
 async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool, local: Any = None) -> Any:
     """Sync ``src`` to the host, reporting notes and a summary on stderr; the SyncResult. ``local``: the
     ``start_local`` of ``src`` begun before the connect."""
-    from ..core.fileswire import WireError
-    from ..core.pull import PullError
-    from ..core.sync import SyncError, sync
+    from ..core.files.pull import PullError
+    from ..core.files.sync import SyncError, sync
+    from ..core.files.wire import WireError
 
     try:
         with progress_printer() as show:
@@ -69,7 +69,7 @@ async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool, 
 async def cmd_sync(args: argparse.Namespace) -> int:
     """Copy a local tree to a directory on the host: only changed files travel. The local tree is walked and
     hashed in a thread while the host connects."""
-    from ..core.sync import start_local
+    from ..core.files.sync import start_local
 
     local = start_local(args.src)
 
@@ -92,7 +92,7 @@ async def cmd_forward(args: argparse.Namespace) -> int:
     if cfg.load(args.config).host(args.host).transport == "local":
         print(f"{args.host} is this machine: open http://127.0.0.1:{args.remote_port}/ directly (no forward needed)")
         return ExitStatus.OK
-    from ..core.forward import Forward
+    from ..core.files.forward import Forward
 
     async def body(s: HostSession) -> int:
         fwd = Forward(s, args.remote_port, args.local_port or 0,

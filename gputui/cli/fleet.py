@@ -7,15 +7,16 @@ import datetime
 import sys
 import time
 
-from ..core import autostop, jsonout
-from ..core import config as cfg
-from ..core import doctor as D
-from ..core import model as M
+from ..core import jsonout
+from ..core.config import file as cfg
 from ..core.errors import ExitStatus
-from ..core.fleet import Fleet
-from ..core.gather import gather_hosts
-from ..core.session import HostSession
-from ..core.spend import fleet_spend
+from ..core.hosts import doctor as D
+from ..core.hosts.fleet import Fleet
+from ..core.money import autostop
+from ..core.money.spend import fleet_spend
+from ..core.session import model as M
+from ..core.session.gather import gather_hosts
+from ..core.session.host import HostSession
 from ..tables import print_cost, print_status
 from .common import CliError, ask, host_names, hosts_status, open_fleet
 
@@ -98,7 +99,7 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
 
 async def cmd_trust(args: argparse.Namespace) -> int:
     """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
-    from ..core import trust as T  # asyncssh is only imported when an SSH host is used
+    from ..core.hosts import trust as T  # asyncssh is only imported when an SSH host is used
 
     check = await T.check_host_key(cfg.load(args.config), args.host)  # NoHostKey: a usage error
     print(f"{args.host} ({check.target.pattern}) presents {check.description}")

@@ -2,7 +2,7 @@
 
 ``add`` connects first (the host key shown and asked about, as ``gputui trust`` does; the doctor's checks run
 and printed) and writes the ``[hosts.NAME]`` table only when all that worked. ``remove`` cuts a table out and
-never touches the host. The config file itself is edited by :mod:`gputui.core.hostedit`.
+never touches the host. The config file itself is edited by :mod:`gputui.core.hosts.edit`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core import config as cfg
-from ..core import doctor as D
 from ..core import jsonout
-from ..core import model as M
+from ..core.config import file as cfg
 from ..core.errors import ExitStatus
+from ..core.hosts import doctor as D
 from ..core.safetext import clean
+from ..core.session import model as M
 from .common import CliError, ask, bounded
 
 if TYPE_CHECKING:
-    from ..core.hostedit import ConfigFile, Destination
-    from ..core.session import HostSession
-    from ..core.trust import TrustCheck
+    from ..core.hosts.edit import ConfigFile, Destination
+    from ..core.hosts.trust import TrustCheck
+    from ..core.session.host import HostSession
 
 #: The hook for provider detection (issue 26): given the new host's connected session, the table to be
 #: written and the config's API bases (``autostop.api_urls``), the keys it found (``price_per_hour``,
@@ -44,7 +44,7 @@ async def _detect_provider(session: HostSession, table: dict[str, Any], urls: di
     $LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys); each API asked at ``urls`` where the config sets one.
     ``provider`` and the provider's ``price_per_hour`` where the table sets none. Prints what it found; None
     when nothing was."""
-    from ..core import providers
+    from ..core.money import providers
 
     found: dict[str, Any] = {}
     host_urls = {k: v for k, v in urls.items() if k in (providers.RUNPOD, providers.VASTAI)}
@@ -124,7 +124,7 @@ ADD_EXAMPLES = """examples:
 # --- add ------------------------------------------------------------------------------------------------------
 def _destinations(args: argparse.Namespace) -> list[tuple[str, Destination]]:
     """(name, destination) of each host to add; a usage error for a command line that does not fit."""
-    from ..core import hostedit as H
+    from ..core.hosts import edit as H
 
     try:
         if args.from_ssh_config:
@@ -142,7 +142,7 @@ def _destinations(args: argparse.Namespace) -> list[tuple[str, Destination]]:
 
 def _read_config(explicit: str | None) -> ConfigFile:
     """The config file to edit (``--config``, ``$GPUTUI_CONFIG``, else the default; it may not exist yet)."""
-    from ..core import hostedit as H
+    from ..core.hosts import edit as H
 
     path, _ = cfg.resolve_path(explicit)
     assert path is not None
@@ -160,7 +160,7 @@ async def cmd_add(args: argparse.Namespace) -> int:
 
 def _planned(file: ConfigFile, name: str, table: dict[str, Any]) -> tuple[str, cfg.Config]:
     """The config's new text with the host's table, and the config it loads as (errors: usage errors)."""
-    from ..core import hostedit as H
+    from ..core.hosts import edit as H
 
     try:
         text = H.with_host(file, name, table)
@@ -171,9 +171,9 @@ def _planned(file: ConfigFile, name: str, table: dict[str, Any]) -> tuple[str, c
 
 async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> None:
     """Connect to the new host, trust its key (asking), run the doctor; then write its table."""
-    from ..core import hostedit as H
-    from ..core import known_hosts as kh
-    from ..core import trust as T
+    from ..core.hosts import edit as H
+    from ..core.hosts import trust as T
+    from ..core.transport import known_hosts as kh
 
     file = _read_config(args.config)
     table = dest.table()
@@ -226,8 +226,8 @@ async def _confirm_key(args: argparse.Namespace, check: TrustCheck) -> None:
 
 async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> dict[str, Any] | None:
     """Connect, run the doctor's checks and print them; the keys provider detection found (None: none)."""
-    from ..core import autostop
-    from ..core.fleet import Fleet
+    from ..core.hosts.fleet import Fleet
+    from ..core.money import autostop
 
     fleet = Fleet(config)
     try:
@@ -248,7 +248,7 @@ async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> d
 # --- remove ---------------------------------------------------------------------------------------------------
 async def cmd_remove(args: argparse.Namespace) -> int:
     """Cut ``[hosts.NAME]`` out of the config (asks; refuses while its jobs run unless --force)."""
-    from ..core import hostedit as H
+    from ..core.hosts import edit as H
 
     file = _read_config(args.config)
     if not file.exists:
@@ -275,7 +275,7 @@ async def cmd_remove(args: argparse.Namespace) -> int:
 def _host_config(file: ConfigFile, name: str) -> cfg.Config:
     """The config to reach ``name`` with: the file's, else (another host's table is broken: that does not block
     this one's removal) the file with no other host; a CliError naming --force when neither loads."""
-    from ..core import hostedit as H
+    from ..core.hosts import edit as H
 
     try:
         return file.config()
@@ -289,9 +289,9 @@ def _host_config(file: ConfigFile, name: str) -> cfg.Config:
 
 async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
     """A CliError when the host has jobs running or queued, or cannot be asked (--force skips this)."""
-    from ..core.fleet import Fleet
-    from ..core.link import AgentError, LinkClosed
-    from ..core.transport import HostError, HostUnavailable
+    from ..core.hosts.fleet import Fleet
+    from ..core.transport.base import HostError, HostUnavailable
+    from ..core.transport.link import AgentError, LinkClosed
 
     fleet = Fleet(replace(config, hosts={name: config.host(name)}))
     try:
@@ -314,7 +314,7 @@ async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
 # --- hosts ----------------------------------------------------------------------------------------------------
 async def cmd_hosts(args: argparse.Namespace) -> int:
     """Every configured host with where it comes from, its address and price; ssh_config aliases not added."""
-    from ..core import hostedit as H
+    from ..core.hosts import edit as H
 
     config = cfg.load(args.config)
     try:

@@ -12,12 +12,12 @@ import shlex
 import sys
 from typing import Any
 
-from ..core import config as cfg
-from ..core import jsonout, safetext, secrets
-from ..core import model as M
-from ..core.artifacts import check_patterns
+from ..core import jsonout, safetext
+from ..core.config import file as cfg
 from ..core.errors import ExitStatus
-from ..core.jobs import (
+from ..core.files.artifacts import check_patterns
+from ..core.jobs import secrets
+from ..core.jobs.usecases import (
     MAX_QUEUE_DEPS,
     JobSpec,
     collect_history,
@@ -26,7 +26,8 @@ from ..core.jobs import (
     restart_request,
     start_job,
 )
-from ..core.session import MAX_KILL_GRACE_S, HostSession
+from ..core.session import model as M
+from ..core.session.host import MAX_KILL_GRACE_S, HostSession
 from ..tables import print_history, print_jobs, print_queue, queue_gpus
 from .common import CliError, ask_async, bounded, host_names, hosts_status, job_exit, open_fleet, with_session
 from .files import sync_tree
@@ -156,7 +157,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         code, job_cwd = None, cwd
         if args.sync is not None:
             synced = await sync_tree(s, args.sync, args.cwd, delete=False)
-            from ..core.sync import SyncError
+            from ..core.files.sync import SyncError
 
             try:
                 synced.require_complete(s.name)  # the job would run on stale code: never started
@@ -241,7 +242,7 @@ def _series_flag(args: argparse.Namespace) -> None:
 
 async def _series(fleet: Any, runs: list[tuple[str, str]]) -> Any:
     """``--series``: each run's metric series (the comparison module loads the log parser: only then)."""
-    from ..core.compare import load_series
+    from ..core.jobs.compare import load_series
 
     return await load_series(fleet, runs)
 

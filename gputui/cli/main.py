@@ -213,7 +213,7 @@ def complete(words: list[str]) -> list[str]:
 
 
 def _hosts(config: str | None) -> list[str]:
-    from ..core import config as cfg
+    from ..core.config import file as cfg
 
     try:
         return list(cfg.load(config).hosts)
@@ -223,8 +223,8 @@ def _hosts(config: str | None) -> list[str]:
 
 def _job_ids(config: str | None, host: str) -> list[str]:
     """The host's job ids, asked of it (bounded); none when it cannot answer in time."""
-    from ..core import config as cfg
-    from ..core.fleet import Fleet
+    from ..core.config import file as cfg
+    from ..core.hosts.fleet import Fleet
 
     async def ask() -> list[str]:
         fleet = Fleet(cfg.load(config))

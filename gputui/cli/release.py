@@ -5,21 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..core import autostop, safetext
-from ..core import config as cfg
-from ..core.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
+from ..core import safetext
+from ..core.config import file as cfg
 from ..core.errors import ExitStatus
-from ..core.release import ReleaseError, ReleaseRequest, check_configured, check_release, release_host
-from ..core.session import HostSession
+from ..core.files.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
+from ..core.money import autostop
+from ..core.money.release import ReleaseError, ReleaseRequest, check_configured, check_release, release_host
+from ..core.session.host import HostSession
 from .common import CliError, ask, bounded, open_fleet, progress_printer, with_session
 
 
 async def _artifacts_first(args: argparse.Namespace, session: HostSession, host: cfg.HostConfig) -> None:
     """Before a release: the artifacts changed on the host since the last pull, pulled when asked (--pull, or
     yes on a terminal); a CliError (not released) when some would be lost and nobody said so."""
-    from ..core.artifacts import check, pull_artifacts
-    from ..core.fileswire import WireError
-    from ..core.pull import PullError
+    from ..core.files.artifacts import check, pull_artifacts
+    from ..core.files.pull import PullError
+    from ..core.files.wire import WireError
 
     if args.pull is False:
         return

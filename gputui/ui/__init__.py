@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gputui.core.config import Config
+from gputui.core.config.file import Config
 
 
 def run(config: Config) -> int:

@@ -26,10 +26,11 @@ from textual.theme import Theme
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer
 
-from gputui.core import autostop, safetext
-from gputui.core import config as cfg
-from gputui.core import model as M
-from gputui.core.spend import fleet_spend
+from gputui.core import safetext
+from gputui.core.config import file as cfg
+from gputui.core.money import autostop
+from gputui.core.money.spend import fleet_spend
+from gputui.core.session import model as M
 
 from . import fmt
 from . import themes as T
@@ -53,10 +54,10 @@ from .widgets.log import LogPane, LogView
 from .widgets.textbox import TextBox, set_class
 
 if TYPE_CHECKING:  # what only actions, dialogs or the first log need loads then, not before the first frame
-    from gputui.core.cost import Ledger
     from gputui.core.insights import Hint, JobInsights
-    from gputui.core.jobs import JobSpec
-    from gputui.core.session import HostSession
+    from gputui.core.jobs.usecases import JobSpec
+    from gputui.core.money.cost import Ledger
+    from gputui.core.session.host import HostSession
 
     from .flows.files import Forwards  # the flows (sync, artifacts, forwards: asyncssh) load when first used
     from .flows.release import ReleaseCall
@@ -679,7 +680,7 @@ class GpuTuiApp(App[None]):
                 self._draft = (asked, "the sync failed, the job did not start")
                 return
             spec = synced
-        from gputui.core.jobs import start_job
+        from gputui.core.jobs.usecases import start_job
 
         snap = self.hosts.get(spec.host)
         if snap is not None and snap.state in (M.CONNECTING, M.RECONNECTING):  # else 30 s of silence
@@ -788,7 +789,7 @@ class GpuTuiApp(App[None]):
         self.run_worker(send(), group="command")
 
     def action_doctor(self) -> None:
-        from gputui.core.doctor import run_doctor
+        from gputui.core.hosts.doctor import run_doctor
 
         from .screens.reports import ReportScreen, doctor_table
 
@@ -819,8 +820,8 @@ class GpuTuiApp(App[None]):
             self.push_screen(GpuChartScreen(host, lambda: self.hosts.get(host), self.palette))
 
     def action_compare_runs(self) -> None:
-        from gputui.core.compare import load_runs
-        from gputui.core.jobs import collect_history
+        from gputui.core.jobs.compare import load_runs
+        from gputui.core.jobs.usecases import collect_history
 
         from .screens.compare import RunsScreen
 
@@ -837,7 +838,7 @@ class GpuTuiApp(App[None]):
         from .screens.reports import ReportScreen, history_table
 
         async def load() -> Any:  # an unreachable host has no history to show right now
-            from gputui.core.jobs import collect_history
+            from gputui.core.jobs.usecases import collect_history
 
             recs, _errors = await collect_history(
                 self.source, self.config, self.host_order, connect=False

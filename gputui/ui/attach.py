@@ -6,7 +6,7 @@ import os
 import subprocess
 from collections.abc import Callable, Sequence
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 
 Runner = Callable[[list[str]], int]
 

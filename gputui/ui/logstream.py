@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 
 from . import fmt
 from .logbuffer import LogBuffer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gputui.core import model as M
+from gputui.core.session import model as M
 
 from . import fmt
 

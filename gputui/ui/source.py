@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from gputui.core import model as M
-from gputui.core.config import Config, ConfigError, parse
-from gputui.core.fleet import Fleet
+from gputui.core.config.file import Config, ConfigError, parse
+from gputui.core.hosts.fleet import Fleet
+from gputui.core.session import model as M
 
 OnChange = Callable[[M.HostSnapshot], None]
 
@@ -19,7 +19,7 @@ METRICS_INTERVAL_S = 1.0
 
 
 class FleetSource(Protocol):
-    """The part of :class:`~gputui.core.fleet.Fleet` the app uses."""
+    """The part of :class:`~gputui.core.hosts.fleet.Fleet` the app uses."""
 
     def snapshots(self) -> list[M.HostSnapshot]: ...
 

@@ -11,7 +11,7 @@ from .log_hints import hint_for_exit
 from .snapshot import Hint, JobInsights, cap_line
 
 if TYPE_CHECKING:
-    from ..model import HostSnapshot, Job
+    from ..session.model import HostSnapshot, Job
 
 UTIL_HISTORY = 120  # host samples of GPU utilisation looked at for the low-utilisation hint
 _KILLED_CODES = ("host_oom", "dataloader_worker")  # log hints that already explain a SIGKILL

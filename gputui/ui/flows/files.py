@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from gputui.core import model as M
-from gputui.core.forward import Forward, ForwardError, WebUrl, job_urls
-from gputui.core.jobs import JobSpec
+from gputui.core.files.forward import Forward, ForwardError, WebUrl, job_urls
+from gputui.core.jobs.usecases import JobSpec
+from gputui.core.session import model as M
 
 from . import NOTIFY_S
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 async def sync_first(app: GpuTuiApp, spec: JobSpec) -> JobSpec | None:
     """Sync ``spec.sync`` to the host (into ``spec.cwd``, else ``~/gputui-work/NAME``); the spec to start, now
     running in the synced dir and recording its code; None (after saying why) when the sync failed."""
-    from gputui.core.sync import sync
+    from gputui.core.files.sync import sync
 
     assert spec.sync is not None
     app.notify(f"syncing {spec.sync} to {spec.host}…", timeout=NOTIFY_S)

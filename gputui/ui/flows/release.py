@@ -10,21 +10,21 @@ import shlex
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from gputui.core import model as M
 from gputui.core import safetext
-from gputui.core.artifacts import DEFAULT_DEST, Check, check, pull_artifacts
-from gputui.core.config import HostConfig
-from gputui.core.release import ReleaseError, ReleaseRequest, ReleaseResult, release_host
-from gputui.core.spend import idle_release_candidates
+from gputui.core.config.file import HostConfig
+from gputui.core.files.artifacts import DEFAULT_DEST, Check, check, pull_artifacts
+from gputui.core.money.release import ReleaseError, ReleaseRequest, ReleaseResult, release_host
+from gputui.core.money.spend import idle_release_candidates
+from gputui.core.session import model as M
 
 from .. import fmt
 from ..screens.release import PULL, RELEASE, ReleaseScreen
 from . import NAME_CHARS, NOTIFY_S
 
 if TYPE_CHECKING:
-    from gputui.core.cost import Ledger
-    from gputui.core.session import HostSession
-    from gputui.core.spend import BudgetAlert
+    from gputui.core.money.cost import Ledger
+    from gputui.core.money.spend import BudgetAlert
+    from gputui.core.session.host import HostSession
 
     from ..app import GpuTuiApp
 

@@ -21,14 +21,14 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from gputui.core import config as cfg
 from gputui.core import safetext
+from gputui.core.config import file as cfg
 
 from ..widgets.plain_input import PlainInput
 
 if TYPE_CHECKING:
-    from gputui.core.hostedit import ConfigFile
-    from gputui.core.trust import TrustCheck
+    from gputui.core.hosts.edit import ConfigFile
+    from gputui.core.hosts.trust import TrustCheck
 
 DOCTOR_TIMEOUT_S = 60.0
 SHOWN_CHARS = 4000
@@ -47,7 +47,7 @@ class Plan:
 
 def destination(text: str) -> Any:
     """The destination typed or pasted: ``USER@HOST [-p PORT] [-i KEY]`` or a whole ``ssh ...`` line."""
-    from gputui.core import hostedit as H
+    from gputui.core.hosts import edit as H
 
     try:
         words = shlex.split(text)
@@ -62,7 +62,7 @@ def destination(text: str) -> Any:
 
 async def plan(path: Path, name: str, dest_text: str, price_text: str) -> Plan:
     """Read the config and plan the new table (nothing is written): a usage error for what cannot be added."""
-    from gputui.core import hostedit as H
+    from gputui.core.hosts import edit as H
 
     H.check_name(name)
     table = destination(dest_text).table()
@@ -82,9 +82,9 @@ async def plan(path: Path, name: str, dest_text: str, price_text: str) -> Plan:
 
 async def doctor_lines(p: Plan) -> list[str]:
     """Connect trusting exactly the key shown (a throwaway known_hosts until Save) and run the doctor."""
-    from gputui.core import doctor as D
-    from gputui.core import known_hosts as kh
-    from gputui.core.fleet import Fleet
+    from gputui.core.hosts import doctor as D
+    from gputui.core.hosts.fleet import Fleet
+    from gputui.core.transport import known_hosts as kh
 
     host = p.config.hosts[p.name]
     pinned = tempfile.mkdtemp(prefix="gputui-add-")
@@ -107,8 +107,8 @@ async def doctor_lines(p: Plan) -> list[str]:
 
 async def save(p: Plan) -> None:
     """Trust the key (known_hosts) and write the table (atomically; refused if the file changed)."""
-    from gputui.core import hostedit as H
-    from gputui.core import trust as T
+    from gputui.core.hosts import edit as H
+    from gputui.core.hosts import trust as T
 
     if p.check is not None and p.check.trusted_in is None:
         await asyncio.to_thread(T.trust, p.check)
@@ -191,7 +191,7 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
         self._buttons(True, False, False)
 
     async def _fetch_key(self) -> None:
-        from gputui.core import trust as T
+        from gputui.core.hosts import trust as T
 
         name = self.query_one("#name", PlainInput).value.strip()
         self.say(f"connecting to {name or '?'} ...", fresh=True)

@@ -17,10 +17,10 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Static
 
-from gputui.core import model as M
 from gputui.core import safetext
 from gputui.core.insights.metrics import metric_kind
-from gputui.core.series import X_EPOCH, X_LINE, X_STEP, JobSeries, Series
+from gputui.core.session import model as M
+from gputui.core.session.series import X_EPOCH, X_LINE, X_STEP, JobSeries, Series
 
 from ..palette import Palette
 from ..widgets.chart import Chart, Line

@@ -14,8 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from gputui.core import safetext
-from gputui.core.compare import MAX_RUNS, MIN_RUNS, Run, compare_rows
-from gputui.core.headline import ranked
+from gputui.core.jobs.compare import MAX_RUNS, MIN_RUNS, Run, compare_rows
+from gputui.core.jobs.headline import ranked
 
 from ..palette import Palette
 from .chart import CompareChartScreen, compare_table

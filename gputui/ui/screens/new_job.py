@@ -12,9 +12,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
-from gputui.core import jobs, safetext
-from gputui.core import model as M
-from gputui.core.jobs import JobSpec
+from gputui.core import safetext
+from gputui.core.jobs import usecases as jobs
+from gputui.core.jobs.usecases import JobSpec
+from gputui.core.session import model as M
 from remote_agent.jobs import restart as R
 
 from ..widgets.plain_input import PlainInput

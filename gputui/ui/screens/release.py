@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
 from gputui.core import safetext
-from gputui.core.artifacts import Check
+from gputui.core.files.artifacts import Check
 
 from ..keys import RELEASE_KEYS
 

@@ -15,8 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from gputui.core import safetext
-from gputui.core.doctor import FAIL, OK, SKIP, WARN, DoctorReport
-from gputui.core.headline import ranked
+from gputui.core.hosts.doctor import FAIL, OK, SKIP, WARN, DoctorReport
+from gputui.core.jobs.headline import ranked
 
 from .. import fmt
 

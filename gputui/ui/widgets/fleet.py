@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from gputui.core import model as M
 from gputui.core import safetext
-from gputui.core.spend import FleetSpend
+from gputui.core.money.spend import FleetSpend
+from gputui.core.session import model as M
 
 from .. import fmt
 from ..palette import Palette

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.containers import Container, Vertical
 
-from gputui.core import model as M
 from gputui.core import safetext
-from gputui.core.cluster import cluster_text
-from gputui.core.metrics_history import GpuSeries, MetricsHistory
+from gputui.core.hosts.cluster import cluster_text
+from gputui.core.session import model as M
+from gputui.core.session.metrics_history import GpuSeries, MetricsHistory
 
 from .. import fmt
 from ..logstream import progress_text

@@ -15,8 +15,8 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widgets import Input
 
-from gputui.core import model as M
 from gputui.core import safetext
+from gputui.core.session import model as M
 
 from .. import fmt
 from ..keys import LOG_KEYS

@@ -1,0 +1,308 @@
+"""Immutable snapshots of what the client knows about its hosts.
+
+A HostSession turns agent frames into these frozen dataclasses; the CLI prints them and the UI swaps
+them in. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from gputui.core.session.metrics_history import EMPTY as EMPTY_HISTORY
+from gputui.core.session.metrics_history import MetricsHistory
+from remote_agent import protocol as P
+from remote_agent.protocol import JOB_ENDED_STATES as JOB_ENDED_STATES
+from remote_agent.protocol import JOB_FAILED as JOB_FAILED
+from remote_agent.protocol import JOB_KILLED as JOB_KILLED
+from remote_agent.protocol import JOB_LOST as JOB_LOST
+from remote_agent.protocol import JOB_QUEUED as JOB_QUEUED
+from remote_agent.protocol import JOB_RUNNING as JOB_RUNNING
+from remote_agent.protocol import JOB_SUCCEEDED as JOB_SUCCEEDED
+
+if TYPE_CHECKING:
+    from gputui.core.insights import JobInsights
+
+# Connection states of a host.
+CONNECTING = "connecting"
+CONNECTED = "connected"
+RECONNECTING = "reconnecting"
+ERROR = "error"
+CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    mem_mib: float | None = None
+    job: str | None = None  # id of the gputui job owning the pid, if any
+    name: str | None = None
+    hidden: bool = False  # the pid is from another PID namespace (a pod): not in the agent's /proc
+    inferred: bool = False  # job matched by its GPUs, not by /proc (a pid from another PID namespace)
+
+
+#: A lost GPU's ``error`` and ``fix`` from the agent are kept to this many characters.
+MAX_GPU_TEXT = 500
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU's reading (``protocol.Gpu``); the GPU lists of host facts fill the first fields only."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    util_percent: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    fan_percent: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    pstate: str | None = None
+    ecc_errors_uncorrected: int | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+    persistence_mode: bool | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    state: str = P.GPU_OK  # "lost": the driver cannot reach this GPU; ``error`` has its words, ``fix`` what to do
+    error: str | None = None
+    fix: str | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self.state == P.GPU_LOST
+
+    @classmethod
+    def from_wire(cls, gpu: P.Gpu | P.GpuFact) -> GpuSample:
+        d: Mapping[str, Any] = gpu  # a reading, or a GPU of the host's facts (the first fields only)
+        fields = [k for k in P.GPU_FIELDS if k not in ("processes", "throttle_reasons", "state", "error", "fix")]
+        known: dict[str, Any] = {k: d.get(k) for k in fields}
+        if d.get("state") == P.GPU_LOST:  # anything else is a GPU without a known problem
+            known["state"] = P.GPU_LOST
+            for k in ("error", "fix"):
+                v = d.get(k)
+                known[k] = v[:MAX_GPU_TEXT] if isinstance(v, str) else None
+        procs = tuple(
+            GpuProcess(
+                pid=int(p["pid"]),
+                mem_mib=p.get("mem_mib"),
+                job=p.get("job"),
+                name=p.get("name"),
+                inferred=bool(p.get("inferred")),
+            )
+            for p in d.get("processes") or ()
+        )
+        reasons = d.get("throttle_reasons")
+        known["index"] = int(d.get("index", 0))
+        return cls(**known, processes=procs, throttle_reasons=None if reasons is None else tuple(reasons))
+
+
+@dataclass(frozen=True)
+class HostStats:
+    cpu_percent: float | None = None
+    cpu_count: float | None = None  # the container's CPU quota when it has one
+    load1: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    disk_free_gib: float | None = None
+    disk_total_gib: float | None = None
+    uptime_s: float | None = None
+    mem_scope: str | None = None  # "cgroup": memory is the container's limit, not the machine's RAM
+    cpu_scope: str | None = None
+
+    @classmethod
+    def from_wire(cls, d: P.HostReading | None) -> HostStats:
+        reading: dict[str, Any] = dict(d or {})
+        return cls(**{k: reading.get(k) for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One metrics sample of a host: ``seq`` increases by one per sample on the agent."""
+
+    seq: int
+    t: float
+    host: HostStats
+    gpus: tuple[GpuSample, ...]
+    gpu_source: str | None = None  # "nvml", "nvidia-smi" or None
+    gpu_error: str | None = None  # why there are no GPU readings, e.g. "no NVIDIA driver"
+    # idleness as the agent sees it: reasons (why not idle), idle_seconds, watchdog state
+    activity: P.Activity = field(default_factory=lambda: P.Activity(), compare=False, hash=False)
+
+    @classmethod
+    def from_wire(cls, d: P.MetricsSample) -> MetricsSample:
+        return cls(
+            seq=int(d.get("seq", 0)),
+            t=float(d.get("t", 0.0)),
+            host=HostStats.from_wire(d.get("host")),
+            gpus=tuple(GpuSample.from_wire(g) for g in d.get("gpus") or ()),
+            gpu_source=d.get("gpu_source"),
+            gpu_error=d.get("gpu_error"),
+            activity=d.get("activity") or {},
+        )
+
+
+#: Optional parts of a host's job record that a Job keeps as they came.
+_KEPT_IF_SET = (
+    "error", "log_error", "code", "queue", "artifacts", "slurm", "env_keys", "restart", "attempts", "attempt",
+    "restart_at",
+)
+
+
+def _slurm_reason(d: P.JobRecord) -> str | None:
+    """Why a queued Slurm job waits, in Slurm's word (Resources, Priority, ...)."""
+    return (d.get("slurm") or {}).get("reason") if d.get("state") == JOB_QUEUED else None
+
+
+@dataclass(frozen=True)
+class Job:
+    host: str
+    id: str
+    name: str
+    state: P.JobState
+    command: tuple[str, ...]
+    cwd: str | None = None
+    gpus: str | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    log_size: int = 0
+    tmux_session: str | None = None
+    stalled: bool = False  # the host's watchdog found it stalled (GPUs idle, log silent): see stall_minutes
+    stalled_since: float | None = None  # when it was last seen active
+    stalled_reason: str | None = None
+    queue_position: int | None = None  # while queued on the host: 1 = next
+    queue_reason: str | None = None  # while queued: what it waits for (GPUs busy, another job)
+    insights: JobInsights | None = field(default=None, compare=False)  # progress, metrics, hints from the log
+    # the rest of the host's run record: git, gpu_inventory, price_per_hour, usage (peak memory, mean util)
+    record: P.JobRecord = field(default_factory=lambda: P.JobRecord(), compare=False, hash=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == JOB_RUNNING
+
+    @classmethod
+    def from_wire(cls, host: str, d: P.JobRecord) -> Job:
+        record = P.JobRecord(
+            git=d.get("git"), gpu_inventory=d.get("gpu_inventory") or [], price_per_hour=d.get("price_per_hour"),
+            usage=d.get("usage"),
+        )  # fmt: skip
+        for key in _KEPT_IF_SET:  # the record's optional parts, only where the host set them
+            if key in d:
+                record[key] = d[key]  # type: ignore[literal-required]
+        return cls(
+            host=host,
+            id=str(d["id"]),
+            name=str(d.get("name") or d["id"]),
+            state=d.get("state", JOB_LOST),
+            command=tuple(d.get("argv") or ()),
+            cwd=d.get("cwd"),
+            gpus=d.get("gpus"),
+            exit_code=d.get("exit_code"),
+            started_at=d.get("started_at"),
+            ended_at=d.get("ended_at"),
+            log_size=int(d.get("log_size") or 0),
+            tmux_session=d.get("tmux_session"),
+            stalled=d.get("stalled") is True,
+            stalled_since=d.get("stalled_since"),
+            stalled_reason=d.get("stalled_reason"),
+            queue_position=d.get("queue_position"),
+            queue_reason=d.get("queue_reason") or _slurm_reason(d),
+            record=record,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("insights", "record")}
+        d["command"] = list(self.command)
+        d["insights"] = self.insights.to_json() if self.insights is not None else None
+        d["error"] = self.record.get("error")  # this job's own problem (unreadable files), never the host's
+        d["log_error"] = self.record.get("log_error")  # e.g. "disk full at offset N": the log stops there
+        d["slurm"] = self.record.get("slurm")  # a Slurm job: job_id, state, reason, nodes (None otherwise)
+        d["restart"] = self.record.get("restart")  # its restart policy (None: "no")
+        d["attempt"] = self.record.get("attempt")  # the attempt that runs or waits (with a policy)
+        d["attempts"] = self.record.get("attempts") or []  # each ended attempt: exit, start/end, hint, progress
+        d["restart_at"] = self.record.get("restart_at")  # when the next attempt starts, while it waits
+        return d
+
+
+@dataclass(frozen=True)
+class CostInfo:
+    """Money and idleness of one host (see gputui.core.money.cost)."""
+
+    currency: str = "USD"
+    price_per_hour: float | None = None  # None: no price configured or derivable
+    accrued: float = 0.0  # since billing start
+    today: float = 0.0
+    month: float = 0.0
+    idle: bool = False
+    idle_seconds: float = 0.0
+    idle_cost: float = 0.0
+    reasons: tuple[str, ...] = ()  # why the host is NOT idle, e.g. "job 7 running", "GPU 2 at 43%"
+    released: bool = False
+    autostop_in_s: float | None = None  # watchdog countdown, when autostop is armed
+    deadline_in_s: float | None = None  # hard release deadline, when set
+    # provider-native price and release (gputui.core.money.cost.release_info; remote_agent/host/provider.py)
+    price_source: str | None = None  # "config", "prices" (per-GPU table) or the provider's name
+    price_unknown: str | None = None  # why the provider's own price could not be used (display: "price unknown")
+    provider: str | None = None  # where the host's watchdog releases through: "runpod", "vastai", "command"
+    instance_id: str | None = None
+    release_check_ok: bool | None = None  # the last release check's verdict (None: never checked)
+    release_check_at: float | None = None  # when it was made (epoch seconds)
+    release_check_detail: str | None = None
+    release_failed: str | None = None  # why the last release failed: the host still bills
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reasons"] = list(self.reasons)
+        return d
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """Everything the client knows about one host at one moment."""
+
+    name: str
+    state: str = CONNECTING
+    error: str | None = None
+    detail: str | None = None  # e.g. "attempt 3, next try in 2.0 s"
+    # from the agent's hello
+    facts: P.HostFacts = field(default_factory=lambda: cast(P.HostFacts, {}), compare=False, hash=False)
+    metrics: MetricsSample | None = None
+    jobs: tuple[Job, ...] = ()
+    updated_at: float = 0.0
+    history: MetricsHistory = field(default=EMPTY_HISTORY, compare=False, repr=False)  # recent samples, compact
+    cost: CostInfo | None = None
+    # a Slurm login node (scheduler = "slurm"): partitions and nodes from its last sinfo
+    cluster: P.ClusterInfo | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def gpus(self) -> tuple[GpuSample, ...]:
+        return self.metrics.gpus if self.metrics else ()
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.metrics
+        return {
+            "name": self.name,
+            "state": self.state,
+            "error": self.error,
+            "detail": self.detail,
+            "hostname": self.facts.get("hostname"),
+            "tmux_socket": self.facts.get("tmux_socket"),  # tmux -L SOCKET attach -t =gputui-ID
+            "container": self.facts.get("container"),
+            "gpu_source": m.gpu_source if m else None,
+            "gpu_error": m.gpu_error if m else None,
+            "gpus": [_gpu_json(g) for g in self.gpus],
+            "host": asdict(m.host) if m else {},
+            "jobs": [j.to_json() for j in self.jobs],
+            "cost": self.cost.to_json() if self.cost is not None else None,
+            "cluster": self.cluster,
+        }
+
+
+def _gpu_json(g: GpuSample) -> dict[str, Any]:
+    d = asdict(g)
+    d["throttle_reasons"] = None if g.throttle_reasons is None else list(g.throttle_reasons)
+    return d
