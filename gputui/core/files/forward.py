@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import asyncssh
-
 from gputui.core.errors import UsageError
 from gputui.core.session.host import HostSession
 from gputui.core.transport.ssh import SSHTransport
+from gputui.core.transport.sshlib import asyncssh
 
 log = logging.getLogger(__name__)
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import asyncssh
-
 from gputui.core.config.file import Config
 from gputui.core.errors import UsageError
 from gputui.core.transport import known_hosts as kh
 from gputui.core.transport.base import HostError
 from gputui.core.transport.ssh import SSHTransport, Target, fetch_host_key
+from gputui.core.transport.sshlib import asyncssh
 
 
 class NoHostKey(UsageError, ValueError):

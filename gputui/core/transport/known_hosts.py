@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import asyncssh
+from gputui.core.transport.sshlib import asyncssh
 
 DEFAULT_PORT = 22
 GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"

@@ -20,12 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gputui.core.transport import sshlib  # noqa: F401 - first: asyncssh imports without its slow library search
-
-# isort: split
-import asyncssh
-from asyncssh.encryption import get_encryption_algs
-
 from gputui.core import paths
 from gputui.core.config.file import HostConfig
 from gputui.core.deploy.agentproc import AGENT_PYTHON_FLAGS
@@ -39,6 +33,7 @@ from gputui.core.deploy.bundle import (
 from gputui.core.transport import known_hosts as kh
 from gputui.core.transport import ssh_config as sr
 from gputui.core.transport.base import AgentChannel, HostError, HostUnavailable, Transport
+from gputui.core.transport.sshlib import asyncssh
 from remote_agent.protocol import MAX_FRAME_BYTES
 
 log = logging.getLogger(__name__)
@@ -214,7 +209,7 @@ def _loadable(path: str) -> bool:
 def _ciphers(configured: str | None) -> str | list[str]:
     """AES-GCM first unless ssh_config names ``Ciphers`` (those asyncssh has, in their order, then)."""
     if configured:
-        have = {alg.decode() for alg in get_encryption_algs()}
+        have = {alg.decode() for alg in asyncssh.encryption.get_encryption_algs()}
         usable = [c for c in configured.split(",") if c in have]
         if usable:
             return usable

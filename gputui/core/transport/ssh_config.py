@@ -259,14 +259,11 @@ def split_args(text: str) -> list[str]:
 
 def _fallback_config() -> Any:
     """asyncssh's client config read as OpenSSH reads the file (see ``_from_asyncssh``)."""
-    from gputui.core.transport import sshlib  # noqa: F401 - asyncssh without its slow library search
-
-    # isort: split
     from pathlib import Path
 
-    from asyncssh.config import SSHClientConfig
+    from gputui.core.transport.sshlib import asyncssh
 
-    class OpenSSHRead(SSHClientConfig):
+    class OpenSSHRead(asyncssh.config.SSHClientConfig):
         """Lines split as OpenSSH splits them (end-of-line comments, backslashes kept, ``=``), the first of
         ProxyCommand/ProxyJump winning, Include bounded to OpenSSH's depth; ``%`` tokens left to us."""
 

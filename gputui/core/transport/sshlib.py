@@ -5,7 +5,8 @@ At import asyncssh looks for liboqs (post-quantum key exchange) and nettle (UMAC
 then ``ld`` too: ~45 ms per missing name here, and liboqs is looked for under two names, at every start of a
 command that uses SSH. While asyncssh imports, the search reads only the dynamic loader's cache
 (``ldconfig -p``): what ``dlopen`` finds by name. With ``LD_LIBRARY_PATH`` set, or off Linux, it is left as is.
-Import this module before anything imports asyncssh (``ssh_transport`` does).
+The rest of gputui takes asyncssh from here (``from gputui.core.transport.sshlib import asyncssh``): no module
+imports it on its own, so none can load it the slow way first (tests/test_hygiene.py holds that).
 """
 
 from __future__ import annotations
@@ -33,4 +34,6 @@ def loader_cache_only() -> Iterator[None]:
 
 
 with loader_cache_only():
-    import asyncssh  # noqa: E402, F401
+    import asyncssh as asyncssh  # noqa: E402 - re-exported
+    import asyncssh.config  # noqa: E402, F401 - used by transport/ssh_config.py
+    import asyncssh.encryption  # noqa: E402, F401 - used by transport/ssh.py
