@@ -43,6 +43,8 @@ MAX_SNOOZE_MIN = 7 * 24 * 60
 #: Most jobs, and most bytes of JSON, one jobs.list page carries; the client asks for pages until none remain.
 #: Job ids one queued job may wait for, per key (``after``, ``after_ok``).
 MAX_QUEUE_DEPS = 50
+#: Longest job name (a longer one is cut; a default name is the argv joined with spaces).
+MAX_JOB_NAME = 200
 LIST_PAGE_JOBS = 2000
 LIST_PAGE_BYTES = 1024 * 1024
 #: logs.tails: most jobs one request names, most raw bytes of one job's tail, most raw bytes (tails and time

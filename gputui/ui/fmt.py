@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Sequence
 
 from gputui.core.durations import duration as duration  # the one duration format (app and CLI)
+from gputui.core.session.model import job_name as job_name  # what a job is called where it is shown
 
 BLOCKS = " ▏▎▍▌▋▊▉█"
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -88,15 +87,3 @@ def clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-_AGENT_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-AGENT_MAX_NAME = 200  # remote_agent.jobs.store.MAX_NAME
-
-
-def job_name(name: str, command: Sequence[str]) -> str:
-    """The job's name as shown: a default name (the agent joins the argv with spaces, losing its quoting)
-    becomes the shell-quoted command, e.g. ``python3 -c 'import time; print(1)'``."""
-    if command:
-        default = _AGENT_NAME_CONTROL.sub(" ", " ".join(command))[:AGENT_MAX_NAME].strip()
-        if name == default:
-            return shlex.join(command)
-    return name

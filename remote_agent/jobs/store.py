@@ -40,7 +40,7 @@ QUEUED = P.JOB_QUEUED
 START_GRACE_S = 10.0
 #: The queue's lock file in the state dir (see ``JobStore.queue_locked``).
 QUEUE_LOCK = "queue.lock"
-MAX_NAME = 200
+MAX_NAME = P.MAX_JOB_NAME
 _GPU_SPEC = re.compile(r"^(all|none|[A-Za-z0-9-]+(,[A-Za-z0-9-]+)*)$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOB_DIR_NAME = re.compile(r"^[0-9]{1,18}$")

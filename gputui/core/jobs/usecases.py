@@ -76,6 +76,16 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
     )  # fmt: skip
 
 
+def check_restart(policy: str | None, resume_from: str | None) -> None:
+    """ValueError for a bad restart policy, or a ``resume_from`` glob that reaches outside the job's dir or
+    comes without a policy that restarts (None: no policy)."""
+    asked = R.parse_policy(policy) if policy is not None else None
+    if resume_from is not None:
+        R.check_glob(resume_from)
+        if asked is None or asked["policy"] == R.POLICY_NO:
+            raise ValueError("resume from needs a restart policy: on-failure or on-failure:N")
+
+
 def restart_request(config: Config, name: str, policy: str | None, resume_from: str | None) -> dict[str, Any] | None:
     """The ``restart`` a start sends: ``policy`` (else the host's ``restart``) with the host's backoff settings;
     None for ``no``. ValueError for a bad policy or a glob reaching outside the job's dir."""

@@ -6,7 +6,9 @@ them in. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -306,3 +308,16 @@ def _gpu_json(g: GpuSample) -> dict[str, Any]:
     d = asdict(g)
     d["throttle_reasons"] = None if g.throttle_reasons is None else list(g.throttle_reasons)
     return d
+
+
+_AGENT_NAME_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def job_name(name: str, command: Sequence[str]) -> str:
+    """The job's name as shown: a default name (the agent joins the argv with spaces, losing its quoting)
+    becomes the shell-quoted command, e.g. ``python3 -c 'import time; print(1)'``."""
+    if command:
+        default = _AGENT_NAME_CONTROL.sub(" ", " ".join(command))[: P.MAX_JOB_NAME].strip()
+        if name == default:
+            return shlex.join(command)
+    return name

@@ -16,7 +16,6 @@ from gputui.core import safetext
 from gputui.core.jobs import usecases as jobs
 from gputui.core.jobs.usecases import JobSpec
 from gputui.core.session import model as M
-from remote_agent.jobs import restart as R
 
 from ..widgets.plain_input import PlainInput
 
@@ -200,11 +199,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
             gpus = None
         restart, resume_from = value("restart") or None, value("resume_from") or None
         try:
-            policy = None if restart is None else R.parse_policy(restart)["policy"]
-            if resume_from is not None:
-                R.check_glob(resume_from)
-                if policy in (None, R.POLICY_NO):
-                    raise ValueError("resume from needs a restart policy: on-failure or on-failure:N")
+            jobs.check_restart(restart, resume_from)
         except ValueError as exc:
             raise ValueError(f"restart: {exc}") from None
         return JobSpec(
