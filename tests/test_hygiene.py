@@ -43,21 +43,30 @@ def module_imports(package: Path, root: Path = ROOT) -> dict[str, set[str]]:
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
-        pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        found = set()
-        for node in _run_time_nodes(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1]) if node.level else ""
-                mod = ".".join(p for p in (base, node.module) if p)
-                found |= {mod} | {
-                    f"{mod}.{a.name}" for a in node.names
-                }  # ``from . import x``: x may be a module
-        # importing a.b.c runs a and a.b first; a module's own packages are already being imported: no cycle
-        found |= {m.rsplit(".", n)[0] for m in found for n in range(1, m.count(".") + 1)}
+        found = run_time_imports(path, name)
         graph[name] = {m for m in found if m in names and not f"{name}.".startswith(f"{m}.")}
     return graph
+
+
+def run_time_imports(path: Path, name: str) -> set[str]:
+    """What importing module ``name`` (at ``path``) imports when it runs, absolute; with ``from X import Y`` also
+    ``X.Y`` (Y may be a module), and the packages above each (importing a.b.c runs a and a.b first)."""
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _run_time_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1]) if node.level else ""
+            mod = ".".join(p for p in (base, node.module) if p)
+            found |= {mod} | {f"{mod}.{a.name}" for a in node.names}
+    return found | {m.rsplit(".", n)[0] for m in found for n in range(1, m.count(".") + 1)}
+
+
+def _modules(package: Path) -> Iterator[tuple[str, Path]]:
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), path
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -106,10 +115,85 @@ def test_import_cycle_finder_sees_lazy_relative_and_package_imports_not_typing_o
     ]
 
 
+#: gputui.core's domain packages from the bottom up: each imports only itself, those before it and the leaves.
+CORE_LAYERS = ("config", "insights", "deploy", "transport", "session", "files", "money", "jobs", "hosts")
+CORE_LEAVES = ("errors", "paths", "safetext", "durations", "jsonout")
+#: All the client takes from the agent's code: the package (the bundle is built from it), the wire schema, the
+#: file helpers both sides use, the restart policy's parser, and the provider clients (a release from here).
+AGENT_SHARED = {"remote_agent.protocol", "remote_agent.fsutil", "remote_agent.jobs.restart", "remote_agent.host.provider"}
+
+
+def layer_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` (gputui.core's modules) that go up or across the layers, or out of a leaf."""
+    def part(module: str) -> str:
+        return module.split(".")[2] if module.count(".") >= 2 else ""
+
+    bad = []
+    for name, deps in sorted(graph.items()):
+        here = part(name)
+        if here and here not in CORE_LAYERS + CORE_LEAVES:
+            bad.append(f"{name}: in no domain package (see gputui/core/__init__.py)")
+        for dep in sorted(deps):
+            there = part(dep)
+            if not there or there == here or there in CORE_LEAVES or there not in CORE_LAYERS:
+                continue
+            if here not in CORE_LAYERS or CORE_LAYERS.index(there) > CORE_LAYERS.index(here):
+                bad.append(f"{name} -> {dep}")
+    return bad
+
+
+def test_core_packages_import_only_themselves_those_below_and_the_leaves() -> None:
+    graph = module_imports(ROOT / "gputui" / "core")
+    assert any(d.startswith("gputui.core.session.") for d in graph["gputui.core.hosts.fleet"])  # the walk sees them
+    assert layer_breaches(graph) == []
+
+
+def test_layer_check_sees_an_import_up_across_or_out_of_a_leaf() -> None:
+    graph = {
+        "gputui.core.session.host": {"gputui.core.hosts.fleet", "gputui.core.transport.link", "gputui.core.paths"},
+        "gputui.core.files.sync": {"gputui.core.money.cost"},
+        "gputui.core.paths": {"gputui.core.config.file"},
+        "gputui.core.stray": set(),
+    }
+    assert layer_breaches(graph) == [
+        "gputui.core.files.sync -> gputui.core.money.cost",
+        "gputui.core.paths -> gputui.core.config.file",
+        "gputui.core.session.host -> gputui.core.hosts.fleet",
+        "gputui.core.stray: in no domain package (see gputui/core/__init__.py)",
+    ]
+
+
+def test_only_sshlib_imports_asyncssh() -> None:
+    """asyncssh loads the slow way unless sshlib imports it first: every other module takes it from there."""
+    bad = [
+        name
+        for name, path in _modules(ROOT / "gputui")
+        if name != "gputui.core.transport.sshlib"
+        and any(m.split(".")[0] == "asyncssh" for m in run_time_imports(path, name))
+    ]
+    assert bad == []
+
+
+def test_the_client_takes_from_the_agent_only_what_both_sides_share() -> None:
+    """The frontends (ui/, cli/) never import the agent; the core only the shared modules (AGENT_SHARED)."""
+    bad = []
+    for name, path in _modules(ROOT / "gputui"):
+        agent = {m for m in run_time_imports(path, name) if m.split(".")[0] == "remote_agent"} - {"remote_agent"}
+        if not name.startswith("gputui.core."):
+            bad += [f"{name} -> {m}" for m in sorted(agent)]
+        else:  # a shared module's names (remote_agent.protocol.X) and the packages above it are the module
+            bad += [
+                f"{name} -> {m}"
+                for m in sorted(agent)
+                if not any(m == s or m.startswith(s + ".") or s.startswith(m + ".") for s in AGENT_SHARED)
+            ]
+    assert bad == []
+
+
 def test_agent_imports_only_stdlib_and_pynvml() -> None:
     allowed = set(sys.stdlib_module_names) | {"pynvml", "remote_agent"}
     bad = []
-    for path in AGENT.glob("*.py"):
+    for path in AGENT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
