@@ -119,8 +119,10 @@ def test_import_cycle_finder_sees_lazy_relative_and_package_imports_not_typing_o
 CORE_LAYERS = ("config", "insights", "deploy", "transport", "session", "files", "money", "jobs", "hosts")
 CORE_LEAVES = ("errors", "paths", "safetext", "durations", "jsonout")
 #: All the client takes from the agent's code: the package (the bundle is built from it), the wire schema, the
-#: file helpers both sides use, the restart policy's parser, and the provider clients (a release from here).
-AGENT_SHARED = {"remote_agent.protocol", "remote_agent.fsutil", "remote_agent.jobs.restart", "remote_agent.host.provider"}
+#: file helpers both sides use, the restart policy's parser, the provider clients (a release from here), and the
+#: rules for a secret's name and size (checked here before anything is sent).
+AGENT_SHARED = {"remote_agent.protocol", "remote_agent.fsutil", "remote_agent.jobs.restart", "remote_agent.host.provider",
+                "remote_agent.jobs.secrets"}  # fmt: skip
 
 
 def layer_breaches(graph: dict[str, set[str]]) -> list[str]:

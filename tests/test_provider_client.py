@@ -12,6 +12,7 @@ import pytest
 from provider_standin import LAMBDA_KEY, StandIn
 
 from gputui.core.config import file as cfg
+from gputui.core.config import providers as settings
 from gputui.core.money import providers as pr
 
 IP = "198.51.100.7"
@@ -158,12 +159,12 @@ def test_a_wrong_key_is_refused(api: StandIn) -> None:
 
 
 def test_release_mode_defaults_and_problems() -> None:
-    assert [pr.default_release_mode(p) for p in ("runpod", "vastai", "lambda", "auto")] == [
+    assert [settings.default_release_mode(p) for p in ("runpod", "vastai", "lambda", "auto")] == [
         "stop", "stop", "terminate", "stop"
     ]  # fmt: skip
-    assert "Lambda has no stop" in (pr.release_mode_problem("lambda", "stop") or "")
-    assert pr.release_mode_problem("runpod", "stop") is None
-    assert "must be one of stop, terminate" in (pr.release_mode_problem("runpod", "pause") or "")
+    assert "Lambda has no stop" in (settings.release_mode_problem("lambda", "stop") or "")
+    assert settings.release_mode_problem("runpod", "stop") is None
+    assert "must be one of stop, terminate" in (settings.release_mode_problem("runpod", "pause") or "")
 
 
 def parse(text: str) -> cfg.Config:

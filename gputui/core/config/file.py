@@ -99,7 +99,7 @@ class HostConfig:
     # "slurm": the host is a Slurm login node; gputui run submits with sbatch (remote_agent/jobs/slurm.py)
     scheduler: str | None = None
     price_per_gpu_hour: float | None = None  # a Slurm job's price: this x its GPUs x nodes, while it runs
-    # provider-native price and release (gputui.core.money.providers): "auto" finds RunPod / vast.ai on the host
+    # provider-native price and release (gputui.core.config.providers): "auto" finds RunPod / vast.ai on the host
     provider: str = "auto"  # or "runpod", "vastai", "lambda", "none"
     release_mode: str | None = None  # "stop" / "terminate"; None: stop where the provider can, else terminate
     # restart policy of jobs started here (remote_agent/jobs/restart.py): "no" or "on-failure[:N]"
@@ -162,7 +162,7 @@ HOST_FIELDS: dict[str, Any] = {
 }
 GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,)}
 GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify", "providers")
-PROVIDERS = ("auto", "runpod", "vastai", "lambda", "none")  # gputui.core.money.providers has the rules behind them
+PROVIDERS = ("auto", "runpod", "vastai", "lambda", "none")  # gputui.core.config.providers has the rules behind them
 PROVIDER_FIELDS = ("api_url",)
 BUDGET_FIELDS = {
     "daily": (float, int),
@@ -420,7 +420,7 @@ def _check_provider(values: dict[str, Any], where: str, fail: Any) -> None:
     mode = values.get("release_mode")
     if mode is None:
         return
-    from gputui.core.money import providers  # only here: the CLI's start pays nothing for it
+    from gputui.core.config import providers  # only here: the CLI's start pays nothing for it
 
     problem = providers.release_mode_problem(provider, mode)
     if problem is None and provider == "none":
@@ -433,7 +433,7 @@ def _check_providers(table: dict[str, Any], fail: Any) -> dict[str, ProviderSett
     """``[providers.runpod]``, ``[providers.vastai]``, ``[providers.lambda]``: each provider's ``api_url``."""
     if not table:
         return {}
-    from gputui.core.money import providers
+    from gputui.core.config import providers
 
     out = {}
     for name, settings in table.items():

@@ -1,5 +1,6 @@
 """Provider-native price and release, the client's side: the Lambda client (Lambda puts no credentials on its
-hosts, so it runs here with the user's key) and the release-mode rules that config, status and release share.
+hosts, so it runs here with the user's key), and the provider settings' rules (``gputui.core.config.providers``)
+re-exported for status and release.
 
 RunPod and vast.ai are handled on the host by ``remote_agent.host.provider`` (the instance's own scoped key; the
 same HTTP rules and ``ProviderError`` are used here).
@@ -24,38 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gputui.core.config import providers as settings
+from gputui.core.config.providers import API_URLS, check_api_url
 from remote_agent.host import provider as agent_provider
 
-ProviderError = agent_provider.ProviderError
-Confirmed = agent_provider.Confirmed
-check_api_url = agent_provider.check_api_url
+# The settings' rules that status and release use beside the clients.
+LAMBDA, NONE, RUNPOD, VASTAI = settings.LAMBDA, settings.NONE, settings.RUNPOD, settings.VASTAI
+ProviderError = settings.ProviderError
 
-AUTO, RUNPOD, VASTAI, LAMBDA, NONE = "auto", "runpod", "vastai", "lambda", "none"
-PROVIDERS = (AUTO, RUNPOD, VASTAI, LAMBDA, NONE)  # the host setting ``provider``
-API_PROVIDERS = (RUNPOD, VASTAI, LAMBDA)  # those with a ``[providers.NAME]`` table
-RELEASE_MODES = agent_provider.MODES  # "stop", "terminate"
-API_URLS = {**agent_provider.API_URLS, LAMBDA: "https://cloud.lambdalabs.com/api/v1"}
+Confirmed = agent_provider.Confirmed
 LAMBDA_KEY_ENV = "LAMBDA_API_KEY"
 LAMBDA_KEY_FILE = "~/.lambda_cloud/lambda_keys"
 MAX_KEY_FILE = 64 * 1024
 MAX_INSTANCES = 1000  # entries of a listing looked at
 DEADLINE_S = agent_provider.DEADLINE_S
-# Why a provider cannot stop (keep the disk, stop the compute bill); absent: it can.
-NO_STOP = {LAMBDA: "Lambda has no stop: an instance can only be terminated"}
-
-
-def default_release_mode(provider: str) -> str:
-    """``release_mode`` where the config sets none: stop where the provider can, else terminate."""
-    return "terminate" if provider in NO_STOP else "stop"
-
-
-def release_mode_problem(provider: str, mode: str) -> str | None:
-    """Why ``mode`` cannot work for ``provider`` (None: it can, or it cannot be known before the host is seen)."""
-    if mode not in RELEASE_MODES:
-        return f"must be one of {', '.join(RELEASE_MODES)}, not {mode!r}"
-    if mode == "stop" and provider in NO_STOP:
-        return NO_STOP[provider] + ' (set release_mode = "terminate")'
-    return None
 
 
 @dataclass(frozen=True)
