@@ -1,1 +1,2 @@
-"""The user's config file: where it is, what it may hold, and errors that name file, line and field."""
+"""The user's config file: where it is, what it may hold (provider settings too), and errors that name file, line
+and field."""
