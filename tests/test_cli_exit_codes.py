@@ -1,4 +1,4 @@
-"""Exit statuses: every command through every error class, against the real sshd (README "Exit statuses")."""
+"""Exit statuses: every command through every error class, against the real sshd (docs/commands.md, "Exit statuses")."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_exit_status(
     status: int,
     message: str | None,
 ) -> None:
-    """Each row: one command, one thing broken; the README's status and a message that says what."""
+    """Each row: one command, one thing broken; the documented status and a message that says what."""
     configure(ssh_home)
     expected = setup(ssh_home) if setup else None
     res = ssh_home.cli(*argv, timeout=90)

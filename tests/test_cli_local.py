@@ -247,7 +247,8 @@ def test_broken_config_names_file_line_and_field(home: Home) -> None:
 
 
 def test_help_lists_every_command(home: Home, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every subcommand the parser has is one entry with a description in --help and in the README's table,
+    """Every subcommand the parser has is one entry with a description in --help and in the command tables
+    (README.md and docs/commands.md),
     and answers its own --help."""
     from gputui.cli import build_parser
 
@@ -257,9 +258,9 @@ def test_help_lists_every_command(home: Home, capsys: pytest.CaptureFixture[str]
     out = home.cli("--help", check=True).stdout
     listed = re.findall(r"^    ([a-z]+) {2,}\S", out, re.MULTILINE)
     assert listed == commands, out
-    readme = (ROOT / "README.md").read_text()
-    in_table = re.findall(r"^\| `gputui ([a-z]+)[ `]", readme, re.MULTILINE)
-    assert sorted(in_table) == sorted(commands), in_table
+    for page in ("README.md", "docs/commands.md"):  # the short table and the manual's
+        in_table = re.findall(r"^\| `gputui ([a-z]+)[ `]", (ROOT / page).read_text(), re.MULTILINE)
+        assert sorted(in_table) == sorted(commands), (page, in_table)
     for cmd in commands:
         with pytest.raises(SystemExit) as exit_:
             build_parser().parse_args([cmd, "--help"])

@@ -15,7 +15,7 @@ def _config_with(ssh_home: SshHome, ssh_config: str) -> None:
 
 @pytest.mark.parametrize("spelled", ["tilde", "absolute"])
 def test_the_default_ssh_config_may_be_missing_even_when_named(ssh_home: SshHome, spelled: str) -> None:
-    """The README's example line (`ssh_config = "~/.ssh/config"  # the default`) on a HOME without that file."""
+    """docs/ssh-hosts.md's example line (`ssh_config = "~/.ssh/config"`, the default) on a HOME without that file."""
     default = ssh_home.root / ".ssh" / "config"
     assert not default.exists()
     _config_with(ssh_home, "~/.ssh/config" if spelled == "tilde" else str(default))

@@ -30,7 +30,7 @@ class CliError(GputuiError):
 
 
 def exit_status(exc: BaseException) -> ExitStatus:
-    """The README's exit status for an error (the one rule for single- and multi-host commands)."""
+    """The documented exit status (docs/commands.md) for an error (the one rule for single- and multi-host commands)."""
     if isinstance(exc, GputuiError):
         return exc.status
     return ExitStatus.UNREACHABLE  # OSError: no answer

@@ -21,7 +21,7 @@ CONFIG_HELP = "config file (default: $GPUTUI_CONFIG, else ~/.config/gputui/confi
 SHARED_HELP = {
     "host": "a host from the config (with no config: local); gputui status lists them",
     "job": "the job's id, as gputui run printed it; gputui jobs HOST lists them",
-    "json": "print JSON (its keys are in README.md)",
+    "json": "print JSON (its keys are in docs/commands.md)",
     "remote_port": "the port on the host, e.g. 6006 for TensorBoard",
 }
 

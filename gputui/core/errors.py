@@ -1,4 +1,4 @@
-"""The one family of errors gputui reports to its user, and the exit statuses they map to (README.md).
+"""The one family of errors gputui reports to its user, and the exit statuses they map to (docs/commands.md).
 
 Every error a command may end with is a :class:`GputuiError`: its message says what failed and why, its
 ``status`` is the command's exit status. The CLI catches this one class; the app shows the message.

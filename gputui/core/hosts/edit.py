@@ -39,7 +39,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 NEW_FILE_HEADER = (
-    "# gputui config: hosts and settings (see README.md, section Config).\n"
+    "# gputui config: hosts and settings (every setting: docs/config.md in gputui's source).\n"
     "# `gputui add` appends [hosts.NAME] tables here; edit freely, comments are kept.\n"
 )
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # a config file larger than this is not one gputui edits

@@ -97,7 +97,7 @@ def check_configured(host: HostConfig) -> None:
         raise ReleaseError(
             f"no release command for {host.name}: set release (run here, e.g. a provider CLI) "
             "or release_remote (run on the host) in its [hosts.NAME] table, or a provider (RunPod, vast.ai, "
-            "Lambda: see the README's Providers table)"
+            "Lambda: see docs/money.md, Providers)"
         )
 
 
