@@ -176,6 +176,14 @@ def test_only_sshlib_imports_asyncssh() -> None:
     assert bad == []
 
 
+def test_importing_gputui_warns_nothing() -> None:
+    """cryptography 51 made asyncssh's import print five DeprecationWarnings about DSA on every command's stderr."""
+    names = [name for name, _ in _modules(ROOT / "gputui") if not name.endswith("__main__")]
+    code = "import importlib, sys\nfor name in sys.argv[1:]: importlib.import_module(name)"
+    done = subprocess.run([sys.executable, "-W", "default", "-c", code, *names], capture_output=True, text=True, cwd=ROOT)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 def test_the_client_takes_from_the_agent_only_what_both_sides_share() -> None:
     """The frontends (ui/, cli/) never import the agent; the core only the shared modules (AGENT_SHARED)."""
     bad = []

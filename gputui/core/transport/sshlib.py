@@ -7,6 +7,10 @@ command that uses SSH. While asyncssh imports, the search reads only the dynamic
 (``ldconfig -p``): what ``dlopen`` finds by name. With ``LD_LIBRARY_PATH`` set, or off Linux, it is left as is.
 The rest of gputui takes asyncssh from here (``from gputui.core.transport.sshlib import asyncssh``): no module
 imports it on its own, so none can load it the slow way first (tests/test_hygiene.py holds that).
+
+cryptography 51 deprecates DSA and warns each time asyncssh names a DSA type, which asyncssh does at import: a
+user would see five lines of CryptographyDeprecationWarning on stderr at every command. Those warnings, raised
+from asyncssh's own modules, are ignored here (gputui never offers a DSA key of its own).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import contextlib
 import ctypes.util
 import os
 import sys
+import warnings
 from collections.abc import Iterator
+
+from cryptography.utils import CryptographyDeprecationWarning
 
 
 @contextlib.contextmanager
@@ -32,6 +39,8 @@ def loader_cache_only() -> Iterator[None]:
     finally:
         ctypes.util.find_library = original
 
+
+warnings.filterwarnings("ignore", category=CryptographyDeprecationWarning, module=r"asyncssh(\.|$)")
 
 with loader_cache_only():
     import asyncssh as asyncssh  # noqa: E402 - re-exported
