@@ -308,6 +308,15 @@ class SlurmRequest(TypedDict, total=False):
     launcher: str  # "torchrun": rendezvous from the allocation, --nproc_per_node from gpus
 
 
+class ContainerRequest(TypedDict, total=False):
+    """The ``container`` args of ``jobs.start``: run the command in a container of ``image``
+    (remote_agent/jobs/image.py); the record's ``container`` adds the engine found and the state dir's tag."""
+
+    image: str  # required: as asked (a name:tag, name@digest or an image ID)
+    args: List[str]  # extra engine options, each one option with its value joined by "="
+    engine: str  # "auto" (docker, else podman), "docker" or "podman"
+
+
 class Partition(TypedDict):
     """A Slurm partition as ``slurm.info`` lists it; GPUs summed over its nodes."""
 
@@ -366,6 +375,8 @@ class JobRecord(TypedDict, total=False):
     git: Optional[Dict[str, Any]]  # {"commit", "branch", "dirty"}
     code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
     artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
+    container: ContainerRequest  # set on a job run in an image
+    image_id: Optional[str]  # the image the container ran, resolved by the engine (None until it is known)
     env_keys: List[str]  # the names of the env the job was given (its values never travel: they may be secrets)
     secrets: List[str]  # the names of its secrets (gputui run --secret): the values are never in a record
     gpu_inventory: List[GpuFact]
@@ -412,6 +423,7 @@ class StartArgs(TypedDict, total=False):
     slurm: SlurmRequest  # submit to Slurm (the host is a Slurm login node)
     restart: Dict[str, Any]  # restart policy: {"policy": "on-failure", "max", "resume_from", "backoff_s", ...}
     secrets: Dict[str, str]  # variables whose values never rest in the record (remote_agent/jobs/secrets.py)
+    container: ContainerRequest  # run the command in a container image (not with slurm)
 
 
 class JobArgs(TypedDict):

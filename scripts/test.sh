@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install everything the test suite needs, then run it all: Debian packages when root (tmux, sshd, venv),
-# a virtualenv in .venv (so a PEP 668 "externally managed" system python is never touched) with gputui
-# installed editable and the extras .[test,train], a CPU build of torch when the package index offers one.
+# Install everything the test suite needs, then run it all: Debian packages when root (tmux, sshd, cron, venv,
+# Slurm, Docker's engine), a virtualenv in .venv (so a PEP 668 "externally managed" system python is never
+# touched) with gputui installed editable and the extras .[test,train], a CPU build of torch when the package
+# index offers one.
 # Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,10 @@ command -v crontab >/dev/null || need+=(cron)  # tests/test_resume_on_boot.py: t
 if [ "$(id -u)" = 0 ]; then  # a real single-node Slurm for tests/test_slurm.py (skipped without root)
   [ -x /usr/sbin/slurmctld ] || need+=(slurm-wlm)
   [ -x /usr/sbin/munged ] || need+=(munge)
+  # a real Docker engine for tests/test_image_jobs.py (tests/docker_engine.py starts it on its own socket) and
+  # the static busybox its test image is made of (no registry is reachable)
+  [ -x /usr/sbin/dockerd ] || need+=(docker.io)
+  [ -x /bin/busybox ] || need+=(busybox-static)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

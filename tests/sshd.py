@@ -68,19 +68,22 @@ class Sshd:
             f"AuthorizedKeysFile {self.authorized}\n"
             "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-            f"PermitUserEnvironment HOME,PATH,{','.join(FORWARDED)}\n"
+            f"PermitUserEnvironment HOME,PATH,DOCKER_HOST,{','.join(FORWARDED)}\n"
             f"AllowAgentForwarding no\nAllowTcpForwarding {tcp_forwarding}\nX11Forwarding no\nPrintMotd no\n"
             "MaxStartups 50:30:100\nLogLevel INFO\n"
         )
 
     # --- keys -------------------------------------------------------------------------------------------------
-    def client_key(self, name: str, path: str = SYSTEM_PATH, authorize: bool = True) -> Path:
-        """A client key ``id_<name>``; when authorized, its sessions get HOME=remote_home and PATH=``path``."""
+    def client_key(
+        self, name: str, path: str = SYSTEM_PATH, authorize: bool = True, env: dict[str, str] | None = None
+    ) -> Path:
+        """A client key ``id_<name>``; when authorized, its sessions get HOME=remote_home, PATH=``path`` and
+        ``env`` (e.g. DOCKER_HOST: the test engine's socket)."""
         key = self.keys[name] = keygen(self.root / f"id_{name}")
         if authorize:
             pub = key.with_name(key.name + ".pub").read_text().strip()
             forwarded = {k: os.environ[k] for k in FORWARDED if k in os.environ}
-            settings = {"HOME": str(self.remote_home), "PATH": path, **forwarded}
+            settings = {"HOME": str(self.remote_home), "PATH": path, **forwarded, **(env or {})}
             env = ",".join(f'environment="{k}={v}"' for k, v in settings.items())
             with self.authorized.open("a") as f:
                 f.write(f"{env} {pub}\n")

@@ -22,6 +22,7 @@ from ..core.jobs.usecases import (
     JobSpec,
     collect_history,
     collect_jobs,
+    container_request,
     parse_env,
     restart_request,
     start_job,
@@ -146,6 +147,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"{', '.join(both)}: given both as --env and as --secret: give each variable once", USAGE)
     job_secrets = secrets.resolve(args.secret, config.path)  # before connecting: a missing one starts nothing
     slurm = _slurm_request(args, host_cfg)
+    if args.image is not None and slurm is not None:
+        raise CliError(f"--image: {args.host} is a Slurm host; jobs in images on Slurm are not supported yet", USAGE)
+    try:  # a bad image or engine option: refused before connecting
+        container_request(JobSpec(args.host, argv, image=args.image, docker_args=tuple(args.docker_arg)), host_cfg)
+    except ValueError as exc:
+        raise CliError(f"run: {exc}", USAGE) from None
     if slurm is not None and queue is not None:
         raise CliError(f"--queue/--after: {args.host} is a Slurm host; its jobs wait in Slurm's queue", USAGE)
     counted = slurm is not None or (queue is not None and (args.gpus or "").isdigit())
@@ -167,7 +174,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=env, secrets=job_secrets,
             gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
-            queue=queue, slurm=slurm, restart=args.restart, resume_from=args.resume_from,
+            queue=queue, slurm=slurm, restart=args.restart, resume_from=args.resume_from, image=args.image,
+            docker_args=tuple(args.docker_arg),
         )  # fmt: skip
         job = await start_job(s, config, spec)
         print(job.id)
@@ -396,6 +404,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "never kept in a record, deleted from the host when the job can no longer restart")  # fmt: skip
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
                    help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
+    r.add_argument("--image", metavar="IMAGE",
+                   help="run the command in a container of IMAGE (docker or podman on the host; the job's dir is "
+                        "mounted and is the workdir; --gpus go to the engine)")  # fmt: skip
+    r.add_argument("--docker-arg", action="append", default=[], metavar="OPT",
+                   help="with --image: an extra engine option, repeatable; write it with =, e.g. "
+                        "--docker-arg=--shm-size=16g")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
                    help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
     sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")

@@ -20,6 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import protocol as P
+from ..jobs import image
 from . import container
 from .stats import GIB, MIB, read_text
 
@@ -711,6 +712,38 @@ def container_check(info: Dict[str, Any]) -> P.DoctorCheck:
     return check("container", title, OK, detail)
 
 
+def engine_check(has_gpu: bool) -> P.DoctorCheck:
+    """The container engine of ``run --image``: present, usable by this user, able to give GPUs, its disk."""
+    title = "container engine (run --image)"
+    try:
+        path = image.find_engine("auto")
+        info = image.engine_info(path)
+    except image.ImageError as exc:
+        missing = str(exc).startswith("no ")
+        return check("engine", title, SKIP if missing else WARN, str(exc),
+                     "Jobs run as bare processes without one." if missing else
+                     "Start the engine's daemon (`sudo systemctl start docker`) and check `docker info`.")  # fmt: skip
+    name = os.path.basename(path)
+    detail = "%s %s" % (name, info.get("ServerVersion") or "(version unknown)")
+    root = info.get("DockerRootDir")
+    free_gib = None
+    if isinstance(root, str):
+        try:
+            st = os.statvfs(root)
+            free_gib = st.f_bavail * st.f_frsize / GIB
+            detail += ", %.1f GiB free under %s" % (free_gib, root)
+        except OSError:
+            pass
+    if has_gpu and not image.nvidia_ready(info):
+        return check("engine", title, WARN, detail + "; it cannot give containers GPUs (no NVIDIA runtime or CDI "
+                     "spec)", "Install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime configure "
+                     "--runtime=%s` and restart the daemon." % name)  # fmt: skip
+    if free_gib is not None and free_gib < DISK_WARN_GIB:
+        return check("engine", title, WARN, detail, "Images need room: `%s system prune` removes what no "
+                     "container uses." % name)  # fmt: skip
+    return check("engine", title, OK, detail + ("; GPUs through the NVIDIA runtime" if has_gpu else ""))
+
+
 def volume_check(state_dir: str, info: Dict[str, Any], proc: str = "/proc") -> P.DoctorCheck:
     """Is the state dir (jobs, logs, records) on a mounted volume, or on the container's writable layer?"""
     title = "state dir survives a pod restart"
@@ -788,6 +821,7 @@ def run_doctor(sampler: Any, state_dir: str, args: Optional[Dict[str, Any]] = No
     )
     checks.append(shm_check(runtime=info.get("runtime")))
     checks.append(container_check(info))
+    checks.append(engine_check(has_gpu))
     checks.append(volume_check(state_dir, info))
     checks.append(state_dir_check(state_dir))
     return {

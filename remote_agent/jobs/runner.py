@@ -15,12 +15,14 @@ import signal
 import struct
 import sys
 import termios
+import threading
 import time
 import tty
 from typing import Dict, List, Optional
 
 from ..fsutil import read_json, user_umask, write_json
 from ..host.boot import boot_id
+from . import image as IMG
 from . import restart as R
 from . import secrets as SEC
 from .logclock import TIMES_NAME, LogClock
@@ -153,7 +155,14 @@ def run(job_dir: str) -> int:
     started = {"pid": None, "runner_pid": os.getpid(), "started_at": time.time(), "attempt": attempt,
                "boot_id": boot_id()}  # fmt: skip
     write_json(pid_path, started)
-    pid, master = _spawn(job.get("run_argv") or job["argv"], job["cwd"], env)  # run_argv: slurm.launch_fields
+    container = job.get("container")  # an image job: the engine's run in place of the command (jobs/image.py)
+    job_id = os.path.basename(job_dir)
+    argv = IMG.run_argv(job, job_id, attempt, env) if container else job.get("run_argv") or job["argv"]
+    pid, master = _spawn(argv, job["cwd"], env)  # run_argv: slurm.launch_fields
+    ended = threading.Event()
+    image_id = None
+    if container:
+        image_id = IMG.record_image(job_dir, container, IMG.container_name(container, job_id, attempt), ended)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     try:
         write_json(pid_path, dict(started, pid=pid))
@@ -244,6 +253,9 @@ def run(job_dir: str) -> int:
     log_clock.close()
     usage.stopped.set()
     series.stopped.set()
+    ended.set()
+    if image_id is not None:
+        image_id.join(timeout=5.0)
     usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
     series.join(timeout=5.0)  # never writes once the job has ended (the agent finishes the series then)
     try:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from .. import protocol as P
 from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
 from ..host.container import Owners
+from . import image as IMG
 from . import restart as R
 from . import secrets as SEC
 from . import slurm as S
@@ -242,6 +243,8 @@ class JobStore:
         cwd = os.path.abspath(os.path.expanduser(cwd or "~"))
         if not os.path.isdir(cwd):
             raise JobError("working directory %s does not exist on the host" % cwd, "bad_args")
+        if (extra or {}).get("container") and IMG.mount_problem(cwd):
+            raise JobError(str(IMG.mount_problem(cwd)), "bad_args")
         env = env or {}
         if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k for k, v in env.items()):
             raise JobError("env must map variable names (without '=') to strings", "bad_args")
@@ -437,6 +440,10 @@ class JobStore:
         live = self._live_state(record, pids, sessions) if not ended else None
         if live == LOST:  # the runner may have written its status and exited since we looked
             status = read_json(os.path.join(path, "status.json"))
+            if status is None and isinstance(record.get("container"), dict):
+                end_lost_container(path, job_id, record["container"])
+        if isinstance(record.get("container"), dict):
+            record["image_id"] = (read_json(os.path.join(path, IMG.FILE)) or {}).get("image_id")
         if on_slurm:  # Slurm's word decides the state (remote_agent/jobs/slurm.py)
             S.fill_record(record, path, status, killed, self.slurm)
         elif isinstance(status, dict):
@@ -537,7 +544,10 @@ class JobStore:
         if info.get("restart_pending"):  # its next attempt is being launched: its pid.json is the old one's
             R.wait_launched(path, grace_s + R.LAUNCH_GRACE_S)
         pgid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
-        if pgid:
+        container = (read_json(os.path.join(path, "job.json")) or {}).get("container")
+        if pgid and container:
+            self._kill_container(job_id, path, container, pgid, grace_s)
+        elif pgid:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
                 try:
                     os.killpg(pgid, sig)
@@ -549,6 +559,23 @@ class JobStore:
         else:
             self._end_unstarted(job_id, path)
         return self.describe(job_id)
+
+    def _kill_container(self, job_id: str, path: str, spec: Dict[str, Any], pgid: int, grace_s: float) -> None:
+        """``kill`` of an image job: each signal to its container (the engine's CLI on a terminal passes none on),
+        or to the CLI while no container exists yet (its image being pulled); then any container left is ended."""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            name = IMG.running_name(path)
+            if name is None or not IMG.send_signal(spec, name, job_id, sig.name[3:]):
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    break
+            if self._wait_ended(path, grace_s):
+                break
+        self._wait_ended(path, 5.0)
+        name = IMG.running_name(path)
+        if name is not None:
+            IMG.end(spec, name, job_id)  # one created as its CLI was being killed
 
     def _end_unstarted(self, job_id: str, path: str) -> None:
         """Kill a job whose runner has not written its pid yet: end its tmux session (the runner with it, and a
@@ -590,6 +617,17 @@ class JobStore:
                 return True
             time.sleep(0.05)
         return os.path.exists(os.path.join(path, "status.json"))
+
+
+def end_lost_container(path: str, job_id: str, spec: Dict[str, Any]) -> None:
+    """End the container of a job whose runner died, once (its pty's hangup usually ended it already; one that
+    ignores SIGHUP would hold its GPUs unwatched). The engine's answers are bounded (remote_agent/jobs/image.py)."""
+    marker = os.path.join(path, "container-ended.json")
+    name = IMG.running_name(path)
+    if name is None or os.path.exists(marker):
+        return
+    ended = IMG.end(spec, name, job_id)
+    write_json(marker, {"name": name, "ended": ended, "at": time.time()})
 
 
 def checked_restart(restart: Any, on_slurm: bool) -> Optional[Dict[str, Any]]:

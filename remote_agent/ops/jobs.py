@@ -4,6 +4,7 @@ import json
 from typing import TYPE_CHECKING, Any, Dict, List
 
 from .. import protocol as P
+from ..jobs import image as IMG
 from ..jobs.queue import never_fits, parse_request
 from ..jobs.store import JobError, checked_restart
 from ..watchdog import daemon as W
@@ -24,6 +25,14 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         extra["artifacts"] = arts
     if a.get("queue") is not None and a.get("slurm") is not None:
         raise JobError("a Slurm job waits in Slurm's queue, not the host's: drop --queue", "bad_args")
+    if a.get("container") is not None:  # run in an image (remote_agent/jobs/image.py)
+        if a.get("slurm") is not None:
+            raise JobError("jobs in images on Slurm hosts are not supported yet: drop --image", "bad_args")
+        try:
+            asked = IMG.check_request(a.get("container"))
+            extra["container"] = IMG.prepare(asked, a.get("gpus"), agent.jobs.state_dir)
+        except IMG.ImageError as exc:
+            raise JobError(str(exc), "bad_args") from None
     if a.get("queue") is not None:
         policy = checked_restart(a.get("restart"), False)
         if policy is not None:

@@ -30,6 +30,7 @@ else:  # pragma: no cover
 LOCAL = "local"
 TRANSPORTS = ("ssh", "local")
 SCHEDULERS = ("slurm",)
+CONTAINER_ENGINES = ("auto", "docker", "podman")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -107,6 +108,8 @@ class HostConfig:
     restart_backoff_s: float = 30.0  # first wait between attempts, doubling ...
     restart_backoff_max_s: float = 600.0  # ... up to this
     restart_healthy_minutes: float = 10.0  # an attempt that ran this long resets the attempt counter
+    # the engine of jobs run in images (gputui run --image; remote_agent/jobs/image.py): docker, else podman
+    container_engine: str = "auto"  # or "docker", "podman"
 
     @property
     def address(self) -> str:
@@ -382,6 +385,9 @@ def parse(text: str, path: Path) -> Config:
                 f"hosts.{name}", "scheduler",
                 f"{values['scheduler']!r} is not a scheduler gputui drives (known: {', '.join(SCHEDULERS)})",
             )  # fmt: skip
+        if values.get("container_engine", "auto") not in CONTAINER_ENGINES:
+            raise fail(f"hosts.{name}", "container_engine",
+                       f"{values['container_engine']!r}: use one of {', '.join(CONTAINER_ENGINES)}")  # fmt: skip
         try:
             parse_policy(values.get("restart", "no"))
         except ValueError as exc:

@@ -99,6 +99,15 @@ def _gpus(r: Run) -> str:
     return f"{count} x {', '.join(map(str, models))}" if models else f"{count} GPU" if count else "-"
 
 
+def _image(r: Run) -> str:
+    image = r.record.get("image")
+    if not isinstance(image, dict):
+        return "- (bare)"
+    image_id = image.get("id")
+    short = image_id.split(":")[-1][:12] if isinstance(image_id, str) else "id unknown"
+    return f"{image.get('image')} ({short})"
+
+
 def _env_keys(r: Run) -> str:
     keys = r.job.get("env_keys")
     return " ".join(sorted(str(k) for k in keys)) if isinstance(keys, list) and keys else "-"
@@ -132,6 +141,7 @@ def compare_rows(runs: Sequence[Run]) -> list[Row]:
         row("state", [f"{rec.get('state')} ({_num(rec.get('exit_code'), 'd')})" for rec in recs]),
         row("command", [shlex.join(argvs[0])] + argv_diffs(argvs)[1:]),
         row("env keys", [_env_keys(r) for r in runs]),
+        *([row("image", [_image(r) for r in runs])] if any(r.record.get("image") for r in runs) else []),
         row("git", [_git(r) for r in runs]),
         row("tree", [_tree(r) for r in runs]),
         row("gpus", [_gpus(r) for r in runs]),

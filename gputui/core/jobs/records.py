@@ -120,6 +120,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "code": job.record.get("code"),  # run --sync: the synced tree's hash, git commit and dirty flag
         "artifacts": job.record.get("artifacts") or [],  # run --artifacts: what release brings back first
         "attempts": job.record.get("attempts") or [],  # restart policies: each attempt that ended before the last
+        "image": job.image,  # run --image: the image as asked and the ID the engine resolved it to
         "gpus": {
             "selection": job.gpus or "all",
             "indices": [g.get("index") for g in gpus],

@@ -6,12 +6,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from gputui.core.config.file import Config
+from gputui.core.config.file import Config, HostConfig
 from gputui.core.money.cost import price_per_hour
 from gputui.core.session import model as M
 from gputui.core.session.gather import Fleetish, Outcome, gather_hosts
 from gputui.core.session.host import HostSession
 from remote_agent import protocol as P
+from remote_agent.jobs import image as IMG
 from remote_agent.jobs import restart as R
 
 
@@ -34,6 +35,8 @@ class JobSpec:
     resume_from: str | None = None  # checkpoint glob inside the job's dir: GPUTUI_RESUME_FROM of each restart
     # variables whose values never rest in a record (gputui/core/jobs/secrets.py); never shown, not even in a repr
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    image: str | None = None  # run in a container of this image (remote_agent/jobs/image.py)
+    docker_args: tuple[str, ...] = ()  # extra engine options for it, each one option with its value joined by =
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -73,7 +76,20 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
         code=spec.code, artifacts=spec.artifacts, slurm=slurm,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
         restart=restart_request(config, session.name, spec.restart, spec.resume_from), secrets=dict(spec.secrets),
+        container=container_request(spec, host),
     )  # fmt: skip
+
+
+def container_request(spec: JobSpec, host: HostConfig | None) -> P.ContainerRequest | None:
+    """The ``container`` a start sends for ``spec.image`` (None: a bare job); ValueError for a bad image or
+    engine option (remote_agent/jobs/image.py has the rules, the host checks them again)."""
+    if spec.image is None:
+        if spec.docker_args:
+            raise ValueError("--docker-arg needs --image: the engine options of a job run in an image")
+        return None
+    request: P.ContainerRequest = {"image": spec.image, "args": list(spec.docker_args),
+                                   "engine": host.container_engine if host is not None else "auto"}  # fmt: skip
+    return IMG.check_request(request)  # type: ignore[return-value]
 
 
 def check_restart(policy: str | None, resume_from: str | None) -> None:

@@ -427,9 +427,11 @@ class HostSession:
         slurm: dict[str, Any] | None = None,
         restart: dict[str, Any] | None = None,
         secrets: dict[str, str] | None = None,
+        container: P.ContainerRequest | None = None,
     ) -> M.Job:
         """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free).
-        ``secrets``: variables the host keeps out of the job's record (remote_agent/jobs/secrets.py)."""
+        ``secrets``: variables the host keeps out of the job's record (remote_agent/jobs/secrets.py);
+        ``container``: run it in a container image (remote_agent/jobs/image.py)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
                                 "price_per_hour": price_per_hour}  # fmt: skip
         if code:
@@ -444,6 +446,8 @@ class HostSession:
             args["restart"] = restart  # restart policy (remote_agent/jobs/restart.py)
         if secrets:
             args["secrets"] = secrets
+        if container is not None:
+            args["container"] = container
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()

@@ -150,7 +150,7 @@ class MetricsSample:
 #: Optional parts of a host's job record that a Job keeps as they came.
 _KEPT_IF_SET = (
     "error", "log_error", "code", "queue", "artifacts", "slurm", "env_keys", "restart", "attempts", "attempt",
-    "restart_at",
+    "restart_at", "container", "image_id",
 )
 
 
@@ -185,6 +185,15 @@ class Job:
     @property
     def running(self) -> bool:
         return self.state == JOB_RUNNING
+
+    @property
+    def image(self) -> dict[str, Any] | None:
+        """A job run in a container image: ``{"image": as asked, "id": the engine's image ID or None}``."""
+        container = self.record.get("container")
+        if not isinstance(container, dict) or not isinstance(container.get("image"), str):
+            return None
+        image_id = self.record.get("image_id")
+        return {"image": container["image"], "id": image_id if isinstance(image_id, str) else None}
 
     @classmethod
     def from_wire(cls, host: str, d: P.JobRecord) -> Job:
@@ -227,6 +236,7 @@ class Job:
         d["attempt"] = self.record.get("attempt")  # the attempt that runs or waits (with a policy)
         d["attempts"] = self.record.get("attempts") or []  # each ended attempt: exit, start/end, hint, progress
         d["restart_at"] = self.record.get("restart_at")  # when the next attempt starts, while it waits
+        d["image"] = self.image  # run in a container: the image as asked and its resolved ID (None: bare)
         return d
 
 

@@ -1,0 +1,204 @@
+"""Jobs in container images (``gputui run --image``; remote_agent/jobs/image.py) against a real Docker engine.
+
+The engine is Debian's dockerd on its own socket (tests/docker_engine.py); the agent is deployed over the real
+sshd, whose sessions get DOCKER_HOST. Each job runs in the busybox test image made on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import SshHome, stop_host, wait_for
+from docker_engine import IMAGE, DockerEngine, docker_available
+from sshd import Sshd
+
+from remote_agent.fsutil import read_json
+from remote_agent.jobs import image as IMG
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
+    why = docker_available()
+    if why:
+        pytest.skip(why)
+    e = DockerEngine(tmp_path_factory.mktemp("docker"))
+    try:
+        yield e.start()
+    finally:
+        e.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_sshd(tmp_path_factory: pytest.TempPathFactory, engine: DockerEngine) -> Iterator[Sshd]:
+    server = Sshd(tmp_path_factory.mktemp("sshd-docker"))
+    server.client_key("ok", env={"DOCKER_HOST": engine.host})
+    server.start()
+    yield server
+    server.stop()
+
+
+class Box(SshHome):
+    """Host ``box`` over the sshd whose sessions reach the test engine; ``work``: a job dir on the host."""
+
+    def __init__(self, root: Path, server: Sshd, engine: DockerEngine) -> None:
+        super().__init__(root, server)
+        self.engine = engine
+        self.work = root.parent / "work"
+        self.work.mkdir()
+
+    def run(self, *args: str, check: bool = True) -> str:
+        res = self.cli("run", "box", "--cwd", str(self.work), *args, check=check)
+        return res.stdout.strip() if check else res.stderr
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return next(j for j in json.loads(self.cli("jobs", "box", "--json", check=True).stdout) if j["id"] == job_id)
+
+    def tag(self) -> str:
+        return IMG.state_tag(str(self.remote_dir))
+
+    def ours(self) -> list[str]:
+        return self.engine.containers(f"label=gputui.state={self.tag()}")
+
+
+@pytest.fixture
+def box(tmp_path: Path, docker_sshd: Sshd, engine: DockerEngine) -> Iterator[Box]:
+    h = Box(tmp_path / "home", docker_sshd, engine)
+    yield h
+    stop_host(h.remote_dir)
+    left = h.ours()
+    if left:
+        engine.docker("rm", "--force", *left, check=False)
+
+
+def test_a_job_in_an_image_runs_in_its_dir_as_the_user_with_only_its_own_variables(box: Box) -> None:
+    job = box.run("--image", IMAGE, "--env", "LR=3e-4", "--", "sh", "-c",
+                  'echo "in $(pwd) as $(id -u):$(id -g)"; touch made-here; env; exit 3')  # fmt: skip
+    done = box.cli("logs", "box", job, "--follow", timeout=60)
+    assert done.returncode == 3, done.stderr  # the container's exit code is the job's
+    assert f"in {box.work} as {os.getuid()}:{os.getgid()}" in done.stdout
+    assert "LR=3e-4" in done.stdout and "PYTHONUNBUFFERED=1" in done.stdout
+    assert "SSH_CONNECTION" not in done.stdout and str(box.sshd.remote_home) not in done.stdout  # not the host's
+    made = box.work / "made-here"
+    assert made.exists() and made.stat().st_uid == os.getuid()
+    record = box.job(job)
+    assert record["state"] == "failed" and record["exit_code"] == 3
+    image_id = box.engine.docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+    assert record["image"] == {"image": IMAGE, "id": image_id}
+    history = json.loads(box.cli("history", "box", "--json", check=True).stdout)
+    assert next(r for r in history if r["id"] == job)["image"] == {"image": IMAGE, "id": image_id}
+    assert box.ours() == []  # --rm: nothing of the job is left in the engine
+
+
+def test_kill_reaches_a_process_that_ignores_sigint_inside_the_container(box: Box) -> None:
+    job = box.run("--image", IMAGE, "--", "sh", "-c", 'trap "" INT; echo ready; while true; do sleep 1; done')
+    wait_for(lambda: "ready" in box.cli("logs", "box", job).stdout, timeout=60, what="the job to start")
+    name = f"gputui-{box.tag()}-{job}-1"
+    assert box.ours() == [name]
+    killed = box.cli("kill", "box", job, "--grace", "1", "--yes", check=True, timeout=60)
+    assert "killed (exit 143)" in killed.stdout  # SIGINT ignored, SIGTERM ended it
+    assert box.ours() == []
+
+
+def test_a_failed_attempt_restarts_in_a_fresh_container(box: Box) -> None:
+    box.configure(restart_backoff_s=0)
+    job = box.run("--image", IMAGE, "--restart", "on-failure:2", "--", "sh", "-c",
+                  'echo "attempt $GPUTUI_ATTEMPT"; test -e once || { touch once; exit 7; }')  # fmt: skip
+    done = box.cli("logs", "box", job, "--follow", timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert "attempt 1" in done.stdout and "attempt 2" in done.stdout
+    record = box.job(job)
+    assert [a["exit_code"] for a in record["attempts"]] == [7]
+
+
+def test_a_queued_image_job_starts_after_the_job_it_waits_for(box: Box) -> None:
+    first = box.run("--image", IMAGE, "--", "sh", "-c", "sleep 2; echo first done")
+    second = box.run("--image", IMAGE, "--queue", "--after", first, "--", "sh", "-c", "echo second ran")
+    done = box.cli("logs", "box", second, "--follow", timeout=90)
+    assert done.returncode == 0 and "second ran" in done.stdout
+    assert box.job(first)["ended_at"] <= box.job(second)["started_at"]
+
+
+def test_a_container_whose_runner_died_is_ended_and_a_foreign_one_is_never_touched(box: Box) -> None:
+    foreign = f"gputui-{box.tag()}-99-1"  # our name pattern, not our labels: someone else's
+    box.engine.docker("run", "--detach", "--network", "none", "--name", foreign, "--label", "gputui.job=1", IMAGE,
+                      "sleep", "600")  # fmt: skip
+    job = box.run("--image", IMAGE, "--", "sh", "-c", 'trap "" HUP; echo ready; sleep 600')  # outlives its tty
+    wait_for(lambda: "ready" in box.cli("logs", "box", job).stdout, timeout=60, what="the job to start")
+    name = f"gputui-{box.tag()}-{job}-1"
+    runner = read_json(str(box.remote_job_dir(job) / "pid.json"))["runner_pid"]
+    os.kill(runner, signal.SIGKILL)  # the container runs on, unwatched, holding its GPUs
+    assert box.engine.containers(f"name={name}", "status=running") == [name]
+    wait_for(lambda: box.job(job)["state"] == "lost", timeout=30, what="the job to be lost")
+    wait_for(lambda: name not in box.engine.containers(f"name={name}"), timeout=60, what="its container to end")
+    assert box.engine.containers(f"name={foreign}") == [foreign]  # never ours to end
+    marker = box.remote_job_dir(job) / "container-ended.json"
+    wait_for(marker.exists, timeout=30, what="the end to be on record")
+    (box.remote_job_dir(job) / IMG.FILE).write_text(json.dumps({"name": foreign}))  # a record naming another's
+    marker.unlink()
+    box.job(job)  # the lost job is looked at again: its "container" is the foreign one now
+    wait_for(marker.exists, timeout=30, what="the agent to have tried")
+    assert box.engine.containers(f"name={foreign}") == [foreign]
+    box.engine.docker("rm", "--force", foreign)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--image=-v=/:/host"], "not starting with -"),
+        (["--image", "ubuntu; rm -rf /"], "expected a name like"),
+        (["--image", IMAGE, "--docker-arg=--name=mine"], "gputui's own"),
+        (["--image", IMAGE, "--docker-arg=--gpus=all"], "gputui's --gpus"),
+        (["--image", IMAGE, "--docker-arg", "/data:/data"], "joined by ="),
+        (["--image", IMAGE, "--docker-arg=-itd"], "one short option"),
+        (["--docker-arg=--shm-size=8g"], "needs --image"),
+    ],
+)
+def test_bad_image_requests_are_refused_before_connecting(box: Box, args: list[str], says: str) -> None:
+    box.configure(port=1)  # nothing listens: a refusal that connected first would say so instead
+    err = box.run(*args, "--", "true", check=False)
+    assert says in err and "connect" not in err.lower()
+
+
+def test_gpus_on_an_engine_without_the_nvidia_runtime_are_refused_with_the_fix(box: Box) -> None:
+    err = box.run("--image", IMAGE, "--gpus", "all", "--", "true", check=False)
+    assert "cannot give a container GPUs" in err and "NVIDIA Container Toolkit" in err
+    assert not (box.remote_dir / "jobs" / "1").exists()  # nothing half-started
+
+
+def test_a_host_without_the_engine_asked_for_says_what_to_install(box: Box) -> None:
+    box.configure(container_engine="podman")
+    err = box.run("--image", IMAGE, "--", "true", check=False)
+    assert "no podman on the host: install it" in err
+
+
+def test_gpu_selection_goes_to_the_engine_renumbered_never_as_cuda_visible_devices() -> None:
+    assert IMG.gpu_args("docker", "0,2") == ["--gpus", '"device=0,2"']  # one CSV field: the quotes are Docker's
+    assert IMG.gpu_args("docker", "all") == ["--gpus", "all"]
+    assert IMG.gpu_args("docker", "") == [] and IMG.gpu_args("docker", "none") == []
+    assert IMG.gpu_args("podman", "1") == ["--device", "nvidia.com/gpu=1"]
+    argv = IMG.run_argv(
+        {"container": {"engine_path": "/usr/bin/docker", "engine_name": "docker", "tag": "t", "image": "img",
+                       "args": ["--shm-size=8g"]}, "cwd": "/w", "argv": ["python", "-c", "x"], "env": {"A": "1"}},
+        "5", 2, {"CUDA_VISIBLE_DEVICES": "3", "A": "1", "GPUTUI_ATTEMPT": "2", "HOME": "/root"},
+    )  # fmt: skip
+    assert argv[argv.index("--gpus") + 1] == '"device=3"'
+    envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
+    assert envs == ["A", "GPUTUI_ATTEMPT"]  # names only: values travel in the engine's environment
+    assert argv[argv.index("--name") + 1] == "gputui-t-5-2"
+    assert argv[-6:] == ["--shm-size=8g", "--", "img", "python", "-c", "x"]
+
+
+def test_the_nvidia_runtime_is_found_as_the_toolkit_registers_it(tmp_path: Path) -> None:
+    """``nvidia-ctk runtime configure`` adds ``runtimes.nvidia`` to daemon.json; ``docker info`` lists it under
+    Runtimes (the Docker Engine API's SystemInfo). CDI: nvidia-ctk cdi generate writes /etc/cdi/nvidia.yaml."""
+    info = {"Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "nvidia": {"path": "nvidia-container-runtime"}}}
+    assert IMG.nvidia_ready(info, cdi_dirs=())
+    assert not IMG.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
+    (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    assert IMG.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
