@@ -29,6 +29,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     )
     runner = sub.add_parser("runner", help="run one job inside its tmux pane")
     runner.add_argument("job_dir")
+    image_run = sub.add_parser("image-run", help="a job's --build: build its image, then run it (in its pane)")
+    image_run.add_argument("job_dir")
+    image_run.add_argument("attempt", type=int)
     watchdog = sub.add_parser("watchdog", help="autostop/deadline watchdog (started detached by the agent)")
     watchdog.add_argument("state_dir")
     cat = sub.add_parser("cat", help="write a regular file's bytes from OFFSET to stdout (pull, log catch-up)")
@@ -62,6 +65,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         from .jobs.slurm import run_step
 
         sys.exit(run_step(args.job_dir, args.task, launcher()))
+    if args.cmd == "image-run":
+        from .jobs.image import build_and_run
+
+        sys.exit(build_and_run(args.job_dir, args.attempt))
     if args.cmd == "cat":
         from .files import cat_file
 
@@ -78,7 +85,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.cmd == "runner":
         from .jobs.runner import run
 
-        sys.exit(run(args.job_dir))
+        sys.exit(run(args.job_dir, launcher()))
     from . import protocol as P
     from .fsutil import StateDirError
     from .server import Agent

@@ -312,7 +312,8 @@ class ContainerRequest(TypedDict, total=False):
     """The ``container`` args of ``jobs.start``: run the command in a container of ``image``
     (remote_agent/jobs/image.py); the record's ``container`` adds the engine found and the state dir's tag."""
 
-    image: str  # required: as asked (a name:tag, name@digest or an image ID)
+    image: str  # as asked (a name:tag, name@digest or an image ID); or ``build``:
+    build: Dict[str, str]  # {"dockerfile": path in the job's dir}: built on the host first, tagged by the tree
     args: List[str]  # extra engine options, each one option with its value joined by "="
     engine: str  # "auto" (docker, else podman), "docker" or "podman"
 

@@ -19,7 +19,9 @@ from docker_engine import IMAGE, DockerEngine, docker_available
 from sshd import Sshd
 
 from remote_agent.fsutil import read_json
+from remote_agent.host.container import Owners
 from remote_agent.jobs import image as IMG
+from remote_agent.jobs.store import running_jobs
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +102,11 @@ def test_kill_reaches_a_process_that_ignores_sigint_inside_the_container(box: Bo
     wait_for(lambda: "ready" in box.cli("logs", "box", job).stdout, timeout=60, what="the job to start")
     name = f"gputui-{box.tag()}-{job}-1"
     assert box.ours() == [name]
+    # its processes descend from the engine, not the job: they are the job's by their container's cgroup
+    inside = int(box.engine.docker("inspect", "--format", "{{.State.Pid}}", name).stdout)
+    wait_for(lambda: (read_json(str(box.remote_job_dir(job) / IMG.FILE)) or {}).get("id"), what="the container's id")
+    owners = Owners(running_jobs(str(box.remote_dir / "jobs")))
+    assert owners(inside) == job and owners(os.getpid()) is None
     killed = box.cli("kill", "box", job, "--grace", "1", "--yes", check=True, timeout=60)
     assert "killed (exit 143)" in killed.stdout  # SIGINT ignored, SIGTERM ended it
     assert box.ours() == []
@@ -202,3 +209,64 @@ def test_the_nvidia_runtime_is_found_as_the_toolkit_registers_it(tmp_path: Path)
     assert not IMG.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
     assert IMG.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
+
+
+def _project(root: Path, dockerfile: str) -> Path:
+    """A local project to --sync: a Dockerfile on the test image and the job's script."""
+    root.mkdir()
+    (root / "Dockerfile").write_text(dockerfile)
+    (root / "train.sh").write_text('echo "trained with $(cat /built.txt)"\nmkdir -p runs; echo 1 > runs/model.pt\n')
+    (root / ".dockerignore").write_text("runs/\n")
+    return root
+
+
+def test_build_makes_the_image_once_per_tree_and_its_output_is_the_log(box: Box, tmp_path: Path) -> None:
+    project = _project(tmp_path / "project", f"FROM {IMAGE}\nRUN echo built-v1 > /built.txt\n")
+
+    def run() -> tuple[str, str]:
+        job = box.cli("run", "box", "--sync", str(project), "--build", "--", "sh", "train.sh", check=True).stdout.strip()
+        done = box.cli("logs", "box", job, "--follow", timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return job, done.stdout
+
+    job, log = run()
+    assert "gputui: building image gputui-build:" in log and "trained with built-v1" in log
+    record = box.job(job)
+    built = record["image"]["image"]
+    assert built.startswith(f"gputui-build:{box.tag()}-")
+    assert record["image"]["id"] == box.engine.docker("image", "inspect", "--format", "{{.Id}}", built).stdout.strip()
+    _, log = run()  # the job wrote runs/ (ignored): the same tree
+    assert "is up to date (the tree is unchanged): not built again" in log and "trained with built-v1" in log
+    (project / "Dockerfile").write_text(f"FROM {IMAGE}\nRUN echo built-v2 > /built.txt\n")
+    _, log = run()
+    assert "gputui: building image" in log and "trained with built-v2" in log
+
+
+def test_a_failed_build_fails_the_job_with_the_builds_own_error(box: Box, tmp_path: Path) -> None:
+    project = _project(tmp_path / "project", f"FROM {IMAGE}\nRUN echo no-such-step >&2 && false\n")
+    job = box.cli("run", "box", "--sync", str(project), "--build", "--", "sh", "train.sh", check=True).stdout.strip()
+    done = box.cli("logs", "box", job, "--follow", timeout=120)
+    assert done.returncode != 0
+    assert "no-such-step" in done.stdout and "the image build failed" in done.stdout
+    assert "trained" not in done.stdout and box.job(job)["state"] == "failed"
+
+
+def test_a_dockerfile_outside_the_tree_or_missing_is_refused(box: Box, tmp_path: Path) -> None:
+    project = _project(tmp_path / "project", f"FROM {IMAGE}\n")
+    err = box.cli("run", "box", "--sync", str(project), "--build", "../Dockerfile", "--", "true").stderr
+    assert "outside the job's dir" in err
+    err = box.cli("run", "box", "--sync", str(project), "--build", "docker/Dockerfile", "--", "true").stderr
+    assert "no Dockerfile docker/Dockerfile in the job's dir" in err
+    err = box.cli("run", "box", "--build", "--", "true").stderr
+    assert "give --sync (this dir) or --cwd DIR" in err
+
+
+def test_the_apps_job_row_names_the_image_as_plain_text() -> None:
+    from gputui.core.session import model as M
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.host import job_row
+
+    wire = {"id": "3", "name": "train", "state": "running", "argv": ["python", "train.py"],
+            "container": {"image": "reg.example/[bold]x[/]:1\x1b[31m"}, "image_id": None}  # fmt: skip
+    row = job_row(M.Job.from_wire("gpu", wire), None, 0.0, Palette())  # type: ignore[arg-type]
+    assert row[1].plain.startswith("train · in reg.example/[bold]x[/]:1") and "\x1b" not in row[1].plain

@@ -147,10 +147,13 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(f"{', '.join(both)}: given both as --env and as --secret: give each variable once", USAGE)
     job_secrets = secrets.resolve(args.secret, config.path)  # before connecting: a missing one starts nothing
     slurm = _slurm_request(args, host_cfg)
-    if args.image is not None and slurm is not None:
-        raise CliError(f"--image: {args.host} is a Slurm host; jobs in images on Slurm are not supported yet", USAGE)
+    if (args.image or args.build) and slurm is not None:
+        raise CliError(f"run: {args.host} is a Slurm host; jobs in images on Slurm are not supported yet", USAGE)
+    if args.build is not None and args.sync is None and args.cwd is None and host_cfg.transport != "local":
+        raise CliError("run --build builds from the job's dir: give --sync (this dir) or --cwd DIR", USAGE)
     try:  # a bad image or engine option: refused before connecting
-        container_request(JobSpec(args.host, argv, image=args.image, docker_args=tuple(args.docker_arg)), host_cfg)
+        container_request(JobSpec(args.host, argv, image=args.image, build=args.build,
+                                  docker_args=tuple(args.docker_arg)), host_cfg)  # fmt: skip
     except ValueError as exc:
         raise CliError(f"run: {exc}", USAGE) from None
     if slurm is not None and queue is not None:
@@ -175,7 +178,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             args.host, argv, name=args.name, cwd=job_cwd, env=env, secrets=job_secrets,
             gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
             queue=queue, slurm=slurm, restart=args.restart, resume_from=args.resume_from, image=args.image,
-            docker_args=tuple(args.docker_arg),
+            build=args.build, docker_args=tuple(args.docker_arg),
         )  # fmt: skip
         job = await start_job(s, config, spec)
         print(job.id)
@@ -407,8 +410,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--image", metavar="IMAGE",
                    help="run the command in a container of IMAGE (docker or podman on the host; the job's dir is "
                         "mounted and is the workdir; --gpus go to the engine)")  # fmt: skip
+    r.add_argument("--build", nargs="?", const="Dockerfile", metavar="DOCKERFILE",
+                   help="instead of --image: build the image on the host from the job's dir (--sync or --cwd) with "
+                        "DOCKERFILE (default: Dockerfile) first; an unchanged tree is not built again")  # fmt: skip
     r.add_argument("--docker-arg", action="append", default=[], metavar="OPT",
-                   help="with --image: an extra engine option, repeatable; write it with =, e.g. "
+                   help="with --image or --build: an extra engine option, repeatable; write it with =, e.g. "
                         "--docker-arg=--shm-size=16g")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
                    help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip

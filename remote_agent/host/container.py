@@ -18,6 +18,8 @@ _CGROUP_WORDS = ("kubepods", "docker", "containerd", "libpod", "crio", "lxc")
 _INITS = ("systemd", "init", "launchd", "upstart")
 #: A memory limit at or above this is "no limit" (cgroup v1 writes 2^63 rounded down to a page).
 _NO_LIMIT = 1 << 60
+#: A container's full ID (Docker's and Podman's: 64 hex digits), as in its processes' cgroup paths.
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 #: A hidden process that appeared this long after the most recent start of a candidate job is not matched.
 APPEAR_WINDOW_S = 300.0
 
@@ -211,9 +213,15 @@ class Owners:
         self.jobs = jobs
         self.proc = proc
         self._roots = {int(j["pid"]): j["id"] for j in jobs if j.get("pid")}
+        #: a job run in an image: its container's full ID, which names the cgroup of every process in it
+        self._containers = {j["container_id"]: j["id"] for j in jobs if _CONTAINER_ID.fullmatch(j.get("container_id") or "")}
 
     def __call__(self, pid: int) -> Optional[str]:
-        return next((self._roots[p] for p in ancestors(pid, proc=self.proc) if p in self._roots), None)
+        job = next((self._roots[p] for p in ancestors(pid, proc=self.proc) if p in self._roots), None)
+        if job is None and self._containers:  # a container's processes descend from the engine, not the job
+            cgroup = read_text(os.path.join(self.proc, str(pid), "cgroup")) or ""
+            job = next((j for cid, j in self._containers.items() if cid in cgroup), None)
+        return job
 
     def visible(self, pid: int) -> bool:
         return os.path.exists(os.path.join(self.proc, str(pid)))

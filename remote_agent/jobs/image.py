@@ -15,6 +15,10 @@ pane, so its log, attach, exit code (the container's), restarts, the queue and h
   CUDA_VISIBLE_DEVICES; all of them when it was given none, none on a host without the NVIDIA driver;
 - the container sees only the variables the job was given (``--env``, ``--secret``, GPUTUI_*), never the host's.
 
+``--build [DOCKERFILE]`` (``build`` in the request) builds the image on the host from the job's dir first, in the
+job's pane (``image-run``: the build's output is the start of the job's log, a failed build is the job's exit),
+tagged ``gputui-build/<tag>:<tree hash>``: an unchanged tree is not built again.
+
 Stdlib only, Python 3.8+.
 """
 
@@ -43,7 +47,10 @@ _OURS = {"--name", "-d", "--detach", "--gpus", "--cidfile", "-a", "--attach", "-
 ENGINE_TIMEOUT_S = 20.0
 #: Variables the container gets besides the job's own (when the runner has them).
 _PASSED = ("PYTHONUNBUFFERED", "TERM", "GPUTUI_ATTEMPT", "GPUTUI_RESUME_FROM")
-FILE = "container.json"  # the job's container: name, engine, resolved image ID (written by the runner)
+FILE = "container.json"  # the job's container: name, ID, resolved image ID (written by the runner)
+BUILT = "gputui-build"  # the repository of images built with --build (tagged <state tag>-<tree hash>)
+#: Most entries of a build context hashed to tag its image; a bigger tree is built every time.
+MAX_CONTEXT_FILES = 200000
 _NVIDIA_DRIVER = "/dev/nvidiactl"
 _CDI_SPECS = ("/etc/cdi", "/var/run/cdi")
 
@@ -56,6 +63,9 @@ def check_request(request: Any) -> Dict[str, Any]:
     """A start request's ``container`` ({image, args, engine}), checked: ImageError saying what is wrong."""
     if not isinstance(request, dict):
         raise ImageError("container must be an object with an image")
+    build = request.get("build")
+    if build is not None:
+        return dict(check_request(dict(request, build=None, image=BUILT)), build=_check_build(build))
     image = request.get("image")
     if not isinstance(image, str) or not image or len(image) > MAX_IMAGE or not _IMAGE.fullmatch(image):
         raise ImageError("image %r: expected a name like pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime or an image "
@@ -69,6 +79,18 @@ def check_request(request: Any) -> Dict[str, Any]:
     if engine not in ("auto",) + ENGINES:
         raise ImageError("container engine %r: use auto, docker or podman" % str(engine)[:40])
     return {"image": image, "args": list(args), "engine": engine}
+
+
+def _check_build(build: Any) -> Dict[str, str]:
+    """``build``: {dockerfile}: a path inside the job's dir (the build context)."""
+    dockerfile = build.get("dockerfile") if isinstance(build, dict) else None
+    if not isinstance(dockerfile, str) or not dockerfile or len(dockerfile) > MAX_ARG or "\x00" in dockerfile:
+        raise ImageError("build: expected the Dockerfile's path inside the job's dir")
+    parts = dockerfile.replace("\\", "/").split("/")
+    if dockerfile.startswith(("/", "~")) or ".." in parts:
+        raise ImageError("Dockerfile %r is outside the job's dir (the build context): give a path inside it, "
+                         "e.g. Dockerfile or docker/train.Dockerfile" % dockerfile[:200])  # fmt: skip
+    return {"dockerfile": os.path.normpath(dockerfile)}
 
 
 def check_arg(arg: Any) -> None:
@@ -206,12 +228,101 @@ def run_argv(job: Dict[str, Any], job_id: str, attempt: int, env: Dict[str, str]
     return argv + list(spec.get("args") or []) + ["--", spec["image"]] + list(job["argv"])
 
 
-def mount_problem(cwd: str) -> Optional[str]:
-    """Why the job's dir cannot be bind-mounted as it is (--mount reads its value as CSV), or None."""
+def dir_problem(spec: Dict[str, Any], cwd: str) -> Optional[str]:
+    """Why the job's dir cannot serve the job (bind mount, build context), or None."""
     bad = [c for c in (",", '"', "\n") if c in cwd]
-    if bad:
+    if bad:  # --mount reads its value as CSV
         return "the job's dir %r holds %r, which the engine's --mount cannot take: use another --cwd" % (cwd, bad[0])
+    build = spec.get("build")
+    if build:
+        path = os.path.realpath(os.path.join(cwd, build["dockerfile"]))
+        if os.path.commonpath([path, os.path.realpath(cwd)]) != os.path.realpath(cwd):
+            return "Dockerfile %s leads outside the job's dir %s (a link)" % (build["dockerfile"], cwd)
+        if not os.path.isfile(path):
+            return "no Dockerfile %s in the job's dir %s on the host (sync it with --sync)" % (build["dockerfile"], cwd)
     return None
+
+
+_GLOB = {"**/": "(.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}  # .dockerignore's wildcards as regexes
+
+
+def dockerignore(cwd: str) -> "List[re.Pattern[str]]":
+    """The build context's .dockerignore patterns as regexes of relative paths (``*`` within one name, ``**``
+    across names, as the engine reads them). None are used when one re-includes (``!``): then every file counts,
+    so a file the build uses is never left out of the tree's hash."""
+    try:
+        with open(os.path.join(cwd, ".dockerignore"), "rb") as f:
+            lines = f.read(1 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+    patterns = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    if any(p.startswith("!") for p in patterns):
+        return []
+    out = []
+    for pattern in patterns:
+        pattern = os.path.normpath(pattern).lstrip("/")
+        parts = re.split(r"(\*\*/|\*\*|\*|\?)", pattern)
+        regex = "".join(_GLOB.get(part, re.escape(part)) for part in parts)
+        out.append(re.compile(regex + "(/.*)?"))
+    return out
+
+
+def context_hash(cwd: str, dockerfile: str) -> Optional[str]:
+    """A hash of the build context's tree (each entry's path, type, size, mode and mtime; what .dockerignore
+    leaves out is left out) and the Dockerfile's name: the same for an unchanged tree; None for a tree of over
+    MAX_CONTEXT_FILES entries (then always built)."""
+    digest = hashlib.sha256(dockerfile.encode("utf-8", "surrogateescape"))
+    ignored = dockerignore(cwd)
+    count = 0
+    for top, dirs, files in os.walk(cwd):
+        dirs.sort()
+        for name in sorted(files) + dirs:
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, cwd)
+            if any(p.fullmatch(rel) for p in ignored):
+                if name in dirs:
+                    dirs.remove(name)
+                continue
+            count += 1
+            if count > MAX_CONTEXT_FILES:
+                return None
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            digest.update(b"%s\0%d %d %d\n" % (rel.encode("utf-8", "surrogateescape"), st.st_mode, st.st_size,
+                                                st.st_mtime_ns))  # fmt: skip
+    return digest.hexdigest()[:16]
+
+
+def build_and_run(job_dir: str, attempt: int) -> int:
+    """``image-run``, the job's process in its pane for ``--build``: build the image unless this tree's is there,
+    then become the engine's run. The build's output is the job's log; its failure is the job's exit."""
+    with open(os.path.join(job_dir, "job.json"), "rb") as f:
+        job = json.loads(f.read().decode("utf-8"))
+    spec, cwd = job["container"], job["cwd"]
+    dockerfile = spec["build"]["dockerfile"]
+    tree = context_hash(cwd, dockerfile)
+    tag = "%s:%s-%s" % (BUILT, spec["tag"], tree or "big-tree")
+    engine = spec["engine_path"]
+    name = os.path.basename(engine)
+    if tree is not None and _engine(engine, "image", "inspect", "--format", "{{.Id}}", tag).returncode == 0:
+        print("gputui: image %s is up to date (the tree is unchanged): not built again" % tag, flush=True)
+    else:
+        print("gputui: building image %s from %s in %s" % (tag, dockerfile, cwd), flush=True)
+        code = subprocess.call([engine, "build", "--network", "host", "--file", os.path.join(cwd, dockerfile),
+                                "--tag", tag, "--label", "gputui.state=%s" % spec["tag"], cwd])  # fmt: skip
+        if code != 0:
+            print("gputui: the image build failed (%s build exited %d): the job did not start" % (name, code),
+                  flush=True)  # fmt: skip
+            return code
+    spec = dict(spec, image=tag)
+    job_id = os.path.basename(job_dir)
+    _note(job_dir, {"name": container_name(spec, job_id, attempt), "image": tag,
+                    "image_id": _image_id(engine, "image", "inspect", "--format", "{{.Id}}", tag)})  # fmt: skip
+    argv = run_argv(dict(job, container=spec), job_id, attempt, dict(os.environ))
+    os.execvp(argv[0], argv)
+    return 127  # (not reached)
 
 
 def record_image(job_dir: str, spec: Dict[str, Any], name: str, stopped: "threading.Event") -> threading.Thread:
@@ -219,25 +330,35 @@ def record_image(job_dir: str, spec: Dict[str, Any], name: str, stopped: "thread
     may take long to pull): asked every second until ``stopped`` is set, at most an hour."""
     write_json(os.path.join(job_dir, FILE), {"name": name, "image_id": None})
 
-    def found(*args: str) -> bool:
-        done = _engine(spec["engine_path"], *args)
-        image_id = done.stdout.strip()
-        if done.returncode == 0 and _IMAGE_ID.fullmatch(image_id):
-            write_json(os.path.join(job_dir, FILE), {"name": name, "image_id": image_id})
-            return True
-        return False
-
     def watch() -> None:
         for _ in range(3600):
-            if found("inspect", "--type", "container", "--format", "{{.Image}}", name):
+            done = _engine(spec["engine_path"], "inspect", "--type", "container", "--format", "{{.Id}} {{.Image}}", name)
+            ids = done.stdout.split()
+            if done.returncode == 0 and len(ids) == 2 and _IMAGE_ID.fullmatch(ids[1]):
+                _note(job_dir, {"id": ids[0], "image_id": ids[1]})  # the ID names its processes' cgroups
                 return
             if stopped.wait(1.0):  # gone before it was seen (a job of a second): the image as tagged now
-                found("image", "inspect", "--format", "{{.Id}}", spec["image"])
+                image_id = _image_id(spec["engine_path"], "image", "inspect", "--format", "{{.Id}}", spec["image"])
+                if image_id is not None:
+                    _note(job_dir, {"image_id": image_id})
                 return
 
     thread = threading.Thread(target=watch, name="image-id", daemon=True)
     thread.start()
     return thread
+
+
+def _image_id(engine: str, *args: str) -> Optional[str]:
+    """The image ID an engine's ``inspect`` prints, or None."""
+    done = _engine(engine, *args)
+    image_id = done.stdout.strip()
+    return image_id if done.returncode == 0 and _IMAGE_ID.fullmatch(image_id) else None
+
+
+def _note(job_dir: str, facts: Dict[str, Any]) -> None:
+    """Add ``facts`` to container.json."""
+    known = read_json(os.path.join(job_dir, FILE))
+    write_json(os.path.join(job_dir, FILE), dict(known if isinstance(known, dict) else {}, **facts))
 
 
 def running_name(job_dir: str) -> Optional[str]:

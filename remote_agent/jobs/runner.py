@@ -115,7 +115,8 @@ def _spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> "tuple[int, int]":
     return pid, master
 
 
-def run(job_dir: str) -> int:
+def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
+    """Run the job of ``job_dir`` (its next attempt); ``launcher``: argv starting this agent build again."""
     with open(os.path.join(job_dir, "job.json"), "rb") as f:
         job = json.loads(f.read().decode("utf-8"))
     with open(os.path.join(job_dir, "env.json"), "rb") as f:
@@ -157,7 +158,12 @@ def run(job_dir: str) -> int:
     write_json(pid_path, started)
     container = job.get("container")  # an image job: the engine's run in place of the command (jobs/image.py)
     job_id = os.path.basename(job_dir)
-    argv = IMG.run_argv(job, job_id, attempt, env) if container else job.get("run_argv") or job["argv"]
+    if container and container.get("build"):  # the build first, in the pane (image.build_and_run)
+        argv = (launcher or []) + ["image-run", job_dir, str(attempt)]
+    elif container:
+        argv = IMG.run_argv(job, job_id, attempt, env)
+    else:
+        argv = job.get("run_argv") or job["argv"]
     pid, master = _spawn(argv, job["cwd"], env)  # run_argv: slurm.launch_fields
     ended = threading.Event()
     image_id = None

@@ -243,8 +243,9 @@ class JobStore:
         cwd = os.path.abspath(os.path.expanduser(cwd or "~"))
         if not os.path.isdir(cwd):
             raise JobError("working directory %s does not exist on the host" % cwd, "bad_args")
-        if (extra or {}).get("container") and IMG.mount_problem(cwd):
-            raise JobError(str(IMG.mount_problem(cwd)), "bad_args")
+        problem = IMG.dir_problem(extra["container"], cwd) if (extra or {}).get("container") else None
+        if problem:
+            raise JobError(problem, "bad_args")
         env = env or {}
         if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k for k, v in env.items()):
             raise JobError("env must map variable names (without '=') to strings", "bad_args")
@@ -442,8 +443,11 @@ class JobStore:
             status = read_json(os.path.join(path, "status.json"))
             if status is None and isinstance(record.get("container"), dict):
                 end_lost_container(path, job_id, record["container"])
-        if isinstance(record.get("container"), dict):
-            record["image_id"] = (read_json(os.path.join(path, IMG.FILE)) or {}).get("image_id")
+        if isinstance(record.get("container"), dict):  # the image it runs (one --build made: its tag) and its ID
+            ran = read_json(os.path.join(path, IMG.FILE)) or {}
+            record["image_id"] = ran.get("image_id")
+            if isinstance(ran.get("image"), str):
+                record["container"] = dict(record["container"], image=ran["image"])
         if on_slurm:  # Slurm's word decides the state (remote_agent/jobs/slurm.py)
             S.fill_record(record, path, status, killed, self.slurm)
         elif isinstance(status, dict):
@@ -658,12 +662,14 @@ def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
             continue  # lost: its runner died without a status
         env = read_json(os.path.join(path, "env.json"))
         gpus = env.get("CUDA_VISIBLE_DEVICES") if isinstance(env, dict) else None
+        ran = read_json(os.path.join(path, IMG.FILE))  # a job in an image: its container (jobs/image.py)
         out.append(
             {
                 "id": job_id,
                 "pid": pids["pid"],
                 "started_at": pids.get("started_at"),
                 "gpus": gpus if isinstance(gpus, str) else None,
+                "container_id": ran.get("id") if isinstance(ran, dict) else None,
             }
         )
     return out

@@ -36,6 +36,7 @@ class JobSpec:
     # variables whose values never rest in a record (gputui/core/jobs/secrets.py); never shown, not even in a repr
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
     image: str | None = None  # run in a container of this image (remote_agent/jobs/image.py)
+    build: str | None = None  # or of an image built on the host from this Dockerfile in the job's dir
     docker_args: tuple[str, ...] = ()  # extra engine options for it, each one option with its value joined by =
 
 
@@ -83,12 +84,18 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
 def container_request(spec: JobSpec, host: HostConfig | None) -> P.ContainerRequest | None:
     """The ``container`` a start sends for ``spec.image`` (None: a bare job); ValueError for a bad image or
     engine option (remote_agent/jobs/image.py has the rules, the host checks them again)."""
-    if spec.image is None:
+    if spec.image is not None and spec.build is not None:
+        raise ValueError("--image or --build: a job runs in one image")
+    if spec.image is None and spec.build is None:
         if spec.docker_args:
-            raise ValueError("--docker-arg needs --image: the engine options of a job run in an image")
+            raise ValueError("--docker-arg needs --image or --build: the engine options of a job run in an image")
         return None
-    request: P.ContainerRequest = {"image": spec.image, "args": list(spec.docker_args),
+    request: P.ContainerRequest = {"args": list(spec.docker_args),
                                    "engine": host.container_engine if host is not None else "auto"}  # fmt: skip
+    if spec.build is not None:
+        request["build"] = {"dockerfile": spec.build}
+    else:
+        request["image"] = str(spec.image)
     return IMG.check_request(request)  # type: ignore[return-value]
 
 

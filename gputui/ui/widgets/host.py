@@ -254,6 +254,8 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
             name.append(" · on " + safetext.clean(slurm["nodes"], limit=300), style=pal.muted)
         nodes = slurm.get("nodes_count") or 1
         gpus = f"{slurm.get('gpus') or 0}x{nodes}" if nodes > 1 else str(slurm.get("gpus") or 0)
+    if job.image is not None:  # run in a container image: which one (host text: plain)
+        name.append(" · in " + safetext.clean(job.image["image"], limit=200), style=pal.muted)
     runtime = None
     if job.started_at is not None:
         runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
