@@ -78,6 +78,8 @@ def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
 def suite_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The run's sandbox; at its end no process of the suite (tmux server, job, agent, sshd) may be left."""
     root = tmp_path_factory.mktemp("suite")
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:  # started in the background (`pytest &`): SIGINT is
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored, and children would inherit that
     tmux_dir = root / "tmux"
     tmux_dir.mkdir(mode=0o700)
     with pytest.MonkeyPatch.context() as mp:

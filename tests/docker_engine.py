@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -71,24 +72,36 @@ class DockerEngine:
         self.import_image()
         return self
 
-    def import_image(self) -> str:
-        """The busybox test image (made once); its ID."""
-        found = self.docker("image", "inspect", "--format", "{{.Id}}", IMAGE, check=False)
+    def import_image(self, tag: str = IMAGE, links: dict[str, str] | None = None) -> str:
+        """A busybox test image (made once; ``links``: top-level symlinks to add, name -> target); its ID."""
+        found = self.docker("image", "inspect", "--format", "{{.Id}}", tag, check=False)
         if found.returncode == 0:
             return found.stdout.strip()
         rootfs = self.root / "rootfs.tar"
         with tarfile.open(rootfs, mode="w") as tar:
-            for folder in ("bin", "tmp", "etc"):
+            for folder in ("bin", "tmp", "etc", "usr"):
                 info = tarfile.TarInfo(folder)
                 info.type, info.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
                 tar.addfile(info)
             tar.add(BUSYBOX, "bin/busybox")
-            for applet in APPLETS:
-                link = tarfile.TarInfo(f"bin/{applet}")
-                link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+            for name, target in [(f"bin/{applet}", "busybox") for applet in APPLETS] + list((links or {}).items()):
+                link = tarfile.TarInfo(name)
+                link.type, link.linkname = tarfile.SYMTYPE, target
                 tar.addfile(link)
-        self.docker("import", "--change", "ENV PATH=/bin", str(rootfs), IMAGE)
-        return self.import_image()
+        self.docker("import", "--change", "ENV PATH=/bin", str(rootfs), tag)
+        return self.import_image(tag)
+
+    def host_python(self) -> tuple[str, list[str]]:
+        """An image that runs this machine's Python and its venv (torch included) read-only from the host, for
+        the MNIST example in a container: (image, the --docker-arg options that mount what it needs). No
+        registry is reachable, and a copy of torch per container (vfs) would cost a GB each."""
+        links = {name: os.readlink(f"/{name}") for name in ("lib", "lib64", "lib32", "libx32")
+                 if os.path.islink(f"/{name}")}  # fmt: skip
+        image = "gputui-test/host-python:1"
+        self.import_image(image, links)
+        mounts = ["/usr", "/etc/ld.so.cache", sys.base_prefix, sys.prefix]
+        mounts += [f"/{name}" for name in ("lib", "lib64") if os.path.isdir(f"/{name}") and name not in links]
+        return image, [f"--volume={m}:{m}:ro" for m in dict.fromkeys(mounts) if os.path.exists(m)]
 
     def containers(self, *filters: str) -> list[str]:
         """Names of the containers (running or not) matching ``filters`` (``label=...``, ``name=...``)."""

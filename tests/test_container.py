@@ -289,8 +289,8 @@ def test_running_jobs_reads_the_grants_and_skips_a_lost_job(tmp_path: Path) -> N
         tree(tmp_path / job_id, {"pid.json": json.dumps(pids), "env.json": json.dumps(env)})
     tree(tmp_path / "4", {"pid.json": json.dumps({"pid": 14}), "status.json": "{}"})  # ended
     assert running_jobs(str(tmp_path)) == [
-        {"id": "1", "pid": 11, "started_at": 5.0, "gpus": "1,2"},
-        {"id": "3", "pid": 13, "started_at": None, "gpus": None},
+        {"id": "1", "pid": 11, "started_at": 5.0, "gpus": "1,2", "container_id": None},
+        {"id": "3", "pid": 13, "started_at": None, "gpus": None, "container_id": None},
     ]
 
 

@@ -26,7 +26,7 @@ from remote_agent.metrics.sampler import MetricsSampler
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 NO_GPU_HW = {"pci_gpus": 0, "kernel_module": None}
 IDS = ["driver", "cuda", "python", "torch", "torch.cuda", "torch.arch", "tmux", "disk", "memory", "shm",
-       "container", "volume"]
+       "container", "engine", "volume"]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HANG_GUARD_S = 120  # a bound on a wait that must end (never a measure of speed)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -270,3 +272,35 @@ def test_the_apps_job_row_names_the_image_as_plain_text() -> None:
             "container": {"image": "reg.example/[bold]x[/]:1\x1b[31m"}, "image_id": None}  # fmt: skip
     row = job_row(M.Job.from_wire("gpu", wire), None, 0.0, Palette())  # type: ignore[arg-type]
     assert row[1].plain.startswith("train · in reg.example/[bold]x[/]:1") and "\x1b" not in row[1].plain
+
+
+def test_the_mnist_example_trains_in_a_built_image_and_is_killed_like_a_bare_job(box: Box) -> None:
+    """run --build with the shipped example: the image built on the host, the log's epochs, DataLoader workers
+    (shared memory: the host's IPC), the run's files the user's; then a run killed mid-epoch saves and stops."""
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    from test_train_mnist import EXAMPLES, _load
+
+    image, mounts = box.engine.host_python()
+    (box.work / "train_mnist.py").write_bytes((EXAMPLES / "train_mnist.py").read_bytes())
+    (box.work / ".dockerignore").write_bytes((EXAMPLES / ".dockerignore").read_bytes())
+    (box.work / "Dockerfile").write_text(f"FROM {image}\n")  # examples/Dockerfile's role, on the offline base
+    _load("mnist_from_digits").build(box.work / "data")
+    python = str(Path(sys.prefix) / "bin" / "python")
+    args = ["--build", *[f"--docker-arg={m}" for m in mounts], "--", python, "train_mnist.py", "--data-dir", "data",
+            "--device", "cpu", "--batch-size", "32", "--workers", "2"]  # fmt: skip
+    job = box.run(*args, "--epochs", "2", "--out", "runs/a")
+    done = box.cli("logs", "box", job, "--follow", timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "gputui: building image" in done.stdout and re.search(r"Epoch 2/2 .*test_acc=0\.[5-9]", done.stdout)
+    summary = json.loads((box.work / "runs" / "a" / "summary.json").read_text())
+    assert summary["status"] == "completed" and (box.work / "runs" / "a").stat().st_uid == os.getuid()
+    assert box.job(job)["image"]["id"].startswith("sha256:")
+
+    job = box.run(*args, "--epochs", "50", "--out", "runs/b")
+    wait_for(lambda: "Epoch 1/50" in box.cli("logs", "box", job).stdout, timeout=120, what="an epoch")
+    assert "not built again" in box.cli("logs", "box", job).stdout  # the run wrote runs/ and data/: ignored
+    killed = box.cli("kill", "box", job, "--grace", "20", "--yes", check=True, timeout=120)
+    assert "killed (exit 130)" in killed.stdout  # SIGINT reached python inside: it saved and re-raised
+    assert json.loads((box.work / "runs" / "b" / "summary.json").read_text())["status"] != "completed"
+    assert box.ours() == []
