@@ -166,9 +166,9 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
         argv = job.get("run_argv") or job["argv"]
     pid, master = _spawn(argv, job["cwd"], env)  # run_argv: slurm.launch_fields
     ended = threading.Event()
-    image_id = None
+    image_watch = None  # records the container's ID and image ID (jobs/image.py)
     if container:
-        image_id = IMG.record_image(job_dir, container, IMG.container_name(container, job_id, attempt), ended)
+        image_watch = IMG.record_image(job_dir, container, IMG.container_name(container, job_id, attempt), ended)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     try:
         write_json(pid_path, dict(started, pid=pid))
@@ -260,8 +260,8 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     usage.stopped.set()
     series.stopped.set()
     ended.set()
-    if image_id is not None:
-        image_id.join(timeout=5.0)
+    if image_watch is not None:
+        image_watch.join(timeout=5.0)
     usage.join(timeout=2.0)  # its last usage.json lands before status.json (records are final then)
     series.join(timeout=5.0)  # never writes once the job has ended (the agent finishes the series then)
     try:
