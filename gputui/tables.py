@@ -158,9 +158,30 @@ def _idle_text(c: M.CostInfo) -> str:
     return f"quiet for {duration(c.idle_seconds)}, idle once that reaches idle_minutes"  # was "not idle yet"
 
 
+def status_line(s: M.HostSnapshot) -> str:
+    """One short line for a host (``status --short``: a tmux status line, a shell prompt): state, GPUs and their
+    mean utilisation, running jobs, price, idle time, and a GPU problem first when there is one."""
+    if s.state != M.CONNECTED:
+        return f"{s.name} {s.state}" + (f" ({clean(s.error, limit=60)})" if s.error else "")
+    parts = [f"{s.name} up"]
+    gpus = s.metrics.gpus if s.metrics is not None else ()
+    lost = [g for g in gpus if g.lost]
+    if lost:
+        parts.append(f"GPU {','.join(str(g.index) for g in lost)} LOST")
+    utils = [g.util_percent for g in gpus if g.util_percent is not None]
+    parts.append(f"{len(gpus)} GPU {sum(utils) / len(utils):.0f}%" if utils else f"{len(gpus)} GPU" if gpus else "no GPU")
+    parts.append(f"{sum(j.running for j in s.jobs)} running")
+    c = s.cost
+    if c is not None and c.price_per_hour is not None:
+        parts.append(f"{c.price_per_hour:.2f} {c.currency}/h")
+    if c is not None and c.idle:
+        parts.append(f"idle {duration(c.idle_seconds)}")
+    return " · ".join(parts)
+
+
 def print_status(snaps: list[M.HostSnapshot]) -> None:
     for s in snaps:
-        print(f"{s.name}: {s.state}" + (f" ({s.error})" if s.error else ""))
+        print(f"{s.name}: {s.state}" + (f" ({clean(s.error, limit=2000)})" if s.error else ""))
         m = s.metrics
         if m is None:
             continue
@@ -177,7 +198,7 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
                 continue
             gmem = f"{fmt(g.mem_used_mib)}/{fmt(g.mem_total_mib, ' MiB')}"
             print(
-                f"  gpu{g.index} {g.name or '?'}  {fmt(g.util_percent, '%')}  {gmem}  {fmt(g.temp_c, 'C')}  {fmt(g.power_w, 'W')}"
+                f"  gpu{g.index} {clean(g.name or '?', limit=100)}  {fmt(g.util_percent, '%')}  {gmem}  {fmt(g.temp_c, 'C')}  {fmt(g.power_w, 'W')}"
             )
         running = [j for j in s.jobs if j.running]
         print(f"  jobs  {len(running)} running, {len(s.jobs)} total")

@@ -277,3 +277,22 @@ def test_core_does_not_import_textual() -> None:
         "assert 'textual' not in sys.modules, [m for m in sys.modules if m.startswith('textual')]\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_status_short_is_one_line_per_host_for_a_status_bar(home: Home, tmp_path: Path) -> None:
+    """``status --short``: a host with a lost GPU (the 8x A100 recording, GPU 1 lost) says so first; a host that
+    cannot be reached is one line too, its error cut short."""
+    from test_metrics_smi import A100_Q, fake_smi
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_smi(bin_dir, A100_Q, "q")
+    home.env.update(PATH=f"{bin_dir}:{home.env['PATH']}", FAKE_NVIDIA_SMI_GPUS="4", FAKE_NVIDIA_SMI_LOST="1")
+    home.write_config('[hosts.local]\ntransport = "local"\nprice_per_hour = 12.5\n\n'
+                      '[hosts.gone]\nhost = "127.0.0.1"\nport = 1\nconnect_timeout = 3\n')  # fmt: skip
+    res = home.cli("status", "--short", timeout=120)
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2, res.stdout
+    assert lines[0].startswith("local up · GPU 1 LOST · 4 GPU 0% · 0 running · 12.50 USD/h"), lines[0]
+    assert lines[1].startswith("gone error (") and len(lines[1]) < 90, lines[1]
+    assert res.returncode != 0  # a host that did not answer, as plain status says

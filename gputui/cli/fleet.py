@@ -17,7 +17,7 @@ from ..core.money.spend import fleet_spend
 from ..core.session import model as M
 from ..core.session.gather import gather_hosts
 from ..core.session.host import HostSession
-from ..tables import print_cost, print_status
+from ..tables import print_cost, print_status, status_line
 from .common import CliError, ask, host_names, hosts_status, open_fleet
 
 
@@ -40,6 +40,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
         snaps, status = await _probe_fleet(fleet)
     if args.json:
         print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}))
+    elif args.short:
+        print("\n".join(status_line(s) for s in snaps.values()))
     else:
         print_status(list(snaps.values()))
     return status
@@ -118,7 +120,10 @@ async def cmd_trust(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     st = sub.add_parser("status", help="hosts, GPUs and jobs")
-    st.add_argument("--json", action="store_true")
+    shape = st.add_mutually_exclusive_group()
+    shape.add_argument("--json", action="store_true")
+    shape.add_argument("--short", action="store_true",
+                       help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")  # fmt: skip
     st.set_defaults(func=cmd_status)
 
     tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")
