@@ -192,7 +192,7 @@ def test_gpu_selection_goes_to_the_engine_renumbered_never_as_cuda_visible_devic
     assert IMG.gpu_args("docker", "") == [] and IMG.gpu_args("docker", "none") == []
     assert IMG.gpu_args("podman", "1") == ["--device", "nvidia.com/gpu=1"]
     argv = IMG.run_argv(
-        {"container": {"engine_path": "/usr/bin/docker", "engine_name": "docker", "tag": "t", "image": "img",
+        {"container": {"engine_path": "/usr/bin/docker", "tag": "t", "image": "img",
                        "args": ["--shm-size=8g"]}, "cwd": "/w", "argv": ["python", "-c", "x"], "env": {"A": "1"}},
         "5", 2, {"CUDA_VISIBLE_DEVICES": "3", "A": "1", "GPUTUI_ATTEMPT": "2", "HOME": "/root"},
     )  # fmt: skip

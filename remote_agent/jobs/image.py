@@ -178,11 +178,7 @@ def prepare(request: Dict[str, Any], gpus: Optional[str], state_dir: str) -> Dic
         raise ImageError("%s on this host cannot give a container GPUs (no NVIDIA runtime or CDI spec): install "
                          "the NVIDIA Container Toolkit (https://docs.nvidia.com/datacenter/cloud-native/container-"
                          "toolkit/latest/install-guide.html), or run with --gpus none" % os.path.basename(path))
-    return dict(request, engine_path=path, engine_name=_engine_name(path), tag=state_tag(state_dir))
-
-
-def _engine_name(path: str) -> str:
-    return "podman" if os.path.basename(path).startswith("podman") else "docker"
+    return dict(request, engine_path=path, tag=state_tag(state_dir))
 
 
 def state_tag(state_dir: str) -> str:
@@ -221,7 +217,8 @@ def run_argv(job: Dict[str, Any], job_id: str, attempt: int, env: Dict[str, str]
             "--label", "gputui.state=%s" % spec["tag"], "--label", "gputui.job=%s" % job_id,
             "--network", "host", "--ipc", "host", "--user", "%d:%d" % (os.getuid(), os.getgid()),
             "--mount", "type=bind,source=%s,target=%s" % (cwd, cwd), "--workdir", cwd]  # fmt: skip
-    argv += gpu_args(spec.get("engine_name", "docker"), env.get("CUDA_VISIBLE_DEVICES"))
+    engine_name = "podman" if os.path.basename(spec["engine_path"]).startswith("podman") else "docker"
+    argv += gpu_args(engine_name, env.get("CUDA_VISIBLE_DEVICES"))
     names = list(job.get("env") or {}) + list(job.get("secrets") or []) + [n for n in _PASSED if n in env]
     for var in dict.fromkeys(names):  # the value travels in the engine's environment, never on its command line
         argv += ["--env", var]

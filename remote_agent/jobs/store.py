@@ -548,38 +548,31 @@ class JobStore:
         if info.get("restart_pending"):  # its next attempt is being launched: its pid.json is the old one's
             R.wait_launched(path, grace_s + R.LAUNCH_GRACE_S)
         pgid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
-        container = (read_json(os.path.join(path, "job.json")) or {}).get("container")
-        if pgid and container:
-            self._kill_container(job_id, path, container, pgid, grace_s)
-        elif pgid:
+        if pgid:
+            # a job in an image: each signal to its container (the engine's CLI on a terminal passes none on),
+            # to the CLI only while no container exists yet (its image being pulled or built)
+            container = (read_json(os.path.join(path, "job.json")) or {}).get("container")
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
+                if not (container and self._signal_container(job_id, path, container, sig)):
+                    try:
+                        os.killpg(pgid, sig)
+                    except ProcessLookupError:
+                        break
                 if self._wait_ended(path, grace_s):
                     break
             self._wait_ended(path, 5.0)
+            name = IMG.running_name(path) if container else None
+            if name is not None:
+                IMG.end(container, name, job_id)  # one created as its CLI was being killed
         else:
             self._end_unstarted(job_id, path)
         return self.describe(job_id)
 
-    def _kill_container(self, job_id: str, path: str, spec: Dict[str, Any], pgid: int, grace_s: float) -> None:
-        """``kill`` of an image job: each signal to its container (the engine's CLI on a terminal passes none on),
-        or to the CLI while no container exists yet (its image being pulled); then any container left is ended."""
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-            name = IMG.running_name(path)
-            if name is None or not IMG.send_signal(spec, name, job_id, sig.name[3:]):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
-            if self._wait_ended(path, grace_s):
-                break
-        self._wait_ended(path, 5.0)
+    @staticmethod
+    def _signal_container(job_id: str, path: str, spec: Dict[str, Any], sig: signal.Signals) -> bool:
+        """Send ``sig`` to the job's container; whether there was one of ours to send it to."""
         name = IMG.running_name(path)
-        if name is not None:
-            IMG.end(spec, name, job_id)  # one created as its CLI was being killed
+        return name is not None and IMG.send_signal(spec, name, job_id, sig.name[3:])
 
     def _end_unstarted(self, job_id: str, path: str) -> None:
         """Kill a job whose runner has not written its pid yet: end its tmux session (the runner with it, and a
