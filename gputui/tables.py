@@ -98,8 +98,10 @@ def print_jobs(jobs: list[M.Job]) -> None:
     for j in jobs:
         ins = j.insights
         eta = ins.eta_s if ins is not None and j.running and math.isfinite(ins.eta_s or 0.0) else None
+        group = j.record.get("group")  # a job over several hosts: every host (gputui/core/jobs/group.py)
+        hosts = ",".join(map(str, group.get("hosts") or ())) if isinstance(group, dict) else j.host
         rows.append([
-            j.host, j.id, _state(j), fmt(j.exit_code), ago(j.started_at), _progress(ins),
+            hosts, j.id, _state(j), fmt(j.exit_code), ago(j.started_at), _progress(ins),
             "-" if eta is None else duration(eta), _headline(ins.metrics if ins else None), [j.name],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]

@@ -45,6 +45,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     step = sub.add_parser("slurm-step", help="a many-node Slurm job: start its srun step (--task: its torchrun)")
     step.add_argument("--task", action="store_true")
     step.add_argument("job_dir")
+    hub = sub.add_parser("group-hub", help="a job over several hosts: its hub on rank 0's host (run by its runner)")
+    hub.add_argument("job_dir")
     boot = sub.add_parser("boot", help="after a reboot (resume_on_boot's crontab line): resume this state dir's work")
     boot.add_argument("state_dir")
     receive = sub.add_parser("receive", help="write files from a raw upload stream into TARGET (gputui sync)")
@@ -65,6 +67,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         from .jobs.slurm import run_step
 
         sys.exit(run_step(args.job_dir, args.task, launcher()))
+    if args.cmd == "group-hub":
+        from .jobs.group import serve_hub
+
+        sys.exit(serve_hub(args.job_dir))
     if args.cmd == "image-run":
         from .jobs.image import build_and_run
 

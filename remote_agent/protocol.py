@@ -98,6 +98,7 @@ OP_FILES_WRITE = "files.write"  # args: target, rel, part, offset, b64, truncate
 OP_FILES_MANIFEST = "files.manifest"  # args: target, after[, expect]; result: {target, entries, more[, same]}
 OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
 OP_SLURM_INFO = "slurm.info"  # a Slurm login node: partitions and nodes with their GPUs (one sinfo)
+OP_GROUP_CHECK = "group.check"  # before a job over several hosts starts: this host's part can run (jobs/group.py)
 
 # Events the agent pushes.
 EV_HELLO = "hello"
@@ -377,6 +378,7 @@ class JobRecord(TypedDict, total=False):
     code: Dict[str, Any]  # what code ran (gputui run --sync): tree hash, files, dir, git commit, dirty
     artifacts: List[str]  # files to bring back before release (gputui run --artifacts), relative to cwd
     container: ContainerRequest  # set on a job run in an image
+    group: "GroupRequest"  # set on a part of a job over several hosts (no key)
     image_id: Optional[str]  # the image the container ran, resolved by the engine (None until it is known)
     env_keys: List[str]  # the names of the env the job was given (its values never travel: they may be secrets)
     secrets: List[str]  # the names of its secrets (gputui run --secret): the values are never in a record
@@ -425,6 +427,42 @@ class StartArgs(TypedDict, total=False):
     restart: Dict[str, Any]  # restart policy: {"policy": "on-failure", "max", "resume_from", "backoff_s", ...}
     secrets: Dict[str, str]  # variables whose values never rest in the record (remote_agent/jobs/secrets.py)
     container: ContainerRequest  # run the command in a container image (not with slurm)
+    group: "GroupRequest"  # one part of a job over several hosts (remote_agent/jobs/group.py)
+
+
+class GroupRequest(TypedDict, total=False):
+    """A part of a job over several hosts: every host's name (rank order), this part's rank, the rendezvous;
+    ``key`` (the hub's HMAC key) only in the start request, never in a record."""
+
+    id: str
+    hosts: List[str]
+    rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    hub_port: int
+    lost_s: float
+    launcher: Optional[str]
+    key: str
+
+
+class GroupCheckArgs(TypedDict, total=False):
+    argv: List[str]
+    cwd: Optional[str]
+    path: Optional[str]  # the job's PATH (--env PATH=...), else the agent's
+    launcher: Optional[str]
+    ports: bool  # rank 0: pick the rendezvous and hub ports, and the routes to ``peers``
+    peers: List[str]
+    master_port: int  # is this port free here
+
+
+class GroupCheckResult(TypedDict, total=False):
+    address: Optional[str]  # this host's address as the SSH client reached it
+    gpu_count: int
+    problems: List[str]  # why this host's part cannot run (empty: it can)
+    ports: List[int]
+    routes: Dict[str, Optional[str]]  # peer address -> the address this host sends from to reach it
+    port_free: bool
 
 
 class JobArgs(TypedDict):
@@ -651,6 +689,7 @@ OPS: Dict[str, Op] = {
     OP_SHUTDOWN: Op(None, None),
     OP_DOCTOR: Op(DoctorArgs, DoctorResult),
     OP_SLURM_INFO: Op(None, ClusterInfo),
+    OP_GROUP_CHECK: Op(GroupCheckArgs, GroupCheckResult),
     OP_JOBS_START: Op(StartArgs, JobRecord),
     OP_JOBS_LIST: Op(ListArgs, ListResult),
     OP_JOBS_GET: Op(JobArgs, JobRecord),

@@ -60,8 +60,9 @@ def stop_host(state_dir: Path) -> None:
     """End what the suite started for one state dir: its tmux server (with the jobs), and the agents and the
     watchdog serving it (an agent whose link dropped keeps sampling for a while, by design)."""
     kill_tmux(state_dir)
+    inside = str(state_dir) + os.sep
     for pid, argv in suite_processes():
-        if str(state_dir) in argv:
+        if any(a == str(state_dir) or a.startswith(inside) for a in argv):  # a job's hub names its job dir
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

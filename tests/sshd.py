@@ -49,8 +49,9 @@ def restricted_bin(dest: Path, without: tuple[str, ...]) -> Path:
 class Sshd:
     """One sshd with its own host key, authorized_keys and a clean remote HOME."""
 
-    def __init__(self, root: Path, tcp_forwarding: str = "no") -> None:
+    def __init__(self, root: Path, tcp_forwarding: str = "no", address: str = "127.0.0.1") -> None:
         self.root = root
+        self.address = address  # any of 127/8: a second "host" on this machine listens on 127.0.0.2
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.user = getpass.getuser()
@@ -64,7 +65,7 @@ class Sshd:
         self.proc: subprocess.Popen[bytes] | None = None
         self.keys: dict[str, Path] = {}  # client keys by name (file ``id_<name>``)
         self.config.write_text(
-            f"Port {self.port}\nListenAddress 127.0.0.1\nHostKey {self.host_key}\nPidFile {root / 'sshd.pid'}\n"
+            f"Port {self.port}\nListenAddress {address}\nHostKey {self.host_key}\nPidFile {root / 'sshd.pid'}\n"
             f"AuthorizedKeysFile {self.authorized}\n"
             "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
@@ -92,7 +93,7 @@ class Sshd:
     def host_key_line(self, pattern: str | None = None) -> str:
         """The known_hosts line for this server, e.g. ``[127.0.0.1]:2222 ssh-ed25519 AAAA...``."""
         kind, data = (self.root / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-        return f"{pattern or f'[127.0.0.1]:{self.port}'} {kind} {data}\n"
+        return f"{pattern or f'[{self.address}]:{self.port}'} {kind} {data}\n"
 
     def fingerprint(self) -> str:
         out = subprocess.run(
@@ -121,7 +122,7 @@ class Sshd:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited: {self.log.read_text()[-2000:]}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                with socket.create_connection((self.address, self.port), timeout=1) as s:
                     if s.recv(64).startswith(b"SSH-2.0-"):
                         return
             except OSError:

@@ -122,7 +122,7 @@ CORE_LEAVES = ("errors", "paths", "safetext", "durations", "jsonout")
 #: file helpers both sides use, the restart policy's parser, the provider clients (a release from here), and the
 #: rules for a secret's name and size (checked here before anything is sent).
 AGENT_SHARED = {"remote_agent.protocol", "remote_agent.fsutil", "remote_agent.jobs.restart", "remote_agent.host.provider",
-                "remote_agent.jobs.secrets", "remote_agent.jobs.image"}  # fmt: skip
+                "remote_agent.jobs.secrets", "remote_agent.jobs.image", "remote_agent.jobs.group"}  # fmt: skip
 
 
 def layer_breaches(graph: dict[str, set[str]]) -> list[str]:

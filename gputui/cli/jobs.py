@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import codecs
+import contextlib
 import datetime
 import os
 import re
@@ -16,6 +17,7 @@ from ..core import jsonout, safetext
 from ..core.config import file as cfg
 from ..core.errors import ExitStatus
 from ..core.files.artifacts import check_patterns
+from ..core.jobs import group as G
 from ..core.jobs import secrets
 from ..core.jobs.usecases import (
     MAX_QUEUE_DEPS,
@@ -38,7 +40,8 @@ RUN_EXAMPLES = """examples:
   gputui run local -- python train.py --epochs 10
   gputui run gpu1 --sync --name exp1 --gpus 0,1 -- python train.py
   gputui run gpu1 --queue --gpus 2 -- torchrun --nproc-per-node=2 train.py
-  gputui run hpc --nodes 2 --gpus-per-node 4 --launcher torchrun -- train.py --epochs 3"""
+  gputui run hpc --nodes 2 --gpus-per-node 4 --launcher torchrun -- train.py --epochs 3
+  gputui run gpu1,gpu2 --sync --launcher torchrun -- train.py --epochs 3"""
 _GPU_ITEM = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z-]+")  # an index or a (MIG) UUID, as CUDA takes them
 
 
@@ -136,6 +139,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc), USAGE) from None
     config = cfg.load(args.config)
+    try:
+        group_hosts = G.hosts_of(config, args.host)
+    except G.GroupError as exc:
+        raise CliError(f"run: {exc}", USAGE) from None
+    if group_hosts is not None:
+        return await _run_group(args, config, group_hosts, argv, artifacts, queue)
     host_cfg = config.host(args.host)
     try:
         restart_request(config, args.host, args.restart, args.resume_from)  # bad input: refused before connecting
@@ -190,6 +199,83 @@ async def cmd_run(args: argparse.Namespace) -> int:
         return ExitStatus.OK
 
     return await with_session(args, args.host, body)
+
+
+def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, Any] | None, env: dict[str, str]) -> None:
+    """Refuse what a job over several hosts cannot take (before connecting)."""
+    refused = {"--queue/--after": queue is not None, "--image/--build": bool(args.image or args.build),
+               "--restart/--resume-from": bool(args.resume_from) or args.restart not in (None, "no"),
+               "--partition/--time/--sbatch-arg": bool(args.partition or args.time or args.sbatch_arg),
+               "--gpus": args.gpus is not None}  # fmt: skip
+    used = [flag for flag, on in refused.items() if on]
+    if used:
+        more = " (give --gpus-per-node G: the GPUs, and torchrun's processes, on each host)" if args.gpus else ""
+        raise CliError(f"{', '.join(used)}: not for a job over several hosts ({','.join(hosts)}) yet{more}", USAGE)
+    if args.nodes is not None and args.nodes != len(hosts):
+        raise CliError(f"--nodes {args.nodes}: the job runs on {len(hosts)} hosts ({','.join(hosts)})", USAGE)
+    taken = sorted(set(env) & set(G.ENV_NAMES))
+    if taken:
+        raise CliError(f"--env {', '.join(taken)}: gputui sets these for a job over several hosts", USAGE)
+
+
+async def _run_group(
+    args: argparse.Namespace, config: cfg.Config, hosts: list[str], argv: list[str], artifacts: tuple[str, ...],
+    queue: dict[str, Any] | None,
+) -> int:  # fmt: skip
+    """``run h1,h2 ...``: check every host, then start one part on each; nothing runs unless all start."""
+    from ..core.hosts.fleet import Fleet
+    from .common import exit_status
+
+    env = _parse_env(args.env)
+    _group_flags(args, hosts, queue, env)
+    job_secrets = secrets.resolve(args.secret, config.path)
+    fleet = Fleet(config)
+    try:
+        sessions = {name: fleet.session(name) for name in hosts}
+        said = await asyncio.gather(*(s.start() for s in sessions.values()), return_exceptions=True)
+        down = [(n, r) for n, r in zip(hosts, said, strict=True) if isinstance(r, BaseException)]
+        if down:
+            lines = "\n  ".join(f"{n}: {r}" for n, r in down)
+            raise CliError(f"run: nothing started: not every host answered\n  {lines}", exit_status(down[0][1]))
+        cwds: dict[str, str | None] = {}
+        codes: dict[str, dict[str, Any] | None] = {}
+        for name, s in sessions.items():
+            cwds[name] = args.cwd or (os.getcwd() if config.host(name).transport == "local" else None)
+            codes[name] = None
+            if args.sync is not None:
+                synced = await sync_tree(s, args.sync, args.cwd, delete=False)
+                from ..core.files.sync import SyncError
+
+                try:
+                    synced.require_complete(name)
+                except SyncError as exc:
+                    raise CliError(f"run --sync: nothing started: {exc}") from None
+                codes[name], cwds[name] = synced.code(), synced.target
+        try:
+            plan = await G.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node)
+        except G.GroupError as exc:
+            raise CliError(f"run: nothing started: {exc}") from None
+        procs = f" x {plan.nproc_per_node} processes" if plan.launcher else ""
+        print(f"gputui: {len(hosts)} hosts{procs}; MASTER_ADDR={plan.master_addr} ({plan.addr_from}), "
+              f"MASTER_PORT={plan.master_port}", file=sys.stderr)  # fmt: skip
+        started: list[tuple[str, M.Job]] = []
+        try:
+            for rank, name in enumerate(hosts):
+                spec = JobSpec(name, argv, name=args.name, cwd=cwds[name], env=env, secrets=job_secrets,
+                               code=codes[name], artifacts=artifacts, group=plan.request(rank))  # fmt: skip
+                started.append((name, await start_job(sessions[name], config, spec)))
+        except (Exception, asyncio.CancelledError) as exc:
+            for name, job in started:  # they wait for every part: none ran its command
+                with contextlib.suppress(Exception):
+                    await sessions[name].kill_job(job.id, 0.0)
+            raise CliError(f"run: nothing started: the part on {hosts[len(started)]} could not start: {exc}") from None
+        print(started[0][1].id)
+        parts = ", ".join(f"{name} job {job.id}" for name, job in started)
+        print(f"gputui: job {started[0][1].id} on {hosts[0]} is the job's name for logs, kill and attach "
+              f"(parts: {parts})", file=sys.stderr)  # fmt: skip
+        return ExitStatus.OK
+    finally:
+        await fleet.close()
 
 
 def check_run_command(argv: list[str], before: list[str], extra: list[str], after: list[str] | None) -> None:
@@ -262,6 +348,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     _series_flag(args)
     async with open_fleet(args) as fleet:
         jobs, errors = await collect_jobs(fleet, host_names(fleet.config, args.host))
+        jobs = G.merge_parts(jobs)  # a job over several hosts is one line
         series = await _series(fleet, [(j.host, j.id) for j in jobs]) if args.series else {}
     status = hosts_status(errors)
     if args.json:
@@ -314,7 +401,26 @@ class LogOutput:
             self._out.flush()
 
 
+async def _part_of(args: argparse.Namespace) -> tuple[str, str]:
+    """``--rank N``: the host and job id of that part of the job over several hosts ``args.job``."""
+    async with open_fleet(args) as fleet:
+        first = fleet.session(args.host)
+        await first.start()
+        job = await first.get_job(args.job)
+        if G.group_of(job) is None:
+            raise CliError(f"--rank: job {job.id} on {args.host} runs on that host only", USAGE)
+        parts = await G.find_parts(fleet, job)
+        if args.rank not in parts:
+            raise CliError(f"--rank {args.rank}: job {job.id} has ranks 0 to {len(parts) - 1}", USAGE)
+        host, part = parts[args.rank]
+        if isinstance(part, BaseException):
+            raise CliError(f"rank {args.rank} of job {job.id} ({host}): {part}")
+        return host, part.id
+
+
 async def cmd_logs(args: argparse.Namespace) -> int:
+    if args.rank:
+        args.host, args.job = await _part_of(args)
     out = LogOutput(sys.stdout)
     write = out.write
 
@@ -351,8 +457,11 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 
 async def cmd_kill(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
+        job = await s.get_job(args.job)
         if not args.yes and sys.stdin.isatty():  # the question names the job: a mistyped id shows
-            await _confirm_kill(args, s)
+            await _confirm_kill(args, job)
+        if G.group_of(job) is not None:
+            return await _kill_group(args, job)
         job = await s.kill_job(args.job, args.grace)
         if job.state == M.JOB_KILLED and job.started_at is None:
             print(f"job {job.id} on {args.host}: removed from the queue (it never started)")
@@ -363,12 +472,27 @@ async def cmd_kill(args: argparse.Namespace) -> int:
     return await with_session(args, args.host, body)
 
 
-async def _confirm_kill(args: argparse.Namespace, s: HostSession) -> None:
+async def _kill_group(args: argparse.Namespace, job: M.Job) -> int:
+    """Kill every part of a job over several hosts, each on its host at once; a part that could not be is said."""
+    status = ExitStatus.OK
+    async with open_fleet(args) as fleet:
+        for host, res in await G.kill_parts(fleet, job, args.grace):
+            if isinstance(res, BaseException):
+                print(f"gputui: {host}: {res}", file=sys.stderr)
+                status = ExitStatus.FAILED
+            else:
+                print(f"job {res.id} on {host}: {res.state} (exit {res.exit_code})")
+    return status
+
+
+async def _confirm_kill(args: argparse.Namespace, job: M.Job) -> None:
     """Ask on the terminal whether to kill the job, naming it; a CliError when not (or when it is over)."""
-    job = await s.get_job(args.job)
-    if job.state in M.JOB_ENDED_STATES:
+    group = G.group_of(job)
+    if job.state in M.JOB_ENDED_STATES and group is None:
         raise CliError(f"job {job.id} is not running ({job.state})")
     it = f"job {job.id} ({safetext.clean(job.name, limit=120)}, {job.state})"
+    if group is not None:
+        it += f" and its parts on {', '.join(safetext.clean(h) for h in group.get('hosts') or ())}"
     queued = job.state == M.JOB_QUEUED
     question = (f"Remove {it} from {args.host}'s queue? [y/N] " if queued else
                 f"Kill {it} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] ")  # fmt: skip
@@ -379,10 +503,11 @@ async def _confirm_kill(args: argparse.Namespace, s: HostSession) -> None:
 # --- parsers ----------------------------------------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r = sub.add_parser(
-        "run", help="start a job in tmux on a host; prints its id", usage="%(prog)s [OPTIONS] host -- CMD [ARG ...]",
+        "run", help="start a job in tmux on a host (or one over several: h1,h2); prints its id",
+        usage="%(prog)s [OPTIONS] host[,host...] -- CMD [ARG ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
     )  # fmt: skip
-    r.add_argument("host")
+    r.add_argument("host", help="a host; or several, h1,h2 or a [groups.NAME]: one part of the job on each")
     r.add_argument("--name", help="display name (free text)")
     r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1; "
                    "with --queue a bare number N is a count: any N free GPUs")  # fmt: skip
@@ -418,7 +543,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "--docker-arg=--shm-size=16g")  # fmt: skip
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
                    help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
-    sl = r.add_argument_group("Slurm hosts (scheduler = \"slurm\"): --gpus is then the GPUs per node")
+    sl = r.add_argument_group("many nodes: Slurm hosts (scheduler = \"slurm\"; --gpus is the GPUs per node) and jobs over "
+                              "several hosts (h1,h2)")  # fmt: skip
     sl.add_argument("--nodes", type=bounded(1, 100000, integer=True), metavar="N",
                     help="nodes (sbatch --nodes); more than one: the command runs once per node, in one srun step")  # fmt: skip
     sl.add_argument("--gpus-per-node", type=bounded(0, 1024, integer=True), metavar="G",
@@ -458,6 +584,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lg.add_argument(
         "-f", "--follow", action="store_true", help="follow until the job ends; exit with its status"
     )
+    lg.add_argument("--rank", type=bounded(0, 1023, integer=True), metavar="N",
+                    help="a job over several hosts: the log of rank N's part (default: rank 0's)")  # fmt: skip
     lg.add_argument(
         "--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
     )

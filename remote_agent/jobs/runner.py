@@ -22,6 +22,7 @@ from typing import Dict, List, Optional
 
 from ..fsutil import read_json, user_umask, write_json
 from ..host.boot import boot_id
+from . import group as GRP
 from . import image as IMG
 from . import restart as R
 from . import secrets as SEC
@@ -147,6 +148,19 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     if isinstance(before, dict) and before.get("attempt") == attempt:  # this attempt was started: never twice
         sys.stderr.write("gputui: attempt %d of this job was started before: not starting it again\n" % attempt)
         return 0
+    group = job.get("group")  # a part of a job over several hosts: it runs once every part is ready
+    member = None
+    if group:
+        try:
+            if group["rank"] == 0:
+                GRP.start_hub(job_dir, launcher or [])
+            member = GRP.Member(group, GRP.key_of(job_dir))
+            why = member.join()
+        except (OSError, ValueError, KeyError) as exc:
+            why = "the group's hub: %s" % exc
+        if why is not None:
+            SEC.end_job(job_dir, {"exit_code": None, "error": "not started: " + why, "ended_at": time.time()})
+            return 1
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
     log = LogWriter(os.path.join(job_dir, "output.log"))
@@ -162,6 +176,8 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
         argv = (launcher or []) + ["image-run", job_dir, str(attempt)]
     elif container:
         argv = IMG.run_argv(job, job_id, attempt, env)
+    elif group:
+        argv = GRP.run_argv(job)
     else:
         argv = job.get("run_argv") or job["argv"]
     pid, master = _spawn(argv, job["cwd"], env)  # run_argv: slurm.launch_fields
@@ -178,6 +194,10 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     usage.start()
     series = SeriesKeeper(job_dir)  # the job's metric series, kept beside its log as it grows
     series.start()
+    stopped_by: List[str] = []  # why the group stopped this part (another part failed or was lost)
+    if member is not None:
+        threading.Thread(target=member.watch, args=(ended, GRP.stopper(pid, stopped_by.append)), name="group-part",
+                         daemon=True).start()  # fmt: skip
 
     # Signals aimed at the runner go to the job instead, so the runner survives to write the status.
     def forward(signum: int, _frame: object) -> None:
@@ -269,10 +289,14 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     except OSError:
         pass
     end = {"exit_code": code, "signal": sig, "ended_at": time.time(), "log_error": log.error}
+    if stopped_by:
+        end["error"] = "stopped: " + stopped_by[0]
     # A failed attempt of a job with a restart policy: the watchdog decides (remote_agent/jobs/restart.py).
     final = R.ends_for_good(job_dir, job, code, sig)
     if final and not on_slurm:
         SEC.end_job(job_dir, end)
     else:  # Slurm may requeue the run: its secrets stay until Slurm says the job ended (the store deletes them)
         write_json(os.path.join(job_dir, "status.json" if final else R.ATTEMPT), end)
+    if member is not None:
+        member.finish(code)  # the hub stops the other parts when this one failed
     return code

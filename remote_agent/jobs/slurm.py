@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..fsutil import read_json, write_json
+from .group import torchrun_line
 
 #: How long one squeue/sacct answer serves every listing (one refresh); a submit or kill forgets it at once.
 VIEW_MAX_AGE_S = 1.0
@@ -199,13 +200,8 @@ def torchrun_argv(job: Dict[str, Any], env: Dict[str, str]) -> List[str]:
     """torchrun for this node: nodes from the allocation, node rank from SLURM_NODEID, processes per node from
     the GPUs per node (1 without GPUs), the rendezvous on MASTER_ADDR:MASTER_PORT (the first node)."""
     gpus = (job.get("slurm") or {}).get("gpus") or 1
-    argv = ["torchrun", "--nnodes=" + env["SLURM_JOB_NUM_NODES"], "--node_rank=" + env["SLURM_NODEID"],
-            "--nproc_per_node=%d" % gpus, "--master_addr=" + env["MASTER_ADDR"],
-            "--master_port=" + env["MASTER_PORT"]]  # fmt: skip
-    command = list(job["argv"])
-    if not (command[0].endswith(".py") or command[0] == "-m"):
-        argv.append("--no-python")  # an executable (python train.py, a wrapper), not a script torchrun runs
-    return argv + command
+    return torchrun_line(int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NODEID"]), gpus, env["MASTER_ADDR"],
+                         int(env["MASTER_PORT"]), job["argv"])  # fmt: skip
 
 
 def run_step(job_dir: str, task: bool, launcher: List[str]) -> int:
@@ -224,7 +220,7 @@ def run_step(job_dir: str, task: bool, launcher: List[str]) -> int:
             os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(_free_port()), GPUTUI_MASTER_NODE=name)
             argv = step_argv(job, job_dir, launcher, int(os.environ.get("SLURM_JOB_NUM_NODES") or 1))
         os.execvp(argv[0], argv)
-    except (SlurmError, KeyError, OSError) as exc:
+    except (SlurmError, KeyError, ValueError, OSError) as exc:
         what = "torchrun" if task else "the job's srun step"
         sys.stderr.write("gputui: cannot start %s: %s\n" % (what, exc))
         return 127 if isinstance(exc, FileNotFoundError) else 1

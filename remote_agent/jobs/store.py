@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from .. import protocol as P
 from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
 from ..host.container import Owners
+from . import group as GRP
 from . import image as IMG
 from . import restart as R
 from . import secrets as SEC
@@ -274,6 +275,9 @@ class JobStore:
         elif gpus and gpus != "all":
             job_env["CUDA_VISIBLE_DEVICES"] = gpus
         job_env.update(env)  # the user's explicit env wins over every default
+        group = (extra or {}).get("group")
+        if group:  # a part of a job over several hosts: the rendezvous (jobs/group.py)
+            job_env.update(GRP.env(group))
         if request is not None:
             job_env, gpus = S.env_file(env), None
         for secret in secrets:  # (an agent run locally inherits the user's variables): the runner adds its own
@@ -302,6 +306,8 @@ class JobStore:
             asked = {("nodes_count" if k == "nodes" else k): v for k, v in request.items()}
             record.update(scheduler="slurm", slurm=asked, **S.launch_fields(request, self.launcher, job_dir))
         record.update(extra or {})
+        if group:
+            record["group"] = GRP.keep(job_dir, group)  # its key rests apart, in the job's dir only
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
         try:

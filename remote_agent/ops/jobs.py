@@ -4,6 +4,7 @@ import json
 from typing import TYPE_CHECKING, Any, Dict, List
 
 from .. import protocol as P
+from ..jobs import group as GRP
 from ..jobs import image as IMG
 from ..jobs.queue import never_fits, parse_request
 from ..jobs.store import JobError, checked_restart
@@ -33,6 +34,14 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
             extra["container"] = IMG.prepare(asked, a.get("gpus"), agent.jobs.state_dir)
         except IMG.ImageError as exc:
             raise JobError(str(exc), "bad_args") from None
+    if a.get("group") is not None:  # one part of a job over several hosts (remote_agent/jobs/group.py)
+        if any(a.get(k) is not None for k in ("queue", "slurm", "container", "restart")):
+            raise JobError("a part of a job over several hosts runs now, bare, once: no queue, Slurm, image or "
+                           "restart policy", "bad_args")  # fmt: skip
+        try:
+            extra["group"] = GRP.check_request(a.get("group"))
+        except GRP.GroupError as exc:
+            raise JobError(str(exc), "bad_args") from None
     if a.get("queue") is not None:
         policy = checked_restart(a.get("restart"), False)
         if policy is not None:
@@ -52,6 +61,11 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
             W.ensure_running(agent.jobs.state_dir, agent.launcher)
     agent.emit(P.EV_JOB, job)
     return job
+
+
+def group_check(agent: "Agent", a: P.GroupCheckArgs) -> P.GroupCheckResult:
+    """Whether this host's part of a job over several hosts can run (jobs/group.py ``check_host``)."""
+    return GRP.check_host(dict(a), len(agent.facts().get("gpus") or []))  # type: ignore[return-value]
 
 
 def page(agent: "Agent", a: P.ListArgs) -> P.Raw:
@@ -107,5 +121,5 @@ def queue_move(agent: "Agent", a: P.QueueMoveArgs) -> P.QueueListResult:
 
 HANDLERS = {
     P.OP_JOBS_START: start, P.OP_JOBS_LIST: page, P.OP_JOBS_GET: get, P.OP_JOBS_KILL: kill,
-    P.OP_QUEUE_LIST: queue_list, P.OP_QUEUE_MOVE: queue_move,
+    P.OP_QUEUE_LIST: queue_list, P.OP_QUEUE_MOVE: queue_move, P.OP_GROUP_CHECK: group_check,
 }  # fmt: skip

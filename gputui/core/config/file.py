@@ -110,6 +110,9 @@ class HostConfig:
     restart_healthy_minutes: float = 10.0  # an attempt that ran this long resets the attempt counter
     # the engine of jobs run in images (gputui run --image; remote_agent/jobs/image.py): docker, else podman
     container_engine: str = "auto"  # or "docker", "podman"
+    # a job over several hosts (gputui run h1,h2): the address the other hosts reach this one on, where it is not
+    # the one gputui finds (remote_agent/jobs/group.py)
+    private_address: str | None = None
 
     @property
     def address(self) -> str:
@@ -141,6 +144,7 @@ class Config:
     prices: dict[str, float] = field(default_factory=dict)  # per GPU-hour, by GPU model name
     budget: Budget = field(default_factory=Budget)
     providers: dict[str, ProviderSettings] = field(default_factory=dict)  # by provider name
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # [groups.NAME] hosts: one job over them
 
     def host(self, name: str) -> HostConfig:
         try:
@@ -164,7 +168,7 @@ HOST_FIELDS: dict[str, Any] = {
     f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name not in ("name", "notify")
 }
 GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,)}
-GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify", "providers")
+GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify", "providers", "groups")
 PROVIDERS = ("auto", "runpod", "vastai", "lambda", "none")  # gputui.core.config.providers has the rules behind them
 PROVIDER_FIELDS = ("api_url",)
 BUDGET_FIELDS = {
@@ -176,6 +180,7 @@ BUDGET_FIELDS = {
 ON_EXCEED = ("warn", "release-idle")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 MAX_PATHS = 32
+_ADDRESS = re.compile(r"^[A-Za-z0-9.:%_-]{1,255}$")  # a hostname, an IPv4 or IPv6 address
 # Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
 DAY_S = 86400.0
 _RANGES: dict[str, tuple[float, float | None, bool]] = {
@@ -406,6 +411,9 @@ def parse(text: str, path: Path) -> Config:
             raise fail(
                 f"hosts.{name}", "autostop_minutes", f"needs release_remote: the command that stops the host ({why})"
             )
+        address = values.get("private_address")
+        if address is not None and not _ADDRESS.match(address):
+            raise fail(f"hosts.{name}", "private_address", f"{address!r}: a hostname or an IP address")
         if values.get("stalled_counts_as_idle") and not values.get("stall_minutes"):
             raise fail(
                 f"hosts.{name}", "stalled_counts_as_idle", "needs stall_minutes: how long a job must be quiet"
@@ -414,8 +422,34 @@ def parse(text: str, path: Path) -> Config:
     return Config(
         path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"),
         currency=currency, prices={str(k): float(v) for k, v in prices.items()}, budget=budget,
-        providers=_check_providers(data.get("providers", {}), fail),
+        providers=_check_providers(data.get("providers", {}), fail), groups=_check_groups(data.get("groups", {}), hosts, fail),
     )  # fmt: skip
+
+
+def _check_groups(table: dict[str, Any], hosts: dict[str, HostConfig], fail: Any) -> dict[str, tuple[str, ...]]:
+    """``[groups.NAME] hosts = ["h1", "h2"]``: two or more configured hosts, each once, no Slurm host."""
+    groups = {}
+    for name, group in table.items():
+        where = f"groups.{name}"
+        if not isinstance(group, dict):
+            raise fail("groups", name, f"must be a table like [groups.{name}] with hosts = [...]")
+        if not _NAME.match(name) or name in hosts:
+            raise fail(where, "", "a group name uses letters, digits, '.', '_' and '-' and is not a host's name")
+        unknown = sorted(set(group) - {"hosts"})
+        if unknown:
+            raise fail(where, unknown[0], "unknown key (a group has only hosts)")
+        names = group.get("hosts")
+        if not isinstance(names, list) or len(names) < 2 or not all(isinstance(n, str) for n in names):
+            raise fail(where, "hosts", "must list two or more host names")
+        for n in names:
+            if n not in hosts:
+                raise fail(where, "hosts", f"{n!r} is not a configured host")
+            if names.count(n) > 1:
+                raise fail(where, "hosts", f"{n!r} is named twice")
+            if hosts[n].scheduler is not None:
+                raise fail(where, "hosts", f"{n!r} is a Slurm cluster: it runs many-node jobs itself (--nodes)")
+        groups[name] = tuple(names)
+    return groups
 
 
 def _check_provider(values: dict[str, Any], where: str, fail: Any) -> None:

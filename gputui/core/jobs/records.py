@@ -121,6 +121,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "artifacts": job.record.get("artifacts") or [],  # run --artifacts: what release brings back first
         "attempts": job.record.get("attempts") or [],  # restart policies: each attempt that ended before the last
         "image": job.image,  # run --image: the image as asked and the ID the engine resolved it to
+        "group": job.record.get("group"),  # a job over several hosts: its hosts and this part's rank
         "gpus": {
             "selection": job.gpus or "all",
             "indices": [g.get("index") for g in gpus],

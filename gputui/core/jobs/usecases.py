@@ -38,6 +38,7 @@ class JobSpec:
     image: str | None = None  # run in a container of this image (remote_agent/jobs/image.py)
     build: str | None = None  # or of an image built on the host from this Dockerfile in the job's dir
     docker_args: tuple[str, ...] = ()  # extra engine options for it, each one option with its value joined by =
+    group: P.GroupRequest | None = field(default=None, repr=False)  # one part of a job over several hosts (its key)
 
 
 def parse_env(items: Iterable[str], label: str = "env") -> dict[str, str]:
@@ -76,8 +77,8 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
         gpus=None if slurm is not None or spec.queue is not None else spec.gpus, price_per_hour=price,
         code=spec.code, artifacts=spec.artifacts, slurm=slurm,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
-        restart=restart_request(config, session.name, spec.restart, spec.resume_from), secrets=dict(spec.secrets),
-        container=container_request(spec, host),
+        restart=None if spec.group else restart_request(config, session.name, spec.restart, spec.resume_from),
+        secrets=dict(spec.secrets), container=container_request(spec, host), group=spec.group,
     )  # fmt: skip
 
 
@@ -176,9 +177,10 @@ async def collect_history(
     fleet: Fleetish, config: Config, names: list[str], connect: bool = True
 ) -> tuple[list[dict[str, Any]], dict[str, BaseException]]:
     """Finished runs of the named hosts, newest first, as history records; (records, errors by host)."""
+    from gputui.core.jobs.group import merge_records
     from gputui.core.jobs.records import run_record
 
     jobs, errors = await collect_jobs(fleet, names, ended_only=True, connect=connect)
-    records = [run_record(j, j.insights, host_currency(config, j.host)) for j in jobs]
+    records = merge_records([run_record(j, j.insights, host_currency(config, j.host)) for j in jobs])
     records.sort(key=lambda r: r["ended_at"] or 0.0, reverse=True)
     return records, errors

@@ -428,10 +428,12 @@ class HostSession:
         restart: dict[str, Any] | None = None,
         secrets: dict[str, str] | None = None,
         container: P.ContainerRequest | None = None,
+        group: P.GroupRequest | None = None,
     ) -> M.Job:
         """Start a job now, or with ``queue`` put it in the host's queue (it starts when its GPUs are free).
         ``secrets``: variables the host keeps out of the job's record (remote_agent/jobs/secrets.py);
-        ``container``: run it in a container image (remote_agent/jobs/image.py)."""
+        ``container``: run it in a container image (remote_agent/jobs/image.py); ``group``: one part of a job over
+        several hosts (remote_agent/jobs/group.py)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
                                 "price_per_hour": price_per_hour}  # fmt: skip
         if code:
@@ -448,10 +450,17 @@ class HostSession:
             args["secrets"] = secrets
         if container is not None:
             args["container"] = container
+        if group is not None:
+            args["group"] = group
         data = await self.request(P.OP_JOBS_START, **args)
         self._set_job(data)
         self._publish()
         return self._jobs[str(data["id"])]
+
+    async def group_check(self, **args: Any) -> P.GroupCheckResult:
+        """Whether this host's part of a job over several hosts can run (remote_agent/jobs/group.py)."""
+        result: P.GroupCheckResult = await self.request(P.OP_GROUP_CHECK, **args)
+        return result
 
     async def cluster_info(self) -> P.ClusterInfo:
         """A Slurm login node's partitions and nodes (one sinfo on the host), kept in the snapshot."""

@@ -150,7 +150,7 @@ class MetricsSample:
 #: Optional parts of a host's job record that a Job keeps as they came.
 _KEPT_IF_SET = (
     "error", "log_error", "code", "queue", "artifacts", "slurm", "env_keys", "restart", "attempts", "attempt",
-    "restart_at", "container", "image_id",
+    "restart_at", "container", "image_id", "group",
 )
 
 
@@ -237,6 +237,7 @@ class Job:
         d["attempts"] = self.record.get("attempts") or []  # each ended attempt: exit, start/end, hint, progress
         d["restart_at"] = self.record.get("restart_at")  # when the next attempt starts, while it waits
         d["image"] = self.image  # run in a container: the image as asked and its resolved ID (None: bare)
+        d["group"] = self.record.get("group")  # a job over several hosts: its hosts, this part's rank, every part
         return d
 
 

@@ -256,6 +256,10 @@ def job_row(job: M.Job, ins: JobInsights | None, now: float, pal: Palette) -> tu
         gpus = f"{slurm.get('gpus') or 0}x{nodes}" if nodes > 1 else str(slurm.get("gpus") or 0)
     if job.image is not None:  # run in a container image: which one (host text: plain)
         name.append(" · in " + safetext.clean(job.image["image"], limit=200), style=pal.muted)
+    group = job.record.get("group")
+    if isinstance(group, dict) and isinstance(group.get("hosts"), list):  # one part of a job over several hosts
+        hosts = ",".join(safetext.clean(str(h), limit=64) for h in group["hosts"])
+        name.append(f" · rank {group.get('rank')} of {safetext.clean(hosts, limit=300)}", style=pal.muted)
     runtime = None
     if job.started_at is not None:
         runtime = (job.ended_at if job.ended_at is not None else now) - job.started_at
