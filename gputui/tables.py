@@ -111,6 +111,12 @@ def print_jobs(jobs: list[M.Job]) -> None:
             text = j.record.get(key)
             if isinstance(text, str) and text:
                 print(f"  {j.host} {j.id} {what}: {_fit([clean(text)], max(16, _columns() - 20))}")
+        group = j.record.get("group")
+        if isinstance(group, dict) and isinstance(group.get("parts"), list):  # a job over several hosts: each part
+            parts = group["parts"]
+            each = [clean(f"{p.get('host')}:{p.get('id') or '-'} {p.get('state')}") + ("," if i + 1 < len(parts) else "")
+                    for i, p in enumerate(parts)]  # fmt: skip
+            print(f"  {j.host} {j.id} parts: {_fit(each, max(16, _columns() - 24))}")
         attempts = j.record.get("attempts") or []
         if attempts:  # restart policies and Slurm requeues: every attempt that ended
             ends = [clean(_attempt_end(a)) for a in attempts if isinstance(a, dict)]

@@ -47,6 +47,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     step.add_argument("job_dir")
     hub = sub.add_parser("group-hub", help="a job over several hosts: its hub on rank 0's host (run by its runner)")
     hub.add_argument("job_dir")
+    hub.add_argument("attempt", type=int, nargs="?", default=1)
     boot = sub.add_parser("boot", help="after a reboot (resume_on_boot's crontab line): resume this state dir's work")
     boot.add_argument("state_dir")
     receive = sub.add_parser("receive", help="write files from a raw upload stream into TARGET (gputui sync)")
@@ -70,7 +71,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.cmd == "group-hub":
         from .jobs.group import serve_hub
 
-        sys.exit(serve_hub(args.job_dir))
+        sys.exit(serve_hub(args.job_dir, args.attempt))
     if args.cmd == "image-run":
         from .jobs.image import build_and_run
 

@@ -103,7 +103,8 @@ def test_parts_start_together_and_a_failed_one_stops_the_other(tmp_path: Path) -
     group, hub = _hub(tmp_path)
     key = bytes.fromhex(KEY)
     members = [GRP.Member(dict(group, rank=r), key) for r in (0, 1)]
-    assert members[0].ask("ready")["go"] is False  # type: ignore[index]
+    first = wait_for(lambda: members[0].ask("ready"), 10, 0.05, "the hub listening")
+    assert first["go"] is False and first["stop"] is None  # rank 1 has not joined yet
     joined: list[str | None] = []
     second = threading.Thread(target=lambda: joined.append(members[1].join(timeout=10)))
     second.start()
@@ -203,7 +204,7 @@ def test_the_parts_list_as_one_job_with_the_first_failure() -> None:
     running = G.merge_parts([_job("h1", "4", 0, "running", None)])[0]  # h2 did not answer
     assert running.state == "running" and running.ended_at is None
     assert running.record["group"]["parts"][1] == {"rank": 1, "host": "h2", "id": None, "state": "unknown",
-                                                   "exit_code": None, "error": None}  # fmt: skip
+                                                   "exit_code": None, "error": None, "ended_at": None}  # fmt: skip
 
 
 # --- two real SSH hosts -----------------------------------------------------------------------------------------
@@ -236,11 +237,11 @@ class Pair(Home):
         known.write_text("".join(s.host_key_line() for s in servers))
         self.configure(known)
 
-    def configure(self, known: Path, h2_port: int | None = None) -> None:
+    def configure(self, known: Path, h2_port: int | None = None, *extra: str) -> None:
         lines = []
         for name, s, remote, port in zip(("h1", "h2"), self.servers, self.remote, (None, h2_port), strict=True):
             lines += [f"[hosts.{name}]", f'host = "{s.address}"', f"port = {port or s.port}", f'user = "{s.user}"',
-                      f'identity_file = "{s.keys["ok"]}"', f'known_hosts = "{known}"', f'remote_dir = "{remote}"']  # fmt: skip
+                      f'identity_file = "{s.keys["ok"]}"', f'known_hosts = "{known}"', f'remote_dir = "{remote}"', *extra]  # fmt: skip
         self.write_config("\n".join(lines) + "\n")
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -371,6 +372,61 @@ def test_a_failing_rank_stops_the_other_part_with_no_client(pair: Pair, tmp_path
     assert job["exit_code"] == 3 and took < bound, (took, bound)
 
 
+FAILING_RANK = """\
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("joined", os.environ["RANK"], flush=True)
+if os.environ["RANK"] == "1":
+    time.sleep(1)
+    sys.exit(3)
+dist.barrier()  # rank 1 is gone: gloo fails, or the hub stops this part
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_torchrun_with_a_failing_rank_ends_both_parts(pair: Pair, tmp_path: Path) -> None:
+    """torchrun over both hosts; rank 1 exits 3 after the rendezvous: the job fails and no process is left on
+    either host within the hub's bound (torchrun's own rendezvous may end rank 0 sooner)."""
+    pytest.importorskip("torch")
+    script = tmp_path / f"failing_rank_{tmp_path.name}.py"
+    script.write_text(FAILING_RANK)
+    job_id = pair.run("--launcher", "torchrun", "--", str(script)).stdout.strip()
+    rc, out = pair.logs(job_id, "-f", timeout=180)
+    _, out1 = pair.logs(job_id, "--rank", "1")
+    assert "joined 0" in out and "joined 1" in out1, (out[-2000:], out1[-2000:])
+    assert rc != 0
+    job = pair.wait(job_id, ("failed",), timeout=60)
+    parts = job["group"]["parts"]
+    assert parts[1]["exit_code"] not in (0, None) and parts[0]["state"] == "failed", parts
+    assert job["error"] == f"h2 (rank 1) failed (exit {parts[1]['exit_code']})", job  # it ended first
+    wait_for(lambda: _alive(script.name) == [], 10, 0.2, "no process of the job left")
+
+
+def test_the_parts_restart_together(pair: Pair, tmp_path: Path) -> None:
+    """--restart on-failure: rank 1 fails its first attempt, rank 0's is stopped for it, and both start their
+    second attempt together (a new hub for it), which succeeds: one job, succeeded, each part on attempt 2."""
+    pair.configure(pair.root / "known_hosts", None, "restart_backoff_s = 1")
+    marker = f"# restart-{tmp_path.name}\n"
+    code = marker + (
+        "import os, sys, time\nattempt, rank = os.environ['GPUTUI_ATTEMPT'], os.environ['NODE_RANK']\n"
+        "print('attempt', attempt, 'rank', rank, flush=True)\n"
+        "if attempt == '1' and rank == '1':\n    time.sleep(1)\n    sys.exit(3)\n"
+        "while attempt == '1':\n    time.sleep(0.1)\n"
+    )
+    job_id = pair.run("--restart", "on-failure:2", "--", sys.executable, "-c", code).stdout.strip()
+    job = pair.wait(job_id, ("succeeded", "failed"), timeout=150)
+    assert job["state"] == "succeeded", job
+    _, out0 = pair.logs(job_id)
+    _, out1 = pair.logs(job_id, "--rank", "1")
+    assert "attempt 1 rank 0" in out0 and "attempt 2 rank 0" in out0, out0
+    assert "attempt 1 rank 1" in out1 and "attempt 2 rank 1" in out1, out1
+    for host, first in (("h1", 143), ("h2", 3)):  # each part's own record: its first attempt's end
+        part = json.loads(pair.cli("jobs", host, "--json", check=True).stdout)[0]
+        assert part["attempt"] == 2 and [a["exit_code"] for a in part["attempts"]] == [first], part
+
+
 def test_a_lost_host_fails_the_job_naming_it(pair: Pair, tmp_path: Path) -> None:
     """h2's part dies without a word (its runner and command SIGKILLed, as when the host is gone): the hub
     stops h1's part after lost_s and names h2."""
@@ -409,7 +465,7 @@ def test_a_part_that_cannot_run_starts_nothing_anywhere(pair: Pair) -> None:
      (("h1,h2", "--nodes", "3"), "--nodes 3: the job runs on 2 hosts"),
      (("h1,h2", "--gpus", "0"), "--gpus: not for a job over several hosts"),
      (("h1,h2", "--queue"), "--queue/--after: not for"), (("h1,h2", "--image", "x"), "--image/--build: not for"),
-     (("h1,h2", "--restart", "on-failure"), "--restart/--resume-from: not for"),
+     (("h1,h2", "--resume-from", "x"), "--resume-from needs a restart policy"),
      (("h1,h2", "--env", "MASTER_PORT=1"), "--env MASTER_PORT: gputui sets these")],
 )  # fmt: skip
 def test_bad_input_is_refused_before_connecting(home: Home, args: tuple[str, ...], said: str) -> None:

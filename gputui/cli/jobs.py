@@ -204,7 +204,6 @@ async def cmd_run(args: argparse.Namespace) -> int:
 def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, Any] | None, env: dict[str, str]) -> None:
     """Refuse what a job over several hosts cannot take (before connecting)."""
     refused = {"--queue/--after": queue is not None, "--image/--build": bool(args.image or args.build),
-               "--restart/--resume-from": bool(args.resume_from) or args.restart not in (None, "no"),
                "--partition/--time/--sbatch-arg": bool(args.partition or args.time or args.sbatch_arg),
                "--gpus": args.gpus is not None}  # fmt: skip
     used = [flag for flag, on in refused.items() if on]
@@ -228,6 +227,14 @@ async def _run_group(
 
     env = _parse_env(args.env)
     _group_flags(args, hosts, queue, env)
+    try:  # the parts restart together: one policy for all (each host's backoff settings)
+        policies = {n: restart_request(config, n, args.restart, args.resume_from) for n in hosts}
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE) from None
+    said = {n: (p or {}).get("policy", "no") + (f":{p['max']}" if (p or {}).get("max") else "") for n, p in policies.items()}
+    if len(set(said.values())) > 1:
+        each = ", ".join(f"{n} {s}" for n, s in said.items())
+        raise CliError(f"the hosts' restart settings differ ({each}): give --restart for the whole job", USAGE)
     job_secrets = secrets.resolve(args.secret, config.path)
     fleet = Fleet(config)
     try:
@@ -262,7 +269,8 @@ async def _run_group(
         try:
             for rank, name in enumerate(hosts):
                 spec = JobSpec(name, argv, name=args.name, cwd=cwds[name], env=env, secrets=job_secrets,
-                               code=codes[name], artifacts=artifacts, group=plan.request(rank))  # fmt: skip
+                               code=codes[name], artifacts=artifacts, restart=args.restart,
+                               resume_from=args.resume_from, group=plan.request(rank))  # fmt: skip
                 started.append((name, await start_job(sessions[name], config, spec)))
         except (Exception, asyncio.CancelledError) as exc:
             for name, job in started:  # they wait for every part: none ran its command

@@ -21,6 +21,7 @@ torchrun line instead). From then on the parts need no client, none of them:
 Stdlib only, Python 3.8+.
 """
 
+import errno
 import hashlib
 import hmac
 import json
@@ -263,8 +264,8 @@ def decide(parts: List[Dict[str, Any]], hosts: List[str], now: float, started: f
 class Hub:
     """The group's state on rank 0's host: who joined, who runs, who ended; the one decision to stop."""
 
-    def __init__(self, group: Dict[str, Any], key: bytes, log: Callable[[str], None]) -> None:
-        self.group, self.key, self.log = group, key, log
+    def __init__(self, group: Dict[str, Any], key: bytes, log: Callable[[str], None], attempt: int = 1) -> None:
+        self.group, self.key, self.log, self.attempt = group, key, log, attempt
         self.hosts: List[str] = group["hosts"]
         self.parts: List[Dict[str, Any]] = [{"seen": None, "state": None, "code": None, "seq": -1}
                                             for _ in self.hosts]  # fmt: skip
@@ -283,6 +284,12 @@ class Hub:
         ):
             return None
         if not isinstance(seq, int) or state not in ("ready", "running", "ended"):
+            return None
+        if message.get("attempt", 1) != self.attempt:  # (restart policies) this hub is for one attempt
+            if isinstance(message.get("attempt"), int) and message["attempt"] > self.attempt:
+                with self.lock:  # a part runs the next attempt: this one is over (its hub makes way)
+                    if self.stop is None:
+                        self.stop, self.stopped_at = "the job's next attempt started", time.time()
             return None
         with self.lock:
             part = self.parts[rank]
@@ -323,21 +330,21 @@ class Hub:
             return False
 
 
-def serve_hub(job_dir: str) -> int:
-    """``group-hub JOB_DIR``: the hub of rank 0's part, until every part has ended (or was given up)."""
+def serve_hub(job_dir: str, attempt: int = 1) -> int:
+    """``group-hub JOB_DIR ATTEMPT``: the hub of rank 0's part, until every part has ended (or was given up)."""
     with open(os.path.join(job_dir, HUB_LOG), "a", encoding="utf-8") as log_file:
 
         def log(line: str) -> None:
             log_file.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), line))
             log_file.flush()
 
-        return _serve(job_dir, log)
+        return _serve(job_dir, log, attempt)
 
 
-def _serve(job_dir: str, log: Callable[[str], None]) -> int:
+def _serve(job_dir: str, log: Callable[[str], None], attempt: int) -> int:
     group = (read_json(os.path.join(job_dir, "job.json")) or {}).get("group") or {}
     try:
-        hub = Hub(group, key_of(job_dir), log)
+        hub = Hub(group, key_of(job_dir), log, attempt)
     except (OSError, KeyError, ValueError) as exc:
         log("cannot start: %s" % exc)
         return 1
@@ -367,13 +374,21 @@ def _serve(job_dir: str, log: Callable[[str], None]) -> int:
             return threading.active_count() < 4 * len(hub.hosts) + 8  # bounded: a flood gets no thread
 
     server = None
-    for bind in (group["master_addr"], ""):
-        try:
-            server = Server((bind, group["hub_port"]), Handler)
-            break
-        except OSError as exc:
-            log("cannot listen on %s:%d: %s" % (bind or "*", group["hub_port"], exc))
+    deadline = time.time() + START_S  # the last attempt's hub may hold the port a while yet
+    while server is None and time.time() < deadline:
+        for bind in (group["master_addr"], ""):  # the address the others reach (else every one: NAT)
+            try:
+                server = Server((bind, group["hub_port"]), Handler)
+                break
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    time.sleep(0.5)
+                    break
+                log("cannot listen on %s:%d: %s" % (bind or "*", group["hub_port"], exc))
+        else:
+            return 1
     if server is None:
+        log("cannot listen on port %d: in use for %d s" % (group["hub_port"], START_S))
         return 1
     log("listening on %s:%d for %d parts" % (server.server_address[0], group["hub_port"], len(hub.hosts)))
     threading.Thread(target=server.serve_forever, name="group-hub", daemon=True).start()
@@ -384,9 +399,9 @@ def _serve(job_dir: str, log: Callable[[str], None]) -> int:
     return 0
 
 
-def start_hub(job_dir: str, launcher: List[str]) -> None:
-    """Rank 0's runner starts the hub, detached (a kill of the part's process group never reaches it)."""
-    subprocess.Popen(launcher + ["group-hub", job_dir], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+def start_hub(job_dir: str, launcher: List[str], attempt: int) -> None:
+    """Rank 0's runner starts the hub of its attempt, detached (a kill of the part's group never reaches it)."""
+    subprocess.Popen(launcher + ["group-hub", job_dir, str(attempt)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)  # fmt: skip
 
 
@@ -394,8 +409,8 @@ def start_hub(job_dir: str, launcher: List[str]) -> None:
 class Member:
     """A part's side: join (wait for every rank), heartbeat while the command runs, say how it ended."""
 
-    def __init__(self, group: Dict[str, Any], key: bytes) -> None:
-        self.group, self.key = group, key
+    def __init__(self, group: Dict[str, Any], key: bytes, attempt: int = 1) -> None:
+        self.group, self.key, self.attempt = group, key, attempt
         self.rank: int = group["rank"]
         self.hub_host = group["hosts"][0]
         self.seq = int(time.time() * 1000)  # rises across a runner's restart too
@@ -414,7 +429,7 @@ class Member:
         """One message and the hub's reply; None when the hub cannot be reached or answers wrongly."""
         self.seq += 1
         message = {"from": "part", "g": self.group["id"], "rank": self.rank, "seq": self.seq, "state": state,
-                   "code": code}  # fmt: skip
+                   "code": code, "attempt": self.attempt}  # fmt: skip
         try:
             if self.sock is None:
                 self.sock = socket.create_connection(

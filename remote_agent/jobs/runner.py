@@ -153,8 +153,8 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     if group:
         try:
             if group["rank"] == 0:
-                GRP.start_hub(job_dir, launcher or [])
-            member = GRP.Member(group, GRP.key_of(job_dir))
+                GRP.start_hub(job_dir, launcher or [], attempt)
+            member = GRP.Member(group, GRP.key_of(job_dir), attempt)
             why = member.join()
         except (OSError, ValueError, KeyError) as exc:
             why = "the group's hub: %s" % exc

@@ -35,9 +35,9 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         except IMG.ImageError as exc:
             raise JobError(str(exc), "bad_args") from None
     if a.get("group") is not None:  # one part of a job over several hosts (remote_agent/jobs/group.py)
-        if any(a.get(k) is not None for k in ("queue", "slurm", "container", "restart")):
-            raise JobError("a part of a job over several hosts runs now, bare, once: no queue, Slurm, image or "
-                           "restart policy", "bad_args")  # fmt: skip
+        if any(a.get(k) is not None for k in ("queue", "slurm", "container")):
+            raise JobError("a part of a job over several hosts runs now and bare: no queue, Slurm or image",
+                           "bad_args")  # fmt: skip
         try:
             extra["group"] = GRP.check_request(a.get("group"))
         except GRP.GroupError as exc:

@@ -160,7 +160,7 @@ def _combined_state(parts: Sequence[dict[str, Any]]) -> str:
 def merge_parts(jobs: Sequence[M.Job]) -> list[M.Job]:
     """The jobs with each job over several hosts as one: rank 0's part (else the lowest rank listed) with the
     whole's state, its ``group.parts`` (host, rank, id, state, exit, error; ``unknown`` for a host that did not
-    answer) and the error of the part that failed first."""
+    answer) and the error of the part that ended failing first."""
     parts: dict[str, list[M.Job]] = {}
     for job in jobs:
         group = group_of(job)
@@ -182,10 +182,12 @@ def merge_parts(jobs: Sequence[M.Job]) -> list[M.Job]:
             part = by_rank.get(rank)
             listed.append({"rank": rank, "host": host, "id": part.id if part else None,
                            "state": part.state if part else "unknown", "exit_code": part.exit_code if part else None,
-                           "error": part.record.get("error") if part else None})  # fmt: skip
+                           "error": part.record.get("error") if part else None,
+                           "ended_at": part.ended_at if part else None})  # fmt: skip
         known = [p for p in listed if p["state"] != "unknown"]
         state = _combined_state(known)
-        failed = [p for p in known if p["state"] in (M.JOB_FAILED, M.JOB_LOST, M.JOB_KILLED)]
+        failed = sorted((p for p in known if p["state"] in (M.JOB_FAILED, M.JOB_LOST, M.JOB_KILLED)),
+                        key=lambda p: p["ended_at"] or float("inf"))  # the first to end: the cause
         first = next((p for p in failed if not str(p.get("error") or "").startswith("stopped: ")), None)
         first = first or (failed[0] if failed else None)
         lead = mine[0]

@@ -77,8 +77,8 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
         gpus=None if slurm is not None or spec.queue is not None else spec.gpus, price_per_hour=price,
         code=spec.code, artifacts=spec.artifacts, slurm=slurm,
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
-        restart=None if spec.group else restart_request(config, session.name, spec.restart, spec.resume_from),
-        secrets=dict(spec.secrets), container=container_request(spec, host), group=spec.group,
+        restart=restart_request(config, session.name, spec.restart, spec.resume_from), secrets=dict(spec.secrets),
+        container=container_request(spec, host), group=spec.group,
     )  # fmt: skip
 
 
