@@ -214,7 +214,7 @@ def test_every_command_help_says_what_it_does_and_what_each_argument_is(capsys: 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
     out = capsys.readouterr().out
-    assert out.startswith("usage: gputui run [OPTIONS] host -- CMD [ARG ...]")
+    assert out.startswith("usage: gputui run [OPTIONS] host[,host...] -- CMD [ARG ...]")
     assert "gputui run local -- python train.py" in out
 
 

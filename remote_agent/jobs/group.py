@@ -350,7 +350,7 @@ def _serve(job_dir: str, log: Callable[[str], None], attempt: int) -> int:
         return 1
 
     class Handler(socketserver.StreamRequestHandler):
-        timeout = group["lost_s"]
+        timeout = 5 * HEARTBEAT_S  # a part speaks every HEARTBEAT_S: an idle connection holds no thread long
 
         def handle(self) -> None:
             try:
