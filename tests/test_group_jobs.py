@@ -464,7 +464,8 @@ def test_a_part_that_cannot_run_starts_nothing_anywhere(pair: Pair) -> None:
     [(("h1,h1",), "h1 named twice"), (("h1,nope",), "unknown host 'nope'"),
      (("h1,h2", "--nodes", "3"), "--nodes 3: the job runs on 2 hosts"),
      (("h1,h2", "--gpus", "0"), "--gpus: not for a job over several hosts"),
-     (("h1,h2", "--queue"), "--queue/--after: not for"), (("h1,h2", "--image", "x"), "--image/--build: not for"),
+     (("h1,h2", "--queue"), "--queue/--after: not for"), (("h1,h2", "--image", "a b"), "run: image 'a b'"),
+     (("h1,h2", "--build"), "run --build builds from the job's dir"),
      (("h1,h2", "--resume-from", "x"), "--resume-from needs a restart policy"),
      (("h1,h2", "--env", "MASTER_PORT=1"), "--env MASTER_PORT: gputui sets these")],
 )  # fmt: skip

@@ -304,3 +304,47 @@ def test_the_mnist_example_trains_in_a_built_image_and_is_killed_like_a_bare_job
     assert "killed (exit 130)" in killed.stdout  # SIGINT reached python inside: it saved and re-raised
     assert json.loads((box.work / "runs" / "b" / "summary.json").read_text())["status"] != "completed"
     assert box.ours() == []
+
+
+@pytest.fixture(scope="module")
+def docker_sshd2(tmp_path_factory: pytest.TempPathFactory, engine: DockerEngine) -> Iterator[Sshd]:
+    """A second host on this machine (127.0.0.2) whose sessions reach the same engine."""
+    server = Sshd(tmp_path_factory.mktemp("sshd-docker2"), address="127.0.0.2")
+    server.client_key("ok", env={"DOCKER_HOST": engine.host})
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_a_job_over_two_hosts_runs_in_an_image_and_stops_together(
+    box: Box, docker_sshd2: Sshd, engine: DockerEngine
+) -> None:
+    """run h1,h2 --image: each part in a container on its host with the rendezvous variables; rank 1 exits 3
+    and rank 0's container (its shell ignoring SIGINT) is stopped through the engine, with no client."""
+    remote2 = box.root.parent / "remote-state-2"
+    known = box.known_hosts
+    known.write_text(known.read_text() + docker_sshd2.host_key_line())
+    table = box.host_settings()
+    table2 = dict(table, host="127.0.0.2", port=docker_sshd2.port, identity_file=str(docker_sshd2.keys["ok"]),
+                  remote_dir=str(remote2))  # fmt: skip
+    box.write_config("".join(f"[hosts.{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items())
+                             for name, t in (("h1", table), ("h2", table2))))  # fmt: skip
+    try:
+        script = ('echo "part $NODE_RANK of $NNODES at $MASTER_ADDR:$MASTER_PORT"; '
+                  'if [ "$NODE_RANK" = 1 ]; then sleep 1; exit 3; fi; trap "" INT; while true; do sleep 1; done')  # fmt: skip
+        res = box.cli("run", "h1,h2", "--cwd", str(box.work), "--image", IMAGE, "--", "sh", "-c", script,
+                      check=True, timeout=120)  # fmt: skip
+        job = res.stdout.strip()
+        done = box.cli("logs", "h1", job, "--follow", timeout=120)
+        assert done.returncode == 143 and "part 0 of 2 at 127.0.0.1:" in done.stdout, (done.stdout, done.stderr)
+        part1 = box.cli("logs", "h1", job, "--rank", "1", check=True).stdout
+        assert "part 1 of 2 at 127.0.0.1:" in part1
+        record = next(j for j in json.loads(box.cli("jobs", "--json", check=True).stdout) if j["id"] == job)
+        parts = record["group"]["parts"]
+        assert [p["exit_code"] for p in parts] == [143, 3] and record["error"] == "h2 (rank 1) failed (exit 3)"
+        assert parts[0]["error"] == "stopped: h2 (rank 1) failed (exit 3)"
+        assert record["image"]["image"] == IMAGE
+        tags = [IMG.state_tag(str(box.remote_dir)), IMG.state_tag(str(remote2))]
+        assert [engine.containers(f"label=gputui.state={t}") for t in tags] == [[], []]
+    finally:
+        stop_host(remote2)

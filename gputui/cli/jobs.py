@@ -203,7 +203,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
 def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, Any] | None, env: dict[str, str]) -> None:
     """Refuse what a job over several hosts cannot take (before connecting)."""
-    refused = {"--queue/--after": queue is not None, "--image/--build": bool(args.image or args.build),
+    refused = {"--queue/--after": queue is not None,
                "--partition/--time/--sbatch-arg": bool(args.partition or args.time or args.sbatch_arg),
                "--gpus": args.gpus is not None}  # fmt: skip
     used = [flag for flag, on in refused.items() if on]
@@ -231,6 +231,14 @@ async def _run_group(
         policies = {n: restart_request(config, n, args.restart, args.resume_from) for n in hosts}
     except ValueError as exc:
         raise CliError(str(exc), USAGE) from None
+    for name in hosts:  # a bad image or engine option: refused before connecting
+        try:
+            container_request(JobSpec(name, argv, image=args.image, build=args.build,
+                                      docker_args=tuple(args.docker_arg)), config.host(name))  # fmt: skip
+        except ValueError as exc:
+            raise CliError(f"run: {exc}", USAGE) from None
+    if args.build is not None and args.sync is None and args.cwd is None:
+        raise CliError("run --build builds from the job's dir: give --sync (this dir) or --cwd DIR", USAGE)
     said = {n: (p or {}).get("policy", "no") + (f":{p['max']}" if (p or {}).get("max") else "") for n, p in policies.items()}
     if len(set(said.values())) > 1:
         each = ", ".join(f"{n} {s}" for n, s in said.items())
@@ -259,7 +267,8 @@ async def _run_group(
                     raise CliError(f"run --sync: nothing started: {exc}") from None
                 codes[name], cwds[name] = synced.code(), synced.target
         try:
-            plan = await G.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node)
+            plan = await G.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node,
+                                 in_image=bool(args.image or args.build))  # fmt: skip
         except G.GroupError as exc:
             raise CliError(f"run: nothing started: {exc}") from None
         procs = f" x {plan.nproc_per_node} processes" if plan.launcher else ""
@@ -270,7 +279,8 @@ async def _run_group(
             for rank, name in enumerate(hosts):
                 spec = JobSpec(name, argv, name=args.name, cwd=cwds[name], env=env, secrets=job_secrets,
                                code=codes[name], artifacts=artifacts, restart=args.restart,
-                               resume_from=args.resume_from, group=plan.request(rank))  # fmt: skip
+                               resume_from=args.resume_from, image=args.image, build=args.build,
+                               docker_args=tuple(args.docker_arg), group=plan.request(rank))  # fmt: skip
                 started.append((name, await start_job(sessions[name], config, spec)))
         except (Exception, asyncio.CancelledError) as exc:
             for name, job in started:  # they wait for every part: none ran its command

@@ -27,6 +27,7 @@ import hmac
 import json
 import os
 import re
+import signal
 import socket
 import socketserver
 import subprocess
@@ -488,26 +489,14 @@ class Member:
         self._close()
 
 
-def stopper(pid: int, on_stop: Callable[[str], None]) -> Callable[[str], None]:
-    """What a part does when told to stop: note why, SIGTERM its command's group, SIGKILL after the grace."""
-    import signal
+def stopper(send: Callable[[int], None], ended: threading.Event, on_stop: Callable[[str], None]) -> Callable[[str], None]:
+    """What a part does when told to stop: note why, SIGTERM its command (``send``), SIGKILL after the grace
+    unless it ``ended`` by then."""
 
     def stop(reason: str) -> None:
         on_stop(reason)
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            return
-        deadline = time.time() + KILL_GRACE_S
-        while time.time() < deadline:
-            try:
-                os.killpg(pid, 0)
-            except OSError:
-                return
-            time.sleep(0.2)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+        send(signal.SIGTERM)
+        if not ended.wait(KILL_GRACE_S):
+            send(signal.SIGKILL)
 
     return stop

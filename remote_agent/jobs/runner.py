@@ -176,7 +176,7 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
         argv = (launcher or []) + ["image-run", job_dir, str(attempt)]
     elif container:
         argv = IMG.run_argv(job, job_id, attempt, env)
-    elif group:
+    elif group:  # (in an image, run_argv has the group's command)
         argv = GRP.run_argv(job)
     else:
         argv = job.get("run_argv") or job["argv"]
@@ -196,8 +196,17 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     series.start()
     stopped_by: List[str] = []  # why the group stopped this part (another part failed or was lost)
     if member is not None:
-        threading.Thread(target=member.watch, args=(ended, GRP.stopper(pid, stopped_by.append)), name="group-part",
-                         daemon=True).start()  # fmt: skip
+
+        def send(sig: int) -> None:  # a job in an image: to its container (its CLI on a terminal passes none on)
+            name = IMG.running_name(job_dir) if container else None
+            if name is None or not IMG.send_signal(container, name, job_id, signal.Signals(sig).name[3:]):
+                try:
+                    os.killpg(pid, sig)
+                except OSError:
+                    pass
+
+        stop = GRP.stopper(send, ended, stopped_by.append)
+        threading.Thread(target=member.watch, args=(ended, stop), name="group-part", daemon=True).start()
 
     # Signals aimed at the runner go to the job instead, so the runner survives to write the status.
     def forward(signum: int, _frame: object) -> None:

@@ -35,9 +35,8 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         except IMG.ImageError as exc:
             raise JobError(str(exc), "bad_args") from None
     if a.get("group") is not None:  # one part of a job over several hosts (remote_agent/jobs/group.py)
-        if any(a.get(k) is not None for k in ("queue", "slurm", "container")):
-            raise JobError("a part of a job over several hosts runs now and bare: no queue, Slurm or image",
-                           "bad_args")  # fmt: skip
+        if a.get("queue") is not None or a.get("slurm") is not None:
+            raise JobError("a part of a job over several hosts runs now: no queue, no Slurm", "bad_args")
         try:
             extra["group"] = GRP.check_request(a.get("group"))
         except GRP.GroupError as exc:

@@ -108,15 +108,16 @@ def processes_per_node(hosts: Sequence[str], counts: Sequence[int], gpus_per_nod
 
 async def check(
     sessions: Mapping[str, HostSession], config: Config, argv: Sequence[str], cwds: Mapping[str, str | None],
-    path: str | None, launcher: str | None, gpus_per_node: int | None,
+    path: str | None, launcher: str | None, gpus_per_node: int | None, in_image: bool = False,
 ) -> Plan:  # fmt: skip
-    """Check every host (connected) before any part starts: the command, the script, the GPUs; pick the
-    rendezvous on the first. GroupError listing every host's problem."""
+    """Check every host (connected) before any part starts: the job's dir, the command and the script (not
+    for a job in an image: they are in the image), the GPUs; pick the rendezvous on the first. GroupError
+    listing every host's problem."""
     hosts = list(sessions)
 
     async def one(name: str, first: bool, peers: list[str]) -> dict[str, Any]:
         args: dict[str, Any] = {
-            "argv": list(argv)[:2],
+            "argv": [] if in_image else list(argv)[:2],
             "cwd": cwds.get(name),
             "path": path,
             "launcher": launcher,
