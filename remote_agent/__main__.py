@@ -81,7 +81,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         sys.exit(cat_file(args.path, args.offset, args.limit))
     if args.cmd == "boot":
-        from .host.autostart import boot as run_boot
+        from .watchdog.autostart import boot as run_boot
 
         sys.exit(run_boot(os.path.abspath(os.path.expanduser(args.state_dir)), launcher()))
     if args.cmd == "watchdog":

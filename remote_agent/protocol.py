@@ -71,6 +71,7 @@ OP_JOBS_START = "jobs.start"
 OP_JOBS_LIST = "jobs.list"  # args: after (job id), limit; result: {"jobs": [listing records], "more": bool}
 OP_JOBS_GET = "jobs.get"  # one job's full record (listings cut long commands)
 OP_JOBS_KILL = "jobs.kill"
+OP_JOBS_GROUP_CHECK = "jobs.group_check"  # a job over several hosts: can this host's part run (jobs/group.py)
 OP_QUEUE_LIST = "queue.list"  # the queued jobs in order, with position and what each waits for
 OP_QUEUE_MOVE = "queue.move"  # args: job, to (1 = next); result as queue.list
 OP_LOGS_READ = "logs.read"
@@ -98,7 +99,6 @@ OP_FILES_WRITE = "files.write"  # args: target, rel, part, offset, b64, truncate
 OP_FILES_MANIFEST = "files.manifest"  # args: target, after[, expect]; result: {target, entries, more[, same]}
 OP_FILES_DELETE = "files.delete"  # args: target, rels (only files sync wrote and nobody changed since)
 OP_SLURM_INFO = "slurm.info"  # a Slurm login node: partitions and nodes with their GPUs (one sinfo)
-OP_GROUP_CHECK = "group.check"  # before a job over several hosts starts: this host's part can run (jobs/group.py)
 
 # Events the agent pushes.
 EV_HELLO = "hello"
@@ -689,7 +689,7 @@ OPS: Dict[str, Op] = {
     OP_SHUTDOWN: Op(None, None),
     OP_DOCTOR: Op(DoctorArgs, DoctorResult),
     OP_SLURM_INFO: Op(None, ClusterInfo),
-    OP_GROUP_CHECK: Op(GroupCheckArgs, GroupCheckResult),
+    OP_JOBS_GROUP_CHECK: Op(GroupCheckArgs, GroupCheckResult),
     OP_JOBS_START: Op(StartArgs, JobRecord),
     OP_JOBS_LIST: Op(ListArgs, ListResult),
     OP_JOBS_GET: Op(JobArgs, JobRecord),

@@ -327,3 +327,15 @@ def test_flows_screens_and_widgets_use_the_apps_public_surface() -> None:
     assert (ui / "flows" / "release.py").is_file() and (ui / "flows" / "files.py").is_file()
     bad = [hit for path in sorted(ui.rglob("*.py")) if path != ui / "app.py" for hit in _private_app_attributes(path)]
     assert bad == []
+
+
+def test_an_ops_prefix_names_its_module() -> None:
+    """``release.check`` is ``ops/release.py:release_check``: an op is found from its name (the few ops without a
+    family of their own live where they are listed here)."""
+    from remote_agent import ops
+
+    elsewhere = {"ping": "host", "shutdown": "host", "doctor": "host", "slurm": "host", "queue": "jobs",
+                 "notify": "watchdog"}  # fmt: skip
+    for op, fn in ops.HANDLERS.items():
+        family = op.split(".")[0]
+        assert fn.__module__ == f"remote_agent.ops.{elsewhere.get(family, family)}", (op, fn.__module__)

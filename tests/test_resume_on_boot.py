@@ -1,4 +1,4 @@
-"""``resume_on_boot`` (remote_agent/host/autostart.py): the real ``crontab`` (Debian's cron) and the real agent,
+"""``resume_on_boot`` (remote_agent/watchdog/autostart.py): the real ``crontab`` (Debian's cron) and the real agent,
 watchdog and tmux. The line cron would run at boot is run as cron runs it (``/bin/sh -c``) after a reboot faked
 as in tests/test_restart.py: tmux and the watchdog gone, the job's runner from another boot, the watchdog's
 config armed in another boot. The user's crontab is saved first and put back after each test."""
@@ -19,7 +19,7 @@ import pytest
 from conftest import AgentProc, Home, kill_tmux, lost_in_a_reboot_job, stop_host, suite_env, wait_for
 
 from remote_agent.fsutil import read_json, write_json
-from remote_agent.host import autostart
+from remote_agent.watchdog import autostart
 from remote_agent.watchdog import daemon as W
 
 pytestmark = pytest.mark.skipif(shutil.which("crontab") is None, reason="no crontab (apt install cron)")

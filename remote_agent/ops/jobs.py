@@ -1,4 +1,4 @@
-"""Job ops: jobs.start, jobs.list, jobs.get, jobs.kill, queue.list, queue.move."""
+"""Job ops: jobs.start, jobs.list, jobs.get, jobs.kill, jobs.group_check, queue.list, queue.move."""
 
 import json
 from typing import TYPE_CHECKING, Any, Dict, List
@@ -120,5 +120,5 @@ def queue_move(agent: "Agent", a: P.QueueMoveArgs) -> P.QueueListResult:
 
 HANDLERS = {
     P.OP_JOBS_START: start, P.OP_JOBS_LIST: page, P.OP_JOBS_GET: get, P.OP_JOBS_KILL: kill,
-    P.OP_QUEUE_LIST: queue_list, P.OP_QUEUE_MOVE: queue_move, P.OP_GROUP_CHECK: group_check,
+    P.OP_QUEUE_LIST: queue_list, P.OP_QUEUE_MOVE: queue_move, P.OP_JOBS_GROUP_CHECK: group_check,
 }  # fmt: skip

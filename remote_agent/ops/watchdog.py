@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from .. import protocol as P
 from ..fsutil import read_json, write_json
-from ..host import autostart, provider
+from ..host import provider
 from ..jobs.store import JobError
+from ..watchdog import autostart, notify
 from ..watchdog import daemon as W
-from ..watchdog import notify
 
 if TYPE_CHECKING:
     from ..server import Agent
@@ -62,7 +62,7 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
 
 def _resume_on_boot(agent: "Agent", want: bool) -> Dict[str, Any]:
     """The crontab's ``@reboot`` line for this state dir, there exactly when the host's ``resume_on_boot`` asks
-    (remote_agent/host/autostart.py; found by its tag, so one left by a removed state dir goes too). A problem
+    (remote_agent/watchdog/autostart.py; found by its tag, so one left by a removed state dir goes too). A problem
     of this optional feature is its own answer (``ok: False``, shown by ``gputui doctor``), never the failure
     of the arming, and with it of every command on the host."""
     try:
@@ -97,49 +97,6 @@ def cancel(agent: "Agent", a: Dict[str, Any]) -> Dict[str, Any]:
     return _update(agent, cancelled=True)
 
 
-def release_check(agent: "Agent", a: P.ReleaseCheckArgs) -> P.ReleaseCheckResult:
-    """Prove without side effects that the host's release would work (the watchdog's ``release_check``): with
-    ``release_remote``, its program exists here; else the provider detected here answers for this instance
-    (``provider``, ``release_mode``, ``api_urls`` as the client's config says). The verdict is kept where the
-    watchdog keeps its own (``status`` shows it)."""
-    config = _with_detection(a)
-    verdict = W.release_check(config)
-    if verdict["via"] == "none" and config.get("note"):
-        verdict["detail"] += " (%s)" % config["note"]
-    path = os.path.join(agent.jobs.state_dir, W.RELEASE_CHECK)
-    old = read_json(path) or {}
-    write_json(path, dict(verdict, armed_at=old.get("armed_at")))
-    W.log_line(agent.jobs.state_dir, "release check (asked): %s: %s" % ("ok" if verdict["ok"] else "FAILED",
-                                                                        verdict["detail"]))  # fmt: skip
-    return verdict  # type: ignore[return-value]
-
-
-def _with_detection(a: Any) -> Dict[str, Any]:
-    """The client's release settings, with ``release_via`` found here (never taken from the client)."""
-    config = {k: a.get(k) for k in ("release_remote", "provider", "release_mode", "api_urls", "release_timeout")}
-    if not config.get("release_remote"):
-        found = provider.detect_for(config.get("provider"))
-        if found.provider != provider.NONE:
-            config["release_via"] = {k: v for k, v in provider.describe(found).items() if k != "note"}
-        elif found.note:
-            config["note"] = found.note
-    return config
-
-
-def release_provider(agent: "Agent", a: P.ReleaseProviderArgs) -> P.ReleaseProviderResult:
-    """``gputui release HOST`` on a RunPod pod / vast.ai instance with no user command: release it through the
-    provider's API with the instance's own key, and read the state back until the provider confirms."""
-    config = _with_detection(dict(a, release_remote=None))
-    if config.get("release_timeout") is not None:
-        config["release_timeout"] = P.number_arg(config, "release_timeout", 120.0, 1.0, 3600.0)
-    if provider.detected_from(config.get("release_via")) is None:
-        why = "no RunPod or vast.ai instance found on this host" + (" (%s)" % config["note"] if config.get("note") else "")
-        return {"found": False, "released": False, "how": "", "error": why}
-    log = lambda m: W.log_line(agent.jobs.state_dir, "release (asked): " + m)  # noqa: E731
-    how, error = W.provider_release(agent.jobs.state_dir, config, "asked by gputui release", time.time(), log)
-    return {"found": True, "released": error is None, "how": how, "error": error}
-
-
 def notify_test(agent: "Agent", a: P.NotifyTestArgs) -> P.NotifyTestResult:
     """Send a test message now with the given settings (once, no retry); the attempt goes to the log."""
     settings = notify.checked(a.get("notify"))
@@ -151,6 +108,5 @@ def notify_test(agent: "Agent", a: P.NotifyTestArgs) -> P.NotifyTestResult:
 
 HANDLERS = {
     P.OP_WATCHDOG_CONFIGURE: configure, P.OP_WATCHDOG_SNOOZE: snooze, P.OP_WATCHDOG_CANCEL: cancel,
-    P.OP_NOTIFY_TEST: notify_test, P.OP_RELEASE_CHECK: release_check,
-    P.OP_RELEASE_PROVIDER: release_provider,
+    P.OP_NOTIFY_TEST: notify_test,
 }  # fmt: skip

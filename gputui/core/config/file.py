@@ -93,7 +93,7 @@ class HostConfig:
     # stalled jobs (see remote_agent/watchdog/stall.py): GPUs below idle_util_percent and a silent log this long; None: off
     stall_minutes: float | None = None
     stalled_counts_as_idle: bool = False  # autostop may then release a host whose only jobs are stalled
-    resume_on_boot: bool = False  # an @reboot crontab line resumes the host's work after a reboot (host/autostart.py)
+    resume_on_boot: bool = False  # an @reboot crontab line resumes the host's work after a reboot (watchdog/autostart.py)
     notify: Notify | None = None  # [notify], with [hosts.NAME.notify] keys over it
     # files to bring back before release (gputui release): relative to each job's dir, or absolute on the host
     artifacts: tuple[str, ...] = ()

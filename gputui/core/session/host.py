@@ -459,7 +459,7 @@ class HostSession:
 
     async def group_check(self, **args: Any) -> P.GroupCheckResult:
         """Whether this host's part of a job over several hosts can run (remote_agent/jobs/group.py)."""
-        result: P.GroupCheckResult = await self.request(P.OP_GROUP_CHECK, **args)
+        result: P.GroupCheckResult = await self.request(P.OP_JOBS_GROUP_CHECK, **args)
         return result
 
     async def cluster_info(self) -> P.ClusterInfo:

@@ -132,8 +132,8 @@ def boot(state_dir: str, launcher: List[str]) -> int:
     """What the ``@reboot`` line runs: re-arm the idle rule for this boot and start the watchdog, which resumes
     the jobs the reboot lost (their restart policies), runs the queue and keeps the autostop. 0, or 1 when the
     state dir is gone or not ours (the line is then left for the next connect to take out)."""
-    from ..watchdog import daemon as W
-    from .boot import boot_id
+    from ..host.boot import boot_id
+    from . import daemon as W
 
     if not os.path.isdir(state_dir) or os.stat(state_dir).st_uid != os.getuid():
         return 1
