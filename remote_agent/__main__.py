@@ -1,9 +1,10 @@
 """Entry point: ``python3 gputui-agent-<hash>[.pyz] serve|runner ...`` (or ``python3 -m remote_agent``)."""
 
 import argparse
+import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 DEFAULT_STATE_DIR = "~/.gputui"
 
@@ -14,6 +15,26 @@ def launcher() -> List[str]:
     root = os.path.dirname(here)  # the build (unpacked folder or .pyz), or the folder holding the package
     code = "import sys; sys.path.insert(0, sys.argv.pop(1)); from remote_agent.__main__ import main; main()"
     return [sys.executable, "-c", code, root]
+
+
+def _dir(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+#: Each subcommand but ``serve``: (module, function, its arguments from the parsed args).
+COMMANDS: Dict[str, Tuple[str, str, Callable[[argparse.Namespace], Tuple[Any, ...]]]] = {
+    "runner": (".jobs.runner", "run", lambda a: (a.job_dir, launcher())),
+    "image-run": (".jobs.image", "build_and_run", lambda a: (a.job_dir, a.attempt)),
+    "group-hub": (".jobs.group", "serve_hub", lambda a: (a.job_dir, a.attempt)),
+    "slurm-step": (".jobs.slurm", "run_step", lambda a: (a.job_dir, a.task, launcher())),
+    "gpu-stream": (".jobs.slurm", "gpu_stream", lambda a: (os.path.expanduser(a.state_dir), a.nvidia_smi,
+                                                           max(0.1, a.interval))),  # fmt: skip
+    "watchdog": (".watchdog.daemon", "run", lambda a: (_dir(a.state_dir), launcher())),
+    "boot": (".watchdog.autostart", "boot", lambda a: (_dir(a.state_dir), launcher())),
+    "cat": (".files", "cat_file", lambda a: (a.path, a.offset, a.limit)),
+    "receive": (".files", "receive", lambda a: (os.path.expanduser(a.state_dir), a.target, sys.stdin.buffer,
+                                                sys.stdout.buffer)),  # fmt: skip
+}
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -55,44 +76,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     receive.add_argument("target")
     args = parser.parse_args(argv)
 
-    if args.cmd == "receive":
-        from .files import receive as run_receive
-
-        state_dir = os.path.expanduser(args.state_dir)
-        sys.exit(run_receive(state_dir, args.target, sys.stdin.buffer, sys.stdout.buffer))
-    if args.cmd == "gpu-stream":
-        from .jobs.slurm import gpu_stream
-
-        sys.exit(gpu_stream(os.path.expanduser(args.state_dir), args.nvidia_smi, max(0.1, args.interval)))
-    if args.cmd == "slurm-step":
-        from .jobs.slurm import run_step
-
-        sys.exit(run_step(args.job_dir, args.task, launcher()))
-    if args.cmd == "group-hub":
-        from .jobs.group import serve_hub
-
-        sys.exit(serve_hub(args.job_dir, args.attempt))
-    if args.cmd == "image-run":
-        from .jobs.image import build_and_run
-
-        sys.exit(build_and_run(args.job_dir, args.attempt))
-    if args.cmd == "cat":
-        from .files import cat_file
-
-        sys.exit(cat_file(args.path, args.offset, args.limit))
-    if args.cmd == "boot":
-        from .watchdog.autostart import boot as run_boot
-
-        sys.exit(run_boot(os.path.abspath(os.path.expanduser(args.state_dir)), launcher()))
-    if args.cmd == "watchdog":
-        from .watchdog.daemon import run as run_watchdog
-
-        sys.exit(run_watchdog(os.path.abspath(os.path.expanduser(args.state_dir)), launcher()))
-
-    if args.cmd == "runner":
-        from .jobs.runner import run
-
-        sys.exit(run(args.job_dir, launcher()))
+    if args.cmd in COMMANDS:  # the module of a command is imported only when it runs
+        module, name, call = COMMANDS[args.cmd]
+        sys.exit(getattr(importlib.import_module(module, __package__ or "remote_agent"), name)(*call(args)))
     from . import protocol as P
     from .fsutil import StateDirError
     from .server import Agent

@@ -33,7 +33,7 @@ import socketserver
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..fsutil import read_json, write_atomic
 
@@ -487,6 +487,19 @@ class Member:
         while time.time() < deadline and self.ask("ended", code) is None:
             time.sleep(0.5)
         self._close()
+
+
+def join(job_dir: str, group: Dict[str, Any], attempt: int, launcher: List[str]) -> "Tuple[Optional[Member], Optional[str]]":
+    """A part's start: rank 0 starts this attempt's hub, then every part waits until all have joined.
+    (its member, None) to run; (None, why) when it must not."""
+    try:
+        if group["rank"] == 0:
+            start_hub(job_dir, launcher, attempt)
+        member = Member(group, key_of(job_dir), attempt)
+        why = member.join()
+    except (OSError, ValueError, KeyError) as exc:
+        return None, "the group's hub: %s" % exc
+    return (member, None) if why is None else (None, why)
 
 
 def stopper(send: Callable[[int], None], ended: threading.Event, on_stop: Callable[[str], None]) -> Callable[[str], None]:

@@ -151,13 +151,7 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     group = job.get("group")  # a part of a job over several hosts: it runs once every part is ready
     member = None
     if group:
-        try:
-            if group["rank"] == 0:
-                GRP.start_hub(job_dir, launcher or [], attempt)
-            member = GRP.Member(group, GRP.key_of(job_dir), attempt)
-            why = member.join()
-        except (OSError, ValueError, KeyError) as exc:
-            why = "the group's hub: %s" % exc
+        member, why = GRP.join(job_dir, group, attempt, launcher or [])
         if why is not None:
             SEC.end_job(job_dir, {"exit_code": None, "error": "not started: " + why, "ended_at": time.time()})
             return 1
