@@ -26,8 +26,8 @@ COMMANDS: Dict[str, Tuple[str, str, Callable[[argparse.Namespace], Tuple[Any, ..
     "runner": (".jobs.runner", "run", lambda a: (a.job_dir, launcher())),
     "image-run": (".jobs.image", "build_and_run", lambda a: (a.job_dir, a.attempt)),
     "group-hub": (".jobs.group", "serve_hub", lambda a: (a.job_dir, a.attempt)),
-    "slurm-step": (".jobs.slurm", "run_step", lambda a: (a.job_dir, a.task, launcher())),
-    "gpu-stream": (".jobs.slurm", "gpu_stream", lambda a: (os.path.expanduser(a.state_dir), a.nvidia_smi,
+    "slurm-step": (".jobs.slurm_step", "run_step", lambda a: (a.job_dir, a.task, launcher())),
+    "gpu-stream": (".metrics.slurm_gpus", "gpu_stream", lambda a: (os.path.expanduser(a.state_dir), a.nvidia_smi,
                                                            max(0.1, a.interval))),  # fmt: skip
     "watchdog": (".watchdog.daemon", "run", lambda a: (_dir(a.state_dir), launcher())),
     "boot": (".watchdog.autostart", "boot", lambda a: (_dir(a.state_dir), launcher())),

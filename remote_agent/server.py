@@ -23,12 +23,12 @@ from . import protocol as P
 from .flow import Credit
 from .host import container
 from .host.boot import boot_id, boot_time
-from .jobs import slurm as S
 from .jobs.logs import Follow
 from .jobs.queue import JobQueue
 from .jobs.restart import waiting as restart_waiting
 from .jobs.store import JobError, JobStore
 from .metrics.ring import MetricsRing
+from .metrics.slurm_gpus import NodeGpus
 from .ops import HANDLERS
 from .watchdog import daemon as W
 from .watchdog.activity import ActivityLog, idle_status
@@ -75,7 +75,7 @@ class Agent:
         self.inp, self.out = inp, out
         self.idle_timeout, self.heartbeat_s = idle_timeout, heartbeat_s
         self.sampler = MetricsSampler(self.jobs.state_dir, nvidia_smi=nvidia_smi)
-        self.node_gpus = S.NodeGpus(launcher, self.jobs.state_dir, nvidia_smi)  # running Slurm jobs' nodes
+        self.node_gpus = NodeGpus(launcher, self.jobs.state_dir, nvidia_smi)  # running Slurm jobs' nodes
         self._out_lock = threading.Lock()
         self.credit = Credit()
         self._last_rx = time.monotonic()

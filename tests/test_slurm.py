@@ -657,7 +657,7 @@ def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
 def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user with 40 running Slurm jobs: the app's samples stream the nodes of a bounded number of them, not one
     long-lived srun per job on a shared login node (here a stand-in srun that just waits)."""
-    from remote_agent.jobs import slurm as S
+    from remote_agent.metrics import slurm_gpus as S
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -683,7 +683,7 @@ def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pyt
     from conftest import wait_for
 
     from remote_agent import protocol as P
-    from remote_agent.jobs import slurm as S
+    from remote_agent.metrics import slurm_gpus as S
 
     fake = tmp_path / "bin"
     fake.mkdir()
