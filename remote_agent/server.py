@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Dict, List, Optional
 
+from . import build_id
 from . import protocol as P
 from .flow import Credit
 from .host import container
@@ -40,17 +41,6 @@ def _tmux_version() -> Optional[str]:
         return out.split(" ", 1)[1] if " " in out else out or None
     except (OSError, subprocess.SubprocessError):
         return None
-
-
-def build_id() -> str:
-    """The content hash carried in the build's name (``gputui-agent-<hash>``, unpacked, or the zipapp
-    ``gputui-agent-<hash>.pyz``), or ``dev`` from source."""
-    name = os.path.basename((sys.argv[0] if sys.argv else "").rstrip("/"))
-    if name.endswith(".pyz"):
-        name = name[: -len(".pyz")]
-    return name[len("gputui-agent-") :] if name.startswith("gputui-agent-") else "dev"
-
-
 
 
 class Agent:

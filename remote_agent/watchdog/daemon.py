@@ -31,6 +31,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from .. import build_id
 from ..fsutil import open_regular, read_json, write_json
 from ..host import provider as pv
 from ..host.boot import boot_id, boot_time
@@ -476,15 +477,6 @@ def provider_release(
         return "", "%s %s: %s" % (detected.provider, mode or "release", exc)
     log("provider release: confirmed, %s (%d reads)" % (done.how, done.polls))
     return "%s (%s)" % (done.how, done.state), None
-
-
-def build_id() -> str:
-    """This build's id: the hash in the name of the folder (or zipapp) holding the package, or ``dev``."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # remote_agent/ (this is watchdog/daemon.py)
-    root = os.path.dirname(package)
-    name = os.path.basename(root)
-    name = name[: -len(".pyz")] if name.endswith(".pyz") else name
-    return name[len("gputui-agent-") :] if name.startswith("gputui-agent-") else "dev"
 
 
 def owner(state_dir: str) -> Optional[Dict[str, Any]]:
