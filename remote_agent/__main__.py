@@ -31,8 +31,8 @@ COMMANDS: Dict[str, Tuple[str, str, Callable[[argparse.Namespace], Tuple[Any, ..
                                                            max(0.1, a.interval))),  # fmt: skip
     "watchdog": (".watchdog.daemon", "run", lambda a: (_dir(a.state_dir), launcher())),
     "boot": (".watchdog.autostart", "boot", lambda a: (_dir(a.state_dir), launcher())),
-    "cat": (".files", "cat_file", lambda a: (a.path, a.offset, a.limit)),
-    "receive": (".files", "receive", lambda a: (os.path.expanduser(a.state_dir), a.target, sys.stdin.buffer,
+    "cat": (".files.pull", "cat_file", lambda a: (a.path, a.offset, a.limit)),
+    "receive": (".files.sync", "receive", lambda a: (os.path.expanduser(a.state_dir), a.target, sys.stdin.buffer,
                                                 sys.stdout.buffer)),  # fmt: skip
 }
 

@@ -91,7 +91,7 @@ OP_NOTIFY_TEST = "notify.test"  # send a test notification now with the given [n
 OP_RELEASE_CHECK = "release.check"  # prove without side effects that the host's release would work
 OP_RELEASE_PROVIDER = "release.provider"  # release this instance through its provider's API, confirmed
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/host/doctor.py)
-# Files carried to and from the host (remote_agent/files.py).
+# Files carried to and from the host (remote_agent/files/: pull.py reads, sync.py writes).
 OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
 OP_FILES_READ = "files.read"  # args: path, offset, max_bytes; result: {offset, size, mtime, b64}
 OP_FILES_HASH = "files.hash"  # args: path; result: {sha256, size, mtime}

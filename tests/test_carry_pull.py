@@ -20,8 +20,8 @@ from gputui.core.files.pull import PullError, local_target, part_path, pull
 from gputui.core.session.host import HostSession
 from gputui.core.transport.base import AgentChannel, LocalTransport
 from gputui.core.transport.ssh import SSHTransport
-from remote_agent import files as F
 from remote_agent import protocol as P
+from remote_agent.files import pull as F
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from gputui.core.files.sync import LocalFile, SyncResult, sync, tree_hash
 from gputui.core.session.host import HostSession
 from gputui.core.transport.base import AgentChannel, LocalTransport
 from gputui.core.transport.ssh import SSHTransport
-from remote_agent import files as F
 from remote_agent import protocol as P
+from remote_agent.files import sync as F
 
 
 def _git(repo: Path, *args: str) -> None:

@@ -18,8 +18,8 @@ from conftest import stop_host
 from gputui.core.files.sync import sync
 from gputui.core.session.host import HostSession
 from gputui.core.transport.base import AgentChannel, LocalTransport
-from remote_agent import files as F
 from remote_agent import protocol as P
+from remote_agent.files import sync as F
 
 
 def stream_of(files: dict[str, bytes], end: bool = True) -> bytes:

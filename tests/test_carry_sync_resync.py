@@ -23,8 +23,8 @@ from gputui.cli.files import cmd_sync
 from gputui.core.files import sync as SY
 from gputui.core.session.host import HostSession
 from gputui.core.transport.base import LocalTransport
-from remote_agent import files as F
 from remote_agent import protocol as P
+from remote_agent.files import sync as F
 
 
 def sha(data: bytes) -> str:

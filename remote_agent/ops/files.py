@@ -1,37 +1,37 @@
-"""File ops (sync and pull, remote_agent/files.py): files.list, .read, .hash, .write, .manifest, .delete."""
+"""File ops (pull: remote_agent/files/pull.py, sync: remote_agent/files/sync.py): files.list, .read, .hash, .write, .manifest, .delete."""
 
 from typing import TYPE_CHECKING, Any, Dict
 
-from .. import files as F
 from .. import protocol as P
+from ..files import pull, sync
 
 if TYPE_CHECKING:
     from ..server import Agent
 
 
 def listing(agent: "Agent", a: Dict[str, Any]) -> Any:
-    return F.list_files(str(a.get("base") or "~"), a.get("patterns"))
+    return pull.list_files(str(a.get("base") or "~"), a.get("patterns"))
 
 
 def read(agent: "Agent", a: Dict[str, Any]) -> Any:
     offset = P.int_arg(a, "offset", 0)
-    return F.read_range(str(a.get("path")), offset, P.int_arg(a, "max_bytes", P.FILE_CHUNK_BYTES, 0, P.FILE_CHUNK_BYTES))
+    return pull.read_range(str(a.get("path")), offset, P.int_arg(a, "max_bytes", P.FILE_CHUNK_BYTES, 0, P.FILE_CHUNK_BYTES))
 
 
 def digest(agent: "Agent", a: Dict[str, Any]) -> Any:
-    return F.file_hash(str(a.get("path")))
+    return pull.file_hash(str(a.get("path")))
 
 
 def write(agent: "Agent", a: Dict[str, Any]) -> Any:
-    return F.write_file(agent.jobs.state_dir, a)
+    return sync.write_file(agent.jobs.state_dir, a)
 
 
 def manifest(agent: "Agent", a: Dict[str, Any]) -> Any:
-    return F.manifest_page(agent.jobs.state_dir, a)
+    return sync.manifest_page(agent.jobs.state_dir, a)
 
 
 def delete(agent: "Agent", a: Dict[str, Any]) -> Any:
-    return F.delete_files(agent.jobs.state_dir, a)
+    return sync.delete_files(agent.jobs.state_dir, a)
 
 
 HANDLERS = {
