@@ -176,6 +176,10 @@ def status_line(s: M.HostSnapshot) -> str:
     lost = [g for g in gpus if g.lost]
     if lost:
         parts.append(f"GPU {','.join(str(g.index) for g in lost)} LOST")
+    for kind in ("throttled", "ECC"):  # the GPU you pay for, slowed or failing
+        hit = [g for g in gpus if not g.lost and any(p.startswith(kind + ":") for p in g.problems)]
+        if hit:
+            parts.append(f"GPU {','.join(str(g.index) for g in hit)} {kind}")
     utils = [g.util_percent for g in gpus if g.util_percent is not None]
     parts.append(f"{len(gpus)} GPU {sum(utils) / len(utils):.0f}%" if utils else f"{len(gpus)} GPU" if gpus else "no GPU")
     parts.append(f"{sum(j.running for j in s.jobs)} running")
@@ -208,6 +212,8 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
             print(
                 f"  gpu{g.index} {clean(g.name or '?', limit=100)}  {fmt(g.util_percent, '%')}  {gmem}  {fmt(g.temp_c, 'C')}  {fmt(g.power_w, 'W')}"
             )
+            for problem in g.problems:  # the health line: only for a GPU with a problem
+                print(f"  gpu{g.index} {problem}")
         running = [j for j in s.jobs if j.running]
         print(f"  jobs  {len(running)} running, {len(s.jobs)} total")
         if s.cluster is not None:

@@ -123,6 +123,33 @@ def _throttle_hints(gpus: Iterable[Any]) -> list[Hint]:
     return hints
 
 
+#: Clock-event reasons that are a problem of the GPU you pay for, as said (``sw_power_cap`` at full load is normal:
+#: not here). ``hw_slowdown`` is asserted with both hardware reasons: named only alone.
+PROBLEM_REASONS = {"hw_thermal": "thermal slowdown (hardware)", "sw_thermal": "thermal slowdown",
+                   "hw_power_brake": "power brake", "hw_slowdown": "hardware slowdown"}  # fmt: skip
+
+
+def gpu_problems(gpu: Any) -> list[str]:
+    """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
+    ``ECC``); empty when nothing is known to be: lost, clocks slowed by heat or hardware (with the
+    temperature), uncorrected ECC errors since the driver loaded."""
+    if _get(gpu, "state") == "lost":
+        return ["lost"]
+    out = []
+    reasons = _reasons(gpu, tuple(PROBLEM_REASONS))
+    if len(reasons) > 1 and "hw_slowdown" in reasons:
+        reasons.remove("hw_slowdown")
+    if reasons:
+        temp = _get(gpu, "temp_c")
+        at = f" at {temp:.0f}°C" if isinstance(temp, (int, float)) and not isinstance(temp, bool) else ""
+        out.append("throttled: " + ", ".join(PROBLEM_REASONS[r] for r in reasons) + at)
+    ecc = _get(gpu, "ecc_errors_uncorrected")
+    if isinstance(ecc, int) and not isinstance(ecc, bool) and ecc > 0:
+        out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "
+                   "after that: ask for another instance)")  # fmt: skip
+    return out
+
+
 def _other_processes(gpus: Iterable[Any], job: str | None) -> list[str]:
     """The biggest processes not of ``job`` holding memory on these GPUs, as short descriptions."""
     found: list[tuple[float, str]] = []

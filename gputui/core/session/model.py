@@ -77,6 +77,14 @@ class GpuSample:
     def lost(self) -> bool:
         return self.state == P.GPU_LOST
 
+    @property
+    def problems(self) -> list[str]:
+        """What is wrong with this GPU now (lost, throttled by heat or hardware, ECC errors); empty when all is
+        well as far as its readings say (gputui/core/insights/gpu_hints.py)."""
+        from gputui.core.insights.gpu_hints import gpu_problems
+
+        return gpu_problems(self)
+
     @classmethod
     def from_wire(cls, gpu: P.Gpu | P.GpuFact) -> GpuSample:
         d: Mapping[str, Any] = gpu  # a reading, or a GPU of the host's facts (the first fields only)
@@ -318,6 +326,7 @@ class HostSnapshot:
 def _gpu_json(g: GpuSample) -> dict[str, Any]:
     d = asdict(g)
     d["throttle_reasons"] = None if g.throttle_reasons is None else list(g.throttle_reasons)
+    d["problems"] = g.problems  # what is wrong with it now, in words (empty: nothing known)
     return d
 
 

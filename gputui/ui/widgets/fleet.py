@@ -48,7 +48,8 @@ def gpu_summary(snap: M.HostSnapshot) -> str:
     names = {fmt.short_gpu_name(n) for n in {g.name for g in gpus if not g.lost}}
     summary = f"{len(gpus)}× {names.pop() if len(names) == 1 else 'mixed' if names else 'GPU'}"
     lost = sum(1 for g in gpus if g.lost)
-    return f"⚠ {lost} lost · {summary}" if lost else summary
+    troubled = sum(1 for g in gpus if not g.lost and g.problems)  # throttled by heat or hardware, ECC errors
+    return f"⚠ {lost} lost · {summary}" if lost else f"⚠ {troubled} throttled/ECC · {summary}" if troubled else summary
 
 
 def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
@@ -69,7 +70,7 @@ def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
         state_text(snap, pal),
         Text(
             safetext.clean(gpu_summary(snap), limit=200),
-            style=dim or (f"bold {pal.hot}" if any(g.lost for g in gpus) else ""),
+            style=dim or (f"bold {pal.hot}" if any(g.lost for g in gpus) else pal.warm if any(g.problems for g in gpus) else ""),
             no_wrap=True,
             overflow="ellipsis",
         ),

@@ -135,13 +135,16 @@ def lost_card(g: M.GpuSample, pal: Palette) -> Text:
 
 
 def health_line(gpus: tuple[M.GpuSample, ...]) -> str:
-    """"GPU 2 lost: <the driver's words>. Fix: ..." for each GPU with a problem; "" when all is well."""
-    return "\n".join(
-        f"GPU {g.index} lost: {safetext.clean(g.error or '?', limit=ERROR_CHARS)} "
-        f"Fix: {safetext.clean(g.fix or '?', limit=ERROR_CHARS)}"
-        for g in gpus
-        if g.lost
-    )
+    """"GPU 2 lost: <the driver's words>. Fix: ...", "GPU 0 throttled: thermal slowdown at 91°C", ... for each GPU
+    with a problem; "" when all is well."""
+    lines = []
+    for g in gpus:
+        if g.lost:
+            lines.append(f"GPU {g.index} lost: {safetext.clean(g.error or '?', limit=ERROR_CHARS)} "
+                         f"Fix: {safetext.clean(g.fix or '?', limit=ERROR_CHARS)}")  # fmt: skip
+        else:
+            lines += [f"GPU {g.index} {p}" for p in g.problems]
+    return "\n".join(lines)
 
 
 def gpu_card(g: M.GpuSample, series: GpuSeries | None, pal: Palette) -> Text:
@@ -175,7 +178,9 @@ class GpuCard(TextBox):
 
     def show_gpu(self, g: M.GpuSample, series: GpuSeries | None, pal: Palette) -> None:
         title = safetext.clean(f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}")
-        subtitle = "lost" if g.lost else fmt.mem_pair(g.mem_used_mib, g.mem_total_mib)
+        problems = [p.split(":")[0] for p in g.problems]  # lost, throttled, ECC
+        subtitle = "lost" if g.lost else "⚠ " + ", ".join(problems) if problems else fmt.mem_pair(g.mem_used_mib,
+                                                                                                 g.mem_total_mib)  # fmt: skip
         if title != self._title:  # border titles are markup when given as str: a Text is taken literally
             self._title = title
             self.border_title = Text(title)

@@ -1,0 +1,89 @@
+"""The GPU you pay for, when it is slowed or failing: the readings of a recorded 8x A100 (``nvidia-smi -q``,
+read through the NVML double as the agent's sampler reads them) with faults written into GPU 3's and GPU 5's
+lines as real reports show them (HW Thermal Slowdown engaged at 91 C, DRAM uncorrectable ECC errors), and what
+every surface says: the GPU's problems, ``status --json``, ``status`` and ``status --short``, the app's
+health line, card and hosts table; the power cap at full load, normal, is no problem."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from rich.text import Text
+
+from gputui.core.session import model as M
+from gputui.tables import print_status, status_line
+from remote_agent.metrics.sampler import MetricsSampler
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+sys.path.insert(0, str(FIXTURES))
+from nvml_double import NvmlDouble  # noqa: E402
+
+A100_X8 = (FIXTURES / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt").read_text()
+
+
+def _fault(text: str, gpu: int, old: str, new: str) -> str:
+    """``text`` with the first line matching ``old`` (a regex) in GPU ``gpu``'s block replaced by ``new``."""
+    blocks = re.split(r"(?m)^(?=GPU [0-9A-F]{8}:)", text)
+    head, gpus = blocks[0], blocks[1:]
+    gpus[gpu], n = re.subn(old, new, gpus[gpu], count=1, flags=re.M)
+    assert n == 1, old
+    return head + "".join(gpus)
+
+
+def faulty_a100s() -> str:
+    text = _fault(A100_X8, 3, r"^( +HW Slowdown +): Not Active$", r"\1: Active")
+    text = _fault(text, 3, r"^( +HW Thermal Slowdown +): Not Active$", r"\1: Active")
+    text = _fault(text, 3, r"^( +GPU Current Temp +): \d+ C$", r"\1: 91 C")
+    text = _fault(text, 5, r"^( +DRAM Uncorrectable +): 0$", r"\1: 2")  # the first: Volatile
+    return _fault(text, 6, r"^( +SW Power Cap +): Not Active$", r"\1: Active")  # full load: normal
+
+
+def snapshot(tmp_path: Path) -> M.HostSnapshot:
+    sampler = MetricsSampler(str(tmp_path), nvml=NvmlDouble(faulty_a100s()))
+    try:
+        wire = sampler.sample(lambda pid: None)
+    finally:
+        sampler.close()
+    metrics = M.MetricsSample.from_wire(wire)
+    return M.HostSnapshot("a100", state=M.CONNECTED, metrics=metrics)
+
+
+def test_a_throttled_and_an_ecc_failing_gpu_say_so_the_others_do_not(tmp_path: Path) -> None:
+    snap = snapshot(tmp_path)
+    problems = {g.index: g.problems for g in snap.gpus}
+    assert problems[3] == ["throttled: thermal slowdown (hardware) at 91°C"]
+    assert problems[5] == ["ECC: 2 uncorrected errors since the driver loaded (reboot; again after that: ask for "
+                           "another instance)"]  # fmt: skip
+    assert "sw_power_cap" in (snap.gpus[6].throttle_reasons or ()) and problems[6] == []  # the power cap: normal
+    assert all(problems[i] == [] for i in (0, 1, 2, 4, 7))
+    gpus = snap.to_json()["gpus"]
+    assert [g["problems"] for g in gpus][3:6] == [problems[3], [], problems[5]]
+
+
+def test_status_short_and_plain_name_the_gpus(tmp_path: Path, capsys) -> None:
+    snap = snapshot(tmp_path)
+    line = status_line(snap)
+    assert line.startswith("a100 up · GPU 3 throttled · GPU 5 ECC · 8 GPU "), line
+    print_status([snap])
+    out = capsys.readouterr().out
+    assert "  gpu3 throttled: thermal slowdown (hardware) at 91°C\n" in out and "  gpu5 ECC: 2 uncorrected" in out
+    assert "gpu6 throttled" not in out
+
+
+def test_the_app_shows_the_problem_on_the_card_the_health_line_and_the_hosts_table(tmp_path: Path) -> None:
+    from gputui.ui.palette import Palette
+    from gputui.ui.widgets.fleet import gpu_summary, host_row
+    from gputui.ui.widgets.host import health_line
+
+    snap = snapshot(tmp_path)
+    assert health_line(snap.gpus).splitlines() == [
+        "GPU 3 throttled: thermal slowdown (hardware) at 91°C",
+        "GPU 5 ECC: 2 uncorrected errors since the driver loaded (reboot; again after that: ask for another "
+        "instance)",
+    ]
+    assert gpu_summary(snap) == "⚠ 2 throttled/ECC · 8× A100-SXM4-40GB"
+    pal = Palette()
+    cell = host_row(snap, pal)[2]
+    assert isinstance(cell, Text) and cell.style == pal.warm
