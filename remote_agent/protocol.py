@@ -185,6 +185,11 @@ class Gpu(TypedDict):
     ecc_errors_uncorrected: Optional[int]  # volatile, since the driver loaded
     throttle_reasons: Optional[List[str]]  # short names: gpu_idle, sw_power_cap, hw_thermal, ...
     persistence_mode: Optional[bool]
+    # the PCIe link, read once a minute with the settings: its generation drops when the GPU idles, by design
+    pcie_gen: Optional[int]
+    pcie_gen_max: Optional[int]
+    pcie_width: Optional[int]
+    pcie_width_max: Optional[int]
     processes: List[GpuProcess]
     # "ok", or "lost": the driver cannot reach this GPU (its handle or a read failed with "GPU is lost",
     # "Unknown Error", ...); the other GPUs keep reporting. ``error``: the driver's words; ``fix``: what to do.

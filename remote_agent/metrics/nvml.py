@@ -4,7 +4,7 @@ Every field is queried on its own: NotSupported (fan speed on H100/T4) or any ot
 one field None. Three tiers keep a 1 Hz sampler under 5 NVML calls per GPU per second: fast fields
 (utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
 throttle reasons, fan: 5 calls) at most every ``slow_interval`` seconds, settings (power limit, persistence
-mode, ECC count, memory clock: 4 calls) at most every SETTINGS_INTERVAL_S.
+mode, ECC count, memory clock, the PCIe link: 8 calls) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
@@ -261,6 +261,10 @@ class NvmlSource:
                 getattr(nv, "NVML_VOLATILE_ECC", 0),
             ),
             "persistence_mode": bool(persistence) if persistence is not None else None,
+            "pcie_gen": self._call("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            "pcie_gen_max": self._call("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            "pcie_width": self._call("nvmlDeviceGetCurrPcieLinkWidth", h),
+            "pcie_width_max": self._call("nvmlDeviceGetMaxPcieLinkWidth", h),
         }
 
     @staticmethod

@@ -35,6 +35,10 @@ GPU_FIELDS = (
     ("persistence_mode", "persistence_mode"),
     ("ecc.errors.uncorrected.volatile.total", "ecc_errors_uncorrected"),
     ("clocks_throttle_reasons.active", "throttle_reasons"),
+    ("pcie.link.gen.current", "pcie_gen"),
+    ("pcie.link.gen.max", "pcie_gen_max"),
+    ("pcie.link.width.current", "pcie_width"),
+    ("pcie.link.width.max", "pcie_width_max"),
 )
 # process_name last: it is the one column that may itself contain ", ".
 APP_FIELDS = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")

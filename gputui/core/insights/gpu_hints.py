@@ -129,10 +129,15 @@ PROBLEM_REASONS = {"hw_thermal": "thermal slowdown (hardware)", "sw_thermal": "t
                    "hw_power_brake": "power brake", "hw_slowdown": "hardware slowdown"}  # fmt: skip
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def gpu_problems(gpu: Any) -> list[str]:
     """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
-    ``ECC``); empty when nothing is known to be: lost, clocks slowed by heat or hardware (with the
-    temperature), uncorrected ECC errors since the driver loaded."""
+    ``PCIe``, ``ECC``); empty when nothing is known to be: lost, clocks slowed by heat or hardware (with the
+    temperature), a PCIe link narrower than the GPU and host allow, uncorrected ECC errors since the driver
+    loaded."""
     if _get(gpu, "state") == "lost":
         return ["lost"]
     out = []
@@ -143,8 +148,14 @@ def gpu_problems(gpu: Any) -> list[str]:
         temp = _get(gpu, "temp_c")
         at = f" at {temp:.0f}°C" if isinstance(temp, (int, float)) and not isinstance(temp, bool) else ""
         out.append("throttled: " + ", ".join(PROBLEM_REASONS[r] for r in reasons) + at)
+    width, widest = _get(gpu, "pcie_width"), _get(gpu, "pcie_width_max")
+    if _count(width) and _count(widest) and width < widest:  # (its generation drops at idle by design: not judged)
+        gen, top = _get(gpu, "pcie_gen"), _get(gpu, "pcie_gen_max")
+        gens = f", gen{gen} of gen{top}" if _count(gen) and _count(top) else ""
+        out.append(f"PCIe: link x{width} of x{widest}{gens} (every transfer to the GPU is slower: ask the provider for "
+                   "another instance)")  # fmt: skip
     ecc = _get(gpu, "ecc_errors_uncorrected")
-    if isinstance(ecc, int) and not isinstance(ecc, bool) and ecc > 0:
+    if _count(ecc):
         out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "
                    "after that: ask for another instance)")  # fmt: skip
     return out

@@ -68,6 +68,10 @@ class GpuSample:
     ecc_errors_uncorrected: int | None = None
     throttle_reasons: tuple[str, ...] | None = None
     persistence_mode: bool | None = None
+    pcie_gen: int | None = None  # the PCIe link now and at most (its generation drops when the GPU idles)
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
     processes: tuple[GpuProcess, ...] = ()
     state: str = P.GPU_OK  # "lost": the driver cannot reach this GPU; ``error`` has its words, ``fix`` what to do
     error: str | None = None

@@ -48,8 +48,8 @@ def gpu_summary(snap: M.HostSnapshot) -> str:
     names = {fmt.short_gpu_name(n) for n in {g.name for g in gpus if not g.lost}}
     summary = f"{len(gpus)}× {names.pop() if len(names) == 1 else 'mixed' if names else 'GPU'}"
     lost = sum(1 for g in gpus if g.lost)
-    troubled = sum(1 for g in gpus if not g.lost and g.problems)  # throttled by heat or hardware, ECC errors
-    return f"⚠ {lost} lost · {summary}" if lost else f"⚠ {troubled} throttled/ECC · {summary}" if troubled else summary
+    troubled = sum(1 for g in gpus if not g.lost and g.problems)  # throttled, a narrow PCIe link, ECC errors
+    return f"⚠ {lost} lost · {summary}" if lost else f"⚠ {troubled} degraded · {summary}" if troubled else summary
 
 
 def host_row(snap: M.HostSnapshot, pal: Palette) -> tuple[object, ...]:
