@@ -68,8 +68,9 @@ def compare(report: Report, source: str, gpus: list[dict[str, Any]]) -> None:
             report.say("MISMATCH", f"{source}: GPU {g.get('index')} is not in nvidia-smi's list")
             continue
         for field, key in smi.GPU_FIELDS:
-            if key in ("throttle_reasons", "driver_version", "index") or key not in g:
-                continue  # names vs a bitmask; a fact, not a reading; not read by this source
+            if key in ("throttle_reasons", "driver_version", "index", "pcie_gen") or key not in g:
+                continue  # names vs a bitmask; a fact, not a reading; the link's generation moves with load
+                # (nvidia-smi's own query may wake it); not read by this source
             ours, theirs = g.get(key), smi.value(row[field])
             number = smi.number(theirs)
             if key in TOLERANCE and isinstance(ours, (int, float)) and isinstance(number, (int, float)):
