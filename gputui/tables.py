@@ -280,6 +280,14 @@ def code_cell(r: dict[str, Any]) -> str:
     return " ".join(out) or "-"
 
 
+def _cost_cell(r: dict[str, Any]) -> str:
+    """The run's cost, and what of it was paid while its GPUs idled or were throttled (``11.40 (3.10 wasted)``)."""
+    if r.get("cost") is None:
+        return "-"
+    wasted = r.get("cost_idle_or_throttled")
+    return f"{r['cost']:.2f}" + (f" ({wasted:.2f} wasted)" if isinstance(wasted, float) and wasted >= 0.005 else "")
+
+
 def print_history(records: list[dict[str, Any]]) -> None:
     """One line per run; its final metrics, most important first (``core.headline``), as many as fit."""
     rows = []
@@ -288,7 +296,7 @@ def print_history(records: list[dict[str, Any]]) -> None:
         rows.append([
             r["host"], r["id"], r["state"], fmt(r["exit_code"]),
             "-" if r["duration_s"] is None else duration(r["duration_s"]),
-            "-" if r["cost"] is None else f"{r['cost']:.2f}", code_cell(r), r["name"], metrics or ["-"],
+            _cost_cell(r), code_cell(r), r["name"], metrics or ["-"],
         ])  # fmt: skip
     header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "CODE", "NAME", "METRICS"]
     _table(header, rows, "lrlrrrll", caps={0: 16, 6: 17, 7: max(16, _columns() // 4 - 4)})

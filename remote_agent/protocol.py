@@ -198,6 +198,11 @@ class Gpu(TypedDict):
     fix: Optional[str]
 
 
+#: Clock-event reasons that slow the GPU you pay for (heat, hardware); ``sw_power_cap`` at full load is normal.
+HW_THROTTLE = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+#: Below this utilisation a GPU counts as idle in a run's record (the hosts' default ``idle_util_percent``).
+IDLE_UTIL_PERCENT = 5.0
+
 #: Every field of a GPU reading, in order; the samplers produce exactly these.
 GPU_FIELDS: Tuple[str, ...] = tuple(Gpu.__annotations__)
 

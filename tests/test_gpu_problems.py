@@ -94,3 +94,43 @@ def test_the_app_shows_the_problem_on_the_card_the_health_line_and_the_hosts_tab
     pal = Palette()
     cell = host_row(snap, pal)[2]
     assert isinstance(cell, Text) and cell.style == pal.warm
+
+
+def _wire(q_text: str, tmp_path: Path) -> dict:
+    sampler = MetricsSampler(str(tmp_path), nvml=NvmlDouble(q_text))
+    try:
+        return sampler.sample(lambda pid: None)
+    finally:
+        sampler.close()
+
+
+def test_a_run_says_what_was_paid_while_its_gpu_idled_or_was_throttled(tmp_path: Path, capsys) -> None:
+    """The runner's usage record over recorded readings of GPU 0: two idle (the A100 at rest), one busy but
+    thermally throttled (the H100 under load, HW Thermal Slowdown written in), three busy and well: half of the
+    run's cost was paid for nothing, and history and compare say so."""
+    from fake_nvidia_smi import sections
+
+    from gputui.core.jobs.compare import Run, compare_rows
+    from gputui.core.jobs.records import run_record
+    from remote_agent.jobs.usage import UsageRecorder
+
+    h100 = sections((FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt").read_text())["load :: query (-q)"]
+    hot = _fault(_fault(h100, 0, r"^( +HW Slowdown +): Not Active$", r"\1: Active"), 0,
+                 r"^( +HW Thermal Slowdown +): Not Active$", r"\1: Active")  # fmt: skip
+    recorder = UsageRecorder(str(tmp_path / "jobs" / "7"), 1, "0", "nvidia-smi")
+    for text in (A100_X8, A100_X8, hot, h100, h100, h100):
+        recorder.add(_wire(text, tmp_path))
+    usage = recorder.usage
+    assert (usage["gpu_samples"], usage["idle_samples"], usage["throttled_samples"]) == (6, 2, 1)
+    job = M.Job("h100", "7", "train", "succeeded", ("python", "train.py"), exit_code=0, started_at=0.0,
+                ended_at=3600.0, record={"usage": usage, "price_per_hour": 12.0})  # type: ignore[typeddict-unknown-key]
+    record = run_record(job, None, "USD")
+    assert record["cost"] == 12.0 and record["cost_idle_or_throttled"] == 6.0
+    assert (record["idle_fraction"], record["throttled_fraction"]) == (2 / 6, 1 / 6)
+    runs = [Run(record, {}), Run(dict(record, cost_idle_or_throttled=0.0), {})]
+    [paid] = [r for r in compare_rows(runs) if r.field == "paid idle/throttled"]
+    assert paid.cells == ("6.00", "0.00") and paid.differs
+    from gputui.tables import print_history
+
+    print_history([dict(record, host="h100", id="7", name="train", metrics={}, code=None, git=None)])
+    assert "12.00 (6.00 wasted)" in capsys.readouterr().out

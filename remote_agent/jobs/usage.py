@@ -1,7 +1,9 @@
 """GPU usage of one job, sampled by its runner for the job's whole life (no client needed).
 
-Written to ``usage.json`` in the job dir: peak GPU memory held by the job's process tree, and the mean
-utilisation of the GPUs the job was given (all of them when it was not restricted). In a pod, where NVML's
+Written to ``usage.json`` in the job dir: peak GPU memory held by the job's process tree, the mean
+utilisation of the GPUs the job was given (all of them when it was not restricted), and how many of the
+samples of those GPUs found them all idle (below ``IDLE_UTIL_PERCENT``) or one of them throttled by heat or
+hardware: the share of the run's cost paid for nothing (gputui history). In a pod, where NVML's
 pids are not in this /proc, the job's GPU processes are inferred as the agent does (container.py), and
 ``gpu_mem_inferred`` says so.
 
@@ -13,6 +15,7 @@ import os
 import threading
 from typing import Any, Dict, List, Optional
 
+from .. import protocol as P
 from ..fsutil import write_json
 from ..host.container import Owners
 from ..metrics.ring import latest_sample
@@ -50,6 +53,15 @@ class UsageRecorder(threading.Thread):
         )
 
     def add(self, sample: Dict[str, Any]) -> None:
+        mine = [g for g in sample.get("gpus") or [] if self._mine(g) and g.get("state") != P.GPU_LOST]
+        if mine:  # idle, or slowed by heat or hardware: paid for nothing (a GPU both: counted as idle)
+            u = self.usage
+            u["gpu_samples"] = u.get("gpu_samples", 0) + 1
+            utils = [g.get("util_percent") for g in mine]
+            if all(isinstance(x, (int, float)) and x < P.IDLE_UTIL_PERCENT for x in utils):
+                u["idle_samples"] = u.get("idle_samples", 0) + 1
+            elif any(r in P.HW_THROTTLE for g in mine for r in g.get("throttle_reasons") or ()):
+                u["throttled_samples"] = u.get("throttled_samples", 0) + 1
         mem = 0.0
         for gpu in sample.get("gpus") or []:
             for p in gpu.get("processes") or []:

@@ -6,13 +6,15 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from remote_agent import protocol as P
+
 from .snapshot import Hint, cap_line
 
 LOW_UTIL_PCT = 30.0
 LOW_UTIL_MIN_SAMPLES = 10
 HOT_TEMP_C = 85.0
 
-_THERMAL_REASONS = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+_THERMAL_REASONS = P.HW_THROTTLE
 _POWER_REASONS = ("sw_power_cap",)
 MAX_LISTED_PROCESSES = 5
 

@@ -224,9 +224,11 @@ def merge_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue  # merged already
         mine.sort(key=lambda x: x["group"].get("rank", 0))
         costs = [x["cost"] for x in mine if x.get("cost") is not None]
+        wasted = [x["cost_idle_or_throttled"] for x in mine if x.get("cost_idle_or_throttled") is not None]
         parts = [{"host": x["host"], "id": x["id"], "rank": x["group"].get("rank"), "state": x["state"],
                   "exit_code": x["exit_code"], "gpus": x["gpus"], "cost": x.get("cost")} for x in mine]  # fmt: skip
-        lead = dict(mine[0], cost=sum(costs) if costs else None, group=dict(group, parts=parts))
+        lead = dict(mine[0], cost=sum(costs) if costs else None, group=dict(group, parts=parts),
+                    cost_idle_or_throttled=sum(wasted) if wasted else None)  # fmt: skip
         lead["ended_at"] = max((x["ended_at"] for x in mine if x.get("ended_at") is not None), default=None)
         out.append(lead)
     return out

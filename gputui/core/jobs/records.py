@@ -101,6 +101,19 @@ def visible_gpus(job: Job) -> list[P.GpuFact]:
     return [g for g in inventory if str(g.get("index")) in wanted or g.get("uuid") in wanted]
 
 
+def wasted(usage: dict[str, Any], cost: float | None) -> dict[str, Any]:
+    """The share of a run's GPU samples that found its GPUs idle or throttled by heat or hardware, and what that
+    share of its cost came to (``usage.json``, remote_agent/jobs/usage.py); None where nothing says."""
+    samples = usage.get("gpu_samples")
+    if not isinstance(samples, int) or samples <= 0:
+        return {"idle_fraction": None, "throttled_fraction": None, "cost_idle_or_throttled": None}
+    idle, throttled = (min(max(n, 0), samples) if isinstance(n := usage.get(k), int) else 0
+                       for k in ("idle_samples", "throttled_samples"))  # fmt: skip
+    share = min((idle + throttled) / samples, 1.0)
+    return {"idle_fraction": idle / samples, "throttled_fraction": throttled / samples,
+            "cost_idle_or_throttled": None if cost is None else cost * share}  # fmt: skip
+
+
 def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[str, Any]:
     """The history entry of one job."""
     usage = job.record.get("usage") or {}
@@ -133,6 +146,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "gpu_peak_mem_mib": usage.get("gpu_peak_mem_mib"),
         "gpu_mean_util": usage.get("gpu_mean_util"),
         "cost": price * duration / 3600.0 if price is not None and duration is not None else None,
+        **wasted(usage, price * duration / 3600.0 if price is not None and duration is not None else None),
         "currency": currency,
         "metrics": dict(insights.metrics) if insights else {},
         "hints": [h.to_json() for h in insights.hints] if insights else [],
