@@ -190,6 +190,10 @@ class Gpu(TypedDict):
     pcie_gen_max: Optional[int]
     pcie_width: Optional[int]
     pcie_width_max: Optional[int]
+    # memory rows remapped after uncorrectable errors (Ampere and newer), read with the settings: a remap pending
+    # (applied at the next GPU reset) or one that failed (no spare row left)
+    remap_pending: Optional[bool]
+    remap_failed: Optional[bool]
     processes: List[GpuProcess]
     # "ok", or "lost": the driver cannot reach this GPU (its handle or a read failed with "GPU is lost",
     # "Unknown Error", ...); the other GPUs keep reporting. ``error``: the driver's words; ``fix``: what to do.

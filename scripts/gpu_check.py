@@ -78,6 +78,8 @@ def compare(report: Report, source: str, gpus: list[dict[str, Any]]) -> None:
                 good = abs(ours - number) <= max(absolute, relative * abs(number))
             elif key == "persistence_mode":
                 good = ours == {"Enabled": True, "Disabled": False}.get(str(theirs))
+            elif key in ("remap_pending", "remap_failed"):
+                good = ours == {"Yes": True, "No": False}.get(str(theirs))
             elif isinstance(ours, (int, float)) or ours is None:
                 good = ours == number
             else:

@@ -1,6 +1,6 @@
 """The GPU you pay for, when it is slowed or failing: the readings of a recorded 8x A100 (``nvidia-smi -q``,
 read through the NVML double as the agent's sampler reads them) with faults written into GPU 3's and GPU 5's
-lines as real reports show them (HW Thermal Slowdown engaged at 91 C, DRAM uncorrectable ECC errors, a PCIe link trained at x8 gen3 of x16 gen4), and what
+lines as real reports show them (HW Thermal Slowdown engaged at 91 C, DRAM uncorrectable ECC errors, a PCIe link trained at x8 gen3 of x16 gen4, a row remap pending), and what
 every surface says: the GPU's problems, ``status --json``, ``status`` and ``status --short``, the app's
 health line, card and hosts table; the power cap at full load, normal, is no problem."""
 
@@ -37,6 +37,7 @@ def faulty_a100s() -> str:
     text = _fault(text, 3, r"^( +HW Thermal Slowdown +): Not Active$", r"\1: Active")
     text = _fault(text, 3, r"^( +GPU Current Temp +): \d+ C$", r"\1: 91 C")
     text = _fault(text, 5, r"^( +DRAM Uncorrectable +): 0$", r"\1: 2")  # the first: Volatile
+    text = _fault(text, 7, r"^( +Pending +): No$", r"\1: Yes")  # Remapped Rows: one waits for a GPU reset
     text = _fault(text, 1, r"^( +Current +): 4$", r"\1: 3")  # PCIe Generation (the first "Current")
     text = _fault(text, 1, r"^( +Current +): 16x$", r"\1: 8x")  # Link Width: trained at half its lanes
     return _fault(text, 6, r"^( +SW Power Cap +): Not Active$", r"\1: Active")  # full load: normal
@@ -61,7 +62,8 @@ def test_a_throttled_and_an_ecc_failing_gpu_say_so_the_others_do_not(tmp_path: P
     assert "sw_power_cap" in (snap.gpus[6].throttle_reasons or ()) and problems[6] == []  # the power cap: normal
     assert problems[1] == ["PCIe: link x8 of x16, gen3 of gen4 (every transfer to the GPU is slower: ask the provider "
                            "for another instance)"]  # fmt: skip
-    assert all(problems[i] == [] for i in (0, 2, 4, 7))
+    assert problems[7] == ["memory: rows wait to be remapped (reset the GPU or reboot the host to apply)"]
+    assert all(problems[i] == [] for i in (0, 2, 4))
     gpus = snap.to_json()["gpus"]
     assert [g["problems"] for g in gpus][3:6] == [problems[3], [], problems[5]]
     assert (gpus[1]["pcie_width"], gpus[1]["pcie_width_max"], gpus[0]["pcie_width"]) == (8, 16, 16)
@@ -70,7 +72,7 @@ def test_a_throttled_and_an_ecc_failing_gpu_say_so_the_others_do_not(tmp_path: P
 def test_status_short_and_plain_name_the_gpus(tmp_path: Path, capsys) -> None:
     snap = snapshot(tmp_path)
     line = status_line(snap)
-    assert line.startswith("a100 up · GPU 3 throttled · GPU 1 PCIe · GPU 5 ECC · 8 GPU "), line
+    assert line.startswith("a100 up · GPU 3 throttled · GPU 1 PCIe · GPU 7 memory · GPU 5 ECC · 8 GPU "), line
     print_status([snap])
     out = capsys.readouterr().out
     assert "  gpu3 throttled: thermal slowdown (hardware) at 91°C\n" in out and "  gpu5 ECC: 2 uncorrected" in out
@@ -89,8 +91,9 @@ def test_the_app_shows_the_problem_on_the_card_the_health_line_and_the_hosts_tab
         "GPU 3 throttled: thermal slowdown (hardware) at 91°C",
         "GPU 5 ECC: 2 uncorrected errors since the driver loaded (reboot; again after that: ask for another "
         "instance)",
+        "GPU 7 memory: rows wait to be remapped (reset the GPU or reboot the host to apply)",
     ]
-    assert gpu_summary(snap) == "⚠ 3 degraded · 8× A100-SXM4-40GB"
+    assert gpu_summary(snap) == "⚠ 4 degraded · 8× A100-SXM4-40GB"
     pal = Palette()
     cell = host_row(snap, pal)[2]
     assert isinstance(cell, Text) and cell.style == pal.warm

@@ -66,6 +66,7 @@ def test_eight_a100s_exact_values_and_fan_not_supported(tmp_path):
             "throttle_reasons": ["gpu_idle"],
             "persistence_mode": False,
             "pcie_gen": 4, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # "GPU Link Info"
+            "remap_pending": False, "remap_failed": False,  # "Remapped Rows"
             "processes": [],
             **HEALTHY,
         }

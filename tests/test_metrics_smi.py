@@ -93,6 +93,7 @@ def test_h100_under_load_exact_values(tmp_path, monkeypatch):
             "ecc_errors_uncorrected": 0,
             "throttle_reasons": [],
             "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16,
+            "remap_pending": False, "remap_failed": False,
             **HEALTHY,
             "processes": [
                 {"pid": 11327, "mem_mib": 2566, "job": None, "name": "memhog", "hidden": False, "inferred": False},
@@ -155,6 +156,7 @@ def test_consumer_card_fan_and_missing_ecc(tmp_path):
             "ecc_errors_uncorrected": None,  # "[N/A]" on GeForce
             "throttle_reasons": ["gpu_idle"],
             "pcie_gen": 1, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # idle: the link slows down
+            "remap_pending": None, "remap_failed": None,  # "[N/A]" on GeForce
             **HEALTHY,
             "processes": [{"pid": 2165, "mem_mib": 25, "job": "job-1", "name": "kwin_wayland", "hidden": False, "inferred": False}],
         }
@@ -205,6 +207,7 @@ CORPUS_FIELDS = {
     "persistence_mode": "persistence_mode", "ecc_errors_uncorrected": "ecc.errors.uncorrected.volatile.total",
     "throttle_reasons": "clocks_event_reasons.active", "pcie_gen": "pcie.link.gen.current",
     "pcie_gen_max": "pcie.link.gen.max", "pcie_width": "pcie.link.width.current", "pcie_width_max": "pcie.link.width.max",
+    "remap_pending": "remapped_rows.pending", "remap_failed": "remapped_rows.failure",
 }  # fmt: skip
 
 
@@ -221,6 +224,8 @@ def expected_reading(cell: str, key: str) -> object:
         return None
     if key == "persistence_mode":
         return {"Enabled": True, "Disabled": False}[cell]
+    if key in ("remap_pending", "remap_failed"):
+        return {"Yes": True, "No": False}[cell]
     if key == "throttle_reasons":
         return [name for bit, name in THROTTLE_BITS if int(cell, 16) & bit]
     if key in ("uuid", "name", "pstate"):
@@ -315,7 +320,7 @@ def test_rows_of_a_lost_gpu_and_the_error_on_stderr(tmp_path, monkeypatch):
         (0, "ok", None), (1, "lost", "GPU is lost"), (2, "ok", None), (3, "ok", None)
     ]  # fmt: skip
     # Only GPU 1's own failure: a single "[Unknown Error]" field of a live GPU is just that field.
-    row = "0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, 0x1, 4, 4, 16, 16"
+    row = "0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, 0x1, 4, 4, 16, 16, No, No"
     [g] = smi.parse_gpus(row)
     assert (g["state"], g["util_percent"], g["mem_total_mib"]) == ("ok", None, 40536)
     # The handle error may come on stderr, after every row: it takes the index no row has; control

@@ -4,7 +4,7 @@ Every field is queried on its own: NotSupported (fan speed on H100/T4) or any ot
 one field None. Three tiers keep a 1 Hz sampler under 5 NVML calls per GPU per second: fast fields
 (utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
 throttle reasons, fan: 5 calls) at most every ``slow_interval`` seconds, settings (power limit, persistence
-mode, ECC count, memory clock, the PCIe link: 8 calls) at most every SETTINGS_INTERVAL_S.
+mode, ECC count, memory clock, the PCIe link, remapped rows: 9 calls) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
@@ -65,6 +65,14 @@ def throttle_names(mask: Optional[int]) -> Optional[List[str]]:
     if mask is None:
         return None
     return [name for bit, name in THROTTLE_BITS if mask & bit]
+
+
+def _remaps(rows: Any) -> Dict[str, Optional[bool]]:
+    """``remap_pending`` and ``remap_failed`` of nvmlDeviceGetRemappedRows' (correctable, uncorrectable, pending,
+    failure occurred); None where the GPU cannot say."""
+    if not isinstance(rows, (tuple, list)) or len(rows) < 4:
+        return {"remap_pending": None, "remap_failed": None}
+    return {"remap_pending": bool(rows[2]), "remap_failed": bool(rows[3])}
 
 
 def _text(value: Any) -> str:
@@ -265,6 +273,7 @@ class NvmlSource:
             "pcie_gen_max": self._call("nvmlDeviceGetMaxPcieLinkGeneration", h),
             "pcie_width": self._call("nvmlDeviceGetCurrPcieLinkWidth", h),
             "pcie_width_max": self._call("nvmlDeviceGetMaxPcieLinkWidth", h),
+            **_remaps(self._call("nvmlDeviceGetRemappedRows", h)),
         }
 
     @staticmethod

@@ -39,6 +39,8 @@ GPU_FIELDS = (
     ("pcie.link.gen.max", "pcie_gen_max"),
     ("pcie.link.width.current", "pcie_width"),
     ("pcie.link.width.max", "pcie_width_max"),
+    ("remapped_rows.pending", "remap_pending"),
+    ("remapped_rows.failure", "remap_failed"),
 )
 # process_name last: it is the one column that may itself contain ", ".
 APP_FIELDS = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
@@ -142,6 +144,8 @@ def parse_gpus(text: str) -> List[Dict[str, Any]]:
                 row[key] = v
             elif key == "persistence_mode":
                 row[key] = {"Enabled": True, "Disabled": False}.get(v or "")
+            elif key in ("remap_pending", "remap_failed"):
+                row[key] = {"Yes": True, "No": False}.get(v or "")
             elif key == "throttle_reasons":
                 mask = None
                 if v is not None:

@@ -137,9 +137,9 @@ def _count(value: Any) -> bool:
 
 def gpu_problems(gpu: Any) -> list[str]:
     """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
-    ``PCIe``, ``ECC``); empty when nothing is known to be: lost, clocks slowed by heat or hardware (with the
-    temperature), a PCIe link narrower than the GPU and host allow, uncorrected ECC errors since the driver
-    loaded."""
+    ``PCIe``, ``memory``, ``ECC``); empty when nothing is known to be: lost, clocks slowed by heat or hardware
+    (with the temperature), a PCIe link narrower than the GPU and host allow, memory rows waiting to be remapped
+    or a remap that failed, uncorrected ECC errors since the driver loaded."""
     if _get(gpu, "state") == "lost":
         return ["lost"]
     out = []
@@ -156,6 +156,10 @@ def gpu_problems(gpu: Any) -> list[str]:
         gens = f", gen{gen} of gen{top}" if _count(gen) and _count(top) else ""
         out.append(f"PCIe: link x{width} of x{widest}{gens} (every transfer to the GPU is slower: ask the provider for "
                    "another instance)")  # fmt: skip
+    if _get(gpu, "remap_failed") is True:
+        out.append("memory: a row remap failed, no spare row is left (ask the provider for another instance)")
+    elif _get(gpu, "remap_pending") is True:
+        out.append("memory: rows wait to be remapped (reset the GPU or reboot the host to apply)")
     ecc = _get(gpu, "ecc_errors_uncorrected")
     if _count(ecc):
         out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "

@@ -72,6 +72,8 @@ class GpuSample:
     pcie_gen_max: int | None = None
     pcie_width: int | None = None
     pcie_width_max: int | None = None
+    remap_pending: bool | None = None  # memory rows: a remap waits for a GPU reset; one failed (no spare left)
+    remap_failed: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
     state: str = P.GPU_OK  # "lost": the driver cannot reach this GPU; ``error`` has its words, ``fix`` what to do
     error: str | None = None
