@@ -10,6 +10,7 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -138,13 +139,13 @@ def test_h100_under_load_is_ok(tmp_path: Path) -> None:
     )
     assert checks["gpu.0"] == doctor.check(
         "gpu.0", "GPU 0: NVIDIA H100 80GB HBM3", "ok",
-        "P0, 59 C, 632 W of 700 W, persistence on, no ECC errors, not throttled",
+        "P0, 59 C, 632 W of 700 W, persistence on, no ECC errors, PCIe x16 gen5 (max gen5), not throttled",
     )  # fmt: skip
 
 
 def test_h100_idle_is_ok_and_idle_is_not_throttling(tmp_path: Path) -> None:
     g = by_id(smi_checks(tmp_path, H100, "idle"))["gpu.0"]
-    assert g["status"] == "ok" and g["detail"].endswith("persistence on, no ECC errors, idle")
+    assert g["status"] == "ok" and re.search(r"persistence on, no ECC errors, PCIe x16 gen\d \(max gen5\), idle$", g["detail"])
 
 
 def test_rtx_4080_persistence_off_warns_and_cuda_comes_from_the_driver_version(tmp_path: Path) -> None:

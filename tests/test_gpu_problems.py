@@ -137,3 +137,20 @@ def test_a_run_says_what_was_paid_while_its_gpu_idled_or_was_throttled(tmp_path:
 
     print_history([dict(record, host="h100", id="7", name="train", metrics={}, code=None, git=None)])
     assert "12.00 (6.00 wasted)" in capsys.readouterr().out
+
+
+def test_the_doctor_says_which_gpu_is_not_the_one_paid_for_and_what_to_do(tmp_path: Path) -> None:
+    from remote_agent.host import doctor
+
+    sampler = MetricsSampler(str(tmp_path), nvml=NvmlDouble(faulty_a100s()))
+    try:
+        checks = {c["id"]: c for c in doctor.gpu_checks(sampler.facts(), sampler.sample(lambda pid: None), {})}
+    finally:
+        sampler.close()
+    # (this recording has persistence mode off on every GPU: a warning of its own, after the GPU's problem)
+    assert (checks["gpu.1"]["status"], checks["gpu.1"]["detail"]) == ("warn", "PCIe link x8 of x16; persistence mode off")
+    assert "fewer lanes" in checks["gpu.1"]["fix"]
+    assert checks["gpu.7"]["detail"] == "memory rows wait to be remapped; persistence mode off"
+    assert "sudo nvidia-smi -r -i 7" in checks["gpu.7"]["fix"]
+    assert checks["gpu.5"]["status"] == "fail" and checks["gpu.3"]["status"] == "warn"
+    assert checks["gpu.0"]["detail"] == "persistence mode off"  # its link at full width: nothing to say

@@ -272,7 +272,8 @@ def _cuda_check(facts: Dict[str, Any]) -> P.DoctorCheck:
 
 
 def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
-    """One GPU's state: a lost GPU or ECC errors fail; persistence off, throttling or heat warn."""
+    """One GPU's state: a lost GPU, ECC errors or a failed row remap fail; a remap pending, a narrow PCIe link,
+    persistence off, throttling or heat warn."""
     idx = g.get("index")
     cid, title = "gpu.%s" % idx, "GPU %s: %s" % (idx, g.get("name") or "?")
     if g.get("state") == P.GPU_LOST:
@@ -289,6 +290,18 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
                 % idx,
             )
         )
+    if g.get("remap_failed") is True:
+        problems.append((FAIL, "a memory row remap failed (no spare row left)",
+                         "This GPU's memory cannot repair itself any more: ask the provider for another host."))  # fmt: skip
+    elif g.get("remap_pending") is True:
+        problems.append((WARN, "memory rows wait to be remapped",
+                         "Reset the GPU (`sudo nvidia-smi -r -i %s`) or reboot the host to apply the remap; see "
+                         "`nvidia-smi -q -d ROW_REMAPPER`." % idx))  # fmt: skip
+    width, widest = g.get("pcie_width"), g.get("pcie_width_max")
+    if isinstance(width, int) and isinstance(widest, int) and 0 < width < widest:
+        problems.append((WARN, "PCIe link x%d of x%d" % (width, widest),
+                         "The link trained at fewer lanes than the GPU and the host allow: every transfer to the GPU "
+                         "is slower (a reseat or another slot, on a rented host: another host)."))  # fmt: skip
     temp = g.get("temp_c")
     if isinstance(temp, (int, float)) and temp >= HOT_C:
         problems.append(
@@ -329,6 +342,9 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
         parts.append("%.0f W" % g["power_w"] + (" of %.0f W" % limit if limit else ""))
     parts.append("persistence on" if g.get("persistence_mode") else None)
     parts.append("no ECC errors" if ecc == 0 else None)
+    if isinstance(widest, int) and width == widest:
+        gen, top = g.get("pcie_gen"), g.get("pcie_gen_max")
+        parts.append("PCIe x%d" % width + (" gen%d (max gen%d)" % (gen, top) if gen and top else ""))
     parts.append("idle" if g.get("throttle_reasons") == ["gpu_idle"] else "not throttled")
     return check(cid, title, OK, ", ".join(p for p in parts if p))
 
