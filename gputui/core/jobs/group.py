@@ -12,7 +12,7 @@ import dataclasses
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from gputui.core.config.file import Config
 from gputui.core.session import model as M
@@ -144,18 +144,27 @@ async def check(
 
 # --- the parts as one job ---------------------------------------------------------------------------------------
 def group_of(job: M.Job) -> dict[str, Any] | None:
-    group = job.record.get("group")
+    """The ``group`` of a part of a job over several hosts (None for a job of one host)."""
+    group: Any = job.record.get("group")
     return group if isinstance(group, dict) and isinstance(group.get("id"), str) else None
 
 
-def _combined_state(parts: Sequence[dict[str, Any]]) -> str:
+def _combined_state(parts: Sequence[dict[str, Any]]) -> P.JobState:
+    """Running while a part runs; else failed when one failed or was lost, killed when one was killed;
+    succeeded when all did."""
     states = [p.get("state") for p in parts]
+    state: P.JobState
     if M.JOB_RUNNING in states:
-        return M.JOB_RUNNING
-    for state in (M.JOB_FAILED, M.JOB_LOST, M.JOB_KILLED):
-        if state in states:
-            return M.JOB_FAILED if state == M.JOB_LOST else state
-    return M.JOB_SUCCEEDED if all(s == M.JOB_SUCCEEDED for s in states) else str(states[0] or M.JOB_LOST)
+        state = M.JOB_RUNNING
+    elif M.JOB_FAILED in states or M.JOB_LOST in states:
+        state = M.JOB_FAILED
+    elif M.JOB_KILLED in states:
+        state = M.JOB_KILLED
+    elif states and all(s == M.JOB_SUCCEEDED for s in states):
+        state = M.JOB_SUCCEEDED
+    else:
+        state = M.JOB_QUEUED if M.JOB_QUEUED in states else M.JOB_LOST
+    return state
 
 
 def merge_parts(jobs: Sequence[M.Job]) -> list[M.Job]:
@@ -201,7 +210,7 @@ def merge_parts(jobs: Sequence[M.Job]) -> list[M.Job]:
             lead, state=state, exit_code=first["exit_code"] if first else lead.exit_code,
             started_at=min((j.started_at for j in mine if j.started_at is not None), default=None),
             ended_at=None if state == M.JOB_RUNNING or None in ends else max(e for e in ends if e is not None),
-            record=record,
+            record=cast(P.JobRecord, record),
         ))  # fmt: skip
     return out
 
