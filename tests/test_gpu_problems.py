@@ -131,7 +131,7 @@ def test_a_run_says_what_was_paid_while_its_gpu_idled_or_was_throttled(tmp_path:
     assert record["cost"] == 12.0 and record["cost_idle_or_throttled"] == 6.0
     assert (record["idle_fraction"], record["throttled_fraction"]) == (2 / 6, 1 / 6)
     runs = [Run(record, {}), Run(dict(record, cost_idle_or_throttled=0.0), {})]
-    [paid] = [r for r in compare_rows(runs) if r.field == "paid idle/throttled"]
+    [paid] = [r for r in compare_rows(runs) if r.field == "wasted"]
     assert paid.cells == ("6.00", "0.00") and paid.differs
     from gputui.tables import print_history
 

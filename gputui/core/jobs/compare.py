@@ -150,7 +150,7 @@ def compare_rows(runs: Sequence[Run]) -> list[Row]:
             ["-" if rec.get("duration_s") is None else duration(rec["duration_s"]) for rec in recs],
         ),
         row("cost", [_num(rec.get("cost"), ".2f") for rec in recs]),
-        row("paid idle/throttled", [_num(rec.get("cost_idle_or_throttled"), ".2f") for rec in recs]),
+        row("wasted", [_num(rec.get("cost_idle_or_throttled"), ".2f") for rec in recs]),
     ]
     values = [_metric_values(r) for r in runs]
     names = sorted({n for v in values for n in v})[:MAX_METRIC_ROWS]
