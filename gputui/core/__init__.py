@@ -12,7 +12,8 @@ leaves         ``errors`` (exit statuses), ``paths`` (our files here), ``safetex
 ``session``    one host's HostSession across link drops, its snapshots (model), metrics history, series
 ``files``      sync, pull, what was pulled, artifacts, port forwards
 ``money``      prices and the ledger, spend and budgets, release, autostop, provider clients
-``jobs``       job use cases (run, list, history), run records, compare, headline metrics, insights cache
+``jobs``       job use cases (run, list, history), jobs over several hosts, run records, compare,
+               headline metrics, insights cache
 ``hosts``      the fleet, add/remove in the config, trust a host key, doctor, Slurm cluster view
 =============  =========================================================================================
 """
