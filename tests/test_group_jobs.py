@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -400,7 +401,9 @@ def test_torchrun_with_a_failing_rank_ends_both_parts(pair: Pair, tmp_path: Path
     job = pair.wait(job_id, ("failed",), timeout=60)
     parts = job["group"]["parts"]
     assert parts[1]["exit_code"] not in (0, None) and parts[0]["state"] == "failed", parts
-    assert job["error"] == f"h2 (rank 1) failed (exit {parts[1]['exit_code']})", job  # it ended first
+    # the cause is the part that ended first: rank 1 almost always, but both torchruns notice their workers'
+    # ends on their own monitor ticks, so rank 0's may come a tick before
+    assert re.fullmatch(r"h[12] \(rank [01]\) failed \(exit \d+\)", job["error"]), job
     wait_for(lambda: _alive(script.name) == [], 10, 0.2, "no process of the job left")
 
 
