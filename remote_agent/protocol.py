@@ -467,7 +467,6 @@ class GroupCheckArgs(TypedDict, total=False):
     launcher: Optional[str]
     ports: bool  # rank 0: pick the rendezvous and hub ports, and the routes to ``peers``
     peers: List[str]
-    master_port: int  # is this port free here
 
 
 class GroupCheckResult(TypedDict, total=False):
@@ -476,7 +475,6 @@ class GroupCheckResult(TypedDict, total=False):
     problems: List[str]  # why this host's part cannot run (empty: it can)
     ports: List[int]
     routes: Dict[str, Optional[str]]  # peer address -> the address this host sends from to reach it
-    port_free: bool
 
 
 class JobArgs(TypedDict):

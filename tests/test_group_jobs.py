@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,8 +98,8 @@ def _hub(tmp_path: Path, lost_s: float = 5.0) -> tuple[dict[str, Any], threading
 
 
 def test_parts_start_together_and_a_failed_one_stops_the_other(tmp_path: Path) -> None:
-    """Two members over real TCP: neither goes before both joined; rank 1 fails, rank 0 is told to stop within
-    two heartbeats; the hub exits once both ended."""
+    """Two members over real TCP: neither goes before both joined; rank 1 fails, rank 0 is told to stop (how
+    soon: bench/group_stop.py); the hub exits once both ended."""
     group, hub = _hub(tmp_path)
     key = bytes.fromhex(KEY)
     members = [GRP.Member(dict(group, rank=r), key) for r in (0, 1)]
@@ -115,10 +114,9 @@ def test_parts_start_together_and_a_failed_one_stops_the_other(tmp_path: Path) -
     ended, told = threading.Event(), []
     watcher = threading.Thread(target=members[0].watch, args=(ended, told.append))
     watcher.start()
-    start = time.monotonic()
     members[1].finish(3)
-    watcher.join(3 * GRP.HEARTBEAT_S + 2)
-    assert told == ["h2 (rank 1) failed (exit 3)"] and time.monotonic() - start < 3 * GRP.HEARTBEAT_S + 2
+    watcher.join(60)  # (how soon: bench/group_stop.py)
+    assert told == ["h2 (rank 1) failed (exit 3)"]
     members[0].finish(143)
     hub.join(10)
     assert not hub.is_alive()
@@ -182,6 +180,15 @@ def test_processes_per_node_and_the_rendezvous_address(tmp_path: Path) -> None:
     assert G.master_address(config, "h1", checks) == ("10.0.0.5", "the address h1's SSH server answered on")
     config = _config(tmp_path, HOSTS.replace('host = "a"', 'host = "a"\nprivate_address = "192.168.9.1"'))
     assert G.master_address(config, "h1", checks) == ("192.168.9.1", "private_address of h1")
+
+
+def test_a_hosts_check_answer_of_the_wrong_shape_reads_as_empty_and_its_words_as_text() -> None:
+    hostile = {"address": "10.0.0.1; rm -rf /", "gpu_count": "8", "problems": ["no \x1b[31mtorchrun"] * 50,
+               "ports": ["29500", 70000, True, 29501], "routes": {"10.0.0.2": ["x"], "10.0.0.3": "10.0.0.1"}}  # fmt: skip
+    got = G._checked(hostile)
+    assert got == {"address": None, "gpu_count": 0, "problems": ["no \\x1b[31mtorchrun"] * 20, "ports": [29501],
+                   "routes": {"10.0.0.3": "10.0.0.1"}}, got  # fmt: skip
+    assert G._checked({"problems": "a string"})["problems"] == []
 
 
 def _job(host: str, job_id: str, rank: int, state: str, code: int | None, error: str | None = None) -> M.Job:
@@ -362,15 +369,12 @@ def test_a_failing_rank_stops_the_other_part_with_no_client(pair: Pair, tmp_path
         "if os.environ['NODE_RANK'] == '1':\n    time.sleep(1)\n    sys.exit(3)\nwhile True:\n    time.sleep(0.1)\n"
     )
     job_id = pair.run("--", sys.executable, "-c", code).stdout.strip()  # the CLI is gone from here on
-    started = time.monotonic()
-    bound = 3 * GRP.HEARTBEAT_S + GRP.KILL_GRACE_S + 5
-    wait_for(lambda: _alive(marker) == [], bound + 30, 0.2, "rank 0's part stopped")
-    took = time.monotonic() - started
+    wait_for(lambda: _alive(marker) == [], 120, 0.2, "rank 0's part stopped")  # (how soon: bench/group_stop.py)
     job = pair.wait(job_id, ("failed",), timeout=30)
     parts = job["group"]["parts"]
     assert parts[1]["exit_code"] == 3 and parts[0]["error"] == "stopped: h2 (rank 1) failed (exit 3)", parts
     assert job["error"] == "h2 (rank 1) failed (exit 3)"  # the cause
-    assert job["exit_code"] == 3 and took < bound, (took, bound)
+    assert job["exit_code"] == 3
 
 
 FAILING_RANK = """\
@@ -389,7 +393,7 @@ while True:
 
 def test_torchrun_with_a_failing_rank_ends_both_parts(pair: Pair, tmp_path: Path) -> None:
     """torchrun over both hosts; rank 1 exits 3 after the rendezvous: the job fails and no process is left on
-    either host within the hub's bound (torchrun's own rendezvous may end rank 0 sooner)."""
+    either host (torchrun's own rendezvous may end rank 0 before the hub does)."""
     pytest.importorskip("torch")
     script = tmp_path / f"failing_rank_{tmp_path.name}.py"
     script.write_text(FAILING_RANK)

@@ -179,7 +179,7 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     result(P.OP_RELEASE_CHECK, P.ReleaseCheckResult, release_remote=["true"], provider="auto")
     result(P.OP_RELEASE_PROVIDER, P.ReleaseProviderResult, provider="none")  # none here: released False
     result(P.OP_DOCTOR, P.DoctorResult, python=sys.executable, timeout_s=60)
-    result(P.OP_JOBS_GROUP_CHECK, P.GroupCheckResult, argv=["true"], ports=True, peers=["127.0.0.2"], master_port=1)
+    result(P.OP_JOBS_GROUP_CHECK, P.GroupCheckResult, argv=["true"], ports=True, peers=["127.0.0.2"])
     result(P.OP_SLURM_INFO, P.ClusterInfo)  # with no Slurm here: its error (tests/test_slurm.py has a cluster)
     # Every op of the table with a typed result was answered here (files.* in tests/test_carry_*.py, and
     # logs.unfollow above; shutdown ends the agent).

@@ -158,13 +158,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     slurm = _slurm_request(args, host_cfg)
     if (args.image or args.build) and slurm is not None:
         raise CliError(f"run: {args.host} is a Slurm host; jobs in images on Slurm are not supported yet", USAGE)
-    if args.build is not None and args.sync is None and args.cwd is None and host_cfg.transport != "local":
-        raise CliError("run --build builds from the job's dir: give --sync (this dir) or --cwd DIR", USAGE)
-    try:  # a bad image or engine option: refused before connecting
-        container_request(JobSpec(args.host, argv, image=args.image, build=args.build,
-                                  docker_args=tuple(args.docker_arg)), host_cfg)  # fmt: skip
-    except ValueError as exc:
-        raise CliError(f"run: {exc}", USAGE) from None
+    _check_image(args, argv, host_cfg)
     if slurm is not None and queue is not None:
         raise CliError(f"--queue/--after: {args.host} is a Slurm host; its jobs wait in Slurm's queue", USAGE)
     counted = slurm is not None or (queue is not None and (args.gpus or "").isdigit())
@@ -173,16 +167,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
     async def body(s: HostSession) -> int:
         _check_gpus_on_host(args.gpus, gpu_items, args.host, s.snapshot.facts)
-        code, job_cwd = None, cwd
-        if args.sync is not None:
-            synced = await sync_tree(s, args.sync, args.cwd, delete=False)
-            from ..core.files.sync import SyncError
-
-            try:
-                synced.require_complete(s.name)  # the job would run on stale code: never started
-            except SyncError as exc:
-                raise CliError(f"run --sync: {exc}") from None
-            code, job_cwd = synced.code(), synced.target
+        code, job_cwd = await _job_dir(s, args, cwd)
         spec = JobSpec(
             args.host, argv, name=args.name, cwd=job_cwd, env=env, secrets=job_secrets,
             gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
@@ -199,6 +184,32 @@ async def cmd_run(args: argparse.Namespace) -> int:
         return ExitStatus.OK
 
     return await with_session(args, args.host, body)
+
+
+def _check_image(args: argparse.Namespace, argv: list[str], host_cfg: cfg.HostConfig) -> None:
+    """Refuse a bad image or engine option, or a --build with no dir to build from (before connecting)."""
+    if args.build is not None and args.sync is None and args.cwd is None and host_cfg.transport != "local":
+        raise CliError("run --build builds from the job's dir: give --sync (this dir) or --cwd DIR", USAGE)
+    try:
+        container_request(JobSpec(host_cfg.name, argv, image=args.image, build=args.build,
+                                  docker_args=tuple(args.docker_arg)), host_cfg)  # fmt: skip
+    except ValueError as exc:
+        raise CliError(f"run: {exc}", USAGE) from None
+
+
+async def _job_dir(s: HostSession, args: argparse.Namespace, cwd: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(code, dir) a job runs with: with --sync, the tree synced to the host first (an incomplete sync: the job
+    would run on stale code, so it never starts), else (None, ``cwd``)."""
+    if args.sync is None:
+        return None, cwd
+    synced = await sync_tree(s, args.sync, args.cwd, delete=False)
+    from ..core.files.sync import SyncError
+
+    try:
+        synced.require_complete(s.name)
+    except SyncError as exc:
+        raise CliError(f"run --sync: {exc}") from None
+    return synced.code(), synced.target
 
 
 def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, Any] | None, env: dict[str, str]) -> None:
@@ -231,14 +242,8 @@ async def _run_group(
         policies = {n: restart_request(config, n, args.restart, args.resume_from) for n in hosts}
     except ValueError as exc:
         raise CliError(str(exc), USAGE) from None
-    for name in hosts:  # a bad image or engine option: refused before connecting
-        try:
-            container_request(JobSpec(name, argv, image=args.image, build=args.build,
-                                      docker_args=tuple(args.docker_arg)), config.host(name))  # fmt: skip
-        except ValueError as exc:
-            raise CliError(f"run: {exc}", USAGE) from None
-    if args.build is not None and args.sync is None and args.cwd is None:
-        raise CliError("run --build builds from the job's dir: give --sync (this dir) or --cwd DIR", USAGE)
+    for name in hosts:
+        _check_image(args, argv, config.host(name))
     said = {n: (p or {}).get("policy", "no") + (f":{p['max']}" if (p or {}).get("max") else "") for n, p in policies.items()}
     if len(set(said.values())) > 1:
         each = ", ".join(f"{n} {s}" for n, s in said.items())
@@ -247,25 +252,16 @@ async def _run_group(
     fleet = Fleet(config)
     try:
         sessions = {name: fleet.session(name) for name in hosts}
-        said = await asyncio.gather(*(s.start() for s in sessions.values()), return_exceptions=True)
-        down = [(n, r) for n, r in zip(hosts, said, strict=True) if isinstance(r, BaseException)]
+        answers = await asyncio.gather(*(s.start() for s in sessions.values()), return_exceptions=True)
+        down = [(n, r) for n, r in zip(hosts, answers, strict=True) if isinstance(r, BaseException)]
         if down:
             lines = "\n  ".join(f"{n}: {r}" for n, r in down)
             raise CliError(f"run: nothing started: not every host answered\n  {lines}", exit_status(down[0][1]))
         cwds: dict[str, str | None] = {}
         codes: dict[str, dict[str, Any] | None] = {}
-        for name, s in sessions.items():
-            cwds[name] = args.cwd or (os.getcwd() if config.host(name).transport == "local" else None)
-            codes[name] = None
-            if args.sync is not None:
-                synced = await sync_tree(s, args.sync, args.cwd, delete=False)
-                from ..core.files.sync import SyncError
-
-                try:
-                    synced.require_complete(name)
-                except SyncError as exc:
-                    raise CliError(f"run --sync: nothing started: {exc}") from None
-                codes[name], cwds[name] = synced.code(), synced.target
+        for name, s in sessions.items():  # (an incomplete sync on one host: nothing started anywhere)
+            local = config.host(name).transport == "local"
+            codes[name], cwds[name] = await _job_dir(s, args, args.cwd or (os.getcwd() if local else None))
         try:
             plan = await G.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node,
                                  in_image=bool(args.image or args.build))  # fmt: skip

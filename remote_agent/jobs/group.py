@@ -27,6 +27,7 @@ import hmac
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import socketserver
@@ -50,7 +51,7 @@ MAX_LINE, MAX_NODES = 4096, 256
 KEY_FILE, HUB_LOG = "group.key", "group-hub.log"
 _ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_ADDRESS = re.compile(r"^[A-Za-z0-9.:%_-]{1,255}$")  # a hostname, an IPv4 or IPv6 address
+ADDRESS = re.compile(r"^[A-Za-z0-9.:%_-]{1,255}$")  # a hostname, an IPv4 or IPv6 address
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 #: The job's environment a group sets (the client refuses them in --env).
 ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "WORLD_SIZE", "GPUTUI_GROUP_JOB")
@@ -80,7 +81,7 @@ def check_request(req: Any) -> Dict[str, Any]:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise GroupError("group.%s: a whole number from %d to %d" % (name, low, high))
         out[name] = value
-    for name, pattern in (("id", _ID), ("master_addr", _ADDRESS), ("key", _KEY)):
+    for name, pattern in (("id", _ID), ("master_addr", ADDRESS), ("key", _KEY)):
         value = req.get(name)
         if not isinstance(value, str) or not pattern.match(value):
             raise GroupError("group.%s: malformed" % name)
@@ -138,7 +139,7 @@ def run_argv(job: Dict[str, Any]) -> List[str]:
 def ssh_address() -> Optional[str]:
     """This host's address as the SSH client reached it (SSH_CONNECTION's server side); None when not over SSH."""
     words = os.environ.get("SSH_CONNECTION", "").split()
-    return words[2] if len(words) == 4 and _ADDRESS.match(words[2]) else None
+    return words[2] if len(words) == 4 and ADDRESS.match(words[2]) else None
 
 
 def route_source(peer: str) -> Optional[str]:
@@ -167,20 +168,9 @@ def free_ports(count: int) -> List[int]:
             s.close()
 
 
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
-
-
 def check_host(args: Dict[str, Any], gpu_count: int) -> Dict[str, Any]:
     """What the client checks on each host before any part starts: the command (or torchrun) and a script
     on the job's PATH and in its dir, the address, and on rank 0 the free ports and routes to the others."""
-    import shutil
-
     path = args.get("path") if isinstance(args.get("path"), str) else os.environ.get("PATH", "")
     cwd = os.path.abspath(os.path.expanduser(str(args.get("cwd") or "~")))
     command = [str(a) for a in (args.get("argv") or [])][:2]
@@ -205,10 +195,7 @@ def check_host(args: Dict[str, Any], gpu_count: int) -> Dict[str, Any]:
     if args.get("ports"):
         out["ports"] = free_ports(2)
         peers = [str(p) for p in (args.get("peers") or [])][:MAX_NODES]
-        out["routes"] = {p: route_source(p) for p in peers if _ADDRESS.match(p)}
-    port = args.get("master_port")
-    if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
-        out["port_free"] = port_free(port)
+        out["routes"] = {p: route_source(p) for p in peers if ADDRESS.match(p)}
     return out
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from gputui.core import safetext
 from gputui.core.config.file import Config
 from gputui.core.session import model as M
 from gputui.core.session.gather import Fleetish
@@ -106,6 +107,25 @@ def processes_per_node(hosts: Sequence[str], counts: Sequence[int], gpus_per_nod
     return counts[0] or 1
 
 
+def _checked(answer: dict[str, Any]) -> dict[str, Any]:
+    """A host's ``jobs.group_check`` answer with every field of the type it must have (a field that is not:
+    empty), its words made safe to show."""
+    def port(p: Any) -> bool:
+        return isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
+
+    address = answer.get("address")
+    problems, ports, routes = answer.get("problems"), answer.get("ports"), answer.get("routes")
+    count = answer.get("gpu_count")
+    return {
+        "address": address if isinstance(address, str) and GRP.ADDRESS.match(address) else None,
+        "gpu_count": count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0,
+        "problems": [safetext.clean(p, limit=300) for p in problems[:20]] if isinstance(problems, list) else [],
+        "ports": [p for p in ports if port(p)] if isinstance(ports, list) else [],
+        "routes": {k: v for k, v in routes.items() if isinstance(v, str) and GRP.ADDRESS.match(v)}
+        if isinstance(routes, dict) else {},
+    }  # fmt: skip
+
+
 async def check(
     sessions: Mapping[str, HostSession], config: Config, argv: Sequence[str], cwds: Mapping[str, str | None],
     path: str | None, launcher: str | None, gpus_per_node: int | None, in_image: bool = False,
@@ -124,17 +144,16 @@ async def check(
         }
         if first:
             args.update(ports=True, peers=peers)
-        return dict(await sessions[name].group_check(**args))
+        return _checked(dict(await sessions[name].group_check(**args)))
 
     others = await asyncio.gather(*(one(n, False, []) for n in hosts[1:]))
-    peers = [str(r["address"]) for r in others if r.get("address")]
+    peers = [r["address"] for r in others if r["address"]]
     checks = dict(zip(hosts, [await one(hosts[0], True, peers), *others], strict=True))
-    problems = [f"{name}: {p}" for name, r in checks.items() for p in r.get("problems") or ()]
+    problems = [f"{name}: {p}" for name, r in checks.items() for p in r["problems"]]
     if problems:
         raise GroupError("cannot start on every host:\n  " + "\n  ".join(problems))
-    counts = [int(checks[n].get("gpu_count") or 0) for n in hosts]
-    nproc = processes_per_node(hosts, counts, gpus_per_node)
-    ports = checks[hosts[0]].get("ports") or []
+    nproc = processes_per_node(hosts, [checks[n]["gpu_count"] for n in hosts], gpus_per_node)
+    ports = checks[hosts[0]]["ports"]
     if len(ports) != 2:
         raise GroupError(f"{hosts[0]} found no free port for the rendezvous")
     addr, addr_from = master_address(config, hosts[0], checks)
