@@ -77,9 +77,11 @@ def main(work):
     (work / "smi_pids.json").write_text("[]")
     jobs = JobStore(state, launcher(), nvidia_smi=str(smi))
     job = jobs.start([sys.executable, "-c", "import time; time.sleep(600)"], name="train", gpus="0")
-    pids = wait(lambda: read(os.path.join(state, "jobs", job["id"], "pid.json")), "pid.json")
+    # The runner writes pid.json twice: its start (pid null) before the job runs, then the job's pid.
+    pid_json = os.path.join(state, "jobs", job["id"], "pid.json")
+    pid = wait(lambda: (read(pid_json) or {}).get("pid"), "the job's pid in pid.json")
     ns = os.readlink("/proc/self/ns/pid")
-    (work / "ready.json").write_text(json.dumps({"job": job["id"], "pid": pids["pid"], "ns": ns}))
+    (work / "ready.json").write_text(json.dumps({"job": job["id"], "pid": pid, "ns": ns}))
     fed = wait(lambda: read(feed), "pids.json")
     (work / "smi_pids.json").write_text(json.dumps(fed["0"]))
 
