@@ -246,6 +246,14 @@ class HostFacts(GpuFacts, total=False):
     gpu_source: Optional[str]  # "nvml", "nvidia-smi" or None
     gpu_error: Optional[str]  # why there are no GPU readings, or why a lesser source is used
     container: Container
+    instance: Optional["InstanceFact"]  # the RunPod pod / vast.ai instance this host is (None: neither)
+
+
+class InstanceFact(TypedDict):
+    """Which provider instance the host is, as ``remote_agent.host.provider.detect`` finds it (never its key)."""
+
+    provider: str  # "runpod" / "vastai"
+    instance_id: str
 
 
 class HostReading(TypedDict, total=False):

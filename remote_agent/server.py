@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Dict, List, Optional
 from . import build_id
 from . import protocol as P
 from .flow import Credit
-from .host import container
+from .host import container, provider
 from .host.boot import boot_id, boot_time
 from .jobs.logs import Follow
 from .jobs.queue import JobQueue
@@ -33,6 +33,15 @@ from .metrics.slurm_gpus import NodeGpus
 from .ops import HANDLERS
 from .watchdog import daemon as W
 from .watchdog.activity import ActivityLog, idle_status
+
+
+def _instance() -> Optional[P.InstanceFact]:
+    """The RunPod pod / vast.ai instance this host is, by its id (the client's ``gputui start`` needs it once
+    the host is stopped and can say nothing); None when it is neither."""
+    found = provider.detect()
+    if found.provider == provider.NONE:
+        return None
+    return {"provider": found.provider, "instance_id": found.instance_id}
 
 
 def _tmux_version() -> Optional[str]:
@@ -121,6 +130,7 @@ class Agent:
             "user": getpass.getuser(),
             "agent_pid": os.getpid(),
             "container": container.detect(),
+            "instance": _instance(),
         }
         facts.update(self.sampler.facts())
         self._facts = facts

@@ -2,12 +2,15 @@
 
 It answers the documented endpoints with bodies shaped as the providers' API references show them:
 
-- RunPod REST v1 (base ``/runpod``): ``GET /pods/{id}``, ``POST /pods/{id}/stop``, ``DELETE /pods/{id}``
-- vast.ai v0 (base ``/vastai``): ``GET``/``PUT``/``DELETE /instances/{id}/``
+- RunPod REST v1 (base ``/runpod``): ``GET /pods/{id}``, ``POST /pods/{id}/stop``, ``POST /pods/{id}/start``,
+  ``DELETE /pods/{id}``
+- vast.ai v0 (base ``/vastai``): ``GET``/``PUT``/``DELETE /instances/{id}/`` (``PUT`` stops or starts)
 - Lambda v1 (base ``/lambda``): ``GET /instances``, ``POST /instance-operations/terminate``
 
-A release takes effect after ``settle_reads`` further reads of the instance (as a real one takes a while), so
-a confirm must poll. ``fault`` makes the next ``fault_count`` requests (None: all) fail one way: ``401``,
+A release or a start takes effect after ``settle_reads`` further reads of the instance (as a real one takes a
+while), so a confirm must poll. A start gives the next port of ``start_ports`` (as RunPod gives new port
+mappings) and ``start_gpus`` GPUs where set (RunPod may bring a pod back with 0); ``refuse_start`` makes the
+provider refuse it with those words. ``fault`` makes the next ``fault_count`` requests (None: all) fail one way: ``401``,
 ``404``, ``429``, ``500``, ``slow`` (no answer until the test ends), ``drip`` (a valid start, then a byte every
 50 ms for ever), ``redirect`` (302 to another host), ``wrongtype`` (a price and a status of the wrong JSON type), ``huge``
 (2 MiB without a Content-Length), ``hugelength`` (a Content-Length of 2 MiB), ``notjson`` (an HTML page that echoes the Authorization header), ``echo`` (a 500 whose JSON echoes the
@@ -32,7 +35,9 @@ RUNPOD_KEY, VAST_KEY, LAMBDA_KEY = (
 )
 
 
-def runpod_pod(pod_id: str, status: str = "RUNNING", volume: str | None = None) -> dict[str, Any]:
+def runpod_pod(
+    pod_id: str, status: str = "RUNNING", volume: str | None = None, ip: str = "213.173.109.39", port: int = 13007
+) -> dict[str, Any]:
     """A Pod as docs.runpod.io/api-reference/pods/GET/pods/podId shows it (costPerHr a string there)."""
     return {
         "adjustedCostPerHr": 0.69, "aiApiId": None, "consumerUserId": "user_2PyTJrLzeuwfZilRZ7JhCQDuSqo",
@@ -42,6 +47,7 @@ def runpod_pod(pod_id: str, status: str = "RUNNING", volume: str | None = None) 
         "interruptible": False, "lastStartedAt": "2024-07-12T19:14:40.144Z",
         "lastStatusChange": "Rented by User: Fri Jul 12 2024 15:14:40 GMT-0400", "locked": False,
         "networkVolumeId": volume, "ports": ["8888/http", "22/tcp"], "volumeInGb": 20,
+        "publicIp": ip, "portMappings": {"22": port, "8888": 13008},
     }  # fmt: skip
 
 
@@ -51,7 +57,8 @@ def vast_instance(instance_id: int, actual: str | None = "running", cur: str = "
         "id": instance_id, "actual_status": actual, "intended_status": cur, "cur_state": cur,
         "next_state": cur, "label": None, "image_uuid": "pytorch/pytorch", "ssh_host": "ssh2281.vast.ai",
         "ssh_port": 10882, "machine_id": 178, "start_date": 1761008618.225083, "gpu_name": "RTX A5000",
-        "num_gpus": 1, "dph_total": 0.3312, "public_ipaddr": "63.135.50.11",
+        "num_gpus": 1, "dph_total": 0.3312, "public_ipaddr": "63.135.50.11", "is_bid": False,
+        "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40123"}]}, "disk_space": 32.0, "storage_cost": 0.15,
     }  # fmt: skip
 
 
@@ -93,6 +100,9 @@ class StandIn:
     ended: threading.Event = field(default_factory=threading.Event)
     pending: dict[str, tuple[int, Any]] = field(default_factory=dict)  # instance: (reads left, new state)
     on_release: Callable[[], None] | None = None  # run on an accepted stop/terminate, before its answer
+    start_ports: list[int] = field(default_factory=list)  # the SSH port each start gives, in turn
+    start_gpus: int | None = None  # the GPUs a start gives (None: as before)
+    refuse_start: str | None = None  # the provider's words refusing a start
 
     def base(self, provider: str) -> str:
         return f"{self.url}/{provider}"
@@ -247,6 +257,16 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "DELETE" and len(parts) == 2:
             st.pending["runpod:" + pod_id] = (st.settle_reads, None)
             return self._send(204, None)
+        if method == "POST" and parts[2:] == ["start"]:
+            if st.refuse_start:
+                return self._send(400, {"error": st.refuse_start})
+            change: dict[str, Any] = {"desiredStatus": "RUNNING"}
+            if st.start_ports:
+                change["portMappings"] = {"22": st.start_ports.pop(0)}
+            if st.start_gpus is not None:
+                change["gpu"] = {**st.pods[pod_id]["gpu"], "count": st.start_gpus}
+            st.pending["runpod:" + pod_id] = (st.settle_reads, change)
+            return self._send(200, None)
         self._send(404, {"error": "not found"})
 
     def _vast(self, method: str, path: str, body: Any, wrong: bool) -> None:
@@ -265,6 +285,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {"instances": inst})
         if iid not in st.vast:
             return self._send(404, {"success": False, "error": "no_such_instance"})
+        if method == "PUT" and body == {"state": "running"}:
+            if st.refuse_start:
+                return self._send(200, {"success": False, "msg": st.refuse_start})
+            started: dict[str, Any] = {"actual_status": "running", "cur_state": "running"}
+            if st.start_ports:
+                started["ports"] = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(st.start_ports.pop(0))}]}
+            st.pending["vastai:" + iid] = (st.settle_reads, started)
+            return self._send(200, {"success": True})
         if method == "PUT":
             if body != {"state": "stopped"}:
                 return self._send(400, {"success": False, "msg": "bad state"})

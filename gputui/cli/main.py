@@ -31,7 +31,7 @@ SHARED_HELP = {
 FAMILIES = {
     "jobs": ("run", "jobs", "history", "logs", "kill", "queue"),
     "fleet": ("status", "trust", "cost", "doctor"),
-    "release": ("release", "autostop", "notify"),
+    "release": ("release", "start", "autostop", "notify"),
     "files": ("sync", "forward", "pull"),
     "hosts": ("add", "remove", "hosts"),
     "compare": ("compare",),

@@ -1,4 +1,5 @@
-"""Stopping the bill: ``release`` (artifacts first), ``autostop``, ``notify`` — each parser beside its handler."""
+"""The bill: ``release`` (artifacts first), ``start`` (a stopped instance, again), ``autostop``, ``notify``; each
+parser beside its handler."""
 
 from __future__ import annotations
 
@@ -109,6 +110,39 @@ async def cmd_release(args: argparse.Namespace) -> int:
     return ExitStatus.OK
 
 
+async def cmd_start(args: argparse.Namespace) -> int:
+    """``start HOST``: start its stopped RunPod pod / vast.ai instance with the user's key here, follow it to the
+    SSH endpoint it came back on, connect, and say what resumed there."""
+    from ..core.money import lifecycle
+    from ..core.money.providers import ProviderError
+
+    config = cfg.load(args.config)
+    host = config.host(args.host)
+
+    def say(line: str) -> None:
+        print(f"gputui: {safetext.clean(line, limit=600)}", file=sys.stderr, flush=True)
+
+    try:
+        started = await lifecycle.start(config, host, say, args.timeout)
+    except ProviderError as exc:
+        raise CliError(f"{args.host}: not started: {safetext.clean(str(exc), limit=600)}") from None
+    for warning in started.warnings:
+        print(f"gputui: WARNING: {args.host}: {safetext.clean(warning, limit=600)}", file=sys.stderr)
+
+    async def body(s: HostSession) -> int:
+        jobs = await s.list_jobs()
+        running = sum(j.state == "running" for j in jobs)
+        restarting = sum(j.state == "lost" and bool(j.record.get("restart")) for j in jobs)
+        queued = sum(j.state == "queued" for j in jobs)
+        armed = f"autostop armed ({host.autostop_minutes:g} min idle)" if host.autostop_minutes else "no autostop"
+        how = "was already running" if started.already_running else "started"
+        print(f"{args.host}: {how}; {running} jobs running, {restarting} to resume by their restart policy, "
+              f"{queued} queued; {armed}")  # fmt: skip
+        return ExitStatus.FAILED if started.warnings else ExitStatus.OK
+
+    return await with_session(args, args.host, body)
+
+
 async def cmd_autostop(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         if args.cancel:
@@ -153,6 +187,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rl.add_argument("--to", default=ARTIFACTS_DEST, metavar="DIR",
                     help=f"where --pull puts them: DIR/HOST/JOB/PATH (default: ./{ARTIFACTS_DEST})")  # fmt: skip
     rl.set_defaults(func=cmd_release)
+
+    st = sub.add_parser("start", help="start a stopped RunPod pod or vast.ai instance again (with your key here)")
+    st.add_argument("host")
+    st.add_argument("--timeout", type=bounded(10, 3600, unit=" s"), default=600.0, metavar="S",
+                    help="how long to wait for it to run and its SSH to answer (default: 600)")  # fmt: skip
+    st.set_defaults(func=cmd_start)
 
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
     au.add_argument("host")

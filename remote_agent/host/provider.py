@@ -21,13 +21,20 @@ The APIs, as their references document them (checked 2026-12):
   ``lastStartedAt`` (ISO time), ``networkVolumeId`` (a pod with a network volume has no "Stop": it can only be
   terminated, docs "Pod storage"). Stop keeps the volume disk (billed at its stopped rate) and wipes the
   container disk; terminate deletes the pod and its volume disk (a network volume survives and bills on).
+  ``POST /pods/{id}/start`` starts a stopped pod. Where its SSH answers: ``publicIp`` and ``portMappings``
+  (``{"22": 10341}``, the public port of each exposed port; a start gives new ones); ``interruptible`` (a spot
+  pod); ``gpu.count`` (a pod restarted on a full machine may come back with 0 GPUs); ``volumeInGb``, billed
+  while stopped at RunPod's documented rate for a stopped pod's volume disk, ``RUNPOD_STOPPED_GB_MONTH``.
 - vast.ai v0, ``https://console.vast.ai/api/v0``, header ``Authorization: Bearer KEY``
   (docs.vast.ai/api-reference/instances/show-instance, manage-instance, destroy-instance).
   ``GET /instances/{id}/`` answers ``{"instances": {...}}`` with ``actual_status`` (``running``, ``stopped``,
   ``loading``, ``frozen``, ``exited``, ... or null), ``cur_state`` (the machine contract: ``running`` /
   ``stopped``), ``dph_total`` ($/h, a number) and ``start_date`` (epoch seconds). ``PUT /instances/{id}/``
   with ``{"state": "stopped"}`` stops it (no GPU charges; the disk bills on), ``DELETE /instances/{id}/``
-  destroys it; both answer ``{"success": true}``.
+  destroys it; both answer ``{"success": true}``; ``{"state": "running"}`` starts a stopped one. Where its SSH
+  answers: ``public_ipaddr`` with ``ports["22/tcp"][0]["HostPort"]`` (direct) and ``ssh_host``/``ssh_port``
+  (vast.ai's relay); ``is_bid`` (an interruptible instance, stopped when outbid); ``num_gpus``;
+  ``disk_space`` (GB) x ``storage_cost`` (USD per GB-month) is what its disk bills, stopped or not.
 
 Every call has a TOTAL deadline (connect, headers and body together: a dripping answer cannot stretch it), an
 API base that is a parameter (tests, proxies; plain http only to a loopback address, as the key travels in a
@@ -71,6 +78,9 @@ DEADLINE_S = 20.0
 MAX_PRICE = 10000.0  # $/h: above this the figure is not a price
 MAX_EPOCH = 253402300800.0  # year 10000: a later "time" is not one
 MODES = ("stop", "terminate")
+RUNPOD_STOPPED_GB_MONTH = 0.20  # USD per GB-month of a stopped pod's volume disk (runpod.io/pricing, 2026-12)
+HOURS_PER_MONTH = 730.0
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.:-]{1,253}$")  # a host name or an IP address, nothing else
 _DONE = {"stop": "stopped", "terminate": "terminated"}
 # Normalised states: the bill stops at STOPPED (the disk may bill on) and at TERMINATED.
 RUNNING, STARTING, STOPPED, TERMINATED, OTHER = "running", "starting", "stopped", "terminated", "other"
@@ -81,14 +91,15 @@ class ProviderError(Exception):
 
     ``auth`` (key refused), ``not_found`` (no such instance), ``rate_limited``, ``server`` (5xx), ``timeout``,
     ``network``, ``redirect``, ``bad_answer`` (not the documented shape), ``unsupported`` (the provider cannot do
-    that mode for this instance), ``config`` (a bad argument), ``unconfirmed`` (never reached the state asked).
-    """
+    that mode for this instance), ``config`` (a bad argument), ``unconfirmed`` (never reached the state asked),
+    ``refused`` (the provider would not start the instance, in its words)."""
 
     RETRYABLE = ("rate_limited", "server", "timeout", "network")
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, status: Optional[int] = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.status = status  # the HTTP status of an answer of a status no call expects
 
     @property
     def retryable(self) -> bool:
@@ -119,6 +130,14 @@ class Instance(NamedTuple):
     can_stop: bool  # False only where the answer shows "stop" is impossible (only terminate)
     why_no_stop: str = ""  # why not, in words
     unusable: Tuple[Tuple[str, str], ...] = ()  # (field of this tuple, why) for each value given unusably
+    # What the client reads from here with the user's key (gputui start, a host that dropped): where its SSH
+    # answers, as (kind, address, port) with kind "direct" or "proxy" (vast.ai's ssh*.vast.ai relay); whether
+    # the provider may reclaim it (spot / interruptible / a vast.ai bid); its GPUs; what its disk bills while
+    # it is stopped (USD per hour).
+    endpoints: Tuple[Tuple[str, str, int], ...] = ()
+    interruptible: Optional[bool] = None
+    gpus: Optional[int] = None
+    stopped_per_hour: Optional[float] = None
 
     def needed(self, action: str) -> "Instance":
         """This instance, when every field ``action`` needs (``NEEDS``) was usable; else a ``ProviderError``
@@ -133,7 +152,9 @@ class Instance(NamedTuple):
 # the answer gave unusably fails only the actions that need it. A release needs the instance only (a "stop"
 # the provider cannot do is refused by the provider, loudly); a check and a confirm need its state; a status
 # display needs nothing (an unusable price shows as "price unknown").
-NEEDS: Dict[str, Tuple[str, ...]] = {"status": (), "release": (), "check": ("state",), "confirm": ("state",)}
+NEEDS: Dict[str, Tuple[str, ...]] = {
+    "status": (), "release": (), "check": ("state",), "confirm": ("state",), "start": ("state",),
+}  # fmt: skip
 
 
 class Confirmed(NamedTuple):
@@ -438,7 +459,7 @@ def _decode(status: int, data: bytes, what: str, key: str, location: str, retry_
     if status >= 500:
         raise ProviderError("server", f"{what}: provider error {status}: {text}")
     if not (200 <= status < 300 or status in (404, 409)):
-        raise ProviderError("bad_answer", f"{what}: unexpected status {status}: {text}")
+        raise ProviderError("bad_answer", f"{what}: unexpected status {status}: {text}", status)
     if not data.strip():
         return None
     try:
@@ -508,6 +529,50 @@ def field_epoch(obj: Dict[str, Any], name: str, provider: str) -> Optional[float
     return float(value)
 
 
+def field_address(obj: Dict[str, Any], name: str, provider: str) -> Optional[str]:
+    """A host name or IP address (letters, digits, ``._:-``); None when absent, null or empty."""
+    value = obj.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not _ADDRESS.match(value):
+        raise _bad(provider, name, value, "a host name or an IP address")
+    return value
+
+
+def field_port(obj: Dict[str, Any], name: str, provider: str) -> Optional[int]:
+    """A TCP port: a number or a decimal string, 1 to 65535; None when absent/null."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 5:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise _bad(provider, name, value, "a port from 1 to 65535")
+    return value
+
+
+def field_count(obj: Dict[str, Any], name: str, provider: str) -> Optional[int]:
+    """A count (GPUs, GB): a whole number from 0 to 10**6; None when absent/null."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**6:
+        raise _bad(provider, name, value, "a whole number")
+    return value
+
+
+def field_bool(obj: Dict[str, Any], name: str, provider: str) -> Optional[bool]:
+    """true / false; None when absent/null."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise _bad(provider, name, value, "true or false")
+    return value
+
+
 def _obj(value: Any, provider: str, what: str) -> Dict[str, Any]:
     if not isinstance(value, dict):
         raise _bad(provider, what, value, "a JSON object")
@@ -522,6 +587,14 @@ class Fields:
     def __init__(self, obj: Dict[str, Any], provider: str) -> None:
         self.obj, self.provider = obj, provider
         self.unusable: List[Tuple[str, str]] = []
+
+    def inner(self, obj: Any) -> "Fields":
+        """A reader of the nested object ``obj`` (or of the field named so), noting into this one's
+        ``unusable``; an absent or non-object one reads as empty."""
+        value = self.obj.get(obj) if isinstance(obj, str) else obj
+        nested = Fields(value if isinstance(value, dict) else {}, self.provider)
+        nested.unusable = self.unusable
+        return nested
 
     def get(self, read: Callable[..., Any], name: str, feeds: str, *args: Any) -> Any:
         """``read(obj, name, provider, *args)`` (``field_str``, ``field_price``, ``field_epoch``); None when
@@ -548,10 +621,17 @@ def _runpod_instance(data: Any, pod_id: str) -> Instance:
     why = ""
     if volume:
         why = f"pod {pod_id} has a network volume ({_clean(volume, limit=40)}): RunPod can only terminate it"
+    price, started = got.get(field_price, "costPerHr", "price_per_hour"), got.get(field_epoch, "lastStartedAt", "started_at")
+    address = got.get(field_address, "publicIp", "endpoints")
+    port = got.inner("portMappings").get(field_port, "22", "endpoints")
+    gpus = got.inner("gpu").get(field_count, "count", "gpus")
+    interruptible = got.get(field_bool, "interruptible", "interruptible")
+    volume_gb = got.get(field_count, "volumeInGb", "stopped_per_hour")
     return Instance(
-        RUNPOD, pod_id, _RUNPOD_STATES.get(status or "", OTHER), status or "?",
-        got.get(field_price, "costPerHr", "price_per_hour"), got.get(field_epoch, "lastStartedAt", "started_at"),
-        not why, why, tuple(got.unusable),
+        RUNPOD, pod_id, _RUNPOD_STATES.get(status or "", OTHER), status or "?", price, started, not why, why,
+        tuple(got.unusable), endpoints=(("direct", address, port),) if address and port else (),
+        interruptible=interruptible, gpus=gpus,
+        stopped_per_hour=None if volume_gb is None else volume_gb * RUNPOD_STOPPED_GB_MONTH / HOURS_PER_MONTH,
     )  # fmt: skip
 
 
@@ -583,10 +663,19 @@ def _vast_instance(data: Any, instance_id: str) -> Optional[Instance]:
         fields.unusable = [(f, why) for f, why in fields.unusable if f != "state"]
     elif any(f == "state" for f, _ in fields.unusable):
         state = OTHER
+    price, started = fields.get(field_price, "dph_total", "price_per_hour"), fields.get(field_epoch, "start_date", "started_at")
+    mapped = fields.inner("ports").obj.get("22/tcp")
+    first = mapped[0] if isinstance(mapped, list) and mapped and isinstance(mapped[0], dict) else {}
+    direct = (fields.get(field_address, "public_ipaddr", "endpoints"), fields.inner(first).get(field_port, "HostPort", "endpoints"))
+    proxy = (fields.get(field_address, "ssh_host", "endpoints"), fields.get(field_port, "ssh_port", "endpoints"))
+    endpoints = tuple((kind, a, p) for kind, (a, p) in (("direct", direct), ("proxy", proxy)) if a and p)
+    interruptible, gpus = fields.get(field_bool, "is_bid", "interruptible"), fields.get(field_count, "num_gpus", "gpus")
+    disk_gb = fields.get(field_price, "disk_space", "stopped_per_hour")
+    gb_month = fields.get(field_price, "storage_cost", "stopped_per_hour")
     return Instance(
-        VASTAI, instance_id, state, f"{actual or 'null'}/{cur or 'null'}",
-        fields.get(field_price, "dph_total", "price_per_hour"), fields.get(field_epoch, "start_date", "started_at"),
-        True, "", tuple(fields.unusable),
+        VASTAI, instance_id, state, f"{actual or 'null'}/{cur or 'null'}", price, started, True, "",
+        tuple(fields.unusable), endpoints=endpoints, interruptible=interruptible, gpus=gpus,
+        stopped_per_hour=None if disk_gb is None or gb_month is None else disk_gb * gb_month / HOURS_PER_MONTH,
     )  # fmt: skip
 
 
@@ -675,6 +764,33 @@ def release(
     if detected.provider == VASTAI and isinstance(data, dict) and data.get("success") is False:
         msg = data.get("msg") or data.get("error") or ""
         raise ProviderError("bad_answer", f"vastai: {mode} refused: {_clean(str(msg))}")
+
+
+def start(
+    detected: Detected, api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+    deadline_s: float = DEADLINE_S,
+) -> None:  # fmt: skip
+    """Ask the provider to start this stopped instance (RunPod ``POST /pods/{id}/start``, vast.ai ``PUT
+    /instances/{id}/`` with ``{"state": "running"}``); called only from the user's machine, for ``gputui
+    start``. Accepting is not running: read it back. A refusal is a ``ProviderError`` with the provider's words."""
+    path = _path(detected)
+    if detected.provider == RUNPOD:
+        method, path, body = "POST", path + "/start", None  # type: Tuple[str, str, Optional[Dict[str, Any]]]
+    else:
+        method, body = "PUT", {"state": "running"}
+    try:
+        status, data = _call(detected, method, path, body, api_url, env, deadline_s)
+    except ProviderError as exc:
+        if exc.status is None or not 400 <= exc.status < 500:
+            raise
+        raise ProviderError("refused", f"{detected.provider} refused to start it: {exc}") from None
+    if status == 404:
+        raise ProviderError("not_found", f"{detected.provider}: no instance {detected.instance_id} to start")
+    words = ""
+    if isinstance(data, dict):
+        words = data.get("msg") or data.get("error") or data.get("message") or ""
+    if status == 409 or (detected.provider == VASTAI and isinstance(data, dict) and data.get("success") is False):
+        raise ProviderError("refused", f"{detected.provider} refused to start it: {_clean(str(words)) or status}")
 
 
 def reached(found: Optional[Instance], mode: str) -> bool:
@@ -766,5 +882,5 @@ def describe(detected: Detected) -> Dict[str, str]:
 __all__ = [
     "API_URLS", "MODES", "Confirmed", "Detected", "Instance", "ProviderError", "check", "check_api_url",
     "confirm", "describe", "detect", "detect_for", "detected_from", "http_json", "mode_for", "wanted", "instance", "parse_env_file", "parse_environ", "reached",
-    "release",
+    "release", "start",
 ]  # fmt: skip

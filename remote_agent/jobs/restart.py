@@ -490,13 +490,14 @@ class Restarts:
 
 
 def released(state_dir: str) -> bool:
-    """Whether the watchdog released this host in this boot (no job restarts on a host being given back)."""
-    from ..host.boot import boot_time
+    """Whether the watchdog released this host in this life of it (no job restarts on a host being given back;
+    a stopped pod started again is a new life: its jobs resume)."""
+    from ..host.boot import life_start
 
     state = read_json(os.path.join(state_dir, "watchdog_state.json"))
     if not isinstance(state, dict) or state.get("action") != "released":
         return False
-    booted = boot_time()
+    booted = life_start()
     try:
         return booted is None or float(state.get("t") or 0.0) >= booted
     except (TypeError, ValueError):

@@ -103,6 +103,9 @@ class HostConfig:
     # provider-native price and release (gputui.core.config.providers): "auto" finds RunPod / vast.ai on the host
     provider: str = "auto"  # or "runpod", "vastai", "lambda", "none"
     release_mode: str | None = None  # "stop" / "terminate"; None: stop where the provider can, else terminate
+    # the RunPod pod / vast.ai instance this host is (gputui start; with provider = "runpod" or "vastai"); unset,
+    # the one its agent last reported (gputui.core.transport.instances)
+    instance_id: str | None = None
     # restart policy of jobs started here (remote_agent/jobs/restart.py): "no" or "on-failure[:N]"
     restart: str = "no"
     restart_backoff_s: float = 30.0  # first wait between attempts, doubling ...
@@ -180,6 +183,7 @@ BUDGET_FIELDS = {
 ON_EXCEED = ("warn", "release-idle")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
 MAX_PATHS = 32
+_INSTANCE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9.:%_-]{1,255}$")  # a hostname, an IPv4 or IPv6 address
 # Numbers: (lowest, highest or None, lowest allowed?); every number must also be finite (TOML allows nan, inf).
 DAY_S = 86400.0
@@ -411,6 +415,11 @@ def parse(text: str, path: Path) -> Config:
             raise fail(
                 f"hosts.{name}", "autostop_minutes", f"needs release_remote: the command that stops the host ({why})"
             )
+        instance_id = values.get("instance_id")
+        if instance_id is not None and values.get("provider") not in ("runpod", "vastai"):
+            raise fail(f"hosts.{name}", "instance_id", 'needs provider = "runpod" or "vastai" (whose instance it is)')
+        if instance_id is not None and not _INSTANCE_ID.match(instance_id):
+            raise fail(f"hosts.{name}", "instance_id", f"{instance_id!r}: a pod or instance id (letters, digits, '-', '_')")
         address = values.get("private_address")
         if address is not None and not _ADDRESS.match(address):
             raise fail(f"hosts.{name}", "private_address", f"{address!r}: a hostname or an IP address")

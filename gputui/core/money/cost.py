@@ -22,6 +22,7 @@ from gputui.core import paths
 from gputui.core.config.file import Config, HostConfig
 from gputui.core.money.autostop import autostop_in_s, deadline_in_s
 from gputui.core.session import model as M
+from gputui.core.transport import instances
 from remote_agent import protocol as P
 
 SAVE_EVERY_S = 60.0
@@ -293,6 +294,9 @@ def cost_info(
                        "release_remote, and no RunPod or vast.ai instance found there")  # fmt: skip
     price, source = price_and_source(host, snap.gpus, config.prices, release.pop("provider_price", None))
     boot_time = snap.facts.get("boot_time")
+    found = snap.facts.get("instance")
+    if live and isinstance(found, dict) and host.provider in ("auto", found.get("provider")):
+        instances.learnt(host.name, str(found.get("provider")), str(found.get("instance_id")))  # for gputui start
     if live and snap.metrics is not None:
         start = host.billing_start.timestamp() if host.billing_start else boot_time
         ledger.observe(host.name, now, price, snap.facts.get("boot_id"), start)

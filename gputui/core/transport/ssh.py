@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -30,6 +31,7 @@ from gputui.core.deploy.bundle import (
     tree_hash,
     unpacked_name,
 )
+from gputui.core.transport import instances
 from gputui.core.transport import known_hosts as kh
 from gputui.core.transport import ssh_config as sr
 from gputui.core.transport.base import AgentChannel, HostError, HostUnavailable, Transport
@@ -280,7 +282,14 @@ class SSHTransport(Transport):
         raise HostError(f"ssh_config {path}: no such file", "config")
 
     def resolved(self) -> sr.Resolved:
-        """This host as ssh_config resolves it (``ssh -G`` where an ssh client exists), explicit settings winning."""
+        """This host as ssh_config resolves it (``ssh -G`` where an ssh client exists), explicit settings winning,
+        and moved where its provider moved it (``instances.endpoint_for``: gputui start learnt a new port)."""
+        r = self.configured()
+        moved = instances.endpoint_for(self.cfg.name, r.host, r.port)
+        return r if moved is None else dataclasses.replace(r, host=moved[0], port=moved[1])
+
+    def configured(self) -> sr.Resolved:
+        """This host as the config and ssh_config say, before any move."""
         config = self._config_paths()
         return sr.resolve(self.cfg.address, config[0] if config else None, self.cfg.port, self.cfg.user)
 
@@ -314,7 +323,11 @@ class SSHTransport(Transport):
         config = self._config_paths()
         if self.ssh_config and config:
             argv += ["-F", config[0]]
-        if self.cfg.port is not None:
+        r = self.configured()
+        moved = instances.endpoint_for(self.cfg.name, r.host, r.port)
+        if moved is not None:  # its provider moved it (gputui start)
+            argv += ["-o", f"HostName={moved[0]}", "-p", str(moved[1])]
+        elif self.cfg.port is not None:
             argv += ["-p", str(self.cfg.port)]
         if self.cfg.user:
             argv += ["-l", self.cfg.user]

@@ -1,0 +1,214 @@
+"""Issue 40: a provider instance's life from this machine. ``gputui start HOST`` starts a stopped RunPod pod /
+vast.ai instance with the user's key here, follows it to the SSH port the start gave it (no config edit) and
+connects there; the host's agent names its instance so that gputui knows it once the host is stopped. The
+providers are played by tests/provider_standin.py, the host by the real sshd (a fault proxy is the new port)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import provider_standin as standin
+import pytest
+from conftest import Home, SshHome
+from faultproxy import FaultProxy
+from provider_standin import RUNPOD_KEY, VAST_KEY, StandIn
+
+from gputui.core.money import lifecycle
+from gputui.core.transport import instances
+from remote_agent.host import boot
+from remote_agent.host import provider as pv
+from remote_agent.jobs import restart
+
+POD, VAST_ID = "xedezhzb9la3ye", "2181204"
+
+
+@pytest.fixture
+def api() -> Iterator[StandIn]:
+    state, server = standin.start()
+    try:
+        yield state
+    finally:
+        standin.stop(state, server)
+
+
+def writes(api: StandIn) -> list[str]:
+    return [m for m in api.methods() if not m.startswith("GET")]
+
+
+def record_file(home: Home) -> Path:
+    return home.root / ".local" / "state" / "gputui" / instances.NAME
+
+
+def pod_box(ssh_home: SshHome, api: StandIn, port: int, status: str = "EXITED", **extra: object) -> None:
+    """Host ``box`` is RunPod pod POD (config), its SSH mapped to ``port``; the user's key is in the environment."""
+    api.pods[POD] = standin.runpod_pod(POD, status, ip="127.0.0.1", port=port)
+    ssh_home.env["RUNPOD_API_KEY"] = RUNPOD_KEY
+    path = ssh_home.configure(provider="runpod", instance_id=POD, **extra)
+    with path.open("a") as f:
+        f.write(f'[providers.runpod]\napi_url = "{api.base("runpod")}"\n')
+
+
+def test_start_follows_the_pod_to_its_new_port_and_connects_there(
+    ssh_home: SshHome, api: StandIn, proxy: FaultProxy
+) -> None:
+    """The done-when of issue 40: a stopped pod started from gputui comes back on another port; gputui follows
+    it with no config edit (the config's address stays as written), and a second start starts nothing."""
+    pod_box(ssh_home, api, ssh_home.sshd.port)
+    api.start_ports = [proxy.port]  # the start maps SSH to the proxy's port
+    config_before = (ssh_home.root / ".config" / "gputui" / "config.toml").read_bytes()
+    res = ssh_home.cli("start", "box", "--timeout", "120", timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert f"runpod {POD} (the config): stopped (EXITED)" in res.stderr
+    assert f"box's SSH moved: 127.0.0.1:{ssh_home.sshd.port} -> 127.0.0.1:{proxy.port} (from runpod's API)" in res.stderr
+    assert "box: started; 0 jobs running, 0 to resume by their restart policy, 0 queued; no autostop" in res.stdout
+    assert writes(api) == [f"POST /runpod/pods/{POD}/start"]
+    assert (ssh_home.root / ".config" / "gputui" / "config.toml").read_bytes() == config_before
+    kept = json.loads(record_file(ssh_home).read_text())["box"]
+    assert (kept["endpoint"], kept["base"]) == (["127.0.0.1", proxy.port], ["127.0.0.1", ssh_home.sshd.port])
+    assert oct(record_file(ssh_home).stat().st_mode & 0o777) == "0o600"
+
+    # Every later connection goes to the new port (the proxy counts them); the old one is not used.
+    accepted = proxy.accepted
+    status = ssh_home.cli("status", "--json", timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["hosts"][0]["state"] == "connected"
+    assert proxy.accepted > accepted
+
+    again = ssh_home.cli("start", "box", "--timeout", "60", timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "box: was already running" in again.stdout
+    assert writes(api) == [f"POST /runpod/pods/{POD}/start"]  # nothing started twice
+
+
+def test_a_config_edit_wins_over_the_moved_endpoint(
+    ssh_home: SshHome, api: StandIn, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod_box(ssh_home, api, ssh_home.sshd.port)
+    api.start_ports = [proxy.port]
+    assert ssh_home.cli("start", "box", timeout=180).returncode == 0
+    from gputui.core.config import file as cfg
+    from gputui.core.transport.ssh import SSHTransport
+
+    monkeypatch.setenv("HOME", str(ssh_home.root))  # this process reads the same record and config
+    host = cfg.load(str(ssh_home.root / ".config" / "gputui" / "config.toml")).host("box")
+    assert SSHTransport(host).resolved().port == proxy.port
+    assert "-p" in SSHTransport(host).terminal_prefix() and "HostName=127.0.0.1" in " ".join(SSHTransport(host).terminal_prefix())
+    edited = cfg.load(str(ssh_home.configure(port=ssh_home.sshd.port + 1, provider="runpod", instance_id=POD))).host("box")
+    assert SSHTransport(edited).resolved().port == ssh_home.sshd.port + 1  # the user's new address wins
+
+
+def test_a_pod_back_without_its_gpus_is_a_loud_warning(ssh_home: SshHome, api: StandIn) -> None:
+    pod_box(ssh_home, api, ssh_home.sshd.port)
+    api.start_gpus = 0
+    res = ssh_home.cli("start", "box", "--timeout", "120", timeout=180)
+    assert res.returncode == 1, res.stderr
+    assert f"WARNING: box: runpod brought {POD} back with 0 GPUs" in res.stderr
+    assert "SSH moved" not in res.stderr  # the same port: nothing moved, nothing kept
+    assert "endpoint" not in json.loads(record_file(ssh_home).read_text())["box"]
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("refused", "runpod refused to start it"),
+        ("terminated", "was terminated; it cannot start"),
+        ("no key", "no runpod API key on this machine: set $RUNPOD_API_KEY or ~/.runpod/config.toml"),
+        ("unknown", "gputui does not know which RunPod pod or vast.ai instance it is"),
+        ("lambda", "Lambda cannot stop an instance (only terminate it), so there is nothing to start"),
+    ],
+)
+def test_a_start_that_cannot_happen_says_why_and_changes_nothing(
+    ssh_home: SshHome, api: StandIn, case: str, expect: str
+) -> None:
+    pod_box(ssh_home, api, ssh_home.sshd.port, status="TERMINATED" if case == "terminated" else "EXITED")
+    if case == "refused":
+        api.refuse_start = "There are not enough free GPUs on the host machine to start this pod."
+    elif case == "no key":
+        del ssh_home.env["RUNPOD_API_KEY"]
+    elif case == "unknown":
+        ssh_home.configure(provider="runpod")
+    elif case == "lambda":
+        ssh_home.configure(provider="lambda")
+    res = ssh_home.cli("start", "box", "--timeout", "30", timeout=90)
+    assert res.returncode in (1, 2), res.stderr
+    assert expect in res.stderr, res.stderr
+    if case == "refused":  # in the provider's words
+        assert "There are not enough free GPUs on the host machine to start this pod." in res.stderr
+    assert [w for w in writes(api) if not w.endswith("/start")] == []
+    assert api.pods[POD]["desiredStatus"] == ("TERMINATED" if case == "terminated" else "EXITED")
+
+
+def test_the_hosts_agent_names_its_instance_and_gputui_keeps_it(
+    home: Home, api: StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running pod's agent says which pod it is (never its key): ``start`` knows it once the pod is stopped."""
+    api.pods[POD] = standin.runpod_pod(POD)
+    home.env.update(RUNPOD_POD_ID=POD, RUNPOD_API_KEY=RUNPOD_KEY)
+    home.write_config(f'[hosts.pod]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
+    res = home.cli("status", "--json", timeout=120)
+    assert res.returncode == 0, res.stderr
+    kept = json.loads(record_file(home).read_text())
+    assert kept["pod"]["provider"] == "runpod" and kept["pod"]["instance_id"] == POD
+    assert RUNPOD_KEY not in record_file(home).read_text() and RUNPOD_KEY not in res.stdout
+    home.write_config(f'[hosts.pod]\ntransport = "local"\nremote_dir = "{home.state_dir}"\nprovider = "none"\n')
+    monkeypatch.setenv("HOME", str(home.root))
+    from gputui.core.config import file as cfg
+
+    config = cfg.load(str(home.root / ".config" / "gputui" / "config.toml"))
+    assert lifecycle.known(config.host("pod")) is None  # provider = "none": not this host's instance
+
+
+def test_the_providers_answers_give_endpoints_spot_gpus_and_the_stopped_rate() -> None:
+    pod = pv._runpod_instance({**standin.runpod_pod(POD, "EXITED"), "interruptible": True}, POD)
+    assert (pod.state, pod.endpoints, pod.interruptible, pod.gpus) == (
+        "stopped", (("direct", "213.173.109.39", 13007),), True, 1,
+    )  # fmt: skip
+    assert pod.stopped_per_hour == pytest.approx(20 * 0.20 / 730)
+    vast = pv._vast_instance({"instances": {**standin.vast_instance(int(VAST_ID)), "is_bid": True}}, VAST_ID)
+    assert vast is not None and vast.endpoints == (("direct", "63.135.50.11", 40123), ("proxy", "ssh2281.vast.ai", 10882))
+    assert vast.interruptible is True and vast.stopped_per_hour == pytest.approx(32 * 0.15 / 730)
+    assert lifecycle.endpoint_of(vast, "ssh2281.vast.ai") == ("ssh2281.vast.ai", 10882)  # the relay the config uses
+    assert lifecycle.endpoint_of(vast, "63.135.50.11") == ("63.135.50.11", 40123)
+
+    # A field of the wrong type is unknown, and blocks only what needs it (a start needs the state).
+    odd = {**standin.runpod_pod(POD), "publicIp": "1.2.3.4; rm -rf /", "portMappings": {"22": "x"},
+           "gpu": {"count": -1}, "interruptible": "yes", "volumeInGb": 1e300}  # fmt: skip
+    found = pv._runpod_instance(odd, POD).needed("start")
+    assert (found.endpoints, found.gpus, found.interruptible, found.stopped_per_hour) == ((), None, None, None)
+    assert {name for name, _ in found.unusable} == {"endpoints", "gpus", "interruptible", "stopped_per_hour"}
+    with pytest.raises(pv.ProviderError):
+        pv._runpod_instance({**standin.runpod_pod(POD), "desiredStatus": 5}, POD).needed("start")
+
+
+def test_vastai_start_from_here(api: StandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    api.vast[VAST_ID] = standin.vast_instance(int(VAST_ID), "stopped", "stopped")
+    api.start_ports = [40999]
+    k = lifecycle.Known("vastai", VAST_ID, "the config")
+    env = {"CONTAINER_ID": VAST_ID, "CONTAINER_API_KEY": VAST_KEY}
+    detected = pv.Detected("vastai", VAST_ID, pv.ENVIRONMENT)
+    pv.start(detected, api.base("vastai"), env)
+    assert api.requests[-1].body == {"state": "running"} and k.provider == "vastai"
+    pv.instance(detected, api.base("vastai"), env)  # the start settles after one read
+    back = pv.instance(detected, api.base("vastai"), env)
+    assert back.state == "running" and back.endpoints[0] == ("direct", "63.135.50.11", 40999)
+    api.refuse_start = "no_such_ask: machine is rented"
+    with pytest.raises(pv.ProviderError, match="vastai refused to start it: no_such_ask: machine is rented"):
+        pv.start(detected, api.base("vastai"), env)
+
+
+def test_a_release_is_of_one_life_a_started_pod_resumes_its_jobs(tmp_path: Path) -> None:
+    """A pod stopped and started keeps the machine's boot: its jobs' restart policies count from PID 1's start
+    (the container's), so a release before it no longer holds them back."""
+    stat = tmp_path / "stat"
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat.write_text(f"1 (tini) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 {500 * ticks} 1000 10")
+    booted = boot.boot_time()
+    assert booted is not None and boot.life_start(str(stat)) == pytest.approx(booted + 500)
+    assert boot.life_start(str(tmp_path / "missing")) == booted
+    (tmp_path / "watchdog_state.json").write_text(json.dumps({"action": "released", "t": boot.life_start() - 1}))
+    assert restart.released(str(tmp_path)) is False  # released in an earlier life: jobs resume
+    (tmp_path / "watchdog_state.json").write_text(json.dumps({"action": "released", "t": boot.life_start() + 1}))
+    assert restart.released(str(tmp_path)) is True
