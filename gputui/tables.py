@@ -169,6 +169,8 @@ def _idle_text(c: M.CostInfo) -> str:
 def status_line(s: M.HostSnapshot) -> str:
     """One short line for a host (``status --short``: a tmux status line, a shell prompt): state, GPUs and their
     mean utilisation, running jobs, price, idle time, and a GPU problem first when there is one."""
+    if s.state != M.CONNECTED and s.instance is not None and s.instance.state != "unknown":
+        return f"{s.name} {s.instance.state}"  # what its provider says: stopped, preempted, terminated
     if s.state != M.CONNECTED:
         return f"{s.name} {s.state}" + (f" ({clean(s.error, limit=60)})" if s.error else "")
     parts = [f"{s.name} up"]
@@ -194,6 +196,8 @@ def status_line(s: M.HostSnapshot) -> str:
 def print_status(snaps: list[M.HostSnapshot]) -> None:
     for s in snaps:
         print(f"{s.name}: {s.state}" + (f" ({clean(s.error, limit=2000)})" if s.error else ""))
+        if s.instance is not None:  # it does not answer: what its provider says
+            print(f"  {s.instance.state}  {clean(s.instance.detail, limit=600)}")
         m = s.metrics
         if m is None:
             continue

@@ -212,3 +212,91 @@ def test_a_release_is_of_one_life_a_started_pod_resumes_its_jobs(tmp_path: Path)
     assert restart.released(str(tmp_path)) is False  # released in an earlier life: jobs resume
     (tmp_path / "watchdog_state.json").write_text(json.dumps({"action": "released", "t": boot.life_start() + 1}))
     assert restart.released(str(tmp_path)) is True
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "pod_state, interruptible, key, state, detail",
+    [
+        ("EXITED", False, True, "stopped", "runpod says EXITED; its disk bills 0.0055/h while stopped; gputui start box starts it"),
+        ("EXITED", True, True, "preempted", "runpod says EXITED: a spot instance the provider took back"),
+        ("gone", False, True, "terminated", f"runpod no longer lists {POD}"),
+        ("RUNNING", False, True, "running", "runpod says RUNNING: the instance runs, its SSH does not answer"),
+        ("EXITED", False, False, "unknown", "no runpod API key on this machine"),
+    ],
+)
+def test_a_host_that_does_not_answer_shows_what_its_provider_says(
+    ssh_home: SshHome, api: StandIn, pod_state: str, interruptible: bool, key: bool, state: str, detail: str
+) -> None:
+    """stopped, not down: status asks the provider (with the key here) about a host whose SSH does not answer."""
+    pod_box(ssh_home, api, ssh_home.sshd.port, status="EXITED" if pod_state == "gone" else pod_state)
+    api.pods[POD]["interruptible"] = interruptible
+    if pod_state == "gone":
+        del api.pods[POD]
+    if not key:
+        del ssh_home.env["RUNPOD_API_KEY"]
+    path = ssh_home.root / ".config" / "gputui" / "config.toml"
+    path.write_text(path.read_text().replace(f"port = {ssh_home.sshd.port}", f"port = {_closed_port()}"))
+    res = ssh_home.cli("status", "--json", timeout=120)
+    [host] = json.loads(res.stdout)["hosts"]
+    assert host["state"] == "error" and host["instance"]["state"] == state, res.stdout
+    assert detail in host["instance"]["detail"]
+    short = ssh_home.cli("status", "--short", timeout=120).stdout
+    assert short.strip() == (f"box {state}" if state != "unknown" else short.strip())
+    text = ssh_home.cli("status", timeout=120).stdout
+    assert f"  {state}  " in text
+    assert writes(api) == []  # asking starts and stops nothing
+    book = ssh_home.root / ".local" / "state" / "gputui" / "ledger.json"
+    ledger = json.loads(book.read_text()) if book.exists() else {"hosts": {}}
+    stopped = [iv for iv in ledger["hosts"].get("box", {}).get("intervals", []) if iv.get("kind") == "stopped"]
+    if state in ("stopped", "preempted"):
+        assert stopped and stopped[-1]["price"] == pytest.approx(20 * 0.20 / 730) and stopped[-1]["end"] is None
+    else:
+        assert stopped == []
+
+
+def test_the_ledger_bills_a_stopped_instance_at_its_disk_rate_and_a_started_one_again(tmp_path: Path) -> None:
+    from gputui.core.money.cost import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.json")
+    ledger.observe("pod", 1000.0, 2.0, "boot-a", 1000.0)
+    ledger.observe("pod", 4600.0, 2.0, "boot-a", 1000.0)  # up for an hour, seen last at 4600
+    ledger.close("pod", 4600.0)  # gputui released it (stop)
+    ledger.stopped("pod", 8200.0, 0.01)  # the provider says stopped, disk at 0.01/h
+    assert ledger.spent("pod", 11800.0, live=False) == pytest.approx(2.0 * 1 + 0.01 * 2)  # stopped since 4600
+    assert ledger.spent("pod", 11800.0, live=False, since=4600.0) == pytest.approx(0.01 * 2)
+    ledger.started("pod", 11800.0)
+    ledger.observe("pod", 11800.0, 2.0, "boot-a", 0.0)  # the same boot id (a pod keeps the machine's): billed
+    ledger.observe("pod", 15400.0, 2.0, "boot-a", 0.0)
+    assert ledger.spent("pod", 15400.0, live=True) == pytest.approx(2.0 + 0.02 + 2.0)
+    ledger.save(force=True)
+    again = Ledger(tmp_path / "ledger.json")
+    assert [iv.kind for iv in again.intervals("pod")] == ["running", "stopped", "running"]
+
+    # Started from the provider's console (no gputui start): seen up after a stopped look is a new run too.
+    other = Ledger(tmp_path / "other.json")
+    other.observe("pod", 0.0, 1.0, "b", 0.0)
+    other.close("pod", 100.0)
+    other.stopped("pod", 200.0, None)  # rate unknown: counted as 0 while stopped
+    other.observe("pod", 3700.0, 1.0, "b", 0.0)
+    other.observe("pod", 7300.0, 1.0, "b", 0.0)
+    assert other.spent("pod", 7300.0, live=True) == pytest.approx(100 / 3600 + 1.0)
+
+
+def test_the_app_says_a_host_was_preempted() -> None:
+    from gputui.core.session import model as M
+    from gputui.ui import notices
+
+    down = M.HostSnapshot("pod", state=M.ERROR, error="connection refused")
+    look = M.InstanceLook("runpod", POD, "preempted", "runpod says EXITED: a spot instance the provider took back")
+    [notice] = notices.diff(down, M.HostSnapshot("pod", state=M.ERROR, error="connection refused", instance=look))
+    assert notice.severity == "error" and notice.message.startswith("pod was preempted by its provider: runpod says")
+    same = M.HostSnapshot("pod", state=M.ERROR, error="connection refused", instance=look)
+    assert notices.diff(same, same) == []  # said once

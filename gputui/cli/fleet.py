@@ -31,6 +31,7 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
             await s.cluster_info()
 
     results = await gather_hosts(fleet, list(fleet.sessions), probe)
+    await fleet.look_down()  # a host that does not answer: stopped? preempted? (its provider, with your key)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
     return snaps, hosts_status(results)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from ..core import safetext
 from ..core.config import file as cfg
 from ..core.errors import ExitStatus
 from ..core.files.artifacts import DEFAULT_DEST as ARTIFACTS_DEST
 from ..core.money import autostop
+from ..core.money.cost import Ledger
 from ..core.money.release import ReleaseError, ReleaseRequest, check_configured, check_release, release_host
 from ..core.session.host import HostSession
 from .common import CliError, ask, bounded, open_fleet, progress_printer, with_session
@@ -128,6 +130,9 @@ async def cmd_start(args: argparse.Namespace) -> int:
         raise CliError(f"{args.host}: not started: {safetext.clean(str(exc), limit=600)}") from None
     for warning in started.warnings:
         print(f"gputui: WARNING: {args.host}: {safetext.clean(warning, limit=600)}", file=sys.stderr)
+    ledger = Ledger()  # its stopped time ends; billed again from its next sample (a release it had is over)
+    ledger.started(args.host, time.time())
+    ledger.save(force=True)
 
     async def body(s: HostSession) -> int:
         jobs = await s.list_jobs()

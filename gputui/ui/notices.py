@@ -51,6 +51,11 @@ def diff(
             out.append(Notice(f"{name} dropped: {error or 'link lost'}; reconnecting", "warning"))
         elif now == M.ERROR:
             out.append(Notice(f"{name}: {error or 'error'}", "error"))
+    look, looked = new.instance, old.instance
+    if look is not None and look.state in ("preempted", "stopped", "terminated") and (looked is None or looked.state != look.state):
+        what = {"preempted": "was preempted by its provider", "stopped": "is stopped", "terminated": "was terminated"}
+        severity = "error" if look.state == "preempted" else "warning"
+        out.append(Notice(f"{name} {what[look.state]}: {fmt.clip(look.detail, ERROR_CHARS)}", severity))
     before = {j.id: j for j in old.jobs}
     for job in new.jobs:
         prev = before.get(job.id)

@@ -8,6 +8,7 @@ import functools
 import importlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -17,6 +18,7 @@ from gputui.core.money import autostop
 from gputui.core.money.cost import Ledger, cost_info
 from gputui.core.session import model as M
 from gputui.core.session.host import HostSession
+from gputui.core.transport import instances
 from gputui.core.transport.base import AgentChannel, HostError, LocalTransport, Transport
 
 
@@ -34,6 +36,7 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
 
 SSH_STACK = "gputui.core.transport.ssh"  # with asyncssh and its crypto: ~120 ms to import
 LOCAL_FIRST_S = 0.5  # the SSH stack's load waits at most this long for the local hosts' connect
+LOOK_EVERY_S = 120.0  # a host that does not answer: its provider is asked at most this often
 
 
 class Unloadable(Transport):
@@ -76,7 +79,10 @@ class Fleet:
         self.sessions: dict[str, HostSession] = {}
         self._deferred: dict[str, HostConfig] = {}  # SSH hosts whose session waits for the SSH stack
         self._loader: asyncio.Task[None] | None = None
+        self._looker: asyncio.Task[None] | None = None
         self._closed = False
+        self.looks: dict[str, M.InstanceLook] = {}  # hosts that do not answer: what their provider says
+        self._looked: dict[str, float] = {}
         for name, host in config.hosts.items():
             if defer_ssh and host.transport != "local":
                 self._deferred[name] = host
@@ -104,7 +110,46 @@ class Fleet:
 
     def with_cost(self, snap: M.HostSnapshot) -> M.HostSnapshot:
         host = self.config.hosts[snap.name]
-        return replace(snap, cost=cost_info(snap, host, self.config, self.ledger))
+        if snap.state == M.CONNECTED:
+            self.looks.pop(snap.name, None)
+        look = self.looks.get(snap.name)
+        return replace(snap, cost=cost_info(snap, host, self.config, self.ledger), instance=look)
+
+    def _down(self, name: str) -> bool:
+        session = self.sessions.get(name)
+        return session is not None and session.snapshot.state in (M.ERROR, M.RECONNECTING)
+
+    async def look_down(self, every_s: float = 0.0) -> list[str]:
+        """Ask the providers of the hosts that do not answer, and whose instance gputui knows, what became of
+        them (``lifecycle.look``: stopped, preempted, terminated, running), each at most every ``every_s``;
+        a stopped one's disk goes into the ledger. The hosts asked."""
+        now = time.time()
+        names = [n for n in self.sessions if self._down(n) and now - self._looked.get(n, 0.0) >= every_s
+                 and instances.known(self.config.hosts[n]) is not None]  # fmt: skip
+        if not names:
+            return []
+        from gputui.core.money import lifecycle  # the provider client (and the SSH stack): only when needed
+
+        found = await asyncio.gather(
+            *(lifecycle.look(self.config, self.config.hosts[n], self.ledger.released(n)) for n in names)
+        )
+        for name, look in zip(names, found, strict=True):
+            self._looked[name] = now
+            if look is None or not self._down(name):
+                continue
+            self.looks[name] = look
+            if look.state in ("stopped", "preempted"):
+                self.ledger.stopped(name, look.at, look.stopped_per_hour)
+            elif look.state == "terminated":
+                self.ledger.gone(name, look.at)
+            self._changed(self.sessions[name].snapshot)
+        return names
+
+    async def _look_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(LOOK_EVERY_S / 4)
+            with contextlib.suppress(Exception):  # each look says its own failure (state unknown)
+                await self.look_down(LOOK_EVERY_S)
 
     def session(self, name: str) -> HostSession:
         self.config.host(name)  # raises a ConfigError naming the known hosts
@@ -133,6 +178,8 @@ class Fleet:
         """Start every host's session; the deferred SSH hosts' once the SSH stack has loaded in a thread."""
         for session in self.sessions.values():
             session.run_in_background()
+        if self._looker is None:
+            self._looker = asyncio.get_running_loop().create_task(self._look_loop())
         if self._deferred and self._loader is None:
             self._loader = asyncio.get_running_loop().create_task(self._start_deferred())
 
@@ -168,9 +215,10 @@ class Fleet:
 
     async def close(self) -> None:
         self._closed = True  # a deferred host built from now on is not started
-        if self._loader is not None:
-            self._loader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loader
+        for task in (self._loader, self._looker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.gather(*(s.close() for s in self.sessions.values()), return_exceptions=True)
         self.ledger.save(force=True)

@@ -52,6 +52,9 @@ def gpu_price(name: str, prices: dict[str, float]) -> float | None:
     return lowered[max(hits, key=len)] if hits else None
 
 
+RUNNING, STOPPED = "running", "stopped"  # Interval.kind: compute billed, or only the disk of a stopped instance
+
+
 @dataclass
 class Interval:
     start: float
@@ -59,10 +62,13 @@ class Interval:
     price: float
     boot_id: str | None
     last_seen: float
+    kind: str = RUNNING
 
     def until(self, now: float, live: bool) -> float:
         if self.end is not None:
             return self.end
+        if self.kind == STOPPED:  # the disk bills on while the provider says stopped, link or none
+            return now
         return now if live else max(self.last_seen, self.start)
 
 
@@ -110,11 +116,14 @@ class Ledger:
         if price is None or not math.isfinite(price):
             return
         h = self._host(name)
+        ivs: list[Interval] = h["intervals"]
+        if ivs and ivs[-1].end is None and ivs[-1].kind == STOPPED:  # up after the provider said stopped:
+            ivs[-1].end = start = now  # a new run (a started pod keeps its boot id), billed from now
+            h["released_at"] = h["released_boot_id"] = None
         if h["released_at"] is not None:
             if boot_id == h["released_boot_id"]:
                 return  # still shutting down after a release: not billed any more
             h["released_at"] = h["released_boot_id"] = None  # a new instance under the same name
-        ivs: list[Interval] = h["intervals"]
         open_iv = ivs[-1] if ivs and ivs[-1].end is None else None
         floor = max((iv.end for iv in ivs if iv.end is not None), default=0.0)
         if open_iv is not None and open_iv.boot_id == boot_id and open_iv.price == price:
@@ -127,6 +136,39 @@ class Ledger:
                 start = now if open_iv.boot_id == boot_id else start
             begin = max(start if start is not None else now, floor)
             ivs.append(Interval(min(begin, now), None, price, boot_id, now))
+        self._dirty = True
+
+    def stopped(self, name: str, now: float, rate: float | None) -> None:
+        """The provider says the host's instance is stopped now, its disk billing ``rate`` per hour (None:
+        unknown, counted as 0): the running interval ended when the host was last seen, a stopped one runs
+        from there until the host is seen up again (``observe``) or started (``started``)."""
+        price = rate if rate is not None and math.isfinite(rate) and rate >= 0 else 0.0
+        ivs: list[Interval] = self._host(name)["intervals"]
+        last = ivs[-1] if ivs and ivs[-1].end is None else None
+        if last is not None and last.kind == STOPPED and last.price == price:
+            last.last_seen = now
+            return
+        self.gone(name, now)
+        begin = max((iv.end for iv in ivs if iv.end is not None), default=now)
+        ivs.append(Interval(min(begin, now), None, price, None, now, STOPPED))
+
+    def gone(self, name: str, now: float) -> None:
+        """The provider says the host's instance no longer bills (terminated): an open interval ends, a
+        running one when the host was last seen."""
+        ivs: list[Interval] = self._host(name)["intervals"]
+        last = ivs[-1] if ivs and ivs[-1].end is None else None
+        if last is not None:
+            last.end = max(last.last_seen, last.start) if last.kind == RUNNING else now
+        self._dirty = True
+
+    def started(self, name: str, now: float) -> None:
+        """``gputui start`` started the host's instance: its stopped time ends, and a release it had is over (a
+        pod started again keeps its boot id: without this its new run would never be billed)."""
+        h = self._host(name)
+        ivs: list[Interval] = h["intervals"]
+        if ivs and ivs[-1].end is None and ivs[-1].kind == STOPPED:
+            ivs[-1].end = now
+        h["released_at"] = h["released_boot_id"] = None
         self._dirty = True
 
     def close(self, name: str, now: float, boot_id: str | None = None, released: bool = True) -> None:
@@ -204,8 +246,11 @@ def _parse_ledger(data: Any) -> dict[str, dict[str, Any]]:
             boot = i["boot_id"]
             if boot is not None and not isinstance(boot, str):
                 raise ValueError(f"not a boot id: {boot!r}")
+            kind = i.get("kind", RUNNING)
+            if kind not in (RUNNING, STOPPED):
+                raise ValueError(f"not an interval kind: {kind!r}")
             intervals.append(Interval(number(i["start"]), optional(i["end"]), number(i["price"]), boot,
-                                      number(i["last_seen"])))  # fmt: skip
+                                      number(i["last_seen"]), kind))  # fmt: skip
         hosts[str(name)] = {
             "intervals": intervals,
             "released_at": optional(h.get("released_at")),

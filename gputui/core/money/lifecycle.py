@@ -18,7 +18,9 @@ from typing import cast
 from gputui.core.config.file import Config, HostConfig
 from gputui.core.errors import UsageError
 from gputui.core.money import providers as pv
+from gputui.core.session.model import InstanceLook
 from gputui.core.transport import instances
+from gputui.core.transport.instances import Known, known
 from gputui.core.transport.ssh import SSHTransport
 from remote_agent.host import provider as agent_provider
 
@@ -26,25 +28,6 @@ Instance = agent_provider.Instance
 START_TIMEOUT_S = 600.0  # a start: until the provider says running, then until SSH answers
 POLL_S = 5.0
 BANNER_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class Known:
-    """The instance a host is: from its ``instance_id`` setting, or as its agent last reported it."""
-
-    provider: str
-    instance_id: str
-    source: str  # "the config" / "its agent"
-
-
-def known(host: HostConfig) -> Known | None:
-    """The RunPod / vast.ai instance ``host`` is, where gputui knows it."""
-    if host.instance_id and host.provider in instances.PROVIDERS:
-        return Known(host.provider, host.instance_id, "the config")
-    found = instances.get(host.name)
-    if found is not None and host.provider in ("auto", found.provider):
-        return Known(found.provider, found.instance_id, "its agent")
-    return None
 
 
 def require_known(host: HostConfig) -> Known:
@@ -96,6 +79,43 @@ def endpoint_of(found: Instance, configured_host: str) -> tuple[str, int] | None
     return (ranked[0][1], ranked[0][2]) if ranked else None
 
 
+def _api_url(config: Config, provider: str) -> str | None:
+    settings = config.providers.get(provider)
+    return settings.api_url if settings else None
+
+
+async def look(config: Config, host: HostConfig, released: bool) -> InstanceLook | None:
+    """What ``host``'s provider says of its instance (the host does not answer): None where gputui knows no
+    instance for it. ``released``: gputui released it (a stopped spot instance it did not release was
+    preempted). Never raises: what could not be asked is ``unknown``, saying why."""
+    k = known(host)
+    if k is None:
+        return None
+    now = time.time()
+
+    def seen(state: str, detail: str, rate: float | None = None) -> InstanceLook:
+        return InstanceLook(k.provider, k.instance_id, state, detail, rate, now)
+
+    try:
+        found = await read(k, account(k.provider), _api_url(config, k.provider))
+    except UsageError as exc:  # no key here
+        return seen("unknown", str(exc))
+    except pv.ProviderError as exc:
+        if exc.kind == "not_found":
+            return seen(agent_provider.TERMINATED, f"{k.provider} no longer lists {k.instance_id}")
+        return seen("unknown", f"could not ask {k.provider}: {exc}")
+    said = f"{k.provider} says {found.provider_state}"
+    if found.state == agent_provider.STOPPED:
+        rate = found.stopped_per_hour
+        disk = f"; its disk bills {rate:.4f}/h while stopped" if rate is not None else ""
+        if found.interruptible and not released:
+            return seen("preempted", f"{said}: a spot instance the provider took back{disk}; gputui start {host.name}", rate)
+        return seen(agent_provider.STOPPED, f"{said}{disk}; gputui start {host.name} starts it", rate)
+    if found.state in (agent_provider.RUNNING, agent_provider.STARTING):
+        return seen(found.state, f"{said}: the instance runs, its SSH does not answer")
+    return seen(found.state, said)
+
+
 async def ssh_answers(address: str, port: int, timeout_s: float = BANNER_TIMEOUT_S) -> bool:
     """Whether an SSH server answers at ``address:port`` (its banner, ``SSH-``, arrives within ``timeout_s``)."""
     try:
@@ -132,8 +152,7 @@ async def start(
     again (only followed); a terminated one, a refusal or the time running out is a ``ProviderError``."""
     k = require_known(host)
     key = account(k.provider)
-    settings = config.providers.get(k.provider)
-    api_url = settings.api_url if settings else None
+    api_url = _api_url(config, k.provider)
     end = time.monotonic() + timeout_s
     found = await read(k, key, api_url)
     say(f"{k.provider} {k.instance_id} ({k.source}): {found.state} ({found.provider_state})")

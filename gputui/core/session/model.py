@@ -288,6 +288,23 @@ class CostInfo:
 
 
 @dataclass(frozen=True)
+class InstanceLook:
+    """What a host's provider says of its instance while the host does not answer (``gputui.core.money.lifecycle.
+    look``): ``stopped``, ``preempted`` (a spot instance stopped by the provider, not by the user), ``terminated``,
+    ``running`` / ``starting`` (the instance runs: the link is what fails), or ``unknown`` (could not ask)."""
+
+    provider: str
+    instance_id: str
+    state: str
+    detail: str  # in words, for the hosts row and status
+    stopped_per_hour: float | None = None  # what its disk bills while stopped (USD per hour), where known
+    at: float = 0.0  # when the provider was asked
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class HostSnapshot:
     """Everything the client knows about one host at one moment."""
 
@@ -304,6 +321,8 @@ class HostSnapshot:
     cost: CostInfo | None = None
     # a Slurm login node (scheduler = "slurm"): partitions and nodes from its last sinfo
     cluster: P.ClusterInfo | None = field(default=None, compare=False, hash=False)
+    # while it does not answer: what its provider says of its instance (RunPod / vast.ai, with the user's key)
+    instance: InstanceLook | None = None
 
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
@@ -326,6 +345,7 @@ class HostSnapshot:
             "jobs": [j.to_json() for j in self.jobs],
             "cost": self.cost.to_json() if self.cost is not None else None,
             "cluster": self.cluster,
+            "instance": self.instance.to_json() if self.instance is not None else None,
         }
 
 

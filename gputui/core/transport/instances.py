@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gputui.core import paths
+from gputui.core.config.file import HostConfig
 
 NAME = "instances.json"
 MAX_BYTES = 1024 * 1024
@@ -113,6 +114,25 @@ def learnt(name: str, provider: str, instance_id: str, file: Path | None = None)
     if old is None or (old.provider, old.instance_id) != (provider, instance_id):
         put(name, Record(provider, instance_id, learnt_at=time.time()), file)
     _LEARNT[memo] = (provider, instance_id)
+
+
+@dataclass(frozen=True)
+class Known:
+    """The instance a host is: from its ``instance_id`` setting, or as its agent last reported it."""
+
+    provider: str
+    instance_id: str
+    source: str  # "the config" / "its agent"
+
+
+def known(host: HostConfig) -> Known | None:
+    """The RunPod / vast.ai instance ``host`` is, where gputui knows it."""
+    if host.instance_id and host.provider in PROVIDERS:
+        return Known(host.provider, host.instance_id, "the config")
+    found = get(host.name)
+    if found is not None and host.provider in ("auto", found.provider):
+        return Known(found.provider, found.instance_id, "its agent")
+    return None
 
 
 def endpoint_for(name: str, address: str, port: int, file: Path | None = None) -> tuple[str, int] | None:

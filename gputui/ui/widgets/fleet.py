@@ -17,6 +17,10 @@ from .keyed_table import KeyedTable, Row
 
 def state_text(snap: M.HostSnapshot, pal: Palette) -> Text:
     s = snap.state
+    look = snap.instance  # it does not answer: what its provider says (stopped, preempted, ...)
+    if s != M.CONNECTED and look is not None and look.state != "unknown":
+        style = pal.muted if look.state in ("stopped", "terminated") else pal.hot
+        return Text(f"○ {look.state}", style=style, no_wrap=True)
     if s == M.CONNECTED:
         idle = snap.cost is not None and snap.cost.idle
         return Text("● idle" if idle else "● up", style=pal.warm if idle else pal.ok)

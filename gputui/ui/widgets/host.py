@@ -65,6 +65,10 @@ def host_info(snap: M.HostSnapshot, pal: Palette) -> Text:
     elif snap.state == M.CONNECTING:
         out.append("\n")
         out.append("connecting…", style=pal.muted)
+    if snap.state != M.CONNECTED and snap.instance is not None:
+        out.append("\n")
+        out.append(f"{snap.instance.state}: ", style=f"bold {pal.warm}")
+        out.append(safetext.clean(snap.instance.detail, limit=ERROR_CHARS))
     c = snap.cost
     if c is not None:
         parts = Text()
