@@ -90,6 +90,7 @@ OP_WATCHDOG_CANCEL = "watchdog.cancel"
 OP_NOTIFY_TEST = "notify.test"  # send a test notification now with the given [notify] settings
 OP_RELEASE_CHECK = "release.check"  # prove without side effects that the host's release would work
 OP_RELEASE_PROVIDER = "release.provider"  # release this instance through its provider's API, confirmed
+OP_RELEASE_INSTANCE = "release.instance"  # this instance as its provider says now: price, state, spot (no change)
 OP_DOCTOR = "doctor"  # host checks, each ok/warn/fail/skip with a fix (remote_agent/host/doctor.py)
 # Files carried to and from the host (remote_agent/files/: pull.py reads, sync.py writes).
 OP_FILES_LIST = "files.list"  # args: base, patterns; result: {base, files: [{path, rel, size, mtime, mode}]}
@@ -661,6 +662,23 @@ class ReleaseProviderArgs(TypedDict, total=False):
     release_timeout: float  # how long the state is read back for
 
 
+class ReleaseInstanceArgs(TypedDict, total=False):
+    provider: str  # the host's provider setting
+    api_urls: Dict[str, str]
+
+
+class ReleaseInstanceResult(TypedDict, total=False):
+    found: bool  # a RunPod / vast.ai instance was found on the host (the provider setting allowing it)
+    provider: str
+    instance_id: str
+    state: str
+    price_per_hour: Optional[float]  # the provider's figure now (None: it gave none usable)
+    price_unknown: str  # why not
+    interruptible: Optional[bool]  # a spot / interruptible instance
+    error: str  # why the provider could not be read
+    t: float
+
+
 class ReleaseProviderResult(TypedDict):
     found: bool  # a RunPod / vast.ai instance was found on the host (the provider setting allowing it)
     released: bool  # the provider confirmed it stopped / terminated
@@ -730,6 +748,7 @@ OPS: Dict[str, Op] = {
     OP_NOTIFY_TEST: Op(NotifyTestArgs, NotifyTestResult),
     OP_RELEASE_CHECK: Op(ReleaseCheckArgs, ReleaseCheckResult),
     OP_RELEASE_PROVIDER: Op(ReleaseProviderArgs, ReleaseProviderResult),
+    OP_RELEASE_INSTANCE: Op(ReleaseInstanceArgs, ReleaseInstanceResult),
     # files.*: checked field by field by the agent (remote_agent/files.py) and the client (gputui/core/files/wire.py)
     OP_FILES_LIST: Op(None, Dict[str, Any]),
     OP_FILES_READ: Op(None, Dict[str, Any]),

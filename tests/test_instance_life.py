@@ -300,3 +300,25 @@ def test_the_app_says_a_host_was_preempted() -> None:
     assert notice.severity == "error" and notice.message.startswith("pod was preempted by its provider: runpod says")
     same = M.HostSnapshot("pod", state=M.ERROR, error="connection refused", instance=look)
     assert notices.diff(same, same) == []  # said once
+
+
+def test_the_providers_price_is_used_without_autostop_and_a_typed_one_wins(home: Home, api: StandIn) -> None:
+    """Where the config sets no price, the pod's own price (read there with its own key at every connect) is
+    shown and billed at all times, not only while autostop is armed; a new price is the new one's."""
+    api.pods[POD] = standin.runpod_pod(POD)
+    home.env.update(RUNPOD_POD_ID=POD, RUNPOD_API_KEY=RUNPOD_KEY)
+    table = f'[providers.runpod]\napi_url = "{api.base("runpod")}"\n[hosts.pod]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
+    home.write_config(table)
+    [host] = json.loads(home.cli("status", "--json", check=True, timeout=120).stdout)["hosts"]
+    assert (host["cost"]["price_per_hour"], host["cost"]["price_source"]) == (0.74, "runpod")
+    api.pods[POD]["costPerHr"] = "0.9"
+    [host] = json.loads(home.cli("status", "--json", check=True, timeout=120).stdout)["hosts"]
+    assert host["cost"]["price_per_hour"] == 0.9
+    api.pods[POD]["costPerHr"] = ["0.9"]  # unusable: unknown, said why
+    [host] = json.loads(home.cli("status", "--json", check=True, timeout=120).stdout)["hosts"]
+    assert host["cost"]["price_per_hour"] is None and "costPerHr must be a number" in host["cost"]["price_unknown"]
+    home.write_config(table + "price_per_hour = 2.0\n")
+    asked = len(api.methods())
+    [host] = json.loads(home.cli("status", "--json", check=True, timeout=120).stdout)["hosts"]
+    assert (host["cost"]["price_per_hour"], host["cost"]["price_source"]) == (2.0, "config")
+    assert len(api.methods()) == asked and writes(api) == []  # a typed price: the provider is not asked

@@ -65,7 +65,8 @@ def test_a_missing_release_remote_program_fails_the_check(home: Home, api: Stand
     pod_config(home, api, 'release_remote = ["no-such-release-program-gputui"]\n')
     res = home.cli("release", "local", "--check")
     assert res.returncode == 1 and "not found or not executable on the host" in res.stderr
-    assert api.requests == []  # the user's command wins: the provider is not even asked
+    # The user's command wins: the check does not ask the provider (the one read is the pod's price, at connect).
+    assert api.methods() == [f"GET /runpod/pods/{POD}"]
 
 
 def test_release_stops_the_pod_through_the_agent_and_confirms_before_closing_the_ledger(
@@ -161,7 +162,8 @@ async def test_add_detects_the_provider(
     home: Home, api: StandIn, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The ``add`` flow's hook: the new host's agent finds the pod, asking the API at the config's ``api_url``;
-the provider and its price go where none is set (a host that is no pod: tests/test_hostadd.py)."""
+the provider and the pod's id go where none is set, the price is not frozen (a host that is no pod:
+tests/test_hostadd.py)."""
     from gputui.cli import hosts
     from gputui.core.config import file as cfg
     from gputui.core.hosts.fleet import Fleet
@@ -178,12 +180,14 @@ the provider and its price go where none is set (a host that is no pod: tests/te
         assert hosts.detect_provider is not None
         urls = autostop.api_urls(config)
         found = await hosts.detect_provider(session, {"transport": "local"}, urls)
-        kept = await hosts.detect_provider(session, {"provider": "auto", "price_per_hour": 2.0}, urls)
+        kept = await hosts.detect_provider(session, {"price_per_hour": 2.0}, urls)
     finally:
         await fleet.close()
-    assert found == {"provider": "runpod", "price_per_hour": 0.74}  # the stand-in's answer
-    assert kept is None  # the table sets both: nothing is added
-    assert "provider: runpod detected; adding provider = 'runpod', price_per_hour = 0.74" in capsys.readouterr().out
+    assert found == {"provider": "runpod", "instance_id": POD}  # the price is read at every connect, never frozen
+    assert kept == {"provider": "runpod", "instance_id": POD}  # a price the user typed stays theirs
+    out = capsys.readouterr().out
+    assert "provider: runpod prices it at 0.74/h now; gputui reads its price at every connect" in out
+    assert f"provider: runpod detected; adding provider = 'runpod', instance_id = '{POD}'" in out
     assert f"GET /runpod/pods/{POD}" in api.methods() and writes(api) == []
 
 

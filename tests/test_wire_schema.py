@@ -178,6 +178,7 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     result(P.OP_NOTIFY_TEST, P.NotifyTestResult, notify={"command": ["true"]})
     result(P.OP_RELEASE_CHECK, P.ReleaseCheckResult, release_remote=["true"], provider="auto")
     result(P.OP_RELEASE_PROVIDER, P.ReleaseProviderResult, provider="none")  # none here: released False
+    result(P.OP_RELEASE_INSTANCE, P.ReleaseInstanceResult, provider="none")  # none here: found False
     result(P.OP_DOCTOR, P.DoctorResult, python=sys.executable, timeout_s=60)
     result(P.OP_JOBS_GROUP_CHECK, P.GroupCheckResult, argv=["true"], ports=True, peers=["127.0.0.2"])
     result(P.OP_SLURM_INFO, P.ClusterInfo)  # with no Slurm here: its error (tests/test_slurm.py has a cluster)

@@ -42,8 +42,9 @@ async def _detect_provider(session: HostSession, table: dict[str, Any], urls: di
     """The new host's provider, as its agent finds it (RunPod / vast.ai: the instance's own variables, checked
     against the provider's API with no side effects), else a Lambda instance of the user's at its address (with
     $LAMBDA_API_KEY or ~/.lambda_cloud/lambda_keys); each API asked at ``urls`` where the config sets one.
-    ``provider`` and the provider's ``price_per_hour`` where the table sets none. Prints what it found; None
-    when nothing was."""
+    ``provider`` (and ``instance_id``, for ``gputui start``) where the table sets none; RunPod's and vast.ai's
+    price is read from their API at every connect, never frozen into the config (Lambda's, read here only,
+    is written). Prints what it found; None when nothing was."""
     from ..core.money import providers
 
     found: dict[str, Any] = {}
@@ -53,7 +54,11 @@ async def _detect_provider(session: HostSession, table: dict[str, Any], urls: di
     price: Any = None
     if via in (providers.RUNPOD, providers.VASTAI):
         found["provider"] = via
-        price = verdict.get("price_per_hour")
+        if isinstance(verdict.get("instance_id"), str):
+            found["instance_id"] = verdict["instance_id"]
+        now = verdict.get("price_per_hour")
+        if isinstance(now, (int, float)) and not isinstance(now, bool):
+            print(f"provider: {via} prices it at {float(now):.4g}/h now; gputui reads its price at every connect")
         if not verdict.get("ok"):
             print(f"provider: {via}, but its API did not answer: {clean(str(verdict.get('detail')), limit=300)}")
     else:
@@ -73,6 +78,8 @@ async def _detect_provider(session: HostSession, table: dict[str, Any], urls: di
     if isinstance(price, (int, float)) and not isinstance(price, bool) and 0 <= price <= 10000:
         found["price_per_hour"] = round(float(price), 4)
     found = {k: v for k, v in found.items() if k not in table}
+    if table.get("provider", found.get("provider")) not in (providers.RUNPOD, providers.VASTAI):
+        found.pop("instance_id", None)  # an instance id is the named provider's only
     shown = ", ".join(f"{k} = {v!r}" for k, v in found.items()) or "nothing new (the table sets it)"
     print(f"provider: {via if via in (providers.RUNPOD, providers.VASTAI) else providers.LAMBDA} detected; adding {shown}")
     return found or None

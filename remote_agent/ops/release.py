@@ -1,5 +1,6 @@
-"""Release ops: release.check (would the host's release work?) and release.provider (release through the
-provider's API from the host, confirmed)."""
+"""Release ops: release.check (would the host's release work?), release.provider (release through the
+provider's API from the host, confirmed) and release.instance (the instance as its provider says now: the
+client's price where the config sets none)."""
 
 import os
 import time
@@ -57,4 +58,26 @@ def release_provider(agent: "Agent", a: P.ReleaseProviderArgs) -> P.ReleaseProvi
     return {"found": True, "released": error is None, "how": how, "error": error}
 
 
-HANDLERS = {P.OP_RELEASE_CHECK: release_check, P.OP_RELEASE_PROVIDER: release_provider}
+def release_instance(agent: "Agent", a: P.ReleaseInstanceArgs) -> P.ReleaseInstanceResult:
+    """This host's instance as its provider says now (state, price, spot), read with the instance's own key;
+    changes nothing. ``found`` is False on a host that is no RunPod / vast.ai instance."""
+    config = _with_detection(dict(a, release_remote=None))
+    detected = provider.detected_from(config.get("release_via"))
+    if detected is None:
+        return {"found": False}
+    out: P.ReleaseInstanceResult = {"found": True, "provider": detected.provider,
+                                    "instance_id": detected.instance_id, "t": time.time()}  # fmt: skip
+    try:
+        found = provider.instance(detected, W.api_url(config, detected.provider), deadline_s=W.CHECK_CALL_S)
+    except provider.ProviderError as exc:
+        out["error"] = str(exc)
+        return out
+    out.update(state=found.state, price_per_hour=found.price_per_hour, interruptible=found.interruptible)
+    for name, why in found.unusable:
+        if name == "price_per_hour":
+            out["price_unknown"] = why
+    return out
+
+
+HANDLERS = {P.OP_RELEASE_CHECK: release_check, P.OP_RELEASE_PROVIDER: release_provider,
+            P.OP_RELEASE_INSTANCE: release_instance}  # fmt: skip

@@ -15,11 +15,12 @@ from dataclasses import replace
 from gputui.core import paths
 from gputui.core.config.file import Config, HostConfig
 from gputui.core.money import autostop
-from gputui.core.money.cost import Ledger, cost_info
+from gputui.core.money.cost import Ledger, ProviderPrice, cost_info, provider_price
 from gputui.core.session import model as M
 from gputui.core.session.host import HostSession
 from gputui.core.transport import instances
 from gputui.core.transport.base import AgentChannel, HostError, LocalTransport, Transport
+from gputui.core.transport.link import AgentError
 
 
 def say(message: str) -> None:
@@ -37,6 +38,7 @@ def make_transport(host: HostConfig, config: Config) -> Transport:
 SSH_STACK = "gputui.core.transport.ssh"  # with asyncssh and its crypto: ~120 ms to import
 LOCAL_FIRST_S = 0.5  # the SSH stack's load waits at most this long for the local hosts' connect
 LOOK_EVERY_S = 120.0  # a host that does not answer: its provider is asked at most this often
+PRICE_EVERY_S = 600.0  # the provider's price of a host (where the config sets none) is asked again this often
 
 
 class Unloadable(Transport):
@@ -83,6 +85,8 @@ class Fleet:
         self._closed = False
         self.looks: dict[str, M.InstanceLook] = {}  # hosts that do not answer: what their provider says
         self._looked: dict[str, float] = {}
+        self.provider_prices: dict[str, ProviderPrice] = {}  # the provider's price where the config sets none
+        self._priced: dict[str, float] = {}
         for name, host in config.hosts.items():
             if defer_ssh and host.transport != "local":
                 self._deferred[name] = host
@@ -97,10 +101,28 @@ class Fleet:
             self._changed,
             self._metrics_interval,
             sample_args={"idle_util_percent": host.idle_util_percent, "count_sessions": host.count_ssh_sessions},
-            # every host, every connect: settings removed must disarm
-            on_connect=functools.partial(autostop.arm, host=host, urls=autostop.api_urls(self.config)),
+            on_connect=functools.partial(self._on_connect, host=host),
             scheduler=host.scheduler,
         )
+
+    async def _on_connect(self, session: HostSession, host: HostConfig) -> None:
+        """Every host, every connect: arm its autostop (settings removed must disarm) and ask its price."""
+        await autostop.arm(session, host=host, urls=autostop.api_urls(self.config))
+        await self.ask_price(session, host)
+
+    async def ask_price(self, session: HostSession, host: HostConfig) -> None:
+        """The provider's price now, where the config sets none and the host's agent names its RunPod / vast.ai
+        instance (its own key reads it there); kept for ``with_cost``, asked again every ``PRICE_EVERY_S``."""
+        if host.price_per_hour is not None or host.provider not in ("auto", "runpod", "vastai"):
+            return
+        if not session.snapshot.facts.get("instance"):
+            return
+        self._priced[host.name] = time.time()
+        with contextlib.suppress(HostError, AgentError, OSError, asyncio.TimeoutError):
+            found = await session.release_instance(provider=host.provider, api_urls=autostop.api_urls(self.config))
+            price = provider_price(found)
+            if price is not None:
+                self.provider_prices[host.name] = price
 
     def _changed(self, snap: M.HostSnapshot) -> None:
         enriched = self.with_cost(snap)
@@ -113,7 +135,8 @@ class Fleet:
         if snap.state == M.CONNECTED:
             self.looks.pop(snap.name, None)
         look = self.looks.get(snap.name)
-        return replace(snap, cost=cost_info(snap, host, self.config, self.ledger), instance=look)
+        cost = cost_info(snap, host, self.config, self.ledger, self.provider_prices.get(snap.name))
+        return replace(snap, cost=cost, instance=look)
 
     def _down(self, name: str) -> bool:
         session = self.sessions.get(name)
@@ -146,10 +169,16 @@ class Fleet:
         return names
 
     async def _look_loop(self) -> None:
+        """Now and then: the providers of the hosts that do not answer, and the prices of those that do."""
         while not self._closed:
             await asyncio.sleep(LOOK_EVERY_S / 4)
             with contextlib.suppress(Exception):  # each look says its own failure (state unknown)
                 await self.look_down(LOOK_EVERY_S)
+            now = time.time()
+            for name in [n for n, t in self._priced.items() if now - t >= PRICE_EVERY_S and n in self.sessions]:
+                session = self.sessions[name]
+                if session.snapshot.state == M.CONNECTED:
+                    await self.ask_price(session, self.config.hosts[name])
 
     def session(self, name: str) -> HostSession:
         self.config.host(name)  # raises a ConfigError naming the known hosts

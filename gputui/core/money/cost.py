@@ -299,6 +299,29 @@ def release_info(activity: P.Activity) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class ProviderPrice:
+    """The provider's price of a host where the config sets none (``release.instance``, asked on connect and
+    every ten minutes): the figure and whose it is, or why it is unknown."""
+
+    price: float | None
+    provider: str
+    unknown: str | None = None
+
+
+def provider_price(found: P.ReleaseInstanceResult) -> ProviderPrice | None:
+    """A ``release.instance`` answer read field by field (a host may send anything); None where it found no
+    instance."""
+    via = found.get("provider")
+    if found.get("found") is not True or via not in ("runpod", "vastai"):
+        return None
+    price = _number(found.get("price_per_hour"))
+    if price is not None and price <= 10000:
+        return ProviderPrice(price, str(via))
+    why = found.get("price_unknown") or found.get("error") or "the provider gave no price"
+    return ProviderPrice(None, str(via), str(why)[:300])
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         return None
@@ -326,9 +349,11 @@ def idleness(activity: P.Activity, host: HostConfig) -> tuple[bool, float, tuple
 
 
 def cost_info(
-    snap: M.HostSnapshot, host: HostConfig, config: Config, ledger: Ledger, now: float | None = None
+    snap: M.HostSnapshot, host: HostConfig, config: Config, ledger: Ledger, asked: ProviderPrice | None = None,
+    now: float | None = None,
 ) -> M.CostInfo:
-    """Observe the host in the ledger and compute what the UI and ``status --json`` show."""
+    """Observe the host in the ledger and compute what the UI and ``status --json`` show. ``asked``: the
+    provider's price as the fleet last asked it (the watchdog's own reading wins where it has one)."""
     now = time.time() if now is None else now
     live = snap.state == M.CONNECTED and snap.error is None
     activity = snap.metrics.activity if snap.metrics is not None else {}
@@ -337,6 +362,11 @@ def cost_info(
     if snap.metrics is not None and wants and not activity.get("watchdog"):
         release.update(release_check_ok=False, release_check_detail="autostop / deadline NOT armed on the host: no "
                        "release_remote, and no RunPod or vast.ai instance found there")  # fmt: skip
+    if "provider_price" not in release and asked is not None:
+        if asked.price is not None:
+            release["provider_price"] = (asked.price, asked.provider)
+        elif "price_unknown" not in release:
+            release["price_unknown"] = asked.unknown
     price, source = price_and_source(host, snap.gpus, config.prices, release.pop("provider_price", None))
     boot_time = snap.facts.get("boot_time")
     found = snap.facts.get("instance")

@@ -700,6 +700,11 @@ class HostSession:
         result: P.ReleaseCheckResult = await self.request(P.OP_RELEASE_CHECK, timeout=40.0, **args)
         return result
 
+    async def release_instance(self, **args: Any) -> P.ReleaseInstanceResult:
+        """The host's instance as its provider says now (``release.instance``: price, state, spot)."""
+        result: P.ReleaseInstanceResult = await self.request(P.OP_RELEASE_INSTANCE, timeout=60.0, **args)
+        return result
+
     async def release_provider(self, timeout_s: float, **args: Any) -> P.ReleaseProviderResult:
         """The host releases itself through its provider's API and confirms it (gputui.core.money.release)."""
         result: P.ReleaseProviderResult = await self.request(
