@@ -178,7 +178,7 @@ def status_line(s: M.HostSnapshot) -> str:
     lost = [g for g in gpus if g.lost]
     if lost:
         parts.append(f"GPU {','.join(str(g.index) for g in lost)} LOST")
-    for kind in ("throttled", "PCIe", "memory", "ECC"):  # the GPU you pay for, slowed or failing
+    for kind in ("XID", "throttled", "PCIe", "memory", "ECC"):  # the GPU you pay for, slowed or failing
         hit = [g for g in gpus if not g.lost and any(p.startswith(kind + ":") for p in g.problems)]
         if hit:
             parts.append(f"GPU {','.join(str(g.index) for g in hit)} {kind}")
@@ -292,13 +292,19 @@ def _cost_cell(r: dict[str, Any]) -> str:
     return f"{r['cost']:.2f}" + (f" ({wasted:.2f} wasted)" if isinstance(wasted, float) and wasted >= 0.005 else "")
 
 
+def _state_cell(r: dict[str, Any]) -> str:
+    """The run's state, and the driver's XIDs on its GPUs while it ran (``failed XID 79``)."""
+    xids = sorted({str(f.get("xid") or f.get("kind")) for f in r.get("gpu_faults") or []})
+    return str(r["state"]) + (f" XID {','.join(xids)}" if xids else "")
+
+
 def print_history(records: list[dict[str, Any]]) -> None:
     """One line per run; its final metrics, most important first (``core.headline``), as many as fit."""
     rows = []
     for r in records:
         metrics = [f"{k}={r['metrics'][k]['last']:.4g}" for k in ranked(r["metrics"])]
         rows.append([
-            r["host"], r["id"], r["state"], fmt(r["exit_code"]),
+            r["host"], r["id"], _state_cell(r), fmt(r["exit_code"]),
             "-" if r["duration_s"] is None else duration(r["duration_s"]),
             _cost_cell(r), code_cell(r), r["name"], metrics or ["-"],
         ])  # fmt: skip

@@ -201,6 +201,19 @@ class Gpu(TypedDict):
     state: GpuState
     error: Optional[str]
     fix: Optional[str]
+    # XID events and NVML's other critical events of the last day on this GPU, newest last (at most 5; the
+    # sampler adds them from gpu_faults.jsonl: remote_agent/metrics/faults.py)
+    faults: List["GpuFault"]
+
+
+class GpuFault(TypedDict):
+    """One fault the driver reported for a GPU."""
+
+    t: float
+    kind: str  # "xid", "memory page retired", "memory page retirement failed", "fatal poison error", ...
+    xid: Optional[int]
+    meaning: Optional[str]
+    fix: Optional[str]
 
 
 #: Clock-event reasons that slow the GPU you pay for (heat, hardware); ``sw_power_cap`` at full load is normal.

@@ -68,6 +68,7 @@ def test_eight_a100s_exact_values_and_fan_not_supported(tmp_path):
             "pcie_gen": 4, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # "GPU Link Info"
             "remap_pending": False, "remap_failed": False,  # "Remapped Rows"
             "processes": [],
+            "faults": [],
             **HEALTHY,
         }
     json.dumps(out)
@@ -208,6 +209,8 @@ def test_a_1hz_sampler_makes_at_most_5_nvml_calls_per_gpu_per_second(tmp_path, m
     for _ in range(seconds):
         clock[0] += 1.0
         out = s.sample(lambda pid: None)
+    waits = nv.calls.pop("nvmlEventSetWait")  # the XID event set: one read for every GPU, every 5 s
+    assert waits == seconds // 5
     per_gpu_per_s = sum(nv.calls.values()) / 8 / seconds
     assert per_gpu_per_s <= 5.0, nv.calls
     assert nv.calls["nvmlDeviceGetEnforcedPowerLimit"] == 8 * seconds // 60
@@ -228,6 +231,7 @@ def _lost(index: int, error: str) -> dict:
     return dict.fromkeys(P.GPU_FIELDS) | {
         "index": index,
         "processes": [],
+        "faults": [],
         "state": "lost",
         "error": error,
         "fix": "Reboot the host; if the GPU is still lost, ask the provider for another instance.",

@@ -97,7 +97,7 @@ def test_samplers_produce_exactly_the_schema(tmp_path: Path, source: str) -> Non
 
 
 def test_schema_checker_refuses_extra_missing_and_mistyped_fields() -> None:
-    gpu = dict.fromkeys(P.GPU_FIELDS, None) | {"index": 0, "processes": [], "state": "ok"}
+    gpu = dict.fromkeys(P.GPU_FIELDS, None) | {"index": 0, "processes": [], "faults": [], "state": "ok"}
     assert conforms(gpu, P.Gpu)
     assert not conforms(gpu | {"state": "broken"}, P.Gpu)
     assert not conforms(gpu | {"driver_version": "590"}, P.Gpu)

@@ -13,6 +13,7 @@ metrics ring: no NVML call of its own. Otherwise it reads NVML itself, only the 
 
 import os
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
 from .. import protocol as P
@@ -46,6 +47,7 @@ class UsageRecorder(threading.Thread):
         self.usage = {"samples": 0, "gpu_peak_mem_mib": 0.0, "gpu_mean_util": None}  # type: Dict[str, Any]
         self._util_sum = 0.0
         self._util_n = 0
+        self.started = time.time()
 
     def _mine(self, gpu: Dict[str, Any]) -> bool:
         return (
@@ -53,6 +55,7 @@ class UsageRecorder(threading.Thread):
         )
 
     def add(self, sample: Dict[str, Any]) -> None:
+        self._faults([g for g in sample.get("gpus") or [] if self._mine(g)])
         mine = [g for g in sample.get("gpus") or [] if self._mine(g) and g.get("state") != P.GPU_LOST]
         if mine:  # idle, or slowed by heat or hardware: paid for nothing (a GPU both: counted as idle)
             u = self.usage
@@ -76,6 +79,16 @@ class UsageRecorder(threading.Thread):
         u["samples"] += 1
         u["gpu_peak_mem_mib"] = max(u["gpu_peak_mem_mib"], mem)
         u["gpu_mean_util"] = self._util_sum / self._util_n if self._util_n else None
+
+    def _faults(self, gpus: List[Dict[str, Any]]) -> None:
+        """The driver's XIDs on this job's GPUs since it started, kept in its record (``faults``, at most 20)."""
+        kept = self.usage.setdefault("faults", [])
+        for gpu in gpus:
+            for fault in gpu.get("faults") or []:
+                t = fault.get("t") if isinstance(fault, dict) else None
+                entry = dict(fault, gpu=gpu.get("index"))
+                if isinstance(t, (int, float)) and t >= self.started and entry not in kept and len(kept) < 20:
+                    kept.append(entry)
 
     def owners(self) -> Owners:
         """Every running job's processes and GPUs (not just this job's: a shared GPU is told apart)."""

@@ -18,8 +18,10 @@ from ..host.container import HiddenAttribution, Owners
 from ..host.stats import HostStats, process_name
 from . import nvml as gpu_nvml
 from . import smi as gpu_smi
+from .faults import FaultWatcher
 
 OwnerOf = Callable[[int], Optional[str]]
+FAULTS_EVERY_S = 5.0  # the XID event set is read at most this often (the events wait in it meanwhile)
 
 
 class MetricsSampler:
@@ -33,15 +35,21 @@ class MetricsSampler:
         slow_interval: float = gpu_nvml.SLOW_INTERVAL_S,
         smi_timeout: float = 10.0,
         only: Optional[List[str]] = None,
+        faults: Optional[FaultWatcher] = None,
     ) -> None:
-        """``only``: NVML reads just these GPUs (indices or UUIDs); nvidia-smi reads all in its one call."""
+        """``only``: NVML reads just these GPUs (indices or UUIDs); nvidia-smi reads all in its one call.
+        ``faults``: the XID watcher to poll at each sample (default: one of its own, with NVML)."""
         self.host = HostStats(state_dir)
+        self.faults = faults
+        self._faults_at = 0.0  # when the watcher was last polled (monotonic)
         self.source: Any = None
         self.gpu_error: Optional[str] = None
         self.hidden = HiddenAttribution()  # GPU processes from another PID namespace (a pod)
         self._facts: Optional[Dict[str, Any]] = None  # protocol.GpuFacts + gpu_source, gpu_error
         try:
             self.source = gpu_nvml.NvmlSource(nvml, slow_interval, only)
+            if self.faults is None:
+                self.faults = FaultWatcher(state_dir, source=self.source)
             return
         except gpu_nvml.NvmlUnavailable as e:
             nvml_error = str(e)
@@ -84,8 +92,16 @@ class MetricsSampler:
                 gpus = self.source.sample()
             except Exception as e:
                 error = "GPU sample failed: {}".format(e)
+        recent: Dict[int, List[Dict[str, Any]]] = {}
+        if self.faults is not None:
+            if time.monotonic() - self._faults_at >= FAULTS_EVERY_S:
+                self._faults_at = time.monotonic()
+                self.faults.poll(0)
+            recent = self.faults.recent(t)
         for g in gpus:
             g["processes"] = [self._process(p, owner_of) for p in g.get("processes") or []]
+            g["faults"] = [{"t": f["t"], "kind": f["kind"], "xid": f.get("xid"), "meaning": f.get("meaning"),
+                            "fix": f.get("fix")} for f in recent.get(g.get("index"), [])]  # fmt: skip
         if isinstance(owner_of, Owners):
             self.hidden.apply(gpus, owner_of, t)
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
@@ -107,6 +123,8 @@ class MetricsSampler:
         }
 
     def close(self) -> None:
+        if self.faults is not None:
+            self.faults.close()
         if self.source is not None:
             try:
                 self.source.close()

@@ -35,6 +35,7 @@ from .. import build_id
 from ..fsutil import open_regular, read_json, write_json
 from ..host import provider as pv
 from ..host.boot import boot_id, boot_time
+from ..metrics import faults
 from ..metrics.ring import latest_sample
 from . import notify
 from .activity import ActivityLog, idle_status
@@ -325,6 +326,10 @@ class Watchdog:
             events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
                            "text": "released (%s%s)" % (state.get("due"), how)})  # fmt: skip
         events += self._release_events(config, state, check)
+        for fault in faults.read(self.state_dir, float(config.get("armed_at") or 0.0))[-20:]:  # the GPUs' XIDs
+            events.append({"key": "gpu_fault:%s:%s:%s" % (fault["gpu"], fault.get("xid"), fault["t"]),
+                           "event": "gpu_fault", "text": "GPU %s: %s; %s" % (fault["gpu"], faults.label(fault),
+                                                                          fault.get("fix"))})  # fmt: skip
         for e in events:
             e["text"] = "[%s] %s" % (host, e["text"])
         self.notifier.queue(settings, events, now)
@@ -729,6 +734,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
     first = dog.read_config() or {}
     smi = first.get("nvidia_smi") or queue.state().get("nvidia_smi")
     samplers: List[MetricsSampler] = []  # opened only while no agent samples into the metrics ring
+    watcher = faults.FaultWatcher(state_dir)  # the GPUs' XIDs, heard with no client (when no agent holds them)
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     queue_error: Optional[str] = None  # the last queue pass's failure, logged once
     dog.log("started (pid %d)" % os.getpid())
@@ -740,7 +746,8 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
             return fresh, jobs.list()
         if not samplers:
             samplers.append(
-                MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi")
+                MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi",
+                               faults=watcher)  # fmt: skip
             )
         return samplers[0].sample(jobs.owner_lookup()), jobs.list()
 
@@ -752,6 +759,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
                 return 0
             config = dog.read_config()
             why = disarmed_because(config, facts["boot_id"])
+            watcher.poll(0)  # recorded for every reader; notified by dog.check (gpu_fault)
             try:
                 taken: Any = sample_fn()
             except Exception as exc:  # the activity check counts this as activity; the queue waits
@@ -781,6 +789,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
         dog.notifier.finish(2 * notify.TIMEOUT_S)  # e.g. the ``released`` message, sent as the host goes
         for sampler in samplers:
             sampler.close()
+        watcher.close()
 
 
 def _taken(taken: Any, jobs: Any) -> Any:

@@ -38,6 +38,7 @@ EVENTS = (
     "deadline_soon",
     "job_restarted",
     "crash_loop",
+    "gpu_fault",
     "test",
 )
 SOON_S = 600.0  # autostop_soon: sent once per idle stretch when the release is at most this far off

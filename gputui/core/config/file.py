@@ -40,7 +40,7 @@ class ConfigError(UsageError, ValueError):
 
 NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
                  "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon", "job_restarted",
-                 "crash_loop")  # fmt: skip
+                 "crash_loop", "gpu_fault")  # fmt: skip
 NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
@@ -55,7 +55,7 @@ class Notify:
     idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
     events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
                                "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon",
-                               "job_restarted", "crash_loop")  # fmt: skip
+                               "job_restarted", "crash_loop", "gpu_fault")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gputui.core.durations import duration
 from remote_agent import protocol as P
 
 from .snapshot import Hint, cap_line
@@ -137,12 +139,14 @@ def _count(value: Any) -> bool:
 
 def gpu_problems(gpu: Any) -> list[str]:
     """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
-    ``PCIe``, ``memory``, ``ECC``); empty when nothing is known to be: lost, clocks slowed by heat or hardware
-    (with the temperature), a PCIe link narrower than the GPU and host allow, memory rows waiting to be remapped
-    or a remap that failed, uncorrected ECC errors since the driver loaded."""
+    ``PCIe``, ``memory``, ``ECC``, ``XID``); empty when nothing is known to be: lost, clocks slowed by heat or
+    hardware (with the temperature), a PCIe link narrower than the GPU and host allow, memory rows waiting to be
+    remapped or a remap that failed, uncorrected ECC errors since the driver loaded, the driver's XIDs of the last
+    day (the newest, how long ago, what to do)."""
+    faults = _fault_lines(gpu)
     if _get(gpu, "state") == "lost":
-        return ["lost"]
-    out = []
+        return ["lost", *faults]
+    out = faults
     reasons = _reasons(gpu, tuple(PROBLEM_REASONS))
     if len(reasons) > 1 and "hw_slowdown" in reasons:
         reasons.remove("hw_slowdown")
@@ -165,6 +169,19 @@ def gpu_problems(gpu: Any) -> list[str]:
         out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "
                    "after that: ask for another instance)")  # fmt: skip
     return out
+
+
+def _fault_lines(gpu: Any, now: float | None = None) -> list[str]:
+    """``XID: 79 (GPU has fallen off the bus) 2m ago, 3 today: reboot the host; ...`` for a GPU with faults."""
+    faults = [f for f in (_get(gpu, "faults") or ()) if _proc(f, "t") is not None]
+    if not faults:
+        return []
+    last = faults[-1]
+    kind, xid = _proc(last, "kind"), _proc(last, "xid")
+    what = f"{xid} ({_proc(last, 'meaning')})" if kind == "xid" else str(kind)
+    ago = duration(max(0.0, (time.time() if now is None else now) - float(_proc(last, "t"))))
+    more = f", {len(faults)} in the last day" if len(faults) > 1 else ""
+    return [f"XID: {what} {ago} ago{more}: {_proc(last, 'fix') or 'reset the GPU or reboot'}"]
 
 
 def _other_processes(gpus: Iterable[Any], job: str | None) -> list[str]:

@@ -151,6 +151,8 @@ def compare_rows(runs: Sequence[Run]) -> list[Row]:
         ),
         row("cost", [_num(rec.get("cost"), ".2f") for rec in recs]),
         row("wasted", [_num(rec.get("cost_idle_or_throttled"), ".2f") for rec in recs]),
+        *([row("XIDs", [", ".join(f"GPU {f['gpu']}: {f['xid'] or f['kind']}" for f in rec["gpu_faults"]) or "-"
+                        for rec in recs])] if any(rec.get("gpu_faults") for rec in recs) else []),
     ]
     values = [_metric_values(r) for r in runs]
     names = sorted({n for v in values for n in v})[:MAX_METRIC_ROWS]

@@ -255,8 +255,9 @@ def merge_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         wasted = [x["cost_idle_or_throttled"] for x in mine if x.get("cost_idle_or_throttled") is not None]
         parts = [{"host": x["host"], "id": x["id"], "rank": x["group"].get("rank"), "state": x["state"],
                   "exit_code": x["exit_code"], "gpus": x["gpus"], "cost": x.get("cost")} for x in mine]  # fmt: skip
+        faults = [dict(f, host=x["host"]) for x in mine for f in x.get("gpu_faults") or []]
         lead = dict(mine[0], cost=sum(costs) if costs else None, group=dict(group, parts=parts),
-                    cost_idle_or_throttled=sum(wasted) if wasted else None)  # fmt: skip
+                    cost_idle_or_throttled=sum(wasted) if wasted else None, gpu_faults=faults)  # fmt: skip
         lead["ended_at"] = max((x["ended_at"] for x in mine if x.get("ended_at") is not None), default=None)
         out.append(lead)
     return out

@@ -11,7 +11,7 @@ from gputui.core.insights import Hint, JobInsights, timed_parser, with_exit_hint
 from gputui.core.jobs.insights_cache import InsightsCache, cacheable, entry_key
 from gputui.core.jobs.labels import labelled, rank0_view  # a many-node job: the insights read rank 0's lines
 from gputui.core.session.host import HostSession, LogTail
-from gputui.core.session.model import JOB_RUNNING, Job
+from gputui.core.session.model import JOB_RUNNING, GpuFault, Job
 from remote_agent import protocol as P
 
 #: Only the end of a log is parsed for insights: progress and final metrics live there.
@@ -114,6 +114,18 @@ def wasted(usage: dict[str, Any], cost: float | None) -> dict[str, Any]:
             "cost_idle_or_throttled": None if cost is None else cost * share}  # fmt: skip
 
 
+def run_faults(usage: dict[str, Any]) -> list[dict[str, Any]]:
+    """The driver's XIDs on the run's GPUs while it ran (``usage.json``'s ``faults``), each checked."""
+    out = []
+    found = usage.get("faults")
+    for raw in found if isinstance(found, list) else []:
+        fault = GpuFault.from_wire(raw)
+        gpu = raw.get("gpu") if isinstance(raw, dict) else None
+        if fault is not None and isinstance(gpu, int) and not isinstance(gpu, bool):
+            out.append({"gpu": gpu, "t": fault.t, "kind": fault.kind, "xid": fault.xid, "meaning": fault.meaning})
+    return out[:20]
+
+
 def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[str, Any]:
     """The history entry of one job."""
     usage = job.record.get("usage") or {}
@@ -147,6 +159,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "gpu_mean_util": usage.get("gpu_mean_util"),
         "cost": price * duration / 3600.0 if price is not None and duration is not None else None,
         **wasted(usage, price * duration / 3600.0 if price is not None and duration is not None else None),
+        "gpu_faults": run_faults(usage),  # the driver's XIDs on its GPUs while it ran
         "currency": currency,
         "metrics": dict(insights.metrics) if insights else {},
         "hints": [h.to_json() for h in insights.hints] if insights else [],

@@ -49,6 +49,35 @@ MAX_GPU_TEXT = 500
 
 
 @dataclass(frozen=True)
+class GpuFault:
+    """An XID (or another critical NVML event) the driver reported for a GPU (``protocol.GpuFault``)."""
+
+    t: float
+    kind: str
+    xid: int | None = None
+    meaning: str | None = None
+    fix: str | None = None
+
+    @classmethod
+    def from_wire(cls, d: Any) -> GpuFault | None:
+        """One fault as a host sent it, each field checked (None when it is no fault)."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("kind"), str):
+            return None
+        t, xid = d.get("t"), d.get("xid")
+        if isinstance(t, bool) or not isinstance(t, (int, float)):
+            return None
+        text = [v[:MAX_GPU_TEXT] if isinstance(v, str) else None for v in (d.get("meaning"), d.get("fix"))]
+        number = xid if isinstance(xid, int) and not isinstance(xid, bool) else None
+        return cls(float(t), d["kind"][:60], number, *text)
+
+    @property
+    def label(self) -> str:
+        """``XID 79 (GPU has fallen off the bus)``."""
+        what = f"XID {self.xid}" if self.kind == "xid" and self.xid is not None else self.kind
+        return what + (f" ({self.meaning})" if self.meaning and self.kind == "xid" else "")
+
+
+@dataclass(frozen=True)
 class GpuSample:
     """One GPU's reading (``protocol.Gpu``); the GPU lists of host facts fill the first fields only."""
 
@@ -78,6 +107,7 @@ class GpuSample:
     state: str = P.GPU_OK  # "lost": the driver cannot reach this GPU; ``error`` has its words, ``fix`` what to do
     error: str | None = None
     fix: str | None = None
+    faults: tuple[GpuFault, ...] = ()  # the driver's XIDs of the last day for this GPU, newest last
 
     @property
     def lost(self) -> bool:
@@ -94,7 +124,7 @@ class GpuSample:
     @classmethod
     def from_wire(cls, gpu: P.Gpu | P.GpuFact) -> GpuSample:
         d: Mapping[str, Any] = gpu  # a reading, or a GPU of the host's facts (the first fields only)
-        fields = [k for k in P.GPU_FIELDS if k not in ("processes", "throttle_reasons", "state", "error", "fix")]
+        fields = [k for k in P.GPU_FIELDS if k not in ("processes", "throttle_reasons", "state", "error", "fix", "faults")]
         known: dict[str, Any] = {k: d.get(k) for k in fields}
         if d.get("state") == P.GPU_LOST:  # anything else is a GPU without a known problem
             known["state"] = P.GPU_LOST
@@ -113,7 +143,10 @@ class GpuSample:
         )
         reasons = d.get("throttle_reasons")
         known["index"] = int(d.get("index", 0))
-        return cls(**known, processes=procs, throttle_reasons=None if reasons is None else tuple(reasons))
+        wire = d.get("faults")
+        faults = tuple(f for f in map(GpuFault.from_wire, wire[:5] if isinstance(wire, list) else ()) if f)
+        return cls(**known, processes=procs, throttle_reasons=None if reasons is None else tuple(reasons),
+                   faults=faults)  # fmt: skip
 
 
 @dataclass(frozen=True)
