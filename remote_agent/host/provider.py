@@ -540,26 +540,25 @@ def field_address(obj: Dict[str, Any], name: str, provider: str) -> Optional[str
 
 
 def field_port(obj: Dict[str, Any], name: str, provider: str) -> Optional[int]:
-    """A TCP port: a number or a decimal string, 1 to 65535; None when absent/null."""
-    value = obj.get(name)
-    if value is None:
-        return None
-    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 5:
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
-        raise _bad(provider, name, value, "a port from 1 to 65535")
-    return value
+    """A TCP port, 1 to 65535 (vast.ai gives ``HostPort`` as a string); None when absent/null."""
+    return _whole(obj, name, provider, 1, 65535, "a port from 1 to 65535")
 
 
 def field_count(obj: Dict[str, Any], name: str, provider: str) -> Optional[int]:
-    """A count (GPUs, GB): a whole number from 0 to 10**6; None when absent/null."""
+    """A count (GPUs, GB): 0 to 10**6; None when absent/null."""
+    return _whole(obj, name, provider, 0, 10**6, "a whole number")
+
+
+def _whole(obj: Dict[str, Any], name: str, provider: str, low: int, high: int, wanted: str) -> Optional[int]:
+    """A whole number from ``low`` to ``high``, given as a number or a decimal string; None when absent/null."""
     value = obj.get(name)
     if value is None:
         return None
-    if isinstance(value, float) and value.is_integer():
+    whole_text = isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 9
+    if whole_text or (isinstance(value, float) and value.is_integer()):
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**6:
-        raise _bad(provider, name, value, "a whole number")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _bad(provider, name, value, wanted)
     return value
 
 

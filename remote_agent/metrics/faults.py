@@ -196,7 +196,8 @@ class FaultWatcher:
     def _handles(self, nvml: Any) -> List[Tuple[int, Any]]:
         """(index, handle) of each GPU to listen to: the source's readable ones, else every GPU's."""
         if self._source is not None:
-            return [(i, h) for i, h in zip(self._source.indices, self._source.handles) if h is not None]
+            handles = self._source.handles
+            return [(i, handles[k]) for k, i in enumerate(self._source.indices) if handles[k] is not None]
         out = []
         for i in range(nvml.nvmlDeviceGetCount()):
             try:

@@ -21,15 +21,11 @@ also have come on the monotonic clock. The config is read again just before acti
 once more after ``pre_stop`` (which may run for minutes): a disarm, snooze, cancel or new job meanwhile wins.
 """
 
-import fcntl
 import os
-import re
-import shutil
-import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import build_id
 from ..fsutil import open_regular, read_json, write_json
@@ -39,193 +35,63 @@ from ..metrics import faults
 from ..metrics.ring import latest_sample
 from . import notify
 from .activity import ActivityLog, idle_status
+from .rules import (
+    CHECK_CALL_S,
+    DEADLINE_GRACE_S,
+    _releases,
+    api_url,
+    deadline_at,
+    disarmed_because,
+    is_armed,
+    plan,
+    release_check,
+    stalled_idle,
+    stalled_jobs,
+    view,
+    window_start,
+)  # fmt: skip
 from .stall import StallTracker
+from .state import (
+    CONFIG,
+    LOCK,
+    LOG,
+    MAX_LOG_BYTES,
+    OWNER,
+    RELEASE_CHECK,
+    RELEASE_REQUEST,
+    REVISION,
+    STATE,
+    STOP,
+    log_line,
+)  # fmt: skip
+from .takeover import (
+    _clear_stop,
+    _locked,
+    _take_over,
+    ensure_running,
+    legacy_holder,
+    lock_holder,
+    owner,
+    stop_requested,
+)
 
-CONFIG, STATE, LOG, LOCK = "watchdog.json", "watchdog_state.json", "watchdog.log", "watchdog.lock"
-#: Who holds the lock (``{"pid", "build", "revision"}``), and a newer build's request that it exit (``{"pid",
-#: "build", "by"}``: the watchdog to exit, the build asking, the pid of the one waiting): see ``run``.
-OWNER, STOP = "watchdog_owner.json", "watchdog.stop"
-#: The provider release asked for (written before the call) and the last release check's verdict.
-RELEASE_REQUEST, RELEASE_CHECK = "release_request.json", "release_check.json"
-TAKEOVER = "watchdog.takeover.lock"  # held by the one new watchdog waiting to take over
-#: Bumped when the watchdog's behaviour changes: a build never replaces a running watchdog of a higher one (an
-#: older client connecting must not bring old release logic back).
-REVISION = 3  # 3: releases through the provider, release_failed, the release check at arming
-MAX_LOG_BYTES = 1024 * 1024
+#: The watchdog's face for the agent and the tests: the loop here, its rules, files and takeover beside it.
+__all__ = [
+    "CHECK_CALL_S", "CONFIG", "DEADLINE_GRACE_S", "LOCK", "LOG", "MAX_LOG_BYTES", "OWNER", "RELEASE_CHECK",
+    "RELEASE_REQUEST", "REVISION", "STATE", "STOP", "Watchdog", "api_url", "deadline_at", "disarmed_because",
+    "ensure_running", "is_armed", "legacy_holder", "lock_holder", "log_line", "owner", "plan", "provider_release",
+    "release_check", "run", "stalled_idle", "stalled_jobs", "stop_requested", "view", "window_start",
+]  # fmt: skip
+
 RETRY_AFTER_FAILURE_S = 300.0
 #: A release that failed again waits twice as long as before, up to this.
 RETRY_MAX_S = 3600.0
-#: Bound on each provider call from the watchdog (the API's own deadline), and on a release check's.
+#: Bound on each provider call from the watchdog (the API's own deadline).
 PROVIDER_CALL_S = 20.0
-CHECK_CALL_S = 10.0
 #: The release is checked again this often while armed (its verdict and the provider's price stay fresh).
 RECHECK_S = 1800.0
 #: An agent's ring sample at most this old stands for a fresh reading of the GPUs.
 RING_FRESH_S = 5.0
-#: A deadline comes no sooner than this after it was set (``armed_at``): one that had already passed when it
-#: was armed (``release_after_hours`` on a host up longer, a ``release_at`` in the past) waits this long, and
-#: its countdown and ``deadline_soon`` say so, instead of releasing the host the moment the setting arrives.
-DEADLINE_GRACE_S = 600.0
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-
-
-def log_line(state_dir: str, message: str) -> None:
-    """Append one stamped line to the watchdog log (past MAX_LOG_BYTES it becomes ``watchdog.log.1`` first,
-    replacing the one before: the log never takes more than about twice that)."""
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    path = os.path.join(state_dir, LOG)
-    try:
-        if os.lstat(path).st_size > MAX_LOG_BYTES:
-            os.replace(path, path + ".1")
-    except OSError:
-        pass
-    try:
-        with os.fdopen(open_regular(path, _APPEND), "a") as f:
-            f.write("%s %s\n" % (stamp, message))
-    except OSError:
-        pass  # e.g. a planted symlink: never write outside the state dir
-
-
-def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
-    """Why ``config`` asks for nothing on this boot, or None when it is armed."""
-    releases = bool(config and (config.get("autostop_minutes") or config.get("release_at") is not None))
-    if not config or not (releases or config.get("stall_minutes") or notify.enabled(config.get("notify"))):
-        return "nothing to watch"
-    if config.get("boot_id") != boot:
-        return "config is from another boot"
-    if releases and not config.get("release_remote") and pv.detected_from(config.get("release_via")) is None:
-        return "no release_remote command configured"  # and no provider API was found on this host
-    return None
-
-
-def _releases(config: Dict[str, Any]) -> bool:
-    return bool(config.get("autostop_minutes") or config.get("release_at") is not None)
-
-
-def api_url(config: Dict[str, Any], provider: str) -> Optional[str]:
-    """The ``[providers.NAME] api_url`` the client sent for ``provider`` (None: the provider's own)."""
-    urls = config.get("api_urls")
-    url = urls.get(provider) if isinstance(urls, dict) else None
-    return url if isinstance(url, str) and url else None
-
-
-def release_check(config: Dict[str, Any], now: Optional[float] = None) -> Dict[str, Any]:
-    """Prove, without side effects, that the release ``config`` asks for would work: ``release_remote``'s
-    program exists and is executable here, or the provider's API answers for this instance with this key
-    (and can do the release mode). ``{"ok", "via", "detail", "t", ...}``; never raises."""
-    now = time.time() if now is None else now
-    remote = config.get("release_remote")
-    if remote:
-        found = shutil.which(str(remote[0]))
-        if found is None:
-            detail = "release_remote program %r is not found or not executable on the host" % (str(remote[0])[:200],)
-        else:
-            detail = "release_remote program %s is executable" % found
-        return {"ok": found is not None, "via": "command", "detail": detail, "t": now}
-    detected = pv.detected_from(config.get("release_via"))
-    if detected is None:
-        return {"ok": False, "via": "none", "t": now,
-                "detail": "no release_remote command and no provider API found on this host"}  # fmt: skip
-    verdict: Dict[str, Any] = {"via": detected.provider, "instance_id": detected.instance_id, "t": now}
-    mode = config.get("release_mode")
-    try:
-        found = pv.check(detected, mode, api_url(config, detected.provider), deadline_s=CHECK_CALL_S)
-    except pv.ProviderError as exc:
-        return dict(verdict, ok=False, detail=str(exc), kind=exc.kind)
-    mode = pv.mode_for(found, mode)
-    detail = "%s answers for instance %s (%s); release would %s it" % (
-        detected.provider, detected.instance_id, found.provider_state, mode)  # fmt: skip
-    unusable = ["%s unknown (%s)" % (name.replace("_", " "), why) for name, why in found.unusable]
-    if unusable:  # what the release does not need: shown, never deciding it
-        detail += "; " + "; ".join(unusable)
-    verdict.update(("%s_unknown" % name, why) for name, why in found.unusable if name == "price_per_hour")
-    return dict(verdict, ok=True, detail=detail, mode=mode, state=found.state, price_per_hour=found.price_per_hour,
-                started_at=found.started_at)  # fmt: skip
-
-
-def is_armed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> bool:
-    return disarmed_because(config, boot) is None
-
-
-def window_start(config: Dict[str, Any], idle_since: float) -> float:
-    """The idle window starts at the idle stretch, but never before arming nor before a snooze ends."""
-    return max(idle_since, float(config.get("armed_at") or 0.0), float(config.get("snoozed_until") or 0.0))
-
-
-def deadline_at(config: Dict[str, Any]) -> Optional[float]:
-    """When the deadline releases the host: ``release_at``, but never sooner than DEADLINE_GRACE_S after arming."""
-    release_at = config.get("release_at")
-    if release_at is None:
-        return None
-    return max(float(release_at), float(config.get("armed_at") or 0.0) + DEADLINE_GRACE_S)
-
-
-def plan(
-    config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None,
-    deadline_held: bool = False,
-) -> Dict[str, Any]:  # fmt: skip
-    """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``.
-
-    ``watched``: for how long (monotonic seconds) the watchdog itself has seen the host idle; the window
-    must be covered by that too. ``deadline_held``: the monotonic clock says the deadline has not come yet.
-    """
-    autostop_at = None
-    minutes = config.get("autostop_minutes")
-    if minutes and not config.get("cancelled") and not idle["reasons"]:
-        window = float(minutes) * 60.0
-        autostop_at = window_start(config, idle["idle_since"]) + window
-        if watched is not None:
-            autostop_at = max(autostop_at, now + window - watched)
-    release_at = deadline_at(config)
-    due = None
-    if release_at is not None and now >= release_at and not deadline_held:
-        due = "deadline reached"
-    elif autostop_at is not None and now >= autostop_at:
-        due = "idle for %.1f min" % ((now - idle["idle_since"]) / 60.0)
-    return {"autostop_at": autostop_at, "release_at": release_at, "due": due}
-
-
-def view(state_dir: str, idle: Dict[str, Any], boot: Optional[str]) -> Optional[Dict[str, Any]]:
-    """The watchdog as the agent reports it: its last state, with the plan of the settings in force now
-    (so a countdown shows as soon as autostop is armed, and never one from settings since removed)."""
-    config = read_json(os.path.join(state_dir, CONFIG))
-    if not is_armed(config, boot):
-        return None
-    now = time.time()
-    state = read_json(os.path.join(state_dir, STATE)) or {}
-    current = plan(config, dict(idle, idle_since=idle.get("idle_since", now)), now)
-    try:
-        fresh = float(state.get("t") or 0.0) >= os.path.getmtime(os.path.join(state_dir, CONFIG))
-    except OSError:
-        fresh = False
-    if fresh and state.get("autostop_at") is not None and current["autostop_at"] is not None:
-        current["autostop_at"] = max(current["autostop_at"], float(state["autostop_at"]))
-    check = read_json(os.path.join(state_dir, RELEASE_CHECK))
-    return dict(state, **current, release_check=check if isinstance(check, dict) else None)
-
-
-def stalled_jobs(state_dir: str, boot: Optional[str]) -> Dict[str, Dict[str, Any]]:
-    """The watchdog's stall verdicts ``{id: {"since", "why"}}`` while they are fresh (its last pass is at most
-    three intervals old) and stall detection is armed; else none."""
-    config = read_json(os.path.join(state_dir, CONFIG))
-    if not is_armed(config, boot) or not config or not config.get("stall_minutes"):
-        return {}
-    state = read_json(os.path.join(state_dir, STATE)) or {}
-    try:
-        age = time.time() - float(state.get("t") or 0.0)
-        fresh = age <= 3.0 * float(config.get("interval", 15.0)) + 30.0
-    except (TypeError, ValueError):
-        return {}
-    stalled = state.get("stalled")
-    if not fresh or not isinstance(stalled, dict):
-        return {}
-    return {str(k): v for k, v in stalled.items() if isinstance(v, dict)}
-
-
-def stalled_idle(state_dir: str, boot: Optional[str]) -> Set[str]:
-    """The jobs the watchdog found stalled, when its settings count them as idle (else none)."""
-    config = read_json(os.path.join(state_dir, CONFIG)) or {}
-    return set(stalled_jobs(state_dir, boot)) if config.get("stalled_counts_as_idle") else set()
 
 
 class Watchdog:
@@ -484,111 +350,6 @@ def provider_release(
     return "%s (%s)" % (done.how, done.state), None
 
 
-def owner(state_dir: str) -> Optional[Dict[str, Any]]:
-    """The running watchdog's record (``OWNER``), or None when none says who it is."""
-    record = read_json(os.path.join(state_dir, OWNER))
-    return record if isinstance(record, dict) else None
-
-
-def lock_holder(state_dir: str) -> Optional[int]:
-    """The pid that holds the watchdog lock, as ``/proc/locks`` says, or None (none, or unknown)."""
-    try:
-        ino = os.stat(os.path.join(state_dir, LOCK)).st_ino
-        with open("/proc/locks") as f:
-            lines = f.read(1 << 20).splitlines()
-    except OSError:
-        return None
-    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4242 fe:00:2147826 0 EOF" ("1: -> FLOCK ...": a waiter)
-        parts = line.split()
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(ino):
-            return int(parts[4]) if parts[4].isdigit() else None
-    return None
-
-
-def legacy_holder(state_dir: str) -> Optional[int]:
-    """The pid of a watchdog from a build before ``OWNER`` records (it records nothing, so it cannot be asked
-    to exit) that holds the lock: its command line names this state dir. None when the holder is not one."""
-    pid = lock_holder(state_dir)
-    record = owner(state_dir)
-    if pid is None or (record is not None and record.get("pid") == pid):
-        return None
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            argv = f.read(1 << 16).split(b"\0")
-    except OSError:
-        return None
-    return pid if b"watchdog" in argv and os.fsencode(state_dir) in argv else None
-
-
-def _children(pid: int) -> bool:
-    """Whether ``pid`` has a child process (a hook, nvidia-smi, tmux...)."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/stat" % entry) as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        return True
-            except (OSError, IndexError, ValueError):
-                continue
-    return False
-
-
-_RELEASE_STEP = re.compile(
-    r"^\S+ \S+ (releasing: |release_remote: exit |not releasing: |provider release: confirmed|release failed)"
-)
-
-
-def _mid_release(state_dir: str) -> bool:
-    """Whether the watchdog log's last release step is a ``releasing:`` not yet followed by its outcome."""
-    try:
-        with open(os.path.join(state_dir, LOG), "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return True  # cannot tell: wait
-    steps = [m.group(1) for m in map(_RELEASE_STEP.match, lines) if m]
-    return bool(steps) and steps[-1] == "releasing: "
-
-
-def _end_legacy(state_dir: str, pid: int) -> bool:
-    """End a legacy watchdog only where that is safe: frozen (SIGSTOP), it runs no child and its log shows no
-    release under way, so it is between passes or in a pass that starts nothing; then SIGKILL (it writes its
-    files by rename: none is left half-written). Otherwise it goes on (SIGCONT) and this is tried again."""
-    try:
-        os.kill(pid, signal.SIGSTOP)
-    except OSError:
-        return False
-    safe = legacy_holder(state_dir) == pid and not _children(pid) and not _mid_release(state_dir)
-    try:
-        os.kill(pid, signal.SIGKILL if safe else signal.SIGCONT)
-    except OSError:
-        return False  # it went meanwhile
-    return safe
-
-
-def replaceable(record: Optional[Dict[str, Any]]) -> bool:
-    """Whether this build should take over from the watchdog ``record`` describes: another build, of no higher
-    revision. (One that recorded nothing is a build from before records: see ``legacy_holder``.)"""
-    if record is None or record.get("build") == build_id():
-        return False
-    try:
-        return int(record.get("revision") or 0) <= REVISION
-    except (TypeError, ValueError):
-        return True
-
-
-def takeover_wait_s(config: Optional[Dict[str, Any]]) -> float:
-    """How long a new watchdog waits for the old one to reach a safe point: a pass, with its hooks and sends."""
-    config = config or {}
-    hooks = 0.0
-    for key, default in (("interval", 15.0), ("pre_stop_timeout", 300.0), ("release_timeout", 120.0)):
-        try:
-            hooks += float(config.get(key, default))
-        except (TypeError, ValueError):
-            hooks += default
-    return hooks + 3 * notify.TIMEOUT_S + 60.0
-
-
 def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
     """The watchdog's main loop; returns when disarmed (and no job is queued), after a release, when another
     one of this build (or a newer one) runs, or when a newer build asked it to exit. ``launcher``: the argv
@@ -603,123 +364,6 @@ def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
         write_json(os.path.join(state_dir, OWNER), {"pid": os.getpid(), "build": build_id(), "revision": REVISION})
         _clear_stop(state_dir, None)
         return _loop(state_dir, launcher or [])
-
-
-def _locked(lock: Any) -> bool:
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
-    return True
-
-
-def _taking_over(state_dir: str) -> bool:
-    """Whether a new watchdog is waiting to take over (it holds ``TAKEOVER``)."""
-    try:
-        with os.fdopen(open_regular(os.path.join(state_dir, TAKEOVER), os.O_WRONLY | os.O_CREAT), "w") as f:
-            return not _locked(f)
-    except OSError:
-        return False
-
-
-def _take_over(state_dir: str, lock: Any) -> bool:
-    """Hold the lock another watchdog holds, when it is an older build's: one waiter at a time (``TAKEOVER``)."""
-    try:
-        with os.fdopen(open_regular(os.path.join(state_dir, TAKEOVER), os.O_WRONLY | os.O_CREAT), "w") as f:
-            return _locked(f) and _take_lock(state_dir, lock)
-    except OSError:
-        return False
-
-
-def _take_lock(state_dir: str, lock: Any) -> bool:
-    """Hold the lock; when an older build holds it, ask that one to exit and wait for it (bounded)."""
-    if _locked(lock):
-        return True
-    legacy = legacy_holder(state_dir)
-    if legacy is not None:
-        return _take_from_legacy(state_dir, lock, legacy)
-    old = owner(state_dir)
-    if not replaceable(old) or old is None:
-        return False
-    pid, build = old.get("pid"), build_id()
-    write_json(os.path.join(state_dir, STOP), {"pid": pid, "build": build, "by": os.getpid()})
-    wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
-    log_line(state_dir, "build %s asks the watchdog of build %s (pid %s) to exit at its next safe point; waiting "
-                        "up to %.0f s" % (build, old.get("build"), pid, wait))  # fmt: skip
-    end = time.monotonic() + wait
-    while time.monotonic() < end:
-        time.sleep(0.2)
-        if _locked(lock):
-            last = read_json(os.path.join(state_dir, STATE)) or {}
-            if last.get("pid") == pid and last.get("action") == "released":
-                log_line(state_dir, "build %s: the watchdog it replaces released the host; not taking over" % build)
-                _clear_stop(state_dir, pid)
-                return False
-            log_line(state_dir, "build %s takes over from build %s" % (build, old.get("build")))
-            return True
-        holder = owner(state_dir)
-        if holder is not None and holder.get("pid") != pid:  # another new watchdog took over first
-            _clear_stop(state_dir, pid)
-            return False
-    _clear_stop(state_dir, pid)
-    log_line(state_dir, "the watchdog of build %s (pid %s) did not exit within %.0f s: it keeps running"
-                        % (old.get("build"), pid, wait))  # fmt: skip
-    return False
-
-
-def _take_from_legacy(state_dir: str, lock: Any, pid: int) -> bool:
-    """Replace a watchdog that cannot be asked to exit: end it at a safe moment (``_end_legacy``), bounded."""
-    wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
-    log_line(state_dir, "build %s replaces the watchdog pid %d (a build from before build records) when it is "
-                        "between passes; waiting up to %.0f s" % (build_id(), pid, wait))  # fmt: skip
-    end = time.monotonic() + wait
-    while time.monotonic() < end:
-        if _locked(lock):
-            last = read_json(os.path.join(state_dir, STATE)) or {}
-            if last.get("pid") == pid and last.get("action") == "released":
-                log_line(state_dir, "build %s: the watchdog it replaces released the host; not taking over" % build_id())
-                return False
-            log_line(state_dir, "build %s takes over from the watchdog pid %d" % (build_id(), pid))
-            return True
-        if lock_holder(state_dir) not in (pid, None):
-            return False  # another one took over first
-        _end_legacy(state_dir, pid)
-        time.sleep(0.2)
-    log_line(state_dir, "the watchdog pid %d was never between passes within %.0f s: it keeps running" % (pid, wait))
-    return False
-
-
-def _clear_stop(state_dir: str, pid: Any) -> None:
-    """Remove the stop request (only the one for ``pid`` when given)."""
-    path = os.path.join(state_dir, STOP)
-    request = read_json(path)
-    if request is None or (pid is not None and isinstance(request, dict) and request.get("pid") != pid):
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _request(state_dir: str, pid: Any) -> Optional[Dict[str, Any]]:
-    """The stop request for the watchdog ``pid`` while the watchdog that wrote it still waits, else None (one
-    that died waiting must not leave the host with no watchdog at all)."""
-    request = read_json(os.path.join(state_dir, STOP))
-    if not isinstance(request, dict) or request.get("pid") != pid or not isinstance(request.get("by"), int):
-        return None
-    try:
-        os.kill(request["by"], 0)
-    except ProcessLookupError:
-        return None
-    except OSError:
-        pass  # alive, another uid's (it cannot be: the state dir is ours alone)
-    return request
-
-
-def stop_requested(state_dir: str) -> Optional[str]:
-    """The build that asked this watchdog to exit, or None."""
-    request = _request(state_dir, os.getpid())
-    return None if request is None else str(request.get("build"))
 
 
 def _loop(state_dir: str, launcher: List[str]) -> int:
@@ -810,30 +454,6 @@ def _nap(seconds: float, queue_file: str, state_dir: str) -> None:
     seen, end = mtime(), time.monotonic() + seconds
     while time.monotonic() < end and mtime() == seen and stop_requested(state_dir) is None:
         time.sleep(min(0.25, max(0.0, end - time.monotonic())))
-
-
-def ensure_running(state_dir: str, launcher: List[str]) -> bool:
-    """Start the watchdog detached (own session, no stdio) unless one of this build (or a newer one) holds the
-    lock; one of an older build is replaced (the new one asks it to exit: see ``run``)."""
-    try:
-        with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
-            free = _locked(lock)
-            if free:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-    except OSError:
-        return False  # a lock file that is not ours to use
-    if not free:
-        if _taking_over(state_dir):
-            return True  # a watchdog of a newer build already waits to take over
-        if legacy_holder(state_dir) is None and not replaceable(owner(state_dir)):
-            return False  # already running
-    log_fd = open_regular(os.path.join(state_dir, LOG), _APPEND)
-    with open(os.devnull, "rb") as null_in, os.fdopen(log_fd, "ab") as log:
-        subprocess.Popen(
-            launcher + ["watchdog", state_dir], stdin=null_in, stdout=log, stderr=log,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
-    return True
 
 
 if __name__ == "__main__":  # pragma: no cover
