@@ -168,6 +168,10 @@ def main() -> int:
                            "sample": nvml.sample(lambda pid: None)}  # fmt: skip
     if nvml.gpu_source == "nvml":
         compare(report, "nvml", report.data["nvml"]["sample"]["gpus"])
+        watcher = nvml.faults  # the XID event set the agent holds (opened by the first sample)
+        heard = sorted(watcher.uuids) if watcher is not None else []
+        report.data["xid_event_set"] = {"gpus": heard, "why_not": watcher.why if watcher is not None else "none"}
+        report.say("ok" if heard else "MISMATCH", f"XID event set registered on GPUs {heard} {watcher.why if watcher else ''}")
     else:
         report.say("skip", f"NVML path: {nvml.gpu_error}")
     source = smi.SmiSource("nvidia-smi", 10.0)
