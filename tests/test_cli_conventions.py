@@ -147,7 +147,7 @@ def test_completion_of_commands_options_and_host_names(home: Home) -> None:
     _completion_home(home)
     said = lambda *w: home.cli("__complete", *w, check=True).stdout.split()  # noqa: E731
     assert {"status", "sync", "run", "logs", "add"} <= set(said(""))
-    assert said("st") == ["status"]
+    assert said("st") == ["start", "status"] and said("stat") == ["status"]
     assert "--json" in said("status", "--j") and "--version" in said("--v")
     assert said("logs", "g") == ["gpu1", "gpu2"]
     assert said("--config", str(home.root / ".config/gputui/config.toml"), "kill", "") == ["gpu1", "gpu2", "local"]
@@ -172,7 +172,7 @@ def test_completion_of_job_ids_through_bash(home: Home, tmp_path: Path) -> None:
 
 # --- --json and NO_COLOR ---------------------------------------------------------------------------------------------
 TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue", "compare"}  # each command that prints a table
-NOT_TABLES = {"run", "logs", "kill", "trust", "sync", "pull", "forward", "release", "autostop", "notify", "add",
+NOT_TABLES = {"run", "logs", "kill", "trust", "sync", "pull", "forward", "release", "start", "autostop", "notify", "add",
               "remove"}  # fmt: skip
 
 

@@ -26,7 +26,7 @@ RTX4080 = FIXTURES / "rtx-4080-super_595.71.05_capture.txt"
 MISMATCH = FIXTURES / "nvidia-smi_driver-library-mismatch_570.txt"
 A100_Q = FIXTURES / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt"
 H100_UUID = "GPU-00000000-0000-0000-0000-000000000000"  # masked by the recorder
-HEALTHY = {"state": "ok", "error": None, "fix": None}
+HEALTHY = {"state": "ok", "error": None, "fix": None, "faults": []}
 
 
 def sections(text: str) -> dict[str, str]:
@@ -301,6 +301,7 @@ def test_four_gpus_with_gpu_2_failing_its_handle_the_others_report(tmp_path, mon
     assert gpus[2] == dict.fromkeys(P.GPU_FIELDS) | {
         "index": 2,
         "processes": [],
+        "faults": [],
         "state": "lost",
         "error": "Unable to determine the device handle for GPU 00000003:00:00.0: Unknown Error",
         "fix": "Reboot the host; if the GPU is still lost, ask the provider for another instance.",
