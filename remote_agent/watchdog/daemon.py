@@ -38,18 +38,18 @@ from .activity import ActivityLog, idle_status
 from .rules import (
     CHECK_CALL_S,
     DEADLINE_GRACE_S,
-    _releases,
     api_url,
     deadline_at,
     disarmed_because,
     is_armed,
     plan,
     release_check,
+    releases,
     stalled_idle,
     stalled_jobs,
     view,
     window_start,
-)  # fmt: skip
+)
 from .stall import StallTracker
 from .state import (
     CONFIG,
@@ -63,12 +63,10 @@ from .state import (
     STATE,
     STOP,
     log_line,
-)  # fmt: skip
+)
 from .takeover import (
-    _clear_stop,
-    _locked,
-    _take_over,
     ensure_running,
+    hold,
     legacy_holder,
     lock_holder,
     owner,
@@ -160,7 +158,7 @@ class Watchdog:
     def _check_release(self, config: Dict[str, Any], now: float) -> Optional[Dict[str, Any]]:
         """At each arming (a new ``armed_at``) of a release, and every RECHECK_S while armed: check it
         (``release_check``) and keep the verdict in ``RELEASE_CHECK``. The verdict of this pass when one was made, else None."""
-        if not _releases(config):
+        if not releases(config):
             return None
         if config.get("armed_at") == self.checked_for and now - self.checked_at < RECHECK_S:
             return None
@@ -359,10 +357,8 @@ def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
     point, between passes (never during a release), and waited for, bounded; then this one takes over.
     """
     with os.fdopen(open_regular(os.path.join(state_dir, LOCK), os.O_WRONLY | os.O_CREAT), "w") as lock:
-        if not _locked(lock) and not _take_over(state_dir, lock):
+        if not hold(state_dir, lock):
             return 0
-        write_json(os.path.join(state_dir, OWNER), {"pid": os.getpid(), "build": build_id(), "revision": REVISION})
-        _clear_stop(state_dir, None)
         return _loop(state_dir, launcher or [])
 
 

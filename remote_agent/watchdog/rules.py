@@ -22,17 +22,17 @@ DEADLINE_GRACE_S = 600.0
 
 def disarmed_because(config: Optional[Dict[str, Any]], boot: Optional[str]) -> Optional[str]:
     """Why ``config`` asks for nothing on this boot, or None when it is armed."""
-    releases = bool(config and (config.get("autostop_minutes") or config.get("release_at") is not None))
-    if not config or not (releases or config.get("stall_minutes") or notify.enabled(config.get("notify"))):
+    if not config or not (releases(config) or config.get("stall_minutes") or notify.enabled(config.get("notify"))):
         return "nothing to watch"
     if config.get("boot_id") != boot:
         return "config is from another boot"
-    if releases and not config.get("release_remote") and pv.detected_from(config.get("release_via")) is None:
+    if releases(config) and not config.get("release_remote") and pv.detected_from(config.get("release_via")) is None:
         return "no release_remote command configured"  # and no provider API was found on this host
     return None
 
 
-def _releases(config: Dict[str, Any]) -> bool:
+def releases(config: Dict[str, Any]) -> bool:
+    """Whether ``config`` asks for a release (autostop or a deadline)."""
     return bool(config.get("autostop_minutes") or config.get("release_at") is not None)
 
 

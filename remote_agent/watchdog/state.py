@@ -18,7 +18,7 @@ TAKEOVER = "watchdog.takeover.lock"  # held by the one new watchdog waiting to t
 #: older client connecting must not bring old release logic back).
 REVISION = 3  # 3: releases through the provider, release_failed, the release check at arming
 MAX_LOG_BYTES = 1024 * 1024
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
 def log_line(state_dir: str, message: str) -> None:
@@ -32,7 +32,7 @@ def log_line(state_dir: str, message: str) -> None:
     except OSError:
         pass
     try:
-        with os.fdopen(open_regular(path, _APPEND), "a") as f:
+        with os.fdopen(open_regular(path, APPEND), "a") as f:
             f.write("%s %s\n" % (stamp, message))
     except OSError:
         pass  # e.g. a planted symlink: never write outside the state dir

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 from .. import build_id
 from ..fsutil import open_regular, read_json, write_json
 from . import notify
-from .state import _APPEND, CONFIG, LOCK, LOG, OWNER, REVISION, STATE, STOP, TAKEOVER, log_line
+from .state import APPEND, CONFIG, LOCK, LOG, OWNER, REVISION, STATE, STOP, TAKEOVER, log_line
 
 
 def owner(state_dir: str) -> Optional[Dict[str, Any]]:
@@ -211,6 +211,16 @@ def _take_from_legacy(state_dir: str, lock: Any, pid: int) -> bool:
     return False
 
 
+def hold(state_dir: str, lock: Any) -> bool:
+    """Hold the watchdog ``lock`` for this process, taking over from an older build's watchdog where one holds
+    it, and record this one as the owner; False when another watchdog keeps it."""
+    if not _locked(lock) and not _take_over(state_dir, lock):
+        return False
+    write_json(os.path.join(state_dir, OWNER), {"pid": os.getpid(), "build": build_id(), "revision": REVISION})
+    _clear_stop(state_dir, None)
+    return True
+
+
 def _clear_stop(state_dir: str, pid: Any) -> None:
     """Remove the stop request (only the one for ``pid`` when given)."""
     path = os.path.join(state_dir, STOP)
@@ -259,7 +269,7 @@ def ensure_running(state_dir: str, launcher: List[str]) -> bool:
             return True  # a watchdog of a newer build already waits to take over
         if legacy_holder(state_dir) is None and not replaceable(owner(state_dir)):
             return False  # already running
-    log_fd = open_regular(os.path.join(state_dir, LOG), _APPEND)
+    log_fd = open_regular(os.path.join(state_dir, LOG), APPEND)
     with open(os.devnull, "rb") as null_in, os.fdopen(log_fd, "ab") as log:
         subprocess.Popen(
             launcher + ["watchdog", state_dir], stdin=null_in, stdout=log, stderr=log,
