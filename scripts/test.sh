@@ -3,7 +3,7 @@
 # Slurm, Docker's engine), a virtualenv in .venv (so a PEP 668 "externally managed" system python is never
 # touched) with gputui installed editable and the extras .[test,train], a CPU build of torch when the package
 # index offers one.
-# Arguments go to pytest.
+# Arguments go to pytest (after -n 4 --dist loadfile unless they set -n or -p no:xdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
@@ -51,4 +51,11 @@ fi
 export PATH="$PWD/$venv/bin:$PATH" VIRTUAL_ENV="$PWD/$venv"
 python -m ruff check .
 python -m mypy  # gputui/core (strict) and remote_agent/protocol.py: [tool.mypy] in pyproject.toml
-python -m pytest "$@"
+# In parallel by default (pytest-xdist): most of the suite waits on sshd, tmux, Slurm and dockerd, not on a CPU.
+# Each test file stays in one worker (--dist loadfile): the tests that share the host's root crontab or one
+# Slurm cluster never overlap. `-n 0` (or `-p no:xdist`) runs one test at a time.
+parallel=(-n 4 --dist loadfile)
+for arg in "$@"; do
+  case "$arg" in -n|-n*|--numprocesses*|no:xdist) parallel=() ;; esac
+done
+python -m pytest "${parallel[@]}" "$@"

@@ -128,6 +128,8 @@ def post(url: str, body: bytes, content_type: str, what: str, deadline_s: float 
         resp = conn.getresponse()
         status, location = resp.status, resp.getheader("Location")
     except (OSError, http.client.HTTPException, ValueError) as exc:
+        if isinstance(exc, socket.timeout):  # the socket's own timeout (also deadline_s) came before the timer's
+            guard.expired.set()
         if not guard.expired.is_set():
             return "%s failed: %s" % (what, getattr(exc, "reason", None) or exc or type(exc).__name__)
     finally:
