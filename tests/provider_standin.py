@@ -100,6 +100,7 @@ class StandIn:
     ended: threading.Event = field(default_factory=threading.Event)
     pending: dict[str, tuple[int, Any]] = field(default_factory=dict)  # instance: (reads left, new state)
     on_release: Callable[[], None] | None = None  # run on an accepted stop/terminate, before its answer
+    on_start: Callable[[], None] | None = None  # run on an accepted start, before its answer
     start_ports: list[int] = field(default_factory=list)  # the SSH port each start gives, in turn
     start_gpus: int | None = None  # the GPUs a start gives (None: as before)
     refuse_start: str | None = None  # the provider's words refusing a start
@@ -266,6 +267,8 @@ class _Handler(BaseHTTPRequestHandler):
             if st.start_gpus is not None:
                 change["gpu"] = {**st.pods[pod_id]["gpu"], "count": st.start_gpus}
             st.pending["runpod:" + pod_id] = (st.settle_reads, change)
+            if st.on_start is not None:
+                st.on_start()
             return self._send(200, None)
         self._send(404, {"error": "not found"})
 

@@ -49,8 +49,13 @@ def restricted_bin(dest: Path, without: tuple[str, ...]) -> Path:
 class Sshd:
     """One sshd with its own host key, authorized_keys and a clean remote HOME."""
 
-    def __init__(self, root: Path, tcp_forwarding: str = "no", address: str = "127.0.0.1") -> None:
+    def __init__(
+        self, root: Path, tcp_forwarding: str = "no", address: str = "127.0.0.1", pod: bool = False
+    ) -> None:
         self.root = root
+        # ``pod``: sshd is PID 1 of its own PID namespace (and /proc), as a pod's container is: when it dies (``kill``),
+        # every process of the namespace dies with it, the files stay (the pod's volume). Root only (unshare).
+        self.pod = pod
         self.address = address  # any of 127/8: a second "host" on this machine listens on 127.0.0.2
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -69,7 +74,7 @@ class Sshd:
             f"AuthorizedKeysFile {self.authorized}\n"
             "StrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\n"
-            f"PermitUserEnvironment HOME,PATH,DOCKER_HOST,{','.join(FORWARDED)}\n"
+            f"PermitUserEnvironment HOME,PATH,DOCKER_HOST,RUNPOD_*,{','.join(FORWARDED)}\n"
             f"AllowAgentForwarding no\nAllowTcpForwarding {tcp_forwarding}\nX11Forwarding no\nPrintMotd no\n"
             "MaxStartups 50:30:100\nLogLevel INFO\n"
         )
@@ -108,12 +113,24 @@ class Sshd:
         check = subprocess.run([SSHD, "-t", "-f", str(self.config)], capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"sshd rejects its test config: {check.stderr}")
+        argv = [SSHD, "-D", "-e", "-f", str(self.config)]
+        if self.pod:
+            argv = ["unshare", "--pid", "--mount-proc", "--kill-child", *argv]
         with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
-            )
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         self.wait_ready(timeout)
         return self
+
+    def move(self, port: int) -> None:
+        """Listen on ``port`` from the next ``start`` (a pod started again gets new port mappings)."""
+        self.config.write_text(self.config.read_text().replace(f"Port {self.port}\n", f"Port {port}\n", 1))
+        self.port = port
+
+    def kill(self) -> None:
+        """Gone at once, with no word to anyone (a pod's stop: its namespace's every process with it)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
     def wait_ready(self, timeout: float) -> None:
         """Ready once a TCP connection gets the SSH banner (a readiness check, not a sleep)."""

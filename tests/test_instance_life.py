@@ -12,7 +12,7 @@ from pathlib import Path
 
 import provider_standin as standin
 import pytest
-from conftest import Home, SshHome
+from conftest import Home, SshHome, stop_host, wait_for
 from faultproxy import FaultProxy
 from provider_standin import RUNPOD_KEY, VAST_KEY, StandIn
 
@@ -95,9 +95,25 @@ def test_a_config_edit_wins_over_the_moved_endpoint(
     monkeypatch.setenv("HOME", str(ssh_home.root))  # this process reads the same record and config
     host = cfg.load(str(ssh_home.root / ".config" / "gputui" / "config.toml")).host("box")
     assert SSHTransport(host).resolved().port == proxy.port
-    assert "-p" in SSHTransport(host).terminal_prefix() and "HostName=127.0.0.1" in " ".join(SSHTransport(host).terminal_prefix())
+    terminal = " ".join(SSHTransport(host).terminal_prefix())
+    assert f"HostName=127.0.0.1 -p {proxy.port} -o HostKeyAlias=[127.0.0.1]:{ssh_home.sshd.port}" in terminal
     edited = cfg.load(str(ssh_home.configure(port=ssh_home.sshd.port + 1, provider="runpod", instance_id=POD))).host("box")
     assert SSHTransport(edited).resolved().port == ssh_home.sshd.port + 1  # the user's new address wins
+
+
+def test_a_moved_endpoint_trusts_the_key_trusted_where_the_config_says_and_no_other(tmp_path: Path) -> None:
+    from gputui.core.transport import known_hosts as kh
+    from gputui.core.transport.sshlib import asyncssh
+
+    pod_key, other = (asyncssh.generate_private_key("ssh-ed25519") for _ in range(2))
+    line = pod_key.export_public_key("openssh").decode().split()
+    known = asyncssh.import_known_hosts(f"[203.0.113.7]:22022 {line[0]} {line[1]}\n")
+    match = kh.also_trusting(known, "203.0.113.7", 22022)
+    [trusted, _, revoked, *_] = match("203.0.113.7", "203.0.113.7", 40111)
+    assert [k.public_data for k in trusted] == [pod_key.public_data] and list(revoked) == []
+    assert other.public_data not in [k.public_data for k in trusted]
+    [none, *_] = kh.also_trusting(known, "203.0.113.8", 22022)("203.0.113.7", "203.0.113.7", 40111)
+    assert list(none) == []  # another endpoint's key is no proof
 
 
 def test_a_pod_back_without_its_gpus_is_a_loud_warning(ssh_home: SshHome, api: StandIn) -> None:
@@ -322,3 +338,76 @@ def test_the_providers_price_is_used_without_autostop_and_a_typed_one_wins(home:
     [host] = json.loads(home.cli("status", "--json", check=True, timeout=120).stdout)["hosts"]
     assert (host["cost"]["price_per_hour"], host["cost"]["price_source"]) == (2.0, "config")
     assert len(api.methods()) == asked and writes(api) == []  # a typed price: the provider is not asked
+
+
+JOB = """\
+import json, os, sys, time
+ckpt, finish = sys.argv[1], sys.argv[2]
+step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+print("from step %d" % step, flush=True)
+while not os.path.exists(finish):
+    step += 1
+    with open(ckpt + ".new", "w") as f:
+        json.dump({"step": step}, f)
+    os.replace(ckpt + ".new", ckpt)
+    time.sleep(0.05)
+print("done at step %d" % step, flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pod's PID namespace needs root (unshare), as CI has")
+def test_a_pod_stopped_and_started_from_gputui_resumes_its_job_from_its_checkpoint(tmp_path: Path, api: StandIn) -> None:
+    """The done-when of issue 40 end to end. The pod is an sshd that is PID 1 of its own PID namespace: its stop
+    kills every process in it (agent, tmux, the job), its files stay (the volume). Stopped from gputui, it shows
+    `stopped` and bills its disk; started from gputui it comes back on another port, which gputui follows with
+    no config edit and no new host key to trust (the pod's key is the one trusted at the old port), and its
+    restart-policy job resumes from its checkpoint. Only the two calls the user asked for reach the provider."""
+    from sshd import Sshd, free_port
+
+    pod = Sshd(tmp_path / "pod", pod=True)
+    pod.client_key("ok", env={"RUNPOD_POD_ID": POD, "RUNPOD_API_KEY": RUNPOD_KEY})  # the pod's own variables
+    home = SshHome(tmp_path / "home", pod.start())
+    try:
+        pod_box(home, api, pod.port, status="RUNNING")
+        config, known = home.root / ".config" / "gputui" / "config.toml", home.known_hosts.read_bytes()
+        config_before = config.read_bytes()
+        job, ckpt, finish = tmp_path / "job.py", tmp_path / "ckpt.json", tmp_path / "finish"
+        job.write_text(JOB)
+        run = home.cli("run", "box", "--restart", "on-failure:3", "--", "python3", str(job), str(ckpt), str(finish))
+        assert run.returncode == 0, run.stderr
+        jid = run.stdout.split()[-1]
+        wait_for(lambda: ckpt.exists() and json.loads(ckpt.read_text())["step"] >= 3, what="the job's checkpoints")
+        assert home.cli("status", "--json", timeout=120).returncode == 0  # seen running: the ledger bills it
+
+        api.on_release = pod.kill  # the provider stops the container: everything in it dies at once
+        released = home.cli("release", "box", "--yes", "--force", "--no-pull", timeout=180)
+        assert released.returncode == 0, released.stderr
+        assert "released (confirmed: runpod: EXITED" in released.stdout
+        at_stop = json.loads(ckpt.read_text())["step"]
+
+        stopped = home.cli("status", "--json", timeout=120)
+        [host] = json.loads(stopped.stdout)["hosts"]
+        assert host["instance"]["state"] == "stopped", stopped.stdout
+
+        new_port = free_port()
+        api.start_ports = [new_port]
+        api.on_start = lambda: (pod.move(new_port), pod.start())
+        started = home.cli("start", "box", "--timeout", "120", timeout=180)
+        assert started.returncode == 0, started.stderr
+        assert f"-> 127.0.0.1:{new_port} (from runpod's API)" in started.stderr
+        output = home.remote_job_dir(jid) / "output.log"
+        wait_for(lambda: f"from step {at_stop}" in output.read_text(), timeout=60, what="the job to resume")
+        assert "after the instance's stop lost the job, 0 s backoff" in output.read_text()
+        finish.write_text("")
+        wait_for(lambda: "done at step" in output.read_text(), what="the resumed job to finish")
+        assert int(output.read_text().rsplit("done at step ", 1)[1].split()[0]) > at_stop
+        assert home.cli("status", "--json", timeout=120).returncode == 0
+
+        assert config.read_bytes() == config_before and home.known_hosts.read_bytes() == known
+        assert writes(api) == [f"POST /runpod/pods/{POD}/stop", f"POST /runpod/pods/{POD}/start"]
+        ledger = json.loads((home.root / ".local" / "state" / "gputui" / "ledger.json").read_text())
+        billed = [(iv.get("kind", "running"), iv["price"]) for iv in ledger["hosts"]["box"]["intervals"]]
+        assert billed == [("running", 0.74), ("stopped", pytest.approx(20 * 0.20 / 730)), ("running", 0.74)]
+    finally:
+        pod.kill()
+        stop_host(home.remote_dir)

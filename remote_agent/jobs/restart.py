@@ -319,6 +319,9 @@ def backoff(policy: Dict[str, Any], streak: int) -> float:
     return min(float(policy.get("backoff_s", 30.0)) * 2 ** max(0, streak - 1), float(policy.get("backoff_max_s", 600.0)))
 
 
+_WHAT_LOST = {"lost when the instance stopped": "the instance's stop"}
+
+
 class Restarts:
     """Decides and launches the restarts of one state dir's jobs (one pass per watchdog pass)."""
 
@@ -371,11 +374,21 @@ class Restarts:
             return self._maybe_launch(jid, job_dir, pending)
 
     def _lost(self, job_dir: str) -> Dict[str, Any]:
-        """The end of an attempt whose runner vanished without a word (a reboot, a killed tmux server)."""
+        """The end of an attempt whose runner vanished without a word: a reboot, the instance's stop (a pod's
+        container ends with every process in it; the machine's boot stays, PID 1 is new), a killed tmux server.
+        After a reboot or a stop the job did nothing wrong: ``rebooted``, it resumes with no backoff."""
+        from ..host.boot import life_start
+
         pids = read_json(os.path.join(job_dir, "pid.json")) or {}
-        rebooted = pids.get("boot_id") not in (None, self.boot)
-        why = "lost in a reboot" if rebooted else "lost: its runner died"
-        return {"exit_code": None, "signal": None, "ended_at": time.time(), "lost": why, "rebooted": rebooted}
+        started, life = pids.get("started_at"), life_start()
+        if pids.get("boot_id") not in (None, self.boot):
+            why = "lost in a reboot"
+        elif isinstance(started, (int, float)) and life is not None and started < life:
+            why = "lost when the instance stopped"
+        else:
+            why = "lost: its runner died"
+        return {"exit_code": None, "signal": None, "ended_at": time.time(), "lost": why,
+                "rebooted": why != "lost: its runner died"}  # fmt: skip
 
     def _ended(self, jid: str, job_dir: str, job: Dict[str, Any], end: Dict[str, Any], released: bool) -> int:
         """Keep the attempt that ended and decide: restart after a backoff, or the job's end."""
@@ -414,8 +427,8 @@ class Restarts:
         if why is not None:
             self._final(jid, job_dir, code, why, end)
             return 0
-        wait = backoff(policy, streak)
-        after = "a reboot lost the job" if last.get("rebooted") else (
+        wait = 0.0 if last.get("rebooted") else backoff(policy, streak)
+        after = "%s lost the job" % _WHAT_LOST.get(str(hint), "a reboot") if last.get("rebooted") else (
             str(last.get("hint")) if end.get("lost") else "exit %s%s" % (code, " (%s)" % hint if hint else ""))
         total = int(policy.get("max", DEFAULT_MAX)) - streak + n
         marker = "── attempt %d of %d, after %s, %.0f s backoff ──" % (n + 1, total, after, wait)
@@ -426,7 +439,7 @@ class Restarts:
         })  # fmt: skip
         self._unlink(os.path.join(job_dir, ATTEMPT))
         if last.get("rebooted"):
-            self.log("restart: job %s was lost in a reboot: resuming it (attempt %d) in %.0f s" % (jid, n + 1, wait))
+            self.log("restart: job %s was %s: resuming it (attempt %d) in %.0f s" % (jid, hint, n + 1, wait))
         else:
             self.log("restart: job %s attempt %d ended (%s): attempt %d in %.0f s" % (jid, n, after, n + 1, wait))
         return 1

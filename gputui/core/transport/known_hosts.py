@@ -6,8 +6,9 @@ import base64
 import hashlib
 import hmac
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from gputui.core.transport.sshlib import asyncssh
 
@@ -57,6 +58,22 @@ def files_for(explicit: str | None, configured: Sequence[str] | None) -> list[st
 def load(files: Sequence[str]) -> asyncssh.SSHKnownHosts:
     existing = [f for f in files if os.path.isfile(f) and os.access(f, os.R_OK)]
     return asyncssh.read_known_hosts(existing) if existing else asyncssh.import_known_hosts("")
+
+
+KnownHostsMatch = Callable[[str, str, "int | None"], tuple[Any, ...]]
+
+
+def also_trusting(known: asyncssh.SSHKnownHosts, name: str, port: int) -> KnownHostsMatch:
+    """A match (what asyncssh takes as ``known_hosts``) that trusts, besides the endpoint's own entries, the
+    keys trusted for ``name``:``port``: where the config says a host is when its provider moved its SSH to
+    another port. The instance's host key is its identity: the key the user trusted there proves it here."""
+    base = known.match(name, "", port if port != DEFAULT_PORT else None)
+
+    def match(host: str, addr: str, at: int | None) -> tuple[Any, ...]:
+        own = known.match(host, addr, at)
+        return (*(list(own[i]) + list(base[i]) for i in range(3)), *own[3:])
+
+    return match
 
 
 def trusted_keys(files: Sequence[str], name: str, addr: str, port: int) -> list[asyncssh.SSHKey]:

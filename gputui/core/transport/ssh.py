@@ -120,6 +120,7 @@ class Target:
     key_name: str  # the name in known_hosts: HostKeyAlias, else host
     known_hosts: tuple[str, ...]
     hops: tuple[sr.Resolved, ...] = ()  # ProxyJump hosts to go through, in connect order
+    moved_from: tuple[str, int] | None = None  # (known_hosts name, port) of the config's endpoint, when moved
 
     @property
     def pattern(self) -> str:
@@ -284,9 +285,13 @@ class SSHTransport(Transport):
     def resolved(self) -> sr.Resolved:
         """This host as ssh_config resolves it (``ssh -G`` where an ssh client exists), explicit settings winning,
         and moved where its provider moved it (``instances.endpoint_for``: gputui start learnt a new port)."""
+        return self._moved()[0]
+
+    def _moved(self) -> tuple[sr.Resolved, sr.Resolved | None]:
+        """Where the host answers, and where the config says it is when its provider moved it (else None)."""
         r = self.configured()
         moved = instances.endpoint_for(self.cfg.name, r.host, r.port)
-        return r if moved is None else dataclasses.replace(r, host=moved[0], port=moved[1])
+        return (r, None) if moved is None else (dataclasses.replace(r, host=moved[0], port=moved[1]), r)
 
     def configured(self) -> sr.Resolved:
         """This host as the config and ssh_config say, before any move."""
@@ -297,7 +302,7 @@ class SSHTransport(Transport):
         """The host as ssh_config describes it, and the keyword arguments for asyncssh.connect() (see
         ``connect_options``: the one place they are built)."""
         config = self._config_paths()
-        r = await asyncio.to_thread(self.resolved)
+        r, base = await asyncio.to_thread(self._moved)
         hops = await asyncio.to_thread(sr.jump_chain, r, config[0] if config else None)
         target = Target(
             alias=self.cfg.address,
@@ -307,6 +312,7 @@ class SSHTransport(Transport):
             key_name=r.host_key_alias or r.host,
             known_hosts=tuple(kh.files_for(self.cfg.known_hosts, r.configured_known_hosts)),
             hops=tuple(hops),
+            moved_from=None if base is None else (base.host_key_alias or base.host, base.port),
         )
         try:
             target.host.encode("idna")  # what name resolution does; an empty or 64+ char label fails it
@@ -323,10 +329,10 @@ class SSHTransport(Transport):
         config = self._config_paths()
         if self.ssh_config and config:
             argv += ["-F", config[0]]
-        r = self.configured()
-        moved = instances.endpoint_for(self.cfg.name, r.host, r.port)
-        if moved is not None:  # its provider moved it (gputui start)
-            argv += ["-o", f"HostName={moved[0]}", "-p", str(moved[1])]
+        moved, base = self._moved()
+        if base is not None:  # its provider moved it (gputui start): the key trusted where it was still holds
+            alias = base.host_key_alias or kh.host_pattern(base.host, base.port)  # as OpenSSH names it
+            argv += ["-o", f"HostName={moved.host}", "-p", str(moved.port), "-o", f"HostKeyAlias={alias}"]
         elif self.cfg.port is not None:
             argv += ["-p", str(self.cfg.port)]
         if self.cfg.user:
@@ -350,6 +356,8 @@ class SSHTransport(Transport):
         client = _Client()
         if self.cfg.verify_host_key:
             known: Any = kh.load(target.known_hosts)
+            if target.moved_from is not None:  # the instance's key, trusted where the config says it is, holds
+                known = kh.also_trusting(known, *target.moved_from)
         else:
             known = None
             if not self._warned_unverified:
