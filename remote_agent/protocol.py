@@ -156,6 +156,10 @@ class GpuProcess(TypedDict):
     name: Optional[str]
     hidden: bool
     inferred: bool
+    # from the agent's /proc (None for a pid not there: gone, or hidden): CPU % since the previous reading (100 =
+    # one core; its first reading: its average since it started), resident memory
+    cpu_percent: Optional[float]
+    rss_mib: Optional[float]
 
 
 class Container(TypedDict):

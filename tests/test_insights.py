@@ -744,6 +744,13 @@ def test_low_gpu_util_hint() -> None:
     assert hints_from_metrics(False, low, []) == []  # job not running
     assert hints_from_metrics(True, low[:5], []) == []  # too few samples
     assert hints_from_metrics(True, [95.0] * 20 + [0.0] * 5, []) == []  # median is high
+    assert "CPU core" not in hint.line
+    procs = [{"pid": 1, "job": "7", "cpu_percent": 99.6}, {"pid": 2, "job": "8", "cpu_percent": 100.0}]
+    (starved,) = hints_from_metrics(True, low, [{"index": 0, "processes": procs}], job="7")
+    assert starved.line.endswith("; the job's process at 100% of a CPU core")
+    procs[0]["cpu_percent"] = 35.0  # the other job's busy process is not this job's bottleneck
+    (fed,) = hints_from_metrics(True, low, [{"index": 0, "processes": procs}], job="7")
+    assert "CPU core" not in fed.line
 
 
 def test_throttle_hints() -> None:

@@ -2,10 +2,13 @@
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pynvml
 
+from remote_agent.host.procfs import ProcessUse
 from remote_agent.host.stats import HostStats, nearest_existing, process_name
 from remote_agent.metrics.sampler import MetricsSampler
 
@@ -57,10 +60,53 @@ def test_process_name_and_owner_from_this_process(tmp_path):
     with open("/proc/self/comm") as f:
         comm = f.read().strip()
     assert process_name(me) == comm
-    p = MetricsSampler._process({"pid": me, "mem_mib": 12}, {me: "job-3"}.get)
+    p = MetricsSampler._process({"pid": me, "mem_mib": 12}, {me: "job-3"}.get, ProcessUse().read([me]))
+    cpu, rss = p.pop("cpu_percent"), p.pop("rss_mib")
     assert p == {"pid": me, "mem_mib": 12, "job": "job-3", "name": comm, "hidden": False, "inferred": False}
+    assert isinstance(cpu, float) and cpu >= 0 and isinstance(rss, float) and rss > 10  # a python with pytest
 
     def broken(pid):
         raise KeyError(pid)
 
-    assert MetricsSampler._process({"pid": me, "mem_mib": None}, broken)["job"] is None
+    assert MetricsSampler._process({"pid": me, "mem_mib": None}, broken, {})["job"] is None
+
+
+def test_a_gpu_processs_cpu_share_and_memory_are_read_from_proc(tmp_path):
+    """The usual answer to a GPU at 30 %: its process at 100 % of a core (a data loader in the main process).
+    CPU % is over the time between two readings of the same process; a new process under a reused pid starts
+    over; a pid not in this /proc reads as unknown."""
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        use = ProcessUse()
+        deadline = time.monotonic() + 30
+        while True:  # the spinner's share over the last interval nears a whole core (the machine may be busy)
+            got = use.read([spin.pid, idle.pid, 2**22 + 1])
+            if got[spin.pid][0] is not None and got[spin.pid][0] > 40 or time.monotonic() > deadline:
+                break
+            busy = time.monotonic() + 0.2
+            while time.monotonic() < busy:
+                pass
+        assert got[spin.pid][0] > 40 and got[idle.pid][0] < 20
+        assert got[spin.pid][1] > 1 and got[idle.pid][1] > 1  # resident MiB of a python
+        assert got[2**22 + 1] == (None, None)
+    finally:
+        for p in (spin, idle):
+            p.kill()
+            p.wait()
+
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "uptime").write_text("1000.00 50.00\n")
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def stat(cpu_s, start_s):
+        rest = ["S"] + ["0"] * 10 + [str(int(cpu_s * ticks)), "0"] + ["0"] * 6 + [str(int(start_s * ticks)), "0", "256"]
+        (proc / "7" / "stat").write_text("7 (py) th)ing) " + " ".join(rest))
+
+    fake = ProcessUse(str(proc))
+    stat(450, 100)  # 450 s of CPU in its 900 s of life: half a core on its first reading
+    [(cpu, rss)] = fake.read([7]).values()
+    assert cpu == 50.0 and rss == round(256 * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    stat(10, 990)  # another process under the same pid: its own life, not the difference
+    assert fake.read([7])[7][0] == 100.0

@@ -99,9 +99,12 @@ def test_h100_under_load_processes_and_owner(tmp_path):
     assert (g["sm_clock_mhz"], g["mem_clock_mhz"], g["pstate"]) == (1980, 2619, "P0")
     assert (g["throttle_reasons"], g["persistence_mode"], g["ecc_errors_uncorrected"]) == ([], True, 0)
     assert g["processes"] == [
-        {"pid": 11327, "mem_mib": 2566, "job": "job-a", "name": None, "hidden": False, "inferred": False},
-        {"pid": 11328, "mem_mib": 1542, "job": "job-a", "name": None, "hidden": False, "inferred": False},
-        {"pid": 11345, "mem_mib": 15690, "job": None, "name": None, "hidden": False, "inferred": False},
+        {"pid": 11327, "mem_mib": 2566, "job": "job-a", "name": None, "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None},
+        {"pid": 11328, "mem_mib": 1542, "job": "job-a", "name": None, "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None},
+        {"pid": 11345, "mem_mib": 15690, "job": None, "name": None, "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None},
     ]
     assert s.facts()["cuda_version"] == "13.1"
 

@@ -96,9 +96,12 @@ def test_h100_under_load_exact_values(tmp_path, monkeypatch):
             "remap_pending": False, "remap_failed": False,
             **HEALTHY,
             "processes": [
-                {"pid": 11327, "mem_mib": 2566, "job": None, "name": "memhog", "hidden": False, "inferred": False},
-                {"pid": 11328, "mem_mib": 1542, "job": None, "name": "memhog", "hidden": False, "inferred": False},
-                {"pid": 11345, "mem_mib": 15690, "job": "job-7", "name": "gpu_burn", "hidden": False, "inferred": False},
+                {"pid": 11327, "mem_mib": 2566, "job": None, "name": "memhog", "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None},
+                {"pid": 11328, "mem_mib": 1542, "job": None, "name": "memhog", "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None},
+                {"pid": 11345, "mem_mib": 15690, "job": "job-7", "name": "gpu_burn", "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None},
             ],
         }
     ]
@@ -158,7 +161,8 @@ def test_consumer_card_fan_and_missing_ecc(tmp_path):
             "pcie_gen": 1, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # idle: the link slows down
             "remap_pending": None, "remap_failed": None,  # "[N/A]" on GeForce
             **HEALTHY,
-            "processes": [{"pid": 2165, "mem_mib": 25, "job": "job-1", "name": "kwin_wayland", "hidden": False, "inferred": False}],
+            "processes": [{"pid": 2165, "mem_mib": 25, "job": "job-1", "name": "kwin_wayland", "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None}],
         }
     ]
 
@@ -246,7 +250,8 @@ def test_corpus_every_field_of_every_capture(tmp_path, capture, state):
         want = {key: expected_reading(row[field], key) for key, field in CORPUS_FIELDS.items()}
         want["processes"] = [
             {"pid": int(a["pid"]), "mem_mib": expected_reading(a["used_gpu_memory"], "mem"),
-             "name": re.split(r"[/\\]", a["process_name"])[-1], "job": None, "hidden": False, "inferred": False}
+             "name": re.split(r"[/\\]", a["process_name"])[-1], "job": None, "hidden": False, "inferred": False,
+             "cpu_percent": None, "rss_mib": None}
             for a in apps if a["gpu_uuid"] == row["uuid"]
         ]  # fmt: skip
         assert gpu == want | HEALTHY

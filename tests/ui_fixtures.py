@@ -68,7 +68,8 @@ def with_load(gpus: Sequence[M.GpuSample], step: int, job: str | None = None) ->
         total = g.mem_total_mib or 40960
         used = total * (0.3 + 0.03 * (g.index % 5)) + 20 * phase
         procs = g.processes or (
-            M.GpuProcess(pid=41000 + g.index, mem_mib=used - 500, job=job, name="python3"),
+            M.GpuProcess(pid=41000 + g.index, mem_mib=used - 500, job=job, name="python3",
+                         cpu_percent=float(96 + phase % 5), rss_mib=11_500.0 + 40 * g.index),  # fmt: skip
         )
         out.append(
             replace(

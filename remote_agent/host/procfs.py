@@ -2,7 +2,8 @@
 
 import os
 import stat
-from typing import Iterator, Optional
+import time
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 #: The most of one /proc or /sys file read: theirs are small; a bigger one is not what it claims to be.
 READ_LIMIT = 1024 * 1024
@@ -51,3 +52,46 @@ def ancestors(pid: int, limit: int = 64, proc: str = "/proc") -> Iterator[int]:
                 pid = int(f.read().rsplit(b")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             return
+
+
+class ProcessUse:
+    """CPU % and resident memory of processes from ``/proc/PID/stat``. CPU % is over the time since the previous
+    reading of that pid (the same process: its start time is checked); a pid's first reading gives its average
+    since it started. A pid not in this /proc (gone, or of another PID namespace) reads as (None, None)."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._last: Dict[int, Tuple[float, float, int]] = {}  # pid: (CPU seconds, monotonic, start ticks)
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._page_mib = os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0)
+
+    def read(self, pids: Iterable[int]) -> Dict[int, Tuple[Optional[float], Optional[float]]]:
+        """``{pid: (cpu_percent, rss_mib)}`` for each pid; readings of pids not asked for again are dropped."""
+        now, out, seen = time.monotonic(), {}, {}
+        for pid in pids:
+            text = read_text("%s/%d/stat" % (self.proc, pid), 4096)
+            try:
+                fields = (text or "").rpartition(")")[2].split()
+                cpu = (int(fields[11]) + int(fields[12])) / self._ticks  # utime + stime (proc(5) fields 14, 15)
+                start, rss = int(fields[19]), int(fields[21])  # starttime and rss (fields 22, 24)
+            except (IndexError, ValueError):
+                out[pid] = (None, None)
+                continue
+            last = self._last.get(pid)
+            if last is not None and last[2] == start and now > last[1]:
+                share = (cpu - last[0]) / (now - last[1])
+            else:
+                share = _since_start(cpu, start / self._ticks, self.proc)
+            seen[pid] = (cpu, now, start)
+            out[pid] = (None if share is None else round(max(share, 0.0) * 100.0, 1), round(rss * self._page_mib, 1))
+        self._last = seen
+        return out
+
+
+def _since_start(cpu: float, started: float, proc: str) -> Optional[float]:
+    """The CPU share of a process over its life (``started``: seconds after boot)."""
+    try:
+        uptime = float((read_text(proc + "/uptime", 256) or "").split()[0])
+    except (IndexError, ValueError):
+        return None
+    return cpu / (uptime - started) if uptime - started > 0.5 else None

@@ -11,10 +11,11 @@ Stdlib only (pynvml optional, imported lazily), Python 3.8+.
 """
 
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..host.container import HiddenAttribution, Owners
+from ..host.procfs import ProcessUse
 from ..host.stats import HostStats, process_name
 from . import nvml as gpu_nvml
 from . import smi as gpu_smi
@@ -45,6 +46,7 @@ class MetricsSampler:
         self.source: Any = None
         self.gpu_error: Optional[str] = None
         self.hidden = HiddenAttribution()  # GPU processes from another PID namespace (a pod)
+        self.use = ProcessUse()  # the GPU processes' CPU % and resident memory
         self._facts: Optional[Dict[str, Any]] = None  # protocol.GpuFacts + gpu_source, gpu_error
         try:
             self.source = gpu_nvml.NvmlSource(nvml, slow_interval, only)
@@ -98,8 +100,9 @@ class MetricsSampler:
                 self._faults_at = time.monotonic()
                 self.faults.poll(0)
             recent = self.faults.recent(t)
+        use = self.use.read(p["pid"] for g in gpus for p in g.get("processes") or [])
         for g in gpus:
-            g["processes"] = [self._process(p, owner_of) for p in g.get("processes") or []]
+            g["processes"] = [self._process(p, owner_of, use) for p in g.get("processes") or []]
             g["faults"] = [{"t": f["t"], "kind": f["kind"], "xid": f.get("xid"), "meaning": f.get("meaning"),
                             "fix": f.get("fix")} for f in recent.get(g.get("index"), [])]  # fmt: skip
         if isinstance(owner_of, Owners):
@@ -107,12 +110,14 @@ class MetricsSampler:
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
 
     @staticmethod
-    def _process(p: Dict[str, Any], owner_of: OwnerOf) -> P.GpuProcess:
+    def _process(p: Dict[str, Any], owner_of: OwnerOf, use: Dict[int, Tuple[Optional[float], Optional[float]]]
+                 ) -> P.GpuProcess:  # fmt: skip
         pid = p["pid"]
         try:
             job = owner_of(pid)
         except Exception:
             job = None
+        cpu, rss = use.get(pid, (None, None))
         return {
             "pid": pid,
             "mem_mib": p.get("mem_mib"),
@@ -120,6 +125,8 @@ class MetricsSampler:
             "name": process_name(pid) or p.get("smi_name"),
             "hidden": False,
             "inferred": False,
+            "cpu_percent": cpu,
+            "rss_mib": rss,
         }
 
     def close(self) -> None:

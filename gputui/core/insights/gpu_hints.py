@@ -15,6 +15,7 @@ from .snapshot import Hint, cap_line
 LOW_UTIL_PCT = 30.0
 LOW_UTIL_MIN_SAMPLES = 10
 HOT_TEMP_C = 85.0
+CPU_BOUND_PCT = 90.0  # a GPU process at this share of a core is the bottleneck of a GPU left idle
 
 _THERMAL_REASONS = P.HW_THROTTLE
 _POWER_REASONS = ("sw_power_cap",)
@@ -64,14 +65,19 @@ def hints_from_metrics(
     if job_running and len(util) >= min_samples:
         med = statistics.median(util)
         if med < low_util_pct:
+            evidence = f"median GPU util {med:.0f}% over {len(util)} samples"
+            busiest = max((c for c in _job_cpu(gpus, job) if c is not None), default=None)
+            if busiest is not None and busiest >= CPU_BOUND_PCT:
+                evidence += f"; the job's process at {busiest:.0f}% of a CPU core"
             hints.append(
                 Hint(
                     "low_gpu_util",
                     "GPU mostly idle: input pipeline bound?",
                     "Median GPU utilisation is low while the job runs, so the GPU waits for data. Raise "
                     "DataLoader num_workers (about the CPU core count), set pin_memory=True and "
-                    "persistent_workers=True, and check whether the CPU is at 100%.",
-                    f"median GPU util {med:.0f}% over {len(util)} samples",
+                    "persistent_workers=True, and check whether the CPU is at 100% (a process on the GPU at "
+                    "100% of a core loads the data itself: num_workers=0).",
+                    evidence,
                 )
             )
     hints.extend(_throttle_hints(gpus))
@@ -89,6 +95,15 @@ def hints_from_metrics(
                 )
             )
     return hints
+
+
+def _job_cpu(gpus: Iterable[Any], job: str | None) -> Iterable[float | None]:
+    """The CPU % of the job's processes on its GPUs (every process there when the job is not named)."""
+    for gpu in gpus:
+        for p in _get(gpu, "processes") or ():
+            if job is None or _proc(p, "job") == job:
+                cpu = _proc(p, "cpu_percent")
+                yield float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) else None
 
 
 def _throttle_hints(gpus: Iterable[Any]) -> list[Hint]:

@@ -6,6 +6,7 @@ them in. Nothing here does I/O.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,15 @@ class GpuProcess:
     name: str | None = None
     hidden: bool = False  # the pid is from another PID namespace (a pod): not in the agent's /proc
     inferred: bool = False  # job matched by its GPUs, not by /proc (a pid from another PID namespace)
+    cpu_percent: float | None = None  # of one core, since the agent's previous reading
+    rss_mib: float | None = None  # resident memory (host RAM)
+
+
+def _finite(value: Any) -> float | None:
+    """A number from the wire, or None for anything else (a string, a bool, NaN, infinity)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 #: A lost GPU's ``error`` and ``fix`` from the agent are kept to this many characters.
@@ -138,6 +148,8 @@ class GpuSample:
                 job=p.get("job"),
                 name=p.get("name"),
                 inferred=bool(p.get("inferred")),
+                cpu_percent=_finite(p.get("cpu_percent")),
+                rss_mib=_finite(p.get("rss_mib")),
             )
             for p in d.get("processes") or ()
         )

@@ -323,13 +323,15 @@ def proc_job(p: M.GpuProcess, names: dict[str, str]) -> str:
 class ProcsTable(KeyedTable):
     """Processes on the selected host's GPUs, with the gputui job that owns each."""
 
-    RIGHT = frozenset({"gpu", "pid", "mem"})
+    RIGHT = frozenset({"gpu", "pid", "mem", "cpu", "rss"})
 
     COLUMNS = (
         ("gpu", "GPU", 3),
         ("pid", "PID", 7),
         ("job", "Job", 14),
-        ("mem", "Mem", 8),
+        ("mem", "GPU mem", 8),
+        ("cpu", "CPU", 5),  # of one core: a process at 100 % feeding a GPU at 30 % is the data loader's bottleneck
+        ("rss", "RAM", 8),
         ("name", "Process", 18),
     )
 
@@ -349,6 +351,8 @@ class ProcsTable(KeyedTable):
                             Text(
                                 fmt.gib(p.mem_mib) + " GiB" if p.mem_mib is not None else "-", justify="right"
                             ),
+                            Text("-" if p.cpu_percent is None else f"{p.cpu_percent:.0f}%", justify="right"),
+                            Text("-" if p.rss_mib is None else fmt.gib(p.rss_mib) + " GiB", justify="right"),
                             Text(safetext.clean(p.name or "-", limit=200), no_wrap=True, overflow="ellipsis"),
                         ),
                     )
