@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import provider_standin as standin
 import pytest
@@ -411,3 +412,126 @@ def test_a_pod_stopped_and_started_from_gputui_resumes_its_job_from_its_checkpoi
     finally:
         pod.kill()
         stop_host(home.remote_dir)
+
+
+class Reconnects:
+    """The stopped host's session in the app: counts the reconnects the start asks for."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def reconnect_now(self) -> None:
+        self.asked += 1
+
+
+async def test_the_apps_start_key_asks_first_then_starts_and_reconnects(
+    home: Home, api: StandIn, sshd: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``S`` on a host whose provider says stopped: a confirmation naming the instance and its rate; a cancel
+    starts nothing; a yes starts it (the real core, the provider played by the stand-in), says so and has the
+    session reconnect at once. On a host that is not stopped it says so and asks nothing."""
+    import time
+
+    from textual.pilot import Pilot
+    from ui_fixtures import static_factory
+
+    from gputui.core.config import file as cfg
+    from gputui.core.session import model as M
+    from gputui.ui.app import GpuTuiApp
+    from gputui.ui.screens.confirm import ConfirmScreen
+
+    api.pods[POD] = standin.runpod_pod(POD, "EXITED", ip="127.0.0.1", port=sshd.port)  # type: ignore[attr-defined]
+    api.settle_reads = 0
+    monkeypatch.setenv("RUNPOD_API_KEY", RUNPOD_KEY)
+    monkeypatch.setenv("HOME", str(home.root))
+    config = cfg.load(str(home.write_config(
+        f'[providers.runpod]\napi_url = "{api.base("runpod")}"\n'
+        f'[hosts.box]\nhost = "127.0.0.1"\nport = {sshd.port}\nprovider = "runpod"\ninstance_id = "{POD}"\n'  # type: ignore[attr-defined]
+        '[hosts.up]\nhost = "127.0.0.2"\n'
+    )))  # fmt: skip
+    look = M.InstanceLook("runpod", POD, "stopped", "runpod says EXITED; its disk bills 0.0055/h while stopped")
+    cost = M.CostInfo(price_per_hour=0.74)
+    snaps = [M.HostSnapshot("box", state=M.ERROR, error="connection refused", instance=look, cost=cost),
+             M.HostSnapshot("up", state=M.CONNECTED)]  # fmt: skip
+    session = Reconnects()
+    app = GpuTuiApp(config, source_factory=static_factory(snaps, session), state_path=home.root / "ui.json")
+
+    async def until(pilot: Pilot[None], predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
+    def said(text: str) -> bool:
+        return any(text in n.message for n in app._notifications)
+
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.hosts["box"].instance is not None, "the snapshots")
+        await pilot.press("S")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        body = app.screen.body  # type: ignore[attr-defined]
+        assert body.startswith("Start box?") and f"runpod {POD} (stopped)" in body and "0.74 USD/h" in body
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
+        assert writes(api) == [] and session.asked == 0
+        await pilot.press("S")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        await pilot.press("y")
+        await until(pilot, lambda: said("box started: reconnecting"), "the start")
+        assert said("runpod accepted the start") and said(f"waiting for SSH at 127.0.0.1:{sshd.port}")  # type: ignore[attr-defined]
+        assert writes(api) == [f"POST /runpod/pods/{POD}/start"] and session.asked == 1
+
+        await pilot.press("down")
+        await until(pilot, lambda: app.selected_host == "up", "the other host")
+        await pilot.press("S")
+        await until(pilot, lambda: said("gputui does not know which RunPod pod or vast.ai instance up is"), "why not")
+        assert not isinstance(app.screen, ConfirmScreen) and writes(api) == [f"POST /runpod/pods/{POD}/start"]
+
+
+async def test_a_session_reconnects_at_once_when_asked_where_its_instance_came_back(
+    ssh_home: SshHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A down host's session waits out its backoff (an hour here); a started instance is reconnected at once,
+    to the endpoint the start learnt. A host given up on (an error retrying would not fix) is tried again."""
+    import asyncio
+
+    from gputui.core.config.file import HostConfig
+    from gputui.core.session import host as session_module
+    from gputui.core.session import model as M
+    from gputui.core.transport.ssh import SSHTransport
+
+    hour = session_module.Backoff
+    monkeypatch.setattr(session_module, "Backoff", lambda: hour(base=3600.0, cap=3600.0))
+    monkeypatch.setenv("HOME", str(ssh_home.root))
+    closed = _closed_port()
+    conf = HostConfig(name="box", **ssh_home.host_settings(port=closed))
+    session = session_module.HostSession("box", SSHTransport(conf))
+    session.run_in_background()
+    try:
+        for _ in range(600):
+            if session.snapshot.state == M.RECONNECTING:
+                break
+            await asyncio.sleep(0.05)
+        assert session.snapshot.state == M.RECONNECTING and "connection refused" in (session.snapshot.error or "")
+        instances.put("box", instances.Record("runpod", POD, ("127.0.0.1", ssh_home.sshd.port), ("127.0.0.1", closed)))
+        session.reconnect_now()
+        await session.wait_connected(timeout=60)
+        assert session.snapshot.state == M.CONNECTED
+        session.reconnect_now()  # connected: left alone
+        assert session.snapshot.state == M.CONNECTED
+    finally:
+        await session.close()
+
+    unknown = ssh_home.root / "known_hosts.empty"
+    unknown.write_text("")
+    conf = HostConfig(name="box", **ssh_home.host_settings(known_hosts=str(unknown)))
+    session = session_module.HostSession("box", SSHTransport(conf))
+    task = session.run_in_background()
+    try:
+        await asyncio.wait_for(asyncio.shield(task), 60)  # an unknown host key: given up on, not retried
+        assert session.snapshot.state == M.ERROR and "unknown host key" in (session.snapshot.error or "")
+        unknown.write_text(ssh_home.known_hosts.read_text())  # the user trusted it meanwhile
+        session.reconnect_now()
+        await session.wait_connected(timeout=60)
+    finally:
+        await session.close()

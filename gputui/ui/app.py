@@ -33,7 +33,7 @@ from gputui.core.money.spend import fleet_spend
 from gputui.core.session import model as M
 
 from . import fmt
-from . import themes as T
+from . import themes as theme_files
 from .attach import Runner, attach_argv, run_in_terminal
 from .flows import NAME_CHARS, NOTIFY_S
 from .keys import APP_BINDINGS, APP_KEYS, help_sections, key_label
@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # what only actions, dialogs or the first log need loads then
     from gputui.core.session.host import HostSession
 
     from .flows.files import Forwards  # the flows (sync, artifacts, forwards: asyncssh) load when first used
+    from .flows.instance import StartCall
     from .flows.release import ReleaseCall
 
 FLUSH_S = 0.25  # snapshots and log output reach the screen at most this often
@@ -84,6 +85,7 @@ class GpuTuiApp(App[None]):
         clock: Callable[[], float] = time.time,
         attach_runner: Runner = run_in_terminal,
         release_call: ReleaseCall | None = None,
+        start_call: StartCall | None = None,
         state_path: Path | None = None,
         theme_dirs: Iterable[Path] | None = None,
         kill_grace_s: float = KILL_GRACE_S,
@@ -94,6 +96,7 @@ class GpuTuiApp(App[None]):
         self.clock = clock
         self.attach_runner = attach_runner
         self.release_call = release_call  # None: the core's (flows.release.release_call)
+        self.start_call = start_call  # None: the core's (gputui.core.money.lifecycle.start)
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
         self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
@@ -117,8 +120,8 @@ class GpuTuiApp(App[None]):
         self._budget_seen: set[tuple[str, str]] = set()
         self._auto_released: set[str] = set()
         self._rows: dict[str, tuple[object, ...]] = {}
-        self._state_path = state_path or T.state_path()
-        self._ui_state = T.UiState.load(self._state_path)
+        self._state_path = state_path or theme_files.state_path()
+        self._ui_state = theme_files.UiState.load(self._state_path)
         self._theme_errors = self._load_themes(theme_dirs)
         self._forwards: Forwards | None = None
         self._watch = ConfigWatch(self.config.path) if self.config.path is not None else None
@@ -170,10 +173,10 @@ class GpuTuiApp(App[None]):
 
     # --- themes -----------------------------------------------------------------------------------------------
     def _load_themes(self, dirs: Iterable[Path] | None) -> list[str]:
-        found, errors = T.load_themes(*(dirs or ()))
+        found, errors = theme_files.load_themes(*(dirs or ()))
         for theme in found:
             self.register_theme(theme)
-        self._start_theme(T.pick_theme(self.config.theme, self._ui_state, set(self.available_themes)))
+        self._start_theme(theme_files.pick_theme(self.config.theme, self._ui_state, set(self.available_themes)))
         self.palette = Palette.from_theme(self.current_theme)
         if self.config.theme is not None and self.config.theme not in self.available_themes:  # a typo: say so
             known = ", ".join(sorted(n for n in self.available_themes if n.startswith("gputui-")))
@@ -200,7 +203,7 @@ class GpuTuiApp(App[None]):
         self._rows.clear()
         self._render_all()
         if theme.name != self._ui_state.theme:
-            self._ui_state = T.UiState(theme=theme.name, config_theme=self.config.theme)
+            self._ui_state = theme_files.UiState(theme=theme.name, config_theme=self.config.theme)
             self._ui_state.save(self._state_path)
 
     # --- layout -----------------------------------------------------------------------------------------------
@@ -751,6 +754,13 @@ class GpuTuiApp(App[None]):
             from .flows import release
 
             release.ask(self, host)
+
+    def action_start_instance(self) -> None:
+        host = self.selected_host
+        if not self._no_host() and host is not None:
+            from .flows import instance
+
+            instance.ask(self, host)
 
     def action_forward_url(self) -> None:
         job = self.current_job()

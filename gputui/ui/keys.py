@@ -17,6 +17,8 @@ APP_KEYS = [
         "a", "attach", "Attach", tooltip="Attach this terminal to the job's tmux session; detach to return"
     ),
     Binding("r", "release", "Release", tooltip="Release the selected host (asks first)"),
+    Binding("S", "start_instance", "Start instance", show=False,
+            tooltip="Start the selected host's stopped RunPod pod or vast.ai instance (asks first)"),  # fmt: skip
     Binding(
         "o", "forward_url", "Open URL", show=False,
         tooltip="Forward the web URL the job printed (TensorBoard, Jupyter) to 127.0.0.1 here; token kept",

@@ -140,6 +140,7 @@ class HostSession:
         self._connected = asyncio.Event()
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # set: the next reconnect now, not after its backoff (``reconnect_now``)
         self._pinger: asyncio.Task[None] | None = None
         self._stream_rx = 0.0  # loop time when a stream channel (catch-up, pull, sync) last brought bytes
         self.scheduler = scheduler  # "slurm": a login node; with metrics on, its cluster view is kept fresh
@@ -325,6 +326,24 @@ class HostSession:
             self._runner = asyncio.create_task(self._run())
         return self._runner
 
+    def reconnect_now(self) -> None:
+        """Connect again at once where the host is down (e.g. its instance was just started): a reconnect
+        waiting for its backoff goes now, and a host given up on (an error retrying would not fix) is tried
+        again. A connected host is left alone."""
+        if self._closing or self.link is not None:
+            return
+        if self._runner is not None and self._runner.done():
+            self._runner = None
+            self.run_in_background()
+        else:
+            self._wake.set()
+
+    async def _pause(self, delay: float) -> None:
+        """The backoff's sleep, cut short by ``reconnect_now`` (also one asked while the last attempt ran)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+        self._wake.clear()
+
     async def _run(self) -> None:
         backoff = Backoff()
         while not self._closing:
@@ -346,7 +365,7 @@ class HostSession:
                         error=str(exc),
                         detail=f"attempt {backoff.attempt}, next in {delay:.1f} s",
                     )
-                    await asyncio.sleep(delay)
+                    await self._pause(delay)
                     continue
             assert self.link is not None
             await self.link.closed.wait()
@@ -358,7 +377,7 @@ class HostSession:
             self._publish(
                 state=M.RECONNECTING, error=reason, detail=f"attempt {backoff.attempt}, next in {delay:.1f} s"
             )
-            await asyncio.sleep(delay)
+            await self._pause(delay)
 
     async def wait_connected(self, timeout: float | None = None) -> None:
         await asyncio.wait_for(self._connected.wait(), timeout)
