@@ -31,7 +31,7 @@ from .jobs.store import JobError, JobStore
 from .metrics.ring import MetricsRing
 from .metrics.slurm_gpus import NodeGpus
 from .ops import HANDLERS
-from .watchdog import daemon as W
+from .watchdog import daemon
 from .watchdog.activity import ActivityLog, idle_status
 
 
@@ -67,7 +67,7 @@ class Agent:
         from .metrics.sampler import MetricsSampler
 
         self.jobs = JobStore(state_dir, launcher, nvidia_smi)
-        self.queue = JobQueue(self.jobs, lambda message: W.log_line(self.jobs.state_dir, message))
+        self.queue = JobQueue(self.jobs, lambda message: daemon.log_line(self.jobs.state_dir, message))
         self.launcher = launcher
         self.activity = ActivityLog(self.jobs.state_dir)
         self.idle_rule: Dict[str, Any] = {"idle_util_percent": 5.0, "count_sessions": True}
@@ -145,7 +145,7 @@ class Agent:
 
     def mark(self, record: Dict[str, Any]) -> Dict[str, Any]:
         """One record with its stalled and queue marks."""
-        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+        stalled = daemon.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
         return self.queue.marks([self._mark_stalled(record, stalled)])[0]
 
     def _mark_stalled(self, record: Dict[str, Any], stalled: Dict[str, Any]) -> Dict[str, Any]:
@@ -159,7 +159,7 @@ class Agent:
 
     def mark_page(self, page: P.Raw) -> P.Raw:
         """A listing page with stalled and queued jobs marked (re-encoded only when some job is either)."""
-        stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+        stalled = daemon.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
         if not stalled and '"state":"queued"' not in page:
             return page
         reply = json.loads(page)
@@ -177,11 +177,11 @@ class Agent:
             sample["activity"] = idle_status(
                 sample, jobs, self.activity, self.facts(),
                 self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
-                idle_jobs=W.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
+                idle_jobs=daemon.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
             )  # fmt: skip
         except Exception as exc:  # doubt counts as activity
             sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}
-        watchdog = W.view(self.jobs.state_dir, sample["activity"], self.facts()["boot_id"])
+        watchdog = daemon.view(self.jobs.state_dir, sample["activity"], self.facts()["boot_id"])
         if watchdog is not None:
             sample["activity"]["watchdog"] = watchdog
         return sample
@@ -223,7 +223,7 @@ class Agent:
         # Jobs that exist now are in the client's first jobs.list; any job seen later (started by us or by
         # another client, even one that already ended) or whose state changed is pushed.
         def seen(jobs: List[Dict[str, Any]]) -> Dict[str, Any]:  # a stalled or queue mark changing is a change
-            stalled = W.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
+            stalled = daemon.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
             marked = self.queue.marks(jobs, jobs)
             return {job["id"]: (job["state"], job["id"] in stalled, job.get("queue_position"),
                                 job.get("queue_reason")) for job in marked}  # fmt: skip
@@ -323,7 +323,7 @@ class Agent:
         """Jobs wait in the queue (kept on disk across reboots): make sure the scheduler runs."""
         try:
             if self.queue.queued() or restart_waiting(self.jobs.list()):  # restarts: after a reboot too
-                W.ensure_running(self.jobs.state_dir, self.launcher)
+                daemon.ensure_running(self.jobs.state_dir, self.launcher)
         except OSError:
             pass  # the next submission or connect tries again
 

@@ -89,7 +89,7 @@ def compare(report: Report, source: str, gpus: list[dict[str, Any]]) -> None:
 
 def raw_nvml() -> dict[str, Any]:
     """Issue 39's fields straight from NVML, each call guarded: the fixture future tests are written against."""
-    import pynvml as N
+    import pynvml as nvml_lib
 
     def get(fn: Any, *args: Any) -> Any:
         try:
@@ -98,33 +98,33 @@ def raw_nvml() -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - any NVML error is a reading: "not supported" included
             return {"error": str(exc)}
 
-    N.nvmlInit()
+    nvml_lib.nvmlInit()
     try:
-        out: dict[str, Any] = {"driver": get(N.nvmlSystemGetDriverVersion), "gpus": []}
-        for i in range(N.nvmlDeviceGetCount()):
-            h = N.nvmlDeviceGetHandleByIndex(i)
-            g: dict[str, Any] = {"index": i, "name": get(N.nvmlDeviceGetName, h)}
-            g["clock_event_reasons"] = get(N.nvmlDeviceGetCurrentClocksThrottleReasons, h)
-            g["violation_ns"] = {name: str(get(N.nvmlDeviceGetViolationStatus, h, code))
+        out: dict[str, Any] = {"driver": get(nvml_lib.nvmlSystemGetDriverVersion), "gpus": []}
+        for i in range(nvml_lib.nvmlDeviceGetCount()):
+            h = nvml_lib.nvmlDeviceGetHandleByIndex(i)
+            g: dict[str, Any] = {"index": i, "name": get(nvml_lib.nvmlDeviceGetName, h)}
+            g["clock_event_reasons"] = get(nvml_lib.nvmlDeviceGetCurrentClocksThrottleReasons, h)
+            g["violation_ns"] = {name: str(get(nvml_lib.nvmlDeviceGetViolationStatus, h, code))
                                  for name, code in (("power", 0), ("thermal", 1), ("sync_boost", 2),
                                                     ("board_limit", 3), ("low_util", 4), ("reliability", 5))}  # fmt: skip
-            g["ecc_uncorrected_volatile"] = get(N.nvmlDeviceGetTotalEccErrors, h, 1, 0)
-            g["ecc_uncorrected_aggregate"] = get(N.nvmlDeviceGetTotalEccErrors, h, 1, 1)
-            g["remapped_rows"] = get(N.nvmlDeviceGetRemappedRows, h)
-            g["retired_pages_pending"] = get(N.nvmlDeviceGetRetiredPagesPendingStatus, h)
-            g["pcie"] = {"gen": get(N.nvmlDeviceGetCurrPcieLinkGeneration, h),
-                         "gen_max": get(N.nvmlDeviceGetMaxPcieLinkGeneration, h),
-                         "width": get(N.nvmlDeviceGetCurrPcieLinkWidth, h),
-                         "width_max": get(N.nvmlDeviceGetMaxPcieLinkWidth, h),
-                         "tx_kbps": get(N.nvmlDeviceGetPcieThroughput, h, 0),
-                         "rx_kbps": get(N.nvmlDeviceGetPcieThroughput, h, 1)}  # fmt: skip
-            g["nvlink"] = [get(N.nvmlDeviceGetNvLinkState, h, link) for link in range(18)]
-            g["energy_mj"] = get(N.nvmlDeviceGetTotalEnergyConsumption, h)
-            g["clocks_max"] = {"sm": get(N.nvmlDeviceGetMaxClockInfo, h, 1), "mem": get(N.nvmlDeviceGetMaxClockInfo, h, 2)}
+            g["ecc_uncorrected_volatile"] = get(nvml_lib.nvmlDeviceGetTotalEccErrors, h, 1, 0)
+            g["ecc_uncorrected_aggregate"] = get(nvml_lib.nvmlDeviceGetTotalEccErrors, h, 1, 1)
+            g["remapped_rows"] = get(nvml_lib.nvmlDeviceGetRemappedRows, h)
+            g["retired_pages_pending"] = get(nvml_lib.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            g["pcie"] = {"gen": get(nvml_lib.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                         "gen_max": get(nvml_lib.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                         "width": get(nvml_lib.nvmlDeviceGetCurrPcieLinkWidth, h),
+                         "width_max": get(nvml_lib.nvmlDeviceGetMaxPcieLinkWidth, h),
+                         "tx_kbps": get(nvml_lib.nvmlDeviceGetPcieThroughput, h, 0),
+                         "rx_kbps": get(nvml_lib.nvmlDeviceGetPcieThroughput, h, 1)}  # fmt: skip
+            g["nvlink"] = [get(nvml_lib.nvmlDeviceGetNvLinkState, h, link) for link in range(18)]
+            g["energy_mj"] = get(nvml_lib.nvmlDeviceGetTotalEnergyConsumption, h)
+            g["clocks_max"] = {"sm": get(nvml_lib.nvmlDeviceGetMaxClockInfo, h, 1), "mem": get(nvml_lib.nvmlDeviceGetMaxClockInfo, h, 2)}
             out["gpus"].append(g)
         return out
     finally:
-        N.nvmlShutdown()
+        nvml_lib.nvmlShutdown()
 
 
 def cuda_process(report: Report, state: Path) -> None:

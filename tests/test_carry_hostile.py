@@ -24,9 +24,9 @@ from gputui.cli.common import CliError
 from gputui.cli.release import _artifacts_first
 from gputui.core.config import file as cfg
 from gputui.core.errors import ExitStatus
-from gputui.core.files import artifacts as AR
-from gputui.core.files import pull as PL
-from gputui.core.files import sync as SY
+from gputui.core.files import artifacts as artifact_files
+from gputui.core.files import pull as client_pull
+from gputui.core.files import sync as client_sync
 from gputui.core.files.pull import PullError, part_path, pull
 from gputui.core.files.sync import SyncError, sync
 from gputui.core.files.wire import WireError
@@ -100,9 +100,9 @@ async def root(tmp_path: Path) -> AsyncIterator[Path]:
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Stalls noticed after 0.3 s, links given up after 2 s (the defaults are a minute or two)."""
-    monkeypatch.setattr(PL, "STALL_S", 0.3)
-    monkeypatch.setattr(SY, "STALL_S", 0.3)
-    monkeypatch.setattr(PL, "RECONNECT_WAIT_S", 2.0)
+    monkeypatch.setattr(client_pull, "STALL_S", 0.3)
+    monkeypatch.setattr(client_sync, "STALL_S", 0.3)
+    monkeypatch.setattr(client_pull, "RECONNECT_WAIT_S", 2.0)
     yield
 
 
@@ -144,7 +144,7 @@ async def test_a_bad_file_listing_is_a_clear_error_on_every_path(root: Path, cas
         with pytest.raises(WireError, match=said) as err:
             await pull(session, ["/x/a.pt"], str(root / "dest"))
         assert err.value.status == ExitStatus.FAILED
-        found = await AR.check(session, host)
+        found = await artifact_files.check(session, host)
         assert not found.unpulled and len(found.problems) == 1 and said in found.problems[0], found.problems
         args = argparse.Namespace(pull=True, yes=True, to=str(root / "dest"), host="evil")
         with pytest.raises(CliError, match="not released: evil's artifacts could not all be checked"):
@@ -192,7 +192,7 @@ async def test_a_stalled_cat_is_an_error_naming_host_and_file_and_the_pull_resum
     kept; the next pull asks the host for the rest from that very byte and ends byte-identical."""
     src = root / "host" / "model.pt"
     src.parent.mkdir()
-    body = os.urandom(PL.STREAM_MIN_BYTES + 2 * 1024 * 1024)
+    body = os.urandom(client_pull.STREAM_MIN_BYTES + 2 * 1024 * 1024)
     src.write_bytes(body)
     dest = root / "dest"
     reached = 1024 * 1024
@@ -252,7 +252,7 @@ BAD_ACKS = {
     "not JSON": (b"\x1b[2J garbage\n", "not an acknowledgement"),
     "fatal": (b'{"fatal": "another sync into /t is under way"}\n', "evil: another sync into /t is under way"),
     "silence": (b"", "evil did not acknowledge the files sent within"),
-    "a line without end": (b"x" * (SY.MAX_ACK_BYTES + 70000), "a line over 65,536 bytes"),
+    "a line without end": (b"x" * (client_sync.MAX_ACK_BYTES + 70000), "a line over 65,536 bytes"),
 }
 
 
@@ -275,7 +275,7 @@ async def test_a_bad_or_missing_sync_ack_is_a_clear_error(root: Path, quick: Non
 async def test_a_host_that_takes_no_bytes_is_an_error(root: Path, quick: None) -> None:
     src = root / "src"
     src.mkdir()
-    (src / "f.bin").write_bytes(os.urandom(3 * SY.STREAM_BLOCK))
+    (src / "f.bin").write_bytes(os.urandom(3 * client_sync.STREAM_BLOCK))
     sink = Sink(stalled=True)
     session = HostSession("evil", Hostile(root, lambda args: fake_stream(b"", sink) if args[0] == "receive" else None))
     await session.start()
@@ -311,7 +311,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
-@pytest.mark.parametrize("size", [3 * 1024 * 1024, PL.STREAM_MIN_BYTES + 1024 * 1024], ids=["chunks", "stream"])
+@pytest.mark.parametrize("size", [3 * 1024 * 1024, client_pull.STREAM_MIN_BYTES + 1024 * 1024], ids=["chunks", "stream"])
 def test_a_pull_into_a_full_disk_fails_at_once_and_removes_its_part(
     home: Home, tmp_path: Path, full_disk: Path, size: int
 ) -> None:

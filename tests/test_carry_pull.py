@@ -21,7 +21,7 @@ from gputui.core.session.host import HostSession
 from gputui.core.transport.base import AgentChannel, LocalTransport
 from gputui.core.transport.ssh import SSHTransport
 from remote_agent import protocol as P
-from remote_agent.files import pull as F
+from remote_agent.files import pull as agent_pull
 
 
 @pytest.fixture
@@ -179,7 +179,7 @@ def test_agent_cat_streams_from_an_offset_and_refuses_special_files(tmp_path: Pa
 def test_agent_listing_is_bounded(agent: AgentProc, tmp_path: Path) -> None:
     many = tmp_path / "many"
     many.mkdir()
-    for i in range(F.MAX_LIST_FILES + 1):
+    for i in range(agent_pull.MAX_LIST_FILES + 1):
         (many / f"f{i}").touch()
     reply = agent.call(P.OP_FILES_LIST, base=str(tmp_path), patterns=["many"])
     assert not reply["ok"] and "narrow the pattern" in reply["error"]["message"]

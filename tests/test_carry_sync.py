@@ -25,7 +25,7 @@ from gputui.core.session.host import HostSession
 from gputui.core.transport.base import AgentChannel, LocalTransport
 from gputui.core.transport.ssh import SSHTransport
 from remote_agent import protocol as P
-from remote_agent.files import sync as F
+from remote_agent.files import sync as agent_sync
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -300,17 +300,17 @@ def test_one_sync_into_a_target_at_a_time(tmp_path: Path, monkeypatch: pytest.Mo
     second one waits its bound, then refuses with a clear error, and writes nothing."""
     state, target = tmp_path / "state", tmp_path / "tgt"
     os.symlink(tmp_path, tmp_path / "alias")  # another name of the same dir: the same lock
-    monkeypatch.setattr(F, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(agent_sync, "LOCK_WAIT_S", 0.3)
     data = b"hello"
     head = {"rel": "f.txt", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "mode": 0o644}
     stream = json.dumps(head).encode() + b"\n" + data
-    with F.TargetLock(str(state), str(tmp_path / "alias" / "tgt")):
+    with agent_sync.TargetLock(str(state), str(tmp_path / "alias" / "tgt")):
         out = io.BytesIO()
-        assert F.receive(str(state), str(target), io.BytesIO(stream), out) == 2
+        assert agent_sync.receive(str(state), str(target), io.BytesIO(stream), out) == 2
     fatal = json.loads(out.getvalue())["fatal"]
     assert fatal.startswith(f"another sync into {target} is under way") and not target.exists(), fatal
     out = io.BytesIO()  # the lock is free again: the same stream goes through
-    assert F.receive(str(state), str(target), io.BytesIO(stream), out) == 0
+    assert agent_sync.receive(str(state), str(target), io.BytesIO(stream), out) == 0
     assert json.loads(out.getvalue())["ok"] and (target / "f.txt").read_bytes() == data
 
 

@@ -19,7 +19,7 @@ from gputui.core.files.sync import sync
 from gputui.core.session.host import HostSession
 from gputui.core.transport.base import AgentChannel, LocalTransport
 from remote_agent import protocol as P
-from remote_agent.files import sync as F
+from remote_agent.files import sync as agent_sync
 
 
 def stream_of(files: dict[str, bytes], end: bool = True) -> bytes:
@@ -44,19 +44,19 @@ class CountingOut(io.BytesIO):
 def test_receive_answers_and_journals_in_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """600 files: a few writes of acknowledgements and of manifest lines, not one per file; each ack carries
     the host's sha256 and mode of the file, and every file is in the manifest when its ack goes out."""
-    monkeypatch.setattr(F, "ACK_HOLD_S", 1e9)  # batches by count only: the figure below is exact
+    monkeypatch.setattr(agent_sync, "ACK_HOLD_S", 1e9)  # batches by count only: the figure below is exact
     journals: list[int] = []
-    real_journal = F._journal
-    monkeypatch.setattr(F, "_journal", lambda s, t, e: (journals.append(len(e)), real_journal(s, t, e)))
+    real_journal = agent_sync._journal
+    monkeypatch.setattr(agent_sync, "_journal", lambda s, t, e: (journals.append(len(e)), real_journal(s, t, e)))
     files = {f"d{i % 7}/f{i}.py": os.urandom(i % 50) for i in range(600)}
     state, target, out = tmp_path / "state", tmp_path / "tgt", CountingOut()
-    assert F.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(files))), out) == 0
+    assert agent_sync.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(files))), out) == 0
     acks = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [a["rel"] for a in acks] == list(files) and all(a["ok"] and a["mode"] == 0o640 for a in acks)
     assert all(a["sha256"] == hashlib.sha256(files[a["rel"]]).hexdigest() for a in acks)
     assert out.writes == 3 and journals == [256, 256, 88]  # 600 = 256 + 256 + 88
     assert {rel: (target / rel).read_bytes() for rel in files} == files
-    page = F.manifest_page(str(state), {"target": str(target)})
+    page = agent_sync.manifest_page(str(state), {"target": str(target)})
     assert len(page["entries"]) == 600 and not list(target.rglob("*gputui-part"))
 
 
@@ -66,7 +66,7 @@ def test_a_stream_cut_mid_file_still_answers_the_files_before(tmp_path: Path) ->
     files = {"a.txt": b"a" * 10, "b.txt": b"b" * 10}
     cut = stream_of(files, end=False)[:-4]
     state, target, out = tmp_path / "state", tmp_path / "tgt", io.BytesIO()
-    assert F.receive(str(state), str(target), io.BufferedReader(io.BytesIO(cut)), out) == 1
+    assert agent_sync.receive(str(state), str(target), io.BufferedReader(io.BytesIO(cut)), out) == 1
     assert [json.loads(line)["rel"] for line in out.getvalue().splitlines()] == ["a.txt"]
     assert sorted(p.name for p in target.iterdir()) == ["a.txt"]
 
@@ -74,26 +74,26 @@ def test_a_stream_cut_mid_file_still_answers_the_files_before(tmp_path: Path) ->
 def test_the_pages_of_one_listing_stat_each_file_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 25-file manifest in pages of 10: each file statted once for the whole listing (not once a page), and
     a write between two pages makes the next page a fresh listing that holds it."""
-    monkeypatch.setattr(F, "MANIFEST_PAGE", 10)
+    monkeypatch.setattr(agent_sync, "MANIFEST_PAGE", 10)
     state, target = tmp_path / "state", tmp_path / "tgt"
     files = {f"f{i:02}": b"x" for i in range(25)}
-    assert F.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(files))), io.BytesIO()) == 0
+    assert agent_sync.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(files))), io.BytesIO()) == 0
     stats: list[str] = []
-    real = F._unchanged
-    monkeypatch.setattr(F, "_unchanged", lambda d, rel, e: (stats.append(rel), real(d, rel, e))[1])
+    real = agent_sync._unchanged
+    monkeypatch.setattr(agent_sync, "_unchanged", lambda d, rel, e: (stats.append(rel), real(d, rel, e))[1])
     rels, after = [], ""
     while True:
-        page = F.manifest_page(str(state), {"target": str(target), "after": after})
+        page = agent_sync.manifest_page(str(state), {"target": str(target), "after": after})
         rels += [e["rel"] for e in page["entries"]]
         if not page["more"]:
             break
         after = rels[-1]
     assert rels == sorted(files) and sorted(stats) == sorted(files)
-    first = F.manifest_page(str(state), {"target": str(target)})
+    first = agent_sync.manifest_page(str(state), {"target": str(target)})
     new = {"f09x": b"new"}  # sorts after the first page's last entry
-    assert F.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(new))), io.BytesIO()) == 0
+    assert agent_sync.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(new))), io.BytesIO()) == 0
     stats.clear()
-    second = F.manifest_page(str(state), {"target": str(target), "after": first["entries"][-1]["rel"]})
+    second = agent_sync.manifest_page(str(state), {"target": str(target), "after": first["entries"][-1]["rel"]})
     assert second["entries"][0]["rel"] == "f09x" and len(stats) == 26
 
 

@@ -20,11 +20,11 @@ from conftest import stop_host
 from test_carry_sync_batches import stream_of
 
 from gputui.cli.files import cmd_sync
-from gputui.core.files import sync as SY
+from gputui.core.files import sync as client_sync
 from gputui.core.session.host import HostSession
 from gputui.core.transport.base import LocalTransport
 from remote_agent import protocol as P
-from remote_agent.files import sync as F
+from remote_agent.files import sync as agent_sync
 
 
 def sha(data: bytes) -> str:
@@ -66,14 +66,14 @@ async def test_an_unchanged_resync_is_answered_same_and_a_host_side_edit_is_stil
     session = Recording(root)
     await session.start()
     try:
-        first = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        first = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         session.replies.clear()
-        again = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        again = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         assert [(r.get("same"), r["entries"]) for r in session.replies] == [(True, [])]
         assert (again.sent, again.missing, again.tree_sha256) == (0, [], first.tree_sha256)
         (target / "d1" / "f1.py").write_bytes(b"edited on the host")
         session.replies.clear()
-        third = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        third = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         assert not session.replies[0].get("same") and len(session.replies[0]["entries"]) == 29
         assert (third.sent, third.missing, third.tree_sha256) == (1, [], first.tree_sha256)
         assert (target / "d1" / "f1.py").read_bytes() == (src / "d1" / "f1.py").read_bytes()
@@ -88,10 +88,10 @@ async def test_a_host_with_a_file_the_client_lacks_is_not_same_and_delete_remove
     session = Recording(root)
     await session.start()
     try:
-        await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         os.unlink(src / "d0" / "f0.py")
         session.replies.clear()
-        res = await SY.sync(session, str(src), str(target), delete=True, cache_dir=root / "hc")
+        res = await client_sync.sync(session, str(src), str(target), delete=True, cache_dir=root / "hc")
         assert not session.replies[0].get("same") and res.deleted == 1 and not (target / "d0" / "f0.py").exists()
     finally:
         await session.close()
@@ -100,7 +100,7 @@ async def test_a_host_with_a_file_the_client_lacks_is_not_same_and_delete_remove
 @pytest.mark.parametrize("expect", [7, "abc", "A" * 64, ["x"]])
 def test_a_bad_expect_is_refused(tmp_path: Path, expect: Any) -> None:
     with pytest.raises(ValueError, match="expect must be a sha256"):
-        F.manifest_page(str(tmp_path / "state"), {"target": str(tmp_path / "tgt"), "expect": expect})
+        agent_sync.manifest_page(str(tmp_path / "state"), {"target": str(tmp_path / "tgt"), "expect": expect})
 
 
 def test_same_needs_every_entry_and_no_other(tmp_path: Path) -> None:
@@ -108,17 +108,17 @@ def test_same_needs_every_entry_and_no_other(tmp_path: Path) -> None:
     side, or another mode, is not ``same``; a journal line cut by a crash is skipped, the rest still read."""
     state, target = tmp_path / "state", tmp_path / "tgt"
     files = {"a.py": b"a", "sub/b.py": b"b"}
-    assert F.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(files))), io.BytesIO()) == 0
-    mine = [SY.LocalFile(rel, "", 1, 0, 0o640, sha(data)) for rel, data in files.items()]
+    assert agent_sync.receive(str(state), str(target), io.BufferedReader(io.BytesIO(stream_of(files))), io.BytesIO()) == 0
+    mine = [client_sync.LocalFile(rel, "", 1, 0, 0o640, sha(data)) for rel, data in files.items()]
 
-    def same(local: list[SY.LocalFile]) -> bool:
-        page = F.manifest_page(str(state), {"target": str(target), "expect": SY.tree_hash(local)})
+    def same(local: list[client_sync.LocalFile]) -> bool:
+        page = agent_sync.manifest_page(str(state), {"target": str(target), "expect": client_sync.tree_hash(local)})
         return page.get("same") is True
 
     assert same(mine)
     assert not same(mine[:1]) and not same([*mine, mine[0]._replace(rel="c.py")])
     assert not same([mine[0]._replace(mode=0o600), mine[1]])
-    with open(F._manifest_path(str(state), str(target)), "ab") as journal:
+    with open(agent_sync._manifest_path(str(state), str(target)), "ab") as journal:
         journal.write(b'{"rel": "cut')  # a crash mid-line
     assert same(mine)
 
@@ -131,7 +131,7 @@ async def test_the_cli_walks_the_local_tree_while_the_host_connects(
     make_tree(src, 3)
     monkeypatch.setenv("GPUTUI_STATE_DIR", str(state))
     began, seen = threading.Event(), []
-    real_walk, real_start = SY._ignore_patterns, HostSession.start
+    real_walk, real_start = client_sync._ignore_patterns, HostSession.start
 
     def walk(src: str) -> list[str]:  # the walk's first step
         began.set()
@@ -141,7 +141,7 @@ async def test_the_cli_walks_the_local_tree_while_the_host_connects(
         seen.append(await asyncio.to_thread(began.wait, 10))
         await real_start(self)
 
-    monkeypatch.setattr(SY, "_ignore_patterns", walk)
+    monkeypatch.setattr(client_sync, "_ignore_patterns", walk)
     monkeypatch.setattr(HostSession, "start", start)
     args = argparse.Namespace(host="local", src=str(src), to=str(tmp_path / "tgt"), delete=False, config=None)
     try:
@@ -152,7 +152,7 @@ async def test_the_cli_walks_the_local_tree_while_the_host_connects(
 
 
 def test_ignore_rules() -> None:
-    rules = SY.IgnoreRules(["*.pyc", "data/", "/build", "docs/*.md", "#x", "/"])
+    rules = client_sync.IgnoreRules(["*.pyc", "data/", "/build", "docs/*.md", "#x", "/"])
     cases = {
         "a.pyc": True, "pkg/a.pyc": True, "a.py": False,
         "data/x": True, "pkg/data/x": True, "data": False,  # data/: dirs only
@@ -160,7 +160,7 @@ def test_ignore_rules() -> None:
         "docs/a.md": True, "docs/sub/a.md": True, "docs/a.txt": False, "a.md": False,
     }  # fmt: skip
     assert {rel: rules(rel) for rel in cases} == cases
-    assert {rel: SY.ignored(rel, ["*.pyc", "data/", "/build", "docs/*.md"]) for rel in cases} == cases
+    assert {rel: client_sync.ignored(rel, ["*.pyc", "data/", "/build", "docs/*.md"]) for rel in cases} == cases
 
 
 def test_the_walk_skips_ignored_dirs_and_counts_only_the_files_kept(
@@ -176,17 +176,17 @@ def test_the_walk_skips_ignored_dirs_and_counts_only_the_files_kept(
     for i in range(5):
         (src / "b" / f"f{i}.py").write_bytes(b"y")
     (src / ".gputuiignore").write_text("a_data/\n")
-    monkeypatch.setattr(SY, "MAX_FILES", 10)
+    monkeypatch.setattr(client_sync, "MAX_FILES", 10)
     read: list[str] = []
     real = os.scandir
     monkeypatch.setattr(os, "scandir", lambda path=".": (read.append(os.fspath(path)), real(path))[1])
-    rels = [f.rel for f in SY.local_files(str(src), [])]
+    rels = [f.rel for f in client_sync.local_files(str(src), [])]
     assert rels == [".gputuiignore", *(f"b/f{i}.py" for i in range(5))]
     assert not any("a_data" in p for p in read)
     for i in range(5, 10):
         (src / "b" / f"f{i}.py").write_bytes(b"y")
-    with pytest.raises(SY.SyncError, match="more than 10 files"):
-        SY.local_files(str(src), [])
+    with pytest.raises(client_sync.SyncError, match="more than 10 files"):
+        client_sync.local_files(str(src), [])
 
 
 def test_the_hash_cache_keys_on_the_inode_and_is_written_only_when_it_changed(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_the_hash_cache_keys_on_the_inode_and_is_written_only_when_it_changed(tm
     (src / "a.py").write_bytes(b"old!")
 
     def hashes() -> list[str]:
-        return [f.sha256 for f in SY.with_hashes(SY.local_files(str(src), []), cache)]
+        return [f.sha256 for f in client_sync.with_hashes(client_sync.local_files(str(src), []), cache)]
 
     assert hashes() == [sha(b"old!")]
     written = cache.stat()
@@ -216,21 +216,21 @@ async def test_an_unchanged_tree_is_not_hashed_again_until_the_host_differs(
     src, target = root / "src", root / "tgt"
     make_tree(src, 9)
     calls: list[int] = []
-    real = SY.with_hashes
-    monkeypatch.setattr(SY, "with_hashes", lambda files, cache: (calls.append(len(files)), real(files, cache))[1])
+    real = client_sync.with_hashes
+    monkeypatch.setattr(client_sync, "with_hashes", lambda files, cache: (calls.append(len(files)), real(files, cache))[1])
     session = Recording(root)
     await session.start()
     try:
-        first = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        first = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         calls.clear()
-        again = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        again = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         assert (calls, again.tree_sha256, again.sent) == ([], first.tree_sha256, 0)
         os.unlink(target / "d0" / "f0.py")  # gone on the host: not same, every file's hash wanted
-        third = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        third = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         assert (calls, third.sent, third.missing, third.tree_sha256) == ([9], 1, [], first.tree_sha256)
         (src / "d1" / "f1.py").write_bytes(b"changed here")
         calls.clear()
-        fourth = await SY.sync(session, str(src), str(target), cache_dir=root / "hc")
+        fourth = await client_sync.sync(session, str(src), str(target), cache_dir=root / "hc")
         assert (calls, fourth.sent) == ([9], 1) and fourth.tree_sha256 != first.tree_sha256
     finally:
         await session.close()

@@ -19,10 +19,10 @@ from gputui.core.jobs.records import run_faults
 from gputui.core.session import model as M
 from gputui.tables import _state_cell, status_line
 from remote_agent.jobs.usage import UsageRecorder
-from remote_agent.metrics import faults as F
+from remote_agent.metrics import faults as fault_watch
 from remote_agent.metrics import sampler as sampler_module
 from remote_agent.metrics.sampler import MetricsSampler
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 sys.path.insert(0, str(FIXTURES))
@@ -54,7 +54,7 @@ def test_an_xid_shows_on_its_gpu_and_the_other_three_keep_reporting(tmp_path: Pa
     assert by_index[2]["state"] == "lost" and [f["xid"] for f in by_index[2]["faults"]] == [79]
     for i in (0, 1, 3):  # still read, with no fault
         assert by_index[i]["state"] == "ok" and by_index[i]["util_percent"] is not None and by_index[i]["faults"] == []
-    [line] = (tmp_path / F.FAULTS).read_text().splitlines()
+    [line] = (tmp_path / fault_watch.FAULTS).read_text().splitlines()
     recorded = json.loads(line)
     assert (recorded["gpu"], recorded["xid"], recorded["meaning"]) == (2, 79, "GPU has fallen off the bus")
     assert recorded["uuid"] == by_index[2]["uuid"] or by_index[2]["uuid"] is None
@@ -73,14 +73,14 @@ def test_the_watchdog_notifies_a_gpu_fault_with_no_client(tmp_path: Path) -> Non
     """The watchdog's own watcher hears it (no agent runs) and sends ``gpu_fault`` once."""
     marker = tmp_path / "sent"
     double = NvmlDouble(A100_X8, gpus=4)
-    watcher = F.FaultWatcher(str(tmp_path), double)
+    watcher = fault_watch.FaultWatcher(str(tmp_path), double)
     assert watcher.poll(0, now=T + 1) == []  # open: listening from now on
     config = notify_config(tmp_path, command=["sh", "-c", f'cat >> "{marker}"; echo " $GPUTUI_NOTIFY_EVENT" >> "{marker}"'],
                            events=["gpu_fault"])  # fmt: skip
     double.xid(1, 48)
     [fault] = watcher.poll(0, now=T + 2)
     assert (fault["gpu"], fault["kind"], fault["xid"]) == (1, "xid", 48)
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     jobs = lambda: ({"gpus": []}, [])  # noqa: E731
     checked(dog, config, jobs, 3)
     checked(dog, config, jobs, 30)  # sent once
@@ -93,7 +93,7 @@ def test_the_watchdog_notifies_a_gpu_fault_with_no_client(tmp_path: Path) -> Non
 
 def test_one_process_watches_at_a_time_and_the_next_takes_over(tmp_path: Path) -> None:
     double = NvmlDouble(A100_X8, gpus=4)
-    first, second = F.FaultWatcher(str(tmp_path), double), F.FaultWatcher(str(tmp_path), double)
+    first, second = fault_watch.FaultWatcher(str(tmp_path), double), fault_watch.FaultWatcher(str(tmp_path), double)
     first.poll(0)
     second.poll(0)
     assert second.why == "another gputui process watches the GPUs' faults"
@@ -105,25 +105,25 @@ def test_one_process_watches_at_a_time_and_the_next_takes_over(tmp_path: Path) -
     second.poll(0)  # opens now: hears what comes from now on
     double.xid(3, 95)
     assert [f["xid"] for f in second.poll(0)] == [95]
-    assert [f["xid"] for f in F.read(str(tmp_path))] == [13, 95]  # one line per fault: never twice
+    assert [f["xid"] for f in fault_watch.read(str(tmp_path))] == [13, 95]  # one line per fault: never twice
     second.close()
 
 
 def test_without_nvml_events_nothing_breaks(tmp_path: Path) -> None:
-    watcher = F.FaultWatcher(str(tmp_path), NvmlDouble(A100_X8, gpus=2, init_error=9))
+    watcher = fault_watch.FaultWatcher(str(tmp_path), NvmlDouble(A100_X8, gpus=2, init_error=9))
     assert watcher.poll(0) == [] and watcher.why.startswith("no NVML event set")
-    assert F.read(str(tmp_path)) == [] and F.by_gpu(str(tmp_path), time.time()) == {}
+    assert fault_watch.read(str(tmp_path)) == [] and fault_watch.by_gpu(str(tmp_path), time.time()) == {}
 
 
 def test_the_file_is_read_line_by_line_and_kept_bounded(tmp_path: Path) -> None:
-    (tmp_path / F.FAULTS).write_bytes(b'not json\n{"t": "x", "gpu": 0, "kind": "xid"}\n\xff\xfe\n'
+    (tmp_path / fault_watch.FAULTS).write_bytes(b'not json\n{"t": "x", "gpu": 0, "kind": "xid"}\n\xff\xfe\n'
                                       b'{"t": 5, "gpu": true, "kind": "xid"}\n')  # fmt: skip
-    assert F.read(str(tmp_path)) == []
-    many = [{"t": float(i), "gpu": i % 4, "kind": "xid", "xid": 13} for i in range(3 * F.MAX_KEPT)]
+    assert fault_watch.read(str(tmp_path)) == []
+    many = [{"t": float(i), "gpu": i % 4, "kind": "xid", "xid": 13} for i in range(3 * fault_watch.MAX_KEPT)]
     for start in range(0, len(many), 100):
-        F.record(str(tmp_path), many[start : start + 100])
-    kept = F.read(str(tmp_path))
-    assert F.MAX_KEPT <= len(kept) <= 2 * F.MAX_KEPT and kept[-1]["t"] == many[-1]["t"]
+        fault_watch.record(str(tmp_path), many[start : start + 100])
+    kept = fault_watch.read(str(tmp_path))
+    assert fault_watch.MAX_KEPT <= len(kept) <= 2 * fault_watch.MAX_KEPT and kept[-1]["t"] == many[-1]["t"]
 
 
 def test_the_runs_record_has_the_xids_of_its_gpus(tmp_path: Path) -> None:
@@ -151,5 +151,5 @@ def test_the_runs_record_has_the_xids_of_its_gpus(tmp_path: Path) -> None:
 @pytest.mark.parametrize("xid, words", [(79, "GPU has fallen off the bus"), (31, "GPU memory page fault"),
                                         (999, "XID 999 (see NVIDIA's Xid catalog)")])  # fmt: skip
 def test_each_xid_says_what_it_means_and_what_to_do(xid: int, words: str) -> None:
-    meaning, fix = F.describe("xid", xid)
+    meaning, fix = fault_watch.describe("xid", xid)
     assert meaning == words and fix

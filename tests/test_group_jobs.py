@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT, Home, stop_host, wait_for
 
 from gputui.core.config import file as cfg
-from gputui.core.jobs import group as G
+from gputui.core.jobs import group as job_group
 from gputui.core.session import model as M
 from remote_agent.jobs import group as GRP
 
@@ -144,13 +144,13 @@ HOSTS = '[hosts.h1]\nhost = "a"\n[hosts.h2]\nhost = "b"\n[hosts.hpc]\nhost = "c"
 
 def test_which_hosts_a_job_runs_on(tmp_path: Path) -> None:
     config = _config(tmp_path, HOSTS + '[groups.pair]\nhosts = ["h1", "h2"]\n')
-    assert G.hosts_of(config, "h1") is None
-    assert G.hosts_of(config, "h1,h2") == ["h1", "h2"] == G.hosts_of(config, "pair")
+    assert job_group.hosts_of(config, "h1") is None
+    assert job_group.hosts_of(config, "h1,h2") == ["h1", "h2"] == job_group.hosts_of(config, "pair")
     for spec, said in (("h1,h1", "h1 named twice"), ("h1,", "empty host name"), ("h1,hpc", "hpc is a Slurm")):
-        with pytest.raises(G.GroupError, match=said):
-            G.hosts_of(config, spec)
+        with pytest.raises(job_group.GroupError, match=said):
+            job_group.hosts_of(config, spec)
     with pytest.raises(cfg.ConfigError, match="unknown host 'nope'"):
-        G.hosts_of(config, "h1,nope")
+        job_group.hosts_of(config, "h1,nope")
 
 
 @pytest.mark.parametrize(
@@ -166,29 +166,29 @@ def test_a_bad_group_in_the_config_names_its_line(tmp_path: Path, table: str, sa
 
 
 def test_processes_per_node_and_the_rendezvous_address(tmp_path: Path) -> None:
-    assert G.processes_per_node(["a", "b"], [8, 8], None) == 8
-    assert G.processes_per_node(["a", "b"], [0, 0], None) == 1
-    assert G.processes_per_node(["a", "b"], [8, 4], 4) == 4
-    with pytest.raises(G.GroupError, match=r"different GPU counts \(a: 8, b: 4\): give --gpus-per-node"):
-        G.processes_per_node(["a", "b"], [8, 4], None)
-    with pytest.raises(G.GroupError, match="--gpus-per-node 8: b has 4 GPU"):
-        G.processes_per_node(["a", "b"], [8, 4], 8)
+    assert job_group.processes_per_node(["a", "b"], [8, 8], None) == 8
+    assert job_group.processes_per_node(["a", "b"], [0, 0], None) == 1
+    assert job_group.processes_per_node(["a", "b"], [8, 4], 4) == 4
+    with pytest.raises(job_group.GroupError, match=r"different GPU counts \(a: 8, b: 4\): give --gpus-per-node"):
+        job_group.processes_per_node(["a", "b"], [8, 4], None)
+    with pytest.raises(job_group.GroupError, match="--gpus-per-node 8: b has 4 GPU"):
+        job_group.processes_per_node(["a", "b"], [8, 4], 8)
     config = _config(tmp_path, HOSTS)
     checks: dict[str, Any] = {"h1": {"address": "10.0.0.5", "routes": {"10.1.0.7": "10.1.0.5"}}, "h2": {}}
-    assert G.master_address(config, "h1", checks) == ("10.1.0.5", "h1's route to the other hosts")
+    assert job_group.master_address(config, "h1", checks) == ("10.1.0.5", "h1's route to the other hosts")
     checks["h1"]["routes"] = {"127.0.0.2": "127.0.0.2"}  # the peer is this same machine
-    assert G.master_address(config, "h1", checks) == ("10.0.0.5", "the address h1's SSH server answered on")
+    assert job_group.master_address(config, "h1", checks) == ("10.0.0.5", "the address h1's SSH server answered on")
     config = _config(tmp_path, HOSTS.replace('host = "a"', 'host = "a"\nprivate_address = "192.168.9.1"'))
-    assert G.master_address(config, "h1", checks) == ("192.168.9.1", "private_address of h1")
+    assert job_group.master_address(config, "h1", checks) == ("192.168.9.1", "private_address of h1")
 
 
 def test_a_hosts_check_answer_of_the_wrong_shape_reads_as_empty_and_its_words_as_text() -> None:
     hostile = {"address": "10.0.0.1; rm -rf /", "gpu_count": "8", "problems": ["no \x1b[31mtorchrun"] * 50,
                "ports": ["29500", 70000, True, 29501], "routes": {"10.0.0.2": ["x"], "10.0.0.3": "10.0.0.1"}}  # fmt: skip
-    got = G._checked(hostile)
+    got = job_group._checked(hostile)
     assert got == {"address": None, "gpu_count": 0, "problems": ["no \\x1b[31mtorchrun"] * 20, "ports": [29501],
                    "routes": {"10.0.0.3": "10.0.0.1"}}, got  # fmt: skip
-    assert G._checked({"problems": "a string"})["problems"] == []
+    assert job_group._checked({"problems": "a string"})["problems"] == []
 
 
 def _job(host: str, job_id: str, rank: int, state: str, code: int | None, error: str | None = None) -> M.Job:
@@ -203,13 +203,13 @@ def test_the_parts_list_as_one_job_with_the_first_failure() -> None:
     other = M.Job("h1", "1", "solo", "succeeded", ("y",))
     jobs = [other, _job("h1", "4", 0, "failed", 143, "stopped: h2 (rank 1) failed (exit 3)"),
             _job("h2", "9", 1, "failed", 3)]  # fmt: skip
-    merged = G.merge_parts(jobs)
+    merged = job_group.merge_parts(jobs)
     assert [j.id for j in merged] == ["1", "4"]
     one = merged[1]
     assert (one.host, one.state, one.exit_code, one.started_at, one.ended_at) == ("h1", "failed", 3, 10.0, 21.0)
     parts = one.to_json()["group"]["parts"]
     assert [(p["host"], p["id"], p["state"]) for p in parts] == [("h1", "4", "failed"), ("h2", "9", "failed")]
-    running = G.merge_parts([_job("h1", "4", 0, "running", None)])[0]  # h2 did not answer
+    running = job_group.merge_parts([_job("h1", "4", 0, "running", None)])[0]  # h2 did not answer
     assert running.state == "running" and running.ended_at is None
     assert running.record["group"]["parts"][1] == {"rank": 1, "host": "h2", "id": None, "state": "unknown",
                                                    "exit_code": None, "error": None, "ended_at": None}  # fmt: skip

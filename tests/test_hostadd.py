@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import Home, SshHome, wait_for
 
-from gputui.core.hosts import edit as H
+from gputui.core.hosts import edit as host_edit
 
 UNREACHABLE, REFUSED, USAGE = 3, 4, 2
 
@@ -40,18 +40,18 @@ connect_timeout = 10
 @pytest.mark.parametrize(
     "given, expected",
     [
-        ("root@203.0.113.7", H.Destination("203.0.113.7", "root")),
-        ("gpu-box", H.Destination("gpu-box")),
-        ("ssh://ubuntu@203.0.113.7:22022", H.Destination("203.0.113.7", "ubuntu", 22022)),
-        ("ssh://MyBox", H.Destination("MyBox")),
-        ("ssh://u@[2001:db8::1]:2222", H.Destination("2001:db8::1", "u", 2222)),
-        ("[2001:db8::1]", H.Destination("2001:db8::1")),
-        ("me@[::1]", H.Destination("::1", "me")),
-        ("a@b@host", H.Destination("host", "a@b")),  # ssh splits at the last @
+        ("root@203.0.113.7", host_edit.Destination("203.0.113.7", "root")),
+        ("gpu-box", host_edit.Destination("gpu-box")),
+        ("ssh://ubuntu@203.0.113.7:22022", host_edit.Destination("203.0.113.7", "ubuntu", 22022)),
+        ("ssh://MyBox", host_edit.Destination("MyBox")),
+        ("ssh://u@[2001:db8::1]:2222", host_edit.Destination("2001:db8::1", "u", 2222)),
+        ("[2001:db8::1]", host_edit.Destination("2001:db8::1")),
+        ("me@[::1]", host_edit.Destination("::1", "me")),
+        ("a@b@host", host_edit.Destination("host", "a@b")),  # ssh splits at the last @
     ],
 )
-def test_destinations_as_ssh_takes_them(given: str, expected: H.Destination) -> None:
-    assert H.parse_destination(given) == expected
+def test_destinations_as_ssh_takes_them(given: str, expected: host_edit.Destination) -> None:
+    assert host_edit.parse_destination(given) == expected
 
 
 @pytest.mark.parametrize(
@@ -67,24 +67,24 @@ def test_destinations_as_ssh_takes_them(given: str, expected: H.Destination) -> 
     ],
 )
 def test_bad_destinations_say_why(given: str, says: str) -> None:
-    with pytest.raises(H.DestinationError, match=says):
-        H.parse_destination(given)
+    with pytest.raises(host_edit.DestinationError, match=says):
+        host_edit.parse_destination(given)
 
 
 @pytest.mark.parametrize(
     "line, expected",
     [
         ("ssh root@203.0.113.7 -p 22022 -i ~/.ssh/id_ed25519",
-         H.Destination("203.0.113.7", "root", 22022, "~/.ssh/id_ed25519")),
-        ("ssh -p 22022 -l ubuntu 203.0.113.7", H.Destination("203.0.113.7", "ubuntu", 22022)),
-        ("ssh -o Port=2200 -o IdentityFile=/k -oUser=me h", H.Destination("h", "me", 2200, "/k")),
-        ("ssh -o 'Port 2200' -tt -p2200 h", H.Destination("h", None, 2200)),
-        ("/usr/bin/ssh -tv -i/k h", H.Destination("h", None, None, "/k")),
+         host_edit.Destination("203.0.113.7", "root", 22022, "~/.ssh/id_ed25519")),
+        ("ssh -p 22022 -l ubuntu 203.0.113.7", host_edit.Destination("203.0.113.7", "ubuntu", 22022)),
+        ("ssh -o Port=2200 -o IdentityFile=/k -oUser=me h", host_edit.Destination("h", "me", 2200, "/k")),
+        ("ssh -o 'Port 2200' -tt -p2200 h", host_edit.Destination("h", None, 2200)),
+        ("/usr/bin/ssh -tv -i/k h", host_edit.Destination("h", None, None, "/k")),
     ],
 )  # fmt: skip
-def test_a_pasted_ssh_command_line(line: str, expected: H.Destination) -> None:
-    assert H.parse(line, None) == expected  # quoted in one word
-    assert H.parse(None, shlex.split(line)) == expected  # after --
+def test_a_pasted_ssh_command_line(line: str, expected: host_edit.Destination) -> None:
+    assert host_edit.parse(line, None) == expected  # quoted in one word
+    assert host_edit.parse(None, shlex.split(line)) == expected  # after --
 
 
 @pytest.mark.parametrize(
@@ -102,41 +102,41 @@ def test_a_pasted_ssh_command_line(line: str, expected: H.Destination) -> None:
     ],
 )
 def test_a_pasted_ssh_command_line_gputui_cannot_take_is_named(line: str, says: str) -> None:
-    with pytest.raises(H.DestinationError, match=says):
-        H.parse(None, line.split())
+    with pytest.raises(host_edit.DestinationError, match=says):
+        host_edit.parse(None, line.split())
 
 
 def test_flags_beside_the_destination_merge_and_must_agree() -> None:
-    dest = H.parse("root@h", None).merged(port=2222, identity_file="/k")
-    assert dest == H.Destination("h", "root", 2222, "/k")
-    with pytest.raises(H.DestinationError, match="-p 22 contradicts"):
-        H.parse("ssh://h:2222", None).merged(port=22)
+    dest = host_edit.parse("root@h", None).merged(port=2222, identity_file="/k")
+    assert dest == host_edit.Destination("h", "root", 2222, "/k")
+    with pytest.raises(host_edit.DestinationError, match="-p 22 contradicts"):
+        host_edit.parse("ssh://h:2222", None).merged(port=22)
 
 
 # --- the config file ---------------------------------------------------------------------------------------------
-def _file(tmp_path: Path, text: str | None) -> H.ConfigFile:
+def _file(tmp_path: Path, text: str | None) -> host_edit.ConfigFile:
     path = tmp_path / "config.toml"
     if text is not None:
         path.write_text(text)
-    return H.read(path)
+    return host_edit.read(path)
 
 
 def test_adding_appends_and_keeps_every_byte_removing_restores_the_file(tmp_path: Path) -> None:
     file = _file(tmp_path, USER_CONFIG)
-    text = H.with_host(file, "gpu.1", {"host": "203.0.113.7", "user": "root", "port": 22022, "price_per_hour": 2.49})
+    text = host_edit.with_host(file, "gpu.1", {"host": "203.0.113.7", "user": "root", "port": 22022, "price_per_hour": 2.49})
     assert text.startswith(USER_CONFIG)
     assert text[len(USER_CONFIG) :] == (
         '\n[hosts."gpu.1"]\nhost = "203.0.113.7"\nuser = "root"\nport = 22022\nprice_per_hour = 2.49\n'
     )
-    H.write(file, text)
-    again = H.read(file.path)
+    host_edit.write(file, text)
+    again = host_edit.read(file.path)
     assert again.config().hosts["gpu.1"].port == 22022 and again.config().currency == "EUR"
-    assert H.without_host(again, "gpu.1") == USER_CONFIG
+    assert host_edit.without_host(again, "gpu.1") == USER_CONFIG
 
 
 def test_removing_a_table_between_others_keeps_the_comments_of_the_next(tmp_path: Path) -> None:
     file = _file(tmp_path, USER_CONFIG)
-    assert H.without_host(file, "desk") == (
+    assert host_edit.without_host(file, "desk") == (
         "# my fleet: comments, odd spacing and order must survive\n"
         'currency   =   "EUR"      # euros\n'
         "\n"
@@ -148,13 +148,13 @@ def test_removing_a_table_between_others_keeps_the_comments_of_the_next(tmp_path
 
 def test_the_comments_heading_the_file_or_ending_the_table_before_stay(tmp_path: Path) -> None:
     text = '# my config\n[hosts.a]\nhost = "a"\n# was: port = 2\n[hosts.b]\nhost = "b"\n'
-    assert H.without_host(_file(tmp_path, text), "a") == '# my config\n# was: port = 2\n[hosts.b]\nhost = "b"\n'
-    assert H.without_host(_file(tmp_path, text), "b") == '# my config\n[hosts.a]\nhost = "a"\n# was: port = 2\n'
+    assert host_edit.without_host(_file(tmp_path, text), "a") == '# my config\n# was: port = 2\n[hosts.b]\nhost = "b"\n'
+    assert host_edit.without_host(_file(tmp_path, text), "b") == '# my config\n[hosts.a]\nhost = "a"\n# was: port = 2\n'
 
 
 def test_a_sub_table_goes_with_its_host(tmp_path: Path) -> None:
     text = '[hosts.a]\nhost = "a"\n\n[hosts.a.notify]\nntfy = "t"\n\n[hosts.b]\nhost = "b"\n'
-    assert H.without_host(_file(tmp_path, text), "a") == '[hosts.b]\nhost = "b"\n'
+    assert host_edit.without_host(_file(tmp_path, text), "a") == '[hosts.b]\nhost = "b"\n'
 
 
 @pytest.mark.parametrize(
@@ -168,38 +168,38 @@ def test_a_sub_table_goes_with_its_host(tmp_path: Path) -> None:
     ],
 )
 def test_an_add_that_cannot_be_done_writes_nothing(tmp_path: Path, text: str, name: str, says: str) -> None:
-    with pytest.raises(H.EditError, match=says):
-        H.with_host(_file(tmp_path, text), name, {"host": "h"})
+    with pytest.raises(host_edit.EditError, match=says):
+        host_edit.with_host(_file(tmp_path, text), name, {"host": "h"})
 
 
 def test_a_host_written_inline_is_not_cut_out(tmp_path: Path) -> None:
-    with pytest.raises(H.EditError, match="remove it by hand"):
-        H.without_host(_file(tmp_path, '[hosts]\na = { host = "x" }\n'), "a")
+    with pytest.raises(host_edit.EditError, match="remove it by hand"):
+        host_edit.without_host(_file(tmp_path, '[hosts]\na = { host = "x" }\n'), "a")
 
 
 def test_a_file_changed_since_it_was_read_is_not_overwritten(tmp_path: Path) -> None:
     file = _file(tmp_path, USER_CONFIG)
-    text = H.with_host(file, "gpu1", {"host": "h"})
+    text = host_edit.with_host(file, "gpu1", {"host": "h"})
     file.path.write_text(USER_CONFIG + "# edited meanwhile\n")
-    with pytest.raises(H.EditError, match="changed while gputui worked on it"):
-        H.write(file, text)
+    with pytest.raises(host_edit.EditError, match="changed while gputui worked on it"):
+        host_edit.write(file, text)
     assert file.path.read_text() == USER_CONFIG + "# edited meanwhile\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".config.toml.gputui-lock", "config.toml"]  # no temp file
 
 
 def test_removing_the_last_table_keeps_the_commented_out_tables_and_notes_after_it(tmp_path: Path) -> None:
     text = '[hosts.a]\nhost = "a"\n\n[hosts.b]\nhost = "b"\n\n# [hosts.old]\n# host = "x"\n\n# note: keep\n'
-    assert H.without_host(_file(tmp_path, text), "b") == (
+    assert host_edit.without_host(_file(tmp_path, text), "b") == (
         '[hosts.a]\nhost = "a"\n\n# [hosts.old]\n# host = "x"\n\n# note: keep\n'
     )  # they belong to nobody
-    assert H.without_host(_file(tmp_path, '[hosts.a]\nhost = "a"\n# port = 2\n'), "a") == "# port = 2\n"
-    assert H.without_host(_file(tmp_path, 'x = 1\n\n[hosts.a]\nhost = "a"\n\n\n'), "a") == "x = 1\n"
+    assert host_edit.without_host(_file(tmp_path, '[hosts.a]\nhost = "a"\n# port = 2\n'), "a") == "# port = 2\n"
+    assert host_edit.without_host(_file(tmp_path, 'x = 1\n\n[hosts.a]\nhost = "a"\n\n\n'), "a") == "x = 1\n"
 
 
 def test_a_bom_before_the_first_table_stays_and_the_table_goes(tmp_path: Path) -> None:
     text = '\ufeff[hosts.a]\nhost = "a"\n\n[hosts.b]\nhost = "b"\n'
-    assert H.without_host(_file(tmp_path, text), "a") == '\ufeff[hosts.b]\nhost = "b"\n'
-    assert H.without_host(_file(tmp_path, text), "b") == '\ufeff[hosts.a]\nhost = "a"\n'
+    assert host_edit.without_host(_file(tmp_path, text), "a") == '\ufeff[hosts.b]\nhost = "b"\n'
+    assert host_edit.without_host(_file(tmp_path, text), "b") == '\ufeff[hosts.a]\nhost = "a"\n'
 
 
 HEAD = b'# caf\xe9 \xff: my hosts\n[hosts.a]\nhost = "a"  # \xe9t\xe9\n'
@@ -224,17 +224,17 @@ def test_remove_then_add_keeps_every_other_byte(
     v = functools.partial(_variant, bom=False, crlf=crlf, utf8=utf8)
     last = _variant(HEAD + b"\n" + TABLE, bom, crlf, utf8)
     path.write_bytes(last if final_newline else last.removesuffix(b"\n").removesuffix(b"\r"))
-    file = H.read(path)
-    H.write(file, H.without_host(file, "b"))
+    file = host_edit.read(path)
+    host_edit.write(file, host_edit.without_host(file, "b"))
     assert path.read_bytes() == _variant(HEAD, bom, crlf, utf8)
-    file = H.read(path)
-    H.write(file, H.with_host(file, "b", {"host": "b"}))
+    file = host_edit.read(path)
+    host_edit.write(file, host_edit.with_host(file, "b", {"host": "b"}))
     assert path.read_bytes() == last  # as it was (with a final newline: the new table ends its line)
 
     middle = _variant(HEAD, bom, crlf, utf8) + v(b"\n" + TABLE + b"\n" + TAIL)
     path.write_bytes(middle if final_newline else middle.removesuffix(b"\n").removesuffix(b"\r"))
-    file = H.read(path)
-    H.write(file, H.without_host(file, "b"))
+    file = host_edit.read(path)
+    host_edit.write(file, host_edit.without_host(file, "b"))
     after = _variant(HEAD, bom, crlf, utf8) + v(b"\n" + TAIL)
     assert path.read_bytes() == (after if final_newline else after.removesuffix(b"\n").removesuffix(b"\r"))
 
@@ -242,24 +242,24 @@ def test_remove_then_add_keeps_every_other_byte(
 def test_bytes_that_are_not_utf8_in_a_value_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_bytes(b'[hosts.a]\nhost = "caf\xe9"\n')
-    with pytest.raises(H.EditError, match="not UTF-8"):
-        H.without_host(H.read(path), "a")
+    with pytest.raises(host_edit.EditError, match="not UTF-8"):
+        host_edit.without_host(host_edit.read(path), "a")
 
 
 def test_gputui_writers_take_turns_and_the_last_check_sees_the_other_ones_edit(tmp_path: Path) -> None:
     """Every gputui writer holds the lock beside the config from its last check to its rename: one waiting for
     it sees the edit the holder made and writes nothing."""
     file = _file(tmp_path, USER_CONFIG)
-    text = H.with_host(file, "gpu1", {"host": "h"})
+    text = host_edit.with_host(file, "gpu1", {"host": "h"})
     failed: list[BaseException] = []
 
     def second_writer() -> None:
         try:
-            H.write(file, text)
-        except H.EditError as exc:
+            host_edit.write(file, text)
+        except host_edit.EditError as exc:
             failed.append(exc)
 
-    with H.locked(file.path):  # another gputui, between its own last check and its rename
+    with host_edit.locked(file.path):  # another gputui, between its own last check and its rename
         writer = threading.Thread(target=second_writer)
         writer.start()
         wait_for(lambda: any(p.name.endswith(".gputui-tmp") for p in tmp_path.iterdir()), what="the temp file")
@@ -272,15 +272,15 @@ def test_gputui_writers_take_turns_and_the_last_check_sees_the_other_ones_edit(t
 
 def test_a_lock_held_too_long_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     file = _file(tmp_path, USER_CONFIG)
-    monkeypatch.setattr(H, "LOCK_WAIT_S", 0.0)
-    with H.locked(file.path), pytest.raises(H.EditError, match="another gputui is writing it"):
-        H.write(file, H.with_host(file, "gpu1", {"host": "h"}))
+    monkeypatch.setattr(host_edit, "LOCK_WAIT_S", 0.0)
+    with host_edit.locked(file.path), pytest.raises(host_edit.EditError, match="another gputui is writing it"):
+        host_edit.write(file, host_edit.with_host(file, "gpu1", {"host": "h"}))
     assert file.path.read_text() == USER_CONFIG
 
 
 def test_a_new_config_is_created_private_with_a_header(tmp_path: Path) -> None:
     file = _file(tmp_path, None)
-    H.write(file, H.with_host(file, "gpu1", {"host": "h"}))
+    host_edit.write(file, host_edit.with_host(file, "gpu1", {"host": "h"}))
     assert oct(file.path.stat().st_mode & 0o777) == "0o600"
     text = file.path.read_text()
     assert text.startswith("# gputui config") and text.endswith('\n[hosts.gpu1]\nhost = "h"\n')
@@ -293,8 +293,8 @@ def test_the_mode_is_kept_and_a_symlinked_config_stays_a_symlink(tmp_path: Path)
     real.chmod(0o640)
     link = tmp_path / "config.toml"
     link.symlink_to(real)
-    file = H.read(link)
-    H.write(file, H.with_host(file, "gpu1", {"host": "h"}))
+    file = host_edit.read(link)
+    host_edit.write(file, host_edit.with_host(file, "gpu1", {"host": "h"}))
     assert link.is_symlink() and oct(real.stat().st_mode & 0o777) == "0o640"
     assert "[hosts.gpu1]" in real.read_text()
 
@@ -302,7 +302,7 @@ def test_the_mode_is_kept_and_a_symlinked_config_stays_a_symlink(tmp_path: Path)
 def test_ssh_config_aliases_are_the_plain_host_names(tmp_path: Path) -> None:
     path = tmp_path / "ssh_config"
     path.write_text("Host *\n  User x\nHost a100 h100 # two\n  HostName 1.2.3.4\nhost=lambda1\nHost !no ok?\n")
-    assert H.ssh_config_aliases(str(path)) == ["a100", "h100", "lambda1"]
+    assert host_edit.ssh_config_aliases(str(path)) == ["a100", "h100", "lambda1"]
 
 
 def test_ssh_config_aliases_include_the_included_files(tmp_path: Path) -> None:
@@ -314,14 +314,14 @@ def test_ssh_config_aliases_include_the_included_files(tmp_path: Path) -> None:
     (ssh / "nested").write_text("Host deep\n")
     (tmp_path / "abs").write_text("Host elsewhere\n")
     (ssh / "config").write_text(f"Host top\nInclude conf.d/* {tmp_path / 'abs'} missing/*\nHost last\n")
-    assert H.ssh_config_aliases(None) == ["top", "a1", "deep", "b1", "b2", "elsewhere", "last"]
+    assert host_edit.ssh_config_aliases(None) == ["top", "a1", "deep", "b1", "b2", "elsewhere", "last"]
 
 
 def test_ssh_config_aliases_of_a_file_including_itself_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "ssh_config"
     path.write_text(f"Host a\nInclude {path}\n")
-    with pytest.raises(H.EditError, match="Include nested more than 16 deep"):
-        H.ssh_config_aliases(str(path))
+    with pytest.raises(host_edit.EditError, match="Include nested more than 16 deep"):
+        host_edit.ssh_config_aliases(str(path))
 
 
 # --- against the real sshd ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from conftest import SshHome
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
 
-from gputui.core.session import host as S
+from gputui.core.session import host
 from gputui.core.transport.base import AgentChannel
 from remote_agent import protocol as P
 
@@ -32,7 +32,7 @@ sys.exit(3)
 """
 
 
-def recorded_streams(s: S.HostSession) -> list[list[str]]:
+def recorded_streams(s: host.HostSession) -> list[list[str]]:
     """The argv of every raw agent stream ``s`` opens from now on (the list fills as they open)."""
     streams: list[list[str]] = []
     open_stream = s.transport.open_agent_stream
@@ -45,7 +45,7 @@ def recorded_streams(s: S.HostSession) -> list[list[str]]:
     return streams
 
 
-def recorded_requests(s: S.HostSession) -> list[tuple[str, dict[str, Any]]]:
+def recorded_requests(s: host.HostSession) -> list[tuple[str, dict[str, Any]]]:
     """(op, args) of every request ``s`` sends on its current link from now on."""
     sent: list[tuple[str, dict[str, Any]]] = []
     assert s.link is not None
@@ -108,7 +108,7 @@ async def test_a_follow_near_the_end_uses_no_raw_stream(ssh_home: SshHome, tmp_p
         job = await s.start_job(["python3", "-c", BIG_THEN_WAIT, str(stop), "1"])
         log = ssh_home.remote_job_dir(job.id) / "output.log"
         await until(lambda: log.exists() and log.stat().st_size >= 900_000, what="the log")
-        assert log.stat().st_size < S.CATCHUP_MIN_BYTES
+        assert log.stat().st_size < host.CATCHUP_MIN_BYTES
         received = bytearray()
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         await s.follow_log(job.id, 0, received.extend, lambda info: done.done() or done.set_result(info))

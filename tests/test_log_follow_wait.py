@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from remote_agent.jobs import logs as L
+from remote_agent.jobs import logs
 
 QUIET_S = 1.5  # a follow polling at 10 Hz would read 15 times in this quiet stretch
 
@@ -36,7 +36,7 @@ def test_a_quiet_follow_reads_rarely_and_still_delivers_a_new_line(tmp_path: Pat
     log = tmp_path / "output.log"
     log.write_bytes(b"first line\n")
     events = Events()
-    follow = L.Follow("1", str(log), 0, events.send, lambda: None, watch=watch)
+    follow = logs.Follow("1", str(log), 0, events.send, lambda: None, watch=watch)
     if watch:
         assert follow._watch is not None, "inotify is available on Linux"
     reads = []

@@ -14,7 +14,7 @@ import pytest
 from conftest import AgentProc, Home, SshHome, stop_host, wait_for
 
 from remote_agent.fsutil import read_json, write_json
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 
 class Hook:
@@ -58,11 +58,11 @@ FAILED = {"id": "4", "name": "train", "state": "failed", "exit_code": 3, "starte
 def notify_config(tmp_path: Path, **notify: Any) -> dict[str, Any]:
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False,
               "notify": dict({"events": ["job_failed", "job_succeeded"], "host": "gpu1"}, **notify)}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     return config
 
 
-def checked(dog: W.Watchdog, config: dict[str, Any], jobs: Any, t: float) -> dict[str, Any]:
+def checked(dog: daemon.Watchdog, config: dict[str, Any], jobs: Any, t: float) -> dict[str, Any]:
     """One watchdog pass at ``T + t``, then wait for the sends it started (they run on the sender's thread)."""
     state = dog.check(config, FACTS, jobs, now=T + t, mono=t)
     assert dog.notifier.sender.wait(30), "the sends of the pass did not finish"
@@ -72,8 +72,8 @@ def checked(dog: W.Watchdog, config: dict[str, Any], jobs: Any, t: float) -> dic
 def test_a_failed_job_is_posted_once_after_two_failures_with_backoff(tmp_path: Path, hook: Hook) -> None:
     hook.fail = 2
     config = notify_config(tmp_path, webhook=hook.url)
-    assert W.is_armed(config, "b")  # notify alone arms the watchdog
-    dog = W.Watchdog(str(tmp_path))
+    assert daemon.is_armed(config, "b")  # notify alone arms the watchdog
+    dog = daemon.Watchdog(str(tmp_path))
     old = dict(FAILED, id="3", ended_at=T - 5)  # ended before notify was armed: history, never sent
     jobs = lambda: ({"gpus": []}, [old, FAILED])  # noqa: E731
     checked(dog, config, jobs, 2)
@@ -88,10 +88,10 @@ def test_a_failed_job_is_posted_once_after_two_failures_with_backoff(tmp_path: P
     body = hook.bodies[0]
     assert body["text"] == body["content"] == body["message"] == "[gpu1] job 4 train failed (exit 3)"
     assert "hunter2" not in json.dumps(body)
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "attempt 1 failed (webhook answered HTTP 500); retrying in 5 s" in log
     assert "attempt 2 failed" in log and "sent on attempt 3" in log
-    assert checked(W.Watchdog(str(tmp_path)), config, jobs, 2000) and len(hook.bodies) == 3
+    assert checked(daemon.Watchdog(str(tmp_path)), config, jobs, 2000) and len(hook.bodies) == 3
 
 
 def test_a_command_gets_the_text_and_only_chosen_events_fire(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_a_command_gets_the_text_and_only_chosen_events_fire(tmp_path: Path) -> 
     )
     ok = dict(FAILED, id="5", state="succeeded", exit_code=0)
     lost = dict(FAILED, id="6", state="lost", exit_code=None)  # job_lost is not among the events asked for
-    checked(W.Watchdog(str(tmp_path)), config, lambda: ({"gpus": []}, [ok, lost]), 2)
+    checked(daemon.Watchdog(str(tmp_path)), config, lambda: ({"gpus": []}, [ok, lost]), 2)
     assert marker.read_text() == "[gpu1] job 5 train succeeded (exit 0)job_succeeded\n"
 
 
@@ -129,7 +129,7 @@ _seen: dict[str, list[float]] = {}
 
 def _passes(state: Path) -> int:
     """How many distinct watchdog passes this test has seen since the first POST."""
-    t = (read_json(str(state / W.STATE)) or {}).get("t")
+    t = (read_json(str(state / daemon.STATE)) or {}).get("t")
     seen = _seen.setdefault(str(state), [])
     if t is not None and t not in seen:
         seen.append(t)
@@ -145,7 +145,7 @@ def test_the_notify_test_op_reports_success_and_failure(agent: AgentProc, hook: 
     assert reply["result"]["sent"] is False and "HTTP 500" in reply["result"]["error"]
     bad = agent.call("notify.test", notify={"webhook": "file:///etc/passwd"})
     assert bad["ok"] is False and "http or https" in bad["error"]["message"]
-    assert "notify test: sent" in (agent.state_dir / W.LOG).read_text()
+    assert "notify test: sent" in (agent.state_dir / daemon.LOG).read_text()
 
 
 @pytest.mark.parametrize(
@@ -197,9 +197,9 @@ def test_autostop_soon_and_released_are_sent_once(tmp_path: Path, hook: Hook) ->
     stopped = tmp_path / "stopped"
     config = notify_config(tmp_path, webhook=hook.url, events=["autostop_soon", "released"])
     config.update(autostop_minutes=1, release_remote=["touch", str(stopped)])
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     write_json(str(tmp_path / "activity.json"), {"last_busy": T, "boot_id": "b"})
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     idle = lambda: ({"gpus": []}, [])  # noqa: E731
     for t in (1, 20, 40):  # release due at T + 61: within SOON_S all along, announced once
         assert checked(dog, config, idle, t)["action"] is None
@@ -212,28 +212,28 @@ def test_autostop_soon_and_released_are_sent_once(tmp_path: Path, hook: Hook) ->
 
 def test_removing_the_notify_settings_disarms_the_watchdog() -> None:
     assert (
-        W.disarmed_because(
+        daemon.disarmed_because(
             {"notify": {"webhook": "http://h/", "events": ["job_failed"]}, "boot_id": "b"}, "b"
         )
         is None
     )
-    assert W.disarmed_because({"notify": None, "boot_id": "b"}, "b") == "nothing to watch"
-    assert W.disarmed_because({"notify": {"webhook": "http://h/", "events": []}, "boot_id": "b"}, "b") == (
+    assert daemon.disarmed_because({"notify": None, "boot_id": "b"}, "b") == "nothing to watch"
+    assert daemon.disarmed_because({"notify": {"webhook": "http://h/", "events": []}, "boot_id": "b"}, "b") == (
         "nothing to watch"
     )
 
 
 def test_a_dead_endpoint_is_tried_a_bounded_number_of_times_per_pass(tmp_path: Path) -> None:
-    from remote_agent.watchdog import notify as N
+    from remote_agent.watchdog import notify as notifier
 
     config = notify_config(tmp_path, webhook="http://127.0.0.1:9/closed")  # discard port: refused
     ended = [dict(FAILED, id=str(i)) for i in range(12)]
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     checked(dog, config, lambda: ({"gpus": []}, ended), 2)
     checked(dog, config, lambda: ({"gpus": []}, ended), 3)  # records the first ones; the next are not due
-    log = (tmp_path / W.LOG).read_text()
-    assert log.count("attempt 1 failed (webhook failed:") == N.MAX_PER_PASS
-    assert len(read_json(str(tmp_path / N.OUTBOX))["items"]) == 12  # the rest wait for a later pass
+    log = (tmp_path / daemon.LOG).read_text()
+    assert log.count("attempt 1 failed (webhook failed:") == notifier.MAX_PER_PASS
+    assert len(read_json(str(tmp_path / notifier.OUTBOX))["items"]) == 12  # the rest wait for a later pass
 
 
 def test_a_job_that_fails_after_the_ssh_client_left_is_posted(ssh_home: SshHome, hook: Hook) -> None:
@@ -248,5 +248,5 @@ def test_a_job_that_fails_after_the_ssh_client_left_is_posted(ssh_home: SshHome,
     gate.touch()
     wait_for(lambda: len(hook.bodies) >= 1, timeout=90, what="the job_failed POST from the host")
     assert hook.bodies[0]["text"] == f"[box] job {job_id} failed (exit 4)"
-    log = ssh_home.remote_dir / W.LOG  # (a loaded machine may time the first attempt out: then the retry's)
+    log = ssh_home.remote_dir / daemon.LOG  # (a loaded machine may time the first attempt out: then the retry's)
     wait_for(lambda: "(job_failed): sent on attempt" in log.read_text(), what="the watchdog to log the send")

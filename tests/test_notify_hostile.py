@@ -19,8 +19,8 @@ from conftest import AgentProc, Home, stop_host, wait_for
 from test_notify import Hook, hook  # noqa: F401  (the fixture)
 
 from remote_agent.fsutil import write_json
-from remote_agent.watchdog import daemon as W
-from remote_agent.watchdog import notify as N
+from remote_agent.watchdog import daemon
+from remote_agent.watchdog import notify as notifier
 
 T = 1_000_000.0
 FACTS = {"boot_id": "b", "boot_time": 0.0}
@@ -97,7 +97,7 @@ def hang(server: Raw, conn: socket.socket) -> None:
 def test_a_slow_webhook_is_cut_at_the_deadline_with_a_clear_error(reply: Any) -> None:
     server = Raw(reply)
     try:
-        problem = N.deliver({"webhook": server.url, "ntfy": "t", "ntfy_server": server.url}, "test", "hi", 1.0)
+        problem = notifier.deliver({"webhook": server.url, "ntfy": "t", "ntfy_server": server.url}, "test", "hi", 1.0)
         assert problem == "ntfy did not answer within 1 s; webhook did not answer within 1 s"
         if reply is drip:  # the sender closed its end: the dripping server notices
             wait_for(lambda: server.open == 0, what="the sender to close the dripping connection")
@@ -109,15 +109,15 @@ def test_the_watchdog_pass_never_waits_for_a_send(tmp_path: Path, dripping: Raw)
     """The pass hands the message to the sender and returns while the endpoint still drips."""
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False,
               "notify": {"webhook": dripping.url, "events": ["job_failed"], "host": "gpu1"}}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     failed = {"id": "4", "name": "train", "argv": ["python"], "state": "failed", "exit_code": 1, "ended_at": T + 1}
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     dog.check(config, FACTS, lambda: ({"gpus": []}, [failed]), now=T + 2, mono=0)
     wait_for(lambda: dripping.requests, what="the POST to reach the endpoint")
     assert dog.notifier.sender.pending("job_failed:4:%s" % (T + 1))  # still sending: the pass did not wait
-    assert dog.notifier.sender.wait(3 * N.TIMEOUT_S)  # and the send ends at its deadline
+    assert dog.notifier.sender.wait(3 * notifier.TIMEOUT_S)  # and the send ends at its deadline
     dog.notifier.collect()
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "attempt 1 failed (webhook did not answer within 10 s); retrying in 5 s" in log
 
 
@@ -186,7 +186,7 @@ def test_a_redirect_is_never_followed_for_a_post(hook: Hook) -> None:  # noqa: F
     elsewhere = Raw(lambda server, conn: conn.sendall(ok))  # stands for another host: it must get no request
     redirecting = Raw(redirect_to(elsewhere.url))
     try:
-        problem = N.deliver({"webhook": redirecting.url}, "test", "hello")
+        problem = notifier.deliver({"webhook": redirecting.url}, "test", "hello")
         assert problem == (
             f"webhook answered HTTP 302, a redirect to {elsewhere.url}: not followed (a POST is never redirected)"
         )
@@ -208,11 +208,11 @@ def test_no_notification_kind_carries_the_command_line(tmp_path: Path, hook: Hoo
     named = dict(unnamed, id="9", state="failed", name="resnet run")
     cut = dict(unnamed, id="10", state="failed", argv=["python3", "train.py", "... [command cut for listing]"],
                argv_truncated={"args": 3, "chars": 40})  # fmt: skip
-    events = list(N.EVENTS)
+    events = list(notifier.EVENTS)
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False, "idle_minutes": None,
               "notify": {"webhook": hook.url, "events": events, "host": "gpu1", "idle_minutes": 0.01}}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
-    dog = W.Watchdog(str(tmp_path))
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    dog = daemon.Watchdog(str(tmp_path))
     for t in (2, 3, 4):  # at most MAX_PER_PASS sends are outstanding: three passes send them all
         dog.check(config, FACTS, lambda: ({"gpus": []}, [*jobs, named, cut]), now=T + t, mono=t)
         assert dog.notifier.sender.wait(30)

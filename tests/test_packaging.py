@@ -25,9 +25,9 @@ BUILTIN = ["gputui-contrast", "gputui-dark", "gputui-light"]
 SOURCES = ("pyproject.toml", "README.md", "gputui", "remote_agent", "themes")
 LOAD_THEMES = """
 import json
-from gputui.ui import themes as T
-found, errors = T.load_themes(T.BUILTIN_DIR)
-print(json.dumps({"module": T.__file__, "dir": str(T.BUILTIN_DIR),
+from gputui.ui import themes as theme_files
+found, errors = theme_files.load_themes(theme_files.BUILTIN_DIR)
+print(json.dumps({"module": theme_files.__file__, "dir": str(theme_files.BUILTIN_DIR),
                   "names": sorted(t.name for t in found), "errors": errors}))
 """
 

@@ -20,7 +20,7 @@ from test_notify import Hook, hook  # noqa: F401  (the webhook receiver fixture)
 
 from remote_agent.fsutil import read_json, write_json
 from remote_agent.host import provider as pv
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 ROOT = Path(__file__).resolve().parent.parent
 POD, VAST = "xedezhzb9la3ye", "883"
@@ -65,7 +65,7 @@ def armed(tmp_path: Path, api: StandIn, found: pv.Detected, **extra: Any) -> dic
     config = {"release_at": 0.0, "armed_at": T - 3600, "boot_id": "b", "count_sessions": False, "interval": 0.05,
               "provider": "auto", "api_urls": {found.provider: api.base(found.provider)},
               "release_via": {k: v for k, v in pv.describe(found).items() if k != "note"}, **extra}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     return config
 
 
@@ -78,15 +78,15 @@ def test_a_due_release_stops_the_instance_through_the_provider_and_confirms(
     tmp_path: Path, api: StandIn, on_pod: Any, provider: str
 ) -> None:
     config = armed(tmp_path, api, on_pod(provider))
-    assert W.is_armed(config, "b")  # no release_remote needed where the provider can release from the host
-    state = W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
+    assert daemon.is_armed(config, "b")  # no release_remote needed where the provider can release from the host
+    state = daemon.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
     assert state["action"] == "released"
     want = f"POST /runpod/pods/{POD}/stop" if provider == pv.RUNPOD else f"PUT /vastai/instances/{VAST}/"
     assert releases(api) == [want]
     assert ("EXITED" if provider == pv.RUNPOD else "stopped") in state["released_how"]
-    request = read_json(str(tmp_path / W.RELEASE_REQUEST))  # recorded before the call
+    request = read_json(str(tmp_path / daemon.RELEASE_REQUEST))  # recorded before the call
     assert request["mode"] == "stop" and request["provider"] == provider
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "provider release: confirmed" in log
     assert RUNPOD_KEY not in log and VAST_KEY not in log
 
@@ -103,10 +103,10 @@ def test_an_unusable_price_never_blocks_the_watchdogs_check_or_release(
     else:
         api.vast[VAST]["dph_total"] = value
     config = armed(tmp_path, api, on_pod(provider))
-    verdict = W.release_check(config)
+    verdict = daemon.release_check(config)
     assert verdict["ok"] is True and verdict["price_per_hour"] is None, verdict
     assert "must be" in verdict["price_per_hour_unknown"] and "price per hour unknown" in verdict["detail"]
-    state = W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
+    state = daemon.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
     assert state["action"] == "released", state
     assert len(releases(api)) == 1
 
@@ -116,7 +116,7 @@ def test_a_pod_with_a_network_volume_is_terminated_when_no_mode_is_set(
 ) -> None:
     api.pods[POD] = standin.runpod_pod(POD, volume="vol123")
     config = armed(tmp_path, api, on_pod(pv.RUNPOD))
-    assert W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)["action"] == "released"
+    assert daemon.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)["action"] == "released"
     assert releases(api) == [f"DELETE /runpod/pods/{POD}"]
 
 
@@ -125,7 +125,7 @@ def test_a_stop_mode_the_pod_cannot_do_is_a_loud_failure_not_a_terminate(
 ) -> None:
     api.pods[POD] = standin.runpod_pod(POD, volume="vol123")
     config = armed(tmp_path, api, on_pod(pv.RUNPOD), release_mode="stop")
-    state = W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
+    state = daemon.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
     assert state["action"] == "release failed" and "network volume" in state["release_error"]
     assert releases(api) == []
 
@@ -136,17 +136,17 @@ def test_a_failing_stop_is_notified_retried_with_backoff_and_never_released(
     api.fault = "500"
     config = armed(tmp_path, api, on_pod(pv.RUNPOD),
                    notify={"webhook": hook.url, "events": ["release_failed", "released"], "host": "pod1"})  # fmt: skip
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     state = dog.check(config, FACTS, IDLE, now=T, mono=0.0)
     assert state["action"] == "release failed" and "500" in state["release_error"]
     assert dog.notifier.sender.wait(30)
     [body] = hook.bodies
     assert body["text"].startswith("[pod1] release FAILED, the host still bills: runpod") and "500" in body["text"]
     calls = len(api.requests)
-    within = dog.check(config, FACTS, IDLE, now=T + W.RETRY_AFTER_FAILURE_S - 1, mono=1.0)
+    within = dog.check(config, FACTS, IDLE, now=T + daemon.RETRY_AFTER_FAILURE_S - 1, mono=1.0)
     assert within["action"] == "release failed" and len(api.requests) == calls  # still billing, not tried
     api.fault = None
-    again = dog.check(config, FACTS, IDLE, now=T + W.RETRY_AFTER_FAILURE_S, mono=2.0)
+    again = dog.check(config, FACTS, IDLE, now=T + daemon.RETRY_AFTER_FAILURE_S, mono=2.0)
     assert again["action"] == "released"
     assert dog.notifier.sender.wait(30)
     assert [b["text"].split(" ", 2)[1] for b in hook.bodies] == ["release", "released"]
@@ -155,13 +155,13 @@ def test_a_failing_stop_is_notified_retried_with_backoff_and_never_released(
 def test_the_backoff_grows_after_each_failure(tmp_path: Path, api: StandIn, on_pod: Any) -> None:
     api.fault = "500"
     config = armed(tmp_path, api, on_pod(pv.VASTAI))
-    dog, t = W.Watchdog(str(tmp_path)), T
+    dog, t = daemon.Watchdog(str(tmp_path)), T
     waits = []
     for _ in range(3):
         state = dog.check(config, FACTS, IDLE, now=t, mono=t - T)
         waits.append(state["retry_at"] - t)
         t = state["retry_at"]
-    assert waits == [W.RETRY_AFTER_FAILURE_S, 2 * W.RETRY_AFTER_FAILURE_S, 4 * W.RETRY_AFTER_FAILURE_S]
+    assert waits == [daemon.RETRY_AFTER_FAILURE_S, 2 * daemon.RETRY_AFTER_FAILURE_S, 4 * daemon.RETRY_AFTER_FAILURE_S]
 
 
 def test_a_wrong_key_fails_the_check_at_arming_and_notifies(
@@ -171,11 +171,11 @@ def test_a_wrong_key_fails_the_check_at_arming_and_notifies(
     monkeypatch.setenv("RUNPOD_API_KEY", "rpa_WRONGKEY_0123456789")
     config = armed(tmp_path, api, found, release_at=None, autostop_minutes=600,
                    notify={"webhook": hook.url, "events": ["release_check_failed"], "host": "pod1"})  # fmt: skip
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     dog.check(config, FACTS, IDLE, now=T, mono=0.0)
-    verdict = read_json(str(tmp_path / W.RELEASE_CHECK))
+    verdict = read_json(str(tmp_path / daemon.RELEASE_CHECK))
     assert verdict["ok"] is False and verdict["kind"] == "auth" and verdict["armed_at"] == config["armed_at"]
-    assert W.view(str(tmp_path), {"idle_since": T, "reasons": []}, "b")["release_check"]["ok"] is False
+    assert daemon.view(str(tmp_path), {"idle_since": T, "reasons": []}, "b")["release_check"]["ok"] is False
     assert dog.notifier.sender.wait(30)
     [body] = hook.bodies
     assert "release check failed, the host would NOT be released" in body["text"]
@@ -183,23 +183,23 @@ def test_a_wrong_key_fails_the_check_at_arming_and_notifies(
     assert releases(api) == []  # a check has no side effects
     dog.check(config, FACTS, IDLE, now=T + 1, mono=1.0)  # checked once per arming
     assert len([r for r in api.requests if r.method == "GET"]) == 1
-    dog.check(config, FACTS, IDLE, now=T + W.RECHECK_S, mono=2.0)  # and again now and then
+    dog.check(config, FACTS, IDLE, now=T + daemon.RECHECK_S, mono=2.0)  # and again now and then
     assert len([r for r in api.requests if r.method == "GET"]) == 2
     assert dog.notifier.sender.wait(30) and len(hook.bodies) == 1  # the failure was told once for this arming
 
 
 def test_a_good_check_says_what_the_release_would_do(tmp_path: Path, api: StandIn, on_pod: Any) -> None:
     config = armed(tmp_path, api, on_pod(pv.RUNPOD), release_at=None, autostop_minutes=600)
-    W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
-    verdict = read_json(str(tmp_path / W.RELEASE_CHECK))
+    daemon.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
+    verdict = read_json(str(tmp_path / daemon.RELEASE_CHECK))
     assert verdict["ok"] is True and verdict["mode"] == "stop" and verdict["price_per_hour"] == 0.74
     assert releases(api) == []
 
 
 def test_a_missing_release_remote_program_fails_the_check(tmp_path: Path) -> None:
-    verdict = W.release_check({"release_remote": ["no-such-program-gputui", "x"]})
+    verdict = daemon.release_check({"release_remote": ["no-such-program-gputui", "x"]})
     assert verdict["ok"] is False and "not found or not executable" in verdict["detail"]
-    assert W.release_check({"release_remote": ["true"]})["ok"] is True
+    assert daemon.release_check({"release_remote": ["true"]})["ok"] is True
 
 
 def test_provider_none_or_no_release_setting_releases_nothing(
@@ -236,7 +236,7 @@ def test_provider_none_or_no_release_setting_releases_nothing(
 def test_a_changed_detection_is_not_released_through(tmp_path: Path, api: StandIn, on_pod: Any) -> None:
     config = armed(tmp_path, api, on_pod(pv.RUNPOD))
     on_pod(pv.VASTAI)  # now another instance's variables: never release one the user did not arm
-    state = W.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
+    state = daemon.Watchdog(str(tmp_path)).check(config, FACTS, IDLE, now=T, mono=0.0)
     assert state["action"] == "release failed" and "detection changed" in state["release_error"]
     assert releases(api) == []
 
@@ -291,13 +291,13 @@ def test_autostop_stops_an_emulated_pod_with_no_client(tmp_path: Path, api: Stan
     try:
         stopped = (lambda: api.pods[POD]["desiredStatus"] == "EXITED") if provider == pv.RUNPOD else (
             lambda: api.vast[VAST]["actual_status"] == "stopped")  # fmt: skip
-        wait_for(lambda: (read_json(str(state / W.STATE)) or {}).get("action") == "released", timeout=90,
+        wait_for(lambda: (read_json(str(state / daemon.STATE)) or {}).get("action") == "released", timeout=90,
                  what="the watchdog to release the pod")  # fmt: skip
         assert stopped()
         armed_reply = json.loads((state / "armed.json").read_text())
         assert armed_reply["armed"] is True
         assert armed_reply["config"]["release_via"]["source"] == "/proc/1/environ"
-        log = (state / W.LOG).read_text()
+        log = (state / daemon.LOG).read_text()
         assert "release check: ok" in log and "provider release: confirmed" in log
         assert RUNPOD_KEY not in log and VAST_KEY not in log
     finally:

@@ -19,10 +19,10 @@ from test_agent_bad_logs import small_disk
 from test_metrics_smi import H100, NoNvml, fake_smi
 
 from remote_agent.fsutil import read_json, write_json
-from remote_agent.jobs import queue as Q
+from remote_agent.jobs import queue as job_queue
 from remote_agent.jobs.store import JobStore
 from remote_agent.metrics.sampler import MetricsSampler
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 A100_X8 = FIXTURES / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt"
@@ -62,18 +62,18 @@ def test_two_recorded_a100s_are_read_as_two_idle_gpus(tmp_path: Path) -> None:
 def test_disjoint_gpus_run_side_by_side_and_a_waiting_job_keeps_its_gpus(tmp_path: Path) -> None:
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
     jobs = [queued("1", "0"), queued("2", "1"), queued("3", "1")]
-    assert Q.plan(jobs, jobs, sample, []) == {
+    assert job_queue.plan(jobs, jobs, sample, []) == {
         "start": [("1", "0"), ("2", "1")], "fail": {},
         "wait": {"3": "GPU 1 kept for an earlier job of the queue"},
     }  # fmt: skip
     # job 5 runs on GPU 0: a 2-GPU job waits, and keeps GPU 1 from the 1-GPU job behind it (no starving)
     jobs = [queued("6", gpu_count=2), queued("7", gpu_count=1)]
-    decided = Q.plan(jobs, jobs, sample, [{"id": "5", "gpus": "0"}])
+    decided = job_queue.plan(jobs, jobs, sample, [{"id": "5", "gpus": "0"}])
     assert decided["start"] == []
     assert decided["wait"]["6"] == "needs 2 free GPUs, 1 free; GPU 0 held by job 5"
     assert decided["wait"]["7"] == "needs 1 free GPU, 0 free; GPU 0 held by job 5"
     # a job given every GPU (no CUDA_VISIBLE_DEVICES) holds them all
-    assert Q.plan([queued("8", gpu_count=1)], [], sample, [{"id": "5", "gpus": None}])["wait"]["8"].startswith(
+    assert job_queue.plan([queued("8", gpu_count=1)], [], sample, [{"id": "5", "gpus": None}])["wait"]["8"].startswith(
         "needs 1 free GPU, 0 free; GPU 0 held by job 5; GPU 1 held by job 5"
     )
 
@@ -83,11 +83,11 @@ def test_a_foreign_process_and_a_busy_gpu_hold_a_job_back(tmp_path: Path, monkey
 
     monkeypatch.setattr(metrics, "process_name", lambda pid: None)
     load = sample_of(tmp_path, fake_smi(tmp_path, H100, "load"))  # gpu_burn and two memhogs, 100 %
-    decided = Q.plan([queued("1", gpu_count=1)], [], load, [])
+    decided = job_queue.plan([queued("1", gpu_count=1)], [], load, [])
     why = decided["wait"]["1"]
     assert decided["start"] == [] and "used by pid 11345 (gpu_burn)" in why and "at 100% utilisation" in why
     idle = sample_of(tmp_path / "x", fake_smi(tmp_path, H100, "idle"))
-    assert Q.plan([queued("1", gpu_count=1)], [], idle, [])["start"] == [("1", "0")]
+    assert job_queue.plan([queued("1", gpu_count=1)], [], idle, [])["start"] == [("1", "0")]
 
 
 def test_the_real_scheduler_holds_a_job_back_while_a_foreign_process_uses_the_gpu(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_after_waits_and_after_ok_on_a_failed_job_never_starts(tmp_path: Path) -
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
     jobs = [ended("1", "failed", 3), {"id": "2", "state": "running"}, queued("3", gpu_count=1, after=["1"]),
             queued("4", gpu_count=1, after=["2"]), queued("5", gpu_count=1, after_ok=["1"])]  # fmt: skip
-    decided = Q.plan(jobs[2:], jobs, sample, [{"id": "2", "gpus": "1"}])
+    decided = job_queue.plan(jobs[2:], jobs, sample, [{"id": "2", "gpus": "1"}])
     assert decided["start"] == [("3", "0")]
     assert decided["wait"] == {"4": "after job 2 (running)"}
     assert decided["fail"] == {"5": "never started: job 1 it waits for (--after-ok) ended failed (exit 3)"}
@@ -130,7 +130,7 @@ def test_jobs_waiting_on_each_other_or_on_themselves_fail_with_the_loop(tmp_path
             queued("6", "none", after=["7"]), queued("7", "none", after=["6"]), queued("8", "none", after_ok=["8"]),
             queued("9", "none", after_ok=["6"]), queued("10", "none", after=["6"]), queued("11", "none", after=["2"]),
             queued("12", "none", after=["2"], after_ok=["1"])]  # fmt: skip
-    decided = Q.plan(jobs[2:], jobs, {"gpus": []}, [])
+    decided = job_queue.plan(jobs[2:], jobs, {"gpus": []}, [])
     assert decided["fail"] == {
         "6": "never started: it waits on itself through 6 -> 7 -> 6",
         "7": "never started: it waits on itself through 7 -> 6 -> 7",
@@ -152,13 +152,13 @@ def test_a_submission_that_closes_a_loop_is_refused_and_leaves_no_job(tmp_path: 
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store)
-    first = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "b")
+    queue = job_queue.JobQueue(store)
+    first = queue.submit(job_queue.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "b")
     job_json = state / "jobs" / first / "job.json"  # its stored request names the next id (restored from a backup)
     record = json.loads(job_json.read_text())
     write_json(str(job_json), dict(record, queue=dict(record["queue"], after=[str(int(first) + 1)])))
     with pytest.raises(JobError) as refused:
-        queue.submit(Q.parse_request({"gpus": "none", "after": [first]}), ["true"], None, None, None, {}, "b")
+        queue.submit(job_queue.parse_request({"gpus": "none", "after": [first]}), ["true"], None, None, None, {}, "b")
     assert refused.value.code == "bad_args"
     assert str(refused.value) == f"not queued: the job would wait on itself through {int(first) + 1} -> {first} -> {int(first) + 1}"
     assert store.job_ids() == [first] and [j["id"] for j in queue.queued()] == [first]
@@ -169,21 +169,21 @@ def test_a_submission_that_closes_a_loop_is_refused_and_leaves_no_job(tmp_path: 
 def test_a_kill_wins_over_every_later_pick_and_relaunch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed while picked (its runner not up yet): no later pass starts it, not even as a relaunch after a crash."""
     from remote_agent.__main__ import launcher
-    from remote_agent.jobs import store as J
+    from remote_agent.jobs import store as job_store
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store)
+    queue = job_queue.JobQueue(store)
     try:
         ran = tmp_path / "ran"
-        jid = queue.submit(Q.parse_request({"gpus": "none"}), ["touch", str(ran)], None, None, None, {}, "b")
+        jid = queue.submit(job_queue.parse_request({"gpus": "none"}), ["touch", str(ran)], None, None, None, {}, "b")
         job_json = state / "jobs" / jid / "job.json"
         write_json(str(job_json), dict(json.loads(job_json.read_text()), dequeued_at=time.time(), start_attempts=1))
         assert store.describe(jid)["state"] == "running"  # picked: its runner is starting
         assert queue.remove(jid, "removed from the queue before it started") is None  # the agent's jobs.kill ...
         killed = store.kill(jid, grace_s=0.0)  # ... then kills what started
         assert (killed["state"], killed["error"]) == ("killed", "killed before it started")
-        monkeypatch.setattr(J, "START_GRACE_S", 0.0)
+        monkeypatch.setattr(job_store, "START_GRACE_S", 0.0)
         assert queue.run_pass({"gpus": []}, store.list(), "b") == 0
         assert store.describe(jid)["state"] == "killed" and not (state / "jobs" / jid / "pid.json").exists()
         assert not ran.exists() and store.tmux_sessions() == set()
@@ -197,9 +197,9 @@ def test_a_killed_job_picked_before_a_crash_is_never_relaunched(tmp_path: Path) 
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store)
+    queue = job_queue.JobQueue(store)
     try:
-        jid = queue.submit(Q.parse_request({"gpus": "none"}), ["true"], None, None, None, {}, "b")
+        jid = queue.submit(job_queue.parse_request({"gpus": "none"}), ["true"], None, None, None, {}, "b")
         job_json = state / "jobs" / jid / "job.json"
         write_json(str(job_json), dict(json.loads(job_json.read_text()), dequeued_at=time.time() - 60, start_attempts=1))
         write_json(str(state / "jobs" / jid / "kill.json"), {"asked_at": time.time(), "grace_s": 0.0})
@@ -242,7 +242,7 @@ def test_move_reorders_kill_removes_and_a_queue_survives_the_agent(tmp_path: Pat
         for jid in (ids[2], ids[1]):
             wait_for(lambda jid=jid: (state / "jobs" / jid / "status.json").exists(), timeout=60, what=f"job {jid}")
         assert not (state / "jobs" / ids[0] / "pid.json").exists()  # removed: never ran
-        log = (state / W.LOG).read_text()  # picked in the new order (their runners, started in one pass, race)
+        log = (state / daemon.LOG).read_text()  # picked in the new order (their runners, started in one pass, race)
         assert log.index(f"queue: starting job {ids[2]} ") < log.index(f"queue: starting job {ids[1]} ")
         assert f"queue: job {ids[2]} moved to position 1" in log and f"queue: job {ids[0]} removed" in log
     finally:
@@ -255,9 +255,9 @@ def test_a_crash_between_pick_and_start_neither_loses_nor_repeats_the_job(tmp_pa
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store)
+    queue = job_queue.JobQueue(store)
     try:
-        request = Q.parse_request({"gpus": None})
+        request = job_queue.parse_request({"gpus": None})
         jid = queue.submit(request, [sys.executable, "-c", "print('ran')"], None, None, "once", {}, "b")
         job_json = state / "jobs" / jid / "job.json"
         record = json.loads(job_json.read_text())
@@ -279,8 +279,8 @@ def test_a_job_picked_before_a_crash_can_still_be_removed(tmp_path: Path) -> Non
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store)
-    jid = queue.submit(Q.parse_request({"gpus": "none"}), ["true"], None, None, None, {}, "b")
+    queue = job_queue.JobQueue(store)
+    jid = queue.submit(job_queue.parse_request({"gpus": "none"}), ["true"], None, None, None, {}, "b")
     job_json = state / "jobs" / jid / "job.json"
     write_json(str(job_json), dict(json.loads(job_json.read_text()), dequeued_at=time.time() - 60, start_attempts=1))
     removed = queue.remove(jid, "removed from the queue before it started")
@@ -295,14 +295,14 @@ def test_a_remove_move_or_submit_while_a_pass_samples_is_not_undone(tmp_path: Pa
 
     state = tmp_path / "state"
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store)
+    queue = job_queue.JobQueue(store)
     try:
-        req = Q.parse_request({"gpus": "none"})
+        req = job_queue.parse_request({"gpus": "none"})
         a, b, c = (queue.submit(req, ["true"], None, None, None, {}, "x") for _ in range(3))
         stale = store.list()  # the pass's listing ...
         queue.remove(a, "removed from the queue before it started")  # ... then the user acts
         queue.move(c, 1)
-        d = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "x")
+        d = queue.submit(job_queue.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "x")
         assert queue.run_pass({"gpus": []}, stale, "x") == 3  # d waits (no GPU); b and c start (not yet on record)
         assert store.describe(a)["state"] == "killed" and not (state / "jobs" / a / "pid.json").exists()
         assert read_json(str(state / "jobs" / a / "job.json")).get("dequeued_at") is None
@@ -318,8 +318,8 @@ def test_after_a_reboot_the_queue_resumes_and_says_so(tmp_path: Path) -> None:
     state = tmp_path / "state"
     lines: list[tuple[str, Any]] = []
     store = JobStore(str(state), launcher())
-    queue = Q.JobQueue(store, lambda line: lines.append((line, queue.state().get("resumed_at"))))
-    jid = queue.submit(Q.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "boot-1")
+    queue = job_queue.JobQueue(store, lambda line: lines.append((line, queue.state().get("resumed_at"))))
+    jid = queue.submit(job_queue.parse_request({"gpu_count": 1}), ["true"], None, None, None, {}, "boot-1")
     assert queue.run_pass({"gpus": []}, store.list(), "boot-2") == 1
     [(said, resumed_at)] = [(line, at) for line, at in lines if "resumed" in line]
     assert said == "queue resumed after a reboot: 1 job waiting" and resumed_at  # recorded before it is said
@@ -338,14 +338,14 @@ def test_after_a_reboot_the_next_connect_restarts_the_scheduler(tmp_path: Path) 
         wait_for(lambda: "used by pid" in str(agent.call("queue.list")["result"]["jobs"][0]["queue_reason"]),
                  timeout=60, what="the scheduler's first pass")  # fmt: skip
         agent.close()
-        pid = int((state / W.LOG).read_text().split("started (pid ")[1].split(")")[0])
+        pid = int((state / daemon.LOG).read_text().split("started (pid ")[1].split(")")[0])
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
                  what="the scheduler to be gone")  # fmt: skip
-        saved = read_json(str(state / Q.QUEUE))
-        write_json(str(state / Q.QUEUE), dict(saved, boot_id="the-boot-before"))
+        saved = read_json(str(state / job_queue.QUEUE))
+        write_json(str(state / job_queue.QUEUE), dict(saved, boot_id="the-boot-before"))
         agent = AgentProc(state)  # the next connect
-        wait_for(lambda: "queue resumed after a reboot: 1 job waiting" in (state / W.LOG).read_text(), timeout=60,
+        wait_for(lambda: "queue resumed after a reboot: 1 job waiting" in (state / daemon.LOG).read_text(), timeout=60,
                  what="the resumed scheduler")  # fmt: skip
         listing = agent.call("queue.list")["result"]
         assert [j["id"] for j in listing["jobs"]] == [jid] and listing["resumed_at"] is not None
@@ -358,14 +358,14 @@ def test_the_queue_file_is_bounded_and_a_lost_order_loses_no_job(tmp_path: Path,
     from remote_agent.__main__ import launcher
     from remote_agent.jobs.store import JobError
 
-    monkeypatch.setattr(Q, "MAX_QUEUED", 3)
+    monkeypatch.setattr(job_queue, "MAX_QUEUED", 3)
     store = JobStore(str(tmp_path / "state"), launcher())
-    queue = Q.JobQueue(store)
-    ids = [queue.submit(Q.parse_request({}), ["true"], None, None, None, {}, "b") for _ in range(3)]
+    queue = job_queue.JobQueue(store)
+    ids = [queue.submit(job_queue.parse_request({}), ["true"], None, None, None, {}, "b") for _ in range(3)]
     with pytest.raises(JobError, match="the queue is full"):
-        queue.submit(Q.parse_request({}), ["true"], None, None, None, {}, "b")
+        queue.submit(job_queue.parse_request({}), ["true"], None, None, None, {}, "b")
     queue.move(ids[2], 1)
-    (tmp_path / "state" / Q.QUEUE).write_text("{garbage")
+    (tmp_path / "state" / job_queue.QUEUE).write_text("{garbage")
     assert [j["id"] for j in queue.queued()] == ids  # back to submission order, none lost
 
 
@@ -373,8 +373,8 @@ def test_autostop_does_not_release_while_the_queue_is_not_empty(tmp_path: Path) 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
               "release_remote": ["touch", str(stopped)]}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
-    dog = W.Watchdog(str(tmp_path))
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    dog = daemon.Watchdog(str(tmp_path))
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
     facts = {"boot_id": "b", "boot_time": 0.0}
     waiting = [queued("4", gpu_count=2, after=["3"]), ended("3", "failed", 1)]
@@ -385,7 +385,7 @@ def test_autostop_does_not_release_while_the_queue_is_not_empty(tmp_path: Path) 
     for t in (401, 4100, 530):  # the queue emptied: the idle window starts again and runs out
         state = dog.check(config, facts, lambda: (sample, waiting[1:]), now=T + t, mono=t)
     assert state["action"] == "released" and stopped.exists()
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "autostop waits: 1 job queued (4)" in log and "the queue is empty: it no longer holds autostop" in log
 
 
@@ -416,14 +416,14 @@ def test_two_2_gpu_jobs_run_one_after_the_other_with_the_client_gone(ssh_home: S
     go.touch()  # no client is connected now: the scheduler alone starts job two
     wait_for(lambda: (remote / two / "status.json").exists(), timeout=90, what="the second job to run and end")
     ended_one, ended_two = (read_json(str(remote / j / "status.json")) for j in (one, two))
-    assert ended_two["exit_code"] == 0, (ended_two, (ssh_home.remote_dir / W.LOG).read_text())
+    assert ended_two["exit_code"] == 0, (ended_two, (ssh_home.remote_dir / daemon.LOG).read_text())
     started_two = read_json(str(remote / two / "pid.json"))
     assert started_two["started_at"] >= ended_one["ended_at"]
     for jid in (one, two):
         assert (remote / jid / "output.log").read_bytes().strip() == b"0,1"
     jobs = json.loads(ssh_home.cli("jobs", "box", "--json", check=True).stdout)
     assert [(j["id"], j["state"]) for j in jobs] == [(one, "succeeded"), (two, "succeeded")]
-    assert f"queue: starting job {two} on GPU 0,1" in (ssh_home.remote_dir / W.LOG).read_text()
+    assert f"queue: starting job {two} on GPU 0,1" in (ssh_home.remote_dir / daemon.LOG).read_text()
 
 
 def test_after_ok_on_a_failed_job_never_starts_and_says_why(home: Home) -> None:
@@ -565,15 +565,15 @@ def test_a_failing_queue_pass_never_ends_the_watchdog(tmp_path: Path) -> None:
         first = agent.call("jobs.start", argv=["true"], queue={"gpus": "none", "after": [blocker["id"]]})["result"]
         last = agent.call("jobs.start", argv=["true"], queue={"gpus": "none", "after": [first["id"]]})["result"]
         agent.close()
-        queue_file = state / Q.QUEUE
+        queue_file = state / job_queue.QUEUE
         queue_file.unlink()
         queue_file.mkdir()
-        wait_for(lambda: "queue pass failed" in (state / W.LOG).read_text() or "Traceback" in (state / W.LOG).read_text(),
+        wait_for(lambda: "queue pass failed" in (state / daemon.LOG).read_text() or "Traceback" in (state / daemon.LOG).read_text(),
                  timeout=60, what="a failing pass")  # fmt: skip
         queue_file.rmdir()
         hold.touch()
         wait_for(lambda: (state / "jobs" / last["id"] / "status.json").exists(), timeout=60, what="the queue to go on")
-        assert (state / W.LOG).read_text().count("queue pass failed") == 1
+        assert (state / daemon.LOG).read_text().count("queue pass failed") == 1
     finally:
         agent.close()
         stop_host(state)
@@ -603,15 +603,15 @@ def test_a_request_the_host_can_never_meet_is_refused_at_once(tmp_path: Path, ho
 
 def test_the_watchdog_log_is_bounded(tmp_path: Path) -> None:
     """Months of queue, stall and notify lines: the log turns over at MAX_LOG_BYTES, the previous one kept."""
-    log = tmp_path / W.LOG
-    log.write_bytes(b"x" * 100 + b"\n" + b"old line\n" * (W.MAX_LOG_BYTES // 9))
-    W.log_line(str(tmp_path), "queue: job 7 queued at position 1")
+    log = tmp_path / daemon.LOG
+    log.write_bytes(b"x" * 100 + b"\n" + b"old line\n" * (daemon.MAX_LOG_BYTES // 9))
+    daemon.log_line(str(tmp_path), "queue: job 7 queued at position 1")
     assert log.stat().st_size < 200 and log.read_text().endswith("queue: job 7 queued at position 1\n")
-    assert (tmp_path / (W.LOG + ".1")).read_bytes().startswith(b"x" * 100)
-    for n in range(3 * W.MAX_LOG_BYTES // 40):
-        W.log_line(str(tmp_path), f"queue: job {n} started")
-    for path in (log, tmp_path / (W.LOG + ".1")):
-        assert path.stat().st_size <= W.MAX_LOG_BYTES + 100
+    assert (tmp_path / (daemon.LOG + ".1")).read_bytes().startswith(b"x" * 100)
+    for n in range(3 * daemon.MAX_LOG_BYTES // 40):
+        daemon.log_line(str(tmp_path), f"queue: job {n} started")
+    for path in (log, tmp_path / (daemon.LOG + ".1")):
+        assert path.stat().st_size <= daemon.MAX_LOG_BYTES + 100
 
 
 def test_jobs_picked_while_the_disk_is_full_run_once_and_the_queue_resumes_without_a_client(tmp_path: Path) -> None:
@@ -632,7 +632,7 @@ def test_jobs_picked_while_the_disk_is_full_run_once_and_the_queue_resumes_witho
         ids = [agent.call("jobs.start", argv=["sh", "-c", f"echo q{n} >> {ledger}"], queue=after)["result"]["id"]
                for n in range(3)]  # fmt: skip
         agent.close()
-        wait_for(lambda: (state / W.LOG).exists() and "started (pid" in (state / W.LOG).read_text(), what="the watchdog")
+        wait_for(lambda: (state / daemon.LOG).exists() and "started (pid" in (state / daemon.LOG).read_text(), what="the watchdog")
         # The blocker runs (its start on record) before the disk fills: a runner that cannot record runs nothing.
         wait_for(lambda: (read_json(str(state / "jobs" / blocker["id"] / "pid.json")) or {}).get("pid"),
                  what="the blocker to run")  # fmt: skip
@@ -694,11 +694,11 @@ def test_a_lost_gpu_is_never_handed_to_a_queued_job(tmp_path: Path, monkeypatch:
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin", 4) / "nvidia-smi"))
     assert [g["state"] for g in sample["gpus"]] == ["ok", "ok", "lost", "ok"]
     jobs = [queued("1", gpu_count=4)]
-    assert Q.plan(jobs, jobs, sample, [])["wait"]["1"] == (
+    assert job_queue.plan(jobs, jobs, sample, [])["wait"]["1"] == (
         "needs 4 free GPUs, 3 free; GPU 2 lost (Unable to determine the device handle for GPU 00000003:00:00.0: "
         "Unknown Error)"
     )
     jobs = [queued("2", gpu_count=3)]
-    assert Q.plan(jobs, jobs, sample, [])["start"] == [("2", "0,1,3")]
+    assert job_queue.plan(jobs, jobs, sample, [])["start"] == [("2", "0,1,3")]
     jobs = [queued("3", "2")]
-    assert Q.plan(jobs, jobs, sample, [])["wait"]["3"].startswith("GPU 2 lost (")
+    assert job_queue.plan(jobs, jobs, sample, [])["wait"]["3"].startswith("GPU 2 lost (")

@@ -15,7 +15,7 @@ from conftest import AgentProc, stop_host, wait_for
 from test_notify import Hook, checked, hook  # noqa: F401  (the fixture)
 
 from remote_agent.fsutil import write_json
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 T = 1_000_000.0
 FACTS = {"boot_id": "b", "boot_time": 0.0}
@@ -53,13 +53,13 @@ def ntfy() -> Iterator[Ntfy]:
 
 def _config(tmp_path: Path, **notify: Any) -> dict[str, Any]:
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False, "notify": dict({"host": "gpu1"}, **notify)}
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     return config
 
 
 def test_queue_empty_is_sent_once_when_the_last_queued_job_leaves(tmp_path: Path, hook: Hook) -> None:  # noqa: F811
     config = _config(tmp_path, webhook=hook.url, events=["queue_empty"])
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     picked = {"id": "7", "state": "running", "queue": {"gpus": None}, "dequeued_at": T + 5}
     waiting = {"id": "8", "state": "queued", "queue": {"gpus": None}}
     checked(dog, config, lambda: ({"gpus": []}, [picked, waiting]), 6)
@@ -74,9 +74,9 @@ def test_idle_for_n_minutes_and_deadline_in_an_hour_are_sent_once(tmp_path: Path
     config = _config(tmp_path, webhook=hook.url, events=["idle", "deadline_soon"], idle_minutes=2)
     config["release_at"] = T + 7200.0
     config["release_remote"] = ["true"]
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     write_json(str(tmp_path / "activity.json"), {"last_busy": T, "boot_id": "b"})
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     idle = lambda: ({"gpus": []}, [])  # noqa: E731
     for t in (60, 119):
         checked(dog, config, idle, t)
@@ -93,8 +93,8 @@ def test_idle_for_n_minutes_and_deadline_in_an_hour_are_sent_once(tmp_path: Path
 def test_a_deadline_past_when_set_is_announced_at_once_with_its_grace(tmp_path: Path, hook: Hook) -> None:  # noqa: F811
     config = _config(tmp_path, webhook=hook.url, events=["deadline_soon"])
     config.update(release_at=T - 3600.0, release_remote=["true"])
-    write_json(str(tmp_path / W.CONFIG), config)
-    checked(W.Watchdog(str(tmp_path)), config, lambda: ({"gpus": []}, []), 1)
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    checked(daemon.Watchdog(str(tmp_path)), config, lambda: ({"gpus": []}, []), 1)
     assert [b["text"] for b in hook.bodies] == ["[gpu1] deadline releases the host in 10 min"]
 
 

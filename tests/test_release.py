@@ -285,13 +285,13 @@ def test_snooze_restarts_the_window_at_its_end(watched: Home, tmp_path: Path) ->
 def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) -> None:
     """A wall-clock jump (or a restarted watchdog) never shortens the window: this process must watch it all."""
     from remote_agent.fsutil import write_json
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
               "release_remote": ["touch", str(stopped)]}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
-    dog = W.Watchdog(str(tmp_path))
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    dog = daemon.Watchdog(str(tmp_path))
     facts = {"boot_id": "b", "boot_time": 0.0}
     idle = lambda: ({"gpus": []}, [])  # noqa: E731
     t = 1_000_000.0
@@ -305,7 +305,7 @@ def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) 
 
 def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> None:
     from remote_agent.fsutil import write_json
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     stopped, t = tmp_path / "stopped", 1_000_000.0
     config = {
@@ -314,8 +314,8 @@ def test_a_clock_jump_does_not_bring_the_deadline_forward(tmp_path: Path) -> Non
         "count_sessions": False,
         "release_remote": ["touch", str(stopped)],
     }
-    write_json(str(tmp_path / W.CONFIG), config)
-    dog, facts, idle = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    dog, facts, idle = daemon.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
     assert dog.check(config, facts, idle, now=t, mono=0.0)["due"] is None
     # the wall clock leaps an hour: the deadline has not come on the monotonic clock
     assert dog.check(config, facts, idle, now=t + 3601, mono=1.0)["due"] is None
@@ -329,26 +329,26 @@ def test_a_deadline_already_past_when_set_waits_a_grace_and_says_so(tmp_path: Pa
     and all, the moment the setting arrives: the deadline comes DEADLINE_GRACE_S after arming, its countdown
     shows that, and only then does it release."""
     from remote_agent.fsutil import write_json
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     stopped, t = tmp_path / "stopped", 1_000_000.0
     config = {"release_at": t - 7200, "armed_at": t, "boot_id": "b", "count_sessions": False,
               "release_remote": ["touch", str(stopped)]}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
-    dog, facts, idle = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    dog, facts, idle = daemon.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
     first = dog.check(config, facts, idle, now=t + 1, mono=0.0)
-    assert first["due"] is None and first["release_at"] == t + W.DEADLINE_GRACE_S
-    assert dog.check(config, facts, idle, now=t + W.DEADLINE_GRACE_S - 5, mono=W.DEADLINE_GRACE_S - 6)["due"] is None
+    assert first["due"] is None and first["release_at"] == t + daemon.DEADLINE_GRACE_S
+    assert dog.check(config, facts, idle, now=t + daemon.DEADLINE_GRACE_S - 5, mono=daemon.DEADLINE_GRACE_S - 6)["due"] is None
     assert not stopped.exists()
-    done = dog.check(config, facts, idle, now=t + W.DEADLINE_GRACE_S + 1, mono=W.DEADLINE_GRACE_S)
+    done = dog.check(config, facts, idle, now=t + daemon.DEADLINE_GRACE_S + 1, mono=daemon.DEADLINE_GRACE_S)
     assert done["due"] == "deadline reached" and done["action"] == "released" and stopped.exists()
     # a deadline further off than the grace is kept as set
-    assert W.deadline_at(dict(config, release_at=t + 3600)) == t + 3600
+    assert daemon.deadline_at(dict(config, release_at=t + 3600)) == t + 3600
 
 
 def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
     from remote_agent.fsutil import write_json
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     stopped = tmp_path / "stopped"
     config = {
@@ -357,10 +357,10 @@ def test_watchdog_rereads_its_config_before_releasing(tmp_path: Path) -> None:
         "count_sessions": False,
         "release_remote": ["touch", str(stopped)],
     }
-    write_json(str(tmp_path / W.CONFIG), dict(config, cancelled=True, release_at=None))  # changed meanwhile
-    state = W.Watchdog(str(tmp_path)).check(config, {"boot_id": "b"}, lambda: ({"gpus": []}, []))
+    write_json(str(tmp_path / daemon.CONFIG), dict(config, cancelled=True, release_at=None))  # changed meanwhile
+    state = daemon.Watchdog(str(tmp_path)).check(config, {"boot_id": "b"}, lambda: ({"gpus": []}, []))
     assert state["action"] is None and not stopped.exists()
-    assert "config changed meanwhile" in (tmp_path / W.LOG).read_text()
+    assert "config changed meanwhile" in (tmp_path / daemon.LOG).read_text()
 
 
 @pytest.mark.parametrize(
@@ -388,14 +388,14 @@ def test_agent_refuses_numbers_out_of_bounds(agent, op: str, args: dict) -> None
 def due_watchdog(tmp_path: Path, pre_stop: list[str]) -> tuple:
     """A watchdog whose autostop is due now (idle for ages, watched long enough), with ``pre_stop``."""
     from remote_agent.fsutil import write_json
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 0.001, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
               "pre_stop": pre_stop, "release_remote": ["touch", str(stopped)]}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
+    write_json(str(tmp_path / daemon.CONFIG), config)
     write_json(str(tmp_path / "activity.json"), {"last_busy": 0.0, "boot_id": "b"})
-    dog = W.Watchdog(str(tmp_path))
+    dog = daemon.Watchdog(str(tmp_path))
     dog.watched_since = -1e9
     return dog, config, stopped
 
@@ -464,37 +464,37 @@ def test_a_config_from_another_boot_never_acts(tmp_path: Path) -> None:
     watchdog loop disarms at once, and the agent shows no countdown from it."""
     from remote_agent.fsutil import write_json
     from remote_agent.host.boot import boot_id as this_boot
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     stopped = tmp_path / "stopped"
     config = {"release_at": 1.0, "armed_at": 0.0, "boot_id": "a-boot-before-the-reboot", "interval": 0.5,
               "count_sessions": False, "release_remote": ["touch", str(stopped)]}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
-    assert W.run(str(tmp_path), []) == 0
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    assert daemon.run(str(tmp_path), []) == 0
     assert not stopped.exists()
-    assert "disarmed: config is from another boot" in (tmp_path / W.LOG).read_text()
-    assert W.view(str(tmp_path), {"idle_since": 0.0, "reasons": []}, this_boot()) is None
+    assert "disarmed: config is from another boot" in (tmp_path / daemon.LOG).read_text()
+    assert daemon.view(str(tmp_path), {"idle_since": 0.0, "reasons": []}, this_boot()) is None
     # the same config on this boot is armed, and due (the control: the rule is what kept it quiet)
-    assert W.is_armed(dict(config, boot_id=this_boot()), this_boot())
+    assert daemon.is_armed(dict(config, boot_id=this_boot()), this_boot())
 
 
 def test_a_failed_release_remote_is_retried_only_after_its_backoff(tmp_path: Path) -> None:
     from remote_agent.fsutil import write_json
-    from remote_agent.watchdog import daemon as W
+    from remote_agent.watchdog import daemon
 
     attempts = tmp_path / "attempts"
     failing = ["sh", "-c", f'echo x >> "{attempts}"; echo quota >&2; exit 3']
     config = {"release_at": 0.0, "armed_at": 0.0, "boot_id": "b", "count_sessions": False, "release_remote": failing}
-    write_json(str(tmp_path / W.CONFIG), config)
-    dog, facts, idle, t = W.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, []), 1_000_000.0
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    dog, facts, idle, t = daemon.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, []), 1_000_000.0
     assert dog.check(config, facts, idle, now=t, mono=0.0)["action"] == "release failed"
-    for dt in (1.0, 60.0, W.RETRY_AFTER_FAILURE_S - 1):  # still due, but within the backoff: not run again
+    for dt in (1.0, 60.0, daemon.RETRY_AFTER_FAILURE_S - 1):  # still due, but within the backoff: not run again
         state = dog.check(config, facts, idle, now=t + dt, mono=dt)
         assert state["due"] == "deadline reached" and state["action"] == "release failed"  # still billing
     assert attempts.read_text() == "x\n"
-    again = dog.check(config, facts, idle, now=t + W.RETRY_AFTER_FAILURE_S, mono=W.RETRY_AFTER_FAILURE_S)
+    again = dog.check(config, facts, idle, now=t + daemon.RETRY_AFTER_FAILURE_S, mono=daemon.RETRY_AFTER_FAILURE_S)
     assert again["action"] == "release failed" and attempts.read_text() == "x\nx\n"
-    assert (tmp_path / W.LOG).read_text().count("release_remote: exit 3: quota") == 2
+    assert (tmp_path / daemon.LOG).read_text().count("release_remote: exit 3: quota") == 2
 
 
 async def test_an_automatic_release_of_an_idle_host_releases_it(home: Home, tmp_path: Path) -> None:

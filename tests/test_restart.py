@@ -13,8 +13,8 @@ import pytest
 from conftest import AgentProc, Home, kill_tmux, lost_in_a_reboot_job, stop_host, wait_for
 
 from remote_agent.fsutil import read_json, write_json
-from remote_agent.jobs import restart as R
-from remote_agent.watchdog import daemon as W
+from remote_agent.jobs import restart as restart_policy
+from remote_agent.watchdog import daemon
 
 FAST = {"policy": "on-failure", "backoff_s": 0, "backoff_max_s": 0}
 
@@ -36,7 +36,7 @@ def _script(tmp_path: Path, body: str) -> list[str]:
 
 
 def _watchdog_pid(state: Path) -> int:
-    return int((state / W.LOG).read_text().split("started (pid ")[-1].split(")")[0])
+    return int((state / daemon.LOG).read_text().split("started (pid ")[-1].split(")")[0])
 
 
 def test_a_job_failing_twice_then_succeeding_restarts_with_markers_env_and_checkpoint(tmp_path: Path) -> None:
@@ -75,14 +75,14 @@ if n < 3:
         assert "── attempt 2 of 4, after exit 1 (RuntimeError: NCCL timeout), 0 s backoff ──" in log
         assert "── attempt 3 of 4, after exit 1 (RuntimeError: NCCL timeout), 0 s backoff ──" in log
         assert log.index("attempt 1 resume") < log.index("── attempt 2 of 4") < log.index("attempt 2 resume")
-        attempts = read_json(str(_job(state, jid) / R.ATTEMPTS))
+        attempts = read_json(str(_job(state, jid) / restart_policy.ATTEMPTS))
         assert [(a["attempt"], a["exit_code"], a["progress"]) for a in attempts] == [(1, 1, "epoch 1"), (2, 1, "epoch 2")]
         assert all(a["started_at"] <= a["ended_at"] for a in attempts)
         agent = AgentProc(state)
         record = agent.call("jobs.get", job=jid)["result"]
         assert (record["state"], record["attempt"], len(record["attempts"])) == ("succeeded", 3, 2)
         assert record["started_at"] == attempts[0]["started_at"]  # the job's cost counts every attempt
-        assert f"restart: job {jid} attempt 1 ended (exit 1 (RuntimeError: NCCL timeout))" in (state / W.LOG).read_text()
+        assert f"restart: job {jid} attempt 1 ended (exit 1 (RuntimeError: NCCL timeout))" in (state / daemon.LOG).read_text()
     finally:
         agent.close()
         stop_host(state)
@@ -104,7 +104,7 @@ def test_a_crash_loop_stops_with_its_reason_and_a_cap_stops_a_job_that_moves(tmp
         end = _ended(state, stuck)
         assert end["exit_code"] == 3
         assert end["error"] == "crash loop: 3 attempts at step 1200, last error: ValueError: bad batch"
-        assert len(read_json(str(_job(state, stuck) / R.ATTEMPTS))) == 3
+        assert len(read_json(str(_job(state, stuck) / restart_policy.ATTEMPTS))) == 3
         end = _ended(state, moving)
         assert end["error"] == "gave up after 2 attempts in a row, last error: step 20"
         agent = AgentProc(state)
@@ -140,7 +140,7 @@ def test_the_crash_loop_guard_takes_progress_from_the_whole_log_not_its_tail(
         jid = agent.call("jobs.start", argv=argv, restart=dict(FAST, max=3 if not loop else 4))["result"]["id"]
         agent.close()
         end = _ended(state, jid, timeout=240)
-        attempts = read_json(str(_job(state, jid) / R.ATTEMPTS))
+        attempts = read_json(str(_job(state, jid) / restart_policy.ATTEMPTS))
         assert all(a["log_bytes"] > 50_000_000 for a in attempts)
         if loop:
             assert end["error"] == "crash loop: 3 attempts at step 1200, last error: ValueError: bad batch"
@@ -159,16 +159,16 @@ def test_a_job_killed_by_the_user_is_never_restarted(tmp_path: Path) -> None:
     try:
         jid = agent.call("jobs.start", argv=["sleep", "600"], restart=dict(FAST, max=5))["result"]["id"]
         wait_for(lambda: (_job(state, jid) / "pid.json").exists(), what="the job to run")
-        wait_for(lambda: (state / W.LOG).exists() and "started (pid" in (state / W.LOG).read_text(), what="the watchdog")
+        wait_for(lambda: (state / daemon.LOG).exists() and "started (pid" in (state / daemon.LOG).read_text(), what="the watchdog")
         killed = agent.call("jobs.kill", job=jid, grace_s=5)["result"]
         assert killed["state"] == "killed"
         agent.close()
         # The watchdog stays while a job may still restart; it leaves after a pass that found nothing to restart.
-        wait_for(lambda: "disarmed: nothing to watch" in (state / W.LOG).read_text(), timeout=60, what="its pass")
+        wait_for(lambda: "disarmed: nothing to watch" in (state / daemon.LOG).read_text(), timeout=60, what="its pass")
         assert read_json(str(_job(state, jid) / "pid.json"))["attempt"] == 1
-        assert not (_job(state, jid) / R.ATTEMPT).exists() and not (_job(state, jid) / R.ATTEMPTS).exists()
+        assert not (_job(state, jid) / restart_policy.ATTEMPT).exists() and not (_job(state, jid) / restart_policy.ATTEMPTS).exists()
         assert "── attempt" not in (_job(state, jid) / "output.log").read_text()
-        assert f"restart: job {jid}" not in (state / W.LOG).read_text()
+        assert f"restart: job {jid}" not in (state / daemon.LOG).read_text()
     finally:
         agent.close()
         stop_host(state)
@@ -179,7 +179,7 @@ def test_a_kill_while_waiting_to_restart_ends_the_job(tmp_path: Path) -> None:
     agent = AgentProc(state)
     try:
         jid = agent.call("jobs.start", argv=["false"], restart=dict(FAST, backoff_s=3600, backoff_max_s=3600))["result"]["id"]
-        wait_for(lambda: (_job(state, jid) / R.PENDING).exists(), timeout=60, what="the restart to be planned")
+        wait_for(lambda: (_job(state, jid) / restart_policy.PENDING).exists(), timeout=60, what="the restart to be planned")
         record = agent.call("jobs.get", job=jid)["result"]
         assert (record["state"], record["attempt"]) == ("running", 2) and record["restart_at"] > time.time() + 3000
         killed = agent.call("jobs.kill", job=jid, grace_s=1)["result"]
@@ -198,7 +198,7 @@ def test_a_job_lost_in_a_reboot_restarts_at_the_next_agent_start(tmp_path: Path)
     try:
         jid = agent.call("jobs.start", argv=argv, restart=dict(FAST, max=3))["result"]["id"]
         wait_for(lambda: (_job(state, jid) / "pid.json").exists(), what="the job to run")
-        wait_for(lambda: (state / W.LOG).exists() and "started (pid" in (state / W.LOG).read_text(), what="the watchdog")
+        wait_for(lambda: (state / daemon.LOG).exists() and "started (pid" in (state / daemon.LOG).read_text(), what="the watchdog")
         agent.close()
         pid = _watchdog_pid(state)
         os.kill(pid, signal.SIGKILL)
@@ -215,8 +215,8 @@ def test_a_job_lost_in_a_reboot_restarts_at_the_next_agent_start(tmp_path: Path)
         assert end["exit_code"] == 0
         log = (_job(state, jid) / "output.log").read_text()
         assert "── attempt 2 of 3, after a reboot lost the job, 0 s backoff ──" in log and "attempt 2" in log
-        assert f"restart: job {jid} was lost in a reboot: resuming it (attempt 2)" in (state / W.LOG).read_text()
-        [first] = read_json(str(_job(state, jid) / R.ATTEMPTS))
+        assert f"restart: job {jid} was lost in a reboot: resuming it (attempt 2)" in (state / daemon.LOG).read_text()
+        [first] = read_json(str(_job(state, jid) / restart_policy.ATTEMPTS))
         assert (first["exit_code"], first["hint"], first["rebooted"]) == (None, "lost in a reboot", True)
     finally:
         agent.close()
@@ -227,7 +227,7 @@ def test_a_job_lost_in_a_reboot_restarts_at_the_next_agent_start(tmp_path: Path)
 @pytest.mark.parametrize("text", ["on-failure:-1", "on-failure:0", "on-failure:x", "always", "on-failure:101"])
 def test_bad_restart_policies_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="restart policy"):
-        R.parse_policy(text)
+        restart_policy.parse_policy(text)
 
 
 @pytest.mark.parametrize("pattern", ["../ckpt/*.pt", "/etc/*", "ckpt/../../x", "~/ckpt/*"])
@@ -269,8 +269,8 @@ def test_a_link_out_of_the_dir_is_never_resumed_from_and_thousands_of_matches_ar
     (work / "ckpt" / "zz.pt").symlink_to(outside)  # newest of all, but outside the job's dir
     os.utime(outside, (old + 900, old + 900))
     (work / "ckpt" / "fresh.pt").write_text("still being written")  # changed just now: skipped
-    assert R.newest_checkpoint(str(work), "ckpt/*.pt") == str(work / "ckpt" / "step2999.pt")
-    assert R.newest_checkpoint(str(work), "nothing/*.pt") is None
+    assert restart_policy.newest_checkpoint(str(work), "ckpt/*.pt") == str(work / "ckpt" / "step2999.pt")
+    assert restart_policy.newest_checkpoint(str(work), "nothing/*.pt") is None
 
 
 def test_cli_refuses_a_bad_policy_before_connecting(home: Home) -> None:
@@ -325,7 +325,7 @@ def test_the_cli_runs_with_the_hosts_default_policy_and_jobs_shows_every_attempt
     assert [a["attempt"] for a in run["attempts"]] == [1, 2]
     assert run["started_at"] == job["attempts"][0]["started_at"]  # the run's duration and cost span every attempt
     plain = home.cli("run", "local", "--restart", "no", "--", "false", check=True).stdout.strip()
-    assert _ended(home.state_dir, plain)["exit_code"] == 1 and not (home.job_dir(plain) / R.ATTEMPTS).exists()
+    assert _ended(home.state_dir, plain)["exit_code"] == 1 and not (home.job_dir(plain) / restart_policy.ATTEMPTS).exists()
 
 
 def test_a_bad_host_default_policy_is_a_config_error(home: Home) -> None:
@@ -343,7 +343,7 @@ def test_a_ctrl_c_in_the_jobs_pane_is_never_restarted(tmp_path: Path) -> None:
         jid = agent.call("jobs.start", argv=[sys.executable, "-c", code], restart=dict(FAST, max=5))["result"]["id"]
         end = _ended(state, jid)
         assert (end["exit_code"], end["signal"]) == (130, signal.SIGINT)
-        assert not (_job(state, jid) / R.ATTEMPTS).exists() and not (_job(state, jid) / R.PENDING).exists()
+        assert not (_job(state, jid) / restart_policy.ATTEMPTS).exists() and not (_job(state, jid) / restart_policy.PENDING).exists()
     finally:
         agent.close()
         stop_host(state)
@@ -351,7 +351,7 @@ def test_a_ctrl_c_in_the_jobs_pane_is_never_restarted(tmp_path: Path) -> None:
 
 def test_backoff_doubles_up_to_its_cap() -> None:
     policy = {"backoff_s": 30.0, "backoff_max_s": 600.0}
-    assert [R.backoff(policy, n) for n in range(1, 8)] == [30, 60, 120, 240, 480, 600, 600]
+    assert [restart_policy.backoff(policy, n) for n in range(1, 8)] == [30, 60, 120, 240, 480, 600, 600]
 
 
 def test_a_healthy_stretch_resets_the_attempt_counter(tmp_path: Path) -> None:
@@ -365,7 +365,7 @@ def test_a_healthy_stretch_resets_the_attempt_counter(tmp_path: Path) -> None:
                          restart=dict(FAST, max=2, healthy_s=0))["result"]["id"]  # fmt: skip
         end = _ended(state, jid)
         assert end["exit_code"] == 0
-        attempts = read_json(str(_job(state, jid) / R.ATTEMPTS))
+        attempts = read_json(str(_job(state, jid) / restart_policy.ATTEMPTS))
         assert [(a["attempt"], a["streak_reset"]) for a in attempts] == [(1, True), (2, True), (3, True)]
         assert "── attempt 4 of 4, after exit 1 (step 7), 0 s backoff ──" in (_job(state, jid) / "output.log").read_text()
     finally:
@@ -382,10 +382,10 @@ def test_a_host_being_released_never_restarts_a_job(tmp_path: Path) -> None:
     store = JobStore(str(state), launcher())
     try:
         jid = store.start(["false"], restart=dict(FAST, max=5))["id"]  # the store alone: no watchdog runs
-        wait_for(lambda: (_job(state, jid) / R.ATTEMPT).exists(), timeout=60, what="the attempt to end")
+        wait_for(lambda: (_job(state, jid) / restart_policy.ATTEMPT).exists(), timeout=60, what="the attempt to end")
         assert store.describe(jid)["state"] == "running"  # between attempts: not over
         said: list[str] = []
-        assert R.Restarts(store, said.append, "b").run_pass(released=True) == 0
+        assert restart_policy.Restarts(store, said.append, "b").run_pass(released=True) == 0
         record = store.describe(jid)
         assert (record["state"], record["exit_code"], record["error"]) == ("failed", 1, "not restarted: the host was released")
         assert read_json(str(_job(state, jid) / "pid.json"))["attempt"] == 1
@@ -402,12 +402,12 @@ def test_a_job_waiting_to_restart_on_a_host_a_deadline_releases_ends_for_good(tm
     try:
         jid = agent.call("jobs.start", argv=["false"], restart=dict(FAST, max=5, backoff_s=3600,
                          backoff_max_s=3600))["result"]["id"]  # fmt: skip
-        wait_for(lambda: (_job(state, jid) / R.PENDING).exists(), timeout=60, what="the restart to be scheduled")
+        wait_for(lambda: (_job(state, jid) / restart_policy.PENDING).exists(), timeout=60, what="the restart to be scheduled")
         config = {"release_at": time.time() + 1, "count_sessions": False, "interval": 0.5,
                   "release_remote": ["touch", str(stopped)]}  # fmt: skip
         assert agent.call("watchdog.configure", config=config)["result"]["armed"]
-        armed = read_json(str(state / W.CONFIG))
-        write_json(str(state / W.CONFIG), dict(armed, armed_at=armed["armed_at"] - W.DEADLINE_GRACE_S))  # long armed
+        armed = read_json(str(state / daemon.CONFIG))
+        write_json(str(state / daemon.CONFIG), dict(armed, armed_at=armed["armed_at"] - daemon.DEADLINE_GRACE_S))  # long armed
         agent.close()
         end = _ended(state, jid)
         assert stopped.exists()

@@ -20,7 +20,7 @@ from conftest import AgentProc, Home, kill_tmux, lost_in_a_reboot_job, stop_host
 
 from remote_agent.fsutil import read_json, write_json
 from remote_agent.watchdog import autostart
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon as watchdog_daemon
 
 pytestmark = pytest.mark.skipif(shutil.which("crontab") is None, reason="no crontab (apt install cron)")
 
@@ -65,7 +65,7 @@ def test_the_line_is_there_exactly_while_asked_and_the_users_lines_are_kept(tmp_
         off = agent.call("watchdog.configure", config={"autostop_minutes": 60, "release_remote": ["true"]})["result"]
         assert off["autostart"]["detail"] == "taken out of the crontab"
         assert ours(state) == [] and crontab() == USERS
-        assert "resume_on_boot: added to the crontab" in (state / W.LOG).read_text()
+        assert "resume_on_boot: added to the crontab" in (state / watchdog_daemon.LOG).read_text()
     finally:
         agent.close()
         stop_host(state)
@@ -97,7 +97,7 @@ def test_after_a_reboot_the_line_resumes_the_lost_job_and_arms_the_idle_rule_aga
         wait_for(lambda: (job_dir / "pid.json").exists(), what="the job to run")
         agent.close()
         # the reboot: the watchdog, tmux, the runner and the job are gone; every record is from the boot before
-        wait_for(lambda: "started (pid" in (state / W.LOG).read_text() if (state / W.LOG).exists() else False,
+        wait_for(lambda: "started (pid" in (state / watchdog_daemon.LOG).read_text() if (state / watchdog_daemon.LOG).exists() else False,
                  what="the watchdog")  # fmt: skip
         for pid in _watchdogs(state):
             os.kill(pid, signal.SIGKILL)
@@ -105,19 +105,19 @@ def test_after_a_reboot_the_line_resumes_the_lost_job_and_arms_the_idle_rule_aga
         kill_tmux(state)
         wait_for(lambda: not _alive(runner["runner_pid"]), what="the runner to die")
         write_json(str(job_dir / "pid.json"), dict(runner, boot_id="the-boot-before"))
-        armed = read_json(str(state / W.CONFIG))
-        write_json(str(state / W.CONFIG), dict(armed, boot_id="the-boot-before"))
-        assert not W.is_armed(read_json(str(state / W.CONFIG)), _boot())  # as the new boot sees it
+        armed = read_json(str(state / watchdog_daemon.CONFIG))
+        write_json(str(state / watchdog_daemon.CONFIG), dict(armed, boot_id="the-boot-before"))
+        assert not watchdog_daemon.is_armed(read_json(str(state / watchdog_daemon.CONFIG)), _boot())  # as the new boot sees it
         [line] = ours(state)
         subprocess.run(["/bin/sh", "-c", line.removeprefix("@reboot ")], check=True, timeout=60)  # as cron does
         end = read_json(str(wait_for(lambda: (job_dir / "status.json").exists() and job_dir / "status.json",
                                      timeout=90, what="the resumed job to end")))  # fmt: skip
         assert end["exit_code"] == 0
         assert "── attempt 2 of 3, after a reboot lost the job, 0 s backoff ──" in (job_dir / "output.log").read_text()
-        now = read_json(str(state / W.CONFIG))
-        assert now["boot_id"] == _boot() and W.is_armed(now, _boot()) and now["autostop_minutes"] == 600
+        now = read_json(str(state / watchdog_daemon.CONFIG))
+        assert now["boot_id"] == _boot() and watchdog_daemon.is_armed(now, _boot()) and now["autostop_minutes"] == 600
         assert "release_at" not in now  # a deadline is not carried over a reboot
-        assert "resume_on_boot: armed again for this boot" in (state / W.LOG).read_text()
+        assert "resume_on_boot: armed again for this boot" in (state / watchdog_daemon.LOG).read_text()
     finally:
         agent.close()
         stop_host(state)
@@ -279,12 +279,12 @@ def test_the_real_cron_runs_our_line_for_a_state_dir_with_percent_signs_and_back
     wait_for(lambda: _watchdogs(state), what="the watchdog")
     for pid in _watchdogs(state):
         os.kill(pid, signal.SIGKILL)
-    write_json(str(state / W.CONFIG), dict(read_json(str(state / W.CONFIG)), boot_id="the-boot-before"))
+    write_json(str(state / watchdog_daemon.CONFIG), dict(read_json(str(state / watchdog_daemon.CONFIG)), boot_id="the-boot-before"))
     cron = _real_cron_at_boot(tmp_path)
     try:
-        wait_for(lambda: "resume_on_boot: armed again for this boot" in (state / W.LOG).read_text(), timeout=60,
+        wait_for(lambda: "resume_on_boot: armed again for this boot" in (state / watchdog_daemon.LOG).read_text(), timeout=60,
                  what="cron to run the @reboot line")  # fmt: skip
-        assert read_json(str(state / W.CONFIG))["boot_id"] == _boot()
+        assert read_json(str(state / watchdog_daemon.CONFIG))["boot_id"] == _boot()
     finally:
         cron.kill()
         cron.wait()

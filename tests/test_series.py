@@ -12,7 +12,7 @@ from conftest import AgentProc, wait_for
 
 from gputui.core.session.series import X_EPOCH, X_LINE, X_STEP, JobSeries
 from remote_agent import protocol as P
-from remote_agent.jobs import series as S
+from remote_agent.jobs import series as job_series
 
 
 def _job(tmp_path: Path, log: bytes, name: str = "job") -> Path:
@@ -23,8 +23,8 @@ def _job(tmp_path: Path, log: bytes, name: str = "job") -> Path:
 
 
 def _wire(d: Path, ended: bool = True) -> JobSeries:
-    ex, size = S.update(str(d), ended)
-    return JobSeries.from_wire("h", "1", json.loads(json.dumps(S.result("1", ex, size))))
+    ex, size = job_series.update(str(d), ended)
+    return JobSeries.from_wire("h", "1", json.loads(json.dumps(job_series.result("1", ex, size))))
 
 
 def test_every_shape_of_metric_line_becomes_points_on_the_step_axis(tmp_path: Path) -> None:
@@ -58,16 +58,16 @@ def test_without_a_step_the_x_is_the_epoch_else_the_line(tmp_path: Path) -> None
 
 
 def test_a_long_run_is_bounded_downsampled_and_keeps_its_summary(tmp_path: Path) -> None:
-    n = 3 * S.MAX_POINTS
+    n = 3 * job_series.MAX_POINTS
     lines = [f"step {i} loss={1000 - i / 10}".encode() for i in range(n)]
-    lines += [f"m{i}_loss={i}".encode() for i in range(3 * S.MAX_SERIES)]  # more names than are kept
+    lines += [f"m{i}_loss={i}".encode() for i in range(3 * job_series.MAX_SERIES)]  # more names than are kept
     js = _wire(_job(tmp_path, b"\n".join(lines) + b"\n"))
     loss = js.get("loss")
-    assert loss is not None and S.MAX_POINTS // 2 <= len(loss.points) <= S.MAX_POINTS
+    assert loss is not None and job_series.MAX_POINTS // 2 <= len(loss.points) <= job_series.MAX_POINTS
     xs = [x for x, _ in loss.xy()]
     assert xs == sorted(xs) and xs[0] == 0.0 and xs[-1] >= n - 8  # evenly thinned over the whole run
     assert loss.count == n and loss.low == 1000 - (n - 1) / 10 and loss.high == 1000
-    assert len(js.series) == S.MAX_SERIES
+    assert len(js.series) == job_series.MAX_SERIES
 
 
 def test_an_ended_jobs_series_are_read_once_then_served_from_the_file(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_running_jobs_partial_line_waits_for_its_end(tmp_path: Path) -> None:
 def test_a_long_log_is_read_a_bounded_stretch_per_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(S, "READ_BYTES", 64)
+    monkeypatch.setattr(job_series, "READ_BYTES", 64)
     d = _job(tmp_path, b"".join(f"step {i} loss={i}\n".encode() for i in range(40)))
     first = _wire(d)
     assert first.partial and not first.done
@@ -105,7 +105,7 @@ def test_a_long_log_is_read_a_bounded_stretch_per_call(
 
 def test_a_hostile_series_file_or_reply_is_never_trusted(tmp_path: Path) -> None:
     d = _job(tmp_path, b"step 1 loss=2.0\n")
-    (d / S.SERIES_NAME).write_text(json.dumps({"v": 1, "offset": 5, "line": "x", "series": {"a": 1}}))
+    (d / job_series.SERIES_NAME).write_text(json.dumps({"v": 1, "offset": 5, "line": "x", "series": {"a": 1}}))
     assert _wire(d).get("loss").xy() == [(1.0, 2.0)]  # type: ignore[union-attr]  # rebuilt from the log
     raw = {"series": {"\x1b[31m[b]red[/b]": {"points": [[1, None, None, 1.0], [2, True, None, 2], "x", [3, 1, "e", 1]],
                                             "count": 2, "last": 1.0, "low": 1.0, "high": 1.0},
@@ -132,7 +132,7 @@ def test_the_real_agent_serves_a_running_jobs_series(agent: AgentProc) -> None:
 def test_the_jobs_runner_keeps_its_series_without_being_asked(agent: AgentProc) -> None:
     code = "import time\nfor i in range(3): print(f'step {i} loss={3 - i}', flush=True)\ntime.sleep(300)"
     job = agent.call(P.OP_JOBS_START, argv=[sys.executable, "-c", code])["result"]
-    kept = agent.state_dir / "jobs" / job["id"] / S.SERIES_NAME
+    kept = agent.state_dir / "jobs" / job["id"] / job_series.SERIES_NAME
 
     def three() -> bool:
         try:
@@ -140,7 +140,7 @@ def test_the_jobs_runner_keeps_its_series_without_being_asked(agent: AgentProc) 
         except (OSError, ValueError, KeyError):
             return False
 
-    wait_for(three, timeout=4 * S.KEEP_S, what="the runner's series.json")  # no logs.series was asked
+    wait_for(three, timeout=4 * job_series.KEEP_S, what="the runner's series.json")  # no logs.series was asked
     agent.call(P.OP_JOBS_KILL, job=job["id"], grace_s=1)
 
 
@@ -149,13 +149,13 @@ def test_while_another_reads_the_log_the_kept_series_are_served(tmp_path: Path) 
     import os
 
     d = _job(tmp_path, b"step 1 loss=2.0\n")
-    S.update(str(d), ended=False)
+    job_series.update(str(d), ended=False)
     with (d / "output.log").open("ab") as f:
         f.write(b"step 2 loss=1.0\n")
     fd = os.open(d / ".series.lock", os.O_WRONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # the runner is reading
-        ex, size = S.update(str(d), ended=True)
+        ex, size = job_series.update(str(d), ended=True)
         assert (
             ex.series["loss"].count == 1 and not ex.done and ex.offset < size
         )  # served as kept, not waited on
@@ -165,7 +165,7 @@ def test_while_another_reads_the_log_the_kept_series_are_served(tmp_path: Path) 
 
 
 def test_redraws_of_a_step_neither_add_points_nor_skew_the_downsampling(tmp_path: Path) -> None:
-    n = 3 * S.MAX_POINTS
+    n = 3 * job_series.MAX_POINTS
     log = b"".join(
         b"".join(b" 50%%|##| %d/%d [00:01, loss=%d.%d]\r" % (i, n, i, k) for k in range(4)) for i in range(n)
     )

@@ -15,7 +15,7 @@ from conftest import SshHome, wait_for
 from faultproxy import FaultProxy
 from test_ssh_faults import session, until
 
-from gputui.core.session import host as S
+from gputui.core.session import host as session_host
 from gputui.core.session import model as M
 
 RATE = 10_000  # bytes per second, each direction
@@ -34,12 +34,12 @@ print("done", flush=True)
 async def test_raw_catch_up_on_a_slow_link_does_not_reconnect(
     ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(S, "SILENCE_S", 5.0)  # the heartbeats wait behind the catch-up far longer than this
+    monkeypatch.setattr(session_host, "SILENCE_S", 5.0)  # the heartbeats wait behind the catch-up far longer than this
     stop = tmp_path / "stop"
     job = ssh_home.cli("run", "box", "--", "python3", "-c", BACKLOG_JOB, str(stop), check=True).stdout.strip()
     log = ssh_home.remote_job_dir(job) / "output.log"
     wait_for(lambda: log.exists() and log.stat().st_size >= 4_500_000, what="the backlog written")
-    assert log.stat().st_size > S.CATCHUP_MIN_BYTES
+    assert log.stat().st_size > session_host.CATCHUP_MIN_BYTES
 
     states: list[str] = []
     proxy.rate_limit(RATE)

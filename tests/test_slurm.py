@@ -657,7 +657,7 @@ def test_a_huge_sinfo_gives_a_bounded_cluster_view(tmp_path: Path) -> None:
 def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user with 40 running Slurm jobs: the app's samples stream the nodes of a bounded number of them, not one
     long-lived srun per job on a shared login node (here a stand-in srun that just waits)."""
-    from remote_agent.metrics import slurm_gpus as S
+    from remote_agent.metrics import slurm_gpus
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -666,11 +666,11 @@ def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
                for n in range(1, 41)]  # fmt: skip
-    node_gpus = S.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
+    node_gpus = slurm_gpus.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
     try:
         node_gpus.add_to({"gpus": []}, running)
         streams = node_gpus._streams
-        assert len(streams) == S.MAX_NODE_STREAMS and sorted(streams, key=int) == [str(n) for n in range(1, 17)]
+        assert len(streams) == slurm_gpus.MAX_NODE_STREAMS and sorted(streams, key=int) == [str(n) for n in range(1, 17)]
         node_gpus.add_to({"gpus": []}, running[1:])  # job 1 ended: its stream goes, job 17's comes
         assert sorted(node_gpus._streams, key=int) == [str(n) for n in range(2, 18)]
     finally:
@@ -683,7 +683,7 @@ def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pyt
     from conftest import wait_for
 
     from remote_agent import protocol as P
-    from remote_agent.metrics import slurm_gpus as S
+    from remote_agent.metrics import slurm_gpus
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -697,13 +697,13 @@ def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
                for n in range(1, 9)]  # fmt: skip
-    node_gpus = S.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
+    node_gpus = slurm_gpus.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
     try:
         node_gpus.add_to({"gpus": []}, running)
         wait_for(lambda: all(len(s.latest) == 300 for s in node_gpus._streams.values()), what="the readings")
         sample: dict[str, Any] = {"gpus": [dict(gpu, name="login GPU")]}
         node_gpus.add_to(sample, running)
-        assert len(sample["gpus"]) == 1 + S.MAX_NODE_GPUS and sample["gpus"][0]["name"] == "login GPU"
+        assert len(sample["gpus"]) == 1 + slurm_gpus.MAX_NODE_GPUS and sample["gpus"][0]["name"] == "login GPU"
         assert len(P.encode(P.event(P.EV_METRICS, sample))) < P.MAX_FRAME_BYTES // 4
     finally:
         node_gpus.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gputui.core.hosts import edit as H
+from gputui.core.hosts import edit
 from gputui.core.transport import ssh_config as sr
 from gputui.core.transport.base import HostError
 
@@ -71,8 +71,8 @@ def _names(case: str, config: Path) -> list[str]:
     probes = CORPUS / case / "probes.txt"
     extra = probes.read_text().split() if probes.exists() else []
     try:
-        aliases = H.ssh_config_aliases(str(config))
-    except H.EditError:  # a recursive Include: OpenSSH rejects every name (checked below)
+        aliases = edit.ssh_config_aliases(str(config))
+    except edit.EditError:  # a recursive Include: OpenSSH rejects every name (checked below)
         aliases = []
     return list(dict.fromkeys([*aliases, *extra, ANY_NAME]))
 
@@ -186,15 +186,15 @@ def test_hosts_lists_the_aliases_of_every_included_file(case: str) -> None:
                         break
                     if not any(c in word for c in "*?!"):
                         everywhere.add(word)
-    assert set(H.ssh_config_aliases(str(config))) == everywhere
+    assert set(edit.ssh_config_aliases(str(config))) == everywhere
 
 
 def test_a_recursive_include_is_named(can_namespace: None, tmp_path: Path) -> None:
     """The name whose block Includes a file that Includes itself: a clear error from each reader."""
     config = _placed("k15-include-recursive", Path(os.environ["HOME"]))
     name = "kevinburke.ssh_config.test.example.com"
-    with pytest.raises(H.EditError, match="Include nested more than 16 deep"):
-        H.ssh_config_aliases(str(config))
+    with pytest.raises(edit.EditError, match="Include nested more than 16 deep"):
+        edit.ssh_config_aliases(str(config))
     with pytest.raises(HostError, match="Include nested more than 16 deep"):
         sr._from_asyncssh(str(config), name, None, None)  # noqa: SLF001
     with pytest.raises(HostError, match="(?i)too many recursive configuration includes"):

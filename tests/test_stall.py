@@ -12,7 +12,7 @@ from test_metrics_smi import H100, NoNvml, fake_smi
 
 from remote_agent.fsutil import write_json
 from remote_agent.metrics.sampler import MetricsSampler
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 
 def recorded(tmp_path: Path, state: str) -> dict[str, Any]:
@@ -26,12 +26,12 @@ def job(jid: str = "1", log_size: int = 10, gpus: str | None = "0") -> dict[str,
     return {"id": jid, "state": "running", "gpus": gpus, "log_size": log_size}
 
 
-def armed(tmp_path: Path, **extra: Any) -> tuple[W.Watchdog, dict[str, Any], Path]:
+def armed(tmp_path: Path, **extra: Any) -> tuple[daemon.Watchdog, dict[str, Any], Path]:
     stopped = tmp_path / "stopped"
     config = {"stall_minutes": 1, "autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
               "release_remote": ["touch", str(stopped)], **extra}  # fmt: skip
-    write_json(str(tmp_path / W.CONFIG), config)
-    return W.Watchdog(str(tmp_path)), config, stopped
+    write_json(str(tmp_path / daemon.CONFIG), config)
+    return daemon.Watchdog(str(tmp_path)), config, stopped
 
 
 T = 1_000_000.0
@@ -49,7 +49,7 @@ def test_a_job_with_idle_gpus_and_a_silent_log_is_stalled_after_the_window(tmp_p
     assert "GPU 0 below 5% and no log output for 1.0 min" in state["stalled"]["1"]["why"]
     assert state["reasons"] == ["job 1 running"]  # stalled_counts_as_idle is off: it still keeps the host
     assert check([job(log_size=11)], 62)["stalled"] == {}  # the log grew: active again, the window restarts
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "job 1 stalled: GPU 0 below 5%" in log and "still counts as busy" in log
     assert "job 1 no longer stalled" in log
     assert not stopped.exists()
@@ -79,15 +79,15 @@ def test_stalled_counts_as_idle_lets_autostop_release_but_never_past_a_live_job(
     for t in (401, 470, 530):  # job 2 ended: only the stalled job is left
         state = dog.check(config, FACTS, lambda: (idle, [job("1")]), now=T + t, mono=t)
     assert state["reasons"] == [] and state["action"] == "released" and stopped.exists()
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "job 1 stalled" in log and "counts as idle (stalled_counts_as_idle)" in log
     assert "stalled jobs counted as idle: 1" in log
 
 
 def test_stall_settings_alone_arm_the_watchdog_and_removing_them_disarms_it() -> None:
-    assert W.disarmed_because({"stall_minutes": 30, "boot_id": "b"}, "b") is None  # no release_remote needed
-    assert W.disarmed_because({"stall_minutes": None, "boot_id": "b"}, "b") == "nothing to watch"
-    assert W.disarmed_because({"stall_minutes": 30, "autostop_minutes": 5, "boot_id": "b"}, "b") == (
+    assert daemon.disarmed_because({"stall_minutes": 30, "boot_id": "b"}, "b") is None  # no release_remote needed
+    assert daemon.disarmed_because({"stall_minutes": None, "boot_id": "b"}, "b") == "nothing to watch"
+    assert daemon.disarmed_because({"stall_minutes": 30, "autostop_minutes": 5, "boot_id": "b"}, "b") == (
         "no release_remote command configured"
     )
 
@@ -127,7 +127,7 @@ def test_the_detached_watchdog_marks_a_stalled_job_and_autostop_releases(tmp_pat
         assert f"job {jid} running" not in reasons()  # the app sees the host idle, as autostop does
         agent.close()
         wait_for(stopped.exists, timeout=60, what="autostop to release the host of its stalled job")
-        log = (state / W.LOG).read_text()
+        log = (state / daemon.LOG).read_text()
         assert f"job {jid} stalled" in log and f"stalled jobs counted as idle: {jid}" in log
     finally:
         agent.close()

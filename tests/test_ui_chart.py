@@ -17,7 +17,7 @@ from gputui.core.jobs.compare import Run, compare_rows
 from gputui.core.session.series import JobSeries
 from gputui.ui.screens.chart import CompareChartScreen, JobChartScreen, compare_table
 from gputui.ui.widgets.chart import Line, plot
-from remote_agent.jobs import series as S
+from remote_agent.jobs import series as agent_series
 
 SMALL = (80, 24)
 THEMES = ["gputui-dark", "gputui-light"]
@@ -28,8 +28,8 @@ def series_of(tmp_path: Path, name: str, log: bytes, ended: bool) -> JobSeries:
     d = tmp_path / name
     d.mkdir()
     (d / "output.log").write_bytes(log)
-    ex, size = S.update(str(d), ended)
-    return JobSeries.from_wire("h100-a", name, json.loads(json.dumps(S.result(name, ex, size))))
+    ex, size = agent_series.update(str(d), ended)
+    return JobSeries.from_wire("h100-a", name, json.loads(json.dumps(agent_series.result(name, ex, size))))
 
 
 class ChartSession(ReplaySession):

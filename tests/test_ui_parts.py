@@ -10,7 +10,7 @@ from ui_fixtures import four_gpus_one_lost, job, price, recorded_gpus, snapshot
 
 from gputui.core.session import model as M
 from gputui.ui import fmt, notices
-from gputui.ui import themes as T
+from gputui.ui import themes as theme_files
 from gputui.ui.attach import attach_argv
 from gputui.ui.logbuffer import MARK, LogBuffer
 from gputui.ui.screens.new_job import free_gpus, gpu_hint, parse_env
@@ -85,33 +85,33 @@ def test_formatting() -> None:
 
 # --- themes ---------------------------------------------------------------------------------------------------
 def test_builtin_themes_load_with_level_colours() -> None:
-    themes, errors = T.load_themes(T.BUILTIN_DIR)
+    themes, errors = theme_files.load_themes(theme_files.BUILTIN_DIR)
     assert not errors
     by_name = {t.name: t for t in themes}
     assert {"gputui-dark", "gputui-light", "gputui-contrast"} <= set(by_name)
     for theme in themes:
-        assert {T.LEVEL_OK, T.LEVEL_WARM, T.LEVEL_HOT} <= set(theme.variables)
+        assert {theme_files.LEVEL_OK, theme_files.LEVEL_WARM, theme_files.LEVEL_HOT} <= set(theme.variables)
     assert not by_name["gputui-light"].dark
 
 
 def test_a_broken_theme_file_is_reported_not_fatal(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text('name = "bad"\nprimry = "#fff"\n')
     (tmp_path / "good.toml").write_text('primary = "#123456"\n[variables]\ngputui-level-hot = "#ff0000"\n')
-    themes, errors = T.load_themes(tmp_path)
+    themes, errors = theme_files.load_themes(tmp_path)
     assert [t.name for t in themes] == ["good"] and "unknown theme keys: primry" in errors[0]
 
 
 def test_theme_choice_rules(tmp_path: Path) -> None:
     available = {"gputui-dark", "gputui-light", "gputui-contrast"}
-    assert T.pick_theme(None, T.UiState(), available) == "gputui-dark"
-    assert T.pick_theme("gputui-light", T.UiState(), available) == "gputui-light"
-    saved = T.UiState(theme="gputui-contrast", config_theme=None)
-    assert T.pick_theme(None, saved, available) == "gputui-contrast"
-    assert T.pick_theme("gputui-light", saved, available) == "gputui-light"  # the config changed since
-    assert T.pick_theme(None, T.UiState(theme="gone"), available) == "gputui-dark"
+    assert theme_files.pick_theme(None, theme_files.UiState(), available) == "gputui-dark"
+    assert theme_files.pick_theme("gputui-light", theme_files.UiState(), available) == "gputui-light"
+    saved = theme_files.UiState(theme="gputui-contrast", config_theme=None)
+    assert theme_files.pick_theme(None, saved, available) == "gputui-contrast"
+    assert theme_files.pick_theme("gputui-light", saved, available) == "gputui-light"  # the config changed since
+    assert theme_files.pick_theme(None, theme_files.UiState(theme="gone"), available) == "gputui-dark"
     path = tmp_path / "state" / "ui.json"
     saved.save(path)
-    assert T.UiState.load(path) == saved and T.UiState.load(tmp_path / "missing.json") == T.UiState()
+    assert theme_files.UiState.load(path) == saved and theme_files.UiState.load(tmp_path / "missing.json") == theme_files.UiState()
 
 
 # --- notices --------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from test_notify import Hook, hook  # noqa: F401  (the fixture)
 
 from gputui.core.deploy import bundle
 from remote_agent.fsutil import read_json
-from remote_agent.watchdog import daemon as W
+from remote_agent.watchdog import daemon
 
 OLD = "0ld0ld0ld0ld0ld0"
 
@@ -100,8 +100,8 @@ def start_old_watchdog(home: Home, build: Path, config: dict[str, Any]) -> dict[
         assert reply["result"]["armed"] is True, reply
     finally:
         agent.close()
-    return wait_for(lambda: (W.owner(str(home.state_dir)) or {}).get("build") == build.name[13:]
-                    and W.owner(str(home.state_dir)), what="the old build's watchdog to start")  # fmt: skip
+    return wait_for(lambda: (daemon.owner(str(home.state_dir)) or {}).get("build") == build.name[13:]
+                    and daemon.owner(str(home.state_dir)), what="the old build's watchdog to start")  # fmt: skip
 
 
 def test_a_newer_client_replaces_an_older_builds_watchdog(home: Home, tmp_path: Path, hook: Hook) -> None:  # noqa: F811
@@ -110,14 +110,14 @@ def test_a_newer_client_replaces_an_older_builds_watchdog(home: Home, tmp_path: 
     configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
     home.cli("status", check=True)  # the new build's agent arms the watchdog: its own build takes over
     new = new_build_id(home)
-    record = wait_for(lambda: (W.owner(str(home.state_dir)) or {}).get("build") == new
-                      and W.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
+    record = wait_for(lambda: (daemon.owner(str(home.state_dir)) or {}).get("build") == new
+                      and daemon.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
     wait_for(lambda: not alive(old["pid"]), what="the old watchdog to exit")
-    assert record["pid"] != old["pid"] and alive(record["pid"]) and record["revision"] == W.REVISION
-    log = (home.state_dir / W.LOG).read_text()
+    assert record["pid"] != old["pid"] and alive(record["pid"]) and record["revision"] == daemon.REVISION
+    log = (home.state_dir / daemon.LOG).read_text()
     assert f"exiting: build {new} takes over from this build ({OLD})" in log
     assert f"build {new} takes over from build {OLD}" in log
-    assert not (home.state_dir / W.STOP).exists()
+    assert not (home.state_dir / daemon.STOP).exists()
     # the new watchdog does the work now: a failed job is posted once
     home.cli("run", "local", "--name", "boom", "--", sys.executable, "-c", "raise SystemExit(3)", check=True)
     wait_for(lambda: hook.bodies, timeout=60, what="the job_failed POST from the new watchdog")
@@ -126,13 +126,13 @@ def test_a_newer_client_replaces_an_older_builds_watchdog(home: Home, tmp_path: 
 
 
 def test_an_older_client_never_replaces_a_newer_revisions_watchdog(home: Home, tmp_path: Path, hook: Hook) -> None:  # noqa: F811
-    newer = old_build(tmp_path, "7e7e7e7e7e7e7e7e", REVISION=W.REVISION + 1)
+    newer = old_build(tmp_path, "7e7e7e7e7e7e7e7e", REVISION=daemon.REVISION + 1)
     running = start_old_watchdog(home, newer, {"notify": {"webhook": hook.url, "events": ["job_failed"]},
                                                "interval": 0.5})  # fmt: skip
     configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
     home.cli("status", check=True)
-    assert W.owner(str(home.state_dir)) == running and alive(running["pid"])
-    assert not (home.state_dir / W.STOP).exists()
+    assert daemon.owner(str(home.state_dir)) == running and alive(running["pid"])
+    assert not (home.state_dir / daemon.STOP).exists()
     stop_host(home.state_dir)
 
 
@@ -145,11 +145,11 @@ def test_the_old_watchdog_finishes_what_it_does_before_it_is_replaced(home: Home
     settings = {"autostop_minutes": 0.01, "interval": 0.5, "count_sessions": False,
                 "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}  # fmt: skip
     old = start_old_watchdog(home, old_build(tmp_path), settings)
-    log = home.state_dir / W.LOG
+    log = home.state_dir / daemon.LOG
     wait_for(lambda: "pre_stop: running" in log.read_text(), timeout=60, what="the old watchdog's pre_stop")
     configure(home, f'autostop_minutes = 0.01\nrelease_remote = ["touch", "{stopped}"]\n')
     home.cli("status", check=True)
-    wait_for(lambda: (home.state_dir / W.STOP).exists(), what="the new build to ask the old watchdog to exit")
+    wait_for(lambda: (home.state_dir / daemon.STOP).exists(), what="the new build to ask the old watchdog to exit")
     assert alive(old["pid"]) and not stopped.exists()  # still in its pre_stop: nobody interrupts it
     gate.touch()
     wait_for(lambda: "release_remote: exit" in log.read_text(), timeout=60, what="the new watchdog's release")
@@ -157,7 +157,7 @@ def test_the_old_watchdog_finishes_what_it_does_before_it_is_replaced(home: Home
     assert hook_done.exists() and "not releasing: the config changed while pre_stop ran" in text
     assert text.count("release_remote: exit 0") == 1 and text.index("exiting: build") < text.rindex("releasing:")
     wait_for(lambda: not alive(old["pid"]), what="the old watchdog to exit")
-    assert not (home.state_dir / W.STOP).exists()
+    assert not (home.state_dir / daemon.STOP).exists()
     stop_host(home.state_dir)
 
 
@@ -167,22 +167,22 @@ def test_a_watchdog_that_released_the_host_is_not_taken_over(tmp_path: Path) -> 
 
     state = str(tmp_path)
     holder = f"""import fcntl, json, os, sys, time
-lock = open({str(tmp_path / W.LOCK)!r}, "w"); fcntl.flock(lock, fcntl.LOCK_EX)
-json.dump({{"pid": os.getpid(), "build": "{OLD}", "revision": 1}}, open({str(tmp_path / W.OWNER)!r}, "w"))
-json.dump({{"pid": os.getpid(), "action": "released"}}, open({str(tmp_path / W.STATE)!r}, "w"))
-while not os.path.exists({str(tmp_path / W.STOP)!r}): time.sleep(0.05)
+lock = open({str(tmp_path / daemon.LOCK)!r}, "w"); fcntl.flock(lock, fcntl.LOCK_EX)
+json.dump({{"pid": os.getpid(), "build": "{OLD}", "revision": 1}}, open({str(tmp_path / daemon.OWNER)!r}, "w"))
+json.dump({{"pid": os.getpid(), "action": "released"}}, open({str(tmp_path / daemon.STATE)!r}, "w"))
+while not os.path.exists({str(tmp_path / daemon.STOP)!r}): time.sleep(0.05)
 """  # stands for an old watchdog: it holds the lock, and exits when asked, having released the host
     proc = subprocess.Popen([sys.executable, "-c", holder])
     try:
-        wait_for(lambda: (W.owner(state) or {}).get("pid") == proc.pid, what="the stand-in to hold the lock")
-        write_json(str(tmp_path / W.CONFIG), {"notify": {"webhook": "http://127.0.0.1:9/", "events": ["idle"]}})
-        assert W.run(state, []) == 0
+        wait_for(lambda: (daemon.owner(state) or {}).get("pid") == proc.pid, what="the stand-in to hold the lock")
+        write_json(str(tmp_path / daemon.CONFIG), {"notify": {"webhook": "http://127.0.0.1:9/", "events": ["idle"]}})
+        assert daemon.run(state, []) == 0
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
-    log = (tmp_path / W.LOG).read_text()
+    log = (tmp_path / daemon.LOG).read_text()
     assert "the watchdog it replaces released the host; not taking over" in log
-    assert W.owner(state) == {"pid": proc.pid, "build": OLD, "revision": 1}  # no new watchdog ran
+    assert daemon.owner(state) == {"pid": proc.pid, "build": OLD, "revision": 1}  # no new watchdog ran
 
 
 # --- the client refuses an agent that speaks another protocol ---------------------------------------------------
@@ -210,7 +210,7 @@ async def test_an_agent_speaking_another_protocol_is_refused(tmp_path: Path) -> 
         assert session.snapshot.state == "error" and session.link is None
     finally:
         await session.close()
-    assert read_json(str(state / W.OWNER)) is None  # it never got as far as arming anything
+    assert read_json(str(state / daemon.OWNER)) is None  # it never got as far as arming anything
 
 
 def test_a_stop_request_counts_only_while_its_writer_waits(tmp_path: Path) -> None:
@@ -221,12 +221,12 @@ def test_a_stop_request_counts_only_while_its_writer_waits(tmp_path: Path) -> No
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     me = os.getpid()
-    write_json(str(tmp_path / W.STOP), {"pid": me, "build": "n3w", "by": gone.pid})
-    assert W.stop_requested(str(tmp_path)) is None
-    write_json(str(tmp_path / W.STOP), {"pid": me + 1, "build": "n3w", "by": me})  # for another watchdog
-    assert W.stop_requested(str(tmp_path)) is None
-    write_json(str(tmp_path / W.STOP), {"pid": me, "build": "n3w", "by": me})
-    assert W.stop_requested(str(tmp_path)) == "n3w"
+    write_json(str(tmp_path / daemon.STOP), {"pid": me, "build": "n3w", "by": gone.pid})
+    assert daemon.stop_requested(str(tmp_path)) is None
+    write_json(str(tmp_path / daemon.STOP), {"pid": me + 1, "build": "n3w", "by": me})  # for another watchdog
+    assert daemon.stop_requested(str(tmp_path)) is None
+    write_json(str(tmp_path / daemon.STOP), {"pid": me, "build": "n3w", "by": me})
+    assert daemon.stop_requested(str(tmp_path)) == "n3w"
 
 
 # --- a watchdog from a build before build records (it cannot be asked to exit) ----------------------------------
@@ -251,8 +251,8 @@ def start_legacy_watchdog(home: Home, build: Path, config: dict[str, Any]) -> in
         assert agent.call("watchdog.configure", config=config)["result"]["armed"] is True
     finally:
         agent.close()
-    pid = wait_for(lambda: W.lock_holder(str(home.state_dir)), what="the legacy watchdog to hold the lock")
-    assert W.owner(str(home.state_dir)) is None and W.legacy_holder(str(home.state_dir)) == pid
+    pid = wait_for(lambda: daemon.lock_holder(str(home.state_dir)), what="the legacy watchdog to hold the lock")
+    assert daemon.owner(str(home.state_dir)) is None and daemon.legacy_holder(str(home.state_dir)) == pid
     return int(pid)
 
 
@@ -262,11 +262,11 @@ def test_a_legacy_watchdog_is_replaced_between_its_passes(home: Home, tmp_path: 
     configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
     home.cli("status", check=True)
     new = new_build_id(home)
-    record = wait_for(lambda: (W.owner(str(home.state_dir)) or {}).get("build") == new
-                      and W.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
+    record = wait_for(lambda: (daemon.owner(str(home.state_dir)) or {}).get("build") == new
+                      and daemon.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
     wait_for(lambda: not alive(pid), what="the legacy watchdog to end")
-    assert W.lock_holder(str(home.state_dir)) == record["pid"]
-    assert f"build {new} takes over from the watchdog pid {pid}" in (home.state_dir / W.LOG).read_text()
+    assert daemon.lock_holder(str(home.state_dir)) == record["pid"]
+    assert f"build {new} takes over from the watchdog pid {pid}" in (home.state_dir / daemon.LOG).read_text()
     stop_host(home.state_dir)
 
 
@@ -276,7 +276,7 @@ def test_a_legacy_watchdog_is_never_ended_during_its_release(home: Home, tmp_pat
     settings = {"autostop_minutes": 0.01, "interval": 0.5, "count_sessions": False,
                 "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}  # fmt: skip
     pid = start_legacy_watchdog(home, legacy_build(tmp_path), settings)
-    log = home.state_dir / W.LOG
+    log = home.state_dir / daemon.LOG
     wait_for(lambda: "pre_stop: running" in log.read_text(), timeout=60, what="the legacy watchdog's pre_stop")
     configure(home, f'autostop_minutes = 0.01\nrelease_remote = ["touch", "{stopped}"]\n')
     home.cli("status", check=True)

@@ -10,7 +10,7 @@ import time
 from ..core import jsonout
 from ..core.config import file as cfg
 from ..core.errors import ExitStatus
-from ..core.hosts import doctor as D
+from ..core.hosts import doctor as host_doctor
 from ..core.hosts.fleet import Fleet
 from ..core.money import autostop
 from ..core.money.spend import fleet_spend
@@ -86,25 +86,25 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     async with open_fleet(args) as fleet:
         urls = autostop.api_urls(fleet.config)
         results = await gather_hosts(
-            fleet, host_names(fleet.config, args.host), lambda s: D.run_doctor(s, args.python, args.timeout, fleet.config.hosts[s.name], urls),
-            limit=D.HOSTS_AT_ONCE,
+            fleet, host_names(fleet.config, args.host), lambda s: host_doctor.run_doctor(s, args.python, args.timeout, fleet.config.hosts[s.name], urls),
+            limit=host_doctor.HOSTS_AT_ONCE,
         )  # fmt: skip
     reports = [
-        D.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
+        host_doctor.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
         for name, res in results.items()
     ]
     if args.json:
         print(jsonout.dumps({"hosts": [r.to_json() for r in reports]}))
     else:
-        print("\n\n".join(D.format_report(r) for r in reports))
+        print("\n\n".join(host_doctor.format_report(r) for r in reports))
     return hosts_status(results) or (ExitStatus.FAILED if any(r.failed for r in reports) else ExitStatus.OK)
 
 
 async def cmd_trust(args: argparse.Namespace) -> int:
     """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
-    from ..core.hosts import trust as T  # asyncssh is only imported when an SSH host is used
+    from ..core.hosts import trust as host_trust  # asyncssh is only imported when an SSH host is used
 
-    check = await T.check_host_key(cfg.load(args.config), args.host)  # NoHostKey: a usage error
+    check = await host_trust.check_host_key(cfg.load(args.config), args.host)  # NoHostKey: a usage error
     print(f"{args.host} ({check.target.pattern}) presents {check.description}")
     if check.trusted_in is not None:
         print(f"already trusted in {check.trusted_in}")
@@ -115,7 +115,7 @@ async def cmd_trust(args: argparse.Namespace) -> int:
         print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
         if not ask(f"Trust this key and add it to {check.path}? [y/N] "):
             raise CliError("not trusted")
-    print(f"added {check.target.pattern} to {T.trust(check, hashed=args.hash)}")
+    print(f"added {check.target.pattern} to {host_trust.trust(check, hashed=args.hash)}")
     return ExitStatus.OK
 
 
@@ -142,6 +142,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dr.add_argument("host", nargs="?", help="one host (default: every host)")
     dr.add_argument("--json", action="store_true")
     dr.add_argument("--python", help="the jobs' interpreter on the host (default: python, else python3, on PATH)")
-    dr.add_argument("--timeout", type=float, default=D.DEFAULT_TIMEOUT_S, metavar="S",
+    dr.add_argument("--timeout", type=float, default=host_doctor.DEFAULT_TIMEOUT_S, metavar="S",
                     help="seconds the torch probe may take (default 60)")  # fmt: skip
     dr.set_defaults(func=cmd_doctor)

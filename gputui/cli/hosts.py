@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import jsonout
 from ..core.config import file as cfg
 from ..core.errors import ExitStatus
-from ..core.hosts import doctor as D
+from ..core.hosts import doctor as host_doctor
 from ..core.safetext import clean
 from ..core.session import model as M
 from .common import CliError, ask, bounded
@@ -131,31 +131,31 @@ ADD_EXAMPLES = """examples:
 # --- add ------------------------------------------------------------------------------------------------------
 def _destinations(args: argparse.Namespace) -> list[tuple[str, Destination]]:
     """(name, destination) of each host to add; a usage error for a command line that does not fit."""
-    from ..core.hosts import edit as H
+    from ..core.hosts import edit as host_edit
 
     try:
         if args.from_ssh_config:
             if args.name or args.destination or args.command or args.port or args.identity_file:
                 raise CliError("--from-ssh-config takes aliases only (each is added under its own name, "
                                "with what ~/.ssh/config says for it)", ExitStatus.USAGE)  # fmt: skip
-            return [(alias, H.parse_destination(alias)) for alias in args.from_ssh_config]
+            return [(alias, host_edit.parse_destination(alias)) for alias in args.from_ssh_config]
         if not args.name:
             raise CliError("gputui add NAME DESTINATION (or NAME -- ssh ..., or --from-ssh-config ALIAS)", ExitStatus.USAGE)
-        dest = H.parse(args.destination, args.command)
+        dest = host_edit.parse(args.destination, args.command)
         return [(args.name, dest.merged(port=args.port, identity_file=args.identity_file))]
-    except H.DestinationError as exc:
+    except host_edit.DestinationError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
 
 
 def _read_config(explicit: str | None) -> ConfigFile:
     """The config file to edit (``--config``, ``$GPUTUI_CONFIG``, else the default; it may not exist yet)."""
-    from ..core.hosts import edit as H
+    from ..core.hosts import edit as host_edit
 
     path, _ = cfg.resolve_path(explicit)
     assert path is not None
     try:
-        return H.read(path)
-    except H.EditError as exc:
+        return host_edit.read(path)
+    except host_edit.EditError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
 
 
@@ -167,19 +167,19 @@ async def cmd_add(args: argparse.Namespace) -> int:
 
 def _planned(file: ConfigFile, name: str, table: dict[str, Any]) -> tuple[str, cfg.Config]:
     """The config's new text with the host's table, and the config it loads as (errors: usage errors)."""
-    from ..core.hosts import edit as H
+    from ..core.hosts import edit as host_edit
 
     try:
-        text = H.with_host(file, name, table)
+        text = host_edit.with_host(file, name, table)
         return text, cfg.parse(text, file.path)
-    except H.EditError as exc:
+    except host_edit.EditError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
 
 
 async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> None:
     """Connect to the new host, trust its key (asking), run the doctor; then write its table."""
-    from ..core.hosts import edit as H
-    from ..core.hosts import trust as T
+    from ..core.hosts import edit as host_edit
+    from ..core.hosts import trust as host_trust
     from ..core.transport import known_hosts as kh
 
     file = _read_config(args.config)
@@ -188,11 +188,11 @@ async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> No
         table["price_per_hour"] = args.price
     text, config = _planned(file, name, table)
     host = config.hosts[name]
-    twin = await H.same_host(config, host)
+    twin = await host_edit.same_host(config, host)
     if twin is not None:
         raise CliError(f"{name}: that host is configured already as {twin!r} (same address, port and user)",
                        ExitStatus.USAGE)  # fmt: skip
-    check = await T.check_host_key(config, name)
+    check = await host_trust.check_host_key(config, name)
     print(f"{name} ({check.target.user}@{check.target.pattern}) presents {check.description}")
     if check.trusted_in is not None:
         print(f"already trusted in {check.trusted_in}")
@@ -211,10 +211,10 @@ async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> No
         table = {**found, **table}
         text, config = _planned(file, name, table)
     if check.trusted_in is None:
-        print(f"added {check.target.pattern} to {T.trust(check)}")
+        print(f"added {check.target.pattern} to {host_trust.trust(check)}")
     try:
-        H.write(file, text)
-    except (H.EditError, OSError) as exc:
+        host_edit.write(file, text)
+    except (host_edit.EditError, OSError) as exc:
         raise CliError(f"{name} not added: {exc}", ExitStatus.FAILED) from None
     print(f"added [hosts.{name}] to {file.path}; try: gputui run {name} -- nvidia-smi")
 
@@ -240,8 +240,8 @@ async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> d
     try:
         session = fleet.session(name)
         await session.start()
-        report = await D.run_doctor(session)
-        print(D.format_report(report))
+        report = await host_doctor.run_doctor(session)
+        print(host_doctor.format_report(report))
         if report.failed:
             print(f"gputui: {name}: some checks failed (above); the host is added all the same", file=sys.stderr)
         if detect_provider is None:
@@ -255,14 +255,14 @@ async def _check_host(config: cfg.Config, name: str, table: dict[str, Any]) -> d
 # --- remove ---------------------------------------------------------------------------------------------------
 async def cmd_remove(args: argparse.Namespace) -> int:
     """Cut ``[hosts.NAME]`` out of the config (asks; refuses while its jobs run unless --force)."""
-    from ..core.hosts import edit as H
+    from ..core.hosts import edit as host_edit
 
     file = _read_config(args.config)
     if not file.exists:
         raise CliError(f"{file.path}: no config file, so no host to remove", ExitStatus.USAGE)
     try:
-        text = H.without_host(file, args.name)
-    except H.EditError as exc:
+        text = host_edit.without_host(file, args.name)
+    except host_edit.EditError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
     if not args.force:
         await _refuse_while_busy(_host_config(file, args.name), args.name)
@@ -272,8 +272,8 @@ async def cmd_remove(args: argparse.Namespace) -> int:
         if not await asyncio.to_thread(ask, f"Remove [hosts.{args.name}] from {file.path}? [y/N] "):
             raise CliError("not removed", ExitStatus.FAILED)
     try:
-        H.write(file, text)
-    except (H.EditError, OSError) as exc:
+        host_edit.write(file, text)
+    except (host_edit.EditError, OSError) as exc:
         raise CliError(f"{args.name} not removed: {exc}", ExitStatus.FAILED) from None
     print(f"removed [hosts.{args.name}] from {file.path} (nothing on the host was touched)")
     return ExitStatus.OK
@@ -282,14 +282,14 @@ async def cmd_remove(args: argparse.Namespace) -> int:
 def _host_config(file: ConfigFile, name: str) -> cfg.Config:
     """The config to reach ``name`` with: the file's, else (another host's table is broken: that does not block
     this one's removal) the file with no other host; a CliError naming --force when neither loads."""
-    from ..core.hosts import edit as H
+    from ..core.hosts import edit as host_edit
 
     try:
         return file.config()
     except cfg.ConfigError:
         try:
-            return cfg.parse(H.only_host(file, name), file.path)
-        except (cfg.ConfigError, H.EditError) as exc:
+            return cfg.parse(host_edit.only_host(file, name), file.path)
+        except (cfg.ConfigError, host_edit.EditError) as exc:
             raise CliError(f"not removed: cannot ask {name} whether jobs run there ({exc}); --force removes it "
                            "anyway (jobs there keep running)", ExitStatus.USAGE) from None  # fmt: skip
 
@@ -321,15 +321,15 @@ async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
 # --- hosts ----------------------------------------------------------------------------------------------------
 async def cmd_hosts(args: argparse.Namespace) -> int:
     """Every configured host with where it comes from, its address and price; ssh_config aliases not added."""
-    from ..core.hosts import edit as H
+    from ..core.hosts import edit as host_edit
 
     config = cfg.load(args.config)
     try:
-        aliases = H.ssh_config_aliases(config.ssh_config)
-    except H.EditError as exc:
+        aliases = host_edit.ssh_config_aliases(config.ssh_config)
+    except host_edit.EditError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
     rows = [
-        {"name": name, "source": H.source(host, aliases), "address": H.address(host),
+        {"name": name, "source": host_edit.source(host, aliases), "address": host_edit.address(host),
          "provider": None if host.provider == "auto" else host.provider,
          "price_per_hour": host.price_per_hour, "currency": host.currency or config.currency}
         for name, host in config.hosts.items()

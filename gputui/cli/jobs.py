@@ -17,7 +17,7 @@ from ..core import jsonout, safetext
 from ..core.config import file as cfg
 from ..core.errors import ExitStatus
 from ..core.files.artifacts import check_patterns
-from ..core.jobs import group as G
+from ..core.jobs import group as job_group
 from ..core.jobs import secrets
 from ..core.jobs.usecases import (
     MAX_QUEUE_DEPS,
@@ -140,8 +140,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), USAGE) from None
     config = cfg.load(args.config)
     try:
-        group_hosts = G.hosts_of(config, args.host)
-    except G.GroupError as exc:
+        group_hosts = job_group.hosts_of(config, args.host)
+    except job_group.GroupError as exc:
         raise CliError(f"run: {exc}", USAGE) from None
     if group_hosts is not None:
         return await _run_group(args, config, group_hosts, argv, artifacts, queue)
@@ -223,7 +223,7 @@ def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, An
         raise CliError(f"{', '.join(used)}: not for a job over several hosts ({','.join(hosts)}) yet{more}", USAGE)
     if args.nodes is not None and args.nodes != len(hosts):
         raise CliError(f"--nodes {args.nodes}: the job runs on {len(hosts)} hosts ({','.join(hosts)})", USAGE)
-    taken = sorted(set(env) & set(G.ENV_NAMES))
+    taken = sorted(set(env) & set(job_group.ENV_NAMES))
     if taken:
         raise CliError(f"--env {', '.join(taken)}: gputui sets these for a job over several hosts", USAGE)
 
@@ -263,9 +263,9 @@ async def _run_group(
             local = config.host(name).transport == "local"
             codes[name], cwds[name] = await _job_dir(s, args, args.cwd or (os.getcwd() if local else None))
         try:
-            plan = await G.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node,
+            plan = await job_group.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node,
                                  in_image=bool(args.image or args.build))  # fmt: skip
-        except G.GroupError as exc:
+        except job_group.GroupError as exc:
             raise CliError(f"run: nothing started: {exc}") from None
         procs = f" x {plan.nproc_per_node} processes" if plan.launcher else ""
         print(f"gputui: {len(hosts)} hosts{procs}; MASTER_ADDR={plan.master_addr} ({plan.addr_from}), "
@@ -362,7 +362,7 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
     _series_flag(args)
     async with open_fleet(args) as fleet:
         jobs, errors = await collect_jobs(fleet, host_names(fleet.config, args.host))
-        jobs = G.merge_parts(jobs)  # a job over several hosts is one line
+        jobs = job_group.merge_parts(jobs)  # a job over several hosts is one line
         series = await _series(fleet, [(j.host, j.id) for j in jobs]) if args.series else {}
     status = hosts_status(errors)
     if args.json:
@@ -421,9 +421,9 @@ async def _part_of(args: argparse.Namespace) -> tuple[str, str]:
         first = fleet.session(args.host)
         await first.start()
         job = await first.get_job(args.job)
-        if G.group_of(job) is None:
+        if job_group.group_of(job) is None:
             raise CliError(f"--rank: job {job.id} on {args.host} runs on that host only", USAGE)
-        parts = await G.find_parts(fleet, job)
+        parts = await job_group.find_parts(fleet, job)
         if args.rank not in parts:
             raise CliError(f"--rank {args.rank}: job {job.id} has ranks 0 to {len(parts) - 1}", USAGE)
         host, part = parts[args.rank]
@@ -474,7 +474,7 @@ async def cmd_kill(args: argparse.Namespace) -> int:
         job = await s.get_job(args.job)
         if not args.yes and sys.stdin.isatty():  # the question names the job: a mistyped id shows
             await _confirm_kill(args, job)
-        if G.group_of(job) is not None:
+        if job_group.group_of(job) is not None:
             return await _kill_group(args, job)
         job = await s.kill_job(args.job, args.grace)
         if job.state == M.JOB_KILLED and job.started_at is None:
@@ -490,7 +490,7 @@ async def _kill_group(args: argparse.Namespace, job: M.Job) -> int:
     """Kill every part of a job over several hosts, each on its host at once; a part that could not be is said."""
     status = ExitStatus.OK
     async with open_fleet(args) as fleet:
-        for host, res in await G.kill_parts(fleet, job, args.grace):
+        for host, res in await job_group.kill_parts(fleet, job, args.grace):
             if isinstance(res, BaseException):
                 print(f"gputui: {host}: {res}", file=sys.stderr)
                 status = ExitStatus.FAILED
@@ -501,7 +501,7 @@ async def _kill_group(args: argparse.Namespace, job: M.Job) -> int:
 
 async def _confirm_kill(args: argparse.Namespace, job: M.Job) -> None:
     """Ask on the terminal whether to kill the job, naming it; a CliError when not (or when it is over)."""
-    group = G.group_of(job)
+    group = job_group.group_of(job)
     if job.state in M.JOB_ENDED_STATES and group is None:
         raise CliError(f"job {job.id} is not running ({job.state})")
     it = f"job {job.id} ({safetext.clean(job.name, limit=120)}, {job.state})"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.theme import Theme
 
-from . import themes as T
+from . import themes
 
 TEMP_WARM_C, TEMP_HOT_C = 75.0, 85.0
 MEM_WARM, MEM_HOT = 0.80, 0.95
@@ -30,14 +30,14 @@ class Palette:
         v = theme.variables
         base = cls()
         return cls(
-            ok=v.get(T.LEVEL_OK) or theme.success or base.ok,
-            warm=v.get(T.LEVEL_WARM) or theme.warning or base.warm,
-            hot=v.get(T.LEVEL_HOT) or theme.error or base.hot,
-            empty=v.get(T.BAR_EMPTY) or theme.panel or base.empty,
-            spark=v.get(T.SPARK) or theme.primary or base.spark,
-            muted=v.get(T.MUTED) or base.muted,
-            marker=v.get(T.MARKER) or theme.accent or base.marker,
-            match=v.get(T.MATCH) or theme.warning or base.match,
+            ok=v.get(themes.LEVEL_OK) or theme.success or base.ok,
+            warm=v.get(themes.LEVEL_WARM) or theme.warning or base.warm,
+            hot=v.get(themes.LEVEL_HOT) or theme.error or base.hot,
+            empty=v.get(themes.BAR_EMPTY) or theme.panel or base.empty,
+            spark=v.get(themes.SPARK) or theme.primary or base.spark,
+            muted=v.get(themes.MUTED) or base.muted,
+            marker=v.get(themes.MARKER) or theme.accent or base.marker,
+            match=v.get(themes.MATCH) or theme.warning or base.match,
             primary=theme.primary or base.primary,
         )
 

@@ -24,7 +24,7 @@ from ..fsutil import read_json, user_umask, write_json
 from ..host.boot import boot_id
 from . import group as GRP
 from . import image as IMG
-from . import restart as R
+from . import restart as restart_policy
 from . import secrets as SEC
 from .logclock import TIMES_NAME, LogClock
 from .series import SeriesKeeper
@@ -125,10 +125,10 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     on_slurm = job.get("scheduler") == "slurm"  # a Slurm batch job: the allocation's environment is the base
     if on_slurm:
         env = dict(os.environ, **env)
-    env.update(R.attempt_env(job_dir, job))  # GPUTUI_ATTEMPT, GPUTUI_RESUME_FROM (restart policies)
-    attempt = R.current_attempt(job_dir)
+    env.update(restart_policy.attempt_env(job_dir, job))  # GPUTUI_ATTEMPT, GPUTUI_RESUME_FROM (restart policies)
+    attempt = restart_policy.current_attempt(job_dir)
     if on_slurm:  # a run Slurm requeued is the job's next attempt (its log marked, the last run's end kept)
-        attempt = R.slurm_requeued(job_dir, os.environ.get("SLURM_RESTART_COUNT", ""))
+        attempt = restart_policy.slurm_requeued(job_dir, os.environ.get("SLURM_RESTART_COUNT", ""))
         if attempt > 1:
             env["GPUTUI_ATTEMPT"] = str(attempt)
     if attempt > 1 and os.path.exists(os.path.join(job_dir, "kill.json")):  # killed as it was being restarted
@@ -140,7 +140,7 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     except ValueError as exc:  # no attempt without them: the job ends, saying why
         SEC.end_job(job_dir, {"exit_code": None, "error": "not started: %s" % exc, "ended_at": time.time()})
         return 1
-    if names and not on_slurm and R.policy_of(job) is None:
+    if names and not on_slurm and restart_policy.policy_of(job) is None:
         SEC.forget(job_dir)  # its one attempt has them: the host keeps them no longer
 
     pid_path = os.path.join(job_dir, "pid.json")
@@ -295,11 +295,11 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     if stopped_by:
         end["error"] = "stopped: " + stopped_by[0]
     # A failed attempt of a job with a restart policy: the watchdog decides (remote_agent/jobs/restart.py).
-    final = R.ends_for_good(job_dir, job, code, sig)
+    final = restart_policy.ends_for_good(job_dir, job, code, sig)
     if final and not on_slurm:
         SEC.end_job(job_dir, end)
     else:  # Slurm may requeue the run: its secrets stay until Slurm says the job ended (the store deletes them)
-        write_json(os.path.join(job_dir, "status.json" if final else R.ATTEMPT), end)
+        write_json(os.path.join(job_dir, "status.json" if final else restart_policy.ATTEMPT), end)
     if member is not None:
         member.finish(code)  # the hub stops the other parts when this one failed
     return code

@@ -31,9 +31,9 @@ from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
 from ..host.container import Owners
 from . import group as GRP
 from . import image as IMG
-from . import restart as R
+from . import restart as restart_policy
 from . import secrets as SEC
-from . import slurm as S
+from . import slurm as slurm_jobs
 from .index import EndedIndex, Entry, Key, job_key, to_json
 
 RUNNING, SUCCEEDED, FAILED, KILLED, LOST = P.JOB_RUNNING, P.JOB_SUCCEEDED, P.JOB_FAILED, P.JOB_KILLED, P.JOB_LOST
@@ -143,7 +143,7 @@ class JobStore:
         self.ended = EndedIndex(self.jobs_dir)  # records of jobs with a status.json: they never change
         self._checked_mtime: Optional[int] = None  # jobs dir mtime when every cached entry was last checked
         self.launcher = launcher
-        self.slurm = S.SlurmView()  # Slurm's word on this user's jobs, asked once per refresh
+        self.slurm = slurm_jobs.SlurmView()  # Slurm's word on this user's jobs, asked once per refresh
         # One private tmux server per state dir, never the user's default server.
         self.socket = "gputui-" + hashlib.sha1(self.state_dir.encode("utf-8")).hexdigest()[:10]
 
@@ -212,7 +212,7 @@ class JobStore:
         """Start a job; ``extra`` goes into its record (GPU models, price: what history wants to show).
         ``slurm``: submit it with sbatch instead (remote_agent/jobs/slurm.py); ``gpus`` is then not used.
         ``restart``: its restart policy (remote_agent/jobs/restart.py); ``secrets``: see ``create``."""
-        request = None if slurm is None else S.check_request(slurm)
+        request = None if slurm is None else slurm_jobs.check_request(slurm)
         policy = checked_restart(restart, request is not None)
         if policy is not None:
             extra = dict(extra or {}, restart=policy)
@@ -279,7 +279,7 @@ class JobStore:
         if group:  # a part of a job over several hosts: the rendezvous (jobs/group.py)
             job_env.update(GRP.env(group))
         if request is not None:
-            job_env, gpus = S.env_file(env), None
+            job_env, gpus = slurm_jobs.env_file(env), None
         for secret in secrets:  # (an agent run locally inherits the user's variables): the runner adds its own
             job_env.pop(secret, None)
 
@@ -304,7 +304,7 @@ class JobStore:
         if request is not None:
             del record["tmux_session"], record["tmux_socket"]
             asked = {("nodes_count" if k == "nodes" else k): v for k, v in request.items()}
-            record.update(scheduler="slurm", slurm=asked, **S.launch_fields(request, self.launcher, job_dir))
+            record.update(scheduler="slurm", slurm=asked, **slurm_jobs.launch_fields(request, self.launcher, job_dir))
         record.update(extra or {})
         if group:
             record["group"] = GRP.keep(job_dir, group)  # its key rests apart, in the job's dir only
@@ -336,11 +336,11 @@ class JobStore:
 
     def _submit(self, job_id: str, job_dir: str, cwd: str, request: Dict[str, Any]) -> Dict[str, Any]:
         """Submit a job to Slurm: the batch job is this agent's runner, writing the same files as in tmux."""
-        script = S.batch_script(self.state_dir)
-        argv = S.sbatch_argv(request, job_id, job_dir, cwd, script, self.launcher + ["runner", job_dir])
+        script = slurm_jobs.batch_script(self.state_dir)
+        argv = slurm_jobs.sbatch_argv(request, job_id, job_dir, cwd, script, self.launcher + ["runner", job_dir])
         try:
-            S.submit(argv, job_dir)
-        except S.SlurmError as exc:
+            slurm_jobs.submit(argv, job_dir)
+        except slurm_jobs.SlurmError as exc:
             SEC.end_job(job_dir, {"exit_code": None, "error": str(exc), "ended_at": time.time()})
             raise JobError(str(exc)) from None
         finally:
@@ -442,7 +442,7 @@ class JobStore:
         record["started_at"] = pids.get("started_at", record.get("dequeued_at" if queued else "created_at"))
         record["pid"] = pids.get("pid")
         on_slurm = record.get("scheduler") == "slurm"
-        restarting = R.fill_record(record, path) and not on_slurm  # between attempts (remote_agent/jobs/restart.py)
+        restarting = restart_policy.fill_record(record, path) and not on_slurm  # between attempts (remote_agent/jobs/restart.py)
         ended = isinstance(status, dict) or on_slurm or restarting
         live = self._live_state(record, pids, sessions) if not ended else None
         if live == LOST:  # the runner may have written its status and exited since we looked
@@ -455,7 +455,7 @@ class JobStore:
             if isinstance(ran.get("image"), str):
                 record["container"] = dict(record["container"], image=ran["image"])
         if on_slurm:  # Slurm's word decides the state (remote_agent/jobs/slurm.py)
-            S.fill_record(record, path, status, killed, self.slurm)
+            slurm_jobs.fill_record(record, path, status, killed, self.slurm)
         elif isinstance(status, dict):
             code = status.get("exit_code")
             record["exit_code"] = code
@@ -549,10 +549,10 @@ class JobStore:
             raise JobError("job %s is not running (%s)" % (job_id, info["state"]), "bad_args")
         with self.queue_locked():  # from now on no pick or relaunch of the queue starts it
             write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
-            if info.get("restart_pending") and R.end_pending(path, "killed while waiting to restart"):
+            if info.get("restart_pending") and restart_policy.end_pending(path, "killed while waiting to restart"):
                 return self.describe(job_id)
         if info.get("restart_pending"):  # its next attempt is being launched: its pid.json is the old one's
-            R.wait_launched(path, grace_s + R.LAUNCH_GRACE_S)
+            restart_policy.wait_launched(path, grace_s + restart_policy.LAUNCH_GRACE_S)
         pgid = (read_json(os.path.join(path, "pid.json")) or {}).get("pid")
         if pgid:
             # a job in an image: each signal to its container (the engine's CLI on a terminal passes none on),
@@ -603,9 +603,9 @@ class JobStore:
         kill_file = os.path.join(path, "kill.json")
         write_json(kill_file, {"asked_at": time.time(), "grace_s": grace_s})
         try:
-            S.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t),
+            slurm_jobs.kill(slurm_id, info["state"] == P.JOB_QUEUED, grace_s, lambda t: self._wait_ended(path, t),
                    steps=bool(read_json(os.path.join(path, "job.json")).get("run_argv")))
-        except S.SlurmError as exc:
+        except slurm_jobs.SlurmError as exc:
             if not os.path.exists(os.path.join(path, "status.json")):
                 os.unlink(kill_file)  # not killed: how the job ends is Slurm's word, not "killed"
             raise JobError(str(exc)) from None
@@ -636,7 +636,7 @@ def end_lost_container(path: str, job_id: str, spec: Dict[str, Any]) -> None:
 def checked_restart(restart: Any, on_slurm: bool) -> Optional[Dict[str, Any]]:
     """A start request's restart policy, checked (None: none); JobError bad_args with the reason."""
     try:
-        policy = R.check_request(restart)
+        policy = restart_policy.check_request(restart)
     except ValueError as exc:
         raise JobError(str(exc), "bad_args") from None
     if policy is not None and on_slurm:

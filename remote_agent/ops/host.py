@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict
 
 from .. import protocol as P
 from ..host.doctor import run_doctor
-from ..jobs import slurm as S
+from ..jobs import slurm as slurm_jobs
 from ..jobs.store import JobError
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def doctor(agent: "Agent", a: P.DoctorArgs) -> P.DoctorResult:
 
 
 def slurm_info(agent: "Agent", a: Dict[str, Any]) -> P.ClusterInfo:
-    return S.cluster_info()
+    return slurm_jobs.cluster_info()
 
 
 HANDLERS = {

@@ -8,7 +8,7 @@ from ..jobs import group as GRP
 from ..jobs import image as IMG
 from ..jobs.queue import never_fits, parse_request
 from ..jobs.store import JobError, checked_restart
-from ..watchdog import daemon as W
+from ..watchdog import daemon
 
 if TYPE_CHECKING:
     from ..server import Agent
@@ -51,13 +51,13 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
             raise JobError(never, "bad_args")
         job_id = agent.queue.submit(request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra,
                                     agent.facts()["boot_id"], a.get("secrets"))  # fmt: skip
-        W.ensure_running(agent.jobs.state_dir, agent.launcher)
+        daemon.ensure_running(agent.jobs.state_dir, agent.launcher)
         job = agent.mark(agent.jobs.describe(job_id))
     else:
         job = agent.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra,
                                a.get("slurm"), a.get("restart"), a.get("secrets"))  # fmt: skip
         if job.get("restart"):  # the watchdog decides its restarts, with the client gone
-            W.ensure_running(agent.jobs.state_dir, agent.launcher)
+            daemon.ensure_running(agent.jobs.state_dir, agent.launcher)
     agent.emit(P.EV_JOB, job)
     return job
 

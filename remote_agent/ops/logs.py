@@ -4,7 +4,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from .. import protocol as P
-from ..jobs import series as S
+from ..jobs import series as job_series
 from ..jobs.logclock import TIMES_NAME, read_times
 from ..jobs.logs import Follow, read_chunk, tail_offset
 from ..jobs.store import JobError
@@ -62,8 +62,8 @@ def series(agent: "Agent", a: P.JobArgs) -> P.SeriesResult:
     job_id = str(a.get("job"))
     job_dir = agent.jobs.job_dir(job_id)
     ended = agent.jobs.describe(job_id)["state"] in P.JOB_ENDED_STATES
-    ex, size = S.update(job_dir, ended)
-    return S.result(job_id, ex, size)  # type: ignore[return-value]
+    ex, size = job_series.update(job_dir, ended)
+    return job_series.result(job_id, ex, size)  # type: ignore[return-value]
 
 
 def _ended(agent: "Agent", job_id: str) -> Optional[Dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict
 from .. import protocol as P
 from ..fsutil import read_json, write_json
 from ..host import provider
-from ..watchdog import daemon as W
+from ..watchdog import daemon
 
 if TYPE_CHECKING:
     from ..server import Agent
@@ -21,13 +21,13 @@ def release_check(agent: "Agent", a: P.ReleaseCheckArgs) -> P.ReleaseCheckResult
     (``provider``, ``release_mode``, ``api_urls`` as the client's config says). The verdict is kept where the
     watchdog keeps its own (``status`` shows it)."""
     config = _with_detection(a)
-    verdict = W.release_check(config)
+    verdict = daemon.release_check(config)
     if verdict["via"] == "none" and config.get("note"):
         verdict["detail"] += " (%s)" % config["note"]
-    path = os.path.join(agent.jobs.state_dir, W.RELEASE_CHECK)
+    path = os.path.join(agent.jobs.state_dir, daemon.RELEASE_CHECK)
     old = read_json(path) or {}
     write_json(path, dict(verdict, armed_at=old.get("armed_at")))
-    W.log_line(agent.jobs.state_dir, "release check (asked): %s: %s" % ("ok" if verdict["ok"] else "FAILED",
+    daemon.log_line(agent.jobs.state_dir, "release check (asked): %s: %s" % ("ok" if verdict["ok"] else "FAILED",
                                                                         verdict["detail"]))  # fmt: skip
     return verdict  # type: ignore[return-value]
 
@@ -53,8 +53,8 @@ def release_provider(agent: "Agent", a: P.ReleaseProviderArgs) -> P.ReleaseProvi
     if provider.detected_from(config.get("release_via")) is None:
         why = "no RunPod or vast.ai instance found on this host" + (" (%s)" % config["note"] if config.get("note") else "")
         return {"found": False, "released": False, "how": "", "error": why}
-    log = lambda m: W.log_line(agent.jobs.state_dir, "release (asked): " + m)  # noqa: E731
-    how, error = W.provider_release(agent.jobs.state_dir, config, "asked by gputui release", time.time(), log)
+    log = lambda m: daemon.log_line(agent.jobs.state_dir, "release (asked): " + m)  # noqa: E731
+    how, error = daemon.provider_release(agent.jobs.state_dir, config, "asked by gputui release", time.time(), log)
     return {"found": True, "released": error is None, "how": how, "error": error}
 
 
@@ -68,7 +68,7 @@ def release_instance(agent: "Agent", a: P.ReleaseInstanceArgs) -> P.ReleaseInsta
     out: P.ReleaseInstanceResult = {"found": True, "provider": detected.provider,
                                     "instance_id": detected.instance_id, "t": time.time()}  # fmt: skip
     try:
-        found = provider.instance(detected, W.api_url(config, detected.provider), deadline_s=W.CHECK_CALL_S)
+        found = provider.instance(detected, daemon.api_url(config, detected.provider), deadline_s=daemon.CHECK_CALL_S)
     except provider.ProviderError as exc:
         out["error"] = str(exc)
         return out

@@ -8,8 +8,7 @@ from .. import protocol as P
 from ..fsutil import read_json, write_json
 from ..host import provider
 from ..jobs.store import JobError
-from ..watchdog import autostart, notify
-from ..watchdog import daemon as W
+from ..watchdog import autostart, daemon, notify
 
 if TYPE_CHECKING:
     from ..server import Agent
@@ -42,8 +41,8 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
             config["release_via"] = {k: v for k, v in provider.describe(found).items() if k != "note"}
     config["boot_id"] = agent.facts()["boot_id"]
     config["nvidia_smi"] = agent.jobs.nvidia_smi  # the watchdog reads the GPUs as this agent does
-    path = os.path.join(agent.jobs.state_dir, W.CONFIG)
-    if not W.is_armed(config, config["boot_id"]):
+    path = os.path.join(agent.jobs.state_dir, daemon.CONFIG)
+    if not daemon.is_armed(config, config["boot_id"]):
         try:
             os.unlink(path)
         except FileNotFoundError:
@@ -56,7 +55,7 @@ def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigure
     if old.get("boot_id") == config["boot_id"] and settings(old) == settings(config):
         config.update({k: old.get(k) for k in kept if k in old})
     write_json(path, config)
-    started = W.ensure_running(agent.jobs.state_dir, agent.launcher)
+    started = daemon.ensure_running(agent.jobs.state_dir, agent.launcher)
     return {"armed": True, "started": started, "config": config, "autostart": boot}
 
 
@@ -70,12 +69,12 @@ def _resume_on_boot(agent: "Agent", want: bool) -> Dict[str, Any]:
     except Exception as exc:  # (sync never raises: this is the bound, not the plan)
         result = {"ok": False, "changed": False, "detail": "resume_on_boot failed: %s" % str(exc)[:200]}
     if result["changed"]:
-        W.log_line(agent.jobs.state_dir, "resume_on_boot: %s" % result["detail"])
+        daemon.log_line(agent.jobs.state_dir, "resume_on_boot: %s" % result["detail"])
     return result
 
 
 def _update(agent: "Agent", **changes: Any) -> Dict[str, Any]:
-    path = os.path.join(agent.jobs.state_dir, W.CONFIG)
+    path = os.path.join(agent.jobs.state_dir, daemon.CONFIG)
     config = read_json(path)
     if not config:
         raise JobError("no watchdog is configured on this host", P.E_NOT_FOUND)
@@ -102,7 +101,7 @@ def notify_test(agent: "Agent", a: P.NotifyTestArgs) -> P.NotifyTestResult:
     settings = notify.checked(a.get("notify"))
     text = "[%s] test message from gputui" % (settings.get("host") or "host")
     problem = notify.deliver(settings, "test", text)
-    W.log_line(agent.jobs.state_dir, "notify test: %s" % ("sent" if problem is None else "failed: " + problem))
+    daemon.log_line(agent.jobs.state_dir, "notify test: %s" % ("sent" if problem is None else "failed: " + problem))
     return {"sent": problem is None, "error": problem}
 
 

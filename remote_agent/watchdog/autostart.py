@@ -133,12 +133,12 @@ def boot(state_dir: str, launcher: List[str]) -> int:
     the jobs the reboot lost (their restart policies), runs the queue and keeps the autostop. 0, or 1 when the
     state dir is gone or not ours (the line is then left for the next connect to take out)."""
     from ..host.boot import boot_id
-    from . import daemon as W
+    from . import daemon
 
     if not os.path.isdir(state_dir) or os.stat(state_dir).st_uid != os.getuid():
         return 1
     now_boot = boot_id()
-    if now_boot and rearm(state_dir, W.CONFIG, now_boot):
-        W.log_line(state_dir, "resume_on_boot: armed again for this boot (the idle rule; no deadline)")
-    W.ensure_running(state_dir, launcher)
+    if now_boot and rearm(state_dir, daemon.CONFIG, now_boot):
+        daemon.log_line(state_dir, "resume_on_boot: armed again for this boot (the idle rule; no deadline)")
+    daemon.ensure_running(state_dir, launcher)
     return 0

@@ -363,7 +363,7 @@ def run(state_dir: str, launcher: Optional[List[str]] = None) -> int:
 
 
 def _loop(state_dir: str, launcher: List[str]) -> int:
-    from ..jobs import restart as R
+    from ..jobs import restart as restart_policy
     from ..jobs.queue import PASS_S, QUEUE, JobQueue, host_queued
     from ..jobs.store import JobStore
     from ..metrics.sampler import MetricsSampler
@@ -378,7 +378,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
     facts = {"boot_id": boot_id(), "boot_time": boot_time()}
     queue_error: Optional[str] = None  # the last queue pass's failure, logged once
     dog.log("started (pid %d)" % os.getpid())
-    restarts = R.Restarts(jobs, dog.log, facts["boot_id"])  # restart policies
+    restarts = restart_policy.Restarts(jobs, dog.log, facts["boot_id"])  # restart policies
 
     def sample_fn() -> Any:
         fresh = latest_sample(state_dir, RING_FRESH_S)  # an agent's reading: no NVML calls of our own
@@ -414,7 +414,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
                 queue_error = repr(exc)
                 waiting = 1 if isinstance(taken, Exception) else sum(map(host_queued, taken[1])) + queue.coming_up(taken[1])
             # Restart policies (remote_agent/jobs/restart.py): a pending restart keeps the watchdog running.
-            waiting += restarts.run_pass(R.released(state_dir))
+            waiting += restarts.run_pass(restart_policy.released(state_dir))
             if why is not None and not waiting:
                 dog.log("disarmed: %s" % why)
                 return 0

@@ -32,8 +32,7 @@ from typing import Any, BinaryIO
 
 from gputui.core import paths, safetext
 from gputui.core.errors import GputuiError
-from gputui.core.files import pulled
-from gputui.core.files import wire as W
+from gputui.core.files import pulled, wire
 from gputui.core.files.wire import Remote, WireError
 from gputui.core.paths import sha256_file
 from gputui.core.session.host import HostSession
@@ -123,11 +122,11 @@ async def list_remote(session: HostSession, specs: list[str]) -> list[Remote]:
         if job is not None:
             cwd = (await session.get_job(job)).cwd
             if cwd is not None and not isinstance(cwd, str):
-                raise W.wire_error(session.name, "its job record", f"job {job}'s cwd is {cwd!r:.80}")
+                raise wire.wire_error(session.name, "its job record", f"job {job}'s cwd is {cwd!r:.80}")
             base = cwd or "~"
         about = ", ".join(patterns)
         res = await request_retrying(session, P.OP_FILES_LIST, base=base, patterns=patterns, about=about)
-        listed = W.listing(session.name, res)
+        listed = wire.listing(session.name, res)
         if listed.missing:
             where = f"job {job}'s dir {listed.base}" if job else listed.base
             raise PullError(
@@ -318,7 +317,7 @@ async def _stream(
             )
         except AgentError as exc:
             raise PullError(f"{f.path} on {session.name}: {exc}") from None
-        if W.chunk(session.name, f.path, res, with_data=False).size != f.size:
+        if wire.chunk(session.name, f.path, res, with_data=False).size != f.size:
             raise _Changed()
     out.flush()
 
@@ -351,7 +350,7 @@ async def _chunks(
                 )
                 next_off += P.FILE_CHUNK_BYTES
             at, task = pending.popleft()
-            got = W.chunk(session.name, f.path, await task)
+            got = wire.chunk(session.name, f.path, await task)
             data = got.data
             if got.size != f.size or len(data) != min(P.FILE_CHUNK_BYTES, f.size - at):
                 raise _Changed()
@@ -369,7 +368,7 @@ async def _chunks(
 async def _host_sha256(session: HostSession, f: Remote) -> str:
     """The host's sha256 of ``f`` (it must still be ``f.size`` bytes, else _Changed)."""
     res = await request_retrying(session, P.OP_FILES_HASH, path=f.path, timeout=hash_timeout(f.size), about=f.path)
-    theirs = W.digest(session.name, f.path, res)
+    theirs = wire.digest(session.name, f.path, res)
     if theirs.size != f.size:
         raise _Changed()
     return theirs.sha256
@@ -409,7 +408,7 @@ async def _unchanged(session: HostSession, f: Remote) -> bool:
         res = await request_retrying(session, P.OP_FILES_READ, path=f.path, offset=0, max_bytes=0, about=f.path)
     except AgentError as exc:
         raise PullError(f"{f.path} on {session.name}: {exc}") from None
-    now = W.chunk(session.name, f.path, res, with_data=False)
+    now = wire.chunk(session.name, f.path, res, with_data=False)
     return now.size == f.size and now.mtime == f.mtime
 
 
@@ -455,7 +454,7 @@ def _local_version(path: str) -> tuple[int, int, int] | None:
 
 async def _restat(session: HostSession, f: Remote) -> Remote:
     res = await request_retrying(session, P.OP_FILES_LIST, base="/", patterns=[f.path], about=f.path)
-    listed = W.listing(session.name, res).files
+    listed = wire.listing(session.name, res).files
     if not listed:
         raise PullError(f"{f.path} vanished from {session.name} during the pull")
     new = listed[0]

@@ -13,7 +13,7 @@ from gputui.core.session.gather import Fleetish, Outcome, gather_hosts
 from gputui.core.session.host import HostSession
 from remote_agent import protocol as P
 from remote_agent.jobs import image as IMG
-from remote_agent.jobs import restart as R
+from remote_agent.jobs import restart as restart_policy
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,10 @@ def container_request(spec: JobSpec, host: HostConfig | None) -> P.ContainerRequ
 def check_restart(policy: str | None, resume_from: str | None) -> None:
     """ValueError for a bad restart policy, or a ``resume_from`` glob that reaches outside the job's dir or
     comes without a policy that restarts (None: no policy)."""
-    asked = R.parse_policy(policy) if policy is not None else None
+    asked = restart_policy.parse_policy(policy) if policy is not None else None
     if resume_from is not None:
-        R.check_glob(resume_from)
-        if asked is None or asked["policy"] == R.POLICY_NO:
+        restart_policy.check_glob(resume_from)
+        if asked is None or asked["policy"] == restart_policy.POLICY_NO:
             raise ValueError("resume from needs a restart policy: on-failure or on-failure:N")
 
 
@@ -114,10 +114,10 @@ def restart_request(config: Config, name: str, policy: str | None, resume_from: 
     """The ``restart`` a start sends: ``policy`` (else the host's ``restart``) with the host's backoff settings;
     None for ``no``. ValueError for a bad policy or a glob reaching outside the job's dir."""
     host = config.hosts.get(name)
-    asked = R.parse_policy(policy if policy is not None else host.restart if host is not None else "no")
+    asked = restart_policy.parse_policy(policy if policy is not None else host.restart if host is not None else "no")
     if resume_from is not None:
-        R.check_glob(resume_from)
-    if asked["policy"] == R.POLICY_NO:
+        restart_policy.check_glob(resume_from)
+    if asked["policy"] == restart_policy.POLICY_NO:
         if resume_from is not None:
             raise ValueError("--resume-from needs a restart policy: add --restart on-failure")
         return None

@@ -47,42 +47,42 @@ class Plan:
 
 def destination(text: str) -> Any:
     """The destination typed or pasted: ``USER@HOST [-p PORT] [-i KEY]`` or a whole ``ssh ...`` line."""
-    from gputui.core.hosts import edit as H
+    from gputui.core.hosts import edit
 
     try:
         words = shlex.split(text)
     except ValueError as exc:
-        raise H.DestinationError(f"not a destination: {exc}") from None
+        raise edit.DestinationError(f"not a destination: {exc}") from None
     if not words:
-        raise H.DestinationError("type the host, as ssh takes it: root@203.0.113.7 -p 22022 -i ~/.ssh/id_ed25519")
+        raise edit.DestinationError("type the host, as ssh takes it: root@203.0.113.7 -p 22022 -i ~/.ssh/id_ed25519")
     if Path(words[0]).name == "ssh":
-        return H.parse_ssh_command(words)
-    return H.parse_ssh_command(["ssh", *words])
+        return edit.parse_ssh_command(words)
+    return edit.parse_ssh_command(["ssh", *words])
 
 
 async def plan(path: Path, name: str, dest_text: str, price_text: str) -> Plan:
     """Read the config and plan the new table (nothing is written): a usage error for what cannot be added."""
-    from gputui.core.hosts import edit as H
+    from gputui.core.hosts import edit
 
-    H.check_name(name)
+    edit.check_name(name)
     table = destination(dest_text).table()
     if price_text.strip():
         try:
             table["price_per_hour"] = float(price_text)
         except ValueError:
-            raise H.EditError(f"price: not a number: {price_text!r}") from None
-    file = await asyncio.to_thread(H.read, path)
-    text = H.with_host(file, name, table)
+            raise edit.EditError(f"price: not a number: {price_text!r}") from None
+    file = await asyncio.to_thread(edit.read, path)
+    text = edit.with_host(file, name, table)
     config = cfg.parse(text, file.path)
-    twin = await H.same_host(config, config.hosts[name])
+    twin = await edit.same_host(config, config.hosts[name])
     if twin is not None:
-        raise H.EditError(f"{name}: that host is configured already as {twin!r} (same address, port and user)")
+        raise edit.EditError(f"{name}: that host is configured already as {twin!r} (same address, port and user)")
     return Plan(name, file, text, config)
 
 
 async def doctor_lines(p: Plan) -> list[str]:
     """Connect trusting exactly the key shown (a throwaway known_hosts until Save) and run the doctor."""
-    from gputui.core.hosts import doctor as D
+    from gputui.core.hosts import doctor as host_doctor
     from gputui.core.hosts.fleet import Fleet
     from gputui.core.transport import known_hosts as kh
 
@@ -97,22 +97,22 @@ async def doctor_lines(p: Plan) -> list[str]:
         try:
             session = fleet.session(p.name)
             await session.start()
-            report = await D.run_doctor(session, timeout_s=DOCTOR_TIMEOUT_S)
+            report = await host_doctor.run_doctor(session, timeout_s=DOCTOR_TIMEOUT_S)
         finally:
             await fleet.close()
     finally:
         await asyncio.to_thread(shutil.rmtree, pinned, True)
-    return D.format_report(report).splitlines()
+    return host_doctor.format_report(report).splitlines()
 
 
 async def save(p: Plan) -> None:
     """Trust the key (known_hosts) and write the table (atomically; refused if the file changed)."""
-    from gputui.core.hosts import edit as H
-    from gputui.core.hosts import trust as T
+    from gputui.core.hosts import edit
+    from gputui.core.hosts import trust as host_trust
 
     if p.check is not None and p.check.trusted_in is None:
-        await asyncio.to_thread(T.trust, p.check)
-    await asyncio.to_thread(H.write, p.file, p.text)
+        await asyncio.to_thread(host_trust.trust, p.check)
+    await asyncio.to_thread(edit.write, p.file, p.text)
 
 
 class AddHostScreen(ModalScreen["cfg.Config | None"]):
@@ -191,14 +191,14 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
         self._buttons(True, False, False)
 
     async def _fetch_key(self) -> None:
-        from gputui.core.hosts import trust as T
+        from gputui.core.hosts import trust as host_trust
 
         name = self.query_one("#name", PlainInput).value.strip()
         self.say(f"connecting to {name or '?'} ...", fresh=True)
         try:
             p = await plan(self.path, name, self.query_one("#dest", PlainInput).value,
                            self.query_one("#price", PlainInput).value)  # fmt: skip
-            p.check = await T.check_host_key(p.config, name)
+            p.check = await host_trust.check_host_key(p.config, name)
         except Exception as exc:  # noqa: BLE001 - every failure is said in the dialog, never a crash
             self._failed(exc)
             return
