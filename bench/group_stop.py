@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from remote_agent.jobs import group as GRP  # noqa: E402
+from remote_agent.jobs import group as agent_group  # noqa: E402
 
 KEY = "ab" * 32
 
@@ -29,13 +29,13 @@ KEY = "ab" * 32
 def one_run(root: str, lost: bool, lost_s: float) -> float:
     """Seconds from rank 1's failure (or last word) to rank 0 being told to stop."""
     group = {"id": "bench", "hosts": ["h1", "h2"], "rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
-             "master_port": 1, "hub_port": GRP.free_ports(1)[0], "lost_s": lost_s, "launcher": None}  # fmt: skip
+             "master_port": 1, "hub_port": agent_group.free_ports(1)[0], "lost_s": lost_s, "launcher": None}  # fmt: skip
     job_dir = tempfile.mkdtemp(dir=root)
     Path(job_dir, "job.json").write_text(json.dumps({"group": group}))
-    Path(job_dir, GRP.KEY_FILE).write_text(KEY)
-    threading.Thread(target=GRP.serve_hub, args=(job_dir,), daemon=True).start()
+    Path(job_dir, agent_group.KEY_FILE).write_text(KEY)
+    threading.Thread(target=agent_group.serve_hub, args=(job_dir,), daemon=True).start()
     key = bytes.fromhex(KEY)
-    members = [GRP.Member(dict(group, rank=r), key) for r in (0, 1)]
+    members = [agent_group.Member(dict(group, rank=r), key) for r in (0, 1)]
     second = threading.Thread(target=members[1].join, args=(30,))
     second.start()
     members[0].join(30)
@@ -60,12 +60,12 @@ def main() -> None:
     ap.add_argument("--lost", type=float, default=5.0, help="lost_s for the lost-host runs (default 5; jobs use 30)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        failed = [one_run(root, False, GRP.LOST_S) for _ in range(args.runs)]
+        failed = [one_run(root, False, agent_group.LOST_S) for _ in range(args.runs)]
         lost = [one_run(root, True, args.lost) for _ in range(args.runs)]
     print(f"a part failed -> the other told to stop: median {statistics.median(failed):.2f} s, max {max(failed):.2f} s"
-          f" (bound: 2 heartbeats, {2 * GRP.HEARTBEAT_S:.0f} s; then SIGTERM, SIGKILL after {GRP.KILL_GRACE_S:.0f} s)")
+          f" (bound: 2 heartbeats, {2 * agent_group.HEARTBEAT_S:.0f} s; then SIGTERM, SIGKILL after {agent_group.KILL_GRACE_S:.0f} s)")
     print(f"a part went silent (lost_s {args.lost:g}) -> the other told to stop: median {statistics.median(lost):.2f} s, "
-          f"max {max(lost):.2f} s (bound: lost_s + 1 heartbeat, {args.lost + GRP.HEARTBEAT_S:.0f} s)")
+          f"max {max(lost):.2f} s (bound: lost_s + 1 heartbeat, {args.lost + agent_group.HEARTBEAT_S:.0f} s)")
     print(f"{args.runs} runs each, load average {os.getloadavg()[0]:.1f}")
 
 

@@ -24,7 +24,7 @@ from conftest import ROOT, Home, stop_host, wait_for
 from gputui.core.config import file as cfg
 from gputui.core.jobs import group as job_group
 from gputui.core.session import model as M
-from remote_agent.jobs import group as GRP
+from remote_agent.jobs import group as agent_group
 
 VENV_BIN = str(Path(sys.executable).parent)  # torchrun of the suite's Python
 JOB_PATH = f"PATH={VENV_BIN}:/usr/local/bin:/usr/bin:/bin"
@@ -36,35 +36,35 @@ def test_the_hub_stops_the_job_for_a_failed_a_lost_or_a_missing_part() -> None:
     hosts = ["h1", "h2", "h3"]
     now = 1000.0
     ok = [{"seen": now, "state": "running"} for _ in hosts]
-    assert GRP.decide(ok, hosts, now, now - 10, 30) is None
+    assert agent_group.decide(ok, hosts, now, now - 10, 30) is None
     failed = [dict(p) for p in ok]
     failed[1].update(state="ended", code=3)
-    assert GRP.decide(failed, hosts, now, now - 10, 30) == "h2 (rank 1) failed (exit 3)"
+    assert agent_group.decide(failed, hosts, now, now - 10, 30) == "h2 (rank 1) failed (exit 3)"
     done = [dict(p, state="ended", code=0) for p in ok]
-    assert GRP.decide(done, hosts, now, now - 10, 30) is None  # every part succeeded: nothing to stop
+    assert agent_group.decide(done, hosts, now, now - 10, 30) is None  # every part succeeded: nothing to stop
     lost = [dict(p) for p in ok]
     lost[2]["seen"] = now - 31
-    assert GRP.decide(lost, hosts, now, now - 100, 30) == "h3 (rank 2) lost: no word from it for 30 s"
+    assert agent_group.decide(lost, hosts, now, now - 100, 30) == "h3 (rank 2) lost: no word from it for 30 s"
     missing = [dict(p) for p in ok]
     missing[0] = {"seen": None, "state": None}
-    assert GRP.decide(missing, hosts, now, now - 10, 30) is None  # still within the start bound
-    assert "h1 (rank 0) never joined" in str(GRP.decide(missing, hosts, now, now - GRP.START_S - 1, 30))
+    assert agent_group.decide(missing, hosts, now, now - 10, 30) is None  # still within the start bound
+    assert "h1 (rank 0) never joined" in str(agent_group.decide(missing, hosts, now, now - agent_group.START_S - 1, 30))
 
 
 def test_the_wire_takes_only_sealed_fresh_messages_of_its_group() -> None:
     key = bytes.fromhex(KEY)
     group = {"id": "g1", "hosts": ["h1", "h2"], "lost_s": 30.0}
-    hub = GRP.Hub(group, key, lambda _line: None)
+    hub = agent_group.Hub(group, key, lambda _line: None)
     msg = {"from": "part", "g": "g1", "rank": 1, "seq": 5, "state": "ready", "code": None}
-    line = GRP.seal(key, msg)
-    assert GRP.opened(key, line, "part") == dict(msg, mac=json.loads(line)["mac"])
-    assert GRP.opened(bytes(32), line, "part") is None  # another key
-    assert GRP.opened(key, line, "hub") is None  # a part's message is no hub's answer
-    assert GRP.opened(key, line.replace(b'"rank": 1', b'"rank": 0'), "part") is None  # tampered
-    assert GRP.opened(key, b"x" * (GRP.MAX_LINE + 1), "part") is None
-    reply = hub.answer(GRP.opened(key, line, "part") or {})
+    line = agent_group.seal(key, msg)
+    assert agent_group.opened(key, line, "part") == dict(msg, mac=json.loads(line)["mac"])
+    assert agent_group.opened(bytes(32), line, "part") is None  # another key
+    assert agent_group.opened(key, line, "hub") is None  # a part's message is no hub's answer
+    assert agent_group.opened(key, line.replace(b'"rank": 1', b'"rank": 0'), "part") is None  # tampered
+    assert agent_group.opened(key, b"x" * (agent_group.MAX_LINE + 1), "part") is None
+    reply = hub.answer(agent_group.opened(key, line, "part") or {})
     assert reply is not None and reply["go"] is False and reply["stop"] is None  # rank 0 has not joined yet
-    assert hub.answer(GRP.opened(key, line, "part") or {}) is None  # the same message again: a replay
+    assert hub.answer(agent_group.opened(key, line, "part") or {}) is None  # the same message again: a replay
     assert hub.answer(dict(msg, g="other", seq=6)) is None
     assert hub.answer(dict(msg, rank=7, seq=6)) is None
     assert hub.answer(dict(msg, rank=0, seq=1))["go"] is True  # type: ignore[index]
@@ -80,19 +80,19 @@ def test_the_wire_takes_only_sealed_fresh_messages_of_its_group() -> None:
 def test_a_bad_group_request_is_refused_naming_its_field(change: dict[str, Any], field: str) -> None:
     good = {"id": "g1", "hosts": ["h1", "h2"], "rank": 1, "nproc_per_node": 1, "master_addr": "10.0.0.1",
             "master_port": 29500, "hub_port": 29501, "key": KEY}  # fmt: skip
-    assert GRP.check_request(good)["lost_s"] == GRP.LOST_S
-    with pytest.raises(GRP.GroupError, match=f"group.{field}"):
-        GRP.check_request(dict(good, **change))
+    assert agent_group.check_request(good)["lost_s"] == agent_group.LOST_S
+    with pytest.raises(agent_group.GroupError, match=f"group.{field}"):
+        agent_group.check_request(dict(good, **change))
 
 
 def _hub(tmp_path: Path, lost_s: float = 5.0) -> tuple[dict[str, Any], threading.Thread]:
     group = {"id": "g1", "hosts": ["h1", "h2"], "rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
-             "master_port": 1, "hub_port": GRP.free_ports(1)[0], "lost_s": lost_s, "launcher": None}  # fmt: skip
+             "master_port": 1, "hub_port": agent_group.free_ports(1)[0], "lost_s": lost_s, "launcher": None}  # fmt: skip
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / "job.json").write_text(json.dumps({"group": group}))
-    (job_dir / GRP.KEY_FILE).write_text(KEY)
-    hub = threading.Thread(target=GRP.serve_hub, args=(str(job_dir),), daemon=True)
+    (job_dir / agent_group.KEY_FILE).write_text(KEY)
+    hub = threading.Thread(target=agent_group.serve_hub, args=(str(job_dir),), daemon=True)
     hub.start()
     return group, hub
 
@@ -102,7 +102,7 @@ def test_parts_start_together_and_a_failed_one_stops_the_other(tmp_path: Path) -
     soon: bench/group_stop.py); the hub exits once both ended."""
     group, hub = _hub(tmp_path)
     key = bytes.fromhex(KEY)
-    members = [GRP.Member(dict(group, rank=r), key) for r in (0, 1)]
+    members = [agent_group.Member(dict(group, rank=r), key) for r in (0, 1)]
     first = wait_for(lambda: members[0].ask("ready"), 10, 0.05, "the hub listening")
     assert first["go"] is False and first["stop"] is None  # rank 1 has not joined yet
     joined: list[str | None] = []
@@ -120,15 +120,15 @@ def test_parts_start_together_and_a_failed_one_stops_the_other(tmp_path: Path) -
     members[0].finish(143)
     hub.join(10)
     assert not hub.is_alive()
-    log = (tmp_path / "job" / GRP.HUB_LOG).read_text()
+    log = (tmp_path / "job" / agent_group.HUB_LOG).read_text()
     assert "stopping every part: h2 (rank 1) failed (exit 3)" in log and "done:" in log
 
 
 def test_a_part_that_loses_the_hub_stops_itself(tmp_path: Path) -> None:
     group = {"id": "g1", "hosts": ["h1", "h2"], "rank": 1, "master_addr": "127.0.0.1",
-             "hub_port": GRP.free_ports(1)[0], "lost_s": 1.0}  # fmt: skip  (nobody listens there)
+             "hub_port": agent_group.free_ports(1)[0], "lost_s": 1.0}  # fmt: skip  (nobody listens there)
     told: list[str] = []
-    GRP.Member(group, bytes.fromhex(KEY)).watch(threading.Event(), told.append)
+    agent_group.Member(group, bytes.fromhex(KEY)).watch(threading.Event(), told.append)
     assert told == ["lost the group's hub on h1 (rank 0's host): no answer for 1 s"]
 
 
@@ -301,8 +301,8 @@ def test_a_plain_command_runs_once_on_every_host_with_the_rendezvous(pair: Pair)
     history = json.loads(pair.cli("history", "--json", check=True).stdout)
     assert len(history) == 1 and [p["host"] for p in history[0]["group"]["parts"]] == ["h1", "h2"]
     for d in pair.part_dirs(job_id):  # the key rests in the job's dir only, private, never in its record
-        assert (d / GRP.KEY_FILE).stat().st_mode & 0o077 == 0
-        key = (d / GRP.KEY_FILE).read_text()
+        assert (d / agent_group.KEY_FILE).stat().st_mode & 0o077 == 0
+        key = (d / agent_group.KEY_FILE).read_text()
         assert key not in (d / "job.json").read_text() and key not in (d / "output.log").read_text()
 
 
@@ -444,9 +444,9 @@ def test_a_lost_host_fails_the_job_naming_it(pair: Pair, tmp_path: Path) -> None
     pids = json.loads((h2_dir / "pid.json").read_text())
     os.kill(pids["runner_pid"], signal.SIGKILL)
     os.killpg(pids["pid"], signal.SIGKILL)
-    wait_for(lambda: _alive(marker) == [], GRP.LOST_S + GRP.HEARTBEAT_S + GRP.KILL_GRACE_S + 20, 0.5, "h1 stopped")
+    wait_for(lambda: _alive(marker) == [], agent_group.LOST_S + agent_group.HEARTBEAT_S + agent_group.KILL_GRACE_S + 20, 0.5, "h1 stopped")
     status = json.loads((pair.part_dirs(job_id)[0] / "status.json").read_text())
-    assert status["error"] == f"stopped: h2 (rank 1) lost: no word from it for {int(GRP.LOST_S)} s", status
+    assert status["error"] == f"stopped: h2 (rank 1) lost: no word from it for {int(agent_group.LOST_S)} s", status
 
 
 def test_a_host_down_at_start_starts_nothing_anywhere(pair: Pair, two_sshd: list[Any]) -> None:

@@ -339,3 +339,19 @@ def test_an_ops_prefix_names_its_module() -> None:
     for op, fn in ops.HANDLERS.items():
         family = op.split(".")[0]
         assert fn.__module__ == f"remote_agent.ops.{elsewhere.get(family, family)}", (op, fn.__module__)
+
+
+def test_module_aliases_are_words_but_the_two_house_ones() -> None:
+    """A module imported under another name gets a word (``restart_policy``, ``job_series``), never a letter or
+    two that means a different module in each file; the two house aliases are ``M`` (the client's session model)
+    and ``P`` (the wire protocol). torch's ``F`` is PyTorch's own convention: the examples keep it."""
+    house = {"M": "model", "P": "protocol"}
+    bad = []
+    for folder in ("gputui", "remote_agent", "tests", "scripts", "bench"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for a in node.names:
+                        if a.asname and len(a.asname) <= 3 and a.asname.isupper() and house.get(a.asname) != a.name.rsplit(".", 1)[-1]:
+                            bad.append(f"{path.relative_to(ROOT)}: {a.name} as {a.asname}")
+    assert bad == []

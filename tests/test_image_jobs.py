@@ -22,7 +22,7 @@ from sshd import Sshd
 
 from remote_agent.fsutil import read_json
 from remote_agent.host.container import Owners
-from remote_agent.jobs import image as IMG
+from remote_agent.jobs import image as agent_image
 from remote_agent.jobs.store import running_jobs
 
 
@@ -64,7 +64,7 @@ class Box(SshHome):
         return next(j for j in json.loads(self.cli("jobs", "box", "--json", check=True).stdout) if j["id"] == job_id)
 
     def tag(self) -> str:
-        return IMG.state_tag(str(self.remote_dir))
+        return agent_image.state_tag(str(self.remote_dir))
 
     def ours(self) -> list[str]:
         return self.engine.containers(f"label=gputui.state={self.tag()}")
@@ -106,7 +106,7 @@ def test_kill_reaches_a_process_that_ignores_sigint_inside_the_container(box: Bo
     assert box.ours() == [name]
     # its processes descend from the engine, not the job: they are the job's by their container's cgroup
     inside = int(box.engine.docker("inspect", "--format", "{{.State.Pid}}", name).stdout)
-    wait_for(lambda: (read_json(str(box.remote_job_dir(job) / IMG.FILE)) or {}).get("id"), what="the container's id")
+    wait_for(lambda: (read_json(str(box.remote_job_dir(job) / agent_image.FILE)) or {}).get("id"), what="the container's id")
     owners = Owners(running_jobs(str(box.remote_dir / "jobs")))
     assert owners(inside) == job and owners(os.getpid()) is None
     killed = box.cli("kill", "box", job, "--grace", "1", "--yes", check=True, timeout=60)
@@ -148,7 +148,7 @@ def test_a_container_whose_runner_died_is_ended_and_a_foreign_one_is_never_touch
     assert box.engine.containers(f"name={foreign}") == [foreign]  # never ours to end
     marker = box.remote_job_dir(job) / "container-ended.json"
     wait_for(marker.exists, timeout=30, what="the end to be on record")
-    (box.remote_job_dir(job) / IMG.FILE).write_text(json.dumps({"name": foreign}))  # a record naming another's
+    (box.remote_job_dir(job) / agent_image.FILE).write_text(json.dumps({"name": foreign}))  # a record naming another's
     marker.unlink()
     box.job(job)  # the lost job is looked at again: its "container" is the foreign one now
     wait_for(marker.exists, timeout=30, what="the agent to have tried")
@@ -187,11 +187,11 @@ def test_a_host_without_the_engine_asked_for_says_what_to_install(box: Box) -> N
 
 
 def test_gpu_selection_goes_to_the_engine_renumbered_never_as_cuda_visible_devices() -> None:
-    assert IMG.gpu_args("docker", "0,2") == ["--gpus", '"device=0,2"']  # one CSV field: the quotes are Docker's
-    assert IMG.gpu_args("docker", "all") == ["--gpus", "all"]
-    assert IMG.gpu_args("docker", "") == [] and IMG.gpu_args("docker", "none") == []
-    assert IMG.gpu_args("podman", "1") == ["--device", "nvidia.com/gpu=1"]
-    argv = IMG.run_argv(
+    assert agent_image.gpu_args("docker", "0,2") == ["--gpus", '"device=0,2"']  # one CSV field: the quotes are Docker's
+    assert agent_image.gpu_args("docker", "all") == ["--gpus", "all"]
+    assert agent_image.gpu_args("docker", "") == [] and agent_image.gpu_args("docker", "none") == []
+    assert agent_image.gpu_args("podman", "1") == ["--device", "nvidia.com/gpu=1"]
+    argv = agent_image.run_argv(
         {"container": {"engine_path": "/usr/bin/docker", "tag": "t", "image": "img",
                        "args": ["--shm-size=8g"]}, "cwd": "/w", "argv": ["python", "-c", "x"], "env": {"A": "1"}},
         "5", 2, {"CUDA_VISIBLE_DEVICES": "3", "A": "1", "GPUTUI_ATTEMPT": "2", "HOME": "/root"},
@@ -207,10 +207,10 @@ def test_the_nvidia_runtime_is_found_as_the_toolkit_registers_it(tmp_path: Path)
     """``nvidia-ctk runtime configure`` adds ``runtimes.nvidia`` to daemon.json; ``docker info`` lists it under
     Runtimes (the Docker Engine API's SystemInfo). CDI: nvidia-ctk cdi generate writes /etc/cdi/nvidia.yaml."""
     info = {"Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "nvidia": {"path": "nvidia-container-runtime"}}}
-    assert IMG.nvidia_ready(info, cdi_dirs=())
-    assert not IMG.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
+    assert agent_image.nvidia_ready(info, cdi_dirs=())
+    assert not agent_image.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
     (tmp_path / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
-    assert IMG.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
+    assert agent_image.nvidia_ready({"Runtimes": {"runc": {"path": "runc"}}}, cdi_dirs=(str(tmp_path),))
 
 
 def _project(root: Path, dockerfile: str) -> Path:
@@ -344,7 +344,7 @@ def test_a_job_over_two_hosts_runs_in_an_image_and_stops_together(
         assert [p["exit_code"] for p in parts] == [143, 3] and record["error"] == "h2 (rank 1) failed (exit 3)"
         assert parts[0]["error"] == "stopped: h2 (rank 1) failed (exit 3)"
         assert record["image"]["image"] == IMAGE
-        tags = [IMG.state_tag(str(box.remote_dir)), IMG.state_tag(str(remote2))]
+        tags = [agent_image.state_tag(str(box.remote_dir)), agent_image.state_tag(str(remote2))]
         assert [engine.containers(f"label=gputui.state={t}") for t in tags] == [[], []]
     finally:
         stop_host(remote2)

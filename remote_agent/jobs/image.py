@@ -32,7 +32,7 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from ..fsutil import read_json, write_json
-from . import group as GRP
+from . import group as job_group
 
 ENGINES = ("docker", "podman")
 #: Most extra engine options a job may carry, and the longest one.
@@ -220,11 +220,11 @@ def run_argv(job: Dict[str, Any], job_id: str, attempt: int, env: Dict[str, str]
             "--mount", "type=bind,source=%s,target=%s" % (cwd, cwd), "--workdir", cwd]  # fmt: skip
     engine_name = "podman" if os.path.basename(spec["engine_path"]).startswith("podman") else "docker"
     argv += gpu_args(engine_name, env.get("CUDA_VISIBLE_DEVICES"))
-    passed = _PASSED + GRP.ENV_NAMES if job.get("group") else _PASSED  # a part of a job over several hosts
+    passed = _PASSED + job_group.ENV_NAMES if job.get("group") else _PASSED  # a part of a job over several hosts
     names = list(job.get("env") or {}) + list(job.get("secrets") or []) + [n for n in passed if n in env]
     for var in dict.fromkeys(names):  # the value travels in the engine's environment, never on its command line
         argv += ["--env", var]
-    command = GRP.run_argv(job) if job.get("group") else list(job["argv"])  # torchrun's line, in the image
+    command = job_group.run_argv(job) if job.get("group") else list(job["argv"])  # torchrun's line, in the image
     return argv + list(spec.get("args") or []) + ["--", spec["image"]] + command
 
 

@@ -22,10 +22,10 @@ from typing import Dict, List, Optional
 
 from ..fsutil import read_json, user_umask, write_json
 from ..host.boot import boot_id
-from . import group as GRP
-from . import image as IMG
+from . import group as job_group
+from . import image as job_image
 from . import restart as restart_policy
-from . import secrets as SEC
+from . import secrets as job_secrets
 from .logclock import TIMES_NAME, LogClock
 from .series import SeriesKeeper
 from .usage import UsageRecorder
@@ -132,16 +132,16 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
         if attempt > 1:
             env["GPUTUI_ATTEMPT"] = str(attempt)
     if attempt > 1 and os.path.exists(os.path.join(job_dir, "kill.json")):  # killed as it was being restarted
-        SEC.end_job(job_dir, {"exit_code": None, "error": "killed while waiting to restart", "ended_at": time.time()})
+        job_secrets.end_job(job_dir, {"exit_code": None, "error": "killed while waiting to restart", "ended_at": time.time()})
         return 130
     names = job.get("secrets") or []
     try:
-        env.update(SEC.load(job_dir, names))  # never through env.json: they must not outlive the job
+        env.update(job_secrets.load(job_dir, names))  # never through env.json: they must not outlive the job
     except ValueError as exc:  # no attempt without them: the job ends, saying why
-        SEC.end_job(job_dir, {"exit_code": None, "error": "not started: %s" % exc, "ended_at": time.time()})
+        job_secrets.end_job(job_dir, {"exit_code": None, "error": "not started: %s" % exc, "ended_at": time.time()})
         return 1
     if names and not on_slurm and restart_policy.policy_of(job) is None:
-        SEC.forget(job_dir)  # its one attempt has them: the host keeps them no longer
+        job_secrets.forget(job_dir)  # its one attempt has them: the host keeps them no longer
 
     pid_path = os.path.join(job_dir, "pid.json")
     before = read_json(pid_path)
@@ -151,9 +151,9 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     group = job.get("group")  # a part of a job over several hosts: it runs once every part is ready
     member = None
     if group:
-        member, why = GRP.join(job_dir, group, attempt, launcher or [])
+        member, why = job_group.join(job_dir, group, attempt, launcher or [])
         if why is not None:
-            SEC.end_job(job_dir, {"exit_code": None, "error": "not started: " + why, "ended_at": time.time()})
+            job_secrets.end_job(job_dir, {"exit_code": None, "error": "not started: " + why, "ended_at": time.time()})
             return 1
     reserve = os.path.join(job_dir, ".reserve")
     _reserve(reserve)
@@ -169,16 +169,16 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     if container and container.get("build"):  # the build first, in the pane (image.build_and_run)
         argv = (launcher or []) + ["image-run", job_dir, str(attempt)]
     elif container:
-        argv = IMG.run_argv(job, job_id, attempt, env)
+        argv = job_image.run_argv(job, job_id, attempt, env)
     elif group:  # (in an image, run_argv has the group's command)
-        argv = GRP.run_argv(job)
+        argv = job_group.run_argv(job)
     else:
         argv = job.get("run_argv") or job["argv"]
     pid, master = _spawn(argv, job["cwd"], env)  # run_argv: slurm.launch_fields
     ended = threading.Event()
     image_watch = None  # records the container's ID and image ID (jobs/image.py)
     if container:
-        image_watch = IMG.record_image(job_dir, container, IMG.container_name(container, job_id, attempt), ended)
+        image_watch = job_image.record_image(job_dir, container, job_image.container_name(container, job_id, attempt), ended)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over a file size limit, writes fail with EFBIG instead
     try:
         write_json(pid_path, dict(started, pid=pid))
@@ -192,14 +192,14 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     if member is not None:
 
         def send(sig: int) -> None:  # a job in an image: to its container (its CLI on a terminal passes none on)
-            name = IMG.running_name(job_dir) if container else None
-            if name is None or not IMG.send_signal(container, name, job_id, signal.Signals(sig).name[3:]):
+            name = job_image.running_name(job_dir) if container else None
+            if name is None or not job_image.send_signal(container, name, job_id, signal.Signals(sig).name[3:]):
                 try:
                     os.killpg(pid, sig)
                 except OSError:
                     pass
 
-        stop = GRP.stopper(send, ended, stopped_by.append)
+        stop = job_group.stopper(send, ended, stopped_by.append)
         threading.Thread(target=member.watch, args=(ended, stop), name="group-part", daemon=True).start()
 
     # Signals aimed at the runner go to the job instead, so the runner survives to write the status.
@@ -297,7 +297,7 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     # A failed attempt of a job with a restart policy: the watchdog decides (remote_agent/jobs/restart.py).
     final = restart_policy.ends_for_good(job_dir, job, code, sig)
     if final and not on_slurm:
-        SEC.end_job(job_dir, end)
+        job_secrets.end_job(job_dir, end)
     else:  # Slurm may requeue the run: its secrets stay until Slurm says the job ended (the store deletes them)
         write_json(os.path.join(job_dir, "status.json" if final else restart_policy.ATTEMPT), end)
     if member is not None:

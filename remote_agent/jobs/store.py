@@ -29,10 +29,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 from .. import protocol as P
 from ..fsutil import ensure_private_dir, open_regular, read_json, write_json
 from ..host.container import Owners
-from . import group as GRP
-from . import image as IMG
+from . import group as job_group
+from . import image as job_image
 from . import restart as restart_policy
-from . import secrets as SEC
+from . import secrets as job_secrets
 from . import slurm as slurm_jobs
 from .index import EndedIndex, Entry, Key, job_key, to_json
 
@@ -244,14 +244,14 @@ class JobStore:
         cwd = os.path.abspath(os.path.expanduser(cwd or "~"))
         if not os.path.isdir(cwd):
             raise JobError("working directory %s does not exist on the host" % cwd, "bad_args")
-        problem = IMG.dir_problem(extra["container"], cwd) if (extra or {}).get("container") else None
+        problem = job_image.dir_problem(extra["container"], cwd) if (extra or {}).get("container") else None
         if problem:
             raise JobError(problem, "bad_args")
         env = env or {}
         if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k for k, v in env.items()):
             raise JobError("env must map variable names (without '=') to strings", "bad_args")
         try:
-            secrets = SEC.check(secrets)
+            secrets = job_secrets.check(secrets)
         except ValueError as exc:
             raise JobError(str(exc), "bad_args") from None
         both = sorted(set(secrets) & set(env))
@@ -277,7 +277,7 @@ class JobStore:
         job_env.update(env)  # the user's explicit env wins over every default
         group = (extra or {}).get("group")
         if group:  # a part of a job over several hosts: the rendezvous (jobs/group.py)
-            job_env.update(GRP.env(group))
+            job_env.update(job_group.env(group))
         if request is not None:
             job_env, gpus = slurm_jobs.env_file(env), None
         for secret in secrets:  # (an agent run locally inherits the user's variables): the runner adds its own
@@ -307,13 +307,13 @@ class JobStore:
             record.update(scheduler="slurm", slurm=asked, **slurm_jobs.launch_fields(request, self.launcher, job_dir))
         record.update(extra or {})
         if group:
-            record["group"] = GRP.keep(job_dir, group)  # its key rests apart, in the job's dir only
+            record["group"] = job_group.keep(job_dir, group)  # its key rests apart, in the job's dir only
         write_json(os.path.join(job_dir, "env.json"), job_env)
         write_json(os.path.join(job_dir, "job.json"), record)
         try:
-            SEC.keep(job_dir, secrets)
+            job_secrets.keep(job_dir, secrets)
         except OSError as exc:  # (a full disk): the job never starts, and says why
-            SEC.end_job(job_dir, {"exit_code": None, "error": "cannot keep its secrets: %s" % (exc.strerror or exc),
+            job_secrets.end_job(job_dir, {"exit_code": None, "error": "cannot keep its secrets: %s" % (exc.strerror or exc),
                                   "ended_at": time.time()})  # fmt: skip
             raise JobError("cannot keep the job's secrets on the host: %s" % (exc.strerror or exc)) from None
         return job_id
@@ -330,7 +330,7 @@ class JobStore:
                 break
         else:
             err = res.stderr.decode("utf-8", "replace").strip()
-            SEC.end_job(job_dir, {"exit_code": None, "error": err, "ended_at": time.time()})
+            job_secrets.end_job(job_dir, {"exit_code": None, "error": err, "ended_at": time.time()})
             raise JobError("tmux could not start the job: %s" % err)
         return self.describe(job_id)
 
@@ -341,7 +341,7 @@ class JobStore:
         try:
             slurm_jobs.submit(argv, job_dir)
         except slurm_jobs.SlurmError as exc:
-            SEC.end_job(job_dir, {"exit_code": None, "error": str(exc), "ended_at": time.time()})
+            job_secrets.end_job(job_dir, {"exit_code": None, "error": str(exc), "ended_at": time.time()})
             raise JobError(str(exc)) from None
         finally:
             self.slurm.forget()
@@ -399,7 +399,7 @@ class JobStore:
             record["error"] = "record too large to list (%d bytes); jobs.get has it" % len(text)
             text = to_json(record)
         if record["ended_at"] is not None:  # final: the runner wrote its last bytes before the status
-            SEC.forget(path)  # it never starts again (on Slurm: Slurm's word; elsewhere gone already, as a rule)
+            job_secrets.forget(path)  # it never starts again (on Slurm: Slurm's word; elsewhere gone already, as a rule)
             self.ended.add(job_id, key, record, text)
         return Entry(key, text, record)
 
@@ -450,7 +450,7 @@ class JobStore:
             if status is None and isinstance(record.get("container"), dict):
                 end_lost_container(path, job_id, record["container"])
         if isinstance(record.get("container"), dict):  # the image it runs (one --build made: its tag) and its ID
-            ran = read_json(os.path.join(path, IMG.FILE)) or {}
+            ran = read_json(os.path.join(path, job_image.FILE)) or {}
             record["image_id"] = ran.get("image_id")
             if isinstance(ran.get("image"), str):
                 record["container"] = dict(record["container"], image=ran["image"])
@@ -567,9 +567,9 @@ class JobStore:
                 if self._wait_ended(path, grace_s):
                     break
             self._wait_ended(path, 5.0)
-            name = IMG.running_name(path) if container else None
+            name = job_image.running_name(path) if container else None
             if name is not None:
-                IMG.end(container, name, job_id)  # one created as its CLI was being killed
+                job_image.end(container, name, job_id)  # one created as its CLI was being killed
         else:
             self._end_unstarted(job_id, path)
         return self.describe(job_id)
@@ -577,8 +577,8 @@ class JobStore:
     @staticmethod
     def _signal_container(job_id: str, path: str, spec: Dict[str, Any], sig: signal.Signals) -> bool:
         """Send ``sig`` to the job's container; whether there was one of ours to send it to."""
-        name = IMG.running_name(path)
-        return name is not None and IMG.send_signal(spec, name, job_id, sig.name[3:])
+        name = job_image.running_name(path)
+        return name is not None and job_image.send_signal(spec, name, job_id, sig.name[3:])
 
     def _end_unstarted(self, job_id: str, path: str) -> None:
         """Kill a job whose runner has not written its pid yet: end its tmux session (the runner with it, and a
@@ -593,7 +593,7 @@ class JobStore:
             if _pid_alive(pids.get("runner_pid")) and self._wait_ended(path, 5.0):
                 return
         if not os.path.exists(os.path.join(path, "status.json")):
-            SEC.end_job(path, {"exit_code": None, "error": "killed before it started", "ended_at": time.time()})
+            job_secrets.end_job(path, {"exit_code": None, "error": "killed before it started", "ended_at": time.time()})
 
     def _kill_slurm(self, job_id: str, path: str, info: Dict[str, Any], grace_s: float) -> Dict[str, Any]:
         """Kill a Slurm job (escalating as ``kill`` does, with scancel) and wait until Slurm says it ended."""
@@ -626,10 +626,10 @@ def end_lost_container(path: str, job_id: str, spec: Dict[str, Any]) -> None:
     """End the container of a job whose runner died, once (its pty's hangup usually ended it already; one that
     ignores SIGHUP would hold its GPUs unwatched). The engine's answers are bounded (remote_agent/jobs/image.py)."""
     marker = os.path.join(path, "container-ended.json")
-    name = IMG.running_name(path)
+    name = job_image.running_name(path)
     if name is None or os.path.exists(marker):
         return
-    ended = IMG.end(spec, name, job_id)
+    ended = job_image.end(spec, name, job_id)
     write_json(marker, {"name": name, "ended": ended, "at": time.time()})
 
 
@@ -661,7 +661,7 @@ def running_jobs(jobs_dir: str) -> List[Dict[str, Any]]:
             continue  # lost: its runner died without a status
         env = read_json(os.path.join(path, "env.json"))
         gpus = env.get("CUDA_VISIBLE_DEVICES") if isinstance(env, dict) else None
-        ran = read_json(os.path.join(path, IMG.FILE))  # a job in an image: its container (jobs/image.py)
+        ran = read_json(os.path.join(path, job_image.FILE))  # a job in an image: its container (jobs/image.py)
         out.append(
             {
                 "id": job_id,

@@ -4,8 +4,8 @@ import json
 from typing import TYPE_CHECKING, Any, Dict, List
 
 from .. import protocol as P
-from ..jobs import group as GRP
-from ..jobs import image as IMG
+from ..jobs import group as job_group
+from ..jobs import image as job_image
 from ..jobs.queue import never_fits, parse_request
 from ..jobs.store import JobError, checked_restart
 from ..watchdog import daemon
@@ -30,16 +30,16 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         if a.get("slurm") is not None:
             raise JobError("jobs in images on Slurm hosts are not supported yet: drop --image", "bad_args")
         try:
-            asked = IMG.check_request(a.get("container"))
-            extra["container"] = IMG.prepare(asked, a.get("gpus"), agent.jobs.state_dir)
-        except IMG.ImageError as exc:
+            asked = job_image.check_request(a.get("container"))
+            extra["container"] = job_image.prepare(asked, a.get("gpus"), agent.jobs.state_dir)
+        except job_image.ImageError as exc:
             raise JobError(str(exc), "bad_args") from None
     if a.get("group") is not None:  # one part of a job over several hosts (remote_agent/jobs/group.py)
         if a.get("queue") is not None or a.get("slurm") is not None:
             raise JobError("a part of a job over several hosts runs now: no queue, no Slurm", "bad_args")
         try:
-            extra["group"] = GRP.check_request(a.get("group"))
-        except GRP.GroupError as exc:
+            extra["group"] = job_group.check_request(a.get("group"))
+        except job_group.GroupError as exc:
             raise JobError(str(exc), "bad_args") from None
     if a.get("queue") is not None:
         policy = checked_restart(a.get("restart"), False)
@@ -64,7 +64,7 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
 
 def group_check(agent: "Agent", a: P.GroupCheckArgs) -> P.GroupCheckResult:
     """Whether this host's part of a job over several hosts can run (jobs/group.py ``check_host``)."""
-    return GRP.check_host(dict(a), len(agent.facts().get("gpus") or []))  # type: ignore[return-value]
+    return job_group.check_host(dict(a), len(agent.facts().get("gpus") or []))  # type: ignore[return-value]
 
 
 def page(agent: "Agent", a: P.ListArgs) -> P.Raw:

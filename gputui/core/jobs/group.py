@@ -20,9 +20,9 @@ from gputui.core.session import model as M
 from gputui.core.session.gather import Fleetish
 from gputui.core.session.host import HostSession
 from remote_agent import protocol as P
-from remote_agent.jobs import group as GRP
+from remote_agent.jobs import group as agent_group
 
-ENV_NAMES = GRP.ENV_NAMES
+ENV_NAMES = agent_group.ENV_NAMES
 
 
 class GroupError(ValueError):
@@ -49,8 +49,8 @@ def hosts_of(config: Config, spec: str) -> list[str] | None:
             raise GroupError(
                 f"{name} is a Slurm cluster: run a many-node job there with --nodes N, not with other hosts"
             )
-    if len(names) > GRP.MAX_NODES:
-        raise GroupError(f"{spec!r}: at most {GRP.MAX_NODES} hosts")
+    if len(names) > agent_group.MAX_NODES:
+        raise GroupError(f"{spec!r}: at most {agent_group.MAX_NODES} hosts")
     return names
 
 
@@ -67,7 +67,7 @@ class Plan:
     hub_port: int
     launcher: str | None
     key: str = dataclasses.field(repr=False)
-    lost_s: float = GRP.LOST_S
+    lost_s: float = agent_group.LOST_S
 
     def request(self, rank: int) -> P.GroupRequest:
         return {"id": self.id, "hosts": list(self.hosts), "rank": rank, "nproc_per_node": self.nproc_per_node,
@@ -117,11 +117,11 @@ def _checked(answer: dict[str, Any]) -> dict[str, Any]:
     problems, ports, routes = answer.get("problems"), answer.get("ports"), answer.get("routes")
     count = answer.get("gpu_count")
     return {
-        "address": address if isinstance(address, str) and GRP.ADDRESS.match(address) else None,
+        "address": address if isinstance(address, str) and agent_group.ADDRESS.match(address) else None,
         "gpu_count": count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0,
         "problems": [safetext.clean(p, limit=300) for p in problems[:20]] if isinstance(problems, list) else [],
         "ports": [p for p in ports if port(p)] if isinstance(ports, list) else [],
-        "routes": {k: v for k, v in routes.items() if isinstance(v, str) and GRP.ADDRESS.match(v)}
+        "routes": {k: v for k, v in routes.items() if isinstance(v, str) and agent_group.ADDRESS.match(v)}
         if isinstance(routes, dict) else {},
     }  # fmt: skip
 

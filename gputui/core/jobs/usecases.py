@@ -12,7 +12,7 @@ from gputui.core.session import model as M
 from gputui.core.session.gather import Fleetish, Outcome, gather_hosts
 from gputui.core.session.host import HostSession
 from remote_agent import protocol as P
-from remote_agent.jobs import image as IMG
+from remote_agent.jobs import image as agent_image
 from remote_agent.jobs import restart as restart_policy
 
 
@@ -97,7 +97,7 @@ def container_request(spec: JobSpec, host: HostConfig | None) -> P.ContainerRequ
         request["build"] = {"dockerfile": spec.build}
     else:
         request["image"] = str(spec.image)
-    return IMG.check_request(request)  # type: ignore[return-value]
+    return agent_image.check_request(request)  # type: ignore[return-value]
 
 
 def check_restart(policy: str | None, resume_from: str | None) -> None:
