@@ -34,7 +34,7 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 def pip(venv: Path, *args: str) -> None:
     subprocess.run([str(venv / "bin" / "pip"), "-q", "--disable-pip-version-check", *args], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+                   stdout=subprocess.DEVNULL)
 
 
 def make_venvs(where: Path) -> tuple[Path, Path]:
@@ -62,7 +62,7 @@ def make_venvs(where: Path) -> tuple[Path, Path]:
 def slowest_imports(python: Path, script: Path, env: dict[str, str]) -> str:
     """The top-level imports of ``script status --json`` that take longest (``-X importtime``)."""
     res = subprocess.run([str(python), "-X", "importtime", str(script), "status", "--json"],
-                         env=env, capture_output=True, text=True, check=True)  # fmt: skip
+                         env=env, capture_output=True, text=True, check=True)
     rows = [line.split("|") for line in res.stderr.splitlines() if line.startswith("import time:")]
     depth = {r[2].rstrip(): int(r[1]) for r in rows if r[1].strip().isdigit()}
     top = sorted((us, m.strip()) for m, us in depth.items() if m.startswith("   ") and not m.startswith("     "))

@@ -29,7 +29,7 @@ KEY = "ab" * 32
 def one_run(root: str, lost: bool, lost_s: float) -> float:
     """Seconds from rank 1's failure (or last word) to rank 0 being told to stop."""
     group = {"id": "bench", "hosts": ["h1", "h2"], "rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
-             "master_port": 1, "hub_port": agent_group.free_ports(1)[0], "lost_s": lost_s, "launcher": None}  # fmt: skip
+             "master_port": 1, "hub_port": agent_group.free_ports(1)[0], "lost_s": lost_s, "launcher": None}
     job_dir = tempfile.mkdtemp(dir=root)
     Path(job_dir, "job.json").write_text(json.dumps({"group": group}))
     Path(job_dir, agent_group.KEY_FILE).write_text(KEY)

@@ -359,7 +359,7 @@ def main() -> None:
     throughput("step prints (bench/ui_tick.py's flood line)", step_log(size), args.runs, old)
     throughput("tqdm's own output (its format, fresh numbers)", tqdm_log(size // 2), args.runs, old)
     throughput("interleaved (tqdm, HF dict, Lightning bar, plain: a new kind every line)",
-               interleaved_log(size // 2), args.runs, old)  # fmt: skip
+               interleaved_log(size // 2), args.runs, old)
     if args.parts:
         parts(size, args.runs)
     if args.hostile:

@@ -44,18 +44,18 @@ def write_log(path: Path, mb: int) -> None:
         i = 0
         while f.tell() < mb * 1_000_000:
             f.write("".join(LINE.format(e=j // 1000, s=j, n=10**6, l=1 / (j + 1), g=j % 7 / 3)
-                            for j in range(i, i + 10_000)))  # fmt: skip
+                            for j in range(i, i + 10_000)))
             i += 10_000
 
 
 def ended_job(box: Box, src: Path) -> tuple[str, Path]:
     """Run ``cat SRC`` as a job on box and wait for its end (``logs -f``); (job id, its log on the host)."""
     run = subprocess.run([*GPUTUI, "run", "box", "--", "cat", str(src)], env=box.env, capture_output=True,
-                         check=True, text=True)  # fmt: skip
+                         check=True, text=True)
     job = run.stdout.strip()
     box.timed([*GPUTUI, "logs", "-f", "box", job])
     jobs = json.loads(subprocess.run([*GPUTUI, "jobs", "box", "--json"], env=box.env, capture_output=True,
-                                     check=True, text=True).stdout)  # fmt: skip
+                                     check=True, text=True).stdout)
     state = next(j["state"] for j in jobs if j["id"] == job)
     logs = list((box.root / "remote").rglob(f"jobs/{job}/output.log"))
     if len(logs) != 1:
@@ -138,7 +138,7 @@ def main() -> None:
         f"gputui (python -c 'from gputui.launch import main; main()', PYTHONPATH={ROOT}) vs OpenSSH, one ended"
     )
     print(f"job's log of {size / 1e6:.0f} MB on a loopback sshd, {args.runs} runs interleaved, medians (min), "
-          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; CPU: the client's user+sys")  # fmt: skip
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}; CPU: the client's user+sys")
     print(
         f"{'gputui':<24} {'wall s':>12} {'CPU s':>6}   {'peer':<24} {'wall s':>12} {'CPU s':>6}   peer/gputui"
     )

@@ -71,7 +71,7 @@ async def main() -> None:
     cfg = HostConfig(
         name="bench", host="127.0.0.1", port=server.port, user=server.user, identity_file=str(key),
         known_hosts=str(known), remote_dir=str(root / "remote"),
-    )  # fmt: skip
+    )
     session = HostSession("bench", SSHTransport(cfg))
     ours, cats, scps = [], [], []
     try:

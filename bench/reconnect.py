@@ -91,7 +91,7 @@ async def main() -> None:
     cfg = HostConfig(
         name="bench", host="127.0.0.1", port=proxy.port, user=server.user, identity_file=str(key),
         known_hosts=str(known), remote_dir=str(root / "remote"),
-    )  # fmt: skip
+    )
     watch = Watch()
     session = HostSession("bench", SSHTransport(cfg), on_change=watch.on_change)
     stop = root / "stop"

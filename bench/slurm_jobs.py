@@ -132,7 +132,7 @@ def main() -> None:
     jobs_s, status_s, bare_s = (statistics.median(x) for x in (jobs_runs, status_runs, bare))
     print(f"submitted {args.jobs} held jobs with sbatch in {submit:.1f} s ({1000 * submit / args.jobs:.0f} ms each)")
     print("| Slurm queue | jobs --json | same, host with 0 jobs | list again (connected) | status --json | "
-          "squeue alone (peer) |")  # fmt: skip
+          "squeue alone (peer) |")
     print("|---|---|---|---|---|---|")
     print(
         f"| {args.jobs} jobs, {args.nodes} nodes | {jobs_s:.2f} s | {bare_s:.2f} s | {relist:.3f} s | "

@@ -72,7 +72,7 @@ def main() -> None:
         smi = box.root / "bin" / "nvidia-smi"
         smi.parent.mkdir()
         smi.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{CAPTURE.parent / "fake_nvidia_smi.py"}" '
-                       f'--capture "{CAPTURE}" --state idle "$@"\n')  # fmt: skip
+                       f'--capture "{CAPTURE}" --state idle "$@"\n')
         smi.chmod(0o755)
         authorized = box.server.authorized  # the key's sessions get PATH=...: the stand-in comes first
         authorized.write_text(authorized.read_text().replace('"PATH=', f'"PATH={smi.parent}:', 1))
@@ -93,12 +93,12 @@ def main() -> None:
             for name, argv in commands.items():
                 times[name].append(box.timed(argv))
             res = subprocess.run([sys.executable, __file__, "--phases"], env=box.env, capture_output=True,
-                                 text=True, check=True)  # fmt: skip
+                                 text=True, check=True)
             for name, took in json.loads(res.stdout).items():
                 phases[name].append(took)
     peer = statistics.median(times["ssh HOST nvidia-smi --query-gpu"])
     print(f"one SSH host (loopback sshd, {status['gpus'][0].get('name')} stand-in), {args.runs} runs, "
-          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"load average {os.getloadavg()[0]:.1f}")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"{name:34s} median {med * 1000:6.1f} ms  min {min(ts) * 1000:6.1f} ms  {med / peer:4.2f}x")

@@ -72,7 +72,7 @@ def ssh_box(extra_config: str = "") -> Iterator[Box]:
     server, key, known = start_with_client(root)
     home = root / "home"
     settings = {"host": "127.0.0.1", "port": server.port, "user": server.user, "identity_file": str(key),
-                "known_hosts": str(known), "remote_dir": str(root / "remote")}  # fmt: skip
+                "known_hosts": str(known), "remote_dir": str(root / "remote")}
     (home / ".config" / "gputui").mkdir(parents=True)
     (home / ".config" / "gputui" / "config.toml").write_text(
         "[hosts.box]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()) + extra_config

@@ -65,7 +65,7 @@ def main() -> None:
         ours, theirs = statistics.median(times[f"gputui {label}"]), statistics.median(times[f"rsync {label}"])
         print(f"{label:<7} gputui {ours:6.2f} s  rsync {theirs:6.2f} s  gputui/rsync {ours / theirs:5.2f}x"
               f"  (gputui {' '.join(f'{t:.2f}' for t in times[f'gputui {label}'])};"
-              f" rsync {' '.join(f'{t:.2f}' for t in times[f'rsync {label}'])})")  # fmt: skip
+              f" rsync {' '.join(f'{t:.2f}' for t in times[f'rsync {label}'])})")
     connect, resync = statistics.median(times["connect"]), statistics.median(times["gputui resync"])
     print(f"connect (gputui jobs box --json) {connect:.2f} s ({' '.join(f'{t:.2f}' for t in times['connect'])});"
           f" resync net of it {resync - connect:.2f} s vs rsync {statistics.median(times['rsync resync']):.2f} s")

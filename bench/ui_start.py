@@ -169,7 +169,7 @@ def ssh_home() -> Iterator[Path]:
         hung.listen(64)
         with tempfile.TemporaryDirectory() as state:
             extra = (f'[hosts.local]\ntransport = "local"\nremote_dir = "{state}"\n'
-                     f'[hosts.hung]\nhost = "127.0.0.1"\nport = {hung.getsockname()[1]}\n')  # fmt: skip
+                     f'[hosts.hung]\nhost = "127.0.0.1"\nport = {hung.getsockname()[1]}\n')
             with ssh_box(extra_config=extra) as box:
                 yield box.home
 
@@ -205,7 +205,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=9)
     ap.add_argument("--no-ssh", action="store_true", help="the local-only config only")
     ap.add_argument("--peer", type=Path, action="append", default=[],
-                    help="another checkout (e.g. the commit before) whose gputui runs in the same rounds")  # fmt: skip
+                    help="another checkout (e.g. the commit before) whose gputui runs in the same rounds")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as home, contextlib.ExitStack() as stack:
         env = clean_env(dict(os.environ), home)

@@ -52,7 +52,7 @@ class SyntheticHost:
         self.util = [rng.uniform(30, 95) for _ in range(GPUS)]
         self.history = MetricsRing(HISTORY)  # as a HostSession keeps it
         self.job = M.Job(host=name, id="1", name="train", state=M.JOB_RUNNING, command=("python", "train.py"),
-                         started_at=time.time() - 3600, tmux_session="gputui-1")  # fmt: skip
+                         started_at=time.time() - 3600, tmux_session="gputui-1")
 
     def snapshot(self) -> M.HostSnapshot:
         r, now = self.rng, time.time()
@@ -64,13 +64,13 @@ class SyntheticHost:
             procs = (M.GpuProcess(pid=5000 + i, mem_mib=50_000, job="1", name="python"),)
             gpus.append(M.GpuSample(index=i, name="NVIDIA H100 80GB HBM3", util_percent=round(u), mem_used_mib=40_000 + 300 * u,
                                     mem_total_mib=81_559, temp_c=40 + u * 0.4, power_w=80 + 6 * u, power_limit_w=700,
-                                    processes=procs))  # fmt: skip
+                                    processes=procs))
         host = M.HostStats(cpu_percent=r.uniform(20, 60), cpu_count=96, load1=12.0, mem_used_mib=400_000,
-                           mem_total_mib=1_000_000, disk_free_gib=900, disk_total_gib=2000, uptime_s=86_400)  # fmt: skip
+                           mem_total_mib=1_000_000, disk_free_gib=900, disk_total_gib=2000, uptime_s=86_400)
         sample = M.MetricsSample(seq=self.seq, t=now, host=host, gpus=tuple(gpus), gpu_source="nvml")
         cost = M.CostInfo(price_per_hour=2.49 * GPUS, accrued=2.49 * GPUS * 5)
         return M.HostSnapshot(name=self.name, state=M.CONNECTED, facts={"tmux_socket": "x"}, metrics=sample,
-                              jobs=(self.job,), updated_at=now, history=self.history.append(sample), cost=cost)  # fmt: skip
+                              jobs=(self.job,), updated_at=now, history=self.history.append(sample), cost=cost)
 
 
 class FloodSession:
@@ -96,7 +96,7 @@ class FloodSession:
                 on_data(b"".join(
                     b"step %d/100000 loss=%.4f lr=3.0e-04 grad_norm=1.02 tokens/s=31337 | epoch 2\r\n"
                     % (self.lines + i, 2.0 / (1 + (self.lines + i) / 1e4)) for i in range(due)
-                ))  # fmt: skip
+                ))
                 self.lines += due
             await asyncio.sleep(0.01)
 
@@ -283,21 +283,21 @@ def main() -> None:
         print(json.dumps(run_app(int(args.one[0]), args.one[1] == "1", args.seconds)))
         return
     print(f"gputui app under load: {GPUS} GPUs per host, 1 snapshot per host per second, 160x48 terminal, "
-          f"{args.seconds:g} s per scenario")  # fmt: skip
+          f"{args.seconds:g} s per scenario")
     head = (f"{'hosts':>5}  {'log flood':>14}  {'CPU % (1 core)':>14}  {'of it feed':>10}  {'RSS MiB':>7}  "
-            f"{'frames/s':>8}  {'l: median':>9}  {'p99':>6}  {'↓↑: median':>10}  {'p99':>6}")  # fmt: skip
+            f"{'frames/s':>8}  {'l: median':>9}  {'p99':>6}  {'↓↑: median':>10}  {'p99':>6}")
     print(head)
     print("-" * len(head))
     for hosts, flood in SCENARIOS:
         out = subprocess.run([sys.executable, __file__, "--one", str(hosts), "1" if flood else "0", "--seconds", str(args.seconds)],
-                             capture_output=True, text=True, timeout=args.seconds * 4 + 60)  # fmt: skip
+                             capture_output=True, text=True, timeout=args.seconds * 4 + 60)
         if out.returncode != 0:
             print(f"{hosts:>5}  failed: {out.stderr.strip()[-300:]}")
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         rate = f"{r['flood_rate']:,.0f} lines/s" if flood else "-"
         print(f"{hosts:>5}  {rate:>14}  {r['cpu']:>14.1f}  {r['feed']:>10.1f}  {r['rss']:>7.0f}  {r['fps']:>8.1f}  "
-              f"{ms(r['latency_ms'], 0.5):>9}  {ms(r['latency_ms'], 0.99):>6}  {ms(r['host_ms'], 0.5):>10}  {ms(r['host_ms'], 0.99):>6}")  # fmt: skip
+              f"{ms(r['latency_ms'], 0.5):>9}  {ms(r['latency_ms'], 0.99):>6}  {ms(r['host_ms'], 0.5):>10}  {ms(r['host_ms'], 0.99):>6}")
     print(
         "l: full-screen log on/off; ↓↑: next/previous host (its GPUs, jobs and log swap in). Latency: key "
         "bytes written to the terminal -> the frame showing it handed to the terminal. CPU: while watching."

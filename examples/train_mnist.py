@@ -339,7 +339,7 @@ def save_epoch(out: Path, model: nn.Module, opt: torch.optim.Optimizer, history:
     path = ckpt / f"epoch-{len(history):03d}.pt"
     tmp = path.with_name(path.name + ".tmp")
     state = {"model_state": model.state_dict(), "optimizer_state": opt.state_dict(), "epoch": len(history),
-             "history": history, "rng_state": torch.get_rng_state()}  # fmt: skip
+             "history": history, "rng_state": torch.get_rng_state()}
     torch.save(state, tmp)
     os.replace(tmp, path)
     return path

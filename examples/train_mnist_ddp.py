@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
     out = Path(args.out)
     print(f"gputui MNIST DDP example: torch {torch.__version__}, rank {rank}/{world} on "
-          f"{socket.gethostname()} ({device}, {dist.get_backend()})", flush=True)  # fmt: skip
+          f"{socket.gethostname()} ({device}, {dist.get_backend()})", flush=True)
 
     if rank != 0:
         dist.barrier()  # rank 0 downloads (or builds the stand-in) first; the others then read it
@@ -75,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     pin = device.type == "cuda"
     per_rank = max(1, args.batch_size // world)
     train_loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, num_workers=args.workers,
-                              pin_memory=pin)  # fmt: skip
+                              pin_memory=pin)
     test_loader = DataLoader(test_set, batch_size=1000, num_workers=args.workers, pin_memory=pin)
     print(f"Data: {len(train_set)} train / {len(test_set)} test images ({args.dataset}) from {args.data_dir}; "
           f"epochs={args.epochs} batch_size={args.batch_size} ({per_rank} per rank) lr={args.lr:g} out={out}",
-          flush=True)  # fmt: skip
+          flush=True)
 
     net = base.Net().to(device)
     model = DistributedDataParallel(net, device_ids=[local] if device.type == "cuda" else None)
@@ -98,15 +98,15 @@ def main(argv: list[str] | None = None) -> int:
             test_loss, test_acc = base.evaluate(net, test_loader, device, args.amp)
             lr, secs = opt.param_groups[0]["lr"], time.time() - t0
             history.append({"epoch": epoch, "train_loss": train_loss, "test_loss": test_loss, "test_acc": test_acc,
-                            "lr": lr, "seconds": round(secs, 2)})  # fmt: skip
+                            "lr": lr, "seconds": round(secs, 2)})
             print(f"Epoch {epoch}/{args.epochs} train_loss={train_loss:.4f} test_loss={test_loss:.4f} "
-                  f"test_acc={test_acc:.4f} lr={lr:g} time={secs:.1f}s", flush=True)  # fmt: skip
+                  f"test_acc={test_acc:.4f} lr={lr:g} time={secs:.1f}s", flush=True)
     except KeyboardInterrupt:
         if rank == 0:
             base.save(out, net, opt, args, device, history, started, "interrupted")
         raise
     summary = {"seconds": round(time.time() - started, 2), "test_acc": history[-1]["test_acc"] if history else None,
-               "best_acc": max((h["test_acc"] for h in history), default=None)}  # fmt: skip
+               "best_acc": max((h["test_acc"] for h in history), default=None)}
     if rank == 0:
         summary = base.save(out, net, opt, args, device, history, started, "completed")
     acc = f"test_acc={summary['test_acc']:.4f} best_acc={summary['best_acc']:.4f} " if history else ""

@@ -103,7 +103,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
         rows.append([
             hosts, j.id, _state(j), fmt(j.exit_code), ago(j.started_at), _progress(ins),
             "-" if eta is None else duration(eta), _headline(ins.metrics if ins else None), [j.name],
-        ])  # fmt: skip
+        ])
     header = ["HOST", "ID", "STATE", "EXIT", "AGE", "PROGRESS", "ETA", "METRIC", "NAME"]
     _table(header, rows, "lrlrrlrl", caps={0: 16, 7: 24})
     for j in jobs:  # what went wrong with a job's files ("disk full at offset N": its log stops there)
@@ -115,7 +115,7 @@ def print_jobs(jobs: list[M.Job]) -> None:
         if isinstance(group, dict) and isinstance(group.get("parts"), list):  # a job over several hosts: each part
             parts = group["parts"]
             each = [clean(f"{p.get('host')}:{p.get('id') or '-'} {p.get('state')}") + ("," if i + 1 < len(parts) else "")
-                    for i, p in enumerate(parts)]  # fmt: skip
+                    for i, p in enumerate(parts)]
             print(f"  {j.host} {j.id} parts: {_fit(each, max(16, _columns() - 24))}")
         attempts = j.record.get("attempts") or []
         if attempts:  # restart policies and Slurm requeues: every attempt that ended
@@ -151,7 +151,7 @@ def print_queue(jobs: list[M.Job]) -> None:
         [str(j.queue_position or "-"), j.id, queue_gpus(j), j.name,
          [j.queue_reason or "-"]]
         for j in jobs
-    ]  # fmt: skip
+    ]
     if not rows:
         print("no queued jobs")
         return
@@ -225,10 +225,10 @@ def print_status(snaps: list[M.HostSnapshot]) -> None:
         c = s.cost
         if c is not None:
             price = f"{c.price_per_hour:.2f} {c.currency}/h" if c.price_per_hour is not None else (
-                "price unknown" if c.price_unknown else "no price set")  # fmt: skip
+                "price unknown" if c.price_unknown else "no price set")
             price += f" · {c.price_source}" if c.price_source not in (None, "config") else ""
             stops = [f"{what} in {duration(left)}" for what, left in
-                     (("autostop", c.autostop_in_s), ("deadline release", c.deadline_in_s)) if left is not None]  # fmt: skip
+                     (("autostop", c.autostop_in_s), ("deadline release", c.deadline_in_s)) if left is not None]
             print(f"  cost  {price}, accrued {c.accrued:.2f}; {'; '.join([_idle_text(c), *stops])}")
             line = release_line(c, time.time())
             if line:
@@ -307,6 +307,6 @@ def print_history(records: list[dict[str, Any]]) -> None:
             r["host"], r["id"], _state_cell(r), fmt(r["exit_code"]),
             "-" if r["duration_s"] is None else duration(r["duration_s"]),
             _cost_cell(r), code_cell(r), r["name"], metrics or ["-"],
-        ])  # fmt: skip
+        ])
     header = ["HOST", "ID", "STATE", "EXIT", "TIME", "COST", "CODE", "NAME", "METRICS"]
     _table(header, rows, "lrlrrrll", caps={0: 16, 6: 17, 7: max(16, _columns() // 4 - 4)})

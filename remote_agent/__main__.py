@@ -28,12 +28,12 @@ COMMANDS: Dict[str, Tuple[str, str, Callable[[argparse.Namespace], Tuple[Any, ..
     "group-hub": (".jobs.group", "serve_hub", lambda a: (a.job_dir, a.attempt)),
     "slurm-step": (".jobs.slurm_step", "run_step", lambda a: (a.job_dir, a.task, launcher())),
     "gpu-stream": (".metrics.slurm_gpus", "gpu_stream", lambda a: (os.path.expanduser(a.state_dir), a.nvidia_smi,
-                                                           max(0.1, a.interval))),  # fmt: skip
+                                                           max(0.1, a.interval))),
     "watchdog": (".watchdog.daemon", "run", lambda a: (_dir(a.state_dir), launcher())),
     "boot": (".watchdog.autostart", "boot", lambda a: (_dir(a.state_dir), launcher())),
     "cat": (".files.pull", "cat_file", lambda a: (a.path, a.offset, a.limit)),
     "receive": (".files.sync", "receive", lambda a: (os.path.expanduser(a.state_dir), a.target, sys.stdin.buffer,
-                                                sys.stdout.buffer)),  # fmt: skip
+                                                sys.stdout.buffer)),
 }
 
 

@@ -20,7 +20,7 @@ def _kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-    ):  # fmt: skip
+    ):
         if test(mode):
             return name
     return "not a regular file"

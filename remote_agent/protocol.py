@@ -885,7 +885,7 @@ def number_arg(args: Dict[str, Any], key: str, default: float, lo: float, hi: fl
 
 
 _KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "a list",
-          dict: "an object", type(None): "null"}  # fmt: skip
+          dict: "an object", type(None): "null"}
 _KINDS_OF: Dict[Any, Tuple[type, ...]] = {list: (list,), dict: (dict,), str: (str,)}
 _HINTS: Dict[Any, Dict[str, Any]] = {}  # a TypedDict's field types, looked up once
 

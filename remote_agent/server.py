@@ -102,7 +102,7 @@ class Agent:
             if "id" not in frame:
                 return
             data = P.encode(P.reply_error(frame["id"], P.E_FAILED, "reply of %d bytes exceeds the %d byte "
-                                          "frame limit" % (len(data), P.MAX_FRAME_BYTES)))  # fmt: skip
+                                          "frame limit" % (len(data), P.MAX_FRAME_BYTES)))
         with self._out_lock:
             try:
                 self.out.write(data)
@@ -178,7 +178,7 @@ class Agent:
                 sample, jobs, self.activity, self.facts(),
                 self.idle_rule["idle_util_percent"], self.idle_rule["count_sessions"],
                 idle_jobs=daemon.stalled_idle(self.jobs.state_dir, self.facts()["boot_id"]),  # as the watchdog counts
-            )  # fmt: skip
+            )
         except Exception as exc:  # doubt counts as activity
             sample["activity"] = {"reasons": ["activity check failed: %r" % exc], "idle_seconds": 0.0}
         watchdog = daemon.view(self.jobs.state_dir, sample["activity"], self.facts()["boot_id"])
@@ -226,7 +226,7 @@ class Agent:
             stalled = daemon.stalled_jobs(self.jobs.state_dir, self.facts()["boot_id"])
             marked = self.queue.marks(jobs, jobs)
             return {job["id"]: (job["state"], job["id"] in stalled, job.get("queue_position"),
-                                job.get("queue_reason")) for job in marked}  # fmt: skip
+                                job.get("queue_reason")) for job in marked}
 
         try:
             states = seen(self.jobs.list())

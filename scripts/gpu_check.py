@@ -32,7 +32,7 @@ from remote_agent.metrics.sampler import MetricsSampler  # noqa: E402
 #: How far the agent's reading may be from nvidia-smi's, taken a moment apart: (absolute, relative).
 TOLERANCE = {"util_percent": (15, 0), "mem_used_mib": (64, 0.02), "mem_total_mib": (1, 0), "temp_c": (3, 0),
              "power_w": (30, 0.15), "power_limit_w": (1, 0), "fan_percent": (5, 0), "sm_clock_mhz": (300, 0.3),
-             "mem_clock_mhz": (300, 0.3)}  # fmt: skip
+             "mem_clock_mhz": (300, 0.3)}
 
 
 class Report:
@@ -53,7 +53,7 @@ class Report:
 
 def smi_csv(fields: list[str]) -> list[dict[str, str]]:
     text = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+                          capture_output=True, text=True, timeout=30, check=True).stdout
     rows = [[c.strip() for c in line.split(", ", len(fields) - 1)] for line in text.splitlines() if line.strip()]
     return [dict(zip(fields, row, strict=True)) for row in rows if len(row) == len(fields)]
 
@@ -107,7 +107,7 @@ def raw_nvml() -> dict[str, Any]:
             g["clock_event_reasons"] = get(nvml_lib.nvmlDeviceGetCurrentClocksThrottleReasons, h)
             g["violation_ns"] = {name: str(get(nvml_lib.nvmlDeviceGetViolationStatus, h, code))
                                  for name, code in (("power", 0), ("thermal", 1), ("sync_boost", 2),
-                                                    ("board_limit", 3), ("low_util", 4), ("reliability", 5))}  # fmt: skip
+                                                    ("board_limit", 3), ("low_util", 4), ("reliability", 5))}
             g["ecc_uncorrected_volatile"] = get(nvml_lib.nvmlDeviceGetTotalEccErrors, h, 1, 0)
             g["ecc_uncorrected_aggregate"] = get(nvml_lib.nvmlDeviceGetTotalEccErrors, h, 1, 1)
             g["remapped_rows"] = get(nvml_lib.nvmlDeviceGetRemappedRows, h)
@@ -117,7 +117,7 @@ def raw_nvml() -> dict[str, Any]:
                          "width": get(nvml_lib.nvmlDeviceGetCurrPcieLinkWidth, h),
                          "width_max": get(nvml_lib.nvmlDeviceGetMaxPcieLinkWidth, h),
                          "tx_kbps": get(nvml_lib.nvmlDeviceGetPcieThroughput, h, 0),
-                         "rx_kbps": get(nvml_lib.nvmlDeviceGetPcieThroughput, h, 1)}  # fmt: skip
+                         "rx_kbps": get(nvml_lib.nvmlDeviceGetPcieThroughput, h, 1)}
             g["nvlink"] = [get(nvml_lib.nvmlDeviceGetNvLinkState, h, link) for link in range(18)]
             g["energy_mj"] = get(nvml_lib.nvmlDeviceGetTotalEnergyConsumption, h)
             g["clocks_max"] = {"sm": get(nvml_lib.nvmlDeviceGetMaxClockInfo, h, 1), "mem": get(nvml_lib.nvmlDeviceGetMaxClockInfo, h, 2)}
@@ -142,7 +142,7 @@ def cuda_process(report: Report, state: Path) -> None:
         report.data["cuda_process"] = procs
         mine = [p for p in procs if p["pid"] == proc.pid]
         report.say("ok" if mine and mine[0]["job"] == "1" else "MISMATCH",
-                   f"CUDA process {proc.pid} attributed to its job: {mine}")  # fmt: skip
+                   f"CUDA process {proc.pid} attributed to its job: {mine}")
     finally:
         proc.kill()
         proc.wait()
@@ -161,11 +161,11 @@ def main() -> int:
     (out / "nvidia-smi-q.txt").write_text(q.stdout)
     fields = [f for f, _ in smi.GPU_FIELDS]
     csv = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv"],
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
+                         capture_output=True, text=True, timeout=30)
     (out / "query-gpu.csv").write_text(csv.stdout + csv.stderr)
     nvml = MetricsSampler(str(state))
     report.data["nvml"] = {"source": nvml.gpu_source, "error": nvml.gpu_error, "facts": nvml.facts(),
-                           "sample": nvml.sample(lambda pid: None)}  # fmt: skip
+                           "sample": nvml.sample(lambda pid: None)}
     if nvml.gpu_source == "nvml":
         compare(report, "nvml", report.data["nvml"]["sample"]["gpus"])
         watcher = nvml.faults  # the XID event set the agent holds (opened by the first sample)

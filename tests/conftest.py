@@ -144,7 +144,7 @@ class Home:
         return subprocess.run(
             [sys.executable, "-m", "gputui", *args], env=self.env, capture_output=True, timeout=timeout,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
 
     def write_config(self, text: str) -> Path:
         path = self.root / ".config" / "gputui" / "config.toml"

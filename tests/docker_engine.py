@@ -62,7 +62,7 @@ class DockerEngine:
              str(self.root / "exec"), "--pidfile", str(self.root / "dockerd.pid"), "--storage-driver=vfs",
              "--bridge=none", "--iptables=false", "--ip6tables=false"],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + timeout
         while self.docker("info", check=False, timeout=10).returncode != 0:  # a readiness check
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -96,7 +96,7 @@ class DockerEngine:
         the MNIST example in a container: (image, the --docker-arg options that mount what it needs). No
         registry is reachable, and a copy of torch per container (vfs) would cost a GB each."""
         links = {name: os.readlink(f"/{name}") for name in ("lib", "lib64", "lib32", "libx32")
-                 if os.path.islink(f"/{name}")}  # fmt: skip
+                 if os.path.islink(f"/{name}")}
         image = "gputui-test/host-python:1"
         self.import_image(image, links)
         mounts = ["/usr", "/etc/ld.so.cache", sys.base_prefix, sys.prefix]

@@ -58,7 +58,7 @@ def mounts(work):
          f"lowerdir={work / 'lower'},upperdir={work / 'upper'},workdir={work / 'ovwork'}",
          str(work / "layer")],
         check=True,
-    )  # fmt: skip
+    )
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(work / "volume")], check=True)
 
 
@@ -99,7 +99,7 @@ def main(work):
         doctor.volume_check(str(work / "layer" / "state"), info),
         doctor.memory_check(sample["host"]["mem_used_mib"], sample["host"]["mem_total_mib"],
                             sample["host"]["mem_scope"]),
-    ]  # fmt: skip
+    ]
     usage_path = os.path.join(state, "jobs", job["id"], "usage.json")
     wait(lambda: (read(usage_path) or {}).get("gpu_peak_mem_mib"), "the runner's usage.json", timeout=60)
     jobs.kill(job["id"], grace_s=2.0)

@@ -48,7 +48,7 @@ def runpod_pod(
         "lastStatusChange": "Rented by User: Fri Jul 12 2024 15:14:40 GMT-0400", "locked": False,
         "networkVolumeId": volume, "ports": ["8888/http", "22/tcp"], "volumeInGb": 20,
         "publicIp": ip, "portMappings": {"22": port, "8888": 13008},
-    }  # fmt: skip
+    }
 
 
 def vast_instance(instance_id: int, actual: str | None = "running", cur: str = "running") -> dict[str, Any]:
@@ -59,7 +59,7 @@ def vast_instance(instance_id: int, actual: str | None = "running", cur: str = "
         "ssh_port": 10882, "machine_id": 178, "start_date": 1761008618.225083, "gpu_name": "RTX A5000",
         "num_gpus": 1, "dph_total": 0.3312, "public_ipaddr": "63.135.50.11", "is_bid": False,
         "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "40123"}]}, "disk_space": 32.0, "storage_cost": 0.15,
-    }  # fmt: skip
+    }
 
 
 def lambda_instance(instance_id: str, ip: str, status: str = "active", cents: int = 129) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def lambda_instance(instance_id: str, ip: str, status: str = "active", cents: in
             "price_cents_per_hour": cents,
             "specs": {"vcpus": 30, "memory_gib": 200, "storage_gib": 512, "gpus": 1},
         },
-    }  # fmt: skip
+    }
 
 
 @dataclass

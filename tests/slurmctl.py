@@ -72,9 +72,9 @@ class SlurmCluster:
         )
         if one:
             node_lines = (f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory={MEM_MIB} "
-                          f"Gres=gpu:{GPUS} State=UNKNOWN\n")  # fmt: skip
+                          f"Gres=gpu:{GPUS} State=UNKNOWN\n")
             daemon_paths = (f"SlurmdSpoolDir={root / 'spool'}\nSlurmdPidFile={root / 'slurmd.pid'}\n"
-                            f"SlurmdLogFile={root / 'log' / 'slurmd.log'}\n")  # fmt: skip
+                            f"SlurmdLogFile={root / 'log' / 'slurmd.log'}\n")
         else:  # each node its own address and port; %n: each slurmd its own spool, pid and log
             node_lines = "".join(
                 f"NodeName={n} NodeHostname={self.host} NodeAddr=127.0.0.{i} Port={free_port()} CPUs={CPUS} "
@@ -82,7 +82,7 @@ class SlurmCluster:
                 for i, n in enumerate(self.nodes, 1)
             )
             daemon_paths = (f"SlurmdSpoolDir={root / 'spool'}/%n\nSlurmdPidFile={root}/slurmd-%n.pid\n"
-                            f"SlurmdLogFile={root / 'log'}/slurmd-%n.log\n")  # fmt: skip
+                            f"SlurmdLogFile={root / 'log'}/slurmd-%n.log\n")
         node_list = ",".join(self.nodes)
         self.conf.write_text(
             "ClusterName=gputuitest\n"
@@ -113,13 +113,13 @@ class SlurmCluster:
             (root / "dev" / f"nvidia{i}").touch()
         (root / "gres.conf").write_text("AutoDetect=off\n" + "".join(
             f"NodeName={n} Name=gpu File={root / 'dev'}/nvidia[0-{GPUS - 1}]\n" for n in self.nodes
-        ))  # fmt: skip
+        ))
 
     # --- process ----------------------------------------------------------------------------------------------
     def _daemon(self, argv: list[str]) -> None:
         """Run a daemon that forks itself away; raise with its log when it fails to start."""
         res = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL)  # fmt: skip
+                             stdin=subprocess.DEVNULL)
         if res.returncode != 0:
             raise RuntimeError(f"{argv[0]} failed: {res.stderr.strip()}\n{self.logs()}")
 
@@ -131,7 +131,7 @@ class SlurmCluster:
         self._daemon([
             f"{SBIN}/munged", "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
             f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munged.seed'}",
-        ])  # fmt: skip
+        ])
         self._daemon([f"{SBIN}/slurmctld", "-f", str(self.conf)])
         for node in self.nodes:
             self._daemon(
@@ -143,7 +143,7 @@ class SlurmCluster:
     def run(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         """A Slurm client command (sinfo, squeue, scontrol, ...) against this cluster."""
         res = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)  # fmt: skip
+                             stdin=subprocess.DEVNULL)
         if check and res.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} -> {res.returncode}: {res.stderr}")
         return res

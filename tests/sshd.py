@@ -104,7 +104,7 @@ class Sshd:
         out = subprocess.run(
             ["ssh-keygen", "-l", "-E", "sha256", "-f", str(self.host_key) + ".pub"],
             capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+        ).stdout
         return out.split()[1]  # SHA256:...
 
     # --- process ----------------------------------------------------------------------------------------------

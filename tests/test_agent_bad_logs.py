@@ -144,7 +144,7 @@ def test_cli_follow_shows_the_deletion_as_a_gap(home: Home, tmp_path: Path) -> N
     follow = subprocess.Popen(
         [sys.executable, "-m", "gputui", "logs", "-f", "local", job_id], env=home.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         assert follow.stdout is not None
         assert b"before" in follow.stdout.readline()

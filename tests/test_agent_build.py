@@ -21,7 +21,7 @@ def test_local_build_is_unpacked_checked_and_repaired(tmp_path: Path) -> None:
     assert build.name == agent_build()[0][: -len(".pyz")]
     assert agent_install.tree_hash(str(build)) == tree_hash()
     res = subprocess.run([sys.executable, str(build), "cat", str(build / "__main__.py"), "0"],
-                         capture_output=True, check=True)  # fmt: skip
+                         capture_output=True, check=True)
     assert res.stdout == (build / "__main__.py").read_bytes()
     assert list((build / "remote_agent" / "__pycache__").glob("*.pyc")), "no bytecode cached"
 
@@ -63,7 +63,7 @@ def test_the_agent_starts_without_site_packages_and_without_http(tmp_path: Path)
     build = ensure_local_build(tmp_path)
     argv = [sys.executable, *AGENT_PYTHON_FLAGS, "-X", "importtime", str(build), "serve"]
     res = subprocess.run([*argv, "--state-dir", str(tmp_path / "state"), "--linger", "0"],
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)  # fmt: skip
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert res.stdout.startswith('{"event":"hello"'), res.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     assert "remote_agent.server" in imported

@@ -234,7 +234,7 @@ def test_the_jobs_table_shows_a_jobs_log_error(capsys: pytest.CaptureFixture[str
     from gputui.tables import print_jobs
 
     wire = {"id": "3", "state": "failed", "exit_code": 7, "argv": ["python", "train.py"],
-            "log_error": "disk full at offset 1048576"}  # fmt: skip
+            "log_error": "disk full at offset 1048576"}
     print_jobs([M.Job.from_wire("gpu", wire), M.Job.from_wire("gpu", dict(wire, id="4", log_error=None))])  # type: ignore[arg-type]
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[1] for line in lines[1:3]] == ["3", "4"]

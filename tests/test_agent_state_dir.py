@@ -18,7 +18,7 @@ def hello_of(state: Path) -> tuple[dict, int]:
     proc = subprocess.run(
         [sys.executable, "-m", "remote_agent", "serve", "--state-dir", str(state)],
         input=b"", capture_output=True, cwd=ROOT, timeout=30,
-    )  # fmt: skip
+    )
     return json.loads(proc.stdout.splitlines()[0]), proc.returncode
 
 

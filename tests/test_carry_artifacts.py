@@ -108,7 +108,7 @@ def _answer_prompts(home: SshHome, args: list[str], answers: dict[str, str]) -> 
     main, sub = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gputui", *args], env=home.env, stdin=sub, stdout=sub, stderr=sub
-    )  # fmt: skip
+    )
     os.close(sub)
     out, deadline = b"", time.monotonic() + 60
     try:

@@ -66,7 +66,7 @@ def test_forward_reaches_a_job_server_before_and_after_a_reset(fwd_home: SshHome
     fwd_home.cli(
         "run", "box", "--cwd", str(site), "--", "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
         check=True,
-    )  # fmt: skip
+    )
     proxy = FaultProxy(fwd_home.sshd.port).start()
     with fwd_home.known_hosts.open("a") as f:
         f.write(fwd_home.sshd.host_key_line(f"[127.0.0.1]:{proxy.port}"))
@@ -120,11 +120,11 @@ def test_forward_cli_prints_its_url_and_serves_until_interrupted(fwd_home: SshHo
     fwd_home.cli(
         "run", "box", "--cwd", str(site), "--", "python3", "-m", "http.server", str(port), "--bind", "127.0.0.1",
         check=True,
-    )  # fmt: skip
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "gputui", "forward", "box", str(port)],
         env=fwd_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the URL comes first, flushed, before any connection
@@ -145,7 +145,7 @@ def test_a_forward_to_a_port_nothing_listens_on_says_why(fwd_home: SshHome) -> N
     proc = subprocess.Popen(
         [sys.executable, "-m", "gputui", "forward", "box", str(free_port()), str(local_port)],
         env=fwd_home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None and proc.stderr is not None
         assert proc.stdout.readline().startswith(f"http://127.0.0.1:{local_port}/")
@@ -260,4 +260,4 @@ def test_job_urls_end_at_control_and_bidi_characters() -> None:
     ]
     assert [u.here(1) for u in job_urls(lines)] == [
         "http://127.0.0.1:1/?token=abc", "http://127.0.0.1:1/", "http://127.0.0.1:1/a",
-    ]  # fmt: skip
+    ]

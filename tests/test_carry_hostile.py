@@ -163,7 +163,7 @@ BAD_ANSWERS = {  # op: (answer, what the error names); each pulled (read, hash) 
     "manifest target a list": (P.OP_FILES_MANIFEST, {"target": [], "entries": [], "more": False}, "target is"),
     "manifest mode a string": (P.OP_FILES_MANIFEST, {"target": "/t", "more": False,
                                                      "entries": [{"rel": "f.txt", "sha256": "0" * 64, "mode": "644"}]},
-                               "entries[0].mode"),  # fmt: skip
+                               "entries[0].mode"),
 }
 
 
@@ -303,7 +303,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "full"
     where.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:  # fmt: skip
+                                           capture_output=True).returncode != 0:
         pytest.skip("needs root to mount a small tmpfs")
     try:
         yield where
@@ -335,7 +335,7 @@ def test_a_pull_that_fails_on_a_terminal_restores_the_cursor_and_draws_no_bar_af
     try:
         res = subprocess.run([sys.executable, "-m", "gputui", "pull", "here", str(src), str(full_disk) + "/"],
                              env=dict(home.env, COLUMNS="100"), stdout=subprocess.PIPE, stderr=slave,
-                             stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+                             stdin=subprocess.DEVNULL, timeout=60)
         os.close(slave)
         seen = b""
         with contextlib.suppress(OSError):  # EIO once the terminal's other side is closed and read

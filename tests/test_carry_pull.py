@@ -256,7 +256,7 @@ def test_a_host_file_named_like_a_part_file_is_pulled_beside_its_namesake(home: 
 
 
 def _pull_in_process(ssh_home: SshHome, session_cls: type[HostSession], src: Path, dest: Path,
-                     on_progress: Any = None) -> list[Any]:  # fmt: skip
+                     on_progress: Any = None) -> list[Any]:
     async def main() -> list[Any]:
         session = session_cls("box", SSHTransport(HostConfig(name="box", **ssh_home.host_settings())))
         await session.start()

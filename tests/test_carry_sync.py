@@ -133,7 +133,7 @@ def test_run_sync_runs_in_the_synced_dir_and_records_the_code(ssh_home: SshHome,
     assert record["code"]["git"] == {"commit": head.strip(), "dirty": False}
     assert len(record["code"]["tree_sha256"]) == 64 and record["code"]["files"] == 5
     there = [LocalFile(rel, "", 0, 0, os.stat(target / rel).st_mode & 0o777,
-                       hashlib.sha256((target / rel).read_bytes()).hexdigest()) for rel in files_under(target)]  # fmt: skip
+                       hashlib.sha256((target / rel).read_bytes()).hexdigest()) for rel in files_under(target)]
     assert record["code"]["tree_sha256"] == tree_hash(there)  # the tree on the host, as it arrived
     (repo / "train.py").write_text("print('changed')\n")
     res = ssh_home.cli(
@@ -160,7 +160,7 @@ def test_agent_write_refuses_paths_outside_the_target(agent: AgentProc, tmp_path
     assert not (tmp_path / "escape").exists()
     commit = {"sha256": "0" * 64, "mode": 0o644}
     reply = agent.call(P.OP_FILES_WRITE, target=str(target), rel="f", offset=0, b64=P.b64(b"x"), truncate=True,
-                       commit=commit, part="0" * 32)  # fmt: skip
+                       commit=commit, part="0" * 32)
     assert not reply["ok"] and "sha256" in reply["error"]["message"] and not (target / "f").exists()
 
 
@@ -346,7 +346,7 @@ def full_disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "full"
     where.mkdir()
     if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:  # fmt: skip
+                                           capture_output=True).returncode != 0:
         pytest.skip("needs root to mount a small tmpfs")
     try:
         yield where

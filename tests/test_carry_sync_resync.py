@@ -158,7 +158,7 @@ def test_ignore_rules() -> None:
         "data/x": True, "pkg/data/x": True, "data": False,  # data/: dirs only
         "build": True, "build/x": True, "pkg/build": False,  # /build: anchored
         "docs/a.md": True, "docs/sub/a.md": True, "docs/a.txt": False, "a.md": False,
-    }  # fmt: skip
+    }
     assert {rel: rules(rel) for rel in cases} == cases
     assert {rel: client_sync.ignored(rel, ["*.pyc", "data/", "/build", "docs/*.md"]) for rel in cases} == cases
 

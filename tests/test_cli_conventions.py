@@ -46,7 +46,7 @@ def _on_pty(monkeypatch: pytest.MonkeyPatch, calls: list[tuple[str, int, int]]) 
 def test_progress_on_a_terminal_has_a_bar_rate_and_eta(monkeypatch: pytest.MonkeyPatch) -> None:
     mb = 1_000_000
     seen = _on_pty(monkeypatch, [("ckpt.pt", 0, 50 * mb), ("ckpt.pt", 10 * mb, 50 * mb),
-                                 ("ckpt.pt", 50 * mb, 50 * mb)])  # fmt: skip
+                                 ("ckpt.pt", 50 * mb, 50 * mb)])
     assert "━" in seen  # Rich's bar
     assert "MB" in seen and "/s" in seen  # size and rate
     assert "-:--:--" in seen or ":" in seen  # the ETA column
@@ -111,7 +111,7 @@ async def test_a_server_that_runs_no_commands_gets_an_error_naming_the_fix(tmp_p
     server, port, known = await _shell_only_server(tmp_path)
     try:
         host = HostConfig(name="pod", host="127.0.0.1", port=port, user="root", known_hosts=str(known),
-                          remote_dir=str(tmp_path / "state"), connect_timeout=10)  # fmt: skip
+                          remote_dir=str(tmp_path / "state"), connect_timeout=10)
         transport = SSHTransport(host)
         with pytest.raises(HostError) as caught:
             await transport.open_agent()
@@ -165,7 +165,7 @@ def test_completion_of_job_ids_through_bash(home: Home, tmp_path: Path) -> None:
     assert "complete -o default -F _gputui gputui" in script
     env = {**home.env, "PATH": f"{bindir}:{os.environ['PATH']}"}
     run = f'eval "$(gputui --completion bash)"; COMP_WORDS=(gputui logs local "{job[:2]}"); COMP_CWORD=3; _gputui; ' \
-          'printf "%s\\n" "${COMPREPLY[@]}"'  # fmt: skip
+          'printf "%s\\n" "${COMPREPLY[@]}"'
     res = subprocess.run(["bash", "-c", run], env=env, capture_output=True, text=True, timeout=60)
     assert job in res.stdout.split(), res.stderr
 
@@ -173,7 +173,7 @@ def test_completion_of_job_ids_through_bash(home: Home, tmp_path: Path) -> None:
 # --- --json and NO_COLOR ---------------------------------------------------------------------------------------------
 TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue", "compare"}  # each command that prints a table
 NOT_TABLES = {"run", "logs", "kill", "trust", "sync", "pull", "forward", "release", "start", "autostop", "notify", "add",
-              "remove"}  # fmt: skip
+              "remove"}
 
 
 def test_every_command_that_prints_a_table_takes_json() -> None:

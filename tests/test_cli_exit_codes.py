@@ -112,7 +112,7 @@ CASES += [
     pytest.param(["run", "box", "--gpus", "0;reboot", "--", "true"], None, USAGE, "--gpus '0;reboot': expected all, none,", id="run-gpus-syntax"),
     pytest.param(["run", "box", "--gpus", "0,x", "--", "true"], None, USAGE, "--gpus '0,x': expected all, none,", id="run-gpus-item"),
     pytest.param(["run", "box", "--gpus", "GPU-abc", "--", "true"], None, USAGE, "--gpus 'GPU-abc': box has no GPU GPU-abc; its GPUs:", id="run-gpus-not-on-host"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("argv", "setup", "status", "message"), CASES)
@@ -139,7 +139,7 @@ def test_multi_host_commands_show_the_hosts_that_answered_and_exit_with_the_othe
     box = ssh_home.host_settings()
     down = ssh_home.host_settings(port=port)
     lines = [f"[hosts.{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in s.items()) for name, s in
-             (("box", box), ("down", down))]  # fmt: skip
+             (("box", box), ("down", down))]
     ssh_home.write_config("\n".join(lines))
     for cmd in (["status", "--json"], ["jobs", "--json"], ["cost", "--json"], ["doctor", "--json"]):
         res = ssh_home.cli(*cmd, *(["--timeout", "5"] if cmd[0] == "doctor" else []), timeout=90)

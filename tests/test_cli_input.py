@@ -74,7 +74,7 @@ def test_a_closed_pipe_ends_quietly(home: Home, args: list[str]) -> None:
     os.close(read)  # like `| head` that has already gone
     try:
         res = subprocess.run([sys.executable, "-m", "gputui", *args], env=home.env, stdout=write,
-                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
     finally:
         os.close(write)
     assert res.stderr == b"" and res.returncode in (0, 141)
@@ -88,7 +88,7 @@ def test_following_logs_into_a_closed_pipe_ends_quietly(home: Home) -> None:
     os.close(read)
     try:
         res = subprocess.run([sys.executable, "-m", "gputui", "logs", "-f", "local", job], env=home.env,
-                             stdout=write, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+                             stdout=write, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
     finally:
         os.close(write)
         home.cli("kill", "local", job, "--grace", "1", "--yes")

@@ -57,7 +57,7 @@ def test_local_run_defaults_to_the_callers_directory(home: Home, tmp_path) -> No
     res = subprocess.run(
         [sys.executable, "-m", "gputui", "run", "local", "--", "pwd"], env=home.env, cwd=tmp_path,
         capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    )
     out = home.cli("logs", "-f", "local", res.stdout.strip(), check=True).stdout
     assert out.strip() == str(tmp_path)
 
@@ -74,7 +74,7 @@ def test_job_survives_client_killed_and_keeps_full_log(home: Home, tmp_path) -> 
     client = subprocess.Popen(
         [sys.executable, "-m", "gputui", "logs", "-f", "local", job_id],
         env=home.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     assert client.stdout
     first = client.stdout.readline()
     assert first.startswith(b"line 0")
@@ -289,7 +289,7 @@ def test_status_short_is_one_line_per_host_for_a_status_bar(home: Home, tmp_path
     fake_smi(bin_dir, A100_Q, "q")
     home.env.update(PATH=f"{bin_dir}:{home.env['PATH']}", FAKE_NVIDIA_SMI_GPUS="4", FAKE_NVIDIA_SMI_LOST="1")
     home.write_config('[hosts.local]\ntransport = "local"\nprice_per_hour = 12.5\n\n'
-                      '[hosts.gone]\nhost = "127.0.0.1"\nport = 1\nconnect_timeout = 3\n')  # fmt: skip
+                      '[hosts.gone]\nhost = "127.0.0.1"\nport = 1\nconnect_timeout = 3\n')
     res = home.cli("status", "--short", timeout=120)
     lines = res.stdout.splitlines()
     assert len(lines) == 2, res.stdout

@@ -92,7 +92,7 @@ def test_cli_and_app_write_durations_the_same_way(capsys: pytest.CaptureFixture[
 
     def run_of(seconds: float) -> dict:
         return {"host": "h", "id": "1", "state": "succeeded", "exit_code": 0, "duration_s": seconds,
-                "cost": None, "name": "n", "metrics": {}}  # fmt: skip
+                "cost": None, "name": "n", "metrics": {}}
 
     print_history([run_of(42.0), run_of(2 * 86400 + 3600.0)])
     times = [line.split()[4] for line in capsys.readouterr().out.splitlines()[1:]]
@@ -153,7 +153,7 @@ def test_logs_to_a_terminal_show_control_sequences_escaped_and_a_pipe_gets_the_b
     master, slave = pty.openpty()
     try:
         res = subprocess.run([sys.executable, "-m", "gputui", "logs", "local", job], env=home.env, stdout=slave,
-                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)  # fmt: skip
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
         os.close(slave)
         seen = b""
         with contextlib.suppress(OSError):  # EIO once the terminal's other side is closed and read
@@ -181,7 +181,7 @@ def test_status_reports_a_lost_gpu_and_the_others(home: Home, tmp_path: Path) ->
     assert [(g["index"], g["state"], g["error"]) for g in gpus] == [
         (0, "ok", None), (1, "ok", None),
         (2, "lost", "Unable to determine the device handle for GPU 00000003:00:00.0: Unknown Error"), (3, "ok", None),
-    ]  # fmt: skip
+    ]
     assert gpus[2]["fix"] == "Reboot the host; if the GPU is still lost, ask the provider for another instance."
     assert [g["name"] for g in gpus] == ["A100-SXM4-40GB", "A100-SXM4-40GB", None, "A100-SXM4-40GB"]
     lines = home.cli("status", check=True).stdout.splitlines()

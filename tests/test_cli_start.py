@@ -33,7 +33,7 @@ def test_a_command_imports_only_its_own_command_module(home: Home, argv: list[st
     res = subprocess.run(
         [sys.executable, "-c", f"{show}; from gputui.cli import main; main({argv!r})"],
         env=home.env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     assert res.returncode == 0, res.stderr
     imported = set(res.stderr.split())
     own = ["fleet"] if "status" in argv else ["files", "jobs"]  # jobs' `run --sync` is the files module's
@@ -61,7 +61,7 @@ def test_the_list_of_command_modules_names_every_command_of_each() -> None:
     ("argv", "word"),
     [(["status"], "status"), (["--config", "status", "jobs"], "jobs"), (["--config=x", "-h"], None),
      (["--version"], None), (["nope", "x"], "nope")],
-)  # fmt: skip
+)
 def test_command_word(argv: list[str], word: str | None) -> None:
     from gputui.cli.main import command_word
 

@@ -63,12 +63,12 @@ def test_compare_refuses_bad_runs_with_their_statuses(home: Home) -> None:
 def test_argv_diffs_show_only_the_words_that_changed() -> None:
     base = ["python", "train.py", "--lr", "3e-4", "--epochs", "10"]
     assert argv_diffs([base, base, ["python", "train.py", "--lr", "1e-3", "--epochs", "10"],
-                       ["python", "train.py", "--lr", "3e-4"]]) == ["=", "=", "1e-3", "(---epochs 10)"]  # fmt: skip
+                       ["python", "train.py", "--lr", "3e-4"]]) == ["=", "=", "1e-3", "(---epochs 10)"]
 
 
 def test_the_table_is_plain_text_and_fits_the_terminal() -> None:
     rec = {"host": "h", "id": "1", "name": "[b]x[/b]\x1b[2J", "state": "succeeded", "exit_code": 0,
-           "command": ["python", "t.py", "--name", "y" * 300], "metrics": {}, "gpus": {}}  # fmt: skip
+           "command": ["python", "t.py", "--name", "y" * 300], "metrics": {}, "gpus": {}}
     rows = compare_rows([Run(rec, {}), Run({**rec, "id": "2", "command": ["python", "t.py"]}, {})])
     lines = format_table(["h:1", "h:2"], rows, 80)
     assert all(len(line) <= 80 for line in lines) and "\x1b" not in "".join(lines)

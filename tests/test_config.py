@@ -21,7 +21,7 @@ def error_of(text: str) -> str:
     ("table", "key"),
     [("hosts.a", "price_per_hour"), ("defaults", "autostop_minutes"), ("hosts.a", "connect_timeout"),
      ("budget", "daily"), ("budget", "warn_fraction"), ("prices", '"H100"')],
-)  # fmt: skip
+)
 def test_non_finite_numbers_are_rejected_with_file_line_and_field(table: str, key: str, number: str) -> None:
     extra = 'release_remote = "true"\n' if key == "autostop_minutes" else ""
     message = error_of(f"[{table}]\n{extra}{key} = {number}\n")
@@ -86,7 +86,7 @@ def test_bytes_that_are_not_utf8_are_fine_in_comments_only(home: Home) -> None:
     """An old editor's Latin-1 comment does not stop gputui; such bytes in a key or value are an error."""
     path = home.write_config("")
     path.write_bytes(f'# caf\xe9\n[hosts.local]  # \xff\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
-                     .encode("latin-1"))  # fmt: skip
+                     .encode("latin-1"))
     assert list(cfg.load(str(path)).hosts) == ["local"]
     assert home.cli("jobs").returncode == 0
     path.write_bytes(b'[hosts.local]\ntransport = "local"\nremote_dir = "/tmp/caf\xe9"\n')

@@ -171,7 +171,7 @@ def test_a_visible_pid_is_proven_not_inferred(tmp_path: Path) -> None:
     _, out = sample(tmp_path, owners, pids=[8])
     [proc] = out["gpus"][0]["processes"]
     assert {k: proc[k] for k in ("pid", "mem_mib", "job", "hidden", "inferred")} == {
-        "pid": 8, "mem_mib": 2566, "job": "7", "hidden": False, "inferred": False}  # fmt: skip
+        "pid": 8, "mem_mib": 2566, "job": "7", "hidden": False, "inferred": False}
 
 
 def test_unmatched_stays_unknown_and_blocks_idle_only_off_a_held_gpu(tmp_path: Path) -> None:

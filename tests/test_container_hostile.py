@@ -24,7 +24,7 @@ def test_huge_numbers_in_cgroup_files_are_no_reading(tmp_path: Path) -> None:
     proc, cg = _pod(tmp_path, {
         "memory.max": "1" + "0" * 30 + "\n", "memory.current": huge + "\n",
         "cpu.max": f"{huge} 100000\n", "cpu.stat": f"usage_usec {huge}\n",
-    })  # fmt: skip
+    })
     assert container.memory_limit(proc, cg) is None
     assert container.cpu_limit(proc, cg) is None
     assert container.cpu_usage_s(proc, cg) is None

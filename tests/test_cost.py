@@ -81,7 +81,7 @@ def test_by_day_splits_at_local_midnight(tmp_path: Path) -> None:
     "content",
     ["{not json", '{"hosts": {"h": {"intervals": [{"start": NaN, "end": null, "price": 1, "boot_id": "b", '
      '"last_seen": 0}]}}}', '{"hosts": {"h": {"intervals": [{"start": 0}]}}}', '{"hosts": []}', "[1]", "\xff"],
-)  # fmt: skip
+)
 def test_unreadable_ledger_is_kept_aside_said_once_and_replaced(tmp_path: Path, content: str) -> None:
     path = tmp_path / "ledger.json"
     path.write_bytes(content.encode("latin-1"))

@@ -140,7 +140,7 @@ def test_h100_under_load_is_ok(tmp_path: Path) -> None:
     assert checks["gpu.0"] == doctor.check(
         "gpu.0", "GPU 0: NVIDIA H100 80GB HBM3", "ok",
         "P0, 59 C, 632 W of 700 W, persistence on, no ECC errors, PCIe x16 gen5 (max gen5), not throttled",
-    )  # fmt: skip
+    )
 
 
 def test_h100_idle_is_ok_and_idle_is_not_throttling(tmp_path: Path) -> None:
@@ -200,7 +200,7 @@ def test_host_without_gpu_says_no_gpu(tmp_path: Path) -> None:
         doctor.check("driver", "NVIDIA driver and NVML", "skip",
                      "no GPU: no NVIDIA driver and nothing NVIDIA on the PCI bus; GPU checks skipped"),
         doctor.check("cuda", "driver's CUDA version", "skip", "no GPU"),
-    ]  # fmt: skip
+    ]
     # The same readings on a host whose PCI bus shows a GPU, or whose kernel module is loaded: fail, with the fix.
     [drv, _] = doctor.gpu_checks(facts, sample, {"pci_gpus": 1, "kernel_module": None})
     assert (drv["status"], drv["detail"]) == ("fail", "1 NVIDIA GPU on the PCI bus, but no NVIDIA driver")

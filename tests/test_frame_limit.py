@@ -32,7 +32,7 @@ def test_unparsable_request_is_answered_under_its_id(agent: AgentProc) -> None:
 @pytest.mark.parametrize(("head", "expected"), [
     (b'{"id":7,"op":"x"', 7), (b' { "id" : 12 }', 12), (b'{"op":"x","id":7}', None), (b"[1]", None),
     (b'{"id":"7"}', None), (b'{"id":' + b"9" * 40, None),
-])  # fmt: skip
+])
 def test_frame_id_reads_only_a_leading_numeric_id(head: bytes, expected: int | None) -> None:
     assert P.frame_id(head) == expected
 

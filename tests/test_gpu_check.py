@@ -19,7 +19,7 @@ def _check(tmp_path: Path, path: str) -> tuple[subprocess.CompletedProcess[str],
     out = tmp_path / "out"
     env = dict(os.environ, PATH=path)
     return subprocess.run([sys.executable, str(CHECK), str(out)], env=env, capture_output=True, text=True,
-                          timeout=240), out  # fmt: skip
+                          timeout=240), out
 
 
 def test_the_check_compares_every_field_with_nvidia_smis_own(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_the_watchdog_notifies_a_gpu_fault_with_no_client(tmp_path: Path) -> Non
     watcher = fault_watch.FaultWatcher(str(tmp_path), double)
     assert watcher.poll(0, now=T + 1) == []  # open: listening from now on
     config = notify_config(tmp_path, command=["sh", "-c", f'cat >> "{marker}"; echo " $GPUTUI_NOTIFY_EVENT" >> "{marker}"'],
-                           events=["gpu_fault"])  # fmt: skip
+                           events=["gpu_fault"])
     double.xid(1, 48)
     [fault] = watcher.poll(0, now=T + 2)
     assert (fault["gpu"], fault["kind"], fault["xid"]) == (1, "xid", 48)
@@ -117,7 +117,7 @@ def test_without_nvml_events_nothing_breaks(tmp_path: Path) -> None:
 
 def test_the_file_is_read_line_by_line_and_kept_bounded(tmp_path: Path) -> None:
     (tmp_path / fault_watch.FAULTS).write_bytes(b'not json\n{"t": "x", "gpu": 0, "kind": "xid"}\n\xff\xfe\n'
-                                      b'{"t": 5, "gpu": true, "kind": "xid"}\n')  # fmt: skip
+                                      b'{"t": 5, "gpu": true, "kind": "xid"}\n')
     assert fault_watch.read(str(tmp_path)) == []
     many = [{"t": float(i), "gpu": i % 4, "kind": "xid", "xid": 13} for i in range(3 * fault_watch.MAX_KEPT)]
     for start in range(0, len(many), 100):
@@ -149,7 +149,7 @@ def test_the_runs_record_has_the_xids_of_its_gpus(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("xid, words", [(79, "GPU has fallen off the bus"), (31, "GPU memory page fault"),
-                                        (999, "XID 999 (see NVIDIA's Xid catalog)")])  # fmt: skip
+                                        (999, "XID 999 (see NVIDIA's Xid catalog)")])
 def test_each_xid_says_what_it_means_and_what_to_do(xid: int, words: str) -> None:
     meaning, fix = fault_watch.describe("xid", xid)
     assert meaning == words and fix

@@ -58,10 +58,10 @@ def test_a_throttled_and_an_ecc_failing_gpu_say_so_the_others_do_not(tmp_path: P
     problems = {g.index: g.problems for g in snap.gpus}
     assert problems[3] == ["throttled: thermal slowdown (hardware) at 91°C"]
     assert problems[5] == ["ECC: 2 uncorrected errors since the driver loaded (reboot; again after that: ask for "
-                           "another instance)"]  # fmt: skip
+                           "another instance)"]
     assert "sw_power_cap" in (snap.gpus[6].throttle_reasons or ()) and problems[6] == []  # the power cap: normal
     assert problems[1] == ["PCIe: link x8 of x16, gen3 of gen4 (every transfer to the GPU is slower: ask the provider "
-                           "for another instance)"]  # fmt: skip
+                           "for another instance)"]
     assert problems[7] == ["memory: rows wait to be remapped (reset the GPU or reboot the host to apply)"]
     assert all(problems[i] == [] for i in (0, 2, 4))
     gpus = snap.to_json()["gpus"]
@@ -119,7 +119,7 @@ def test_a_run_says_what_was_paid_while_its_gpu_idled_or_was_throttled(tmp_path:
 
     h100 = sections((FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt").read_text())["load :: query (-q)"]
     hot = _fault(_fault(h100, 0, r"^( +HW Slowdown +): Not Active$", r"\1: Active"), 0,
-                 r"^( +HW Thermal Slowdown +): Not Active$", r"\1: Active")  # fmt: skip
+                 r"^( +HW Thermal Slowdown +): Not Active$", r"\1: Active")
     recorder = UsageRecorder(str(tmp_path / "jobs" / "7"), 1, "0", "nvidia-smi")
     for text in (A100_X8, A100_X8, hot, h100, h100, h100):
         recorder.add(_wire(text, tmp_path))

@@ -76,10 +76,10 @@ def test_the_wire_takes_only_sealed_fresh_messages_of_its_group() -> None:
      ({"rank": True}, "rank"), ({"key": "00"}, "key"), ({"master_addr": "a b"}, "master_addr"),
      ({"master_port": 0}, "master_port"), ({"lost_s": 1}, "lost_s"), ({"launcher": "mpirun"}, "launcher"),
      ({"id": "../x"}, "id")],
-)  # fmt: skip
+)
 def test_a_bad_group_request_is_refused_naming_its_field(change: dict[str, Any], field: str) -> None:
     good = {"id": "g1", "hosts": ["h1", "h2"], "rank": 1, "nproc_per_node": 1, "master_addr": "10.0.0.1",
-            "master_port": 29500, "hub_port": 29501, "key": KEY}  # fmt: skip
+            "master_port": 29500, "hub_port": 29501, "key": KEY}
     assert agent_group.check_request(good)["lost_s"] == agent_group.LOST_S
     with pytest.raises(agent_group.GroupError, match=f"group.{field}"):
         agent_group.check_request(dict(good, **change))
@@ -87,7 +87,7 @@ def test_a_bad_group_request_is_refused_naming_its_field(change: dict[str, Any],
 
 def _hub(tmp_path: Path, lost_s: float = 5.0) -> tuple[dict[str, Any], threading.Thread]:
     group = {"id": "g1", "hosts": ["h1", "h2"], "rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
-             "master_port": 1, "hub_port": agent_group.free_ports(1)[0], "lost_s": lost_s, "launcher": None}  # fmt: skip
+             "master_port": 1, "hub_port": agent_group.free_ports(1)[0], "lost_s": lost_s, "launcher": None}
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / "job.json").write_text(json.dumps({"group": group}))
@@ -126,7 +126,7 @@ def test_parts_start_together_and_a_failed_one_stops_the_other(tmp_path: Path) -
 
 def test_a_part_that_loses_the_hub_stops_itself(tmp_path: Path) -> None:
     group = {"id": "g1", "hosts": ["h1", "h2"], "rank": 1, "master_addr": "127.0.0.1",
-             "hub_port": agent_group.free_ports(1)[0], "lost_s": 1.0}  # fmt: skip  (nobody listens there)
+             "hub_port": agent_group.free_ports(1)[0], "lost_s": 1.0}  # (nobody listens there)
     told: list[str] = []
     agent_group.Member(group, bytes.fromhex(KEY)).watch(threading.Event(), told.append)
     assert told == ["lost the group's hub on h1 (rank 0's host): no answer for 1 s"]
@@ -158,7 +158,7 @@ def test_which_hosts_a_job_runs_on(tmp_path: Path) -> None:
     [('hosts = ["h1"]', "two or more"), ('hosts = ["h1", "zz"]', "'zz' is not a configured host"),
      ('hosts = ["h1", "h1"]', "named twice"), ('hosts = ["h1", "hpc"]', "Slurm cluster"),
      ('hosts = ["h1", "h2"]\nextra = 1', "unknown key")],
-)  # fmt: skip
+)
 def test_a_bad_group_in_the_config_names_its_line(tmp_path: Path, table: str, said: str) -> None:
     with pytest.raises(cfg.ConfigError, match=said) as err:
         _config(tmp_path, HOSTS + "[groups.pair]\n" + table + "\n")
@@ -184,10 +184,10 @@ def test_processes_per_node_and_the_rendezvous_address(tmp_path: Path) -> None:
 
 def test_a_hosts_check_answer_of_the_wrong_shape_reads_as_empty_and_its_words_as_text() -> None:
     hostile = {"address": "10.0.0.1; rm -rf /", "gpu_count": "8", "problems": ["no \x1b[31mtorchrun"] * 50,
-               "ports": ["29500", 70000, True, 29501], "routes": {"10.0.0.2": ["x"], "10.0.0.3": "10.0.0.1"}}  # fmt: skip
+               "ports": ["29500", 70000, True, 29501], "routes": {"10.0.0.2": ["x"], "10.0.0.3": "10.0.0.1"}}
     got = job_group._checked(hostile)
     assert got == {"address": None, "gpu_count": 0, "problems": ["no \\x1b[31mtorchrun"] * 20, "ports": [29501],
-                   "routes": {"10.0.0.3": "10.0.0.1"}}, got  # fmt: skip
+                   "routes": {"10.0.0.3": "10.0.0.1"}}, got
     assert job_group._checked({"problems": "a string"})["problems"] == []
 
 
@@ -202,7 +202,7 @@ def _job(host: str, job_id: str, rank: int, state: str, code: int | None, error:
 def test_the_parts_list_as_one_job_with_the_first_failure() -> None:
     other = M.Job("h1", "1", "solo", "succeeded", ("y",))
     jobs = [other, _job("h1", "4", 0, "failed", 143, "stopped: h2 (rank 1) failed (exit 3)"),
-            _job("h2", "9", 1, "failed", 3)]  # fmt: skip
+            _job("h2", "9", 1, "failed", 3)]
     merged = job_group.merge_parts(jobs)
     assert [j.id for j in merged] == ["1", "4"]
     one = merged[1]
@@ -212,7 +212,7 @@ def test_the_parts_list_as_one_job_with_the_first_failure() -> None:
     running = job_group.merge_parts([_job("h1", "4", 0, "running", None)])[0]  # h2 did not answer
     assert running.state == "running" and running.ended_at is None
     assert running.record["group"]["parts"][1] == {"rank": 1, "host": "h2", "id": None, "state": "unknown",
-                                                   "exit_code": None, "error": None, "ended_at": None}  # fmt: skip
+                                                   "exit_code": None, "error": None, "ended_at": None}
 
 
 # --- two real SSH hosts -----------------------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def two_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
     if why:
         pytest.skip(why)
     servers = [Sshd(tmp_path_factory.mktemp(f"sshd-{n}"), address=a) for n, a in (("h1", "127.0.0.1"),
-                                                                                 ("h2", "127.0.0.2"))]  # fmt: skip
+                                                                                 ("h2", "127.0.0.2"))]
     for s in servers:
         s.client_key("ok")
         s.start()
@@ -249,7 +249,7 @@ class Pair(Home):
         lines = []
         for name, s, remote, port in zip(("h1", "h2"), self.servers, self.remote, (None, h2_port), strict=True):
             lines += [f"[hosts.{name}]", f'host = "{s.address}"', f"port = {port or s.port}", f'user = "{s.user}"',
-                      f'identity_file = "{s.keys["ok"]}"', f'known_hosts = "{known}"', f'remote_dir = "{remote}"', *extra]  # fmt: skip
+                      f'identity_file = "{s.keys["ok"]}"', f'known_hosts = "{known}"', f'remote_dir = "{remote}"', *extra]
         self.write_config("\n".join(lines) + "\n")
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -281,7 +281,7 @@ def pair(tmp_path: Path, two_sshd: list[Any]) -> Iterator[Pair]:
 
 
 SHOW = ("import os; print('part', *(os.environ[k] for k in ('NODE_RANK', 'NNODES', 'WORLD_SIZE', 'MASTER_ADDR', "
-        "'MASTER_PORT', 'GPUTUI_GROUP_JOB')))")  # fmt: skip
+        "'MASTER_PORT', 'GPUTUI_GROUP_JOB')))")
 
 
 def test_a_plain_command_runs_once_on_every_host_with_the_rendezvous(pair: Pair) -> None:
@@ -313,15 +313,15 @@ def test_ddp_over_two_hosts_matches_one_process(pair: Pair, tmp_path: Path) -> N
     pytest.importorskip("sklearn")
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(ROOT / "examples" / "mnist_from_digits.py"), str(data)], check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     args = ["--data-dir", str(data), "--epochs", "2", "--batch-size", "32", "--device", "cpu", "--workers", "0"]
     single = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mnist_ddp.py"), *args, "--out",
-                             str(tmp_path / "one")], capture_output=True, text=True, timeout=300)  # fmt: skip
+                             str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-2000:]
     one_acc = json.loads((tmp_path / "one" / "summary.json").read_text())["test_acc"]
     out = tmp_path / "ddp"
     job_id = pair.run("--launcher", "torchrun", "--", "examples/train_mnist_ddp.py", *args, "--out",
-                      str(out)).stdout.strip()  # fmt: skip
+                      str(out)).stdout.strip()
     rc, log0 = pair.logs(job_id, "-f", timeout=400)
     assert rc == 0, log0[-3000:]
     _, log1 = pair.logs(job_id, "--rank", "1")
@@ -475,7 +475,7 @@ def test_a_part_that_cannot_run_starts_nothing_anywhere(pair: Pair) -> None:
      (("h1,h2", "--build"), "run --build builds from the job's dir"),
      (("h1,h2", "--resume-from", "x"), "--resume-from needs a restart policy"),
      (("h1,h2", "--env", "MASTER_PORT=1"), "--env MASTER_PORT: gputui sets these")],
-)  # fmt: skip
+)
 def test_bad_input_is_refused_before_connecting(home: Home, args: tuple[str, ...], said: str) -> None:
     home.write_config('[hosts.h1]\nhost = "192.0.2.1"\n[hosts.h2]\nhost = "192.0.2.2"\n')  # unreachable: unused
     res = home.cli("run", *args, "--", "python3", "-c", "pass", timeout=30)

@@ -81,10 +81,10 @@ def test_metrics_that_matter_come_first() -> None:
     names = ["lr", "time", "loss", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time", "val/top1"]
     assert ranked(dict.fromkeys(names)) == [
         "test_acc", "val/top1", "test_loss", "train_acc", "loss", "train_loss", "lr", "time", "epoch_time"
-    ]  # fmt: skip
+    ]
     assert ranked(dict.fromkeys(["eval_f1", "eval_loss", "grad_norm", "reward"])) == [
         "eval_f1", "eval_loss", "reward", "grad_norm"
-    ]  # fmt: skip
+    ]
     assert headline({"lr": {"last": 0.1}, "val_loss": {"last": None}, "loss": {"last": 2}}) == ("loss", 2.0)
     assert headline({}) is None
 
@@ -111,4 +111,4 @@ def test_history_table_leads_with_final_accuracy_in_80_columns(home: Home) -> No
     assert name in wide and wide.split(name)[1].split() == [
         "test_acc=0.9812", "test_loss=0.061", "train_acc=0.8", "loss=2.5", "train_loss=0.4", "lr=0.1",
         "grad_norm=3.2", "time=0.5",
-    ]  # fmt: skip
+    ]

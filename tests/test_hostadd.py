@@ -81,7 +81,7 @@ def test_bad_destinations_say_why(given: str, says: str) -> None:
         ("ssh -o 'Port 2200' -tt -p2200 h", host_edit.Destination("h", None, 2200)),
         ("/usr/bin/ssh -tv -i/k h", host_edit.Destination("h", None, None, "/k")),
     ],
-)  # fmt: skip
+)
 def test_a_pasted_ssh_command_line(line: str, expected: host_edit.Destination) -> None:
     assert host_edit.parse(line, None) == expected  # quoted in one word
     assert host_edit.parse(None, shlex.split(line)) == expected  # after --
@@ -214,7 +214,7 @@ def _variant(data: bytes, bom: bool, crlf: bool, utf8: bool) -> bytes:
 
 
 @pytest.mark.parametrize("bom, crlf, utf8", [(False, False, True), (True, False, True), (False, True, True),
-                                             (False, False, False), (True, True, False)])  # fmt: skip
+                                             (False, False, False), (True, True, False)])
 @pytest.mark.parametrize("final_newline", [True, False])
 def test_remove_then_add_keeps_every_other_byte(
     tmp_path: Path, bom: bool, crlf: bool, utf8: bool, final_newline: bool
@@ -367,7 +367,7 @@ def test_add_trusts_checks_writes_then_a_job_runs(ssh_home: SshHome) -> None:
     assert gpu1["address"] == f"{ssh_home.sshd.user}@127.0.0.1:{ssh_home.sshd.port}"
 
     again = ssh_home.cli("add", "gpu2", "--yes", "--", "ssh", "-p", str(ssh_home.sshd.port), "-i",
-                         str(ssh_home.sshd.keys["ok"]), f"{ssh_home.sshd.user}@127.0.0.1")  # fmt: skip
+                         str(ssh_home.sshd.keys["ok"]), f"{ssh_home.sshd.user}@127.0.0.1")
     assert again.returncode == USAGE and "configured already as 'gpu1'" in again.stderr
     assert config.read_text() == text
 
@@ -380,7 +380,7 @@ def test_add_detects_a_lambda_instance_through_the_configured_api_url(ssh_home: 
     try:
         state.lambdas["i-1"] = standin.lambda_instance("i-1", "127.0.0.1", cents=129)
         config = ssh_home.write_config(f'[providers.lambda]\napi_url = "{state.base("lambda")}"\n\n[defaults]\n'
-                                       f'remote_dir = "{ssh_home.remote_dir}"\n')  # fmt: skip
+                                       f'remote_dir = "{ssh_home.remote_dir}"\n')
         ssh_home.env["LAMBDA_API_KEY"] = standin.LAMBDA_KEY
         res = ssh_home.cli(*_add(ssh_home, "--yes"), timeout=120)
         assert res.returncode == 0, res.stderr
@@ -393,7 +393,7 @@ def test_add_detects_a_lambda_instance_through_the_configured_api_url(ssh_home: 
 
 def test_hosts_says_the_provider_the_config_sets(home: Home) -> None:
     home.write_config('[hosts.pod]\nhost = "203.0.113.7"\nprovider = "runpod"\n\n[hosts.box]\nhost = "box"\n\n'
-                      '[hosts.own]\nhost = "own"\nprovider = "none"\n')  # fmt: skip
+                      '[hosts.own]\nhost = "own"\nprovider = "none"\n')
     listed = {h["name"]: h["provider"] for h in json.loads(home.cli("hosts", "--json", check=True).stdout)["hosts"]}
     assert listed == {"pod": "runpod", "box": None, "own": "none"}  # "auto" (box): known once connected
     assert [line.split()[3] for line in home.cli("hosts", check=True).stdout.splitlines()[1:]] == ["runpod", "-", "none"]
@@ -433,7 +433,7 @@ def test_remove_refuses_while_a_job_runs_and_never_touches_the_host(ssh_home: Ss
     before = config.read_text()
     gate = tmp_path / "gate"
     job = ssh_home.cli("run", "box", "--", "sh", "-c", f'touch {gate}.started; while [ ! -e {gate} ]; do sleep 0.1; done',
-                       check=True).stdout.strip()  # fmt: skip
+                       check=True).stdout.strip()
     wait_for(lambda: Path(f"{gate}.started").exists(), timeout=30)
 
     res = ssh_home.cli("remove", "box", "--yes")
@@ -463,7 +463,7 @@ def test_a_broken_table_blocks_only_its_own_removal_check(home: Home) -> None:
     """Another host's broken field does not stop remove from asking this host; a host whose own table is
     broken cannot be asked: --force removes it."""
     config = home.write_config(f'[hosts.a]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n\n'
-                               '[hosts.b]\nhost = "b"\nport = "x"\n')  # fmt: skip
+                               '[hosts.b]\nhost = "b"\nport = "x"\n')
     res = home.cli("remove", "b", "--yes")
     assert res.returncode == USAGE and "hosts.b.port" in res.stderr and "--force removes it" in res.stderr
     res = home.cli("remove", "a", "--yes")

@@ -122,7 +122,7 @@ CORE_LEAVES = ("errors", "paths", "safetext", "durations", "jsonout")
 #: file helpers both sides use, the restart policy's parser, the provider clients (a release from here), and the
 #: rules for a secret's name and size (checked here before anything is sent).
 AGENT_SHARED = {"remote_agent.protocol", "remote_agent.fsutil", "remote_agent.jobs.restart", "remote_agent.host.provider",
-                "remote_agent.jobs.secrets", "remote_agent.jobs.image", "remote_agent.jobs.group"}  # fmt: skip
+                "remote_agent.jobs.secrets", "remote_agent.jobs.image", "remote_agent.jobs.group"}
 
 
 def layer_breaches(graph: dict[str, set[str]]) -> list[str]:
@@ -335,7 +335,7 @@ def test_an_ops_prefix_names_its_module() -> None:
     from remote_agent import ops
 
     elsewhere = {"ping": "host", "shutdown": "host", "doctor": "host", "slurm": "host", "queue": "jobs",
-                 "notify": "watchdog"}  # fmt: skip
+                 "notify": "watchdog"}
     for op, fn in ops.HANDLERS.items():
         family = op.split(".")[0]
         assert fn.__module__ == f"remote_agent.ops.{elsewhere.get(family, family)}", (op, fn.__module__)
@@ -355,3 +355,11 @@ def test_module_aliases_are_words_but_the_two_house_ones() -> None:
                         if a.asname and len(a.asname) <= 3 and a.asname.isupper() and house.get(a.asname) != a.name.rsplit(".", 1)[-1]:
                             bad.append(f"{path.relative_to(ROOT)}: {a.name} as {a.asname}")
     assert bad == []
+
+
+def test_no_formatter_markers() -> None:
+    """No formatter runs here (``ruff check`` only, docs/development.md): a formatter's skip marker is only noise."""
+    marker = "# fmt" + ":"
+    hits = [str(p.relative_to(ROOT)) for folder in ("gputui", "remote_agent", "tests", "scripts", "bench", "examples")
+            for p in sorted((ROOT / folder).rglob("*.py")) if marker in p.read_text()]
+    assert hits == []

@@ -82,7 +82,7 @@ def box(tmp_path: Path, docker_sshd: Sshd, engine: DockerEngine) -> Iterator[Box
 
 def test_a_job_in_an_image_runs_in_its_dir_as_the_user_with_only_its_own_variables(box: Box) -> None:
     job = box.run("--image", IMAGE, "--env", "LR=3e-4", "--", "sh", "-c",
-                  'echo "in $(pwd) as $(id -u):$(id -g)"; touch made-here; env; exit 3')  # fmt: skip
+                  'echo "in $(pwd) as $(id -u):$(id -g)"; touch made-here; env; exit 3')
     done = box.cli("logs", "box", job, "--follow", timeout=60)
     assert done.returncode == 3, done.stderr  # the container's exit code is the job's
     assert f"in {box.work} as {os.getuid()}:{os.getgid()}" in done.stdout
@@ -117,7 +117,7 @@ def test_kill_reaches_a_process_that_ignores_sigint_inside_the_container(box: Bo
 def test_a_failed_attempt_restarts_in_a_fresh_container(box: Box) -> None:
     box.configure(restart_backoff_s=0)
     job = box.run("--image", IMAGE, "--restart", "on-failure:2", "--", "sh", "-c",
-                  'echo "attempt $GPUTUI_ATTEMPT"; test -e once || { touch once; exit 7; }')  # fmt: skip
+                  'echo "attempt $GPUTUI_ATTEMPT"; test -e once || { touch once; exit 7; }')
     done = box.cli("logs", "box", job, "--follow", timeout=90)
     assert done.returncode == 0, done.stderr
     assert "attempt 1" in done.stdout and "attempt 2" in done.stdout
@@ -136,7 +136,7 @@ def test_a_queued_image_job_starts_after_the_job_it_waits_for(box: Box) -> None:
 def test_a_container_whose_runner_died_is_ended_and_a_foreign_one_is_never_touched(box: Box) -> None:
     foreign = f"gputui-{box.tag()}-99-1"  # our name pattern, not our labels: someone else's
     box.engine.docker("run", "--detach", "--network", "none", "--name", foreign, "--label", "gputui.job=1", IMAGE,
-                      "sleep", "600")  # fmt: skip
+                      "sleep", "600")
     job = box.run("--image", IMAGE, "--", "sh", "-c", 'trap "" HUP; echo ready; sleep 600')  # outlives its tty
     wait_for(lambda: "ready" in box.cli("logs", "box", job).stdout, timeout=60, what="the job to start")
     name = f"gputui-{box.tag()}-{job}-1"
@@ -195,7 +195,7 @@ def test_gpu_selection_goes_to_the_engine_renumbered_never_as_cuda_visible_devic
         {"container": {"engine_path": "/usr/bin/docker", "tag": "t", "image": "img",
                        "args": ["--shm-size=8g"]}, "cwd": "/w", "argv": ["python", "-c", "x"], "env": {"A": "1"}},
         "5", 2, {"CUDA_VISIBLE_DEVICES": "3", "A": "1", "GPUTUI_ATTEMPT": "2", "HOME": "/root"},
-    )  # fmt: skip
+    )
     assert argv[argv.index("--gpus") + 1] == '"device=3"'
     envs = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
     assert envs == ["A", "GPUTUI_ATTEMPT"]  # names only: values travel in the engine's environment
@@ -269,7 +269,7 @@ def test_the_apps_job_row_names_the_image_as_plain_text() -> None:
     from gputui.ui.widgets.host import job_row
 
     wire = {"id": "3", "name": "train", "state": "running", "argv": ["python", "train.py"],
-            "container": {"image": "reg.example/[bold]x[/]:1\x1b[31m"}, "image_id": None}  # fmt: skip
+            "container": {"image": "reg.example/[bold]x[/]:1\x1b[31m"}, "image_id": None}
     row = job_row(M.Job.from_wire("gpu", wire), None, 0.0, Palette())  # type: ignore[arg-type]
     assert row[1].plain.startswith("train · in reg.example/[bold]x[/]:1") and "\x1b" not in row[1].plain
 
@@ -288,7 +288,7 @@ def test_the_mnist_example_trains_in_a_built_image_and_is_killed_like_a_bare_job
     _load("mnist_from_digits").build(box.work / "data")
     python = str(Path(sys.prefix) / "bin" / "python")
     args = ["--build", *[f"--docker-arg={m}" for m in mounts], "--", python, "train_mnist.py", "--data-dir", "data",
-            "--device", "cpu", "--batch-size", "32", "--workers", "2"]  # fmt: skip
+            "--device", "cpu", "--batch-size", "32", "--workers", "2"]
     job = box.run(*args, "--epochs", "2", "--out", "runs/a")
     done = box.cli("logs", "box", job, "--follow", timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
@@ -326,14 +326,14 @@ def test_a_job_over_two_hosts_runs_in_an_image_and_stops_together(
     known.write_text(known.read_text() + docker_sshd2.host_key_line())
     table = box.host_settings()
     table2 = dict(table, host="127.0.0.2", port=docker_sshd2.port, identity_file=str(docker_sshd2.keys["ok"]),
-                  remote_dir=str(remote2))  # fmt: skip
+                  remote_dir=str(remote2))
     box.write_config("".join(f"[hosts.{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in t.items())
-                             for name, t in (("h1", table), ("h2", table2))))  # fmt: skip
+                             for name, t in (("h1", table), ("h2", table2))))
     try:
         script = ('echo "part $NODE_RANK of $NNODES at $MASTER_ADDR:$MASTER_PORT"; '
-                  'if [ "$NODE_RANK" = 1 ]; then sleep 1; exit 3; fi; trap "" INT; while true; do sleep 1; done')  # fmt: skip
+                  'if [ "$NODE_RANK" = 1 ]; then sleep 1; exit 3; fi; trap "" INT; while true; do sleep 1; done')
         res = box.cli("run", "h1,h2", "--cwd", str(box.work), "--image", IMAGE, "--", "sh", "-c", script,
-                      check=True, timeout=120)  # fmt: skip
+                      check=True, timeout=120)
         job = res.stdout.strip()
         done = box.cli("logs", "h1", job, "--follow", timeout=120)
         assert done.returncode == 143 and "part 0 of 2 at 127.0.0.1:" in done.stdout, (done.stdout, done.stderr)

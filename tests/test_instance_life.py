@@ -182,7 +182,7 @@ def test_the_providers_answers_give_endpoints_spot_gpus_and_the_stopped_rate() -
     pod = pv._runpod_instance({**standin.runpod_pod(POD, "EXITED"), "interruptible": True}, POD)
     assert (pod.state, pod.endpoints, pod.interruptible, pod.gpus) == (
         "stopped", (("direct", "213.173.109.39", 13007),), True, 1,
-    )  # fmt: skip
+    )
     assert pod.stopped_per_hour == pytest.approx(20 * 0.20 / 730)
     vast = pv._vast_instance({"instances": {**standin.vast_instance(int(VAST_ID)), "is_bid": True}}, VAST_ID)
     assert vast is not None and vast.endpoints == (("direct", "63.135.50.11", 40123), ("proxy", "ssh2281.vast.ai", 10882))
@@ -192,7 +192,7 @@ def test_the_providers_answers_give_endpoints_spot_gpus_and_the_stopped_rate() -
 
     # A field of the wrong type is unknown, and blocks only what needs it (a start needs the state).
     odd = {**standin.runpod_pod(POD), "publicIp": "1.2.3.4; rm -rf /", "portMappings": {"22": "x"},
-           "gpu": {"count": -1}, "interruptible": "yes", "volumeInGb": 1e300}  # fmt: skip
+           "gpu": {"count": -1}, "interruptible": "yes", "volumeInGb": 1e300}
     found = pv._runpod_instance(odd, POD).needed("start")
     assert (found.endpoints, found.gpus, found.interruptible, found.stopped_per_hour) == ((), None, None, None)
     assert {name for name, _ in found.unusable} == {"endpoints", "gpus", "interruptible", "stopped_per_hour"}
@@ -448,11 +448,11 @@ async def test_the_apps_start_key_asks_first_then_starts_and_reconnects(
         f'[providers.runpod]\napi_url = "{api.base("runpod")}"\n'
         f'[hosts.box]\nhost = "127.0.0.1"\nport = {sshd.port}\nprovider = "runpod"\ninstance_id = "{POD}"\n'  # type: ignore[attr-defined]
         '[hosts.up]\nhost = "127.0.0.2"\n'
-    )))  # fmt: skip
+    )))
     look = M.InstanceLook("runpod", POD, "stopped", "runpod says EXITED; its disk bills 0.0055/h while stopped")
     cost = M.CostInfo(price_per_hour=0.74)
     snaps = [M.HostSnapshot("box", state=M.ERROR, error="connection refused", instance=look, cost=cost),
-             M.HostSnapshot("up", state=M.CONNECTED)]  # fmt: skip
+             M.HostSnapshot("up", state=M.CONNECTED)]
     session = Reconnects()
     app = GpuTuiApp(config, source_factory=static_factory(snaps, session), state_path=home.root / "ui.json")
 

@@ -22,12 +22,12 @@ def test_the_app_loads_without_the_cli_and_what_only_actions_need() -> None:
     """What the first frame waits for: the app's modules, not the CLI's commands, nor the modules only a
     key press needs (they load when first used)."""
     later = ["gputui.cli", "gputui.core.jobs.usecases", "gputui.core.money.release", "gputui.ui.screens.confirm", "gputui.ui.flows.release",
-             "gputui.ui.flows.files"]  # fmt: skip
+             "gputui.ui.flows.files"]
     code = f"import sys, gputui.launch, gputui.ui.app; print([m for m in {later!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     assert out.stdout.strip() == "[]"
 
 

@@ -28,7 +28,7 @@ async def pipe_agent(tmp_path: Path) -> AsyncIterator[PipeAgent]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "remote_agent", "serve", "--state-dir", str(state),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT,
-    )  # fmt: skip
+    )
     assert proc.stdin and proc.stdout
     events: list[tuple[str, Any]] = []
     link = Link(proc.stdout, proc.stdin, lambda name, data: events.append((name, data)))

@@ -106,7 +106,7 @@ async def test_a_resumed_follow_hands_on_every_byte_once(tmp_path: Path) -> None
         job = await session.start_job([sys.executable, "-c", GATED_JOB, str(gate)])
         log = state / "jobs" / job.id / "output.log"
         await until(lambda: log.exists() and log.read_bytes().endswith(b"00399 the quick brown fox\r\n"),
-                    "the first part written")  # fmt: skip  # (the job's terminal writes \r\n)
+                    "the first part written")  # (the job's terminal writes \r\n)
         first = log.read_bytes()
         assert len(first) > OVERLAP
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()

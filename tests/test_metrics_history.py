@@ -28,7 +28,7 @@ def samples(n: int, gpus: int = 8, seed: int = 3) -> list[M.MetricsSample]:
             )
             total = 0 if (k == 1 and i % 11 == 0) else 81_559
             gs.append(M.GpuSample(index=k, util_percent=util, mem_used_mib=rng.uniform(0, 81_559),
-                                  mem_total_mib=total, temp_c=None if i % 13 == 0 else 30 + rng.random() * 60))  # fmt: skip
+                                  mem_total_mib=total, temp_c=None if i % 13 == 0 else 30 + rng.random() * 60))
         out.append(M.MetricsSample(seq=i, t=1000.0 + i, host=M.HostStats(), gpus=tuple(gs)))
     return out
 

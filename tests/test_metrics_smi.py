@@ -201,7 +201,7 @@ def test_version_mismatch_in_both_sources(tmp_path):
 CORPUS = sorted((FIXTURES / "corpus").glob("*.txt"))
 #: The CUDA version each corpus driver prints in its table header (read off the captures by hand).
 CORPUS_CUDA = {"595.71.05": "13.2", "610.57.04": "13.3", "590.48.01": "13.1", "595.80": "13.2", "591.86": "13.1",
-               "610.62": "13.3"}  # fmt: skip
+               "610.62": "13.3"}
 #: nvidia-smi field (as the captures' CSV header names it) of each reading, and how its recorded cell reads.
 CORPUS_FIELDS = {
     "index": "index", "uuid": "uuid", "name": "name", "util_percent": "utilization.gpu",
@@ -212,7 +212,7 @@ CORPUS_FIELDS = {
     "throttle_reasons": "clocks_event_reasons.active", "pcie_gen": "pcie.link.gen.current",
     "pcie_gen_max": "pcie.link.gen.max", "pcie_width": "pcie.link.width.current", "pcie_width_max": "pcie.link.width.max",
     "remap_pending": "remapped_rows.pending", "remap_failed": "remapped_rows.failure",
-}  # fmt: skip
+}
 
 
 def recorded_csv(capture: Path, section: str) -> list[dict[str, str]]:
@@ -253,7 +253,7 @@ def test_corpus_every_field_of_every_capture(tmp_path, capture, state):
              "name": re.split(r"[/\\]", a["process_name"])[-1], "job": None, "hidden": False, "inferred": False,
              "cpu_percent": None, "rss_mib": None}
             for a in apps if a["gpu_uuid"] == row["uuid"]
-        ]  # fmt: skip
+        ]
         assert gpu == want | HEALTHY
     facts = s.facts()
     driver = capture.stem.rsplit("__", 1)[1]
@@ -289,7 +289,7 @@ def test_corpus_covers_every_capture_of_the_shared_corpus():
         ("520.61.05", "11.8"), ("440.33.01", "10.2"), ("340.108", None), ("garbage", None), (None, None),
     ]
     + [(d, c) for d, c in CORPUS_CUDA.items()],
-)  # fmt: skip
+)
 def test_driver_to_cuda_fallback_follows_nvidias_release_notes(driver, cuda):
     assert doctor.cuda_from_driver(driver) == cuda
 
@@ -324,7 +324,7 @@ def test_rows_of_a_lost_gpu_and_the_error_on_stderr(tmp_path, monkeypatch):
     gpus = s.sample(lambda pid: None)["gpus"]
     assert [(g["index"], g["state"], g["error"]) for g in gpus] == [
         (0, "ok", None), (1, "lost", "GPU is lost"), (2, "ok", None), (3, "ok", None)
-    ]  # fmt: skip
+    ]
     # Only GPU 1's own failure: a single "[Unknown Error]" field of a live GPU is just that field.
     row = "0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, 0x1, 4, 4, 16, 16, No, No"
     [g] = smi.parse_gpus(row)
@@ -335,4 +335,4 @@ def test_rows_of_a_lost_gpu_and_the_error_on_stderr(tmp_path, monkeypatch):
     assert [(g["index"], g["state"], g["error"]) for g in smi.parse_gpus(text)] == [
         (0, "ok", None), (1, "lost", "Unable to determine the device handle for GPU 0000:0B:00.0: ]52;c;AAAA Unknown Error"),
         (2, "ok", None),
-    ]  # fmt: skip
+    ]

@@ -52,12 +52,12 @@ def hook() -> Iterator[Hook]:
 T = 1_000_000.0
 FACTS = {"boot_id": "b", "boot_time": 0.0}
 FAILED = {"id": "4", "name": "train", "state": "failed", "exit_code": 3, "started_at": T - 60, "ended_at": T + 1,
-          "env": {"WANDB_API_KEY": "hunter2-secret"}, "argv": ["python", "train.py", "--token=hunter2-secret"]}  # fmt: skip
+          "env": {"WANDB_API_KEY": "hunter2-secret"}, "argv": ["python", "train.py", "--token=hunter2-secret"]}
 
 
 def notify_config(tmp_path: Path, **notify: Any) -> dict[str, Any]:
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False,
-              "notify": dict({"events": ["job_failed", "job_succeeded"], "host": "gpu1"}, **notify)}  # fmt: skip
+              "notify": dict({"events": ["job_failed", "job_succeeded"], "host": "gpu1"}, **notify)}
     write_json(str(tmp_path / daemon.CONFIG), config)
     return config
 

@@ -108,7 +108,7 @@ def test_a_slow_webhook_is_cut_at_the_deadline_with_a_clear_error(reply: Any) ->
 def test_the_watchdog_pass_never_waits_for_a_send(tmp_path: Path, dripping: Raw) -> None:
     """The pass hands the message to the sender and returns while the endpoint still drips."""
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False,
-              "notify": {"webhook": dripping.url, "events": ["job_failed"], "host": "gpu1"}}  # fmt: skip
+              "notify": {"webhook": dripping.url, "events": ["job_failed"], "host": "gpu1"}}
     write_json(str(tmp_path / daemon.CONFIG), config)
     failed = {"id": "4", "name": "train", "argv": ["python"], "state": "failed", "exit_code": 1, "ended_at": T + 1}
     dog = daemon.Watchdog(str(tmp_path))
@@ -203,14 +203,14 @@ def test_no_notification_kind_carries_the_command_line(tmp_path: Path, hook: Hoo
     names a job says its id, never that name; a name the user gave is kept."""
     argv = ["python3", "train.py", f"--password={SECRET}"]
     unnamed = {"argv": argv, "name": " ".join(argv), "exit_code": 3, "started_at": T - 60, "ended_at": T + 1,
-               "queue": {"gpus": None}, "dequeued_at": T + 0.5}  # fmt: skip
+               "queue": {"gpus": None}, "dequeued_at": T + 0.5}
     jobs = [dict(unnamed, id=str(i), state=s) for i, s in enumerate(("succeeded", "failed", "killed", "lost"), 1)]
     named = dict(unnamed, id="9", state="failed", name="resnet run")
     cut = dict(unnamed, id="10", state="failed", argv=["python3", "train.py", "... [command cut for listing]"],
-               argv_truncated={"args": 3, "chars": 40})  # fmt: skip
+               argv_truncated={"args": 3, "chars": 40})
     events = list(notifier.EVENTS)
     config = {"boot_id": "b", "armed_at": T, "count_sessions": False, "idle_minutes": None,
-              "notify": {"webhook": hook.url, "events": events, "host": "gpu1", "idle_minutes": 0.01}}  # fmt: skip
+              "notify": {"webhook": hook.url, "events": events, "host": "gpu1", "idle_minutes": 0.01}}
     write_json(str(tmp_path / daemon.CONFIG), config)
     dog = daemon.Watchdog(str(tmp_path))
     for t in (2, 3, 4):  # at most MAX_PER_PASS sends are outstanding: three passes send them all

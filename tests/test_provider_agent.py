@@ -65,7 +65,7 @@ def test_detect_reads_the_agents_own_environment_first(tmp_path: Path) -> None:
 def test_detect_reads_rp_environment_export_lines_with_quotes(tmp_path: Path) -> None:
     rp = tmp_path / "rp_environment"
     rp.write_text(f"# written by the start script\nexport PATH=/usr/bin\nexport RUNPOD_POD_ID=\"{POD}\"\n"
-                  f"export RUNPOD_API_KEY='{RUNPOD_KEY}'\n")  # fmt: skip
+                  f"export RUNPOD_API_KEY='{RUNPOD_KEY}'\n")
     found = pv.detect(env={}, env_files=(str(rp), str(tmp_path / "environment")), proc_environ="/nonexistent")
     assert found == pv.Detected(pv.RUNPOD, POD, str(rp))
 
@@ -82,12 +82,12 @@ def test_detect_reads_etc_environment_plain_lines_for_vast(tmp_path: Path) -> No
 def test_detect_reads_pid1_environ_only_for_the_keys_it_needs(tmp_path: Path) -> None:
     environ = tmp_path / "environ"
     environ.write_bytes(b"HOME=/root\0SECRET_TOKEN=nothing-to-do-with-us\0" + f"CONTAINER_ID={VAST}\0".encode()
-                        + f"CONTAINER_API_KEY={VAST_KEY}\0".encode() + b"\xff\xfe=junk\0")  # fmt: skip
+                        + f"CONTAINER_API_KEY={VAST_KEY}\0".encode() + b"\xff\xfe=junk\0")
     found = pv.detect(env={"HOME": "/root"}, env_files=(), proc_environ=str(environ))
     assert found == pv.Detected(pv.VASTAI, VAST, str(environ))
     assert pv.parse_environ(environ.read_bytes(), ["CONTAINER_ID", "SECRET_TOKEN"]).keys() == {
         "CONTAINER_ID", "SECRET_TOKEN"
-    }  # fmt: skip
+    }
 
 
 def test_an_id_without_its_key_does_not_count_and_a_later_source_wins(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_an_id_without_its_key_does_not_count_and_a_later_source_wins(tmp_path: 
         ({"CONTAINER_ID": VAST, "CONTAINER_API_KEY": "short"}, "CONTAINER_API_KEY in the environment is not an API key"),
         ({"CONTAINER_ID": VAST, "CONTAINER_API_KEY": "has space in it"}, "not an API key"),
     ],
-)  # fmt: skip
+)
 def test_detect_says_none_and_why_for_half_or_malformed_settings(
     tmp_path: Path, env: dict[str, str], note: str
 ) -> None:
@@ -281,7 +281,7 @@ def test_confirm_gives_up_loudly_at_its_bound(api: StandIn) -> None:
 
     with pytest.raises(pv.ProviderError) as err:
         pv.confirm(detected, "stop", timeout_s=30, interval_s=10, api_url=api.base("vastai"), env=env,
-                   sleep=sleep, clock=lambda: now[0])  # fmt: skip
+                   sleep=sleep, clock=lambda: now[0])
     assert err.value.kind == "unconfirmed" and "not stopped after 30 s (4 reads)" in str(err.value)
     assert "running" in str(err.value)
 
@@ -311,7 +311,7 @@ def test_a_key_with_a_trailing_newline_is_trimmed_wherever_it_is_read(api: Stand
 
 
 @pytest.mark.parametrize("bad", [RUNPOD_KEY[:8] + "\n" + RUNPOD_KEY[8:], RUNPOD_KEY + "\x01", RUNPOD_KEY + " x",
-                                 RUNPOD_KEY + "\u00e9"])  # fmt: skip
+                                 RUNPOD_KEY + "\u00e9"])
 def test_a_key_a_header_cannot_hold_is_refused_by_its_name_never_its_value(api: StandIn, bad: str) -> None:
     detected, env = on(pv.RUNPOD)
     with pytest.raises(pv.ProviderError) as err:
@@ -347,7 +347,7 @@ def test_an_unknown_instance_is_not_found(api: StandIn) -> None:
     detected = pv.Detected(pv.VASTAI, "999", pv.ENVIRONMENT)
     env = {"CONTAINER_ID": "999", "CONTAINER_API_KEY": VAST_KEY}
     for call in (lambda: pv.check(detected, api_url=api.base("vastai"), env=env),
-                 lambda: pv.release(detected, "stop", api_url=api.base("vastai"), env=env)):  # fmt: skip
+                 lambda: pv.release(detected, "stop", api_url=api.base("vastai"), env=env)):
         with pytest.raises(pv.ProviderError) as err:
             call()
         assert err.value.kind == "not_found" and "999" in str(err.value)
@@ -389,7 +389,7 @@ def test_every_failure_is_a_clear_provider_error(
     "url",
     ["http://api.example.com/v1", "ftp://127.0.0.1/", "https://user:pw@rest.runpod.io/v1",
      "https://rest.runpod.io/v1?x=1", "rest.runpod.io", ""],
-)  # fmt: skip
+)
 def test_api_urls_are_https_or_loopback_http_only(url: str) -> None:
     with pytest.raises(pv.ProviderError) as err:
         pv.check_api_url(url)
@@ -421,7 +421,7 @@ def test_an_emulated_pod_is_found_through_pid1_environ(api: StandIn, provider: s
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not installed")
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"],
-                           capture_output=True, timeout=30)  # fmt: skip
+                           capture_output=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"unshare --pid is not permitted here: {probe.stderr.decode(errors='replace').strip()}")
     detected, env = on(provider)
@@ -432,7 +432,7 @@ def test_an_emulated_pod_is_found_through_pid1_environ(api: StandIn, provider: s
          *(f"{k}={v}" for k, v in env.items()), f"PROBE={PROBE}", f"ROOT={ROOT}", f"API={api.base(provider)}",
          "PATH=/usr/bin:/bin", "/bin/sh", "-c", script],
         capture_output=True, timeout=60, text=True,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["own"] == []  # the agent's own environment has none of them

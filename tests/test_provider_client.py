@@ -116,7 +116,7 @@ def test_confirm_gives_up_loudly_at_its_bound(api: StandIn) -> None:
 
     with pytest.raises(pr.ProviderError) as err:
         pr.confirm_terminated_sync(LAMBDA_KEY, ID, api.base("lambda"), timeout_s=20, interval_s=10, sleep=sleep,
-                                   clock=lambda: now[0])  # fmt: skip
+                                   clock=lambda: now[0])
     assert err.value.kind == "unconfirmed" and "last: terminating" in str(err.value)
 
 
@@ -125,7 +125,7 @@ def test_confirm_gives_up_loudly_at_its_bound(api: StandIn) -> None:
     [("401", "auth"), ("429", "rate_limited"), ("500", "server"), ("slow", "timeout"), ("drip", "timeout"),
      ("redirect", "redirect"), ("wrongtype", "bad_answer"), ("huge", "bad_answer"), ("notjson", "bad_answer"),
      ("404", "bad_answer")],
-)  # fmt: skip
+)
 def test_every_failure_is_a_clear_provider_error(api: StandIn, fault: str, kind: str) -> None:
     api.fault = fault
     with pytest.raises(pr.ProviderError) as err:
@@ -161,7 +161,7 @@ def test_a_wrong_key_is_refused(api: StandIn) -> None:
 def test_release_mode_defaults_and_problems() -> None:
     assert [settings.default_release_mode(p) for p in ("runpod", "vastai", "lambda", "auto")] == [
         "stop", "stop", "terminate", "stop"
-    ]  # fmt: skip
+    ]
     assert "Lambda has no stop" in (settings.release_mode_problem("lambda", "stop") or "")
     assert settings.release_mode_problem("runpod", "stop") is None
     assert "must be one of stop, terminate" in (settings.release_mode_problem("runpod", "pause") or "")
@@ -210,7 +210,7 @@ def test_provider_settings_parse_with_their_defaults() -> None:
         ("[providers]\nrunpod = 1\n", "c.toml:2: providers.runpod: must be a table like [providers.runpod]"),
         ("providers = 1\n", "c.toml:1: providers: must be a table"),
     ],
-)  # fmt: skip
+)
 def test_provider_settings_errors_name_file_line_and_why(text: str, message: str) -> None:
     assert message in error_of(text)
 

@@ -64,7 +64,7 @@ def armed(tmp_path: Path, api: StandIn, found: pv.Detected, **extra: Any) -> dic
     """A watchdog config as ``watchdog.configure`` writes it for a pod: a deadline due now, no release_remote."""
     config = {"release_at": 0.0, "armed_at": T - 3600, "boot_id": "b", "count_sessions": False, "interval": 0.05,
               "provider": "auto", "api_urls": {found.provider: api.base(found.provider)},
-              "release_via": {k: v for k, v in pv.describe(found).items() if k != "note"}, **extra}  # fmt: skip
+              "release_via": {k: v for k, v in pv.describe(found).items() if k != "note"}, **extra}
     write_json(str(tmp_path / daemon.CONFIG), config)
     return config
 
@@ -135,7 +135,7 @@ def test_a_failing_stop_is_notified_retried_with_backoff_and_never_released(
 ) -> None:
     api.fault = "500"
     config = armed(tmp_path, api, on_pod(pv.RUNPOD),
-                   notify={"webhook": hook.url, "events": ["release_failed", "released"], "host": "pod1"})  # fmt: skip
+                   notify={"webhook": hook.url, "events": ["release_failed", "released"], "host": "pod1"})
     dog = daemon.Watchdog(str(tmp_path))
     state = dog.check(config, FACTS, IDLE, now=T, mono=0.0)
     assert state["action"] == "release failed" and "500" in state["release_error"]
@@ -170,7 +170,7 @@ def test_a_wrong_key_fails_the_check_at_arming_and_notifies(
     found = on_pod(pv.RUNPOD)
     monkeypatch.setenv("RUNPOD_API_KEY", "rpa_WRONGKEY_0123456789")
     config = armed(tmp_path, api, found, release_at=None, autostop_minutes=600,
-                   notify={"webhook": hook.url, "events": ["release_check_failed"], "host": "pod1"})  # fmt: skip
+                   notify={"webhook": hook.url, "events": ["release_check_failed"], "host": "pod1"})
     dog = daemon.Watchdog(str(tmp_path))
     dog.check(config, FACTS, IDLE, now=T, mono=0.0)
     verdict = read_json(str(tmp_path / daemon.RELEASE_CHECK))
@@ -226,7 +226,7 @@ def test_provider_none_or_no_release_setting_releases_nothing(
     reply = ops.configure(Agent(), {"config": {"stall_minutes": 5, "provider": "auto"}})  # type: ignore[arg-type]
     assert "release_via" not in (reply["config"] or {})  # nothing asks for a release: none is prepared
     forged = {"autostop_minutes": 1, "provider": "none", "release_via": {"provider": "runpod", "instance_id": POD,
-                                                                         "source": "environment"}}  # fmt: skip
+                                                                         "source": "environment"}}
     assert ops.configure(Agent(), {"config": forged})["armed"] is False  # type: ignore[arg-type]
     reply = ops.configure(Agent(), {"config": {"autostop_minutes": 1, "provider": "auto"}})  # type: ignore[arg-type]
     assert reply["armed"] is True and reply["config"]["release_via"]["instance_id"] == POD
@@ -265,7 +265,7 @@ def _unshare_ok() -> str | None:
     if shutil.which("unshare") is None:
         return "unshare is not installed"
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"],
-                           capture_output=True, timeout=30)  # fmt: skip
+                           capture_output=True, timeout=30)
     return None if probe.returncode == 0 else f"unshare --pid is not permitted: {probe.stderr!r}"
 
 
@@ -280,19 +280,19 @@ def test_autostop_stops_an_emulated_pod_with_no_client(tmp_path: Path, api: Stan
     state.mkdir()
     unset = " ".join(f"-u {name}" for name in env)
     script = (f'env {unset} "{sys.executable}" -c "$CONFIGURE" "$ROOT" "$STATE" "$RP" "$VA" > "$STATE/armed.json"; '
-              'while [ ! -e "$GATE" ]; do sleep 0.1; done')  # sh stays PID 1 (and keeps the pod alive)  # fmt: skip
+              'while [ ! -e "$GATE" ]; do sleep 0.1; done')  # sh stays PID 1 (and keeps the pod alive)
     pod = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "env", "-i",
          *(f"{k}={v}" for k, v in env.items()), f"CONFIGURE={CONFIGURE}", f"ROOT={ROOT}", f"STATE={state}",
          f"RP={api.base('runpod')}", f"VA={api.base('vastai')}", f"GATE={gate}", "PATH=/usr/bin:/bin",
          "/bin/sh", "-c", script],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    )
     try:
         stopped = (lambda: api.pods[POD]["desiredStatus"] == "EXITED") if provider == pv.RUNPOD else (
-            lambda: api.vast[VAST]["actual_status"] == "stopped")  # fmt: skip
+            lambda: api.vast[VAST]["actual_status"] == "stopped")
         wait_for(lambda: (read_json(str(state / daemon.STATE)) or {}).get("action") == "released", timeout=90,
-                 what="the watchdog to release the pod")  # fmt: skip
+                 what="the watchdog to release the pod")
         assert stopped()
         armed_reply = json.loads((state / "armed.json").read_text())
         assert armed_reply["armed"] is True

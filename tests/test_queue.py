@@ -34,7 +34,7 @@ def a100s(where: Path, count: int = 2) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     exe = where / "nvidia-smi"
     exe.write_text(f'#!/bin/sh\nFAKE_NVIDIA_SMI_GPUS={count} exec "{sys.executable}" "{FIXTURES / "fake_nvidia_smi.py"}" '
-                   f'--capture "{A100_X8}" --state q "$@"\n')  # fmt: skip
+                   f'--capture "{A100_X8}" --state q "$@"\n')
     exe.chmod(0o755)
     return where
 
@@ -56,7 +56,7 @@ def test_two_recorded_a100s_are_read_as_two_idle_gpus(tmp_path: Path) -> None:
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
     assert [(g["index"], g["name"], g["util_percent"], g["processes"]) for g in sample["gpus"]] == [
         (0, "A100-SXM4-40GB", 0, []), (1, "A100-SXM4-40GB", 0, [])
-    ]  # fmt: skip
+    ]
 
 
 def test_disjoint_gpus_run_side_by_side_and_a_waiting_job_keeps_its_gpus(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_disjoint_gpus_run_side_by_side_and_a_waiting_job_keeps_its_gpus(tmp_pat
     assert job_queue.plan(jobs, jobs, sample, []) == {
         "start": [("1", "0"), ("2", "1")], "fail": {},
         "wait": {"3": "GPU 1 kept for an earlier job of the queue"},
-    }  # fmt: skip
+    }
     # job 5 runs on GPU 0: a 2-GPU job waits, and keeps GPU 1 from the 1-GPU job behind it (no starving)
     jobs = [queued("6", gpu_count=2), queued("7", gpu_count=1)]
     decided = job_queue.plan(jobs, jobs, sample, [{"id": "5", "gpus": "0"}])
@@ -118,7 +118,7 @@ def test_the_real_scheduler_holds_a_job_back_while_a_foreign_process_uses_the_gp
 def test_after_waits_and_after_ok_on_a_failed_job_never_starts(tmp_path: Path) -> None:
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
     jobs = [ended("1", "failed", 3), {"id": "2", "state": "running"}, queued("3", gpu_count=1, after=["1"]),
-            queued("4", gpu_count=1, after=["2"]), queued("5", gpu_count=1, after_ok=["1"])]  # fmt: skip
+            queued("4", gpu_count=1, after=["2"]), queued("5", gpu_count=1, after_ok=["1"])]
     decided = job_queue.plan(jobs[2:], jobs, sample, [{"id": "2", "gpus": "1"}])
     assert decided["start"] == [("3", "0")]
     assert decided["wait"] == {"4": "after job 2 (running)"}
@@ -129,7 +129,7 @@ def test_jobs_waiting_on_each_other_or_on_themselves_fail_with_the_loop(tmp_path
     jobs = [ended("1", "failed", 3), {"id": "2", "state": "running"},
             queued("6", "none", after=["7"]), queued("7", "none", after=["6"]), queued("8", "none", after_ok=["8"]),
             queued("9", "none", after_ok=["6"]), queued("10", "none", after=["6"]), queued("11", "none", after=["2"]),
-            queued("12", "none", after=["2"], after_ok=["1"])]  # fmt: skip
+            queued("12", "none", after=["2"], after_ok=["1"])]
     decided = job_queue.plan(jobs[2:], jobs, {"gpus": []}, [])
     assert decided["fail"] == {
         "6": "never started: it waits on itself through 6 -> 7 -> 6",
@@ -220,12 +220,12 @@ def test_move_reorders_kill_removes_and_a_queue_survives_the_agent(tmp_path: Pat
     agent = AgentProc(state, "--nvidia-smi", str(a100s(tmp_path / "bin") / "nvidia-smi"))
     try:
         hold = tmp_path / "hold"
-        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]  # fmt: skip
+        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]
         ids = [agent.call("jobs.start", argv=["true"], name=f"q{n}", queue={"gpu_count": 1})["result"]["id"] for n in range(3)]
         listing = agent.call("queue.list")["result"]
         assert [(j["id"], j["queue_position"]) for j in listing["jobs"]] == [(ids[0], 1), (ids[1], 2), (ids[2], 3)]
         wait_for(lambda: "held by job" in (agent.call("queue.list")["result"]["jobs"][0]["queue_reason"]),
-                 timeout=60, what="the scheduler's reason")  # fmt: skip
+                 timeout=60, what="the scheduler's reason")
         assert agent.call("queue.list")["result"]["jobs"][0]["queue_reason"] == (
             f"needs 1 free GPU, 0 free; GPU 0 held by job {blocker['id']}; GPU 1 held by job {blocker['id']}"
         )
@@ -336,17 +336,17 @@ def test_after_a_reboot_the_next_connect_restarts_the_scheduler(tmp_path: Path) 
     try:
         jid = agent.call("jobs.start", argv=["true"], queue={"gpu_count": 1})["result"]["id"]  # gpu_burn: waits
         wait_for(lambda: "used by pid" in str(agent.call("queue.list")["result"]["jobs"][0]["queue_reason"]),
-                 timeout=60, what="the scheduler's first pass")  # fmt: skip
+                 timeout=60, what="the scheduler's first pass")
         agent.close()
         pid = int((state / daemon.LOG).read_text().split("started (pid ")[1].split(")")[0])
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
-                 what="the scheduler to be gone")  # fmt: skip
+                 what="the scheduler to be gone")
         saved = read_json(str(state / job_queue.QUEUE))
         write_json(str(state / job_queue.QUEUE), dict(saved, boot_id="the-boot-before"))
         agent = AgentProc(state)  # the next connect
         wait_for(lambda: "queue resumed after a reboot: 1 job waiting" in (state / daemon.LOG).read_text(), timeout=60,
-                 what="the resumed scheduler")  # fmt: skip
+                 what="the resumed scheduler")
         listing = agent.call("queue.list")["result"]
         assert [j["id"] for j in listing["jobs"]] == [jid] and listing["resumed_at"] is not None
     finally:
@@ -372,7 +372,7 @@ def test_the_queue_file_is_bounded_and_a_lost_order_loses_no_job(tmp_path: Path,
 def test_autostop_does_not_release_while_the_queue_is_not_empty(tmp_path: Path) -> None:
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
-              "release_remote": ["touch", str(stopped)]}  # fmt: skip
+              "release_remote": ["touch", str(stopped)]}
     write_json(str(tmp_path / daemon.CONFIG), config)
     dog = daemon.Watchdog(str(tmp_path))
     sample = sample_of(tmp_path, str(a100s(tmp_path / "bin") / "nvidia-smi"))
@@ -399,7 +399,7 @@ def test_two_2_gpu_jobs_run_one_after_the_other_with_the_client_gone(ssh_home: S
     go = tmp_path / "go"
     code = f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint(os.environ['CUDA_VISIBLE_DEVICES'])"
     first = ssh_home.cli("run", "box", "--queue", "--gpus", "2", "--", "python3", "-c", code, check=True)
-    second = ssh_home.cli("run", "box", "--queue", "--gpus", "2", "--", "python3", "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])", check=True)  # fmt: skip
+    second = ssh_home.cli("run", "box", "--queue", "--gpus", "2", "--", "python3", "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])", check=True)
     one, two = first.stdout.strip(), second.stdout.strip()
     assert f"job {two} queued on box at position" in second.stderr
     remote = ssh_home.remote_dir / "jobs"
@@ -407,7 +407,7 @@ def test_two_2_gpu_jobs_run_one_after_the_other_with_the_client_gone(ssh_home: S
     listing = json.loads(ssh_home.cli("queue", "box", "--json", check=True).stdout)
     assert [(j["position"], j["id"], j["gpus"]) for j in listing["jobs"]] == [(1, two, "2")]
     wait_for(lambda: "held by job" in (json.loads(ssh_home.cli("queue", "box", "--json").stdout)["jobs"][0]["waits_for"] or ""),
-             timeout=60, what="the scheduler's reason")  # fmt: skip
+             timeout=60, what="the scheduler's reason")
     why = json.loads(ssh_home.cli("queue", "box", "--json", check=True).stdout)["jobs"][0]["waits_for"]
     assert why == f"needs 2 free GPUs, 0 free; GPU 0 held by job {one}; GPU 1 held by job {one}"
     [waiting] = [j for j in json.loads(ssh_home.cli("jobs", "box", "--json", check=True).stdout) if j["id"] == two]
@@ -462,7 +462,7 @@ def test_release_refuses_while_a_job_waits_in_the_queue(home: Home, tmp_path: Pa
     """A queued job would be lost with the host: release names it and wants --force, like a running one."""
     gone = tmp_path / "gone"
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
-                      f'release = ["touch", "{gone}"]\n')  # fmt: skip
+                      f'release = ["touch", "{gone}"]\n')
     fake_smi(tmp_path, H100, "load")  # the host's one GPU runs gpu_burn: the job waits
     home.env["PATH"] = f"{tmp_path}:{home.env['PATH']}"
     jid = home.cli("run", "local", "--queue", "--gpus", "1", "--", "true", check=True).stdout.strip()
@@ -475,11 +475,11 @@ def test_logs_follow_of_a_queued_job_waits_for_it_to_run_and_end(home: Home, tmp
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
     go = tmp_path / "go"
     home.cli("run", "local", "--", sys.executable, "-c",
-             f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)", check=True)  # fmt: skip
+             f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)", check=True)
     jid = home.cli("run", "local", "--queue", "--", sys.executable, "-c", "print('from the queue'); raise SystemExit(4)",
-                   check=True).stdout.strip()  # fmt: skip
+                   check=True).stdout.strip()
     follow = subprocess.Popen([sys.executable, "-m", "gputui", "logs", "local", jid, "-f"], env=home.env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: "running" in home.cli("jobs", "local").stdout, what="the blocker to run")
         assert follow.poll() is None  # still waiting: the job has not even started
@@ -494,7 +494,7 @@ def test_cli_queue_move_and_kill(home: Home, tmp_path: Path) -> None:
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n')
     go = tmp_path / "go"
     home.cli("run", "local", "--", sys.executable, "-c",
-             f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)", check=True)  # fmt: skip
+             f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)", check=True)
     a, b = (home.cli("run", "local", "--queue", "--name", n, "--", "true", check=True).stdout.strip() for n in "ab")
     moved = home.cli("queue", "local", "--move", b, "--to", "1", check=True).stdout.splitlines()
     assert moved[0].split() == ["POS", "ID", "GPUS", "NAME", "WAITS", "FOR"]
@@ -514,10 +514,10 @@ def test_a_queue_bigger_than_a_frame_is_listed_in_part_and_says_how_much_is_left
     agent = AgentProc(home.state_dir)
     try:
         hold = tmp_path / "hold"
-        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]  # fmt: skip
+        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]
         after = {"after": [blocker["id"]]}
         ids = [agent.call("jobs.start", argv=["echo", str(n), "\U0001f600" * 5000], queue=after)["result"]["id"]
-               for n in range(100)]  # fmt: skip
+               for n in range(100)]
         listing = agent.call("queue.list")
         assert "error" not in listing, listing.get("error")
         shown = [j["id"] for j in listing["result"]["jobs"]]
@@ -538,7 +538,7 @@ def test_a_damaged_queued_job_fails_alone_and_the_queue_goes_on(tmp_path: Path) 
     agent = AgentProc(state)
     try:
         hold = tmp_path / "hold"
-        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]  # fmt: skip
+        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]
         after = {"gpus": "none", "after": [blocker["id"]]}
         bad, good = (agent.call("jobs.start", argv=["true"], queue=after)["result"]["id"] for _ in range(2))
         path = str(state / "jobs" / bad / "job.json")
@@ -569,7 +569,7 @@ def test_a_failing_queue_pass_never_ends_the_watchdog(tmp_path: Path) -> None:
         queue_file.unlink()
         queue_file.mkdir()
         wait_for(lambda: "queue pass failed" in (state / daemon.LOG).read_text() or "Traceback" in (state / daemon.LOG).read_text(),
-                 timeout=60, what="a failing pass")  # fmt: skip
+                 timeout=60, what="a failing pass")
         queue_file.rmdir()
         hold.touch()
         wait_for(lambda: (state / "jobs" / last["id"] / "status.json").exists(), timeout=60, what="the queue to go on")
@@ -586,7 +586,7 @@ def test_a_request_the_host_can_never_meet_is_refused_at_once(tmp_path: Path, ho
     agent = AgentProc(state, "--nvidia-smi", str(a100s(tmp_path / "bin") / "nvidia-smi"))
     try:
         for request, words in (({"gpu_count": 3}, "3 GPUs asked for, this host has 2 GPUs"),
-                               ({"gpus": "0,5"}, "no GPU 5 on this host (it has 2 GPUs)")):  # fmt: skip
+                               ({"gpus": "0,5"}, "no GPU 5 on this host (it has 2 GPUs)")):
             reply = agent.call("jobs.start", argv=["true"], queue=request)
             assert "error" in reply and words in reply["error"]["message"], reply
         assert agent.call("queue.list")["result"]["jobs"] == []
@@ -627,15 +627,15 @@ def test_jobs_picked_while_the_disk_is_full_run_once_and_the_queue_resumes_witho
     smi.chmod(0o755)
     agent = AgentProc(state, "--nvidia-smi", str(smi))
     try:
-        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]  # fmt: skip
+        blocker = agent.call("jobs.start", argv=[sys.executable, "-c", f"import os,time\nwhile not os.path.exists({str(hold)!r}): time.sleep(0.05)"])["result"]
         after = {"gpus": "none", "after": [blocker["id"]]}
         ids = [agent.call("jobs.start", argv=["sh", "-c", f"echo q{n} >> {ledger}"], queue=after)["result"]["id"]
-               for n in range(3)]  # fmt: skip
+               for n in range(3)]
         agent.close()
         wait_for(lambda: (state / daemon.LOG).exists() and "started (pid" in (state / daemon.LOG).read_text(), what="the watchdog")
         # The blocker runs (its start on record) before the disk fills: a runner that cannot record runs nothing.
         wait_for(lambda: (read_json(str(state / "jobs" / blocker["id"] / "pid.json")) or {}).get("pid"),
-                 what="the blocker to run")  # fmt: skip
+                 what="the blocker to run")
         (disk / "room").write_bytes(bytes(256 * 1024))
         fill(disk / "filler")
         hold.touch()
@@ -646,7 +646,7 @@ def test_jobs_picked_while_the_disk_is_full_run_once_and_the_queue_resumes_witho
         assert not ledger.exists()  # nothing ran without room to record its start
         (disk / "filler").unlink()
         wait_for(lambda: all((state / "jobs" / j / "status.json").exists() for j in ids), timeout=60,
-                 what="the queue to resume with no client")  # fmt: skip
+                 what="the queue to resume with no client")
         again = AgentProc(state, "--nvidia-smi", str(smi))  # a client connects: nothing is started again
         try:
             assert [j["state"] for j in again.call("jobs.list")["result"]["jobs"][1:]] == ["succeeded"] * 3
@@ -684,7 +684,7 @@ def test_a_runner_runs_nothing_it_cannot_record_nor_an_attempt_on_record_already
         else:
             write_json(str(job_dir / "pid.json"), {"pid": None, "runner_pid": 1, "attempt": 1, "started_at": T})
         runner = subprocess.run([sys.executable, "-m", "remote_agent", "runner", str(job_dir)], cwd=Path(__file__).parent.parent,
-                                stdin=subprocess.DEVNULL, capture_output=True, timeout=60)  # fmt: skip
+                                stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
         assert not (job_dir / "status.json").exists() and not ran.exists(), runner.stderr
 
 

@@ -30,7 +30,7 @@ async def test_queue_from_the_dialog_shows_position_and_reason_and_kill_removes_
         dialog.query_one("#queue", Checkbox).value = True
         await pilot.press("enter")
         queued = await until(pilot, lambda: [j for j in app.hosts["local"].jobs if j.state == M.JOB_QUEUED],
-                             what="the queued job")  # fmt: skip
+                             what="the queued job")
         want = f"job {blocker.id} running (this job asks for the whole host)"
 
         def reason() -> str | None:
@@ -51,7 +51,7 @@ async def test_queue_from_the_dialog_shows_position_and_reason_and_kill_removes_
 
 def test_a_queued_row_shows_host_text_as_plain_text() -> None:
     wire = {"id": "5", "name": "sweep", "state": "queued", "argv": ["python", "train.py"], "queue": {"gpu_count": 2},
-            "queue_position": 2, "queue_reason": "GPU 0 used by pid 7 ([bold]x[/] \x1b[31m)"}  # fmt: skip
+            "queue_position": 2, "queue_reason": "GPU 0 used by pid 7 ([bold]x[/] \x1b[31m)"}
     row = job_row(M.Job.from_wire("gpu", wire), None, 0.0, Palette())  # type: ignore[arg-type]
     assert (row[2].plain, row[4].plain) == ("queued #2", "any 2")
     assert row[1].plain.startswith("sweep · GPU 0 used by pid 7 ([bold]x[/] ")
@@ -68,14 +68,14 @@ async def test_removing_a_queued_job_that_started_meanwhile_does_not_kill_it(
     app = local_app(local, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await connected(pilot)
-        blocker = await start_from_dialog(pilot, py(f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"))  # fmt: skip
+        blocker = await start_from_dialog(pilot, py(f"import os,time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"))
         await pilot.press("n")
         dialog = await until(pilot, lambda: isinstance(app.screen, NewJobScreen) and app.screen, what="dialog")
         dialog.query_one("#command", Input).value = "sleep 600"
         dialog.query_one("#queue", Checkbox).value = True
         await pilot.press("enter")
         queued = await until(pilot, lambda: [j for j in app.hosts["local"].jobs if j.state == M.JOB_QUEUED],
-                             what="the queued job")  # fmt: skip
+                             what="the queued job")
 
         def state() -> str:
             return next(j for j in app.hosts["local"].jobs if j.id == queued[0].id).state
@@ -88,6 +88,6 @@ async def test_removing_a_queued_job_that_started_meanwhile_does_not_kill_it(
         await until(pilot, lambda: state() == M.JOB_RUNNING, timeout=60, what="the queued job to start")
         await pilot.press("y")
         await until(pilot, lambda: [n for n in app._notifications if "started meanwhile" in n.message],
-                    what="the refusal")  # fmt: skip
+                    what="the refusal")
         assert state() == M.JOB_RUNNING
         assert next(j for j in app.hosts["local"].jobs if j.id == blocker.id).state == M.JOB_SUCCEEDED

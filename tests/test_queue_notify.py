@@ -118,7 +118,7 @@ def test_queue_empty_fires_from_the_host_with_no_client(tmp_path: Path, ntfy: Nt
         wait_for(lambda: len(ntfy.posts) >= 2, timeout=60, what="the queue_empty and job_succeeded posts")
         texts = sorted(body for _, _, body in ntfy.posts)
         assert texts == [f"[gpu1] job {job['id']} succeeded (exit 0)",  # no name given: never its command
-                         f"[gpu1] the queue is empty (last job: {job['id']})"]  # fmt: skip
+                         f"[gpu1] the queue is empty (last job: {job['id']})"]
     finally:
         agent.close()
         stop_host(state)

@@ -128,7 +128,7 @@ def test_autostop_releases_an_idle_host_with_no_client(watched: Home, tmp_path: 
     log_file = home.state_dir / "watchdog.log"
     # The watchdog logs the release command's exit after it returned: wait for that line, not just the file.
     wait_for(lambda: log_file.exists() and "release_remote: exit" in log_file.read_text(), timeout=60,
-             what="autostop to run release_remote")  # fmt: skip
+             what="autostop to run release_remote")
     assert stopped.exists() and hook.exists() and hook.stat().st_mtime <= stopped.stat().st_mtime
     log = log_file.read_text()
     assert "releasing: idle for" in log and "pre_stop: exit 0" in log and "release_remote: exit 0" in log
@@ -289,7 +289,7 @@ def test_watchdog_needs_the_whole_window_on_the_monotonic_clock(tmp_path: Path) 
 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
-              "release_remote": ["touch", str(stopped)]}  # fmt: skip
+              "release_remote": ["touch", str(stopped)]}
     write_json(str(tmp_path / daemon.CONFIG), config)
     dog = daemon.Watchdog(str(tmp_path))
     facts = {"boot_id": "b", "boot_time": 0.0}
@@ -333,7 +333,7 @@ def test_a_deadline_already_past_when_set_waits_a_grace_and_says_so(tmp_path: Pa
 
     stopped, t = tmp_path / "stopped", 1_000_000.0
     config = {"release_at": t - 7200, "armed_at": t, "boot_id": "b", "count_sessions": False,
-              "release_remote": ["touch", str(stopped)]}  # fmt: skip
+              "release_remote": ["touch", str(stopped)]}
     write_json(str(tmp_path / daemon.CONFIG), config)
     dog, facts, idle = daemon.Watchdog(str(tmp_path)), {"boot_id": "b"}, lambda: ({"gpus": []}, [])
     first = dog.check(config, facts, idle, now=t + 1, mono=0.0)
@@ -392,7 +392,7 @@ def due_watchdog(tmp_path: Path, pre_stop: list[str]) -> tuple:
 
     stopped = tmp_path / "stopped"
     config = {"autostop_minutes": 0.001, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
-              "pre_stop": pre_stop, "release_remote": ["touch", str(stopped)]}  # fmt: skip
+              "pre_stop": pre_stop, "release_remote": ["touch", str(stopped)]}
     write_json(str(tmp_path / daemon.CONFIG), config)
     write_json(str(tmp_path / "activity.json"), {"last_busy": 0.0, "boot_id": "b"})
     dog = daemon.Watchdog(str(tmp_path))
@@ -468,7 +468,7 @@ def test_a_config_from_another_boot_never_acts(tmp_path: Path) -> None:
 
     stopped = tmp_path / "stopped"
     config = {"release_at": 1.0, "armed_at": 0.0, "boot_id": "a-boot-before-the-reboot", "interval": 0.5,
-              "count_sessions": False, "release_remote": ["touch", str(stopped)]}  # fmt: skip
+              "count_sessions": False, "release_remote": ["touch", str(stopped)]}
     write_json(str(tmp_path / daemon.CONFIG), config)
     assert daemon.run(str(tmp_path), []) == 0
     assert not stopped.exists()

@@ -115,7 +115,7 @@ def test_status_shows_the_provider_its_price_and_the_check(home: Home, api: Stan
 @pytest.mark.parametrize(
     ("provider", "value"), [("runpod", "$0.74"), ("runpod", float("nan")), ("runpod", True), ("vastai", 1e308),
                             ("vastai", "abc"), ("vastai", float("nan"))],
-)  # fmt: skip
+)
 def test_a_price_the_provider_gives_unusably_is_unknown_and_the_release_goes_through(
     home: Home, api: StandIn, provider: str, value: object
 ) -> None:
@@ -219,7 +219,7 @@ def test_the_app_shows_the_price_source_the_check_and_a_failed_release() -> None
     from gputui.ui.widgets.host import host_info
 
     cost = M.CostInfo(price_per_hour=0.74, price_source="runpod", autostop_in_s=2520.0, provider="runpod",
-                      instance_id=POD, release_check_ok=True, release_check_at=time.time() - 180)  # fmt: skip
+                      instance_id=POD, release_check_ok=True, release_check_at=time.time() - 180)
     line = host_info(M.HostSnapshot(name="pod", cost=cost), Palette()).plain
     assert "· runpod" in line and "autostop in 42m" in line and "release checked 3m" in line
     unknown = M.CostInfo(price_unknown="runpod API: costPerHr must be a number, not '$0.74'", provider="runpod")
@@ -233,7 +233,7 @@ def test_autostop_on_a_host_with_no_provider_and_no_command_says_it_is_not_armed
     """provider "auto" lets autostop go without release_remote; where the host turns out to be no pod, nothing
     is armed, and status says so instead of showing a countdown that would release nothing."""
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
-                      "count_ssh_sessions = false\nautostop_minutes = 30\n")  # fmt: skip
+                      "count_ssh_sessions = false\nautostop_minutes = 30\n")
     [host] = json.loads(home.cli("status", "--json", check=True).stdout)["hosts"]
     assert host["cost"]["release_check_ok"] is False and host["cost"]["autostop_in_s"] is None
     assert "NOT armed" in host["cost"]["release_check_detail"]

@@ -96,10 +96,10 @@ def test_a_crash_loop_stops_with_its_reason_and_a_cap_stops_a_job_that_moves(tmp
     try:
         stuck = agent.call("jobs.start", argv=[sys.executable, "-c",
                            "print('step 1200'); print('ValueError: bad batch'); raise SystemExit(3)"],
-                           restart=dict(FAST, max=5))["result"]["id"]  # fmt: skip
+                           restart=dict(FAST, max=5))["result"]["id"]
         moving = agent.call("jobs.start", argv=[sys.executable, "-c",
                             "import os; print('step', 10 * int(os.environ['GPUTUI_ATTEMPT'])); raise SystemExit(1)"],
-                            restart=dict(FAST, max=2))["result"]["id"]  # fmt: skip
+                            restart=dict(FAST, max=2))["result"]["id"]
         agent.close()
         end = _ended(state, stuck)
         assert end["exit_code"] == 3
@@ -203,7 +203,7 @@ def test_a_job_lost_in_a_reboot_restarts_at_the_next_agent_start(tmp_path: Path)
         pid = _watchdog_pid(state)
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
-                 what="the watchdog to be gone")  # fmt: skip
+                 what="the watchdog to be gone")
         runner = read_json(str(_job(state, jid) / "pid.json"))
         kill_tmux(state)  # the reboot: tmux, the runner and the job are gone, with no status written
         wait_for(lambda: not Path(f"/proc/{runner['runner_pid']}").exists()
@@ -248,7 +248,7 @@ def test_bad_restart_requests_on_the_wire_are_refused(tmp_path: Path) -> None:
     agent = AgentProc(state)
     try:
         for bad, said in (({"policy": "on-failure", "max": -1}, "1 to 100"), ({"policy": "sometimes"}, "use 'no'"),
-                          ({"policy": "on-failure", "backoff_s": "soon"}, "backoff_s"), ("on-failure", "an object")):  # fmt: skip
+                          ({"policy": "on-failure", "backoff_s": "soon"}, "backoff_s"), ("on-failure", "an object")):
             reply = agent.call("jobs.start", argv=["true"], restart=bad)
             assert reply["error"]["code"] == "bad_args" and said in reply["error"]["message"], reply
     finally:
@@ -276,7 +276,7 @@ def test_a_link_out_of_the_dir_is_never_resumed_from_and_thousands_of_matches_ar
 def test_cli_refuses_a_bad_policy_before_connecting(home: Home) -> None:
     for args, said in ((["--restart", "on-failure:-1"], "N is a whole number"),
                        (["--restart", "on-failure", "--resume-from", "../c/*.pt"], "outside the job's directory"),
-                       (["--resume-from", "c/*.pt"], "needs a restart policy")):  # fmt: skip
+                       (["--resume-from", "c/*.pt"], "needs a restart policy")):
         res = home.cli("run", "local", *args, "--", "true")
         assert res.returncode == 2 and said in res.stderr, res.stderr
 
@@ -288,10 +288,10 @@ def test_restarts_and_the_crash_loop_are_notified_with_no_client(tmp_path: Path)
     agent = AgentProc(state)
     try:
         settings = {"command": ["sh", "-c", f'{{ echo "$GPUTUI_NOTIFY_EVENT"; cat; echo; }} >> "{sent}"'],
-                    "events": ["job_restarted", "crash_loop", "job_failed"], "host": "gpu1"}  # fmt: skip
+                    "events": ["job_restarted", "crash_loop", "job_failed"], "host": "gpu1"}
         assert agent.call("watchdog.configure", config={"notify": settings, "interval": 0.5})["result"]["armed"]
         jid = agent.call("jobs.start", argv=[sys.executable, "-c", "print('epoch 7'); raise SystemExit(2)"],
-                         restart=dict(FAST, max=9))["result"]["id"]  # fmt: skip
+                         restart=dict(FAST, max=9))["result"]["id"]
         agent.close()
         _ended(state, jid)
         wait_for(lambda: sent.exists() and "crash_loop" in sent.read_text(), timeout=60, what="the crash_loop message")
@@ -310,7 +310,7 @@ def test_the_cli_runs_with_the_hosts_default_policy_and_jobs_shows_every_attempt
     import json
 
     home.write_config(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home.state_dir}"\n'
-                      'restart = "on-failure:2"\nrestart_backoff_s = 0\n')  # fmt: skip
+                      'restart = "on-failure:2"\nrestart_backoff_s = 0\n')
     run = home.cli("run", "local", "--", sys.executable, "-c", "print('Error: no data'); raise SystemExit(4)", check=True)
     jid = run.stdout.strip()
     end = _ended(home.state_dir, jid)
@@ -362,7 +362,7 @@ def test_a_healthy_stretch_resets_the_attempt_counter(tmp_path: Path) -> None:
     try:
         code = "import os, sys; n = int(os.environ['GPUTUI_ATTEMPT']); print('step 7'); sys.exit(0 if n == 4 else 1)"
         jid = agent.call("jobs.start", argv=[sys.executable, "-c", code],
-                         restart=dict(FAST, max=2, healthy_s=0))["result"]["id"]  # fmt: skip
+                         restart=dict(FAST, max=2, healthy_s=0))["result"]["id"]
         end = _ended(state, jid)
         assert end["exit_code"] == 0
         attempts = read_json(str(_job(state, jid) / restart_policy.ATTEMPTS))
@@ -401,10 +401,10 @@ def test_a_job_waiting_to_restart_on_a_host_a_deadline_releases_ends_for_good(tm
     agent = AgentProc(state)
     try:
         jid = agent.call("jobs.start", argv=["false"], restart=dict(FAST, max=5, backoff_s=3600,
-                         backoff_max_s=3600))["result"]["id"]  # fmt: skip
+                         backoff_max_s=3600))["result"]["id"]
         wait_for(lambda: (_job(state, jid) / restart_policy.PENDING).exists(), timeout=60, what="the restart to be scheduled")
         config = {"release_at": time.time() + 1, "count_sessions": False, "interval": 0.5,
-                  "release_remote": ["touch", str(stopped)]}  # fmt: skip
+                  "release_remote": ["touch", str(stopped)]}
         assert agent.call("watchdog.configure", config=config)["result"]["armed"]
         armed = read_json(str(state / daemon.CONFIG))
         write_json(str(state / daemon.CONFIG), dict(armed, armed_at=armed["armed_at"] - daemon.DEADLINE_GRACE_S))  # long armed

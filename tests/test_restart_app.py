@@ -20,7 +20,7 @@ async def test_the_dialog_starts_a_job_with_a_restart_policy_and_refuses_a_bad_o
         dialog.query_one("#command", Input).value = py("print('ok')")
         for restart, glob, said in (("on-failure:-1", "", "N is a whole number"),
                                     ("on-failure", "../x/*.pt", "outside the job's directory"),
-                                    ("", "ckpt/*.pt", "needs a restart policy")):  # fmt: skip
+                                    ("", "ckpt/*.pt", "needs a restart policy")):
             dialog.query_one("#restart", Input).value = restart
             dialog.query_one("#resume_from", Input).value = glob
             await pilot.press("enter")

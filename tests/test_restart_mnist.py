@@ -24,7 +24,7 @@ EPOCHS = 4
 
 def _argv(data: Path, out: Path) -> list[str]:
     return [sys.executable, str(EXAMPLES / "train_mnist.py"), "--data-dir", str(data), "--device", "cpu",
-            "--epochs", str(EPOCHS), "--batch-size", "32", "--workers", "0", "--out", str(out)]  # fmt: skip
+            "--epochs", str(EPOCHS), "--batch-size", "32", "--workers", "0", "--out", str(out)]
 
 
 def test_the_mnist_example_killed_mid_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:

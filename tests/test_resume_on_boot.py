@@ -60,7 +60,7 @@ def test_the_line_is_there_exactly_while_asked_and_the_users_lines_are_kept(tmp_
         assert line.startswith("@reboot ") and f" boot {state} " in line
         assert crontab().startswith(USERS)
         again = agent.call("watchdog.configure", config={"resume_on_boot": True, "autostop_minutes": 60,
-                                                         "release_remote": ["true"]})["result"]  # fmt: skip
+                                                         "release_remote": ["true"]})["result"]
         assert again["autostart"]["changed"] is False and len(ours(state)) == 1  # every connect: one line
         off = agent.call("watchdog.configure", config={"autostop_minutes": 60, "release_remote": ["true"]})["result"]
         assert off["autostart"]["detail"] == "taken out of the crontab"
@@ -89,7 +89,7 @@ def test_after_a_reboot_the_line_resumes_the_lost_job_and_arms_the_idle_rule_aga
     agent = AgentProc(state)
     try:
         config = {"resume_on_boot": True, "autostop_minutes": 600, "release_remote": ["true"],
-                  "release_at": 4102444800.0, "count_sessions": False}  # fmt: skip
+                  "release_at": 4102444800.0, "count_sessions": False}
         assert agent.call("watchdog.configure", config=config)["result"]["armed"]
         restart = {"policy": "on-failure", "max": 3, "backoff_s": 0, "backoff_max_s": 0}
         jid = agent.call("jobs.start", argv=lost_in_a_reboot_job(tmp_path), restart=restart)["result"]["id"]
@@ -98,7 +98,7 @@ def test_after_a_reboot_the_line_resumes_the_lost_job_and_arms_the_idle_rule_aga
         agent.close()
         # the reboot: the watchdog, tmux, the runner and the job are gone; every record is from the boot before
         wait_for(lambda: "started (pid" in (state / watchdog_daemon.LOG).read_text() if (state / watchdog_daemon.LOG).exists() else False,
-                 what="the watchdog")  # fmt: skip
+                 what="the watchdog")
         for pid in _watchdogs(state):
             os.kill(pid, signal.SIGKILL)
         runner = read_json(str(job_dir / "pid.json"))
@@ -111,7 +111,7 @@ def test_after_a_reboot_the_line_resumes_the_lost_job_and_arms_the_idle_rule_aga
         [line] = ours(state)
         subprocess.run(["/bin/sh", "-c", line.removeprefix("@reboot ")], check=True, timeout=60)  # as cron does
         end = read_json(str(wait_for(lambda: (job_dir / "status.json").exists() and job_dir / "status.json",
-                                     timeout=90, what="the resumed job to end")))  # fmt: skip
+                                     timeout=90, what="the resumed job to end")))
         assert end["exit_code"] == 0
         assert "── attempt 2 of 3, after a reboot lost the job, 0 s backoff ──" in (job_dir / "output.log").read_text()
         now = read_json(str(state / watchdog_daemon.CONFIG))
@@ -257,9 +257,9 @@ def _real_cron_at_boot(tmp_path: Path) -> subprocess.Popen[bytes]:
     (spool / user).write_bytes(head + installed())
     (spool / user).chmod(0o600)
     script = (f"mount -t tmpfs tmpfs /run && mount --bind {spool} {SPOOL} && mount --bind {etc_d} /etc/cron.d && "
-              f"mount --bind {etc_crontab} /etc/crontab && exec cron -f")  # fmt: skip
+              f"mount --bind {etc_crontab} /etc/crontab && exec cron -f")
     return subprocess.Popen(["unshare", "--mount", "--fork", "--kill-child", "/bin/sh", "-c", script],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_the_real_cron_runs_our_line_for_a_state_dir_with_percent_signs_and_backslashes(
@@ -283,7 +283,7 @@ def test_the_real_cron_runs_our_line_for_a_state_dir_with_percent_signs_and_back
     cron = _real_cron_at_boot(tmp_path)
     try:
         wait_for(lambda: "resume_on_boot: armed again for this boot" in (state / watchdog_daemon.LOG).read_text(), timeout=60,
-                 what="cron to run the @reboot line")  # fmt: skip
+                 what="cron to run the @reboot line")
         assert read_json(str(state / watchdog_daemon.CONFIG))["boot_id"] == _boot()
     finally:
         cron.kill()

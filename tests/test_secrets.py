@@ -101,7 +101,7 @@ def test_a_job_gets_its_secrets_and_nothing_of_ours_keeps_them(ssh_home: SshHome
     _secrets_file(ssh_home, f'WANDB_API_KEY = "{key}"\n')
     cli, go = Outputs(ssh_home), tmp_path / "go"
     jid = cli("run", "box", "--secret", "HF_TOKEN", "--secret", "WANDB_API_KEY", "--env", "PLAIN=1", "--",
-              "python3", _job_script(tmp_path), str(go), "HF_TOKEN", "WANDB_API_KEY").strip()  # fmt: skip
+              "python3", _job_script(tmp_path), str(go), "HF_TOKEN", "WANDB_API_KEY").strip()
     job_dir = ssh_home.remote_job_dir(jid)
     log = job_dir / "output.log"
     wait_for(lambda: log.exists() and log.read_text().count("attempt 1") == 2, timeout=60, what="the job's hashes")
@@ -119,7 +119,7 @@ def test_a_job_gets_its_secrets_and_nothing_of_ours_keeps_them(ssh_home: SshHome
     assert [j["state"] for j in json.loads(cli("jobs", "box", "--json"))] == ["succeeded", "succeeded"]
     for args in (["jobs", "box"], ["history", "box"], ["history", "--json"], ["queue", "box", "--json"],
                  ["compare", f"box:{jid}", f"box:{again}"], ["compare", "--json", f"box:{jid}", f"box:{again}"],
-                 ["logs", "box", jid]):  # fmt: skip
+                 ["logs", "box", jid]):
         cli(*args)
     for value in (token, key):
         assert _files_holding(ssh_home.remote_dir, value) == []
@@ -137,9 +137,9 @@ def test_each_attempt_of_a_restarting_job_gets_its_secret_and_the_last_one_takes
     ssh_home.configure(restart_backoff_s=0, restart_backoff_max_s=0)
     cli, go, script = Outputs(ssh_home), tmp_path / "go", _job_script(tmp_path)
     succeeds = cli("run", "box", "--restart", "on-failure:3", "--secret", "HF_TOKEN", "--env", "EXIT=1,0", "--",
-                   "python3", script, str(go), "HF_TOKEN").strip()  # fmt: skip
+                   "python3", script, str(go), "HF_TOKEN").strip()
     gives_up = cli("run", "box", "--restart", "on-failure:2", "--secret", "HF_TOKEN", "--env", "EXIT=1,1", "--",
-                   "python3", script, "-", "HF_TOKEN").strip()  # fmt: skip
+                   "python3", script, "-", "HF_TOKEN").strip()
     kept = ssh_home.remote_job_dir(succeeds) / "secrets"
     wait_for(lambda: (ssh_home.remote_job_dir(succeeds) / "pid.json").exists(), timeout=60, what="attempt 1")
     assert stat.S_IMODE(kept.stat().st_mode) == 0o700
@@ -222,7 +222,7 @@ def test_a_job_whose_secrets_the_host_lost_never_runs_without_them_and_says_why(
     try:
         blocker = agent.call("jobs.start", argv=[sys.executable, _job_script(tmp_path), str(go)])["result"]["id"]
         queued = agent.call("jobs.start", argv=["touch", str(ran)], secrets={"HF_TOKEN": "v"},
-                            queue={"after": [blocker]})["result"]["id"]  # fmt: skip
+                            queue={"after": [blocker]})["result"]["id"]
         shutil.rmtree(state / "jobs" / queued / "secrets")
         go.touch()
         wait_for((state / "jobs" / queued / "status.json").exists, timeout=60, what="the queued job's end")

@@ -36,7 +36,7 @@ def test_every_shape_of_metric_line_becomes_points_on_the_step_axis(tmp_path: Pa
         b"train:  50%|####  | 4/10 [00:01<00:02, loss=1.0]\n",
         b"val_loss: 0.9 val_acc: 0.7\n",
         b"batch_size=64 seed=3\n",  # settings, not metrics
-    ])  # fmt: skip
+    ])
     js = _wire(_job(tmp_path, log))
     loss = js.get("loss")
     assert loss is not None and loss.x_label == X_STEP
@@ -110,7 +110,7 @@ def test_a_hostile_series_file_or_reply_is_never_trusted(tmp_path: Path) -> None
     raw = {"series": {"\x1b[31m[b]red[/b]": {"points": [[1, None, None, 1.0], [2, True, None, 2], "x", [3, 1, "e", 1]],
                                             "count": 2, "last": 1.0, "low": 1.0, "high": 1.0},
                       "nan": {"points": [], "count": 1, "last": "NaN", "low": 0, "high": 0}},
-           "offset": 0, "size": 10, "done": "yes"}  # fmt: skip
+           "offset": 0, "size": 10, "done": "yes"}
     js = JobSeries.from_wire("h", "1", raw)
     assert [s.name for s in js.series] == ["\\x1b[31m[b]red[/b]"] and not js.done and js.partial
     assert [p.line for p in js.series[0].points] == [1]

@@ -104,7 +104,7 @@ def test_a_secret_reaches_a_slurm_job_and_leaves_the_state_dir_once_slurm_says_i
     stored.write_text(f'HF_TOKEN = "{value}"\n')
     stored.chmod(0o600)
     job_id = chome.run("--secret", "HF_TOKEN", *py("import hashlib, os\n"
-                       "print(hashlib.sha256(os.environ['HF_TOKEN'].encode()).hexdigest())"))  # fmt: skip
+                       "print(hashlib.sha256(os.environ['HF_TOKEN'].encode()).hexdigest())"))
     job = wait_state(chome, job_id, ("succeeded", "failed", "lost"), timeout=90)
     assert job["state"] == "succeeded", job
     job_dir = chome.job_dir(job_id)
@@ -167,7 +167,7 @@ def test_kill_escalates_sigint_sigterm_sigkill(chome: ClusterHome, tmp_path: Pat
     assert job["state"] == "killed" and job["ended_at"] is not None
     slurm_id = job["slurm"]["job_id"]  # the job ignores INT and TERM: the KILL step to every step ends it
     assert calls.read_text().splitlines() == [f"--batch --signal=INT {slurm_id}", f"--batch --signal=TERM {slurm_id}",
-                                              f"--full --signal=KILL {slurm_id}", slurm_id]  # fmt: skip
+                                              f"--full --signal=KILL {slurm_id}", slurm_id]
 
 
 def test_a_failing_scancel_is_said_at_once_and_the_job_ends_as_it_does(chome: ClusterHome, tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_a_failing_scancel_is_said_at_once_and_the_job_ends_as_it_does(chome: Cl
     job_id = chome.run(*py(f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.1)"))
     wait_state(chome, job_id, ("running",))
     path = stand_in(chome, tmp_path / "bin", "scancel",
-                    "echo 'scancel: error: Kill job error on job id 1: Access/permission denied' >&2\nexit 1\n")  # fmt: skip
+                    "echo 'scancel: error: Kill job error on job id 1: Access/permission denied' >&2\nexit 1\n")
     try:
         res = chome.cli("kill", "hpc", job_id, "--grace", "1", "-y", timeout=60)
     finally:
@@ -273,7 +273,7 @@ def slurm_sshd(tmp_path_factory: pytest.TempPathFactory, cluster: SlurmCluster) 
         pytest.skip(why)
     server = Sshd(tmp_path_factory.mktemp("sshd-slurm"))
     server.config.write_text(server.config.read_text().replace("PermitUserEnvironment HOME,PATH,",
-                                                               "PermitUserEnvironment HOME,PATH,SLURM_CONF,"))  # fmt: skip
+                                                               "PermitUserEnvironment HOME,PATH,SLURM_CONF,"))
     server.client_key("ok")
     line = server.authorized.read_text()
     server.authorized.write_text(f'environment="SLURM_CONF={cluster.conf}",' + line)
@@ -387,7 +387,7 @@ def test_status_shows_partitions_and_nodes_with_gpus(chome: ClusterHome, cluster
     info = status["hosts"][0]["cluster"]
     assert info["error"] is None and info["nodes_total"] == 1
     assert info["partitions"] == [{"name": "main", "default": True, "available": "up", "time_limit": "infinite",
-                                   "nodes": 1, "gpus": 2, "gpus_used": 1}]  # fmt: skip
+                                   "nodes": 1, "gpus": 2, "gpus_used": 1}]
     node = info["nodes"][0]
     assert (node["name"], node["state"], node["gpus"], node["gpus_used"]) == (cluster.node, "mixed", 2, 1)
     assert node["cpus_alloc"] == 1 and node["cpus"] == 32 and node["partitions"] == ["main"]
@@ -556,7 +556,7 @@ async def test_app_shows_the_cluster_and_kills_a_queued_job(
     app = GpuTuiApp(cfg.load(str(path)), state_path=tmp_path / "ui.json")
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: "slurm: main* up 1 nodes GPUs 0/2 · nodes 1 idle" in screen_text(app), 60,
-                    what="the cluster line")  # fmt: skip
+                    what="the cluster line")
         app.select_job("hpc", job_id)
         await until(pilot, lambda: (j := app.current_job()) is not None and j.state == "queued", what="queued")
         await pilot.press("k")
@@ -619,7 +619,7 @@ def test_a_slurm_job_is_never_judged_stalled_by_the_login_nodes_gpus() -> None:
 
     idle_gpu = {"index": 0, "util_percent": 0.0, "processes": []}
     jobs = [{"id": "1", "state": "running", "log_size": 0, "gpus": None, "scheduler": "slurm"},
-            {"id": "2", "state": "running", "log_size": 0, "gpus": None}]  # fmt: skip
+            {"id": "2", "state": "running", "log_size": 0, "gpus": None}]
     tracker = StallTracker()
     tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 0.0, 0.0)
     stalled = tracker.update({"gpus": [idle_gpu]}, jobs, 5.0, 1.0, 120.0, 120.0)
@@ -665,7 +665,7 @@ def test_node_gpu_streams_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
     (fake / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
-               for n in range(1, 41)]  # fmt: skip
+               for n in range(1, 41)]
     node_gpus = slurm_gpus.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
     try:
         node_gpus.add_to({"gpus": []}, running)
@@ -688,15 +688,15 @@ def test_node_gpu_cards_in_a_sample_are_bounded(tmp_path: Path, monkeypatch: pyt
     fake = tmp_path / "bin"
     fake.mkdir()
     gpu = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-" + "0" * 32, "util_percent": 99.0,
-           "mem_used_mib": 80000, "processes": [{"pid": 7, "name": "python", "mem_mib": 79000}]}  # fmt: skip
+           "mem_used_mib": 80000, "processes": [{"pid": 7, "name": "python", "mem_mib": 79000}]}
     lines = "".join(json.dumps({"node": f"n{k}", "gpus": [dict(gpu, index=i) for i in range(8)]}) + "\n"
-                    for k in range(300))  # fmt: skip
+                    for k in range(300))
     (tmp_path / "readings.jsonl").write_text(lines)
     (fake / "srun").write_text(f"#!/bin/sh\ncat {tmp_path / 'readings.jsonl'}\nexec sleep 120\n")
     (fake / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
     running = [{"id": str(n), "scheduler": "slurm", "state": "running", "slurm": {"job_id": str(1000 + n)}}
-               for n in range(1, 9)]  # fmt: skip
+               for n in range(1, 9)]
     node_gpus = slurm_gpus.NodeGpus([sys.executable, "-m", "remote_agent"], str(tmp_path), "nvidia-smi")
     try:
         node_gpus.add_to({"gpus": []}, running)

@@ -45,7 +45,7 @@ def sshd2(tmp_path_factory: pytest.TempPathFactory, cluster2: SlurmCluster) -> I
         pytest.skip(why)
     server = Sshd(tmp_path_factory.mktemp("sshd-slurm2"))
     server.config.write_text(server.config.read_text().replace("PermitUserEnvironment HOME,PATH,",
-                                                               "PermitUserEnvironment HOME,PATH,SLURM_CONF,"))  # fmt: skip
+                                                               "PermitUserEnvironment HOME,PATH,SLURM_CONF,"))
     server.client_key("ok")
     server.authorized.write_text(f'environment="SLURM_CONF={cluster2.conf}",' + server.authorized.read_text())
     server.start()
@@ -144,7 +144,7 @@ def test_ddp_on_two_nodes_matches_one_process(box: Login, tmp_path: Path) -> Non
     pytest.importorskip("sklearn")
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(ROOT / "examples" / "mnist_from_digits.py"), str(data)], check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     args = [
         "--data-dir",
         str(data),
@@ -158,13 +158,13 @@ def test_ddp_on_two_nodes_matches_one_process(box: Login, tmp_path: Path) -> Non
         "0",
     ]
     single = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mnist_ddp.py"), *args, "--out",
-                             str(tmp_path / "one")], capture_output=True, text=True, timeout=300)  # fmt: skip
+                             str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stderr[-2000:]
     one_acc = json.loads((tmp_path / "one" / "summary.json").read_text())["test_acc"]
 
     out = tmp_path / "ddp"
     job_id = box.run("--nodes", "2", "--launcher", "torchrun", "--", "examples/train_mnist_ddp.py", *args,
-                     "--out", str(out))  # fmt: skip
+                     "--out", str(out))
     rc, lines = box.follow(job_id, timeout=400)
     assert rc == 0, "\n".join(lines[-40:])
     ranks = by_rank(lines)
@@ -235,7 +235,7 @@ def test_kill_escalates_on_every_node_and_leaves_nothing(box: Login) -> None:
 
 def test_a_rank_that_exits_1_fails_the_job_naming_it(box: Login) -> None:
     code = ("import os, sys, time\nrank = int(os.environ['SLURM_NODEID'])\nprint('rank', rank, flush=True)\n"
-            "if rank == 1:\n    sys.exit(1)\ntime.sleep(300)\n")  # fmt: skip
+            "if rank == 1:\n    sys.exit(1)\ntime.sleep(300)\n")
     job_id = box.run("--nodes", "2", "--", sys.executable, "-c", code)
     job = box.wait(
         job_id, ("failed", "succeeded", "lost"), timeout=120
@@ -256,7 +256,7 @@ def test_three_nodes_of_two_wait_with_slurms_reason(box: Login) -> None:
 
 
 STEPPER = ("import os, time\nprint('attempt', os.environ.get('GPUTUI_ATTEMPT'), 'on', os.environ['SLURMD_NODENAME'],"
-           " flush=True)\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.2)\n")  # fmt: skip
+           " flush=True)\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.2)\n")
 
 
 @contextlib.contextmanager
@@ -321,7 +321,7 @@ def test_the_insights_of_a_labelled_log_read_rank_0() -> None:
     from gputui.core.jobs.labels import rank0_view
 
     log = (b"0: Epoch 1/3 test_acc=0.5\n1: Epoch 1/3 test_acc=0.1\n1: Epoch 2/3 test_acc=0.2\n"
-           b"srun: error: n2: task 1: Exited with exit code 1\n 0: Epoch 2/3 test_acc=0.6\n")  # fmt: skip
+           b"srun: error: n2: task 1: Exited with exit code 1\n 0: Epoch 2/3 test_acc=0.6\n")
     view = rank0_view(log, 0)
     assert len(view) == len(log)  # every byte keeps its offset
     assert [line.strip() for line in view.split(b"\n") if line.strip()] == [
@@ -368,6 +368,6 @@ def test_the_jobs_row_shows_a_many_node_jobs_nodes() -> None:
     from gputui.ui.widgets.host import job_row
 
     wire = {"id": "7", "name": "ddp", "state": "running", "argv": ["train.py"], "scheduler": "slurm",
-            "slurm": {"job_id": "12", "state": "RUNNING", "nodes": "n[1-2]", "nodes_count": 2, "gpus": 4}}  # fmt: skip
+            "slurm": {"job_id": "12", "state": "RUNNING", "nodes": "n[1-2]", "nodes_count": 2, "gpus": 4}}
     row = job_row(M.Job.from_wire("hpc", wire), None, 0.0, Palette())  # type: ignore[arg-type]
     assert row[1].plain == "ddp · on n[1-2]" and row[4].plain == "4x2"

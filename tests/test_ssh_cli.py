@@ -176,7 +176,7 @@ def test_trust_hashed_entry_is_understood_by_openssh(ssh_home: SshHome) -> None:
     found = subprocess.run(
         ["ssh-keygen", "-F", f"[127.0.0.1]:{ssh_home.sshd.port}", "-f", str(ssh_home.known_hosts)],
         capture_output=True, text=True,
-    )  # fmt: skip
+    )
     assert found.returncode == 0 and "ssh-ed25519" in found.stdout
     run_job(ssh_home, "true")
 
@@ -257,7 +257,7 @@ def _alias_config(ssh_home: SshHome, ssh_config: str) -> None:
 def _alias_block(ssh_home: SshHome, extra: str = "") -> str:
     s = ssh_home.sshd
     return (f"Host boxalias\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n"
-            f"  IdentityFile {s.keys['ok']}\n{extra}")  # fmt: skip
+            f"  IdentityFile {s.keys['ok']}\n{extra}")
 
 
 def test_trust_fetches_the_key_where_the_host_s_own_block_sends_it(ssh_home: SshHome, tmp_path, resolver: str) -> None:
@@ -317,7 +317,7 @@ def test_trust_and_jobs_go_through_a_proxy_jump_url_hop(ssh_home: SshHome, tmp_p
         hop_known = tmp_path / "hop_known_hosts"
         hop_known.write_text(jump.host_key_line())
         hop = (f"Host 127.0.0.1\n  IdentityFile {jump.keys['ok']}\n  UserKnownHostsFile {hop_known}\n"
-               f"Host *\n  Port {free_port()}\n")  # fmt: skip
+               f"Host *\n  Port {free_port()}\n")
         url = f"  ProxyJump ssh://{jump.user}@127.0.0.1:{jump.port}\n"
         _alias_config(ssh_home, _alias_block(ssh_home, url) + hop)
         res = ssh_home.cli("trust", "box", "--yes")
@@ -342,7 +342,7 @@ def test_a_host_ssh_accepts_is_accepted(ssh_home: SshHome, resolver: str, tmp_pa
         f"Host boxalias  # the test box\n  HostName 127.0.0.1 # loopback\n  Port {s.port}\n  User {s.user}\n"
         f"  IdentityFile /no/such/key\n  CertificateFile /no/such/key-cert.pub\n  IdentityFile {garbage}\n"
         f"  IdentityFile {locked}\n  IdentityFile {s.keys['ok']}\n"
-    ))  # fmt: skip
+    ))
     ssh_home.known_hosts.write_text(s.host_key_line())
     job_id = run_job(ssh_home, "echo", "accepted")
     assert ssh_home.cli("logs", "-f", "box", job_id, check=True).stdout.strip() == "accepted"
@@ -367,7 +367,7 @@ def test_the_identity_agent_of_ssh_config_is_used(ssh_home: SshHome, resolver: s
         subprocess.run([shutil.which("ssh-add") or "ssh-add", "-q", str(ssh_home.sshd.keys["ok"])], env=env, check=True, capture_output=True)
         s = ssh_home.sshd
         _alias_config(ssh_home, f"Host boxalias\n  HostName 127.0.0.1\n  Port {s.port}\n  User {s.user}\n"
-                                f"  IdentityAgent {sock}\n")  # fmt: skip
+                                f"  IdentityAgent {sock}\n")
         ssh_home.known_hosts.write_text(s.host_key_line())
         run_job(ssh_home, "true")
     finally:

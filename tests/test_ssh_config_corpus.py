@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = next(
     (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if (p / "corpus" / "ssh_config").is_dir()),
     ROOT.parent / "shared",
-) / "corpus" / "ssh_config"  # fmt: skip
+) / "corpus" / "ssh_config"
 CASES = sorted(p.name for p in CORPUS.iterdir() if p.is_dir()) if CORPUS.is_dir() else []
 REAL_SSH = shutil.which("ssh")
 FIELDS = ("host", "port", "user", "identity_files", "proxy_jump", "proxy_command", "identity_agent")
@@ -98,7 +98,7 @@ def _oracle(ssh: Path, config: Path, name: str) -> sr.Resolved | None:
         identity_files=tuple(g.get("identityfile", [])), certificate_files=(),
         proxy_jump=tuple(jump.split(",")) if jump else (), proxy_command=command or None, user_known_hosts=(),
         identity_agent=_in_home(g["identityagent"][0]) if "identityagent" in g else None,
-    )  # fmt: skip
+    )
     return sr._expanded(raw)  # noqa: SLF001 - ~ and % tokens as both resolutions expand them
 
 

@@ -79,7 +79,7 @@ def test_fault_campaign_logs_arrive_byte_identical(
         client = subprocess.Popen(
             [sys.executable, "-m", "gputui", "logs", "-f", "box", job],
             env=ssh_home.env, stdout=fout, stderr=ferr, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     try:
         faults = [("reset", 0.0)] * 11 + [
             ("blackhole", d) for d in (0.2, 0.4, 0.7, 1.0, 1.5, 2.0, 0.3, 3.5, 4.0, 0.5, 1.2)
@@ -118,7 +118,7 @@ def test_client_killed_and_restarted_finds_every_job_with_full_logs(
     client = subprocess.Popen(
         [sys.executable, "-m", "gputui", "logs", "-f", "box", first],
         env=ssh_home.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     assert client.stdout is not None
     assert client.stdout.readline().startswith(b"line 000001")
     client.send_signal(signal.SIGKILL)

@@ -29,7 +29,7 @@ def job(jid: str = "1", log_size: int = 10, gpus: str | None = "0") -> dict[str,
 def armed(tmp_path: Path, **extra: Any) -> tuple[daemon.Watchdog, dict[str, Any], Path]:
     stopped = tmp_path / "stopped"
     config = {"stall_minutes": 1, "autostop_minutes": 1, "armed_at": 0.0, "boot_id": "b", "count_sessions": False,
-              "release_remote": ["touch", str(stopped)], **extra}  # fmt: skip
+              "release_remote": ["touch", str(stopped)], **extra}
     write_json(str(tmp_path / daemon.CONFIG), config)
     return daemon.Watchdog(str(tmp_path)), config, stopped
 
@@ -71,7 +71,7 @@ def test_stalled_counts_as_idle_lets_autostop_release_but_never_past_a_live_job(
     jobs = [job("1"), job("2", gpus="none")]  # job 2 is never stalled: it keeps the host
     assert dog.check(config, FACTS, lambda: (idle, jobs), now=T, mono=0)["reasons"] == [
         "job 1 running", "job 2 running"
-    ]  # fmt: skip
+    ]
     for t in (61, 200, 400):
         state = dog.check(config, FACTS, lambda: (idle, jobs), now=T + t, mono=t)
         assert state["reasons"] == ["job 2 running"] and state["action"] is None
@@ -157,7 +157,7 @@ def test_the_jobs_table_and_jobs_json_show_a_stalled_job() -> None:
     from gputui.ui.widgets.host import job_row
 
     wire = {"id": "3", "state": "running", "argv": ["python", "train.py"], "stalled": True,
-            "stalled_since": T, "stalled_reason": "GPU 0 below 5% and no log output for 30.0 min"}  # fmt: skip
+            "stalled_since": T, "stalled_reason": "GPU 0 below 5% and no log output for 30.0 min"}
     stalled = M.Job.from_wire("gpu", wire)  # type: ignore[arg-type]
     out = stalled.to_json()
     assert (out["stalled"], out["stalled_since"], out["stalled_reason"]) == (True, T, wire["stalled_reason"])

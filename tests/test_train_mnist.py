@@ -123,7 +123,7 @@ def test_missing_mnist_is_downloaded_from_the_first_mirror_that_answers(mirror: 
     assert sorted(f.name for f in (data / "MNIST" / "raw").iterdir()) == [
         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz",
         "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-    ]  # fmt: skip
+    ]
     assert json.loads((out / "summary.json").read_text())["dataset"] == "mnist"
 
 

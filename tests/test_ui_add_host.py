@@ -74,7 +74,7 @@ async def test_plus_adds_a_host_that_joins_the_fleet(ssh_home: SshHome, setup: t
         # a job runs on the new host, through the app's own path
         await app._start_job(JobSpec(host="gpu1", argv=["echo", "hi"]))
         await until(pilot, lambda: any(j.command and not j.running and j.exit_code == 0
-                                       for j in app.hosts["gpu1"].jobs), what="the job ran")  # fmt: skip
+                                       for j in app.hosts["gpu1"].jobs), what="the job ran")
 
 
 async def test_cancel_at_the_key_writes_nothing(ssh_home: SshHome, setup: tuple[Path, str]) -> None:

@@ -349,7 +349,7 @@ async def test_snapshots_are_coalesced_and_applied_in_batches(tmp_path: Path) ->
         app._apply = lambda snaps: (applied.append(len(snaps)), original(snaps))  # type: ignore[method-assign]
         base = app.hosts["h100-a"]
         for i in range(200):
-            app.test_source["source"].publish(M.HostSnapshot(name="h100-a", state=M.CONNECTED, metrics=base.metrics, updated_at=i))  # type: ignore[attr-defined]  # fmt: skip
+            app.test_source["source"].publish(M.HostSnapshot(name="h100-a", state=M.CONNECTED, metrics=base.metrics, updated_at=i))  # type: ignore[attr-defined]
         await until(pilot, lambda: app.hosts["h100-a"].updated_at == 199, what="newest applied")
         assert sum(applied) <= 2 and len(applied) <= 2  # 200 snapshots, at most a couple of batches
 
@@ -366,7 +366,7 @@ async def test_a_changed_metric_redraws_its_cell_and_leaves_the_other_cells_rend
         count = table._update_count
         old = app.hosts["a100-pod"]
         busy = with_load(old.gpus, 5)
-        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]  # fmt: skip
+        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]
         await until(pilot, lambda: table.get_cell("a100-pod", "util").plain != util, what="util cell")
         new = table.get_cell("a100-pod", "util").plain
         row = next(line for line in screen_text(app).splitlines() if "a100-pod" in line and "●" in line)
@@ -387,7 +387,7 @@ async def test_new_metrics_of_the_selected_host_reach_its_gpu_cards(tmp_path: Pa
         old = app.hosts["h100-a"]
         busy = with_load(old.gpus, 5)
         assert busy[0].util_percent != old.gpus[0].util_percent
-        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]  # fmt: skip
+        app.test_source["source"].publish(replace(old, metrics=replace(old.metrics, gpus=busy)))  # type: ignore[attr-defined]
         want = f" {busy[0].util_percent:.0f}% "
         await until(pilot, lambda: want in card.text.plain, what="the card's new utilisation")
         assert card.text.plain != before

@@ -76,7 +76,7 @@ def _runs(tmp_path: Path) -> list[Run]:
         rec = {"host": "h100-a", "id": str(5 + i), "name": f"lr {lr}", "state": "succeeded", "exit_code": 0,
                "command": ["python", "train.py", "--lr", lr], "duration_s": 600.0 * (i + 1), "cost": 0.4 * (i + 1),
                "gpus": {"models": ["NVIDIA H100 80GB HBM3"], "indices": [0]}, "git": {"commit": "ab12cd34ef", "dirty": i == 2},
-               "metrics": {}}  # fmt: skip
+               "metrics": {}}
         runs.append(
             Run(rec, {"env_keys": ["SEED"] if i else []}, series_of(tmp_path, str(5 + i), log, ended=True))
         )
@@ -88,7 +88,7 @@ def test_three_finished_runs_compared(snap_compare: Any, tmp_path: Path, theme: 
     runs = _runs(tmp_path)
     labels = [r.label for r in runs]
     screen = CompareChartScreen(labels, [r.series for r in runs], compare_table(labels, compare_rows(runs)),
-                                __import__("gputui.ui.palette", fromlist=["Palette"]).Palette())  # fmt: skip
+                                __import__("gputui.ui.palette", fromlist=["Palette"]).Palette())
 
     async def run(pilot: Pilot) -> None:
         await settle(pilot)
@@ -102,7 +102,7 @@ def test_three_finished_runs_compared(snap_compare: Any, tmp_path: Path, theme: 
 
 def test_series_names_are_literal_and_the_chart_fits_its_box() -> None:
     lines = [Line("[bold red]loss[/]\x1b[2J", [(0, 1.0), (5, 0.5), (9, 0.1)], "red"),
-             Line("eval_loss", [(4, 0.8), (9, 0.3)], "blue", marked=True)]  # fmt: skip
+             Line("eval_loss", [(4, 0.8), (9, 0.3)], "blue", marked=True)]
     for log_y in (False, True):
         text = plot(lines, 80, 24, "x: step", log_y=log_y)
         rows = text.plain.split("\n")

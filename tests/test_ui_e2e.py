@@ -51,7 +51,7 @@ def terminal(home: Home) -> Iterator[Terminal]:
         "LANG": "C.UTF-8",
         **suite_env(),
     }
-    term = Terminal(f"gputui-e2e-{os.getpid()}", ["env", "-i", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "gputui"])  # fmt: skip
+    term = Terminal(f"gputui-e2e-{os.getpid()}", ["env", "-i", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "gputui"])
     try:
         yield term
     finally:

@@ -136,7 +136,7 @@ async def test_commands_show_shell_quoted(tmp_path: Path) -> None:
         await until(
             pilot, lambda: "python3 -c 'import" in screen_text(app), what="quoted command in the jobs table"
         )
-        await until(pilot, lambda: "python3 -c 'import time;[print(i) for i in range(3)]'" in screen_text(app), what="whole command in the log title")  # fmt: skip
+        await until(pilot, lambda: "python3 -c 'import time;[print(i) for i in range(3)]'" in screen_text(app), what="whole command in the log title")
 
 
 def test_an_ended_job_shows_no_eta() -> None:
@@ -165,7 +165,7 @@ async def test_a_job_that_could_not_start_keeps_what_was_typed(
 
     app = local_app(local, tmp_path)
     typed = {"command": "python3 train.py --lr '3e-4 x'", "cwd": str(tmp_path / "no-such-dir"), "name": "exp1",
-             "env": "A=1 'B=two words'", "gpus": "", "sync": ""}  # fmt: skip
+             "env": "A=1 'B=two words'", "gpus": "", "sync": ""}
 
     async def dialog() -> NewJobScreen:
         await pilot.press("n")

@@ -71,7 +71,7 @@ _RAW = re.compile(
 def rendered(app: Any) -> tuple[str, list[dict[str, Any]]]:
     """The screen as the terminal gets it: its text and the meta of every segment."""
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system=None, record=True)  # fmt: skip
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system=None, record=True)
     update = app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
     metas = [dict(s.style.meta) for s in console.render(update) if s.style is not None and s.style.meta]
     console.print(update)
@@ -203,7 +203,7 @@ async def test_hostile_text_in_every_field_of_every_screen(tmp_path: Path, s: st
         await shows(pilot, want, "start", "green", "loss=0.5")  # fleet, host info, GPU cards, jobs, log
 
         # the other hosts: error line, reconnect detail, GPU error
-        for key, host, marker in (("down", "down", "error: "), ("down", "flaky", "reconnecting ("), ("up", "down", "error: "), ("up", s, "cpu 37%")):  # fmt: skip
+        for key, host, marker in (("down", "down", "error: "), ("down", "flaky", "reconnecting ("), ("up", "down", "error: "), ("up", s, "cpu 37%")):
             await pilot.press(key)
             await until(pilot, lambda host=host: app.selected_host == host, what=f"host {host!r}")
             await shows(pilot, want, marker)
@@ -279,11 +279,11 @@ async def test_job_named_like_markup_ends_and_shows_in_history(local: cfg.Config
         await connected(pilot)
         for name in ("sync [/data]", "a[b]c", "[@click=app.quit]x"):
             job = await start_from_dialog(pilot, py("print('[/]')"), name=name)
-            await until(pilot, lambda j=job, name=name: any(f"job {j.id} ({name}) on local succeeded" == n.message for n in app._notifications), what=f"end of {name}")  # fmt: skip
+            await until(pilot, lambda j=job, name=name: any(f"job {j.id} ({name}) on local succeeded" == n.message for n in app._notifications), what=f"end of {name}")
             await shows(pilot, f"({name})")
         unnamed = await start_from_dialog(pilot, py(code))
         shown = f"{sys.executable} -c '{code}'"
-        await until(pilot, lambda: any(f"job {unnamed.id} ({shown}) on local succeeded" == n.message for n in app._notifications), what=f"unnamed end {[n.message for n in app._notifications]}")  # fmt: skip
+        await until(pilot, lambda: any(f"job {unnamed.id} ({shown}) on local succeeded" == n.message for n in app._notifications), what=f"unnamed end {[n.message for n in app._notifications]}")
         await pilot.press("h")
         await wait_screen(pilot, ReportScreen, "history")
         await until(pilot, lambda: "sync [/data]" in rendered(app)[0], 60, "history rows")
@@ -306,7 +306,7 @@ def test_insights_hints_and_history_metrics_render_literally(s: str) -> None:
         "host": s, "id": s, "name": s, "state": s, "exit_code": 1, "command": [s], "ended_at": T0,
         "duration_s": 5.0, "cost": None, "currency": s, "gpu_peak_mem_mib": None, "gpu_mean_util": None,
         "metrics": {s: {"last": 0.25}},
-    }  # fmt: skip
+    }
     for out in (
         insights_text(None, ins, Palette()).plain,
         hints_text([hint], Palette()).plain,
@@ -344,9 +344,9 @@ def print_tables(s: str) -> None:
         "host": s, "id": s, "name": s, "state": s, "exit_code": 1, "command": [s], "ended_at": T0,
         "duration_s": 5.0, "cost": 1.0, "currency": "USD", "gpu_peak_mem_mib": None, "gpu_mean_util": None,
         "metrics": {s: {"last": 0.25}},
-    }  # fmt: skip
+    }
     host = {"name": s, "price_per_hour": 1.0, "today": 1.0, "month": 1.0, "accrued": 1.0, "released": False,
-            "idle": True, "idle_seconds": 60.0, "reasons": [s]}  # fmt: skip
+            "idle": True, "idle_seconds": 60.0, "reasons": [s]}
     tables.print_jobs([*ended, *snaps[0].jobs])
     tables.print_status(snaps)
     tables.print_history([record])
@@ -368,7 +368,7 @@ def test_cli_jobs_on_a_terminal_shows_what_the_agent_lets_through_escaped(home: 
     home.cli("run", "local", "--name", name, "--", "true", check=True)
     master, slave = os.openpty()
     env = {**home.env, "COLUMNS": "200"}
-    proc = subprocess.Popen([sys.executable, "-m", "gputui", "jobs"], env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "gputui", "jobs"], env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
     os.close(slave)
     got = bytearray()
     while True:

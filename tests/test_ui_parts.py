@@ -155,7 +155,7 @@ def test_attach_command() -> None:
     snap = snapshot("box", jobs=[job("box", "4", "train")])
     assert attach_argv(["ssh", "-t", "box"], snap, snap.jobs[0]) == [
         "ssh", "-t", "box", "tmux", "-L", "gputui-test", "attach", "-t", "=gputui-4",
-    ]  # fmt: skip
+    ]
     with pytest.raises(ValueError, match="has ended"):
         attach_argv([], snap, replace(snap.jobs[0], state=M.JOB_SUCCEEDED))
     with pytest.raises(ValueError, match="is queued: it has not started yet"):

@@ -54,7 +54,7 @@ def demo_fleet() -> list[M.HostSnapshot]:
                 job("h100-a", "6", "smoke test", M.JOB_FAILED, started=8000, exit_code=1),
                 job("h100-a", "7", "llama-7b lora r=16", started=2462),
             ],
-        ),  # fmt: skip
+        ),
         snapshot(
             "a100-busy",
             a100,
@@ -71,12 +71,12 @@ def demo_fleet() -> list[M.HostSnapshot]:
             detail="attempt 3, next in 2.1 s",
             cost=price(1.9, 2),
             jobs=[job("spot-1", "2", "pretrain")],
-        ),  # fmt: skip
+        ),
         snapshot(
             "gpu-old",
             state=M.ERROR,
             error="host key for gpu-old (10.0.0.7) is not trusted: SHA256:q3T0bq9Z8x; run: gputui trust gpu-old",
-        ),  # fmt: skip
+        ),
         snapshot("local", gpu_error="no NVIDIA driver: nvidia-smi not found"),
     ]
 
@@ -166,7 +166,7 @@ def test_long_names(snap_compare: Any, tmp_path: Path) -> None:
             name, recorded_gpus("h100"), loaded_job="12",
             jobs=[job(name, "11", "x" * 200, M.JOB_FAILED, exit_code=137), job(name, "12", long_job)],
         )
-    ]  # fmt: skip
+    ]
     session = ReplaySession({"12": b"y" * 5000 + b"\r\n" + b"short line\r\n"})
     assert snap_compare(make_app(tmp_path, snaps, session=session), terminal_size=SIZE, run_before=settle)
 

@@ -126,7 +126,7 @@ def test_the_first_frame_does_not_wait_for_the_ssh_stack(home: Home, hung: int, 
     res = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(FIRST_FRAME_PROBE), str(path), str(tmp_path / "ui.json")],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     seen = json.loads(res.stdout.strip().splitlines()[-1])
     assert "◌ connecting" in row(seen["first_frame"], "hung")

@@ -16,7 +16,7 @@ def gpu_sample(t: float) -> dict:
     proc = {"pid": 4242, "job": "1", "mem_mib": 1234.0, "name": "python", "hidden": False, "inferred": False}
     return {"t": t, "host": {}, "gpu_source": "nvml", "gpu_error": None,
             "gpus": [{"index": 0, "uuid": "GPU-a", "util_percent": 60, "processes": [proc]},
-                     {"index": 1, "uuid": "GPU-b", "util_percent": 0, "processes": []}]}  # fmt: skip
+                     {"index": 1, "uuid": "GPU-b", "util_percent": 0, "processes": []}]}
 
 
 def test_the_runner_uses_the_agents_fresh_sample_and_no_nvml_of_its_own(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ class Agent:
         self.proc = subprocess.Popen(
             [sys.executable, str(build), "serve", "--state-dir", str(state_dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         self.hello = self.frame()
         self.send({"op": "flow.credit", "args": {"upto": 1 << 62}})
 
@@ -101,17 +101,17 @@ def start_old_watchdog(home: Home, build: Path, config: dict[str, Any]) -> dict[
     finally:
         agent.close()
     return wait_for(lambda: (daemon.owner(str(home.state_dir)) or {}).get("build") == build.name[13:]
-                    and daemon.owner(str(home.state_dir)), what="the old build's watchdog to start")  # fmt: skip
+                    and daemon.owner(str(home.state_dir)), what="the old build's watchdog to start")
 
 
 def test_a_newer_client_replaces_an_older_builds_watchdog(home: Home, tmp_path: Path, hook: Hook) -> None:  # noqa: F811
     old = start_old_watchdog(home, old_build(tmp_path), {"notify": {"webhook": hook.url, "events": ["job_failed"]},
-                                                         "interval": 0.5})  # fmt: skip
+                                                         "interval": 0.5})
     configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
     home.cli("status", check=True)  # the new build's agent arms the watchdog: its own build takes over
     new = new_build_id(home)
     record = wait_for(lambda: (daemon.owner(str(home.state_dir)) or {}).get("build") == new
-                      and daemon.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
+                      and daemon.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")
     wait_for(lambda: not alive(old["pid"]), what="the old watchdog to exit")
     assert record["pid"] != old["pid"] and alive(record["pid"]) and record["revision"] == daemon.REVISION
     log = (home.state_dir / daemon.LOG).read_text()
@@ -128,7 +128,7 @@ def test_a_newer_client_replaces_an_older_builds_watchdog(home: Home, tmp_path: 
 def test_an_older_client_never_replaces_a_newer_revisions_watchdog(home: Home, tmp_path: Path, hook: Hook) -> None:  # noqa: F811
     newer = old_build(tmp_path, "7e7e7e7e7e7e7e7e", REVISION=daemon.REVISION + 1)
     running = start_old_watchdog(home, newer, {"notify": {"webhook": hook.url, "events": ["job_failed"]},
-                                               "interval": 0.5})  # fmt: skip
+                                               "interval": 0.5})
     configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
     home.cli("status", check=True)
     assert daemon.owner(str(home.state_dir)) == running and alive(running["pid"])
@@ -143,7 +143,7 @@ def test_the_old_watchdog_finishes_what_it_does_before_it_is_replaced(home: Home
     gate, hook_done, stopped = tmp_path / "gate", tmp_path / "hook-done", tmp_path / "stopped"
     wait_gate = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nopen({str(hook_done)!r}, 'w')"
     settings = {"autostop_minutes": 0.01, "interval": 0.5, "count_sessions": False,
-                "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}  # fmt: skip
+                "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}
     old = start_old_watchdog(home, old_build(tmp_path), settings)
     log = home.state_dir / daemon.LOG
     wait_for(lambda: "pre_stop: running" in log.read_text(), timeout=60, what="the old watchdog's pre_stop")
@@ -258,12 +258,12 @@ def start_legacy_watchdog(home: Home, build: Path, config: dict[str, Any]) -> in
 
 def test_a_legacy_watchdog_is_replaced_between_its_passes(home: Home, tmp_path: Path, hook: Hook) -> None:  # noqa: F811
     pid = start_legacy_watchdog(home, legacy_build(tmp_path),
-                                {"notify": {"webhook": hook.url, "events": ["job_failed"]}, "interval": 0.5})  # fmt: skip
+                                {"notify": {"webhook": hook.url, "events": ["job_failed"]}, "interval": 0.5})
     configure(home, f'[hosts.local.notify]\nwebhook = "{hook.url}"\nevents = ["job_failed"]\n')
     home.cli("status", check=True)
     new = new_build_id(home)
     record = wait_for(lambda: (daemon.owner(str(home.state_dir)) or {}).get("build") == new
-                      and daemon.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")  # fmt: skip
+                      and daemon.owner(str(home.state_dir)), timeout=60, what="the new build's watchdog")
     wait_for(lambda: not alive(pid), what="the legacy watchdog to end")
     assert daemon.lock_holder(str(home.state_dir)) == record["pid"]
     assert f"build {new} takes over from the watchdog pid {pid}" in (home.state_dir / daemon.LOG).read_text()
@@ -274,7 +274,7 @@ def test_a_legacy_watchdog_is_never_ended_during_its_release(home: Home, tmp_pat
     gate, hook_done, stopped = tmp_path / "gate", tmp_path / "hook-done", tmp_path / "stopped"
     wait_gate = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)\nopen({str(hook_done)!r}, 'w')"
     settings = {"autostop_minutes": 0.01, "interval": 0.5, "count_sessions": False,
-                "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}  # fmt: skip
+                "pre_stop": [sys.executable, "-c", wait_gate], "release_remote": ["touch", str(stopped)]}
     pid = start_legacy_watchdog(home, legacy_build(tmp_path), settings)
     log = home.state_dir / daemon.LOG
     wait_for(lambda: "pre_stop: running" in log.read_text(), timeout=60, what="the legacy watchdog's pre_stop")

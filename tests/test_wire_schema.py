@@ -167,7 +167,7 @@ def test_the_real_agent_answers_every_op_and_event_in_the_schema(agent: AgentPro
     result(P.OP_JOBS_LIST, P.ListResult, after=0, limit=10)
     blocker = result(P.OP_JOBS_START, P.JobRecord, argv=["sleep", "300"])  # the queued jobs wait for it
     queued = [result(P.OP_JOBS_START, P.JobRecord, argv=["true"], queue={"gpus": "none", "after": [blocker["id"]]})
-              for _ in range(2)]  # fmt: skip
+              for _ in range(2)]
     event(P.EV_JOB, P.JobRecord, id=queued[0]["id"])
     result(P.OP_QUEUE_LIST, P.QueueListResult)
     result(P.OP_QUEUE_MOVE, P.QueueListResult, job=queued[1]["id"], to=1)

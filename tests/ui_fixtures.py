@@ -69,7 +69,7 @@ def with_load(gpus: Sequence[M.GpuSample], step: int, job: str | None = None) ->
         used = total * (0.3 + 0.03 * (g.index % 5)) + 20 * phase
         procs = g.processes or (
             M.GpuProcess(pid=41000 + g.index, mem_mib=used - 500, job=job, name="python3",
-                         cpu_percent=float(96 + phase % 5), rss_mib=11_500.0 + 40 * g.index),  # fmt: skip
+                         cpu_percent=float(96 + phase % 5), rss_mib=11_500.0 + 40 * g.index),
         )
         out.append(
             replace(
@@ -88,7 +88,7 @@ def host_stats() -> M.HostStats:
     return M.HostStats(
         cpu_percent=37.0, cpu_count=96, load1=12.4, mem_used_mib=412_000, mem_total_mib=1_031_000,
         disk_free_gib=1650.0, disk_total_gib=2000.0, uptime_s=3 * 86400 + 4 * 3600,
-    )  # fmt: skip
+    )
 
 
 def job(
@@ -103,7 +103,7 @@ def job(
     return M.Job(
         host=host, id=id, name=name, state=state, command=("python", "train.py"), gpus="all",
         exit_code=exit_code, started_at=T0 - started, ended_at=ended, tmux_session=f"gputui-{id}",
-    )  # fmt: skip
+    )
 
 
 def snapshot(
@@ -123,21 +123,21 @@ def snapshot(
     samples = []
     for i in range(history if gpus else 1):
         g = with_load(gpus, i, loaded_job) if loaded_job is not None else tuple(gpus)
-        samples.append(M.MetricsSample(seq=i, t=T0 - history + i, host=host_stats(), gpus=g, gpu_source="nvml" if gpus else None, gpu_error=gpu_error))  # fmt: skip
+        samples.append(M.MetricsSample(seq=i, t=T0 - history + i, host=host_stats(), gpus=g, gpu_source="nvml" if gpus else None, gpu_error=gpu_error))
     facts = {"hostname": f"{name}.example", "tmux_socket": "gputui-test"}
     if state == M.ERROR and not gpus:  # never connected: nothing known but the error
         samples, facts = [], {}
     return M.HostSnapshot(
         name=name, state=state, error=error, detail=detail, facts=facts, metrics=samples[-1] if samples else None,
         jobs=tuple(jobs), updated_at=T0, history=MetricsHistory.of(samples), cost=cost,
-    )  # fmt: skip
+    )
 
 
 def price(per_hour: float, hours: float = 5.0, idle_s: float = 0.0) -> M.CostInfo:
     return M.CostInfo(
         price_per_hour=per_hour, accrued=per_hour * hours, today=per_hour * min(hours, 9), idle=idle_s > 0,
         idle_seconds=idle_s, idle_cost=per_hour * idle_s / 3600,
-    )  # fmt: skip
+    )
 
 
 class ReplaySession:
@@ -226,6 +226,6 @@ def static_factory(snaps: Sequence[M.HostSnapshot], session: Any = None) -> Call
 def screen_text(app: Any) -> str:
     """What the terminal shows, as plain text (screens stacked like the real terminal)."""
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system=None, record=True)  # fmt: skip
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, color_system=None, record=True)
     console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
     return console.export_text()

@@ -135,7 +135,7 @@ def progress_printer() -> Iterator[Callable[[str, int, int], None] | None]:
     bar = rp.Progress(
         rp.TextColumn("{task.description}", markup=False), rp.BarColumn(), rp.DownloadColumn(),
         rp.TransferSpeedColumn(), rp.TimeRemainingColumn(), console=console, auto_refresh=False, transient=True,
-    )  # fmt: skip
+    )
     tasks: dict[str, rp.TaskID] = {}
     last = [0.0]
 

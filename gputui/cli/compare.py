@@ -59,7 +59,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
     labels = [r.label for r in runs]
     if args.json:
         out = {"runs": labels, "rows": [r.to_json() for r in rows],
-               "series": {r.label: r.series.to_json() if r.series else None for r in runs}}  # fmt: skip
+               "series": {r.label: r.series.to_json() if r.series else None for r in runs}}
         print(jsonout.dumps(out))
     else:
         print("\n".join(format_table(labels, rows, shutil.get_terminal_size((100, 24)).columns)))
@@ -68,7 +68,7 @@ async def cmd_compare(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c = sub.add_parser("compare", help="what differed between 2-8 runs (any hosts): command, env keys, code, GPUs, "
-                       "duration, cost, final and best metrics")  # fmt: skip
+                       "duration, cost, final and best metrics")
     c.add_argument("runs", nargs="+", metavar="HOST:JOB", help="the runs, e.g. gpu1:12 gpu2:3")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)

@@ -36,7 +36,7 @@ async def cmd_pull(args: argparse.Namespace) -> int:
         for o in outcomes:  # a host's file name is data: one line each, control characters escaped
             if o.status == "newer here":
                 print(f"gputui: skipped {safetext.clean(o.target)}: the local file is newer (--force overwrites it)",
-                      file=sys.stderr)  # fmt: skip
+                      file=sys.stderr)
                 status = ExitStatus.FAILED
             else:
                 print(f"{o.status}: {safetext.clean(o.target)} ({o.size:,} bytes)")
@@ -62,7 +62,7 @@ async def sync_tree(s: HostSession, src: str, target: str | None, delete: bool, 
     for note in res.notes:
         print(f"gputui: {safetext.clean(note)}", file=sys.stderr)
     print(f"gputui: synced {os.path.abspath(src)} to {s.name}:{safetext.clean(res.target)}: {res.sent} of {res.files} files sent "
-          f"({res.bytes_sent:,} bytes), {res.deleted} deleted; tree {res.tree_sha256[:12]}", file=sys.stderr)  # fmt: skip
+          f"({res.bytes_sent:,} bytes), {res.deleted} deleted; tree {res.tree_sha256[:12]}", file=sys.stderr)
     return res
 
 
@@ -96,7 +96,7 @@ async def cmd_forward(args: argparse.Namespace) -> int:
 
     async def body(s: HostSession) -> int:
         fwd = Forward(s, args.remote_port, args.local_port or 0,
-                      lambda msg: print(f"gputui: {safetext.clean(msg)}", file=sys.stderr))  # fmt: skip
+                      lambda msg: print(f"gputui: {safetext.clean(msg)}", file=sys.stderr))
         url = await fwd.start()  # a ForwardError is a usage error (a busy port, a local host)
         print(f"{url} -> {args.host} port {args.remote_port} (Ctrl-C stops)", flush=True)
         try:
@@ -114,19 +114,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sy.add_argument("src", nargs="?", default=".", help="local directory (default: here)")
     sy.add_argument("--to", metavar="DIR", help="directory on the host (default: ~/gputui-work/<name of SRC>)")
     sy.add_argument("--delete", action="store_true",
-                    help="remove files an earlier sync put there that SRC no longer has")  # fmt: skip
+                    help="remove files an earlier sync put there that SRC no longer has")
     sy.set_defaults(func=cmd_sync)
 
     fw = sub.add_parser("forward", help="reach a port on the host at 127.0.0.1 here (TensorBoard, Jupyter)")
     fw.add_argument("host")
     fw.add_argument("remote_port", type=bounded(1, 65535, integer=True), metavar="REMOTE_PORT")
     fw.add_argument("local_port", type=bounded(0, 65535, integer=True), nargs="?", metavar="LOCAL_PORT",
-                    help="port here (default: any free one)")  # fmt: skip
+                    help="port here (default: any free one)")
     fw.set_defaults(func=cmd_forward)
 
     pu = sub.add_parser("pull", help="copy files from a host here: resumable, sha256-checked")
     pu.add_argument("host")
     pu.add_argument("paths", nargs="+", metavar="[JOB:]PATH... [DEST]",
-                    help="files, dirs or globs on the host (relative to job JOB's dir, else to ~), then DEST")  # fmt: skip
+                    help="files, dirs or globs on the host (relative to job JOB's dir, else to ~), then DEST")
     pu.add_argument("--force", action="store_true", help="overwrite local files even when they are newer")
     pu.set_defaults(func=cmd_pull)

@@ -64,14 +64,14 @@ async def cmd_cost(args: argparse.Namespace) -> int:
         live = snap.state == M.CONNECTED
         accrued[name] = fleet.ledger.spent(name, now, live, since=since)
         hosts.append({"name": name, "state": snap.state, **c.to_json(), "accrued": accrued[name],
-                      "by_day": fleet.ledger.by_day(name, now, live, since=since)})  # fmt: skip
+                      "by_day": fleet.ledger.by_day(name, now, live, since=since)})
     spend = fleet_spend(list(snaps.values()), fleet.config, accrued)
     if args.json:
         one = spend.single  # mixed currencies are never added up: the totals are per currency then
         out = {"currency": one and one.currency, "hosts": hosts, "total": one and one.accrued,
                "today": one and one.today, "month": one and one.month, "burn_per_hour": one and one.burn_per_hour,
                "by_currency": [s.to_json() for s in spend.by_currency],
-               "budget": [a.to_json() for a in spend.alerts]}  # fmt: skip
+               "budget": [a.to_json() for a in spend.alerts]}
         print(jsonout.dumps(out))
         return status
     print_cost(hosts, spend)
@@ -88,7 +88,7 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
         results = await gather_hosts(
             fleet, host_names(fleet.config, args.host), lambda s: host_doctor.run_doctor(s, args.python, args.timeout, fleet.config.hosts[s.name], urls),
             limit=host_doctor.HOSTS_AT_ONCE,
-        )  # fmt: skip
+        )
     reports = [
         host_doctor.DoctorReport(name, error=str(res)) if isinstance(res, Exception) else res
         for name, res in results.items()
@@ -124,7 +124,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shape = st.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--short", action="store_true",
-                       help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")  # fmt: skip
+                       help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")
     st.set_defaults(func=cmd_status)
 
     tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")
@@ -143,5 +143,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dr.add_argument("--json", action="store_true")
     dr.add_argument("--python", help="the jobs' interpreter on the host (default: python, else python3, on PATH)")
     dr.add_argument("--timeout", type=float, default=host_doctor.DEFAULT_TIMEOUT_S, metavar="S",
-                    help="seconds the torch probe may take (default 60)")  # fmt: skip
+                    help="seconds the torch probe may take (default 60)")
     dr.set_defaults(func=cmd_doctor)

@@ -73,7 +73,7 @@ async def _detect_provider(session: HostSession, table: dict[str, Any], urls: di
                 found["provider"], price = providers.LAMBDA, inst.price_per_hour
     if not found:
         print("provider: none detected (not a RunPod pod, vast.ai instance or Lambda instance of yours); set "
-              "price_per_hour and release in its table by hand")  # fmt: skip
+              "price_per_hour and release in its table by hand")
         return None
     if isinstance(price, (int, float)) and not isinstance(price, bool) and 0 <= price <= 10000:
         found["price_per_hour"] = round(float(price), 4)
@@ -96,18 +96,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
               "       %(prog)s NAME [--price X] [--yes] -- ssh [USER@]HOST [-p PORT] [-i KEY]\n"
               "       %(prog)s --from-ssh-config ALIAS [ALIAS ...] [--yes]",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=ADD_EXAMPLES,
-    )  # fmt: skip
+    )
     a.add_argument("name", nargs="?", metavar="NAME", help="the host's name in gputui (letters, digits, . _ -)")
     a.add_argument("destination", nargs="?", metavar="DESTINATION",
                    help="what ssh takes: USER@HOST, HOST, ssh://USER@HOST:PORT, [IPv6], an ~/.ssh/config alias, "
-                        'or a quoted "ssh ..." line')  # fmt: skip
+                        'or a quoted "ssh ..." line')
     a.add_argument("-p", "--port", type=bounded(1, 65535, integer=True), metavar="PORT", help="the SSH port")
     a.add_argument("-i", "--identity-file", metavar="KEY", help="the private key to log in with")
     a.add_argument("--price", type=bounded(0, 1e6), metavar="X", help="price per hour (price_per_hour)")
     a.add_argument("-y", "--yes", action="store_true", help="trust the host's key without asking")
     a.add_argument("--from-ssh-config", nargs="+", metavar="ALIAS",
                    help="add these ~/.ssh/config aliases, each under its own name (gputui hosts --ssh-config "
-                        "lists them)")  # fmt: skip
+                        "lists them)")
     a.set_defaults(func=cmd_add, command=None)
 
     rm = sub.add_parser("remove", help="remove a host's [hosts.NAME] table (asks; never touches the host)")
@@ -137,7 +137,7 @@ def _destinations(args: argparse.Namespace) -> list[tuple[str, Destination]]:
         if args.from_ssh_config:
             if args.name or args.destination or args.command or args.port or args.identity_file:
                 raise CliError("--from-ssh-config takes aliases only (each is added under its own name, "
-                               "with what ~/.ssh/config says for it)", ExitStatus.USAGE)  # fmt: skip
+                               "with what ~/.ssh/config says for it)", ExitStatus.USAGE)
             return [(alias, host_edit.parse_destination(alias)) for alias in args.from_ssh_config]
         if not args.name:
             raise CliError("gputui add NAME DESTINATION (or NAME -- ssh ..., or --from-ssh-config ALIAS)", ExitStatus.USAGE)
@@ -191,7 +191,7 @@ async def _add_one(args: argparse.Namespace, name: str, dest: Destination) -> No
     twin = await host_edit.same_host(config, host)
     if twin is not None:
         raise CliError(f"{name}: that host is configured already as {twin!r} (same address, port and user)",
-                       ExitStatus.USAGE)  # fmt: skip
+                       ExitStatus.USAGE)
     check = await host_trust.check_host_key(config, name)
     print(f"{name} ({check.target.user}@{check.target.pattern}) presents {check.description}")
     if check.trusted_in is not None:
@@ -225,7 +225,7 @@ async def _confirm_key(args: argparse.Namespace, check: TrustCheck) -> None:
         return
     if not sys.stdin.isatty():
         raise CliError("not added: the host key is not trusted yet; confirm on a terminal, or pass --yes",
-                       ExitStatus.USAGE)  # fmt: skip
+                       ExitStatus.USAGE)
     print("Compare it with the host's own: ssh-keygen -lf /etc/ssh/ssh_host_<type>_key.pub (on the host)")
     if not await asyncio.to_thread(ask, f"Trust this key and add it to {check.path}? [y/N] "):
         raise CliError("not added: the host key was not trusted", ExitStatus.FAILED)
@@ -291,7 +291,7 @@ def _host_config(file: ConfigFile, name: str) -> cfg.Config:
             return cfg.parse(host_edit.only_host(file, name), file.path)
         except (cfg.ConfigError, host_edit.EditError) as exc:
             raise CliError(f"not removed: cannot ask {name} whether jobs run there ({exc}); --force removes it "
-                           "anyway (jobs there keep running)", ExitStatus.USAGE) from None  # fmt: skip
+                           "anyway (jobs there keep running)", ExitStatus.USAGE) from None
 
 
 async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
@@ -307,7 +307,7 @@ async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
         jobs = await session.list_jobs()
     except (HostError, HostUnavailable, LinkClosed, AgentError) as exc:
         raise CliError(f"not removed: cannot ask {name} whether jobs run there ({exc}); --force removes it "
-                       "anyway (jobs there keep running)", ExitStatus.UNREACHABLE) from None  # fmt: skip
+                       "anyway (jobs there keep running)", ExitStatus.UNREACHABLE) from None
     finally:
         with contextlib.suppress(Exception):
             await fleet.close()
@@ -315,7 +315,7 @@ async def _refuse_while_busy(config: cfg.Config, name: str) -> None:
     if busy:
         ids = ", ".join(f"{j.id} ({j.state})" for j in busy[:10]) + (" ..." if len(busy) > 10 else "")
         raise CliError(f"not removed: {name} has {len(busy)} job(s) running or queued: {ids}; --force removes "
-                       "it anyway (they keep running; gputui kill stops one)", ExitStatus.FAILED)  # fmt: skip
+                       "it anyway (they keep running; gputui kill stops one)", ExitStatus.FAILED)
 
 
 # --- hosts ----------------------------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ async def cmd_hosts(args: argparse.Namespace) -> int:
          "provider": None if host.provider == "auto" else host.provider,
          "price_per_hour": host.price_per_hour, "currency": host.currency or config.currency}
         for name, host in config.hosts.items()
-    ]  # fmt: skip
+    ]
     used = {h.address for h in config.hosts.values()} | set(config.hosts)
     new = [a for a in aliases if a not in used] if args.ssh_config else []
     if args.json:
@@ -356,7 +356,7 @@ def _print_hosts(rows: list[dict[str, Any]]) -> None:
         (r["name"], r["source"], r["address"], r["provider"] or "-",
          f"{r['price_per_hour']:g} {r['currency']}" if r["price_per_hour"] is not None else "-")
         for r in rows
-    ]  # fmt: skip
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

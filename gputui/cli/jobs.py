@@ -72,7 +72,7 @@ def _check_gpus_on_host(spec: str, items: list[str], host: str, facts: dict[str,
         item for item in items
         if not item.startswith("MIG-")
         and not any(item == str(g.index) or (g.uuid or "").startswith(item) for g in gpus)
-    ]  # fmt: skip
+    ]
     if missing:
         has = ", ".join(f"{g.index} ({g.name or '?'}, {g.uuid or 'no UUID'})" for g in gpus)
         has = has or f"none: {facts.get('gpu_error') or 'no NVIDIA GPU found'}"
@@ -82,12 +82,12 @@ def _check_gpus_on_host(spec: str, items: list[str], host: str, facts: dict[str,
 def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, Any] | None:
     """The sbatch settings of ``gputui run`` on a Slurm host (None elsewhere; Slurm flags there are an error)."""
     flags = {"--nodes": args.nodes, "--gpus-per-node": args.gpus_per_node, "--launcher": args.launcher,
-             "--partition": args.partition, "--time": args.time, "--sbatch-arg": args.sbatch_arg or None}  # fmt: skip
+             "--partition": args.partition, "--time": args.time, "--sbatch-arg": args.sbatch_arg or None}
     if host.scheduler != "slurm":
         used = [flag for flag, value in flags.items() if value is not None]
         if used:
             raise CliError(f"{', '.join(used)}: only for a Slurm host ({host.name} has no scheduler = \"slurm\")",
-                           USAGE)  # fmt: skip
+                           USAGE)
         return None
     gpus = None
     if args.gpus is not None and args.gpus_per_node is not None:
@@ -98,7 +98,7 @@ def _slurm_request(args: argparse.Namespace, host: cfg.HostConfig) -> dict[str, 
         gpus = int(args.gpus)
     gpus = args.gpus_per_node if args.gpus_per_node is not None else gpus
     request = {"gpus": gpus, "nodes": args.nodes, "partition": args.partition, "time": args.time,
-               "sbatch_args": list(args.sbatch_arg or []), "launcher": args.launcher}  # fmt: skip
+               "sbatch_args": list(args.sbatch_arg or []), "launcher": args.launcher}
     return {k: v for k, v in request.items() if v is not None}
 
 
@@ -173,7 +173,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             gpus=None if queue is not None or slurm is not None else args.gpus, code=code, artifacts=artifacts,
             queue=queue, slurm=slurm, restart=args.restart, resume_from=args.resume_from, image=args.image,
             build=args.build, docker_args=tuple(args.docker_arg),
-        )  # fmt: skip
+        )
         job = await start_job(s, config, spec)
         print(job.id)
         if job.state == M.JOB_QUEUED and job.queue_position is not None:
@@ -192,7 +192,7 @@ def _check_image(args: argparse.Namespace, argv: list[str], host_cfg: cfg.HostCo
         raise CliError("run --build builds from the job's dir: give --sync (this dir) or --cwd DIR", USAGE)
     try:
         container_request(JobSpec(host_cfg.name, argv, image=args.image, build=args.build,
-                                  docker_args=tuple(args.docker_arg)), host_cfg)  # fmt: skip
+                                  docker_args=tuple(args.docker_arg)), host_cfg)
     except ValueError as exc:
         raise CliError(f"run: {exc}", USAGE) from None
 
@@ -216,7 +216,7 @@ def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, An
     """Refuse what a job over several hosts cannot take (before connecting)."""
     refused = {"--queue/--after": queue is not None,
                "--partition/--time/--sbatch-arg": bool(args.partition or args.time or args.sbatch_arg),
-               "--gpus": args.gpus is not None}  # fmt: skip
+               "--gpus": args.gpus is not None}
     used = [flag for flag, on in refused.items() if on]
     if used:
         more = " (give --gpus-per-node G: the GPUs, and torchrun's processes, on each host)" if args.gpus else ""
@@ -231,7 +231,7 @@ def _group_flags(args: argparse.Namespace, hosts: list[str], queue: dict[str, An
 async def _run_group(
     args: argparse.Namespace, config: cfg.Config, hosts: list[str], argv: list[str], artifacts: tuple[str, ...],
     queue: dict[str, Any] | None,
-) -> int:  # fmt: skip
+) -> int:
     """``run h1,h2 ...``: check every host, then start one part on each; nothing runs unless all start."""
     from ..core.hosts.fleet import Fleet
     from .common import exit_status
@@ -264,19 +264,19 @@ async def _run_group(
             codes[name], cwds[name] = await _job_dir(s, args, args.cwd or (os.getcwd() if local else None))
         try:
             plan = await job_group.check(sessions, config, argv, cwds, env.get("PATH"), args.launcher, args.gpus_per_node,
-                                 in_image=bool(args.image or args.build))  # fmt: skip
+                                 in_image=bool(args.image or args.build))
         except job_group.GroupError as exc:
             raise CliError(f"run: nothing started: {exc}") from None
         procs = f" x {plan.nproc_per_node} processes" if plan.launcher else ""
         print(f"gputui: {len(hosts)} hosts{procs}; MASTER_ADDR={plan.master_addr} ({plan.addr_from}), "
-              f"MASTER_PORT={plan.master_port}", file=sys.stderr)  # fmt: skip
+              f"MASTER_PORT={plan.master_port}", file=sys.stderr)
         started: list[tuple[str, M.Job]] = []
         try:
             for rank, name in enumerate(hosts):
                 spec = JobSpec(name, argv, name=args.name, cwd=cwds[name], env=env, secrets=job_secrets,
                                code=codes[name], artifacts=artifacts, restart=args.restart,
                                resume_from=args.resume_from, image=args.image, build=args.build,
-                               docker_args=tuple(args.docker_arg), group=plan.request(rank))  # fmt: skip
+                               docker_args=tuple(args.docker_arg), group=plan.request(rank))
                 started.append((name, await start_job(sessions[name], config, spec)))
         except (Exception, asyncio.CancelledError) as exc:
             for name, job in started:  # they wait for every part: none ran its command
@@ -286,7 +286,7 @@ async def _run_group(
         print(started[0][1].id)
         parts = ", ".join(f"{name} job {job.id}" for name, job in started)
         print(f"gputui: job {started[0][1].id} on {hosts[0]} is the job's name for logs, kill and attach "
-              f"(parts: {parts})", file=sys.stderr)  # fmt: skip
+              f"(parts: {parts})", file=sys.stderr)
         return ExitStatus.OK
     finally:
         await fleet.close()
@@ -299,13 +299,13 @@ def check_run_command(argv: list[str], before: list[str], extra: list[str], afte
         raise CliError(
             f"run: {shlex.join(before)!r} comes before -- and would be dropped: put the whole command after --, "
             f"e.g. gputui run HOST -- {shlex.join([*before, *after])}", USAGE,
-        )  # fmt: skip
+        )
     if after is None and (extra or (before and argv[len(argv) - len(before) :] != before)):
         taken = f" ({shlex.join(extra)!r} is not an option of gputui run)" if extra else ""
         raise CliError(
             f"run: the job's command holds options that gputui would take as its own{taken}: "
             "put the command after --, e.g. gputui run HOST --name exp1 -- python train.py --lr 3e-4", USAGE,
-        )  # fmt: skip
+        )
 
 
 # --- the queue and the lists ------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ async def cmd_queue(args: argparse.Namespace) -> int:
             out = [{"position": j.queue_position, "id": j.id, "name": j.name, "command": list(j.command),
                     "gpus": queue_gpus(j), "after": (j.record.get("queue") or {}).get("after"),
                     "after_ok": (j.record.get("queue") or {}).get("after_ok"), "waits_for": j.queue_reason}
-                   for j in jobs]  # fmt: skip
+                   for j in jobs]
             print(
                 jsonout.dumps(
                     {"host": args.host, "jobs": out, "more": more, "resumed_after_reboot_at": resumed}
@@ -509,7 +509,7 @@ async def _confirm_kill(args: argparse.Namespace, job: M.Job) -> None:
         it += f" and its parts on {', '.join(safetext.clean(h) for h in group.get('hosts') or ())}"
     queued = job.state == M.JOB_QUEUED
     question = (f"Remove {it} from {args.host}'s queue? [y/N] " if queued else
-                f"Kill {it} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] ")  # fmt: skip
+                f"Kill {it} on {args.host} (SIGINT, then TERM/KILL after {args.grace:g} s)? [y/N] ")
     if not await ask_async(question):
         raise CliError("not removed" if queued else "not killed")
 
@@ -520,58 +520,58 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run", help="start a job in tmux on a host (or one over several: h1,h2); prints its id",
         usage="%(prog)s [OPTIONS] host[,host...] -- CMD [ARG ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_EXAMPLES,
-    )  # fmt: skip
+    )
     r.add_argument("host", help="a host; or several, h1,h2 or a [groups.NAME]: one part of the job on each")
     r.add_argument("--name", help="display name (free text)")
     r.add_argument("--gpus", help="GPU selection for CUDA_VISIBLE_DEVICES: all, none, or e.g. 0,1; "
-                   "with --queue a bare number N is a count: any N free GPUs")  # fmt: skip
+                   "with --queue a bare number N is a count: any N free GPUs")
     r.add_argument("--queue", action="store_true",
-                   help="wait on the host until the GPUs are free (no other job, no foreign process, idle)")  # fmt: skip
+                   help="wait on the host until the GPUs are free (no other job, no foreign process, idle)")
     r.add_argument(
         "--after", action="extend", nargs="+", metavar="ID", help="queue: start after these jobs end"
     )
     r.add_argument("--after-ok", action="extend", nargs="+", metavar="ID",
-                   help="queue: start only after these jobs succeeded (else it never starts, and says why)")  # fmt: skip
+                   help="queue: start only after these jobs succeeded (else it never starts, and says why)")
     r.add_argument("--restart", metavar="POLICY",
                    help="no (default), or on-failure[:N]: restart a failed attempt, at most N in a row (host default: "
-                        "restart in [hosts.X])")  # fmt: skip
+                        "restart in [hosts.X])")
     r.add_argument("--resume-from", metavar="GLOB",
                    help="checkpoint glob inside the job's dir (e.g. 'ckpt/*.pt'): a restart gets the newest match as "
-                        "GPUTUI_RESUME_FROM")  # fmt: skip
+                        "GPUTUI_RESUME_FROM")
     r.add_argument("--cwd", help="working directory on the host (default: here for local, ~ over SSH)")
     r.add_argument("--env", action="append", default=[], metavar="K=V",
-                   help="extra environment (repeatable); kept in the job's record on the host")  # fmt: skip
+                   help="extra environment (repeatable); kept in the job's record on the host")
     r.add_argument("--secret", action="append", default=[], metavar="NAME",
                    help="give the job $NAME from here (else NAME in secrets.toml beside the config, mode 0600); "
-                        "never kept in a record, deleted from the host when the job can no longer restart")  # fmt: skip
+                        "never kept in a record, deleted from the host when the job can no longer restart")
     r.add_argument("--sync", nargs="?", const=".", metavar="SRC",
-                   help="sync SRC (default: here) to the host first and run the job in the synced dir")  # fmt: skip
+                   help="sync SRC (default: here) to the host first and run the job in the synced dir")
     r.add_argument("--image", metavar="IMAGE",
                    help="run the command in a container of IMAGE (docker or podman on the host; the job's dir is "
-                        "mounted and is the workdir; --gpus go to the engine)")  # fmt: skip
+                        "mounted and is the workdir; --gpus go to the engine)")
     r.add_argument("--build", nargs="?", const="Dockerfile", metavar="DOCKERFILE",
                    help="instead of --image: build the image on the host from the job's dir (--sync or --cwd) with "
-                        "DOCKERFILE (default: Dockerfile) first; an unchanged tree is not built again")  # fmt: skip
+                        "DOCKERFILE (default: Dockerfile) first; an unchanged tree is not built again")
     r.add_argument("--docker-arg", action="append", default=[], metavar="OPT",
                    help="with --image or --build: an extra engine option, repeatable; write it with =, e.g. "
-                        "--docker-arg=--shm-size=16g")  # fmt: skip
+                        "--docker-arg=--shm-size=16g")
     r.add_argument("--artifacts", action="append", default=[], metavar="PATH[,PATH]",
-                   help="files to bring back before release, relative to the job's dir (repeatable)")  # fmt: skip
+                   help="files to bring back before release, relative to the job's dir (repeatable)")
     sl = r.add_argument_group("many nodes: Slurm hosts (scheduler = \"slurm\"; --gpus is the GPUs per node) and jobs over "
-                              "several hosts (h1,h2)")  # fmt: skip
+                              "several hosts (h1,h2)")
     sl.add_argument("--nodes", type=bounded(1, 100000, integer=True), metavar="N",
-                    help="nodes (sbatch --nodes); more than one: the command runs once per node, in one srun step")  # fmt: skip
+                    help="nodes (sbatch --nodes); more than one: the command runs once per node, in one srun step")
     sl.add_argument("--gpus-per-node", type=bounded(0, 1024, integer=True), metavar="G",
-                    help="GPUs per node (as --gpus N); torchrun's processes per node")  # fmt: skip
+                    help="GPUs per node (as --gpus N); torchrun's processes per node")
     sl.add_argument("--launcher", choices=("torchrun",),
                     help="torchrun: gputui writes the torchrun line (rendezvous on the first node, node rank from "
-                    "SLURM_NODEID); the command is then the script and its arguments")  # fmt: skip
+                    "SLURM_NODEID); the command is then the script and its arguments")
     sl.add_argument("--partition", metavar="P", help="partition (sbatch --partition)")
     sl.add_argument("--time", metavar="T", help="time limit, e.g. 30, 2:00:00, 1-0 (sbatch --time)")
     sl.add_argument("--sbatch-arg", action="append", metavar="OPT",
-                    help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")  # fmt: skip
+                    help="extra sbatch option, repeatable; write it with =, e.g. --sbatch-arg=--qos=high")
     r.add_argument("command", nargs="*", metavar="CMD",
-                   help="the job's argv, after -- (passed untouched, never through a shell)")  # fmt: skip
+                   help="the job's argv, after -- (passed untouched, never through a shell)")
     r.set_defaults(func=cmd_run)
 
     j = sub.add_parser("jobs", help="list jobs")
@@ -599,7 +599,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "-f", "--follow", action="store_true", help="follow until the job ends; exit with its status"
     )
     lg.add_argument("--rank", type=bounded(0, 1023, integer=True), metavar="N",
-                    help="a job over several hosts: the log of rank N's part (default: rank 0's)")  # fmt: skip
+                    help="a job over several hosts: the log of rank N's part (default: rank 0's)")
     lg.add_argument(
         "--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
     )
@@ -609,7 +609,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k.add_argument("host")
     k.add_argument("job")
     k.add_argument("--grace", type=bounded(0, MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
-                   help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")  # fmt: skip
+                   help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     k.set_defaults(func=cmd_kill)
 

@@ -63,7 +63,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--config", help=CONFIG_HELP)
     p.add_argument("--version", action="version", version=f"gputui {__version__}")
     p.add_argument("--completion", choices=sorted(COMPLETION_SCRIPTS), metavar="SHELL",
-                   help='print the shell completion script (bash, zsh): eval "$(gputui --completion bash)"')  # fmt: skip
+                   help='print the shell completion script (bash, zsh): eval "$(gputui --completion bash)"')
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
     for name in [family] if family else FAMILIES:
         importlib.import_module(f"{__package__}.{name}").register(sub)
@@ -167,7 +167,7 @@ COMPLETION_SCRIPTS = {
     "bash": '_gputui() { local IFS=$\'\\n\'; COMPREPLY=($(command gputui __complete '
             '"${COMP_WORDS[@]:1:$COMP_CWORD}" 2>/dev/null)); }\ncomplete -o default -F _gputui gputui\n',
     "zsh": "autoload -U +X bashcompinit && bashcompinit\n",
-}  # fmt: skip
+}
 COMPLETION_SCRIPTS["zsh"] += COMPLETION_SCRIPTS["bash"]
 
 
@@ -188,7 +188,7 @@ def complete(words: list[str]) -> list[str]:
     commands = _subparsers(parser)
     config = next((before[i + 1] for i, w in enumerate(before[:-1]) if w == "--config"), None)
     cmd = next((w for i, w in enumerate(before) if w in commands and (i == 0 or before[i - 1] != "--config")),
-               None)  # fmt: skip
+               None)
     if cmd is None:
         pool = [*parser._option_string_actions] if prefix.startswith("-") else [*commands]
         return sorted(w for w in pool if w.startswith(prefix))

@@ -51,7 +51,7 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     kept = [o for o in outcomes if o.status == "newer here"]
     if kept:
         raise CliError(f"not released: {kept[0].target} here is newer than the host's {kept[0].rel} "
-                       "(move it away, or --no-pull)")  # fmt: skip
+                       "(move it away, or --no-pull)")
     print(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/", file=sys.stderr)
 
 
@@ -92,7 +92,7 @@ async def cmd_release(args: argparse.Namespace) -> int:
                     f"no release command for {args.host}: set release (run here, e.g. a provider CLI) or "
                     "release_remote (run on the host) in its [hosts.NAME] table; no RunPod or vast.ai instance "
                     f"was found on the host ({safetext.clean(str(found.get('detail')), limit=300)})", ExitStatus.USAGE,
-                )  # fmt: skip
+                )
         if not args.yes and not sys.stdin.isatty():
             raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
         if not started:
@@ -103,7 +103,7 @@ async def cmd_release(args: argparse.Namespace) -> int:
         ):
             raise CliError("not released")
         result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force),
-                                    autostop.api_urls(fleet.config))  # fmt: skip
+                                    autostop.api_urls(fleet.config))
     for step in result.steps:
         print(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
         if step.output:
@@ -142,7 +142,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
         armed = f"autostop armed ({host.autostop_minutes:g} min idle)" if host.autostop_minutes else "no autostop"
         how = "was already running" if started.already_running else "started"
         print(f"{args.host}: {how}; {running} jobs running, {restarting} to resume by their restart policy, "
-              f"{queued} queued; {armed}")  # fmt: skip
+              f"{queued} queued; {armed}")
         return ExitStatus.FAILED if started.warnings else ExitStatus.OK
 
     return await with_session(args, args.host, body)
@@ -166,7 +166,7 @@ async def cmd_notify(args: argparse.Namespace) -> int:
     settings = autostop.notify_settings(cfg.load(args.config).host(args.host))
     if settings is None:
         raise CliError(f"{args.host} has no notifications: set [notify] webhook, ntfy or command in the config",
-                       ExitStatus.USAGE)  # fmt: skip
+                       ExitStatus.USAGE)
 
     async def body(s: HostSession) -> int:
         result = await s.notify_test(settings)
@@ -184,26 +184,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rl.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
     rl.add_argument("--force", action="store_true", help="release even while jobs run")
     rl.add_argument("--check", action="store_true",
-                    help="prove, with no side effects, that the release would work (releases nothing)")  # fmt: skip
+                    help="prove, with no side effects, that the release would work (releases nothing)")
     rp = rl.add_mutually_exclusive_group()
     rp.add_argument("--pull", action="store_true", dest="pull", default=None,
-                    help="pull artifacts changed since the last pull first (release only if all arrive)")  # fmt: skip
+                    help="pull artifacts changed since the last pull first (release only if all arrive)")
     rp.add_argument("--no-pull", action="store_false", dest="pull", help="release without pulling artifacts")
     rl.add_argument("--to", default=ARTIFACTS_DEST, metavar="DIR",
-                    help=f"where --pull puts them: DIR/HOST/JOB/PATH (default: ./{ARTIFACTS_DEST})")  # fmt: skip
+                    help=f"where --pull puts them: DIR/HOST/JOB/PATH (default: ./{ARTIFACTS_DEST})")
     rl.set_defaults(func=cmd_release)
 
     st = sub.add_parser("start", help="start a stopped RunPod pod or vast.ai instance again (with your key here)")
     st.add_argument("host")
     st.add_argument("--timeout", type=bounded(10, 3600, unit=" s"), default=600.0, metavar="S",
-                    help="how long to wait for it to run and its SSH to answer (default: 600)")  # fmt: skip
+                    help="how long to wait for it to run and its SSH to answer (default: 600)")
     st.set_defaults(func=cmd_start)
 
     au = sub.add_parser("autostop", help="snooze or cancel a host's idle autostop")
     au.add_argument("host")
     g = au.add_mutually_exclusive_group(required=True)
     g.add_argument("--snooze", type=bounded(0, autostop.MAX_SNOOZE_MIN, low_ok=False, unit=" minutes"), metavar="MIN",
-                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {autostop.MAX_SNOOZE_MIN})")  # fmt: skip
+                   help=f"postpone autostop: the idle window restarts after MIN minutes (at most {autostop.MAX_SNOOZE_MIN})")
     g.add_argument("--cancel", action="store_true", help="no autostop until the host reboots")
     au.set_defaults(func=cmd_autostop)
 

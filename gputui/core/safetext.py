@@ -16,7 +16,7 @@ from typing import Any, TextIO
 # C0 and DEL and C1 controls; the Arabic letter mark, LRM/RLM, bidi embeddings/overrides/isolates;
 # line/paragraph separators; surrogates (what invalid UTF-8 becomes under surrogateescape).
 _RANGES = ((0x00, 0x1F), (0x7F, 0x9F), (0x61C, 0x61C), (0x200E, 0x200F), (0x202A, 0x202E), (0x2066, 0x2069),
-           (0x2028, 0x2029), (0xD800, 0xDFFF))  # fmt: skip
+           (0x2028, 0x2029), (0xD800, 0xDFFF))
 _UNSAFE = re.compile("[" + "".join(f"\\u{a:04x}-\\u{b:04x}" for a, b in _RANGES) + "]")
 DROP: dict[int, None] = {c: None for a, b in _RANGES for c in range(a, b + 1)}
 """A ``str.translate`` table that drops every such character (log views keep tab and line ends aside)."""

@@ -181,7 +181,7 @@ class GpuTuiApp(App[None]):
         if self.config.theme is not None and self.config.theme not in self.available_themes:  # a typo: say so
             known = ", ".join(sorted(n for n in self.available_themes if n.startswith("gputui-")))
             errors.append(f"the config's theme = {self.config.theme!r} is no theme here (gputui's: {known}; "
-                          "more in ~/.config/gputui/themes/)")  # fmt: skip
+                          "more in ~/.config/gputui/themes/)")
         return errors
 
     def _start_theme(self, name: str) -> None:
@@ -666,7 +666,7 @@ class GpuTuiApp(App[None]):
         local = frozenset(n for n, h in self.config.hosts.items() if h.transport == "local")
         draft, self._draft = self._draft, None  # a job that could not start: its fields again
         screen = NewJobScreen(list(self.host_order), self.selected_host, dict(self.hosts), os.getcwd(), local,
-                              *(draft or (None, "")))  # fmt: skip
+                              *(draft or (None, "")))
         self.push_screen(screen, self._on_job_spec)
 
     def _on_job_spec(self, spec: JobSpec | None) -> None:
@@ -693,7 +693,7 @@ class GpuTuiApp(App[None]):
         except Exception as exc:
             self._draft = (asked, f"could not start: {exc}")  # n opens the dialog with it: nothing is retyped
             self.notify(f"could not start the job on {spec.host}: {exc} (n: edit it and try again)",
-                        severity="error", timeout=NOTIFY_S)  # fmt: skip
+                        severity="error", timeout=NOTIFY_S)
             return
         self._started.add((spec.host, job.id))
         verb = f"queued (position {job.queue_position})" if job.state == M.JOB_QUEUED else "started"
@@ -781,7 +781,7 @@ class GpuTuiApp(App[None]):
         host = self.selected_host
         if not self._no_host():
             self.notify(f"{host} has no autostop counting down: set autostop_minutes (with release_remote) "
-                        "or a deadline in its [hosts.NAME] table", timeout=NOTIFY_S)  # fmt: skip
+                        "or a deadline in its [hosts.NAME] table", timeout=NOTIFY_S)
 
     def _autostop(self, change: Callable[[Any], Awaitable[None]], done: str) -> None:
         host = self.selected_host

@@ -18,11 +18,11 @@ APP_KEYS = [
     ),
     Binding("r", "release", "Release", tooltip="Release the selected host (asks first)"),
     Binding("S", "start_instance", "Start instance", show=False,
-            tooltip="Start the selected host's stopped RunPod pod or vast.ai instance (asks first)"),  # fmt: skip
+            tooltip="Start the selected host's stopped RunPod pod or vast.ai instance (asks first)"),
     Binding(
         "o", "forward_url", "Open URL", show=False,
         tooltip="Forward the web URL the job printed (TensorBoard, Jupyter) to 127.0.0.1 here; token kept",
-    ),  # fmt: skip
+    ),
     Binding(
         "z", "snooze_autostop", "Snooze autostop", tooltip="Postpone the host's idle autostop by an hour"
     ),

@@ -280,7 +280,7 @@ def _commit(
     finally:
         os.close(fd)
     entry = {"rel": "/".join(parts), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-             "sha256": c["sha256"], "mode": stat.S_IMODE(st.st_mode)}  # fmt: skip
+             "sha256": c["sha256"], "mode": stat.S_IMODE(st.st_mode)}
     _journal(state_dir, target, [entry])
     return entry
 
@@ -375,7 +375,7 @@ def _manifest(state_dir: str, target: str, root: int) -> Dict[str, Dict[str, Any
             del entries[rel]
         if lines > 2 * len(entries) + 100:  # compact the journal
             write_atomic(path, "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries.values())
-                         .encode("utf-8", "surrogateescape"))  # fmt: skip
+                         .encode("utf-8", "surrogateescape"))
     return entries
 
 
@@ -673,4 +673,4 @@ def _commit_written(fd: int, dfd: int, parts: List[str], part: str, sha256: str,
     os.replace(part, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
     st = os.fstat(fd)
     return {"rel": "/".join(parts), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": sha256, "mode": stat.S_IMODE(st.st_mode)}  # fmt: skip
+            "sha256": sha256, "mode": stat.S_IMODE(st.st_mode)}

@@ -49,7 +49,7 @@ DRIVER_CUDA = (
     ("460.27.03", "11.2"), ("455.23", "11.1"), ("450.51", "11.0"), ("440.33", "10.2"), ("418.39", "10.1"),
     ("410.48", "10.0"), ("396.26", "9.2"), ("390.46", "9.1"), ("384.81", "9.0"), ("367.48", "8.0"),
     ("352.31", "7.5"), ("346.46", "7.0"),
-)  # fmt: skip
+)
 
 THROTTLE_FIX = {
     "app_clocks": "application clocks are set: `sudo nvidia-smi -rac` resets them",
@@ -292,16 +292,16 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
         )
     if g.get("remap_failed") is True:
         problems.append((FAIL, "a memory row remap failed (no spare row left)",
-                         "This GPU's memory cannot repair itself any more: ask the provider for another host."))  # fmt: skip
+                         "This GPU's memory cannot repair itself any more: ask the provider for another host."))
     elif g.get("remap_pending") is True:
         problems.append((WARN, "memory rows wait to be remapped",
                          "Reset the GPU (`sudo nvidia-smi -r -i %s`) or reboot the host to apply the remap; see "
-                         "`nvidia-smi -q -d ROW_REMAPPER`." % idx))  # fmt: skip
+                         "`nvidia-smi -q -d ROW_REMAPPER`." % idx))
     width, widest = g.get("pcie_width"), g.get("pcie_width_max")
     if isinstance(width, int) and isinstance(widest, int) and 0 < width < widest:
         problems.append((WARN, "PCIe link x%d of x%d" % (width, widest),
                          "The link trained at fewer lanes than the GPU and the host allow: every transfer to the GPU "
-                         "is slower (a reseat or another slot, on a rented host: another host)."))  # fmt: skip
+                         "is slower (a reseat or another slot, on a rented host: another host)."))
     temp = g.get("temp_c")
     if isinstance(temp, (int, float)) and temp >= HOT_C:
         problems.append(
@@ -738,7 +738,7 @@ def engine_check(has_gpu: bool) -> P.DoctorCheck:
         missing = str(exc).startswith("no ")
         return check("engine", title, SKIP if missing else WARN, str(exc),
                      "Jobs run as bare processes without one." if missing else
-                     "Start the engine's daemon (`sudo systemctl start docker`) and check `docker info`.")  # fmt: skip
+                     "Start the engine's daemon (`sudo systemctl start docker`) and check `docker info`.")
     name = os.path.basename(path)
     detail = "%s %s" % (name, info.get("ServerVersion") or "(version unknown)")
     root = info.get("DockerRootDir")
@@ -753,10 +753,10 @@ def engine_check(has_gpu: bool) -> P.DoctorCheck:
     if has_gpu and not image.nvidia_ready(info):
         return check("engine", title, WARN, detail + "; it cannot give containers GPUs (no NVIDIA runtime or CDI "
                      "spec)", "Install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime configure "
-                     "--runtime=%s` and restart the daemon." % name)  # fmt: skip
+                     "--runtime=%s` and restart the daemon." % name)
     if free_gib is not None and free_gib < DISK_WARN_GIB:
         return check("engine", title, WARN, detail, "Images need room: `%s system prune` removes what no "
-                     "container uses." % name)  # fmt: skip
+                     "container uses." % name)
     return check("engine", title, OK, detail + ("; GPUs through the NVIDIA runtime" if has_gpu else ""))
 
 

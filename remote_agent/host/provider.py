@@ -154,7 +154,7 @@ class Instance(NamedTuple):
 # display needs nothing (an unusable price shows as "price unknown").
 NEEDS: Dict[str, Tuple[str, ...]] = {
     "status": (), "release": (), "check": ("state",), "confirm": ("state",), "start": ("state",),
-}  # fmt: skip
+}
 
 
 class Confirmed(NamedTuple):
@@ -304,7 +304,7 @@ def redact(text: str, *secrets: str) -> str:
     for secret in secrets:
         for form in (secret, secret.strip()):
             forms.update((form, repr(form)[1:-1], repr(form.encode("utf-8", "replace"))[2:-1],
-                          urllib.parse.quote(form, safe=""), urllib.parse.quote_plus(form)))  # fmt: skip
+                          urllib.parse.quote(form, safe=""), urllib.parse.quote_plus(form)))
     for form in sorted((f for f in forms if len(f) >= 4), key=len, reverse=True):
         text = text.replace(form, "***")
     return text
@@ -381,7 +381,7 @@ def http_json(
 def _exchange(
     parts: "urllib.parse.SplitResult", method: str, payload: Optional[bytes], headers: Dict[str, str],
     deadline_s: float, max_body: int, what: str,
-) -> Tuple[int, bytes, str, str]:  # fmt: skip
+) -> Tuple[int, bytes, str, str]:
     """The request and the whole answer: (status, body, Location, Retry-After), within ``deadline_s``."""
     end = time.monotonic() + deadline_s
     host, port = parts.hostname or "", parts.port
@@ -631,7 +631,7 @@ def _runpod_instance(data: Any, pod_id: str) -> Instance:
         tuple(got.unusable), endpoints=(("direct", address, port),) if address and port else (),
         interruptible=interruptible, gpus=gpus,
         stopped_per_hour=None if volume_gb is None else volume_gb * RUNPOD_STOPPED_GB_MONTH / HOURS_PER_MONTH,
-    )  # fmt: skip
+    )
 
 
 def _vast_state(actual: Optional[str], cur: Optional[str]) -> str:
@@ -675,13 +675,13 @@ def _vast_instance(data: Any, instance_id: str) -> Optional[Instance]:
         VASTAI, instance_id, state, f"{actual or 'null'}/{cur or 'null'}", price, started, True, "",
         tuple(fields.unusable), endpoints=endpoints, interruptible=interruptible, gpus=gpus,
         stopped_per_hour=None if disk_gb is None or gb_month is None else disk_gb * gb_month / HOURS_PER_MONTH,
-    )  # fmt: skip
+    )
 
 
 def _call(
     detected: Detected, method: str, path: str, body: Optional[Dict[str, Any]], api_url: Optional[str],
     env: Optional[Dict[str, str]], deadline_s: float,
-) -> Tuple[int, Any]:  # fmt: skip
+) -> Tuple[int, Any]:
     key = _key_of(detected, env)
     base = check_api_url(api_url or API_URLS[detected.provider])
     return http_json(method, base + path, key, body, deadline_s)
@@ -694,7 +694,7 @@ def _path(detected: Detected) -> str:
 
 def _read(
     detected: Detected, api_url: Optional[str], env: Optional[Dict[str, str]], deadline_s: float,
-) -> Optional[Instance]:  # fmt: skip
+) -> Optional[Instance]:
     """The instance now; None when the provider says it does not exist (404, or vast.ai's empty answer)."""
     status, data = _call(detected, "GET", _path(detected), None, api_url, env, deadline_s)
     if status in (404, 409):
@@ -707,7 +707,7 @@ def _read(
 def instance(
     detected: Detected, api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
     deadline_s: float = DEADLINE_S,
-) -> Instance:  # fmt: skip
+) -> Instance:
     """This host's instance as the provider reports it (state, price per hour, ...).
 
     ``api_url`` overrides the provider's base (``[providers.NAME] api_url``); ``env`` is for tests, as in
@@ -723,7 +723,7 @@ def instance(
 def check(
     detected: Detected, mode: Optional[str] = None, api_url: Optional[str] = None,
     env: Optional[Dict[str, str]] = None, deadline_s: float = DEADLINE_S,
-) -> Instance:  # fmt: skip
+) -> Instance:
     """Prove, without side effects, that a release would work: the key is accepted and the instance answers
     (and, with ``mode``, that the provider can do that mode for it). The instance, or a ``ProviderError``."""
     found = instance(detected, api_url, env, deadline_s).needed("check")
@@ -742,7 +742,7 @@ def _check_mode(found: Instance, mode: str) -> None:
 def release(
     detected: Detected, mode: str, api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
     deadline_s: float = DEADLINE_S,
-) -> None:  # fmt: skip
+) -> None:
     """Ask the provider to stop (``mode="stop"``) or terminate this instance. The provider accepting the request
     is not the bill stopping: follow with ``confirm``. Raises ``ProviderError`` (``unsupported`` for a mode the
     provider cannot do for this instance, saying why)."""
@@ -768,7 +768,7 @@ def release(
 def start(
     detected: Detected, api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
     deadline_s: float = DEADLINE_S,
-) -> None:  # fmt: skip
+) -> None:
     """Ask the provider to start this stopped instance (RunPod ``POST /pods/{id}/start``, vast.ai ``PUT
     /instances/{id}/`` with ``{"state": "running"}``); called only from the user's machine, for ``gputui
     start``. Accepting is not running: read it back. A refusal is a ``ProviderError`` with the provider's words."""
@@ -805,7 +805,7 @@ def confirm(
     api_url: Optional[str] = None, env: Optional[Dict[str, str]] = None,
     deadline_s: float = DEADLINE_S, sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-) -> Confirmed:  # fmt: skip
+) -> Confirmed:
     """Read the instance back until the provider says stopped / terminated, for at most ``timeout_s``.
 
     Transient errors (timeouts, 429, 5xx) are retried within the bound; a refused key or a broken answer ends
@@ -875,11 +875,11 @@ def detect_for(provider_setting: Any) -> Detected:
 def describe(detected: Detected) -> Dict[str, str]:
     """What may be shown or sent about a detection (the provider, the id, the source): never the key."""
     return {"provider": detected.provider, "instance_id": detected.instance_id, "source": detected.source,
-            "note": detected.note}  # fmt: skip
+            "note": detected.note}
 
 
 __all__ = [
     "API_URLS", "MODES", "Confirmed", "Detected", "Instance", "ProviderError", "check", "check_api_url",
     "confirm", "describe", "detect", "detect_for", "detected_from", "http_json", "mode_for", "wanted", "instance", "parse_env_file", "parse_environ", "reached",
     "release", "start",
-]  # fmt: skip
+]

@@ -76,7 +76,7 @@ def check_request(req: Any) -> Dict[str, Any]:
         raise GroupError("group.hosts: 2 to %d host names" % MAX_NODES)
     out: Dict[str, Any] = {"hosts": list(hosts)}
     for name, low, high in (("rank", 0, len(hosts) - 1), ("nproc_per_node", 1, 1024), ("master_port", 1, 65535),
-                            ("hub_port", 1, 65535)):  # fmt: skip
+                            ("hub_port", 1, 65535)):
         value = req.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise GroupError("group.%s: a whole number from %d to %d" % (name, low, high))
@@ -113,14 +113,14 @@ def env(group: Dict[str, Any]) -> Dict[str, str]:
     nodes = len(group["hosts"])
     return {"MASTER_ADDR": group["master_addr"], "MASTER_PORT": str(group["master_port"]),
             "NODE_RANK": str(group["rank"]), "NNODES": str(nodes),
-            "WORLD_SIZE": str(nodes * group["nproc_per_node"]), "GPUTUI_GROUP_JOB": group["id"]}  # fmt: skip
+            "WORLD_SIZE": str(nodes * group["nproc_per_node"]), "GPUTUI_GROUP_JOB": group["id"]}
 
 
 def torchrun_line(nodes: int, rank: int, nproc: int, addr: str, port: int, command: List[str]) -> List[str]:
     """torchrun for one node (static rendezvous on addr:port, the first node); a command that is not a script
     (``python train.py``, a wrapper) runs with ``--no-python``. The Slurm path writes the same line."""
     argv = ["torchrun", "--nnodes=%d" % nodes, "--node_rank=%d" % rank, "--nproc_per_node=%d" % nproc,
-            "--master_addr=" + addr, "--master_port=%d" % port]  # fmt: skip
+            "--master_addr=" + addr, "--master_port=%d" % port]
     if not (command[0].endswith(".py") or command[0] == "-m"):
         argv.append("--no-python")
     return argv + list(command)
@@ -131,7 +131,7 @@ def run_argv(job: Dict[str, Any]) -> List[str]:
     group = job["group"]
     if group.get("launcher") == "torchrun":
         return torchrun_line(len(group["hosts"]), group["rank"], group["nproc_per_node"], group["master_addr"],
-                             group["master_port"], job["argv"])  # fmt: skip
+                             group["master_port"], job["argv"])
     return list(job["argv"])
 
 
@@ -187,7 +187,7 @@ def check_host(args: Dict[str, Any], gpu_count: int) -> Dict[str, Any]:
         if found is None:
             where = "PATH" if "/" not in program else cwd
             problems.append("%s not found (on the job's %s: give --env PATH=... or install it)" % (program, where)
-                            if program == "torchrun" else "%s not found in %s" % (program, where))  # fmt: skip
+                            if program == "torchrun" else "%s not found in %s" % (program, where))
         script = command[0] if launcher == "torchrun" and command[0].endswith(".py") else None
         if script and not os.path.isfile(os.path.join(cwd, script)):
             problems.append("no %s in %s (sync the code to every host: --sync)" % (script, cwd))
@@ -234,7 +234,7 @@ def _ended_words(code: Any) -> str:
 
 
 def decide(parts: List[Dict[str, Any]], hosts: List[str], now: float, started: float, lost_s: float,
-           start_s: float = START_S) -> Optional[str]:  # fmt: skip
+           start_s: float = START_S) -> Optional[str]:
     """Why the whole job must stop now, or None. ``parts[rank]``: ``seen`` (last word), ``state``
     (ready/running/ended) and ``code`` (its exit, once ended)."""
     for rank, part in enumerate(parts):
@@ -256,7 +256,7 @@ class Hub:
         self.group, self.key, self.log, self.attempt = group, key, log, attempt
         self.hosts: List[str] = group["hosts"]
         self.parts: List[Dict[str, Any]] = [{"seen": None, "state": None, "code": None, "seq": -1}
-                                            for _ in self.hosts]  # fmt: skip
+                                            for _ in self.hosts]
         self.started = time.time()
         self.stop: Optional[str] = None
         self.stopped_at: Optional[float] = None
@@ -390,7 +390,7 @@ def _serve(job_dir: str, log: Callable[[str], None], attempt: int) -> int:
 def start_hub(job_dir: str, launcher: List[str], attempt: int) -> None:
     """Rank 0's runner starts the hub of its attempt, detached (a kill of the part's group never reaches it)."""
     subprocess.Popen(launcher + ["group-hub", job_dir, str(attempt)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)  # fmt: skip
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
 
 # --- a part -----------------------------------------------------------------------------------------------------
@@ -417,7 +417,7 @@ class Member:
         """One message and the hub's reply; None when the hub cannot be reached or answers wrongly."""
         self.seq += 1
         message = {"from": "part", "g": self.group["id"], "rank": self.rank, "seq": self.seq, "state": state,
-                   "code": code, "attempt": self.attempt}  # fmt: skip
+                   "code": code, "attempt": self.attempt}
         try:
             if self.sock is None:
                 self.sock = socket.create_connection(
@@ -465,7 +465,7 @@ class Member:
                     return
             elif now - last_ok > self.group["lost_s"]:
                 stop("lost the group's hub on %s (rank 0's host): no answer for %d s"
-                     % (self.hub_host, self.group["lost_s"]))  # fmt: skip
+                     % (self.hub_host, self.group["lost_s"]))
                 return
 
     def finish(self, code: Optional[int], timeout: float = 10.0) -> None:

@@ -70,7 +70,7 @@ def check_request(request: Any) -> Dict[str, Any]:
     image = request.get("image")
     if not isinstance(image, str) or not image or len(image) > MAX_IMAGE or not _IMAGE.fullmatch(image):
         raise ImageError("image %r: expected a name like pytorch/pytorch:2.3.1-cuda12.1-cudnn8-runtime or an image "
-                         "ID (letters, digits and ._/:@+-, not starting with -)" % str(image)[:100])  # fmt: skip
+                         "ID (letters, digits and ._/:@+-, not starting with -)" % str(image)[:100])
     args = request.get("args") or []
     if not isinstance(args, list) or len(args) > MAX_ARGS:
         raise ImageError("engine options must be a list of at most %d strings" % MAX_ARGS)
@@ -90,7 +90,7 @@ def _check_build(build: Any) -> Dict[str, str]:
     parts = dockerfile.replace("\\", "/").split("/")
     if dockerfile.startswith(("/", "~")) or ".." in parts:
         raise ImageError("Dockerfile %r is outside the job's dir (the build context): give a path inside it, "
-                         "e.g. Dockerfile or docker/train.Dockerfile" % dockerfile[:200])  # fmt: skip
+                         "e.g. Dockerfile or docker/train.Dockerfile" % dockerfile[:200])
     return {"dockerfile": os.path.normpath(dockerfile)}
 
 
@@ -101,13 +101,13 @@ def check_arg(arg: Any) -> None:
     name = arg.split("=", 1)[0]
     if not arg.startswith("-") or name in ("-", "--"):
         raise ImageError("engine option %r: give each option with its value joined by =, e.g. --docker-arg="
-                         "--volume=/data:/data (a word on its own would be read as the image)" % arg[:100])  # fmt: skip
+                         "--volume=/data:/data (a word on its own would be read as the image)" % arg[:100])
     if not name.startswith("--") and len(name) != 2:
         raise ImageError("engine option %r: one short option per --docker-arg (-v=/data:/data), or its long "
-                         "name" % arg[:100])  # fmt: skip
+                         "name" % arg[:100])
     if name in _OURS:
         raise ImageError("engine option %s is gputui's own: it names, labels and waits on the container (for GPUs "
-                         "use gputui's --gpus)" % name)  # fmt: skip
+                         "use gputui's --gpus)" % name)
 
 
 def find_engine(choice: str) -> str:
@@ -118,14 +118,14 @@ def find_engine(choice: str) -> str:
             return path
     want = "Docker or Podman" if choice == "auto" else choice
     raise ImageError("no %s on the host: install it (e.g. apt install docker.io, or podman) to run jobs in images, "
-                     "or run without --image" % want)  # fmt: skip
+                     "or run without --image" % want)
 
 
 def _engine(path: str, *args: str, timeout: float = ENGINE_TIMEOUT_S) -> "subprocess.CompletedProcess[str]":
     try:
         return subprocess.run([path, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=timeout, universal_newlines=True,
-                              errors="replace")  # fmt: skip
+                              errors="replace")
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess([path, *args], 124, "", "no answer in %.0f s" % timeout)
     except OSError as exc:
@@ -217,7 +217,7 @@ def run_argv(job: Dict[str, Any], job_id: str, attempt: int, env: Dict[str, str]
     argv = [spec["engine_path"], "run", "--rm", "-i", "-t", "--init", "--name", name,
             "--label", "gputui.state=%s" % spec["tag"], "--label", "gputui.job=%s" % job_id,
             "--network", "host", "--ipc", "host", "--user", "%d:%d" % (os.getuid(), os.getgid()),
-            "--mount", "type=bind,source=%s,target=%s" % (cwd, cwd), "--workdir", cwd]  # fmt: skip
+            "--mount", "type=bind,source=%s,target=%s" % (cwd, cwd), "--workdir", cwd]
     engine_name = "podman" if os.path.basename(spec["engine_path"]).startswith("podman") else "docker"
     argv += gpu_args(engine_name, env.get("CUDA_VISIBLE_DEVICES"))
     passed = _PASSED + job_group.ENV_NAMES if job.get("group") else _PASSED  # a part of a job over several hosts
@@ -291,7 +291,7 @@ def context_hash(cwd: str, dockerfile: str) -> Optional[str]:
             except OSError:
                 continue
             digest.update(b"%s\0%d %d %d\n" % (rel.encode("utf-8", "surrogateescape"), st.st_mode, st.st_size,
-                                                st.st_mtime_ns))  # fmt: skip
+                                                st.st_mtime_ns))
     return digest.hexdigest()[:16]
 
 
@@ -311,15 +311,15 @@ def build_and_run(job_dir: str, attempt: int) -> int:
     else:
         print("gputui: building image %s from %s in %s" % (tag, dockerfile, cwd), flush=True)
         code = subprocess.call([engine, "build", "--network", "host", "--file", os.path.join(cwd, dockerfile),
-                                "--tag", tag, "--label", "gputui.state=%s" % spec["tag"], cwd])  # fmt: skip
+                                "--tag", tag, "--label", "gputui.state=%s" % spec["tag"], cwd])
         if code != 0:
             print("gputui: the image build failed (%s build exited %d): the job did not start" % (name, code),
-                  flush=True)  # fmt: skip
+                  flush=True)
             return code
     spec = dict(spec, image=tag)
     job_id = os.path.basename(job_dir)
     _note(job_dir, {"name": container_name(spec, job_id, attempt), "image": tag,
-                    "image_id": _image_id(engine, "image", "inspect", "--format", "{{.Id}}", tag)})  # fmt: skip
+                    "image_id": _image_id(engine, "image", "inspect", "--format", "{{.Id}}", tag)})
     argv = run_argv(dict(job, container=spec), job_id, attempt, dict(os.environ))
     os.execvp(argv[0], argv)
     return 127  # (not reached)
@@ -371,7 +371,7 @@ def running_name(job_dir: str) -> Optional[str]:
 def is_ours(spec: Dict[str, Any], name: str, job_id: str) -> bool:
     """Whether container ``name`` exists and carries this agent's and this job's labels."""
     done = _engine(spec["engine_path"], "ps", "-a", "--filter", "label=gputui.state=%s" % spec["tag"],
-                   "--filter", "label=gputui.job=%s" % job_id, "--format", "{{.Names}}")  # fmt: skip
+                   "--filter", "label=gputui.job=%s" % job_id, "--format", "{{.Names}}")
     return done.returncode == 0 and name in done.stdout.split()
 
 

@@ -200,7 +200,7 @@ class Follow(threading.Thread):
             self._follow()
         except Exception as exc:  # never leave the client waiting for a follow that died
             self.send("log_end", {"job": self.job_id, "offset": self.offset, "job_state": None,
-                                  "exit_code": None, "error": "log follow failed: %r" % exc})  # fmt: skip
+                                  "exit_code": None, "error": "log follow failed: %r" % exc})
         finally:
             if self._watch is not None:
                 self._watch.close()

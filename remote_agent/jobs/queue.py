@@ -62,7 +62,7 @@ def parse_request(queue: Any) -> Dict[str, Any]:
         deps[key] = [str(int(i)) for i in ids]
     util = P.number_arg(queue, "idle_util_percent", 5.0, 0.0, 100.0)
     return {"gpus": gpus, "gpu_count": count, "after": deps["after"], "after_ok": deps["after_ok"],
-            "idle_util_percent": util}  # fmt: skip
+            "idle_util_percent": util}
 
 
 def never_fits(request: Dict[str, Any], gpus: List[Dict[str, Any]]) -> Optional[str]:
@@ -277,7 +277,7 @@ def _paths(root: str, links: Dict[str, List[str]]) -> Dict[str, List[str]]:
 def plan(
     queued: List[Dict[str, Any]], jobs: List[Dict[str, Any]], sample: Dict[str, Any],
     grants: List[Dict[str, Any]],
-) -> Dict[str, Any]:  # fmt: skip
+) -> Dict[str, Any]:
     """What to do with the queued jobs (in queue order) now: ``{"start": [(id, gpus or None)], "wait": {id:
     reason}, "fail": {id: reason}}``. ``gpus`` of a start: the CUDA_VISIBLE_DEVICES to give (None: all)."""
     by_id = {str(j.get("id")): j for j in jobs}
@@ -383,7 +383,7 @@ class JobQueue:
     def submit(
         self, request: Dict[str, Any], argv: Any, cwd: Any, env: Any, name: Any, extra: Dict[str, Any],
         boot: Optional[str], secrets: Any = None,
-    ) -> str:  # fmt: skip
+    ) -> str:
         """Queue a job; its id. The jobs it waits for must exist; ``secrets`` wait with it (JobStore.create)."""
         with self.locked():
             jobs = self.store.list()
@@ -409,7 +409,7 @@ class JobQueue:
         if looped:
             shutil.rmtree(self.store.job_dir(job_id))  # the dir this call created a moment ago, nothing else
             raise JobError("not queued: the job would wait on itself through %s"
-                           % looped.split(" through ", 1)[1], P.E_BAD_ARGS)  # fmt: skip
+                           % looped.split(" through ", 1)[1], P.E_BAD_ARGS)
 
     def move(self, job_id: str, to: int) -> List[str]:
         """Put a queued job at position ``to`` (1 = next); the new order."""
@@ -451,7 +451,7 @@ class JobQueue:
             if record.get("state") == P.JOB_QUEUED and jid in positions:
                 reason = waiting.get(jid) if isinstance(waiting, dict) else None
                 record = dict(record, queue_position=positions[jid],
-                              queue_reason=str(reason or "waiting for the scheduler's next pass"))  # fmt: skip
+                              queue_reason=str(reason or "waiting for the scheduler's next pass"))
             out.append(record)
         return out
 
@@ -475,7 +475,7 @@ class JobQueue:
             launched = sum(self._relaunch(job) for job in (relaunch if full is None else []))
             if sample is None or full is not None:
                 decided: Dict[str, Any] = {"start": [], "fail": {}, "wait": {
-                    str(j["id"]): full or "GPU reading failed" for j in fresh}}  # fmt: skip
+                    str(j["id"]): full or "GPU reading failed" for j in fresh}}
             else:
                 grants = self._grants(jobs) + [{"id": j["id"], "gpus": j.get("gpus")} for j in relaunch]
                 decided = plan(fresh, jobs, sample, grants)

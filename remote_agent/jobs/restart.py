@@ -75,7 +75,7 @@ def check_glob(pattern: Any) -> str:
         raise ValueError("--resume-from needs a glob of at most %d characters, e.g. 'ckpt/*.pt'" % MAX_GLOB)
     if os.path.isabs(pattern) or pattern.startswith("~") or ".." in pattern.split("/"):
         raise ValueError("--resume-from %r reaches outside the job's directory: give a glob relative to it, "
-                         "e.g. 'ckpt/*.pt'" % pattern[:100])  # fmt: skip
+                         "e.g. 'ckpt/*.pt'" % pattern[:100])
     return pattern
 
 
@@ -251,7 +251,7 @@ def slurm_requeued(job_dir: str, restart_count: str) -> int:
         "attempt": n - 1, "started_at": pids.get("started_at"), "ended_at": end.get("ended_at") or time.time(),
         "exit_code": end.get("exit_code"), "signal": end.get("signal"), "hint": end.get("lost") or hint,
         "progress": progress, "requeued_by": "slurm",
-    })  # fmt: skip
+    })
     write_json(os.path.join(job_dir, ATTEMPTS), attempts[-MAX_ATTEMPTS:])
     try:
         os.unlink(status_path)
@@ -388,7 +388,7 @@ class Restarts:
         else:
             why = "lost: its runner died"
         return {"exit_code": None, "signal": None, "ended_at": time.time(), "lost": why,
-                "rebooted": why != "lost: its runner died"}  # fmt: skip
+                "rebooted": why != "lost: its runner died"}
 
     def _ended(self, jid: str, job_dir: str, job: Dict[str, Any], end: Dict[str, Any], released: bool) -> int:
         """Keep the attempt that ended and decide: restart after a backoff, or the job's end."""
@@ -413,7 +413,7 @@ class Restarts:
                 "attempt": n, "started_at": started, "ended_at": ended_at, "exit_code": end.get("exit_code"),
                 "signal": end.get("signal"), "hint": end.get("lost") or hint, "progress": progress,
                 "log_bytes": max(0, size - start), "streak_reset": healthy, "rebooted": bool(end.get("rebooted")),
-            })  # fmt: skip
+            })
             write_json(os.path.join(job_dir, ATTEMPTS), attempts[-MAX_ATTEMPTS:])
         last = attempts[-1]
         streak = int(pending.get("streak") or 0)
@@ -436,7 +436,7 @@ class Restarts:
         write_json(os.path.join(job_dir, PENDING), {
             "attempt": n + 1, "due_at": time.time() + wait, "streak": streak, "after_exit": code,
             "log_offset": offset, "launched_at": None,
-        })  # fmt: skip
+        })
         self._unlink(os.path.join(job_dir, ATTEMPT))
         if last.get("rebooted"):
             self.log("restart: job %s was %s: resuming it (attempt %d) in %.0f s" % (jid, hint, n + 1, wait))
@@ -455,7 +455,7 @@ class Restarts:
             if now - float(launched) < LAUNCH_GRACE_S:
                 return 1
             self._final(jid, job_dir, pending.get("after_exit"), "restart failed: the runner of attempt %s did not "
-                        "come up" % pending.get("attempt"))  # fmt: skip
+                        "come up" % pending.get("attempt"))
             return 0
         if now < float(pending["due_at"]):
             return 1

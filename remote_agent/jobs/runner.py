@@ -162,7 +162,7 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     # The start is on disk before the job runs (a runner that cannot write it, on a full disk, runs nothing and
     # the queue launches it again later); the job's pid is added once it exists.
     started = {"pid": None, "runner_pid": os.getpid(), "started_at": time.time(), "attempt": attempt,
-               "boot_id": boot_id()}  # fmt: skip
+               "boot_id": boot_id()}
     write_json(pid_path, started)
     container = job.get("container")  # an image job: the engine's run in place of the command (jobs/image.py)
     job_id = os.path.basename(job_dir)

@@ -34,7 +34,7 @@ def check(secrets: Any) -> Dict[str, str]:
     for name, value in secrets.items():
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ValueError("secret name %r: use letters, digits and _ (not first), at most %d" % (
-                str(name)[:MAX_NAME], MAX_NAME))  # fmt: skip
+                str(name)[:MAX_NAME], MAX_NAME))
         if not isinstance(value, str) or "\x00" in value or len(value.encode("utf-8", "replace")) > MAX_VALUE:
             raise ValueError("secret %s: its value must be a string of at most %d bytes, without NUL" % (name, MAX_VALUE))
         try:

@@ -124,7 +124,7 @@ class Series:
 
     def to_json(self) -> Dict[str, Any]:
         return {"points": self.points, "stride": self.stride, "seen": self.seen, "count": self.count,
-                "last": self.last, "low": self.low, "high": self.high}  # fmt: skip
+                "last": self.last, "low": self.low, "high": self.high}
 
     @classmethod
     def from_json(cls, obj: Any) -> "Series":
@@ -136,7 +136,7 @@ class Series:
         for p in pts:
             if not (isinstance(p, list) and len(p) == 4 and isinstance(p[0], int)
                     and (p[1] is None or isinstance(p[1], int)) and (p[2] is None or isinstance(p[2], (int, float)))
-                    and isinstance(p[3], (int, float))):  # fmt: skip
+                    and isinstance(p[3], (int, float))):
                 raise ValueError("point")
         s.points = pts
         s.key = (pts[-1][1], pts[-1][2]) if pts else None
@@ -196,7 +196,7 @@ class Extractor:
     def to_json(self) -> Dict[str, Any]:
         return {"v": VERSION, "offset": self.offset, "line": self.line, "done": self.done, "step": self.step,
                 "epoch": self.epoch, "progress": self.progress, "progress_at": self.progress_at,
-                "series": {k: s.to_json() for k, s in self.series.items()}}  # fmt: skip
+                "series": {k: s.to_json() for k, s in self.series.items()}}
 
     @classmethod
     def load(cls, path: str) -> "Extractor":
@@ -302,7 +302,7 @@ def _update(job_dir: str, ended: bool) -> Tuple[Extractor, int]:
 def result(job_id: str, ex: Extractor, size: int) -> Dict[str, Any]:
     """The ``logs.series`` reply of one job."""
     series = {name: {"points": s.points, "count": s.count, "last": s.last, "low": s.low, "high": s.high}
-              for name, s in ex.series.items()}  # fmt: skip
+              for name, s in ex.series.items()}
     return {
         "job": job_id,
         "series": series,

@@ -80,7 +80,7 @@ def _run(argv: List[str], timeout: float = COMMAND_TIMEOUT_S) -> str:
         raise SlurmError("%s is not installed on this host: is it a Slurm login node?" % argv[0]) from None
     except subprocess.TimeoutExpired:
         raise SlurmError("%s did not answer within %.0f s: is the Slurm controller (slurmctld) up and reachable?"
-                         % (argv[0], timeout)) from None  # fmt: skip
+                         % (argv[0], timeout)) from None
     except OSError as exc:
         raise SlurmError("cannot run %s: %s" % (argv[0], exc.strerror or exc)) from None
     if res.returncode != 0:
@@ -126,7 +126,7 @@ def check_request(req: Any) -> Dict[str, Any]:
         or not all(isinstance(a, str) and a.startswith("-") and len(a) <= MAX_SBATCH_ARG for a in extra)
     ):
         raise ValueError("sbatch_args must be a list of at most %d options, each starting with '-' (e.g. "
-                         "--qos=high), at most %d characters" % (MAX_SBATCH_ARGS, MAX_SBATCH_ARG))  # fmt: skip
+                         "--qos=high), at most %d characters" % (MAX_SBATCH_ARGS, MAX_SBATCH_ARG))
     for arg in extra:
         if (
             "\x00" in arg
@@ -134,7 +134,7 @@ def check_request(req: Any) -> Dict[str, Any]:
             or (len(arg) > 2 and arg[:2] in ("-o", "-e", "-D"))
         ):
             raise ValueError("sbatch argument %r: gputui sets the log, the working dir and the script itself"
-                             % arg[:100])  # fmt: skip
+                             % arg[:100])
     out["sbatch_args"] = list(extra)
     launcher = req.get("launcher")
     if launcher is not None:
@@ -179,7 +179,7 @@ def failed_task(log_path: str) -> Optional[str]:
             continue
         word = "tasks" if re.search(rb"[,-]", tasks) else "task"
         return _text("%s %s on %s: %s" % (word, tasks.decode(), node.decode("utf-8", "replace"),
-                                          what.decode("utf-8", "replace")))  # fmt: skip
+                                          what.decode("utf-8", "replace")))
     return None
 
 
@@ -279,7 +279,7 @@ class SlurmView:
                 self.commands += 1
                 try:
                     out = _run(["sacct", "--noheader", "--parsable2", "--allocations", "--user=%d" % os.getuid(),
-                                "--starttime=now-30days", "--format=JobID,State,NodeList,Reason"])  # fmt: skip
+                                "--starttime=now-30days", "--format=JobID,State,NodeList,Reason"])
                 except SlurmError as exc:
                     self._sacct_off = "disabled" in str(exc) or "not installed" in str(exc)
                     return None
@@ -430,7 +430,7 @@ def _confirm_ended(slurm_id: str, ended: Callable[[float], bool]) -> None:
             return
         if time.monotonic() > deadline:
             raise SlurmError("scancel was accepted, but after %.0f s the job has not ended (%s)"
-                             % (KILL_CONFIRM_S, last))  # fmt: skip
+                             % (KILL_CONFIRM_S, last))
         time.sleep(0.2)
 
 
@@ -459,7 +459,7 @@ def _gpus(gres: str) -> Optional[int]:
 def cluster_info() -> P.ClusterInfo:
     """Partitions and nodes with their state and GPUs, from ONE ``sinfo`` call (op ``slurm.info``)."""
     info: P.ClusterInfo = {"partitions": [], "partitions_total": 0, "nodes": [], "nodes_total": 0, "error": None,
-                           "t": time.time()}  # fmt: skip
+                           "t": time.time()}
     try:
         out = _run(["sinfo", "--noheader", "--Node", "--Format=" + _SINFO_FIELDS])
     except SlurmError as exc:
@@ -476,7 +476,7 @@ def cluster_info() -> P.ClusterInfo:
         part = part.rstrip("*")
         gpus, gpus_used = _gpus(gres), _gpus(used)
         p = parts.setdefault(part, {"name": part, "default": default, "available": avail, "time_limit": limit,
-                                    "nodes": 0, "gpus": 0, "gpus_used": 0})  # fmt: skip
+                                    "nodes": 0, "gpus": 0, "gpus_used": 0})
         p["nodes"] += 1
         p["gpus"] += gpus or 0
         p["gpus_used"] += gpus_used or 0
@@ -491,7 +491,7 @@ def cluster_info() -> P.ClusterInfo:
             "cpus_alloc": int(cpu[0]) if len(cpu) == 4 and cpu[0].isdigit() else None,
             "cpus": int(cpu[3]) if len(cpu) == 4 and cpu[3].isdigit() else None,
             "reason": None if reason in ("", "none") else reason,
-        }  # fmt: skip
+        }
     info["partitions"] = list(parts.values())[:MAX_PARTITIONS]
     info["partitions_total"] = len(parts)
     size = 0

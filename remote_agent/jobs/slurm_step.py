@@ -35,7 +35,7 @@ def step_argv(job: Dict[str, Any], job_dir: str, launcher: List[str], nodes: int
     """The srun line of a stepped job: one task per node, every line labelled with its task (= node rank), the
     whole step ended when one task fails. torchrun: each task runs ``slurm-step --task``, which execs torchrun."""
     argv = ["srun", "--label", "--kill-on-bad-exit=1", "--nodes=%d" % nodes, "--ntasks=%d" % nodes,
-            "--ntasks-per-node=1", "--export=ALL"]  # fmt: skip
+            "--ntasks-per-node=1", "--export=ALL"]
     if (job.get("slurm") or {}).get("launcher") == "torchrun":
         return argv + launcher + ["slurm-step", "--task", job_dir]
     return argv + ["--"] + list(job["argv"])
@@ -46,7 +46,7 @@ def torchrun_argv(job: Dict[str, Any], env: Dict[str, str]) -> List[str]:
     the GPUs per node (1 without GPUs), the rendezvous on MASTER_ADDR:MASTER_PORT (the first node)."""
     gpus = (job.get("slurm") or {}).get("gpus") or 1
     return torchrun_line(int(env["SLURM_JOB_NUM_NODES"]), int(env["SLURM_NODEID"]), gpus, env["MASTER_ADDR"],
-                         int(env["MASTER_PORT"]), job["argv"])  # fmt: skip
+                         int(env["MASTER_PORT"]), job["argv"])
 
 
 def run_step(job_dir: str, task: bool, launcher: List[str]) -> int:

@@ -257,7 +257,7 @@ class JobStore:
         both = sorted(set(secrets) & set(env))
         if both:
             raise JobError("%s: given both as env and as a secret; give each variable once" % ", ".join(both),
-                           "bad_args")  # fmt: skip
+                           "bad_args")
         if gpus is not None and (
             not isinstance(gpus, str) or len(gpus) > MAX_NAME or not _GPU_SPEC.match(gpus)
         ):
@@ -314,7 +314,7 @@ class JobStore:
             job_secrets.keep(job_dir, secrets)
         except OSError as exc:  # (a full disk): the job never starts, and says why
             job_secrets.end_job(job_dir, {"exit_code": None, "error": "cannot keep its secrets: %s" % (exc.strerror or exc),
-                                  "ended_at": time.time()})  # fmt: skip
+                                  "ended_at": time.time()})
             raise JobError("cannot keep the job's secrets on the host: %s" % (exc.strerror or exc)) from None
         return job_id
 
@@ -325,7 +325,7 @@ class JobStore:
             res = self._tmux(
                 "new-session", "-d", "-s", self.session_name(job_id), "-x", "200", "-y", "50", "--",
                 *self.launcher, "runner", job_dir,
-            )  # fmt: skip
+            )
             if res.returncode == 0 or self.session_name(job_id) in (self.tmux_sessions() or set()):
                 break
         else:
@@ -390,7 +390,7 @@ class JobStore:
             record = listing(self._read_record(job_id, path, sessions))
         except _UNREADABLE as exc:  # a problem of this job's files: this job's error, not the list's
             record = {"id": job_id, "name": job_id, "state": LOST, "exit_code": None, "ended_at": None,
-                      "argv": [], "log_size": 0, "error": "cannot read job %s: %s" % (job_id, exc)}  # fmt: skip
+                      "argv": [], "log_size": 0, "error": "cannot read job %s: %s" % (job_id, exc)}
             return Entry(key, to_json(record), record)
         text = to_json(record)
         if len(text) > MAX_RECORD_BYTES:  # a field no listing needs grew huge: keep what identifies the job

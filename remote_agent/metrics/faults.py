@@ -242,7 +242,7 @@ class FaultWatcher:
         xid = int(getattr(event, "eventData", 0)) if kind == "xid" else None
         meaning, fix = describe(kind, xid)
         return {"t": now, "gpu": gpu, "uuid": self.uuids.get(gpu), "kind": kind, "xid": xid,
-                "meaning": meaning, "fix": fix}  # fmt: skip
+                "meaning": meaning, "fix": fix}
 
     def close(self) -> None:
         if self._set is not None:

@@ -104,14 +104,14 @@ class MetricsSampler:
         for g in gpus:
             g["processes"] = [self._process(p, owner_of, use) for p in g.get("processes") or []]
             g["faults"] = [{"t": f["t"], "kind": f["kind"], "xid": f.get("xid"), "meaning": f.get("meaning"),
-                            "fix": f.get("fix")} for f in recent.get(g.get("index"), [])]  # fmt: skip
+                            "fix": f.get("fix")} for f in recent.get(g.get("index"), [])]
         if isinstance(owner_of, Owners):
             self.hidden.apply(gpus, owner_of, t)
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
 
     @staticmethod
     def _process(p: Dict[str, Any], owner_of: OwnerOf, use: Dict[int, Tuple[Optional[float], Optional[float]]]
-                 ) -> P.GpuProcess:  # fmt: skip
+                 ) -> P.GpuProcess:
         pid = p["pid"]
         try:
             job = owner_of(pid)

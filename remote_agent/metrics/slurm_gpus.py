@@ -39,7 +39,7 @@ def gpu_stream(state_dir: str, nvidia_smi: str, interval: float) -> int:
         while True:
             s = sampler.sample(lambda pid: None)
             line = {"node": node, "job": os.environ.get("SLURM_JOB_ID"), "t": s["t"], "gpus": s["gpus"],
-                    "gpu_source": s.get("gpu_source"), "gpu_error": s.get("gpu_error")}  # fmt: skip
+                    "gpu_source": s.get("gpu_source"), "gpu_error": s.get("gpu_error")}
             sys.stdout.write(json.dumps(line) + "\n")
             sys.stdout.flush()
             time.sleep(interval)
@@ -56,7 +56,7 @@ class _Stream:
         self.latest: Dict[str, Dict[str, Any]] = {}
         self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -95,7 +95,7 @@ class NodeGpus:
     def add_to(self, sample: Dict[str, Any], jobs: List[Dict[str, Any]]) -> None:
         """Append the running Slurm jobs' node GPUs to ``sample["gpus"]`` (indices after the host's own)."""
         running = {j["id"]: (j.get("slurm") or {}).get("job_id") for j in jobs
-                   if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}  # fmt: skip
+                   if j.get("scheduler") == "slurm" and j.get("state") == P.JOB_RUNNING}
         nodes = {j["id"]: (j.get("slurm") or {}).get("nodes_count") for j in jobs if j["id"] in running}
         running = dict(sorted(running.items(), key=lambda kv: int(kv[0]))[:MAX_NODE_STREAMS])
         with self._lock:
@@ -105,7 +105,7 @@ class NodeGpus:
             for job_id, slurm_id in running.items():
                 stream = self._streams.get(job_id)
                 if slurm_id and (stream is None or (stream.proc.poll() is not None
-                                                    and time.monotonic() - stream.started > RESTART_S)):  # fmt: skip
+                                                    and time.monotonic() - stream.started > RESTART_S)):
                     self._streams[job_id] = _Stream(self._argv(str(slurm_id), nodes.get(job_id)))
             streams = sorted(self._streams.items(), key=lambda kv: int(kv[0]))
         gpus = sample.setdefault("gpus", [])
@@ -126,7 +126,7 @@ class NodeGpus:
         return ["srun", "--jobid=" + slurm_id, "--overlap", "--nodes=%d" % n, "--ntasks=%d" % n,
                 "--ntasks-per-node=1", "--quiet", "--job-name=gputui-gpus",
                 *self.launcher, "gpu-stream", "--state-dir", self.state_dir, "--nvidia-smi", self.nvidia_smi,
-                "--interval", str(NODE_INTERVAL_S)]  # fmt: skip
+                "--interval", str(NODE_INTERVAL_S)]
 
     def close(self) -> None:
         with self._lock:

@@ -15,4 +15,4 @@ Handler = Callable[[Any, Dict[str, Any]], Any]
 HANDLERS: Dict[str, Handler] = {
     **host.HANDLERS, **jobs.HANDLERS, **logs.HANDLERS, **metrics.HANDLERS, **watchdog.HANDLERS, **release.HANDLERS,
     **files.HANDLERS,
-}  # fmt: skip
+}

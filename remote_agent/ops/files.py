@@ -37,4 +37,4 @@ def delete(agent: "Agent", a: Dict[str, Any]) -> Any:
 HANDLERS = {
     P.OP_FILES_LIST: listing, P.OP_FILES_READ: read, P.OP_FILES_HASH: digest, P.OP_FILES_WRITE: write,
     P.OP_FILES_MANIFEST: manifest, P.OP_FILES_DELETE: delete,
-}  # fmt: skip
+}

@@ -52,4 +52,4 @@ def slurm_info(agent: "Agent", a: Dict[str, Any]) -> P.ClusterInfo:
 HANDLERS = {
     P.OP_PING: ping, P.OP_EXEC: run, P.OP_SHUTDOWN: shutdown, P.OP_DOCTOR: doctor,
     P.OP_SLURM_INFO: slurm_info,
-}  # fmt: skip
+}

@@ -50,12 +50,12 @@ def start(agent: "Agent", a: P.StartArgs) -> P.JobRecord:
         if never:
             raise JobError(never, "bad_args")
         job_id = agent.queue.submit(request, a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), extra,
-                                    agent.facts()["boot_id"], a.get("secrets"))  # fmt: skip
+                                    agent.facts()["boot_id"], a.get("secrets"))
         daemon.ensure_running(agent.jobs.state_dir, agent.launcher)
         job = agent.mark(agent.jobs.describe(job_id))
     else:
         job = agent.jobs.start(a.get("argv"), a.get("cwd"), a.get("env"), a.get("name"), a.get("gpus"), extra,
-                               a.get("slurm"), a.get("restart"), a.get("secrets"))  # fmt: skip
+                               a.get("slurm"), a.get("restart"), a.get("secrets"))
         if job.get("restart"):  # the watchdog decides its restarts, with the client gone
             daemon.ensure_running(agent.jobs.state_dir, agent.launcher)
     agent.emit(P.EV_JOB, job)
@@ -107,7 +107,7 @@ def queue_list(agent: "Agent", a: Dict[str, Any]) -> P.QueueListResult:
             break
         jobs.append(job)
     return {"jobs": jobs, "more": len(queued) - len(jobs), "resumed_at": state.get("resumed_at"),
-            "scheduler_t": state.get("t")}  # fmt: skip
+            "scheduler_t": state.get("t")}
 
 
 def queue_move(agent: "Agent", a: P.QueueMoveArgs) -> P.QueueListResult:
@@ -121,4 +121,4 @@ def queue_move(agent: "Agent", a: P.QueueMoveArgs) -> P.QueueListResult:
 HANDLERS = {
     P.OP_JOBS_START: start, P.OP_JOBS_LIST: page, P.OP_JOBS_GET: get, P.OP_JOBS_KILL: kill,
     P.OP_QUEUE_LIST: queue_list, P.OP_QUEUE_MOVE: queue_move, P.OP_JOBS_GROUP_CHECK: group_check,
-}  # fmt: skip
+}

@@ -94,4 +94,4 @@ def unfollow(agent: "Agent", a: P.JobArgs) -> None:
 HANDLERS = {
     P.OP_LOGS_READ: read, P.OP_LOGS_FOLLOW: follow, P.OP_LOGS_UNFOLLOW: unfollow, P.OP_LOGS_TIMES: times,
     P.OP_LOGS_TAILS: tails, P.OP_LOGS_SERIES: series,
-}  # fmt: skip
+}

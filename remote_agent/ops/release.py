@@ -28,7 +28,7 @@ def release_check(agent: "Agent", a: P.ReleaseCheckArgs) -> P.ReleaseCheckResult
     old = read_json(path) or {}
     write_json(path, dict(verdict, armed_at=old.get("armed_at")))
     daemon.log_line(agent.jobs.state_dir, "release check (asked): %s: %s" % ("ok" if verdict["ok"] else "FAILED",
-                                                                        verdict["detail"]))  # fmt: skip
+                                                                        verdict["detail"]))
     return verdict  # type: ignore[return-value]
 
 
@@ -66,7 +66,7 @@ def release_instance(agent: "Agent", a: P.ReleaseInstanceArgs) -> P.ReleaseInsta
     if detected is None:
         return {"found": False}
     out: P.ReleaseInstanceResult = {"found": True, "provider": detected.provider,
-                                    "instance_id": detected.instance_id, "t": time.time()}  # fmt: skip
+                                    "instance_id": detected.instance_id, "t": time.time()}
     try:
         found = provider.instance(detected, daemon.api_url(config, detected.provider), deadline_s=daemon.CHECK_CALL_S)
     except provider.ProviderError as exc:
@@ -80,4 +80,4 @@ def release_instance(agent: "Agent", a: P.ReleaseInstanceArgs) -> P.ReleaseInsta
 
 
 HANDLERS = {P.OP_RELEASE_CHECK: release_check, P.OP_RELEASE_PROVIDER: release_provider,
-            P.OP_RELEASE_INSTANCE: release_instance}  # fmt: skip
+            P.OP_RELEASE_INSTANCE: release_instance}

@@ -17,7 +17,7 @@ _NUMBERS = {
     "autostop_minutes": (0.0, 1e9), "release_at": (-1e12, 1e12), "interval": (0.5, 3600.0),
     "idle_util_percent": (0.0, 100.0), "release_timeout": (0.0, 86400.0), "pre_stop_timeout": (0.0, 86400.0),
     "stall_minutes": (0.0, 1e9),
-}  # fmt: skip
+}
 
 
 def configure(agent: "Agent", a: P.WatchdogConfigureArgs) -> P.WatchdogConfigureResult:
@@ -108,4 +108,4 @@ def notify_test(agent: "Agent", a: P.NotifyTestArgs) -> P.NotifyTestResult:
 HANDLERS = {
     P.OP_WATCHDOG_CONFIGURE: configure, P.OP_WATCHDOG_SNOOZE: snooze, P.OP_WATCHDOG_CANCEL: cancel,
     P.OP_NOTIFY_TEST: notify_test,
-}  # fmt: skip
+}

@@ -44,7 +44,7 @@ def _crontab(
     return subprocess.run(
         ["crontab"] + args, input=data, capture_output=True, timeout=COMMAND_TIMEOUT_S, env=env,
         stdin=None if data is not None else subprocess.DEVNULL,
-    )  # fmt: skip
+    )
 
 
 def _said(res: "subprocess.CompletedProcess[bytes]") -> str:
@@ -78,7 +78,7 @@ def read_crontab() -> Tuple[Optional[bytes], str]:
             real = None
     if real is None or real.replace(b"\r", b"\\r") != listed.stdout:
         return None, ("crontab -l shows \\r, which may stand for a carriage return, and crontab -e gave no copy "
-                      "that matches: the crontab is left as it is")  # fmt: skip
+                      "that matches: the crontab is left as it is")
     return real, ""
 
 
@@ -93,7 +93,7 @@ def sync(want: bool, state_dir: str, launcher: List[str]) -> Dict[str, Any]:
                 "no crontab line is made for it"}  # (a line break would end the line and start another)
     if shutil.which("crontab") is None:
         return {"ok": not want, "changed": False,
-                "detail": "no crontab on this host: resume_on_boot needs cron" if want else ""}  # fmt: skip
+                "detail": "no crontab on this host: resume_on_boot needs cron" if want else ""}
     try:
         data, why = read_crontab()
         if data is None:

@@ -79,7 +79,7 @@ __all__ = [
     "RELEASE_REQUEST", "REVISION", "STATE", "STOP", "Watchdog", "api_url", "deadline_at", "disarmed_because",
     "ensure_running", "is_armed", "legacy_holder", "lock_holder", "log_line", "owner", "plan", "provider_release",
     "release_check", "run", "stalled_idle", "stalled_jobs", "stop_requested", "view", "window_start",
-]  # fmt: skip
+]
 
 RETRY_AFTER_FAILURE_S = 300.0
 #: A release that failed again waits twice as long as before, up to this.
@@ -137,7 +137,7 @@ class Watchdog:
     def check(
         self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any,
         now: Optional[float] = None, mono: Optional[float] = None,
-    ) -> Dict[str, Any]:  # fmt: skip
+    ) -> Dict[str, Any]:
         """One pass: measure, decide, maybe act. Returns the state written to disk.
 
         ``now`` (wall clock) and ``mono`` (monotonic clock) default to the real clocks.
@@ -177,7 +177,7 @@ class Watchdog:
         events = notify.job_events(self.jobs, float(config.get("armed_at") or 0.0))
         for jid, verdict in sorted((state.get("stalled") or {}).items()):
             events.append({"key": "stalled:%s:%s" % (jid, verdict.get("since")), "event": "stalled",
-                           "text": "job %s stalled: %s" % (jid, verdict.get("why"))})  # fmt: skip
+                           "text": "job %s stalled: %s" % (jid, verdict.get("why"))})
         autostop_at = state.get("autostop_at")
         start = window_start(config, float(state.get("idle_since") or now))  # of this idle stretch
         if autostop_at is not None and state.get("action") is None and autostop_at - now <= notify.SOON_S:
@@ -188,12 +188,12 @@ class Watchdog:
         if state.get("action") == "released":
             how = "; " + state["released_how"] if not config.get("release_remote") else ""
             events.append({"key": "released:%s:%s" % (config.get("boot_id"), now), "event": "released",
-                           "text": "released (%s%s)" % (state.get("due"), how)})  # fmt: skip
+                           "text": "released (%s%s)" % (state.get("due"), how)})
         events += self._release_events(config, state, check)
         for fault in faults.read(self.state_dir, float(config.get("armed_at") or 0.0))[-20:]:  # the GPUs' XIDs
             events.append({"key": "gpu_fault:%s:%s:%s" % (fault["gpu"], fault.get("xid"), fault["t"]),
                            "event": "gpu_fault", "text": "GPU %s: %s; %s" % (fault["gpu"], faults.label(fault),
-                                                                          fault.get("fix"))})  # fmt: skip
+                                                                          fault.get("fix"))})
         for e in events:
             e["text"] = "[%s] %s" % (host, e["text"])
         self.notifier.queue(settings, events, now)
@@ -206,14 +206,14 @@ class Watchdog:
         out = []
         if check is not None and not check["ok"]:
             out.append({"key": "release_check_failed:%s" % config.get("armed_at"), "event": "release_check_failed",
-                        "text": "release check failed, the host would NOT be released: %s" % check["detail"]})  # fmt: skip
+                        "text": "release check failed, the host would NOT be released: %s" % check["detail"]})
         if state.get("action") == "release failed" and state.get("attempt"):
             wait = max(0.0, float(state.get("retry_at") or 0.0) - float(state.get("t") or 0.0)) / 60.0
             out.append({"key": "release_failed:%s:%s:%s" % (config.get("boot_id"), config.get("armed_at"),
                                                             state["attempt"]),
                         "event": "release_failed",
                         "text": "release FAILED, the host still bills: %s (tried again in %.0f min)"
-                                % (state.get("release_error"), wait)})  # fmt: skip
+                                % (state.get("release_error"), wait)})
         return out
 
     def _decide(
@@ -231,7 +231,7 @@ class Watchdog:
             idle = idle_status(
                 sample, jobs, self.activity, facts, util_percent, bool(config.get("count_sessions", True)), now,
                 idle_jobs=as_idle,
-            )  # fmt: skip
+            )
         except Exception as exc:  # never release on doubt
             idle = {"reasons": ["activity check failed: %r" % exc], "idle_since": now, "idle_seconds": 0.0}
         self._log_stalls(stalled, bool(config.get("stalled_counts_as_idle")))
@@ -273,7 +273,7 @@ class Watchdog:
     def _release(
         self, config: Dict[str, Any], facts: Dict[str, Any], sample_fn: Any, state: Dict[str, Any],
         now: float, mono: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Run ``pre_stop`` then ``release_remote``, unless the config or the host changed before each step."""
         if self.read_config() != config:
             self.log("not releasing: the config changed meanwhile (%s)" % state["due"])
@@ -331,17 +331,17 @@ def provider_release(
     detected = pv.detect_for(config.get("provider"))
     if wanted is None or detected != wanted:
         return "", "the provider detection changed since arming (now %s %s): not releasing through it" % (
-            detected.provider, detected.instance_id)  # fmt: skip
+            detected.provider, detected.instance_id)
     url, mode = api_url(config, detected.provider), config.get("release_mode")
     try:
         if not mode:
             mode = pv.mode_for(pv.instance(detected, url, deadline_s=PROVIDER_CALL_S), None)
         write_json(os.path.join(state_dir, RELEASE_REQUEST), {"t": now, "provider": detected.provider, "mode": mode,
-                                                               "instance_id": detected.instance_id, "due": due})  # fmt: skip
+                                                               "instance_id": detected.instance_id, "due": due})
         log("provider release: asking %s to %s instance %s" % (detected.provider, mode, detected.instance_id))
         pv.release(detected, mode, url, deadline_s=PROVIDER_CALL_S)
         done = pv.confirm(detected, mode, float(config.get("release_timeout", 120)),
-                          min(5.0, float(config.get("interval", 15.0))), url, deadline_s=PROVIDER_CALL_S)  # fmt: skip
+                          min(5.0, float(config.get("interval", 15.0))), url, deadline_s=PROVIDER_CALL_S)
     except pv.ProviderError as exc:
         return "", "%s %s: %s" % (detected.provider, mode or "release", exc)
     log("provider release: confirmed, %s (%d reads)" % (done.how, done.polls))
@@ -387,7 +387,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
         if not samplers:
             samplers.append(
                 MetricsSampler(state_dir, nvidia_smi=smi if isinstance(smi, str) and smi else "nvidia-smi",
-                               faults=watcher)  # fmt: skip
+                               faults=watcher)
             )
         return samplers[0].sample(jobs.owner_lookup()), jobs.list()
 
@@ -406,7 +406,7 @@ def _loop(state_dir: str, launcher: List[str]) -> int:
                 taken = exc
             try:
                 waiting = queue.run_pass(None if isinstance(taken, Exception) else taken[0],
-                                         [] if isinstance(taken, Exception) else taken[1], facts["boot_id"])  # fmt: skip
+                                         [] if isinstance(taken, Exception) else taken[1], facts["boot_id"])
                 queue_error = None
             except Exception as exc:  # (a full disk...): never the end of autostop; the next pass tries again
                 if repr(exc) != queue_error:

@@ -63,7 +63,7 @@ def deliver(notify: Dict[str, Any], event: str, text: str, deadline_s: float = T
     if topic:
         server = str(notify.get("ntfy_server") or NTFY_SERVER).rstrip("/")
         problem = post(server + "/" + str(topic), text.encode("utf-8"), "text/plain; charset=utf-8", "ntfy",
-                       deadline_s)  # fmt: skip
+                       deadline_s)
         if problem:
             problems.append(problem)
     url = notify.get("webhook")
@@ -140,7 +140,7 @@ def post(url: str, body: bytes, content_type: str, what: str, deadline_s: float 
     if 300 <= status < 400:
         return "%s answered HTTP %d, a redirect to %s: not followed (a POST is never redirected)" % (
             what, status, clean(location or "nowhere")[:200],
-        )  # fmt: skip
+        )
     if not 200 <= status < 300:
         return "%s answered HTTP %d" % (what, status)
     return None
@@ -418,12 +418,12 @@ def job_events(jobs: List[Dict[str, Any]], since: float) -> List[Dict[str, str]]
             if state == "failed" and error.startswith("crash loop"):  # restart policies stopped a crash loop
                 out.append({"key": "crash_loop:%s:%s" % (job.get("id"), ended), "event": "crash_loop",
                             "text": "job %s%s stopped restarting: %s" % (job.get("id"), " " + name if name else "",
-                                                                       clean(error)[:500])})  # fmt: skip
+                                                                       clean(error)[:500])})
                 continue
             out.append({
                 "key": "job_%s:%s:%s" % (state, job.get("id"), ended), "event": "job_" + str(state),
                 "text": "job %s%s %s%s" % (job.get("id"), " " + name if name else "", state, tail),
-            })  # fmt: skip
+            })
     return out + restart_events(jobs, since)
 
 
@@ -443,7 +443,7 @@ def restart_events(jobs: List[Dict[str, Any]], since: float) -> List[Dict[str, s
             hint = clean(str(a.get("hint")))[:300] if a.get("hint") else None
             out.append({"key": "job_restarted:%s:%s" % (job.get("id"), a.get("attempt")), "event": "job_restarted",
                         "text": "job %s restarted after attempt %s ended (%s%s)" % (
-                            job.get("id"), a.get("attempt"), why, ": " + hint if hint else "")})  # fmt: skip
+                            job.get("id"), a.get("attempt"), why, ": " + hint if hint else "")})
     return out
 
 
@@ -476,17 +476,17 @@ def host_events(
         j for j in jobs
         if isinstance(j.get("queue"), dict) and j.get("state") != "queued"
         and max(float(j.get("dequeued_at") or 0.0), float(j.get("ended_at") or 0.0)) >= armed
-    ]  # fmt: skip
+    ]
     if not queued and left:
         last = max(left, key=lambda j: int(j["id"]))
         out.append({"key": "queue_empty:%s" % last["id"], "event": "queue_empty",
-                    "text": "the queue is empty (last job: %s)" % last["id"]})  # fmt: skip
+                    "text": "the queue is empty (last job: %s)" % last["id"]})
     minutes = (config.get("notify") or {}).get("idle_minutes")
     if minutes and not state.get("reasons") and now - start >= float(minutes) * 60.0:
         out.append({"key": "idle:%s:%s" % (boot, start), "event": "idle",
-                    "text": "host idle for %.0f min" % ((now - start) / 60.0)})  # fmt: skip
+                    "text": "host idle for %.0f min" % ((now - start) / 60.0)})
     release_at = state.get("release_at")  # the deadline in force (watchdog.deadline_at)
     if release_at is not None and 0.0 <= float(release_at) - now <= DEADLINE_SOON_S:
         out.append({"key": "deadline_soon:%s:%s" % (boot, release_at), "event": "deadline_soon",
-                    "text": "deadline releases the host in %.0f min" % ((float(release_at) - now) / 60.0)})  # fmt: skip
+                    "text": "deadline releases the host in %.0f min" % ((float(release_at) - now) / 60.0)})
     return out

@@ -59,7 +59,7 @@ def release_check(config: Dict[str, Any], now: Optional[float] = None) -> Dict[s
     detected = pv.detected_from(config.get("release_via"))
     if detected is None:
         return {"ok": False, "via": "none", "t": now,
-                "detail": "no release_remote command and no provider API found on this host"}  # fmt: skip
+                "detail": "no release_remote command and no provider API found on this host"}
     verdict: Dict[str, Any] = {"via": detected.provider, "instance_id": detected.instance_id, "t": now}
     mode = config.get("release_mode")
     try:
@@ -68,13 +68,13 @@ def release_check(config: Dict[str, Any], now: Optional[float] = None) -> Dict[s
         return dict(verdict, ok=False, detail=str(exc), kind=exc.kind)
     mode = pv.mode_for(found, mode)
     detail = "%s answers for instance %s (%s); release would %s it" % (
-        detected.provider, detected.instance_id, found.provider_state, mode)  # fmt: skip
+        detected.provider, detected.instance_id, found.provider_state, mode)
     unusable = ["%s unknown (%s)" % (name.replace("_", " "), why) for name, why in found.unusable]
     if unusable:  # what the release does not need: shown, never deciding it
         detail += "; " + "; ".join(unusable)
     verdict.update(("%s_unknown" % name, why) for name, why in found.unusable if name == "price_per_hour")
     return dict(verdict, ok=True, detail=detail, mode=mode, state=found.state, price_per_hour=found.price_per_hour,
-                started_at=found.started_at)  # fmt: skip
+                started_at=found.started_at)
 
 
 def is_armed(config: Optional[Dict[str, Any]], boot: Optional[str]) -> bool:
@@ -97,7 +97,7 @@ def deadline_at(config: Dict[str, Any]) -> Optional[float]:
 def plan(
     config: Dict[str, Any], idle: Dict[str, Any], now: float, watched: Optional[float] = None,
     deadline_held: bool = False,
-) -> Dict[str, Any]:  # fmt: skip
+) -> Dict[str, Any]:
     """When the watchdog would act, and why: ``{"autostop_at", "release_at", "due"}``.
 
     ``watched``: for how long (monotonic seconds) the watchdog itself has seen the host idle; the window

@@ -30,7 +30,7 @@ class StallTracker:
     def update(
         self, sample: Dict[str, Any], jobs: List[Dict[str, Any]], util_percent: float, minutes: float,
         now: float, mono: float,
-    ) -> Dict[str, Dict[str, Any]]:  # fmt: skip
+    ) -> Dict[str, Dict[str, Any]]:
         """Record one sample; return the stalled jobs: ``{id: {"since", "why"}}`` (``since``: last seen active)."""
         window = float(minutes) * 60.0
         active, stalled = {}, {}

@@ -167,7 +167,7 @@ def _take_lock(state_dir: str, lock: Any) -> bool:
     write_json(os.path.join(state_dir, STOP), {"pid": pid, "build": build, "by": os.getpid()})
     wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
     log_line(state_dir, "build %s asks the watchdog of build %s (pid %s) to exit at its next safe point; waiting "
-                        "up to %.0f s" % (build, old.get("build"), pid, wait))  # fmt: skip
+                        "up to %.0f s" % (build, old.get("build"), pid, wait))
     end = time.monotonic() + wait
     while time.monotonic() < end:
         time.sleep(0.2)
@@ -185,7 +185,7 @@ def _take_lock(state_dir: str, lock: Any) -> bool:
             return False
     _clear_stop(state_dir, pid)
     log_line(state_dir, "the watchdog of build %s (pid %s) did not exit within %.0f s: it keeps running"
-                        % (old.get("build"), pid, wait))  # fmt: skip
+                        % (old.get("build"), pid, wait))
     return False
 
 
@@ -193,7 +193,7 @@ def _take_from_legacy(state_dir: str, lock: Any, pid: int) -> bool:
     """Replace a watchdog that cannot be asked to exit: end it at a safe moment (``_end_legacy``), bounded."""
     wait = takeover_wait_s(read_json(os.path.join(state_dir, CONFIG)))
     log_line(state_dir, "build %s replaces the watchdog pid %d (a build from before build records) when it is "
-                        "between passes; waiting up to %.0f s" % (build_id(), pid, wait))  # fmt: skip
+                        "between passes; waiting up to %.0f s" % (build_id(), pid, wait))
     end = time.monotonic() + wait
     while time.monotonic() < end:
         if _locked(lock):
@@ -274,5 +274,5 @@ def ensure_running(state_dir: str, launcher: List[str]) -> bool:
         subprocess.Popen(
             launcher + ["watchdog", state_dir], stdin=null_in, stdout=log, stderr=log,
             start_new_session=True, close_fds=True,
-        )  # fmt: skip
+        )
     return True

@@ -40,7 +40,7 @@ class ConfigError(UsageError, ValueError):
 
 NOTIFY_EVENTS = ("job_succeeded", "job_failed", "job_killed", "job_lost", "stalled", "autostop_soon", "released",
                  "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon", "job_restarted",
-                 "crash_loop", "gpu_fault")  # fmt: skip
+                 "crash_loop", "gpu_fault")
 NOTIFY_FIELDS = ("command", "webhook", "ntfy", "ntfy_server", "idle_minutes", "events")
 
 
@@ -55,7 +55,7 @@ class Notify:
     idle_minutes: float | None = None  # the "idle" event: the host has been idle this long
     events: tuple[str, ...] = ("job_succeeded", "job_failed", "job_lost", "stalled", "autostop_soon", "released",
                                "release_failed", "release_check_failed", "queue_empty", "idle", "deadline_soon",
-                               "job_restarted", "crash_loop", "gpu_fault")  # fmt: skip
+                               "job_restarted", "crash_loop", "gpu_fault")
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ _TYPES: dict[str, Any] = {
     "str": (str,), "str | None": (str,), "int | None": (int,), "int": (int,), "bool": (bool,),
     "float": (float, int), "float | None": (float, int),
     "tuple[str, ...] | None": ARGV, "dt.datetime | None": DATETIME, "tuple[str, ...]": PATHS,
-}  # fmt: skip
+}
 # What each key accepts (int is accepted where float is).
 HOST_FIELDS: dict[str, Any] = {
     f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name not in ("name", "notify")
@@ -195,7 +195,7 @@ _RANGES: dict[str, tuple[float, float | None, bool]] = {
     "restart_backoff_s": (0, DAY_S, True), "restart_backoff_max_s": (0, DAY_S, True),
     "restart_healthy_minutes": (0, 1440, True),
     "daily": (0, None, True), "monthly": (0, None, True), "warn_fraction": (0, 1, True),
-}  # fmt: skip
+}
 _UNSAFE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")  # C0/C1 controls, DEL, bidi and other format marks, separators
 
 
@@ -393,10 +393,10 @@ def parse(text: str, path: Path) -> Config:
             raise fail(
                 f"hosts.{name}", "scheduler",
                 f"{values['scheduler']!r} is not a scheduler gputui drives (known: {', '.join(SCHEDULERS)})",
-            )  # fmt: skip
+            )
         if values.get("container_engine", "auto") not in CONTAINER_ENGINES:
             raise fail(f"hosts.{name}", "container_engine",
-                       f"{values['container_engine']!r}: use one of {', '.join(CONTAINER_ENGINES)}")  # fmt: skip
+                       f"{values['container_engine']!r}: use one of {', '.join(CONTAINER_ENGINES)}")
         try:
             parse_policy(values.get("restart", "no"))
         except ValueError as exc:
@@ -411,7 +411,7 @@ def parse(text: str, path: Path) -> Config:
             values.get("provider", "auto") not in ("auto", "runpod", "vastai") or values.get("release")
         ):  # the watchdog releases through RunPod / vast.ai from the host, unless the user's command is set
             why = ("release runs here, not on the host" if values.get("release")
-                   else f"provider {values.get('provider')!r} cannot release from the host")  # fmt: skip
+                   else f"provider {values.get('provider')!r} cannot release from the host")
             raise fail(
                 f"hosts.{name}", "autostop_minutes", f"needs release_remote: the command that stops the host ({why})"
             )
@@ -432,7 +432,7 @@ def parse(text: str, path: Path) -> Config:
         path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"),
         currency=currency, prices={str(k): float(v) for k, v in prices.items()}, budget=budget,
         providers=_check_providers(data.get("providers", {}), fail), groups=_check_groups(data.get("groups", {}), hosts, fail),
-    )  # fmt: skip
+    )
 
 
 def _check_groups(table: dict[str, Any], hosts: dict[str, HostConfig], fail: Any) -> dict[str, tuple[str, ...]]:
@@ -589,7 +589,7 @@ def _check_notify(table: dict[str, Any], where: str, fail: Any) -> Notify | None
             raise fail(where, "", "needs a webhook, an ntfy topic or a command to send with")
         return None
     return Notify(command=command, webhook=webhook, ntfy=ntfy, ntfy_server=server,
-                  idle_minutes=None if idle is None else float(idle), events=tuple(events))  # fmt: skip
+                  idle_minutes=None if idle is None else float(idle), events=tuple(events))
 
 
 def _argv(value: Any) -> tuple[str, ...] | None:

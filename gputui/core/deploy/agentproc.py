@@ -76,7 +76,7 @@ def spawn(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
         umask=0o077, env=env or private_env(),
-    )  # fmt: skip
+    )
 
 
 def take(argv: list[str]) -> subprocess.Popen[bytes] | None:
@@ -147,7 +147,7 @@ def _local_starts(hosts: Iterable[HostConfig]) -> list[tuple[str, Path, str]]:
     from gputui.core import paths
 
     return [(h.python or sys.executable, paths.cache_dir(), os.path.expanduser(h.remote_dir))
-            for h in hosts if h.transport == "local"]  # fmt: skip
+            for h in hosts if h.transport == "local"]
 
 
 def _start(python: str, cache_dir: Path, state_dir: str, env: dict[str, str]) -> None:

@@ -101,7 +101,7 @@ async def request_retrying(
                 continue
             of = f" about {safetext.clean(about, limit=200)}" if about else ""
             raise WireError(f"{session.name} did not answer {op}{of} within {timeout:g} s, its link up all the "
-                            "while (a host that answers outside the protocol)") from exc  # fmt: skip
+                            "while (a host that answers outside the protocol)") from exc
         except (LinkClosed, asyncio.TimeoutError) as exc:
             if time.monotonic() > deadline:
                 raise LinkClosed(
@@ -344,7 +344,7 @@ async def _chunks(
         while offset < f.size:
             while len(pending) < DEPTH and next_off < f.size:
                 args: dict[str, Any] = {"path": f.path, "offset": next_off, "max_bytes": P.FILE_CHUNK_BYTES,
-                                        "about": f.path}  # fmt: skip
+                                        "about": f.path}
                 pending.append(
                     (next_off, asyncio.ensure_future(request_retrying(session, P.OP_FILES_READ, **args)))
                 )
@@ -499,7 +499,7 @@ async def pull_planned(
         other = taken.setdefault(os.path.normpath(target), f)
         if other is not f:
             raise PullError(f"{other.path} and {f.path} on the host would both be pulled to {target}: "
-                            "pull them one at a time, each to its own place")  # fmt: skip
+                            "pull them one at a time, each to its own place")
     done: list[Outcome] = []
     try:
         for f, target in plan:

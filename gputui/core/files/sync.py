@@ -102,7 +102,7 @@ class SyncResult:
         if self.missing:
             shown = ", ".join(safetext.clean(m, limit=100) for m in self.missing[:3])
             raise SyncError(f"{len(self.missing)} of {self.files} files did not arrive on {host} ({shown}"
-                            f"{', ...' if len(self.missing) > 3 else ''}): job not started")  # fmt: skip
+                            f"{', ...' if len(self.missing) > 3 else ''}): job not started")
 
     def code(self) -> dict[str, Any]:
         """What the job's record keeps about the code it ran."""
@@ -372,9 +372,9 @@ def host_tree(files: list[LocalFile], there: dict[str, dict[str, Any]]) -> tuple
     held = [
         LocalFile(f.rel, f.path, f.size, f.mtime_ns, there[f.rel]["mode"], there[f.rel]["sha256"])
         for f in files if f.rel in there
-    ]  # fmt: skip
+    ]
     missing = [f.rel for f in files if (there.get(f.rel) or {}).get("sha256") != f.sha256
-               or there[f.rel]["mode"] != f.mode]  # fmt: skip
+               or there[f.rel]["mode"] != f.mode]
     return tree_hash(held), missing
 
 
@@ -416,7 +416,7 @@ async def _send(session: HostSession, target: str, f: LocalFile, sent: Callable[
                 session, P.OP_FILES_WRITE, target=target, rel=f.rel, offset=offset, b64=P.b64(data),
                 truncate=offset == 0, commit=commit, part=part, about=f.rel,
                 timeout=hash_timeout(f.size) if last else STALL_S,
-            )  # fmt: skip
+            )
             offset += len(data)
             sent(len(data))
             if last:
@@ -613,7 +613,7 @@ async def sync(
     target = target or default_target(src)
     tree = await (local if local is not None else asyncio.to_thread(local_tree, src, cache_dir))
     result = SyncResult(target=target, files=len(tree.files), tree_sha256=tree.tree_sha256, git=tree.git,
-                        notes=list(tree.notes))  # fmt: skip
+                        notes=list(tree.notes))
     result.target, have, same = await _manifest(session, target, expect=tree.tree_sha256)
     if same:  # the host holds exactly these files, as they are here: nothing to send or delete
         if on_progress is not None:

@@ -30,7 +30,7 @@ class WireError(GputuiError):
 def wire_error(host: str, op: str, what: str) -> WireError:
     """The error for an answer of ``host`` to ``op`` that does not follow the protocol; ``what``: which field."""
     return WireError(f"{host} answered {op} with data that does not follow the protocol: "
-                     f"{safetext.clean(what, limit=200)}")  # fmt: skip
+                     f"{safetext.clean(what, limit=200)}")
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _size(host: str, op: str, field: str, value: Any) -> int:
 
 def _mtime(host: str, op: str, field: str, value: Any) -> float:
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) \
-            or not -MAX_MTIME < value < MAX_MTIME:  # fmt: skip
+            or not -MAX_MTIME < value < MAX_MTIME:
         raise wire_error(host, op, f"{field} is {value!r:.40}")
     return float(value)
 
@@ -149,7 +149,7 @@ def _remote(host: str, i: int, f: Any) -> Remote:
     return Remote(
         path, _text(host, op, of % "rel", f.get("rel")), _size(host, op, of % "size", f.get("size")),
         _mtime(host, op, of % "mtime", f.get("mtime")), _mode(host, op, of % "mode", f.get("mode")),
-    )  # fmt: skip
+    )
 
 
 def chunk(host: str, path: str, res: Any, with_data: bool = True) -> Chunk:
@@ -196,7 +196,7 @@ def manifest_entry(host: str, e: Any, op: str = P.OP_FILES_MANIFEST, at: str = "
     rel = _text(host, op, f"{at}.rel", e.get("rel"))
     of = f"{at}.%s (of {rel!r:.80})"
     return {"rel": rel, "sha256": _sha256(host, op, of % "sha256", e.get("sha256")),
-            "mode": _mode(host, op, of % "mode", e.get("mode"))}  # fmt: skip
+            "mode": _mode(host, op, of % "mode", e.get("mode"))}
 
 
 def deleted(host: str, res: Any) -> list[str]:

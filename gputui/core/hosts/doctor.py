@@ -89,7 +89,7 @@ class DoctorReport:
 async def run_doctor(
     session: HostSession, python: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
     host: HostConfig | None = None, urls: dict[str, str] | None = None,
-) -> DoctorReport:  # fmt: skip
+) -> DoctorReport:
     """Ask the host's agent for its checks; the torch probe may take ``timeout_s``, the reply a bit more.
     With ``host``, the release check is one of them (``release_item``; ``urls``: the providers' API bases)."""
     report = DoctorReport.from_result(session.name, await session.doctor(timeout_s, python))
@@ -121,9 +121,9 @@ async def release_item(session: HostSession, host: HostConfig, urls: dict[str, s
         return Check("release", title, OK, detail)
     if verdict.via == "none" and not wants and not host.release and not host.release_remote:
         return Check("release", title, SKIP, "no release set and no RunPod or vast.ai instance found on the host "
-                     "(set release or release_remote, or a provider, to let gputui stop the bill)")  # fmt: skip
+                     "(set release or release_remote, or a provider, to let gputui stop the bill)")
     fix = ("fix the provider key or instance, or set release_remote / release" if verdict.via in ("runpod", "vastai", "lambda")
-           else "install the command, or fix release / release_remote in the host's table")  # fmt: skip
+           else "install the command, or fix release / release_remote in the host's table")
     return Check("release", title, FAIL, detail + "; the host would NOT be released", fix)
 
 
@@ -135,10 +135,10 @@ def boot_item(session: HostSession, host: HostConfig) -> Check | None:
     said = session.autostart or {}
     if said.get("ok"):
         return Check("resume_on_boot", "resume on boot", OK, "an @reboot line in the host's crontab brings its work "
-                     "back after a reboot")  # fmt: skip
+                     "back after a reboot")
     why = str(said.get("detail") or "the host's agent did not say (a build from before resume_on_boot)")
     return Check("resume_on_boot", "resume on boot", FAIL, why + ": a reboot would leave the host's work stopped",
-                 "install cron on the host or fix what it says, or set resume_on_boot = false")  # fmt: skip
+                 "install cron on the host or fix what it says, or set resume_on_boot = false")
 
 
 def format_report(report: DoctorReport) -> str:

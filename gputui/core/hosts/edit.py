@@ -90,7 +90,7 @@ class Destination:
             if ours is not None and theirs is not None and ours != theirs:
                 raise DestinationError(f"{flag} {theirs} contradicts the destination's {ours}: give one")
         return replace(self, port=self.port if port is None else port,
-                       identity_file=self.identity_file or identity_file)  # fmt: skip
+                       identity_file=self.identity_file or identity_file)
 
 
 # --- destinations -------------------------------------------------------------------------------------------------
@@ -284,7 +284,7 @@ def _read_aliases(file: Path, found: list[str], depth: int) -> None:
         if words[0].lower() == "include":
             if depth >= MAX_INCLUDE_DEPTH:
                 raise EditError(f"{file}: Include nested more than {MAX_INCLUDE_DEPTH} deep (a file that "
-                                "includes itself?): fix that Include line")  # fmt: skip
+                                "includes itself?): fix that Include line")
             for pattern in values:
                 for included in _include_files(pattern):
                     _read_aliases(included, found, depth + 1)
@@ -376,7 +376,7 @@ def check_name(name: str) -> None:
     if not cfg._NAME.match(name) or name == cfg.LOCAL:
         what = f"{name!r} is gputui's name for this machine" if name == cfg.LOCAL else f"bad host name {name!r}"
         raise EditError(f"{what}: a host name is letters, digits, '.', '_' and '-' (at most 64, starting "
-                        "with a letter or digit)")  # fmt: skip
+                        "with a letter or digit)")
 
 
 def render_table(name: str, table: Mapping[str, Any]) -> str:
@@ -395,7 +395,7 @@ def with_host(file: ConfigFile, name: str, table: Mapping[str, Any]) -> str:
     before = _data(file.text, file.path)
     if name in _hosts(before):
         raise EditError(f"{file.path}: a host named {name!r} exists already (gputui remove {name} first, or "
-                        "choose another name)")  # fmt: skip
+                        "choose another name)")
     text = file.text if file.exists else NEW_FILE_HEADER
     eol = _eol(text)
     if text.removeprefix(BOM) and not text.endswith("\n"):
@@ -411,7 +411,7 @@ def with_host(file: ConfigFile, name: str, table: Mapping[str, Any]) -> str:
         after = None
     if after != expected:
         raise EditError(f"{file.path}: the file's TOML does not take a [hosts.{name}] table at its end (hosts "
-                        "written inline?): add it by hand")  # fmt: skip
+                        "written inline?): add it by hand")
     return text
 
 
@@ -528,7 +528,7 @@ def locked(path: Path) -> Iterator[None]:
             except BlockingIOError:
                 if time.monotonic() >= end:
                     raise EditError(f"{path}: another gputui is writing it (it has held {lock} for "
-                                    f"{LOCK_WAIT_S:g} s): nothing written; run the command again") from None  # fmt: skip
+                                    f"{LOCK_WAIT_S:g} s): nothing written; run the command again") from None
                 time.sleep(0.02)
         yield
     finally:
@@ -549,7 +549,7 @@ def _check_unchanged(file: ConfigFile) -> int:
     if now != ((file.stamp, file.sha256) if file.exists else None):
         what = "was created" if not file.exists else ("was removed" if now is None else "changed")
         raise EditError(f"{file.path} {what} while gputui worked on it (edited elsewhere?): nothing written; "
-                        "run the command again")  # fmt: skip
+                        "run the command again")
     return mode
 
 

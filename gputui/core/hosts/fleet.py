@@ -148,7 +148,7 @@ class Fleet:
         a stopped one's disk goes into the ledger. The hosts asked."""
         now = time.time()
         names = [n for n in self.sessions if self._down(n) and now - self._looked.get(n, 0.0) >= every_s
-                 and instances.known(self.config.hosts[n]) is not None]  # fmt: skip
+                 and instances.known(self.config.hosts[n]) is not None]
         if not names:
             return []
         from gputui.core.money import lifecycle  # the provider client (and the SSH stack): only when needed

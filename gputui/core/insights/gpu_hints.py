@@ -145,7 +145,7 @@ def _throttle_hints(gpus: Iterable[Any]) -> list[Hint]:
 #: Clock-event reasons that are a problem of the GPU you pay for, as said (``sw_power_cap`` at full load is normal:
 #: not here). ``hw_slowdown`` is asserted with both hardware reasons: named only alone.
 PROBLEM_REASONS = {"hw_thermal": "thermal slowdown (hardware)", "sw_thermal": "thermal slowdown",
-                   "hw_power_brake": "power brake", "hw_slowdown": "hardware slowdown"}  # fmt: skip
+                   "hw_power_brake": "power brake", "hw_slowdown": "hardware slowdown"}
 
 
 def _count(value: Any) -> bool:
@@ -174,7 +174,7 @@ def gpu_problems(gpu: Any) -> list[str]:
         gen, top = _get(gpu, "pcie_gen"), _get(gpu, "pcie_gen_max")
         gens = f", gen{gen} of gen{top}" if _count(gen) and _count(top) else ""
         out.append(f"PCIe: link x{width} of x{widest}{gens} (every transfer to the GPU is slower: ask the provider for "
-                   "another instance)")  # fmt: skip
+                   "another instance)")
     if _get(gpu, "remap_failed") is True:
         out.append("memory: a row remap failed, no spare row is left (ask the provider for another instance)")
     elif _get(gpu, "remap_pending") is True:
@@ -182,7 +182,7 @@ def gpu_problems(gpu: Any) -> list[str]:
     ecc = _get(gpu, "ecc_errors_uncorrected")
     if _count(ecc):
         out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "
-                   "after that: ask for another instance)")  # fmt: skip
+                   "after that: ask for another instance)")
     return out
 
 

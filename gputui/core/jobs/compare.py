@@ -73,7 +73,7 @@ def argv_diffs(argvs: Sequence[Sequence[str]]) -> list[str]:
             continue
         m = difflib.SequenceMatcher(a=base, b=list(argv), autojunk=False)
         changed = [shlex.join(argv[j1:j2]) or "(-" + shlex.join(base[i1:i2]) + ")"
-                   for tag, i1, i2, j1, j2 in m.get_opcodes() if tag != "equal"]  # fmt: skip
+                   for tag, i1, i2, j1, j2 in m.get_opcodes() if tag != "equal"]
         out.append(" ".join(changed))
     return out
 
@@ -219,4 +219,4 @@ async def load_runs(
     jobs = [await _get_job(fleet, h, j) for h, j in refs]
     series = await load_series(fleet, list(refs))
     return [Run(run_record(job, None, host_currency(config, job.host)), dict(job.record), series.get(ref))
-            for ref, job in zip(refs, jobs, strict=True)]  # fmt: skip
+            for ref, job in zip(refs, jobs, strict=True)]

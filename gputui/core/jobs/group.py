@@ -72,7 +72,7 @@ class Plan:
     def request(self, rank: int) -> P.GroupRequest:
         return {"id": self.id, "hosts": list(self.hosts), "rank": rank, "nproc_per_node": self.nproc_per_node,
                 "master_addr": self.master_addr, "master_port": self.master_port, "hub_port": self.hub_port,
-                "lost_s": self.lost_s, "launcher": self.launcher, "key": self.key}  # fmt: skip
+                "lost_s": self.lost_s, "launcher": self.launcher, "key": self.key}
 
 
 def master_address(config: Config, first: str, checks: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
@@ -123,13 +123,13 @@ def _checked(answer: dict[str, Any]) -> dict[str, Any]:
         "ports": [p for p in ports if port(p)] if isinstance(ports, list) else [],
         "routes": {k: v for k, v in routes.items() if isinstance(v, str) and agent_group.ADDRESS.match(v)}
         if isinstance(routes, dict) else {},
-    }  # fmt: skip
+    }
 
 
 async def check(
     sessions: Mapping[str, HostSession], config: Config, argv: Sequence[str], cwds: Mapping[str, str | None],
     path: str | None, launcher: str | None, gpus_per_node: int | None, in_image: bool = False,
-) -> Plan:  # fmt: skip
+) -> Plan:
     """Check every host (connected) before any part starts: the job's dir, the command and the script (not
     for a job in an image: they are in the image), the GPUs; pick the rendezvous on the first. GroupError
     listing every host's problem."""
@@ -158,7 +158,7 @@ async def check(
         raise GroupError(f"{hosts[0]} found no free port for the rendezvous")
     addr, addr_from = master_address(config, hosts[0], checks)
     return Plan(secrets.token_hex(6), tuple(hosts), nproc, addr, addr_from, int(ports[0]), int(ports[1]), launcher,
-                secrets.token_hex(32))  # fmt: skip
+                secrets.token_hex(32))
 
 
 # --- the parts as one job ---------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def merge_parts(jobs: Sequence[M.Job]) -> list[M.Job]:
             listed.append({"rank": rank, "host": host, "id": part.id if part else None,
                            "state": part.state if part else "unknown", "exit_code": part.exit_code if part else None,
                            "error": part.record.get("error") if part else None,
-                           "ended_at": part.ended_at if part else None})  # fmt: skip
+                           "ended_at": part.ended_at if part else None})
         known = [p for p in listed if p["state"] != "unknown"]
         state = _combined_state(known)
         failed = sorted((p for p in known if p["state"] in (M.JOB_FAILED, M.JOB_LOST, M.JOB_KILLED)),
@@ -230,7 +230,7 @@ def merge_parts(jobs: Sequence[M.Job]) -> list[M.Job]:
             started_at=min((j.started_at for j in mine if j.started_at is not None), default=None),
             ended_at=None if state == M.JOB_RUNNING or None in ends else max(e for e in ends if e is not None),
             record=cast(P.JobRecord, record),
-        ))  # fmt: skip
+        ))
     return out
 
 
@@ -254,10 +254,10 @@ def merge_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         costs = [x["cost"] for x in mine if x.get("cost") is not None]
         wasted = [x["cost_idle_or_throttled"] for x in mine if x.get("cost_idle_or_throttled") is not None]
         parts = [{"host": x["host"], "id": x["id"], "rank": x["group"].get("rank"), "state": x["state"],
-                  "exit_code": x["exit_code"], "gpus": x["gpus"], "cost": x.get("cost")} for x in mine]  # fmt: skip
+                  "exit_code": x["exit_code"], "gpus": x["gpus"], "cost": x.get("cost")} for x in mine]
         faults = [dict(f, host=x["host"]) for x in mine for f in x.get("gpu_faults") or []]
         lead = dict(mine[0], cost=sum(costs) if costs else None, group=dict(group, parts=parts),
-                    cost_idle_or_throttled=sum(wasted) if wasted else None, gpu_faults=faults)  # fmt: skip
+                    cost_idle_or_throttled=sum(wasted) if wasted else None, gpu_faults=faults)
         lead["ended_at"] = max((x["ended_at"] for x in mine if x.get("ended_at") is not None), default=None)
         out.append(lead)
     return out

@@ -142,7 +142,7 @@ def encode(ins: JobInsights) -> dict[str, Any]:
         "metrics": {k: dict(m) for k, m in ins.metrics.items()}, "loss_history": list(ins.loss_history),
         "hints": [[h.code, h.title, h.fix, h.line] for h in ins.hints], "last_line": ins.last_line,
         "phase": ins.phase,
-    }  # fmt: skip
+    }
 
 
 def decode(d: dict[str, Any]) -> JobInsights:
@@ -158,7 +158,7 @@ def decode(d: dict[str, Any]) -> JobInsights:
         total_steps=_opt(_int, d["total_steps"]), metrics=metrics,
         loss_history=tuple(float(_num(v)) for v in d["loss_history"]), hints=tuple(hints),
         last_line=_str(d["last_line"]), phase=_opt(_str, d["phase"]),
-    )  # fmt: skip
+    )
 
 
 def _opt(kind: Any, v: Any) -> Any:

@@ -108,10 +108,10 @@ def wasted(usage: dict[str, Any], cost: float | None) -> dict[str, Any]:
     if not isinstance(samples, int) or samples <= 0:
         return {"idle_fraction": None, "throttled_fraction": None, "cost_idle_or_throttled": None}
     idle, throttled = (min(max(n, 0), samples) if isinstance(n := usage.get(k), int) else 0
-                       for k in ("idle_samples", "throttled_samples"))  # fmt: skip
+                       for k in ("idle_samples", "throttled_samples"))
     share = min((idle + throttled) / samples, 1.0)
     return {"idle_fraction": idle / samples, "throttled_fraction": throttled / samples,
-            "cost_idle_or_throttled": None if cost is None else cost * share}  # fmt: skip
+            "cost_idle_or_throttled": None if cost is None else cost * share}
 
 
 def run_faults(usage: dict[str, Any]) -> list[dict[str, Any]]:
@@ -151,7 +151,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
             "selection": job.gpus or "all",
             "indices": [g.get("index") for g in gpus],
             "models": sorted({g.get("name") for g in gpus if g.get("name")}),
-        },  # fmt: skip
+        },
         "started_at": job.started_at,
         "ended_at": end,
         "duration_s": duration,

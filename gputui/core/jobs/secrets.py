@@ -58,7 +58,7 @@ def resolve(names: Iterable[str], config_path: Path | None, env: Mapping[str, st
         for name in missing:
             if name not in stored:
                 raise SecretError(f"--secret {name}: no value: set ${name} here, or add {name} = \"...\" to {path} "
-                                  "(mode 0600)")  # fmt: skip
+                                  "(mode 0600)")
             values[name] = stored[name]
     try:
         return agent_secrets.check(values)
@@ -81,11 +81,11 @@ def read_file(path: Path) -> dict[str, str]:
             raise SecretError(f"secrets file {path}: not a regular file")
         if st.st_uid != os.getuid():
             raise SecretError(f"secrets file {path}: it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): "
-                              "keep your own copy there")  # fmt: skip
+                              "keep your own copy there")
         if st.st_mode & 0o077:
             mode = oct(stat.S_IMODE(st.st_mode))[2:]
             raise SecretError(f"secrets file {path}: others may read it (mode {mode}); make it yours alone: "
-                              f"chmod 600 {path}")  # fmt: skip
+                              f"chmod 600 {path}")
         data = f.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise SecretError(f"secrets file {path}: larger than {MAX_FILE_BYTES} bytes")

@@ -79,7 +79,7 @@ async def start_job(session: HostSession, config: Config, spec: JobSpec) -> M.Jo
         queue=None if spec.queue is None else queue_request(spec.queue, idle_util(config, session.name)),
         restart=restart_request(config, session.name, spec.restart, spec.resume_from), secrets=dict(spec.secrets),
         container=container_request(spec, host), group=spec.group,
-    )  # fmt: skip
+    )
 
 
 def container_request(spec: JobSpec, host: HostConfig | None) -> P.ContainerRequest | None:
@@ -92,7 +92,7 @@ def container_request(spec: JobSpec, host: HostConfig | None) -> P.ContainerRequ
             raise ValueError("--docker-arg needs --image or --build: the engine options of a job run in an image")
         return None
     request: P.ContainerRequest = {"args": list(spec.docker_args),
-                                   "engine": host.container_engine if host is not None else "auto"}  # fmt: skip
+                                   "engine": host.container_engine if host is not None else "auto"}
     if spec.build is not None:
         request["build"] = {"dockerfile": spec.build}
     else:
@@ -123,7 +123,7 @@ def restart_request(config: Config, name: str, policy: str | None, resume_from: 
         return None
     if host is not None:
         asked.update(backoff_s=host.restart_backoff_s, backoff_max_s=host.restart_backoff_max_s,
-                     healthy_s=host.restart_healthy_minutes * 60.0)  # fmt: skip
+                     healthy_s=host.restart_healthy_minutes * 60.0)
     if resume_from is not None:
         asked["resume_from"] = resume_from
     return asked

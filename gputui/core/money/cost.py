@@ -250,7 +250,7 @@ def _parse_ledger(data: Any) -> dict[str, dict[str, Any]]:
             if kind not in (RUNNING, STOPPED):
                 raise ValueError(f"not an interval kind: {kind!r}")
             intervals.append(Interval(number(i["start"]), optional(i["end"]), number(i["price"]), boot,
-                                      number(i["last_seen"]), kind))  # fmt: skip
+                                      number(i["last_seen"]), kind))
         hosts[str(name)] = {
             "intervals": intervals,
             "released_at": optional(h.get("released_at")),
@@ -361,7 +361,7 @@ def cost_info(
     wants = host.autostop_minutes or host.release_at is not None or host.release_after_hours is not None
     if snap.metrics is not None and wants and not activity.get("watchdog"):
         release.update(release_check_ok=False, release_check_detail="autostop / deadline NOT armed on the host: no "
-                       "release_remote, and no RunPod or vast.ai instance found there")  # fmt: skip
+                       "release_remote, and no RunPod or vast.ai instance found there")
     if "provider_price" not in release and asked is not None:
         if asked.price is not None:
             release["provider_price"] = (asked.price, asked.provider)

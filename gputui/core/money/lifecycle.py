@@ -146,7 +146,7 @@ class Started:
 async def start(
     config: Config, host: HostConfig, say: Callable[[str], None], timeout_s: float = START_TIMEOUT_S,
     poll_s: float = POLL_S,
-) -> Started:  # fmt: skip
+) -> Started:
     """Start ``host``'s stopped instance, wait (at most ``timeout_s``, saying each change) until its provider
     says running and its SSH answers, and keep the endpoint it came back on. A running one is not started
     again (only followed); a terminated one, a refusal or the time running out is a ``ProviderError``."""
@@ -187,7 +187,7 @@ async def start(
     moved = endpoint is not None and endpoint != (base.host, base.port)
     before = instances.get(host.name)
     kept = instances.Record(k.provider, k.instance_id, endpoint if moved else None,
-                            (base.host, base.port) if moved else None, time.time())  # fmt: skip
+                            (base.host, base.port) if moved else None, time.time())
     instances.put(host.name, kept)
     old = before.endpoint if before is not None and before.endpoint is not None else (base.host, base.port)
     if endpoint is not None and endpoint != old:

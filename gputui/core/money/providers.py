@@ -138,7 +138,7 @@ def account_key_hint(provider: str) -> str:
 async def confirm_instance(
     provider: str, instance_id: str, mode: str, key: str, api_url: str | None, timeout_s: float,
     interval_s: float = 5.0,
-) -> agent_provider.Confirmed:  # fmt: skip
+) -> agent_provider.Confirmed:
     """Read a RunPod / vast.ai instance back from here with the user's ``key`` until it is stopped /
     terminated as ``mode`` asked (``remote_agent.host.provider.confirm``: same rules, same bound)."""
     id_name, key_name, _ = agent_provider.VARIABLES[provider]
@@ -147,7 +147,7 @@ async def confirm_instance(
     result: agent_provider.Confirmed = await _bounded(
         timeout_s + DEADLINE_S + 5, agent_provider.confirm, detected, mode, timeout_s, interval_s, api_url, env,
         what=provider,
-    )  # fmt: skip
+    )
     return result
 
 
@@ -170,7 +170,7 @@ def parse_instance(value: Any) -> LambdaInstance:
         id=agent_provider.field_str(value, "id", LAMBDA) or "", status=agent_provider.field_str(value, "status", LAMBDA) or "",
         ip=ip, private_ip=private_ip, hostname=hostname, name=name, price_per_hour=price,
         type_name=agent_provider.Fields(kind, LAMBDA).get(agent_provider.field_str, "name", "", True),
-    )  # fmt: skip
+    )
 
 
 def _base(api_url: str | None) -> str:
@@ -194,7 +194,7 @@ def match(instances: Iterable[LambdaInstance], addresses: Iterable[str]) -> Lamb
     hits = {
         inst.id: inst for inst in instances if inst.billing
         and wanted & {(v or "").lower().rstrip(".") for v in (inst.ip, inst.private_ip, inst.hostname)}
-    }  # fmt: skip
+    }
     if len(hits) > 1:
         raise ProviderError(
             "config", f"lambda: the address matches several instances ({', '.join(sorted(hits))})"
@@ -225,7 +225,7 @@ def confirm_terminated_sync(
     key: str, instance_id: str, api_url: str | None = None, timeout_s: float = 300.0, interval_s: float = 5.0,
     deadline_s: float = DEADLINE_S, sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-) -> agent_provider.Confirmed:  # fmt: skip
+) -> agent_provider.Confirmed:
     """Read the list back until the instance is terminated or gone, for at most ``timeout_s``; transient
     errors are retried within the bound, others end it; past the bound ``ProviderError("unconfirmed")``."""
     end, polls, last = clock() + timeout_s, 0, "no answer"
@@ -247,7 +247,7 @@ def confirm_terminated_sync(
             raise ProviderError(
                 "unconfirmed", f"lambda: instance {instance_id} not terminated after {timeout_s:g} s "
                 f"({polls} reads); last: {last}",
-            )  # fmt: skip
+            )
         sleep(interval_s)
 
 
@@ -311,10 +311,10 @@ async def terminate(
 async def confirm_terminated(
     key: str, instance_id: str, api_url: str | None = None, timeout_s: float = 300.0, interval_s: float = 5.0,
     deadline_s: float = DEADLINE_S,
-) -> agent_provider.Confirmed:  # fmt: skip
+) -> agent_provider.Confirmed:
     """``confirm_terminated_sync`` off the event loop, bounded by ``timeout_s`` plus one call's deadline."""
     result: agent_provider.Confirmed = await _bounded(
         timeout_s + deadline_s + 5, confirm_terminated_sync, key, instance_id, api_url, timeout_s, interval_s,
         deadline_s,
-    )  # fmt: skip
+    )
     return result

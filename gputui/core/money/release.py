@@ -114,7 +114,7 @@ async def check_release(session: HostSession, host: HostConfig, urls: dict[str, 
         found = shutil.which(host.release[0])
         if found is None:
             return Verdict(False, "command (here)", f"release program {host.release[0]!r} is not found or not "
-                           "executable here", now)  # fmt: skip
+                           "executable here", now)
         if not host.release_remote:
             return Verdict(True, "command (here)", f"release program {found} is executable here", now)
     if host.release_remote or host.provider != providers.LAMBDA:
@@ -126,7 +126,7 @@ async def check_release(session: HostSession, host: HostConfig, urls: dict[str, 
     except providers.ProviderError as exc:
         return Verdict(False, providers.LAMBDA, str(exc), now)
     return Verdict(True, providers.LAMBDA, f"lambda answers for instance {inst.id} ({inst.status}); release "
-                   "would terminate it", now)  # fmt: skip
+                   "would terminate it", now)
 
 
 async def _provider_release(session: HostSession, host: HostConfig, urls: dict[str, str]) -> Step:
@@ -191,7 +191,7 @@ async def _confirm_from_here(host: HostConfig, target: dict[str, Any], urls: dic
 async def release_host(
     session: HostSession, host: HostConfig, ledger: Ledger, request: ReleaseRequest,
     urls: dict[str, str] | None = None,
-) -> ReleaseResult:  # fmt: skip
+) -> ReleaseResult:
     """Check again, now, that the release is still what was asked; then run ``release_remote`` on the host
     and ``release`` here (or, with neither, release through the provider and confirm it: ``urls`` are the
     providers' API bases), close the host's ledger interval and mark it released.

@@ -105,7 +105,7 @@ def fleet_spend(
         Spend(cur, sums[cur]["accrued"], sums[cur]["today"], sums[cur]["month"], sums[cur]["burn_per_hour"],
               int(sums[cur]["burning"]))
         for cur in order
-    )  # fmt: skip
+    )
     mine = sums.get(home, {})
     alerts = budget_alerts(config.budget, mine.get("today", 0.0), mine.get("month", 0.0), home)
     return FleetSpend(by_currency, tuple(alerts), home)

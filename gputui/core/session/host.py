@@ -454,7 +454,7 @@ class HostSession:
         ``container``: run it in a container image (remote_agent/jobs/image.py); ``group``: one part of a job over
         several hosts (remote_agent/jobs/group.py)."""
         args: dict[str, Any] = {"argv": argv, "name": name, "cwd": cwd, "env": env or {}, "gpus": gpus,
-                                "price_per_hour": price_per_hour}  # fmt: skip
+                                "price_per_hour": price_per_hour}
         if code:
             args["code"] = code
         if queue is not None:

@@ -88,7 +88,7 @@ class _Store:
                 kept = out.gpus[index] = _Rows()
                 kept.pos, kept.util, kept.mem, kept.temp = (
                     rows.pos[i:], rows.util[i:], rows.mem[i:], rows.temp[i:]
-                )  # fmt: skip
+                )
         return out
 
 

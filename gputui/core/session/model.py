@@ -158,7 +158,7 @@ class GpuSample:
         wire = d.get("faults")
         faults = tuple(f for f in map(GpuFault.from_wire, wire[:5] if isinstance(wire, list) else ()) if f)
         return cls(**known, processes=procs, throttle_reasons=None if reasons is None else tuple(reasons),
-                   faults=faults)  # fmt: skip
+                   faults=faults)
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class Job:
         record = P.JobRecord(
             git=d.get("git"), gpu_inventory=d.get("gpu_inventory") or [], price_per_hour=d.get("price_per_hour"),
             usage=d.get("usage"),
-        )  # fmt: skip
+        )
         for key in _KEPT_IF_SET:  # the record's optional parts, only where the host set them
             if key in d:
                 record[key] = d[key]  # type: ignore[literal-required]

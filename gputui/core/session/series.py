@@ -76,7 +76,7 @@ class Series:
 
     def to_json(self) -> dict[str, Any]:
         return {"points": [[p.line, p.step, p.epoch, p.value] for p in self.points], "count": self.count,
-                "last": self.last, "low": self.low, "high": self.high, "best": self.best, "x": self.x_label}  # fmt: skip
+                "last": self.last, "low": self.low, "high": self.high, "best": self.best, "x": self.x_label}
 
 
 def _point(raw: Any) -> Point | None:

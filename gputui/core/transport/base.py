@@ -118,7 +118,7 @@ class LocalTransport(Transport):
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C in the client's terminal is the client's, not the agent's
                 umask=0o077, env=agentproc.private_env(), **kw,
-            )  # fmt: skip
+            )
         except OSError as exc:
             raise HostError(
                 f"cannot start the local agent with {self.python}: {exc}", "missing_python"

@@ -54,7 +54,7 @@ def _pair(value: Any) -> tuple[str, int] | None:
     if (
         isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and _ADDRESS.match(value[0])
         and isinstance(value[1], int) and not isinstance(value[1], bool) and 0 < value[1] < 65536
-    ):  # fmt: skip
+    ):
         return value[0], value[1]
     return None
 
@@ -69,7 +69,7 @@ def _record(value: Any) -> Record | None:
     return Record(
         provider, instance_id, endpoint if base else None, base if endpoint else None,
         float(learnt) if isinstance(learnt, (int, float)) and not isinstance(learnt, bool) else 0.0,
-    )  # fmt: skip
+    )
 
 
 def load(file: Path | None = None) -> dict[str, Record]:

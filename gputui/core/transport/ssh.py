@@ -91,11 +91,11 @@ def is_runpod_proxy(host: str) -> bool:
 def no_exec_message(name: str, host: str, reason: str) -> str:
     """The error for an SSH server that runs no commands (no exec channel), with the fix."""
     said = (f"{name}: {host} did not run a command over SSH ({reason}); gputui needs what `ssh HOST CMD` "
-            "uses (an exec channel).")  # fmt: skip
+            "uses (an exec channel).")
     if is_runpod_proxy(host):
         return (f"{said} {RUNPOD_PROXY} is RunPod's basic SSH proxy, which allows interactive shells only: use "
                 "the pod's exposed TCP port instead (RunPod: Connect → SSH over exposed TCP, e.g. "
-                "`gputui add NAME root@IP -p PORT -i KEY`)")  # fmt: skip
+                "`gputui add NAME root@IP -p PORT -i KEY`)")
     return (f"{said} A proxy or jump service that allows interactive shells only cannot be used: connect to "
             "the host's own sshd (for RunPod: the pod's exposed TCP port, not ssh.runpod.io)")
 
@@ -352,7 +352,7 @@ class SSHTransport(Transport):
         self._target = target
         if is_runpod_proxy(target.host):  # it runs no commands: say so now instead of failing later
             raise HostError(no_exec_message(self.cfg.name, target.host, "it offers interactive shells only"),
-                            "no_exec")  # fmt: skip
+                            "no_exec")
         client = _Client()
         if self.cfg.verify_host_key:
             known: Any = kh.load(target.known_hosts)
@@ -508,7 +508,7 @@ class SSHTransport(Transport):
         except asyncio.TimeoutError:
             conn.abort()
             raise HostError(no_exec_message(self.cfg.name, self._target_host(), "no answer to the request "
-                                            f"within {self.cfg.connect_timeout:g} s"), "no_exec") from None  # fmt: skip
+                                            f"within {self.cfg.connect_timeout:g} s"), "no_exec") from None
         except asyncssh.ChannelOpenError as exc:
             raise HostError(no_exec_message(self.cfg.name, self._target_host(), exc.reason), "no_exec") from None
         except (OSError, asyncssh.Error) as exc:
@@ -545,7 +545,7 @@ class SSHTransport(Transport):
             # uploads or unpacks that died go (a fresh one may be another client's).
             f"{prepare}"
             "exit 0\n"
-        )  # fmt: skip
+        )
         res = await self._run(conn, probe)
         out = res.stdout.decode("utf-8", "replace")
         _, found, rest = out.partition(begin + "\n")
@@ -747,7 +747,7 @@ async def fetch_host_key(transport: SSHTransport) -> tuple[Target, asyncssh.SSHK
             key = await asyncssh.get_server_host_key(
                 kw["host"], kw["port"], tunnel=tunnel or (), proxy_command=kw.get("proxy_command", ()), config=None,
                 options=opts,
-            )  # fmt: skip
+            )
         except ConnectionRefusedError:
             raise HostUnavailable(f"connection refused by {where}: no sshd listens there") from None
         except asyncio.TimeoutError:

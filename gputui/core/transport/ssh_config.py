@@ -105,7 +105,7 @@ def expand_tokens(text: str, r: Resolved, jump: str = "") -> str:
         "d": os.path.expanduser("~"), "i": str(os.getuid()) if hasattr(os, "getuid") else "",
         "k": r.host_key_alias or r.name, "l": socket.gethostname(), "L": socket.gethostname().split(".")[0],
         "j": jump,
-    }  # fmt: skip
+    }
 
     def one(m: re.Match[str]) -> str:
         return values.get(m.group(1), m.group(0))
@@ -157,7 +157,7 @@ def _ssh_g(ssh: str, config: str | None, name: str, port: int | None, user: str 
         done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=RESOLVE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise HostError(f"ssh -G {name}: no answer within {RESOLVE_TIMEOUT_S:g} s (a Match exec that hangs?)",
-                        "config") from None  # fmt: skip
+                        "config") from None
     except OSError as exc:
         raise HostError(f"cannot run {ssh} -G: {exc.strerror or exc}", "config") from None
     if done.returncode != 0:
@@ -200,7 +200,7 @@ def _from_openssh(ssh: str, config: str | None, name: str, port: int | None, use
         identities_only=one("identitiesonly") == "yes",
         ciphers=ciphers if ciphers != _openssh_default_ciphers(ssh) else None,
         identity_agent=_in_home(one("identityagent")) or None,
-    )  # fmt: skip
+    )
     return _expanded(raw)
 
 
@@ -215,7 +215,7 @@ def _expanded(raw: Resolved) -> Resolved:
         user_known_hosts=tuple(_expand_file(f, raw) for f in raw.user_known_hosts),
         host_key_alias=raw.host_key_alias, identities_only=raw.identities_only, ciphers=raw.ciphers,
         identity_agent=_expand_file(raw.identity_agent, raw) if raw.identity_agent else None,
-    )  # fmt: skip
+    )
 
 
 # --- asyncssh's parser (no ssh client here) ---------------------------------------------------------------------
@@ -319,7 +319,7 @@ def _from_asyncssh(config: str | None, name: str, port: int | None, user: str | 
 
     def load(final: bool) -> Any:
         return cls.load(None, [config] if config else [], False, False, final, local,
-                        () if user is None else user, name, () if port is None else port)  # fmt: skip
+                        () if user is None else user, name, () if port is None else port)
 
     try:
         c = load(False)
@@ -346,7 +346,7 @@ def _from_asyncssh(config: str | None, name: str, port: int | None, user: str | 
         identities_only=bool(get("IdentitiesOnly")),
         ciphers=",".join(ciphers) if isinstance(ciphers, (list, tuple)) else (str(ciphers) if ciphers else None),
         identity_agent=str(get("IdentityAgent")) if get("IdentityAgent") else None,
-    )  # fmt: skip
+    )
     return _expanded(raw)
 
 
@@ -367,7 +367,7 @@ def resolve(name: str, config: str | None, port: int | None = None, user: str | 
 
 @functools.lru_cache(maxsize=256)
 def _resolve_cached(name: str, config: str | None, port: int | None, user: str | None,
-                    stamp: tuple[int, int] | None, ssh: str | None, home: str) -> Resolved:  # fmt: skip
+                    stamp: tuple[int, int] | None, ssh: str | None, home: str) -> Resolved:
     del stamp, home  # part of the cache key only (``~`` is $HOME in the files resolved)
     if ssh is not None:
         return _from_openssh(ssh, config, name, port, user)

@@ -63,7 +63,7 @@ async def forward_url(app: GpuTuiApp, job: M.Job, forwards: Forwards) -> None:
     urls = job_urls(log_lines_newest_first(app, job))
     if not urls:
         app.notify(f"job {job.id} printed no local web URL (like http://localhost:6006/) in its log",
-                   timeout=NOTIFY_S)  # fmt: skip
+                   timeout=NOTIFY_S)
         return
     url: WebUrl = urls[0]
     conf = app.config.hosts.get(job.host)

@@ -31,7 +31,7 @@ def ask(app: GpuTuiApp, host: str) -> None:
     look = snap.instance if snap is not None else None
     if conf is None or known is None:
         app.notify(f"gputui does not know which RunPod pod or vast.ai instance {name} is: connect once while it "
-                   f"runs, or set provider and instance_id in [hosts.{name}]", severity="warning", timeout=NOTIFY_S)  # fmt: skip
+                   f"runs, or set provider and instance_id in [hosts.{name}]", severity="warning", timeout=NOTIFY_S)
         return
     if look is None or look.state not in STARTABLE:
         said = f": {safetext.clean(look.detail, limit=2 * NAME_CHARS)}" if look is not None else " (it answers, or its provider was not asked yet)"
@@ -41,7 +41,7 @@ def ask(app: GpuTuiApp, host: str) -> None:
     rate = f" at {price:.2f} USD/h" if price is not None else ""
     body = (f"Start {name}?\n\n{known.provider} {known.instance_id} ({look.state}) starts again with your account key "
             f"on this machine and bills{rate} from then on. gputui waits until its SSH answers, follows it to the "
-            "port the start gives it and reconnects.")  # fmt: skip
+            "port the start gives it and reconnects.")
 
     def answered(yes: bool | None) -> None:
         if yes and conf is not None:
@@ -62,11 +62,11 @@ async def start(app: GpuTuiApp, conf: HostConfig) -> None:
         started = await (app.start_call or lifecycle.start)(app.config, conf, say)
     except Exception as exc:  # the provider's refusal, no key here, the time running out, a config error
         app.notify(f"{name} did not start: {safetext.clean(str(exc), limit=4 * NAME_CHARS)}", title="not started",
-                   severity="error", timeout=2 * NOTIFY_S)  # fmt: skip
+                   severity="error", timeout=2 * NOTIFY_S)
         return
     for warning in started.warnings:
         app.notify(f"{name}: {safetext.clean(warning, limit=4 * NAME_CHARS)}", title="WARNING", severity="error",
-                   timeout=2 * NOTIFY_S)  # fmt: skip
+                   timeout=2 * NOTIFY_S)
     app.session(conf.name).reconnect_now()
     app.notify(f"{name} {'was already running' if started.already_running else 'started'}: reconnecting",
-               timeout=NOTIFY_S)  # fmt: skip
+               timeout=NOTIFY_S)

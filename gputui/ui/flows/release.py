@@ -122,12 +122,12 @@ async def pull_then_release(app: GpuTuiApp, request: ReleaseRequest, found: Chec
         outcomes = await pull_artifacts(app.session(host), found.unpulled, DEFAULT_DEST)
     except Exception as exc:
         app.notify(f"pulling the artifacts failed: {exc}", title="not released", severity="error",
-                   timeout=2 * NOTIFY_S)  # fmt: skip
+                   timeout=2 * NOTIFY_S)
         return
     kept = [o for o in outcomes if o.status == "newer here"]
     if kept:
         app.notify(f"{kept[0].target} here is newer than the host's: move it away, then release again",
-                   title="not released", severity="error", timeout=2 * NOTIFY_S)  # fmt: skip
+                   title="not released", severity="error", timeout=2 * NOTIFY_S)
         return
     app.notify(f"pulled {n} artifact files to {os.path.abspath(DEFAULT_DEST)}/{host}/", timeout=NOTIFY_S)
     await release(app, request)

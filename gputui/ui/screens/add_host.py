@@ -197,7 +197,7 @@ class AddHostScreen(ModalScreen["cfg.Config | None"]):
         self.say(f"connecting to {name or '?'} ...", fresh=True)
         try:
             p = await plan(self.path, name, self.query_one("#dest", PlainInput).value,
-                           self.query_one("#price", PlainInput).value)  # fmt: skip
+                           self.query_one("#price", PlainInput).value)
             p.check = await host_trust.check_host_key(p.config, name)
         except Exception as exc:  # noqa: BLE001 - every failure is said in the dialog, never a crash
             self._failed(exc)

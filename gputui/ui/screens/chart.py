@@ -237,5 +237,5 @@ def compare_table(labels: Sequence[str], rows: Sequence[Any]) -> Any:
     for row in rows:
         style = "bold" if row.differs else ""
         table.add_row(Text(("* " if row.differs else "  ") + row.field, style=style),
-                      *(Text(c, style=style) for c in row.cells))  # fmt: skip
+                      *(Text(c, style=style) for c in row.cells))
     return table

@@ -135,7 +135,7 @@ class NewJobScreen(ModalScreen[JobSpec | None]):
             "command": shlex.join(spec.argv), "cwd": spec.cwd, "sync": spec.sync, "gpus": gpus,
             "name": spec.name, "env": " ".join(shlex.quote(f"{k}={v}") for k, v in spec.env.items()),
             "restart": spec.restart, "resume_from": spec.resume_from,
-        }  # fmt: skip
+        }
         for key, value in values.items():
             self.query_one(f"#{key}", Input).value = value or ""
         self.query_one("#queue", Checkbox).value = spec.queue is not None

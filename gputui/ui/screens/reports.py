@@ -46,7 +46,7 @@ HISTORY_COLUMNS = (
     ("host", 20, False), ("id", 8, True), ("state", 9, False), ("exit", 4, True), ("ended", 10, True),
     ("time", 6, True), ("cost", 10, True), ("GPU mem", 7, True), ("util", 4, True),
     ("metrics", 0, False), ("name", 36, False),
-)  # fmt: skip
+)
 METRICS_MIN = 16
 
 
@@ -78,7 +78,7 @@ def history_table(records: list[dict[str, Any]], now: float | None = None) -> Ta
         cells = (
             r["host"], r["id"], r["state"], "-" if r["exit_code"] is None else str(r["exit_code"]),
             ended, dur, cost, mem, util, metrics, name,
-        )  # fmt: skip
+        )
         table.add_row(
             *(Text(fmt.clip(safetext.clean(c, limit=w + 1), w)) for c, w in zip(cells, widths, strict=True))
         )

@@ -68,7 +68,7 @@ def prepare(lines: Sequence[Line], log_y: bool, last_x: float | None) -> tuple[l
 
 
 def plot(lines: Sequence[Line], width: int, height: int, x_title: str, log_y: bool = False,
-         last_x: float | None = None, muted: str = "") -> Text:  # fmt: skip
+         last_x: float | None = None, muted: str = "") -> Text:
     """The chart as ``width`` x ``height`` cells of text: legend, plot with y labels, x axis and its title."""
     shown, dropped = prepare(lines, log_y, last_x)
     out = Text(no_wrap=True, overflow="crop")

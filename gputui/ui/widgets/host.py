@@ -145,7 +145,7 @@ def health_line(gpus: tuple[M.GpuSample, ...]) -> str:
     for g in gpus:
         if g.lost:
             lines.append(f"GPU {g.index} lost: {safetext.clean(g.error or '?', limit=ERROR_CHARS)} "
-                         f"Fix: {safetext.clean(g.fix or '?', limit=ERROR_CHARS)}")  # fmt: skip
+                         f"Fix: {safetext.clean(g.fix or '?', limit=ERROR_CHARS)}")
         else:
             lines += [f"GPU {g.index} {p}" for p in g.problems]
     return "\n".join(lines)
@@ -184,7 +184,7 @@ class GpuCard(TextBox):
         title = safetext.clean(f"{g.index} · {fmt.clip(fmt.short_gpu_name(g.name), 22)}")
         problems = [p.split(":")[0] for p in g.problems]  # lost, throttled, ECC
         subtitle = "lost" if g.lost else "⚠ " + ", ".join(problems) if problems else fmt.mem_pair(g.mem_used_mib,
-                                                                                                 g.mem_total_mib)  # fmt: skip
+                                                                                                 g.mem_total_mib)
         if title != self._title:  # border titles are markup when given as str: a Text is taken literally
             self._title = title
             self.border_title = Text(title)
