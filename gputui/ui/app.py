@@ -541,6 +541,8 @@ class GpuTuiApp(App[None]):
         self._refresh_keys()
 
     def _select_job(self, job_id: str | None) -> None:
+        if len(self.query(LogPane)) == 0:  # a selection timer that fires while the app closes: its panes are gone
+            return
         self.selected_job = job_id
         job = self.current_job()
         if job is not None:
