@@ -77,8 +77,10 @@ def ssh_box(extra_config: str = "") -> Iterator[Box]:
     (home / ".config" / "gputui" / "config.toml").write_text(
         "[hosts.box]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()) + extra_config
     )
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT), "GPUTUI_DIRECT": "1"}  # each command whole
     env.pop("XDG_CONFIG_HOME", None)
+    env["XDG_RUNTIME_DIR"] = str(root / "run")  # bench/service_status.py's session service, without GPUTUI_DIRECT
+    (root / "run").mkdir(mode=0o700)
     ssh = [
         "ssh",
         "-p",

@@ -7,11 +7,38 @@ import sys
 
 
 def main() -> None:
-    """Open the app for bare ``gputui`` on a terminal; else run the CLI."""
+    """Open the app for bare ``gputui`` on a terminal; answer ``status`` from the session service where one
+    runs (gputui/service/); else run the CLI."""
     if not sys.argv[1:] and sys.stdin.isatty() and sys.stdout.isatty():
         from .appstart import run_app
 
         sys.exit(run_app(None))
+    served = status_through_service(sys.argv[1:])
+    if served is not None:
+        sys.exit(served)
     from .cli import main as cli_main
 
     cli_main()
+
+
+def status_through_service(argv: list[str]) -> int | None:
+    """``gputui status [--json | --short] [--config PATH]`` answered by the session service (its exit status),
+    or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is then
+    started for the next command, and this one goes on directly)."""
+    import os
+
+    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] != "status":
+        return None
+    form, config, words = "text", None, iter(argv[1:])
+    for word in words:
+        if word in ("--json", "--short") and form == "text":
+            form = word[2:]
+        elif word == "--config" and config is None:
+            config = next(words, None)
+            if config is None:
+                return None
+        else:
+            return None  # --direct, --help, anything else: the CLI reads it
+    from .service import client
+
+    return client.status(config, form)

@@ -73,6 +73,7 @@ def _isolate(mp: pytest.MonkeyPatch, home: Path) -> None:
             mp.delenv(key)
     home.mkdir(parents=True, exist_ok=True)
     mp.setenv("HOME", str(home))
+    mp.setenv("GPUTUI_DIRECT", "1")  # no session service outlives a test: tests/test_service.py asks for one
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -171,7 +171,7 @@ def test_completion_of_job_ids_through_bash(home: Home, tmp_path: Path) -> None:
 
 
 # --- --json and NO_COLOR ---------------------------------------------------------------------------------------------
-TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue", "compare"}  # each command that prints a table
+TABLES = {"status", "cost", "doctor", "hosts", "jobs", "history", "queue", "compare", "service"}  # each command that prints a table
 NOT_TABLES = {"run", "logs", "kill", "trust", "sync", "pull", "forward", "release", "start", "autostop", "notify", "add",
               "remove"}
 

@@ -254,7 +254,7 @@ def test_help_lists_every_command(home: Home, capsys: pytest.CaptureFixture[str]
 
     [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     commands = list(sub.choices)
-    assert len(commands) == 21, commands
+    assert len(commands) == 22, commands
     out = home.cli("--help", check=True).stdout
     listed = re.findall(r"^    ([a-z]+) {2,}\S", out, re.MULTILINE)
     assert listed == commands, out

@@ -15,8 +15,9 @@ def test_every_test_runs_in_a_home_and_tmux_dir_of_its_own(tmp_path: Path) -> No
     assert home.is_dir() and not any(home.iterdir()), "a fresh, empty HOME"
     assert home != Path("~root").expanduser() and "pytest" in str(home)
     assert "pytest" in os.environ["TMUX_TMPDIR"]
+    assert os.environ["GPUTUI_DIRECT"] == "1"  # no session service (tests/test_service.py asks for one)
     for key in os.environ:
-        assert not key.startswith(("XDG_", "GPUTUI_")), key
+        assert not key.startswith(("XDG_", "GPUTUI_")) or key == "GPUTUI_DIRECT", key
         assert key not in ("SSH_AUTH_SOCK", "SSH_AGENT_PID", "TMUX", "TMUX_PANE"), key
 
 

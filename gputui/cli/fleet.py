@@ -21,8 +21,8 @@ from ..tables import print_cost, print_status, status_line
 from .common import CliError, ask, host_names, hosts_status, open_fleet
 
 
-async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
-    """Connect to each host, take one sample and the job list; (snapshots with cost, exit status)."""
+async def probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
+    """Connect to each host, take one sample and the job list; (snapshots with cost, each host's outcome)."""
 
     async def probe(s: HostSession) -> None:
         await s.sample()
@@ -33,19 +33,29 @@ async def _probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], int]:
     results = await gather_hosts(fleet, list(fleet.sessions), probe)
     await fleet.look_down()  # a host that does not answer: stopped? preempted? (its provider, with your key)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
-    return snaps, hosts_status(results)
+    return snaps, dict(results)
 
 
-async def cmd_status(args: argparse.Namespace) -> int:
-    async with open_fleet(args) as fleet:
-        snaps, status = await _probe_fleet(fleet)
-    if args.json:
+def show_status(snaps: dict[str, M.HostSnapshot], results: dict[str, object], form: str) -> int:
+    """Print the status (``form``: ``json``, ``short`` or ``text``) and each host's error; the exit status."""
+    status = hosts_status(results)
+    if form == "json":
         print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}))
-    elif args.short:
+    elif form == "short":
         print("\n".join(status_line(s) for s in snaps.values()))
     else:
         print_status(list(snaps.values()))
     return status
+
+
+def status_form(args: argparse.Namespace) -> str:
+    return "json" if args.json else "short" if args.short else "text"
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with open_fleet(args) as fleet:
+        snaps, results = await probe_fleet(fleet)
+    return show_status(snaps, results, status_form(args))
 
 
 async def cmd_cost(args: argparse.Namespace) -> int:
@@ -56,7 +66,8 @@ async def cmd_cost(args: argparse.Namespace) -> int:
         except ValueError:
             raise CliError(f"--since {args.since!r}: expected a date like 2026-11-01", ExitStatus.USAGE) from None
     async with open_fleet(args) as fleet:
-        snaps, status = await _probe_fleet(fleet)
+        snaps, results = await probe_fleet(fleet)
+    status = hosts_status(results)
     now = time.time()
     hosts, accrued = [], {}
     for name, snap in snaps.items():
@@ -100,6 +111,28 @@ async def cmd_doctor(args: argparse.Namespace) -> int:
     return hosts_status(results) or (ExitStatus.FAILED if any(r.failed for r in reports) else ExitStatus.OK)
 
 
+async def cmd_service(args: argparse.Namespace) -> int:
+    """What the session service of this config holds (hosts, connections, requests, memory, uptime), or stop it."""
+    from ..service import client
+
+    config = client.config_path(args.config)
+    info = client.ask(config, {"op": "info" if args.action == "status" else "stop"}, timeout_s=10.0)
+    if info is None:
+        print(f"no session service runs for {config}" + (": nothing to stop" if args.action == "stop" else ""))
+        return ExitStatus.OK
+    if args.action == "stop":
+        print(f"session service for {config} stopped")
+    elif args.json:
+        print(jsonout.dumps(info))
+    else:
+        hosts = ", ".join(f"{name} {state}" for name, state in info.get("hosts", {}).items()) or "none yet"
+        up = time.time() - float(info.get("started") or time.time())
+        print(f"session service for {info.get('config')}: pid {info.get('pid')}, up {up / 60:.0f} min, "
+              f"{info.get('requests')} requests, {info.get('rss_mib')} MiB, build {info.get('build')}; exits after "
+              f"{info.get('idle_minutes'):g} min without a command\nhosts: {hosts}")
+    return ExitStatus.OK
+
+
 async def cmd_trust(args: argparse.Namespace) -> int:
     """Fetch an SSH host's key, show its fingerprint, and (once confirmed) append it to known_hosts."""
     from ..core.hosts import trust as host_trust  # asyncssh is only imported when an SSH host is used
@@ -125,6 +158,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--short", action="store_true",
                        help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")
+    st.add_argument("--direct", action="store_true",
+                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
     st.set_defaults(func=cmd_status)
 
     tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")
@@ -145,3 +180,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dr.add_argument("--timeout", type=float, default=host_doctor.DEFAULT_TIMEOUT_S, metavar="S",
                     help="seconds the torch probe may take (default 60)")
     dr.set_defaults(func=cmd_doctor)
+
+    sv = sub.add_parser("service", help="the session service that keeps connections warm for status: show or stop it")
+    sv.add_argument("action", nargs="?", choices=("status", "stop"), default="status",
+                    help="status (default): what it holds; stop: close its connections and end it")
+    sv.add_argument("--json", action="store_true")
+    sv.set_defaults(func=cmd_service)

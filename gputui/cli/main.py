@@ -30,7 +30,7 @@ SHARED_HELP = {
 #: (``gputui status`` loads neither the sync nor the release code); tests/test_cli_start.py checks the list.
 FAMILIES = {
     "jobs": ("run", "jobs", "history", "logs", "kill", "queue"),
-    "fleet": ("status", "trust", "cost", "doctor"),
+    "fleet": ("status", "trust", "cost", "doctor", "service"),
     "release": ("release", "start", "autostop", "notify"),
     "files": ("sync", "forward", "pull"),
     "hosts": ("add", "remove", "hosts"),

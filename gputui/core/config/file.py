@@ -148,6 +148,7 @@ class Config:
     budget: Budget = field(default_factory=Budget)
     providers: dict[str, ProviderSettings] = field(default_factory=dict)  # by provider name
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # [groups.NAME] hosts: one job over them
+    service_idle_minutes: float = 10.0  # the session service closes a host's connection after this idle time
 
     def host(self, name: str) -> HostConfig:
         try:
@@ -170,7 +171,9 @@ _TYPES: dict[str, Any] = {
 HOST_FIELDS: dict[str, Any] = {
     f.name: _TYPES[str(f.type)] for f in fields(HostConfig) if f.name not in ("name", "notify")
 }
-GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,)}
+GLOBAL_FIELDS: dict[str, tuple[type, ...]] = {"ssh_config": (str,), "theme": (str,), "currency": (str,),
+                                              "service_idle_minutes": (float, int)}
+MAX_SERVICE_IDLE_MINUTES = 24 * 60
 GLOBAL_TABLES = ("hosts", "defaults", "prices", "budget", "notify", "providers", "groups")
 PROVIDERS = ("auto", "runpod", "vastai", "lambda", "none")  # gputui.core.config.providers has the rules behind them
 PROVIDER_FIELDS = ("api_url",)
@@ -345,7 +348,9 @@ def parse(text: str, path: Path) -> Config:
         elif key in GLOBAL_FIELDS:
             if not isinstance(value, GLOBAL_FIELDS[key]) or isinstance(value, bool):
                 raise fail(None, key, f"must be {_kind(GLOBAL_FIELDS[key])}, not {value!r}")
-            problem = _text_problem(value)
+            problem = _text_problem(value) if isinstance(value, str) else None
+            if isinstance(value, (int, float)) and not 0 < value <= MAX_SERVICE_IDLE_MINUTES:  # service_idle_minutes
+                problem = f"must be between 0 and {MAX_SERVICE_IDLE_MINUTES} minutes, not {value!r}"
             if problem:
                 raise fail(None, key, problem)
         else:
@@ -432,6 +437,7 @@ def parse(text: str, path: Path) -> Config:
         path=path, hosts=hosts, ssh_config=data.get("ssh_config"), theme=data.get("theme"),
         currency=currency, prices={str(k): float(v) for k, v in prices.items()}, budget=budget,
         providers=_check_providers(data.get("providers", {}), fail), groups=_check_groups(data.get("groups", {}), hosts, fail),
+        service_idle_minutes=float(data.get("service_idle_minutes", 10.0)),
     )
 
 

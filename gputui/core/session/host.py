@@ -311,6 +311,18 @@ class HostSession:
                 await self._channel.close()
         self.link = self._channel = None
 
+    @property
+    def connected(self) -> bool:
+        """Whether the link to the agent is up now."""
+        return self.link is not None and not self.link.closed.is_set()
+
+    async def ensure_connected(self) -> None:
+        """``start`` unless the link is up; a link that dropped is let go first (a long-lived caller that does
+        not keep the host connected in the background: the session service)."""
+        if not self.connected:
+            await self._drop_link()
+            await self.start()
+
     async def start(self) -> None:
         """Connect once; raise HostError / HostUnavailable with a user-facing message on failure."""
         self._publish(state=M.CONNECTING)

@@ -1,0 +1,106 @@
+"""`gputui status --json` answered by the session service (warm: its connection and agent kept) beside the
+same command run directly and beside OpenSSH's `ssh HOST nvidia-smi --query-gpu=... --format=csv`, over one
+loopback sshd, interleaved; then `watch -n 1 gputui status` for a while: the service's CPU, each command's own
+CPU, and the SSH connections the sshd accepted after the first.
+
+    python bench/service_status.py [--runs 11] [--watch-s 60]
+
+The host is bench/sshbox.py's, its PATH starting with the recorded-CSV stand-in of nvidia-smi the tests use
+(an H100 capture), as in bench/ssh_status.py. No asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+
+from sshbox import GPUTUI, ROOT, ssh_box  # noqa: E402
+
+from remote_agent.metrics.smi import CSV_FORMAT, GPU_FIELDS  # noqa: E402
+
+CAPTURE = ROOT / "tests" / "fixtures" / "gpu" / "h100-80gb-hbm3_590.48.01_capture.txt"
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def accepted(log: Path) -> int:
+    return log.read_text(errors="replace").count("Accepted publickey")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=11)
+    ap.add_argument("--watch-s", type=float, default=60.0, help="how long to run status once a second")
+    args = ap.parse_args()
+    with ssh_box() as box:
+        smi = box.root / "bin" / "nvidia-smi"
+        smi.parent.mkdir()
+        smi.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{CAPTURE.parent / "fake_nvidia_smi.py"}" '
+                       f'--capture "{CAPTURE}" --state idle "$@"\n')
+        smi.chmod(0o755)
+        authorized = box.server.authorized
+        authorized.write_text(authorized.read_text().replace('"PATH=', f'"PATH={smi.parent}:', 1))
+        served_env = {k: v for k, v in box.env.items() if k != "GPUTUI_DIRECT"}
+        status = [*GPUTUI, "status", "--json"]
+        subprocess.run(status, env=box.env, capture_output=True, check=True)  # deploys the agent
+        subprocess.run(status, env=served_env, capture_output=True, check=True)  # starts the service
+        info = None
+        for _ in range(600):
+            res = subprocess.run([*GPUTUI, "service", "--json"], env=served_env, capture_output=True, text=True)
+            if res.stdout.startswith("{"):
+                info = json.loads(res.stdout)
+                break
+            time.sleep(0.05)
+        if info is None:
+            raise SystemExit("no session service came up")
+        subprocess.run(status, env=served_env, capture_output=True, check=True)  # it connects: warm from here
+        fields = ",".join(f for f, _ in GPU_FIELDS)
+        peer_argv = [*box.ssh, "nvidia-smi", f"--query-gpu={fields}", CSV_FORMAT]
+        times: dict[str, list[float]] = {"served": [], "direct": [], "peer": []}
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            subprocess.run(status, env=served_env, stdout=subprocess.DEVNULL, check=True)
+            times["served"].append(time.perf_counter() - t)
+            times["direct"].append(box.timed(status))
+            times["peer"].append(box.timed(peer_argv))
+        pid, log = int(info["pid"]), box.server.log
+        before_cpu, before_conn, children = cpu_s(pid), accepted(log), 0.0
+        start = time.monotonic()
+        calls = 0
+        while time.monotonic() - start < args.watch_s:
+            tick = time.monotonic()
+            usage = os.times()
+            subprocess.run([*GPUTUI, "status"], env=served_env, stdout=subprocess.DEVNULL, check=True)
+            after = os.times()
+            children += (after.children_user - usage.children_user) + (after.children_system - usage.children_system)
+            calls += 1
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+        wall = time.monotonic() - start
+        service_pct = 100 * (cpu_s(pid) - before_cpu) / wall
+        new_conns = accepted(log) - before_conn
+        subprocess.run([*GPUTUI, "service", "stop"], env=served_env, capture_output=True)
+    peer = statistics.median(times["peer"])
+    print(f"one SSH host (loopback sshd, H100 stand-in), {args.runs} runs each, interleaved, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    for name, label in (("served", "gputui status --json (session service)"), ("direct", "gputui status --json --direct"),
+                        ("peer", "ssh HOST nvidia-smi --query-gpu")):
+        med = statistics.median(times[name])
+        print(f"{label:40s} median {med * 1000:6.1f} ms  min {min(times[name]) * 1000:6.1f} ms  {med / peer:4.2f}x")
+    print(f"watch -n 1 gputui status, {calls} calls in {wall:.0f} s: the service {service_pct:.2f} % of a core, "
+          f"each command {1000 * children / calls:.0f} ms of CPU ({100 * children / wall:.1f} % of a core), "
+          f"{new_conns} new SSH connections")
+
+
+if __name__ == "__main__":
+    main()

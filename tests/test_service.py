@@ -1,0 +1,173 @@
+"""Issue 41: the session service. ``gputui status`` is answered from one long-lived process per user, config
+file and environment that keeps the hosts' connections warm: the real CLI, a real sshd behind a fault proxy
+that counts connections, the service started by the commands themselves. Every other test runs with
+GPUTUI_DIRECT=1 (tests/conftest.py); these take it away."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SshHome, wait_for
+from faultproxy import FaultProxy
+
+
+@pytest.fixture
+def served(ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path) -> Iterator[SshHome]:
+    """Host ``box`` behind the proxy; commands may use a session service (its socket in a private runtime dir
+    of this test's); every service started is gone at the end."""
+    runtime = Path(tempfile.mkdtemp(prefix="gputui-test-run-", dir="/tmp"))  # another user may pass through it
+    runtime.chmod(0o711)
+    ssh_home.env.pop("GPUTUI_DIRECT", None)
+    ssh_home.env["XDG_RUNTIME_DIR"] = str(runtime)
+    ssh_home.configure(port=proxy.port)
+    yield ssh_home
+    for pid in service_pids(ssh_home):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(runtime, ignore_errors=True)
+
+
+def service_pids(home: SshHome) -> list[int]:
+    """The services started for this test's config (found by their command line)."""
+    config = str((home.root / ".config" / "gputui" / "config.toml").resolve())
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"gputui.service.server" in cmdline and config.encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def info(home: SshHome) -> dict[str, object] | None:
+    res = home.cli("service", "--json", timeout=30)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout) if res.stdout.startswith("{") else None
+
+
+def warm(home: SshHome) -> dict[str, object]:
+    """The first status goes direct and starts a service; the service then answers."""
+    first = home.cli("status", "--json", timeout=120)
+    assert first.returncode == 0, first.stderr
+    return wait_for(lambda: info(home), timeout=60, what="the service the first status started")
+
+
+def hosts(res: subprocess.CompletedProcess[str]) -> list[tuple[str, str, list[str]]]:
+    return [(h["name"], h["state"], sorted(h)) for h in json.loads(res.stdout)["hosts"]]
+
+
+def test_status_is_answered_over_the_kept_connection(served: SshHome, proxy: FaultProxy) -> None:
+    """After the first status, every status is the service's: one SSH connection in all, the same answer a
+    direct command gives (fields and states), the same exit status; the socket is 0600 in a 0700 dir."""
+    started = warm(served)
+    assert started["requests"] == 0 and started["hosts"] == {}  # nothing connected before a status asks
+    accepted = proxy.accepted
+    answers = [served.cli("status", "--json", timeout=120) for _ in range(5)]
+    assert all(a.returncode == 0 for a in answers), [a.stderr for a in answers]
+    assert proxy.accepted == accepted + 1  # the service's one connection, kept
+    direct = served.cli("status", "--json", "--direct", timeout=120)
+    assert proxy.accepted == accepted + 2 and hosts(direct) == hosts(answers[-1]) == hosts(answers[0])
+    assert [h[1] for h in hosts(direct)] == ["connected"]
+    short = served.cli("status", "--short", timeout=120)
+    assert short.returncode == 0 and short.stdout.startswith("box up") and proxy.accepted == accepted + 2
+    now = info(served)
+    assert now is not None and now["requests"] == 6 and now["hosts"] == {"box": "connected"}
+    [sock] = (Path(served.env["XDG_RUNTIME_DIR"]) / "gputui").glob("*.sock")
+    assert oct(sock.stat().st_mode & 0o777) == "0o600" and oct(sock.parent.stat().st_mode & 0o777) == "0o700"
+    assert served.cli("service", "stop", timeout=30).stdout.startswith("session service for")
+    wait_for(lambda: not sock.exists() and not service_pids(served), what="the service to stop")
+
+
+def test_errors_reach_the_command_unchanged_and_a_config_edit_is_followed(
+    served: SshHome, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    warm(served)
+    proxy.stop()  # the host stops answering: the same error and exit status as a direct command
+    down = served.cli("status", timeout=120)
+    direct = served.cli("status", "--direct", timeout=120)
+    assert down.returncode == direct.returncode != 0 and down.stderr.startswith("gputui: box: ")
+    served.configure(port=served.sshd.port)  # the user points box at the sshd itself: the service follows
+    up = served.cli("status", "--json", timeout=120)
+    assert up.returncode == 0 and [h[1] for h in hosts(up)] == ["connected"], up.stderr
+    assert info(served)["hosts"] == {"box": "connected"}  # type: ignore[index]
+    config = served.root / ".config" / "gputui" / "config.toml"
+    config.write_text(config.read_text().replace(f"port = {served.sshd.port}", "port = 0"))  # it no longer loads
+    bad, bad_direct = served.cli("status", timeout=60), served.cli("status", "--direct", timeout=60)
+    assert (bad.returncode, bad.stderr) == (bad_direct.returncode, bad_direct.stderr) and "port" in bad.stderr
+    assert bad.returncode == 2  # the command said it itself, directly, as always
+
+
+def test_a_killed_service_costs_a_command_nothing_and_another_build_is_never_used(served: SshHome) -> None:
+    """kill -9: the next status answers directly and starts a new service. A command of another build (here
+    an edited checkout) never talks to the old service: it answers directly and the old one exits."""
+    first = warm(served)
+    os.kill(int(first["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    res = served.cli("status", "--json", timeout=120)
+    assert res.returncode == 0 and [h[1] for h in hosts(res)] == ["connected"], res.stderr
+    second = wait_for(lambda: (i := info(served)) and i["pid"] != first["pid"] and i, timeout=60, what="a new service")
+    edited = ROOT / "gputui" / "service" / "__init__.py"
+    before = edited.stat()
+    try:
+        os.utime(edited, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+        other = served.cli("status", "--json", timeout=120)
+        assert other.returncode == 0 and [h[1] for h in hosts(other)] == ["connected"], other.stderr
+        wait_for(lambda: not Path(f"/proc/{second['pid']}").exists(), timeout=60, what="the old build's service to exit")
+    finally:
+        os.utime(edited, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def test_an_idle_service_exits_and_a_dir_others_can_enter_is_never_used(served: SshHome, tmp_path: Path) -> None:
+    path = served.root / ".config" / "gputui" / "config.toml"
+    path.write_text("service_idle_minutes = 0.02\n" + path.read_text())
+    started = warm(served)
+    assert served.cli("status", timeout=120).returncode == 0
+    wait_for(lambda: not Path(f"/proc/{started['pid']}").exists(), timeout=60, what="the idle service to exit")
+    runtime = Path(served.env["XDG_RUNTIME_DIR"]) / "gputui"
+    runtime.chmod(0o755)  # no longer private: status answers directly and starts no service
+    for _ in range(2):
+        res = served.cli("status", "--json", timeout=120)
+        assert res.returncode == 0, res.stderr
+    assert service_pids(served) == [] and list(runtime.glob("*.sock")) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's client needs root to become that user")
+def test_another_user_gets_no_answer(served: SshHome) -> None:
+    """The 0700 dir keeps other users out; with it opened (and the socket), the service still answers no one
+    but its user (SO_PEERCRED)."""
+    warm(served)
+    [sock] = (Path(served.env["XDG_RUNTIME_DIR"]) / "gputui").glob("*.sock")
+    probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])\n"
+             "try:\n    s.sendall(b'{\"op\": \"info\"}\\n'); print(repr(s.recv(100)))\n"
+             "except (ConnectionResetError, BrokenPipeError):\n    print('reset')")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", probe, str(sock)]
+    shut = subprocess.run(as_nobody, capture_output=True, text=True, timeout=60)
+    assert shut.returncode != 0 and "PermissionError" in shut.stderr  # the private dir
+    sock.parent.chmod(0o711)
+    sock.chmod(0o666)
+    try:
+        opened = subprocess.run(as_nobody, capture_output=True, text=True, timeout=60)
+        assert opened.returncode == 0 and opened.stdout.strip() in ("b''", "reset"), opened.stderr  # closed unanswered
+    finally:
+        sock.parent.chmod(0o700)
+        sock.chmod(0o600)
+    assert info(served) is not None  # and it still serves its user
+
+
+def test_the_commands_side_is_light() -> None:
+    """Talking to the service imports no asyncio, no asyncssh, no Rich or Textual: the gputui modules the light
+    path loads are the launcher and gputui/service's address and client alone."""
+    code = ("import sys; import gputui.launch, gputui.service.client; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('asyncio', 'asyncssh', 'rich', 'textual', 'gputui', 'remote_agent')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert res.stdout.strip() == str(sorted(["gputui", "gputui.launch", "gputui.service", "gputui.service.address",
+                                             "gputui.service.client"]))
