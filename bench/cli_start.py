@@ -89,7 +89,7 @@ def run(editable: Path, wheel: Path, runs: int) -> None:
         config.parent.mkdir(parents=True)
         config.write_text(f'[hosts.local]\ntransport = "local"\nremote_dir = "{home}/state"\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "GPUTUI_", "PYTHON"))}
-        env.update(HOME=home)
+        env.update(HOME=home, GPUTUI_DIRECT="1")  # the whole command each time (bench/service_status.py: served)
         py, ed = str(wheel / "bin" / "python"), str(editable / "bin" / "python")
         commands = {
             "python3 -c pass": [py, "-c", "pass"],
