@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
+import struct
 import tempfile
 from pathlib import Path
 
@@ -64,3 +66,14 @@ def build_id() -> str:
                 st = os.stat(os.path.join(folder, name))
                 digest.update(f"{folder}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def peer_uid(sock: socket.socket | None) -> int | None:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED); None where it cannot be told
+    (not Linux): no service is used then."""
+    if sock is None:
+        return None
+    try:
+        return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1])
+    except (AttributeError, OSError):
+        return None

@@ -7,17 +7,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from .address import UnsafeDir, build_id, runtime_dir, socket_path
+from .address import UnsafeDir, build_id, peer_uid, runtime_dir, socket_path
 
 CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 300.0  # a status of hosts that do not answer waits as long as a direct one would
 MAX_REPLY = 64 * 1024 * 1024
+
+
 def config_path(explicit: str | None) -> Path:
     """The config file a command reads (``gputui.core.config.file.resolve_path``'s order), absent or not."""
     if explicit:
@@ -26,13 +27,6 @@ def config_path(explicit: str | None) -> Path:
         return Path(os.environ["GPUTUI_CONFIG"]).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "gputui" / "config.toml"
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    try:
-        return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-    except (AttributeError, OSError):  # no SO_PEERCRED (not Linux): no service
-        return None
 
 
 def ask(config: Path, request: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, Any] | None:
@@ -87,9 +81,12 @@ def status(explicit: str | None, form: str) -> int | None:
     """``gputui status`` through the service: print its answer and return the exit status; None when the
     command must go on directly (a service is then started for the next command)."""
     config = config_path(explicit)
+    named = bool(explicit or os.environ.get("GPUTUI_CONFIG"))
+    if named and not config.is_file():
+        return None  # the command says what is wrong with the path
     reply = ask(config, {"op": "status", "form": form})
     if reply is None or not isinstance(reply.get("rc"), int):
-        start(config, bool(explicit or os.environ.get("GPUTUI_CONFIG")))
+        start(config, named)
         return None
     sys.stderr.write(str(reply.get("err") or ""))
     sys.stdout.write(str(reply.get("out") or ""))

@@ -18,8 +18,6 @@ import io
 import json
 import logging
 import os
-import socket
-import struct
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ from gputui.core.session import model as M
 from gputui.core.session.gather import gather_hosts
 from gputui.core.session.host import HostSession
 
-from .address import build_id, lock_path, socket_path
+from .address import build_id, lock_path, peer_uid, socket_path
 
 log = logging.getLogger("gputui.service")
 MAX_REQUEST = 64 * 1024
@@ -136,7 +134,7 @@ class Service:
         sock = writer.get_extra_info("socket")
         self.busy += 1
         try:
-            if _peer_uid(sock) != os.getuid():  # the 0700 dir keeps others out; this is the second lock
+            if peer_uid(sock) != os.getuid():  # the 0700 dir keeps others out; this is the second lock
                 return
             try:
                 line = await asyncio.wait_for(reader.readline(), REQUEST_TIMEOUT_S)
@@ -187,15 +185,6 @@ class Service:
                     path.unlink()
             if self.fleet is not None:
                 await self.fleet.close()
-
-
-def _peer_uid(sock: socket.socket | None) -> int | None:
-    if sock is None:
-        return None
-    try:
-        return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1])
-    except (AttributeError, OSError):
-        return None
 
 
 def _log_to_file() -> None:
