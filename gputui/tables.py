@@ -285,11 +285,14 @@ def code_cell(r: dict[str, Any]) -> str:
 
 
 def _cost_cell(r: dict[str, Any]) -> str:
-    """The run's cost, and what of it was paid while its GPUs idled or were throttled (``11.40 (3.10 wasted)``)."""
+    """The run's cost, what of it was paid while its GPUs idled or were throttled, and while they ran over a PCIe
+    link with lanes missing (``11.40 (3.10 wasted, 2.00 on a narrow PCIe link)``)."""
     if r.get("cost") is None:
         return "-"
-    wasted = r.get("cost_idle_or_throttled")
-    return f"{r['cost']:.2f}" + (f" ({wasted:.2f} wasted)" if isinstance(wasted, float) and wasted >= 0.005 else "")
+    parts = [f"{amount:.2f} {what}" for what, key in (("wasted", "cost_idle_or_throttled"),
+                                                      ("on a narrow PCIe link", "cost_narrow_link"))
+             if isinstance(amount := r.get(key), float) and amount >= 0.005]
+    return f"{r['cost']:.2f}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def _state_cell(r: dict[str, Any]) -> str:

@@ -120,23 +120,28 @@ def test_a_run_says_what_was_paid_while_its_gpu_idled_or_was_throttled(tmp_path:
     h100 = sections((FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt").read_text())["load :: query (-q)"]
     hot = _fault(_fault(h100, 0, r"^( +HW Slowdown +): Not Active$", r"\1: Active"), 0,
                  r"^( +HW Thermal Slowdown +): Not Active$", r"\1: Active")
+    narrow = _fault(h100, 0, r"^( +Current +): 16x$", r"\1: 8x")  # busy, its link trained at half its lanes
+    idle_narrow = _fault(A100_X8, 0, r"^( +Current +): 16x$", r"\1: 8x")  # idle: counted idle only
     recorder = UsageRecorder(str(tmp_path / "jobs" / "7"), 1, "0", "nvidia-smi")
-    for text in (A100_X8, A100_X8, hot, h100, h100, h100):
+    for text in (A100_X8, idle_narrow, hot, narrow, h100, h100):
         recorder.add(_wire(text, tmp_path))
     usage = recorder.usage
     assert (usage["gpu_samples"], usage["idle_samples"], usage["throttled_samples"]) == (6, 2, 1)
+    assert usage["narrow_link_samples"] == 1
     job = M.Job("h100", "7", "train", "succeeded", ("python", "train.py"), exit_code=0, started_at=0.0,
                 ended_at=3600.0, record={"usage": usage, "price_per_hour": 12.0})  # type: ignore[typeddict-unknown-key]
     record = run_record(job, None, "USD")
-    assert record["cost"] == 12.0 and record["cost_idle_or_throttled"] == 6.0
-    assert (record["idle_fraction"], record["throttled_fraction"]) == (2 / 6, 1 / 6)
-    runs = [Run(record, {}), Run(dict(record, cost_idle_or_throttled=0.0), {})]
+    assert record["cost"] == 12.0 and record["cost_idle_or_throttled"] == 6.0 and record["cost_narrow_link"] == 2.0
+    assert (record["idle_fraction"], record["throttled_fraction"], record["narrow_link_fraction"]) == (2 / 6, 1 / 6, 1 / 6)
+    runs = [Run(record, {}), Run(dict(record, cost_idle_or_throttled=0.0, cost_narrow_link=0.0), {})]
     [paid] = [r for r in compare_rows(runs) if r.field == "wasted"]
     assert paid.cells == ("6.00", "0.00") and paid.differs
+    [slow] = [r for r in compare_rows(runs) if r.field == "narrow PCIe"]
+    assert slow.cells == ("2.00", "0.00") and slow.differs
     from gputui.tables import print_history
 
     print_history([dict(record, host="h100", id="7", name="train", metrics={}, code=None, git=None)])
-    assert "12.00 (6.00 wasted)" in capsys.readouterr().out
+    assert "12.00 (6.00 wasted, 2.00 on a narrow PCIe link)" in capsys.readouterr().out
 
 
 def test_the_doctor_says_which_gpu_is_not_the_one_paid_for_and_what_to_do(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Written to ``usage.json`` in the job dir: peak GPU memory held by the job's process tree, the mean
 utilisation of the GPUs the job was given (all of them when it was not restricted), and how many of the
 samples of those GPUs found them all idle (below ``IDLE_UTIL_PERCENT``) or one of them throttled by heat or
-hardware: the share of the run's cost paid for nothing (gputui history). In a pod, where NVML's
+hardware: the share of the run's cost paid for nothing (gputui history); and how many busy samples ran over a
+PCIe link with lanes missing (``narrow_link_samples``: paid for a slower machine than listed). In a pod, where NVML's
 pids are not in this /proc, the job's GPU processes are inferred as the agent does (container.py), and
 ``gpu_mem_inferred`` says so.
 
@@ -30,6 +31,13 @@ def visible_indices(spec: Optional[str]) -> Optional[List[str]]:
     if not spec or spec == "all":
         return None
     return [] if spec == "none" else spec.split(",")
+
+
+def narrow_link(gpu: Dict[str, Any]) -> bool:
+    """The GPU's PCIe link trained with fewer lanes than the GPU and its slot allow (its generation drops when
+    it idles, by design: only the width says the link is degraded)."""
+    width, widest = gpu.get("pcie_width"), gpu.get("pcie_width_max")
+    return isinstance(width, int) and isinstance(widest, int) and 0 < width < widest
 
 
 class UsageRecorder(threading.Thread):
@@ -63,8 +71,11 @@ class UsageRecorder(threading.Thread):
             utils = [g.get("util_percent") for g in mine]
             if all(isinstance(x, (int, float)) and x < P.IDLE_UTIL_PERCENT for x in utils):
                 u["idle_samples"] = u.get("idle_samples", 0) + 1
-            elif any(r in P.HW_THROTTLE for g in mine for r in g.get("throttle_reasons") or ()):
-                u["throttled_samples"] = u.get("throttled_samples", 0) + 1
+            else:
+                if any(r in P.HW_THROTTLE for g in mine for r in g.get("throttle_reasons") or ()):
+                    u["throttled_samples"] = u.get("throttled_samples", 0) + 1
+                if any(narrow_link(g) for g in mine):  # busy over a link with lanes missing: transfers slower
+                    u["narrow_link_samples"] = u.get("narrow_link_samples", 0) + 1
         mem = 0.0
         for gpu in sample.get("gpus") or []:
             for p in gpu.get("processes") or []:

@@ -252,12 +252,12 @@ def merge_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue  # merged already
         mine.sort(key=lambda x: x["group"].get("rank", 0))
         costs = [x["cost"] for x in mine if x.get("cost") is not None]
-        wasted = [x["cost_idle_or_throttled"] for x in mine if x.get("cost_idle_or_throttled") is not None]
+        summed = {key: [x[key] for x in mine if x.get(key) is not None] for key in ("cost_idle_or_throttled", "cost_narrow_link")}
         parts = [{"host": x["host"], "id": x["id"], "rank": x["group"].get("rank"), "state": x["state"],
                   "exit_code": x["exit_code"], "gpus": x["gpus"], "cost": x.get("cost")} for x in mine]
         faults = [dict(f, host=x["host"]) for x in mine for f in x.get("gpu_faults") or []]
         lead = dict(mine[0], cost=sum(costs) if costs else None, group=dict(group, parts=parts),
-                    cost_idle_or_throttled=sum(wasted) if wasted else None, gpu_faults=faults)
+                    gpu_faults=faults, **{key: sum(v) if v else None for key, v in summed.items()})
         lead["ended_at"] = max((x["ended_at"] for x in mine if x.get("ended_at") is not None), default=None)
         out.append(lead)
     return out

@@ -103,15 +103,19 @@ def visible_gpus(job: Job) -> list[P.GpuFact]:
 
 def wasted(usage: dict[str, Any], cost: float | None) -> dict[str, Any]:
     """The share of a run's GPU samples that found its GPUs idle or throttled by heat or hardware, and what that
-    share of its cost came to (``usage.json``, remote_agent/jobs/usage.py); None where nothing says."""
+    share of its cost came to; and the same for its busy samples over a PCIe link with lanes missing (a slower
+    machine than the one listed, not nothing: apart). From ``usage.json`` (remote_agent/jobs/usage.py); None
+    where nothing says."""
     samples = usage.get("gpu_samples")
     if not isinstance(samples, int) or samples <= 0:
-        return {"idle_fraction": None, "throttled_fraction": None, "cost_idle_or_throttled": None}
-    idle, throttled = (min(max(n, 0), samples) if isinstance(n := usage.get(k), int) else 0
-                       for k in ("idle_samples", "throttled_samples"))
+        return {"idle_fraction": None, "throttled_fraction": None, "cost_idle_or_throttled": None,
+                "narrow_link_fraction": None, "cost_narrow_link": None}
+    idle, throttled, narrow = (min(max(n, 0), samples) if isinstance(n := usage.get(k), int) else 0
+                               for k in ("idle_samples", "throttled_samples", "narrow_link_samples"))
     share = min((idle + throttled) / samples, 1.0)
     return {"idle_fraction": idle / samples, "throttled_fraction": throttled / samples,
-            "cost_idle_or_throttled": None if cost is None else cost * share}
+            "cost_idle_or_throttled": None if cost is None else cost * share,
+            "narrow_link_fraction": narrow / samples, "cost_narrow_link": None if cost is None else cost * narrow / samples}
 
 
 def run_faults(usage: dict[str, Any]) -> list[dict[str, Any]]:
