@@ -18,7 +18,7 @@ import termios
 import threading
 import time
 import tty
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from ..fsutil import read_json, user_umask, write_json
 from ..host.boot import boot_id
@@ -116,14 +116,83 @@ def _spawn(argv: List[str], cwd: str, env: Dict[str, str]) -> "tuple[int, int]":
     return pid, master
 
 
-def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
-    """Run the job of ``job_dir`` (its next attempt); ``launcher``: argv starting this agent build again."""
-    with open(os.path.join(job_dir, "job.json"), "rb") as f:
-        job = json.loads(f.read().decode("utf-8"))
+def _pump(master: int, pid: int, log: LogWriter, log_clock: LogClock, pane: bool) -> int:
+    """Copy the job's pty to its log (and to the pane, ``pane``) and the pane's keys to the job until the job
+    ends and its pty is drained; the job's wait status."""
+    stdin_fd: Optional[int] = sys.stdin.fileno() if sys.stdin.isatty() else None
+    saved_tty = None
+    if stdin_fd is not None:
+        _copy_winsize(stdin_fd, master)
+        signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
+        saved_tty = termios.tcgetattr(stdin_fd)
+        tty.setraw(stdin_fd)  # keystrokes (Ctrl-C too) reach the job through its pty, untouched
+    out_fd = sys.stdout.fileno()
+    pane_ok = pane  # else its stdout (a Slurm batch job's slurm.out) is for the runner's errors
+    status: Optional[int] = None
+    try:
+        while True:
+            fds = [master] + ([stdin_fd] if stdin_fd is not None else [])
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.5)
+            except InterruptedError:
+                continue
+            if master in ready:
+                try:
+                    data = os.read(master, READ_SIZE)
+                except OSError as exc:  # EIO: every holder of the pty's slave side has gone
+                    if exc.errno != errno.EIO:
+                        raise
+                    data = b""
+                if not data:
+                    break
+                before = log.offset
+                log.write(data)
+                log_clock.wrote(log.offset - before)
+                if pane_ok:
+                    try:
+                        _write_all(out_fd, data)
+                    except OSError:
+                        pane_ok = False
+            if stdin_fd is not None and stdin_fd in ready:
+                try:
+                    keys = os.read(stdin_fd, 1024)
+                except OSError:
+                    keys = b""
+                if keys:
+                    _write_all(master, keys)
+                else:
+                    stdin_fd = None
+            if not ready and status is None:
+                done, st = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = st
+                    # The job is gone; leftover background children may hold the pty: drain briefly, then stop.
+                    while select.select([master], [], [], 0.2)[0]:
+                        try:
+                            data = os.read(master, READ_SIZE)
+                        except OSError:
+                            break
+                        if not data:
+                            break
+                        log.write(data)
+                    break
+    finally:
+        if saved_tty is not None and stdin_fd is not None:
+            try:
+                termios.tcsetattr(stdin_fd, termios.TCSAFLUSH, saved_tty)
+            except termios.error:
+                pass
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    return status
+
+
+def _attempt(job_dir: str, job: Dict[str, Any], on_slurm: bool) -> Union[Tuple[Dict[str, str], int], int]:
+    """(the environment, the number) of the attempt to run now; or the runner's exit status when it must not
+    run (killed while waiting to restart, its secrets unreadable: the job ends, saying why)."""
     with open(os.path.join(job_dir, "env.json"), "rb") as f:
         env = json.loads(f.read().decode("utf-8"))
-    on_slurm = job.get("scheduler") == "slurm"  # a Slurm batch job: the allocation's environment is the base
-    if on_slurm:
+    if on_slurm:  # a Slurm batch job: the allocation's environment is the base
         env = dict(os.environ, **env)
     env.update(restart_policy.attempt_env(job_dir, job))  # GPUTUI_ATTEMPT, GPUTUI_RESUME_FROM (restart policies)
     attempt = restart_policy.current_attempt(job_dir)
@@ -142,6 +211,18 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
         return 1
     if names and not on_slurm and restart_policy.policy_of(job) is None:
         job_secrets.forget(job_dir)  # its one attempt has them: the host keeps them no longer
+    return env, attempt
+
+
+def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
+    """Run the job of ``job_dir`` (its next attempt); ``launcher``: argv starting this agent build again."""
+    with open(os.path.join(job_dir, "job.json"), "rb") as f:
+        job = json.loads(f.read().decode("utf-8"))
+    on_slurm = job.get("scheduler") == "slurm"
+    prepared = _attempt(job_dir, job, on_slurm)
+    if isinstance(prepared, int):
+        return prepared
+    env, attempt = prepared
 
     pid_path = os.path.join(job_dir, "pid.json")
     before = read_json(pid_path)
@@ -212,71 +293,7 @@ def run(job_dir: str, launcher: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
 
-    stdin_fd: Optional[int] = sys.stdin.fileno() if sys.stdin.isatty() else None
-    saved_tty = None
-    if stdin_fd is not None:
-        _copy_winsize(stdin_fd, master)
-        signal.signal(signal.SIGWINCH, lambda *_: _copy_winsize(stdin_fd, master))
-        saved_tty = termios.tcgetattr(stdin_fd)
-        tty.setraw(stdin_fd)  # keystrokes (Ctrl-C too) reach the job through its pty, untouched
-    out_fd = sys.stdout.fileno()
-    pane_ok = not on_slurm  # a Slurm batch job has no pane: its stdout (slurm.out) is for the runner's errors
-    status: Optional[int] = None
-    try:
-        while True:
-            fds = [master] + ([stdin_fd] if stdin_fd is not None else [])
-            try:
-                ready, _, _ = select.select(fds, [], [], 0.5)
-            except InterruptedError:
-                continue
-            if master in ready:
-                try:
-                    data = os.read(master, READ_SIZE)
-                except OSError as exc:  # EIO: every holder of the pty's slave side has gone
-                    if exc.errno != errno.EIO:
-                        raise
-                    data = b""
-                if not data:
-                    break
-                before = log.offset
-                log.write(data)
-                log_clock.wrote(log.offset - before)
-                if pane_ok:
-                    try:
-                        _write_all(out_fd, data)
-                    except OSError:
-                        pane_ok = False
-            if stdin_fd is not None and stdin_fd in ready:
-                try:
-                    keys = os.read(stdin_fd, 1024)
-                except OSError:
-                    keys = b""
-                if keys:
-                    _write_all(master, keys)
-                else:
-                    stdin_fd = None
-            if not ready and status is None:
-                done, st = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    status = st
-                    # The job is gone; leftover background children may hold the pty: drain briefly, then stop.
-                    while select.select([master], [], [], 0.2)[0]:
-                        try:
-                            data = os.read(master, READ_SIZE)
-                        except OSError:
-                            break
-                        if not data:
-                            break
-                        log.write(data)
-                    break
-    finally:
-        if saved_tty is not None and stdin_fd is not None:
-            try:
-                termios.tcsetattr(stdin_fd, termios.TCSAFLUSH, saved_tty)
-            except termios.error:
-                pass
-    if status is None:
-        _, status = os.waitpid(pid, 0)
+    status = _pump(master, pid, log, log_clock, pane=not on_slurm)  # a Slurm batch job has no pane
     code, sig = _exit_code(status)
     log.close()
     log_clock.close()
