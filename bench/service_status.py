@@ -22,11 +22,9 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from sshbox import GPUTUI, ROOT, ssh_box  # noqa: E402
+from sshbox import GPUTUI, smi_stand_in, ssh_box  # noqa: E402
 
 from remote_agent.metrics.smi import CSV_FORMAT, GPU_FIELDS  # noqa: E402
-
-CAPTURE = ROOT / "tests" / "fixtures" / "gpu" / "h100-80gb-hbm3_590.48.01_capture.txt"
 
 
 def cpu_s(pid: int) -> float:
@@ -44,13 +42,7 @@ def main() -> None:
     ap.add_argument("--watch-s", type=float, default=60.0, help="how long to run status once a second")
     args = ap.parse_args()
     with ssh_box() as box:
-        smi = box.root / "bin" / "nvidia-smi"
-        smi.parent.mkdir()
-        smi.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{CAPTURE.parent / "fake_nvidia_smi.py"}" '
-                       f'--capture "{CAPTURE}" --state idle "$@"\n')
-        smi.chmod(0o755)
-        authorized = box.server.authorized
-        authorized.write_text(authorized.read_text().replace('"PATH=', f'"PATH={smi.parent}:', 1))
+        smi_stand_in(box)
         served_env = {k: v for k, v in box.env.items() if k != "GPUTUI_DIRECT"}
         status = [*GPUTUI, "status", "--json"]
         subprocess.run(status, env=box.env, capture_output=True, check=True)  # deploys the agent

@@ -26,11 +26,10 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 
-from sshbox import GPUTUI, ROOT, ssh_box  # noqa: E402
+from sshbox import GPUTUI, smi_stand_in, ssh_box  # noqa: E402
 
 from remote_agent.metrics.smi import CSV_FORMAT, GPU_FIELDS  # noqa: E402
 
-CAPTURE = ROOT / "tests" / "fixtures" / "gpu" / "h100-80gb-hbm3_590.48.01_capture.txt"
 PHASES = ("imports", "connect", "probe", "agent start", "status op", "close")
 
 
@@ -69,13 +68,7 @@ def main() -> None:
         print(json.dumps(asyncio.run(_phases())))
         return
     with ssh_box() as box:
-        smi = box.root / "bin" / "nvidia-smi"
-        smi.parent.mkdir()
-        smi.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{CAPTURE.parent / "fake_nvidia_smi.py"}" '
-                       f'--capture "{CAPTURE}" --state idle "$@"\n')
-        smi.chmod(0o755)
-        authorized = box.server.authorized  # the key's sessions get PATH=...: the stand-in comes first
-        authorized.write_text(authorized.read_text().replace('"PATH=', f'"PATH={smi.parent}:', 1))
+        smi_stand_in(box)
         fields = ",".join(f for f, _ in GPU_FIELDS)
         commands = {
             "gputui status --json": [*GPUTUI, "status", "--json"],

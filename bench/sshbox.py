@@ -98,3 +98,18 @@ def ssh_box(extra_config: str = "") -> Iterator[Box]:
         server.stop()
         stop_agents(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+CAPTURE = ROOT / "tests" / "fixtures" / "gpu" / "h100-80gb-hbm3_590.48.01_capture.txt"
+
+
+def smi_stand_in(box: Box) -> None:
+    """Put the recorded-CSV stand-in of nvidia-smi the tests use (an H100 capture) first on the host's PATH."""
+    smi = box.root / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{CAPTURE.parent / "fake_nvidia_smi.py"}" '
+                   f'--capture "{CAPTURE}" --state idle "$@"\n')
+    smi.chmod(0o755)
+    authorized = box.server.authorized  # the key's sessions get PATH=...: the stand-in comes first
+    authorized.write_text(authorized.read_text().replace('"PATH=', f'"PATH={smi.parent}:', 1))
+
