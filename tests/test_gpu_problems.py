@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from rich.text import Text
 
 from gputui.core.session import model as M
@@ -159,3 +160,28 @@ def test_the_doctor_says_which_gpu_is_not_the_one_paid_for_and_what_to_do(tmp_pa
     assert "sudo nvidia-smi -r -i 7" in checks["gpu.7"]["fix"]
     assert checks["gpu.5"]["status"] == "fail" and checks["gpu.3"]["status"] == "warn"
     assert checks["gpu.0"]["detail"] == "persistence mode off"  # its link at full width: nothing to say
+
+
+def test_a_run_has_the_energy_its_gpus_drew(tmp_path: Path) -> None:
+    """Each run's kWh from its GPUs' power readings (the mean of two readings times the time between them); a
+    gap without samples (no sampler ran) counts nothing, and a reading that is not a power counts nothing."""
+    from gputui.core.jobs.compare import Run, compare_rows
+    from gputui.core.jobs.records import run_record
+    from remote_agent.jobs.usage import UsageRecorder
+
+    recorder = UsageRecorder(str(tmp_path / "jobs" / "7"), 1, None, "nvidia-smi")
+
+    def at(t: float, *watts: object) -> dict:
+        return {"t": t, "gpus": [{"index": i, "util_percent": 90.0, "power_w": w} for i, w in enumerate(watts)]}
+
+    for sample in (at(0, 300.0, 300.0), at(10, 400.0, 400.0), at(20, 400.0, 400.0),  # 7 kJ + 8 kJ
+                   at(3620, 400.0, 400.0),  # an hour without samples: nothing
+                   at(3630, 400.0, "n/a"), at(3640, 400.0, 400.0), at(3650, 400.0, 400.0)):  # 8 kJ
+        recorder.add(sample)
+    assert recorder.usage["energy_j"] == pytest.approx(23_000.0)
+    job = M.Job("h100", "7", "train", "succeeded", ("python", "train.py"), exit_code=0, started_at=0.0,
+                ended_at=3650.0, record={"usage": recorder.usage})  # type: ignore[typeddict-unknown-key]
+    record = run_record(job, None, "USD")
+    assert record["energy_kwh"] == pytest.approx(23_000.0 / 3.6e6)
+    [kwh] = [r for r in compare_rows([Run(record, {}), Run(dict(record, energy_kwh=None), {})]) if r.field == "GPU kWh"]
+    assert kwh.cells == ("0.006", "-")

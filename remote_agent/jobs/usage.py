@@ -4,7 +4,8 @@ Written to ``usage.json`` in the job dir: peak GPU memory held by the job's proc
 utilisation of the GPUs the job was given (all of them when it was not restricted), and how many of the
 samples of those GPUs found them all idle (below ``IDLE_UTIL_PERCENT``) or one of them throttled by heat or
 hardware: the share of the run's cost paid for nothing (gputui history); and how many busy samples ran over a
-PCIe link with lanes missing (``narrow_link_samples``: paid for a slower machine than listed). In a pod, where NVML's
+PCIe link with lanes missing (``narrow_link_samples``: paid for a slower machine than listed); the energy the
+GPUs drew (``energy_j``, from their power readings). In a pod, where NVML's
 pids are not in this /proc, the job's GPU processes are inferred as the agent does (container.py), and
 ``gpu_mem_inferred`` says so.
 
@@ -15,7 +16,7 @@ metrics ring: no NVML call of its own. Otherwise it reads NVML itself, only the 
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..fsutil import write_json
@@ -24,6 +25,7 @@ from ..metrics.ring import latest_sample
 from .store import running_jobs
 
 EVERY_S = 5.0
+ENERGY_GAP_S = 60.0  # two samples further apart than this: the power between them is not known
 
 
 def visible_indices(spec: Optional[str]) -> Optional[List[str]]:
@@ -56,6 +58,7 @@ class UsageRecorder(threading.Thread):
         self._util_sum = 0.0
         self._util_n = 0
         self.started = time.time()
+        self._power_at: Optional[Tuple[float, float]] = None  # the last sample's (time, summed watts)
 
     def _mine(self, gpu: Dict[str, Any]) -> bool:
         return (
@@ -65,6 +68,7 @@ class UsageRecorder(threading.Thread):
     def add(self, sample: Dict[str, Any]) -> None:
         self._faults([g for g in sample.get("gpus") or [] if self._mine(g)])
         mine = [g for g in sample.get("gpus") or [] if self._mine(g) and g.get("state") != P.GPU_LOST]
+        self._energy(sample.get("t"), [g.get("power_w") for g in mine])
         if mine:  # idle, or slowed by heat or hardware: paid for nothing (a GPU both: counted as idle)
             u = self.usage
             u["gpu_samples"] = u.get("gpu_samples", 0) + 1
@@ -90,6 +94,18 @@ class UsageRecorder(threading.Thread):
         u["samples"] += 1
         u["gpu_peak_mem_mib"] = max(u["gpu_peak_mem_mib"], mem)
         u["gpu_mean_util"] = self._util_sum / self._util_n if self._util_n else None
+
+    def _energy(self, t: Any, watts: List[Any]) -> None:
+        """The energy the job's GPUs drew (``energy_j``): their summed power between two samples, averaged,
+        times the time between them; a gap longer than ``ENERGY_GAP_S`` (no sampler ran) counts nothing."""
+        if not watts or not isinstance(t, (int, float)) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) and 0 <= w < 1e5 for w in watts):
+            self._power_at = None
+            return
+        now = (float(t), float(sum(watts)))
+        last, self._power_at = self._power_at, now
+        if last is not None and 0 < now[0] - last[0] <= ENERGY_GAP_S:
+            self.usage["energy_j"] = self.usage.get("energy_j", 0.0) + (last[1] + now[1]) / 2 * (now[0] - last[0])
 
     def _faults(self, gpus: List[Dict[str, Any]]) -> None:
         """The driver's XIDs on this job's GPUs since it started, kept in its record (``faults``, at most 20)."""

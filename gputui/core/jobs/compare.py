@@ -152,6 +152,7 @@ def compare_rows(runs: Sequence[Run]) -> list[Row]:
         row("cost", [_num(rec.get("cost"), ".2f") for rec in recs]),
         row("wasted", [_num(rec.get("cost_idle_or_throttled"), ".2f") for rec in recs]),
         row("narrow PCIe", [_num(rec.get("cost_narrow_link"), ".2f") for rec in recs]),
+        row("GPU kWh", [_num(rec.get("energy_kwh"), ".3f") for rec in recs]),
         *([row("XIDs", [", ".join(f"GPU {f['gpu']}: {f['xid'] or f['kind']}" for f in rec["gpu_faults"]) or "-"
                         for rec in recs])] if any(rec.get("gpu_faults") for rec in recs) else []),
     ]

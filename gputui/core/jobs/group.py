@@ -252,7 +252,7 @@ def merge_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue  # merged already
         mine.sort(key=lambda x: x["group"].get("rank", 0))
         costs = [x["cost"] for x in mine if x.get("cost") is not None]
-        summed = {key: [x[key] for x in mine if x.get(key) is not None] for key in ("cost_idle_or_throttled", "cost_narrow_link")}
+        summed = {key: [x[key] for x in mine if x.get(key) is not None] for key in ("cost_idle_or_throttled", "cost_narrow_link", "energy_kwh")}
         parts = [{"host": x["host"], "id": x["id"], "rank": x["group"].get("rank"), "state": x["state"],
                   "exit_code": x["exit_code"], "gpus": x["gpus"], "cost": x.get("cost")} for x in mine]
         faults = [dict(f, host=x["host"]) for x in mine for f in x.get("gpu_faults") or []]

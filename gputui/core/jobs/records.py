@@ -101,6 +101,12 @@ def visible_gpus(job: Job) -> list[P.GpuFact]:
     return [g for g in inventory if str(g.get("index")) in wanted or g.get("uuid") in wanted]
 
 
+def _kwh(joules: Any) -> float | None:
+    if isinstance(joules, (int, float)) and not isinstance(joules, bool) and 0 <= joules < 1e15:
+        return joules / 3.6e6
+    return None
+
+
 def wasted(usage: dict[str, Any], cost: float | None) -> dict[str, Any]:
     """The share of a run's GPU samples that found its GPUs idle or throttled by heat or hardware, and what that
     share of its cost came to; and the same for its busy samples over a PCIe link with lanes missing (a slower
@@ -164,6 +170,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         "cost": price * duration / 3600.0 if price is not None and duration is not None else None,
         **wasted(usage, price * duration / 3600.0 if price is not None and duration is not None else None),
         "gpu_faults": run_faults(usage),  # the driver's XIDs on its GPUs while it ran
+        "energy_kwh": _kwh(usage.get("energy_j")),  # what its GPUs drew, from their power readings
         "currency": currency,
         "metrics": dict(insights.metrics) if insights else {},
         "hints": [h.to_json() for h in insights.hints] if insights else [],
