@@ -1,6 +1,6 @@
 """`gputui status --json` answered by the session service (warm: its connection and agent kept) beside the
-same command run directly and beside OpenSSH's `ssh HOST nvidia-smi --query-gpu=... --format=csv`, over one
-loopback sshd, interleaved; then `watch -n 1 gputui status` for a while: the service's CPU, each command's own
+same command run directly and beside OpenSSH's `ssh HOST nvidia-smi --query-gpu=... --format=csv`, and `gputui
+jobs --json` (the SSH host, served and direct) beside `python3 -c pass`, over one loopback sshd, interleaved; then `watch -n 1 gputui status` for a while: the service's CPU, each command's own
 CPU, and the SSH connections the sshd accepted after the first.
 
     python bench/service_status.py [--runs 11] [--watch-s 60]
@@ -59,13 +59,16 @@ def main() -> None:
         subprocess.run(status, env=served_env, capture_output=True, check=True)  # it connects: warm from here
         fields = ",".join(f for f, _ in GPU_FIELDS)
         peer_argv = [*box.ssh, "nvidia-smi", f"--query-gpu={fields}", CSV_FORMAT]
-        times: dict[str, list[float]] = {"served": [], "direct": [], "peer": []}
+        times: dict[str, list[float]] = {"served": [], "direct": [], "peer": [], "jobs": [], "jobs direct": [],
+                                         "python": []}
+        jobs = [*GPUTUI, "jobs", "--json"]
         for _ in range(args.runs):
-            t = time.perf_counter()
-            subprocess.run(status, env=served_env, stdout=subprocess.DEVNULL, check=True)
-            times["served"].append(time.perf_counter() - t)
-            times["direct"].append(box.timed(status))
-            times["peer"].append(box.timed(peer_argv))
+            for name, argv, env in (("served", status, served_env), ("direct", status, box.env),
+                                    ("peer", peer_argv, box.env), ("jobs", jobs, served_env),
+                                    ("jobs direct", jobs, box.env), ("python", [sys.executable, "-c", "pass"], box.env)):
+                t = time.perf_counter()
+                subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
+                times[name].append(time.perf_counter() - t)
         pid, log = int(info["pid"]), box.server.log
         before_cpu, before_conn, children = cpu_s(pid), accepted(log), 0.0
         start = time.monotonic()
@@ -85,10 +88,17 @@ def main() -> None:
     peer = statistics.median(times["peer"])
     print(f"one SSH host (loopback sshd, H100 stand-in), {args.runs} runs each, interleaved, "
           f"load average {os.getloadavg()[0]:.1f}")
-    for name, label in (("served", "gputui status --json (session service)"), ("direct", "gputui status --json --direct"),
-                        ("peer", "ssh HOST nvidia-smi --query-gpu")):
+    python = statistics.median(times["python"])
+    for name, label, base, of in (
+        ("served", "gputui status --json (session service)", peer, "ssh nvidia-smi"),
+        ("direct", "gputui status --json --direct", peer, "ssh nvidia-smi"),
+        ("peer", "ssh HOST nvidia-smi --query-gpu", peer, "ssh nvidia-smi"),
+        ("jobs", "gputui jobs --json (session service)", python, "python3 -c pass"),
+        ("jobs direct", "gputui jobs --json --direct", python, "python3 -c pass"),
+        ("python", "python3 -c pass", python, "python3 -c pass"),
+    ):
         med = statistics.median(times[name])
-        print(f"{label:40s} median {med * 1000:6.1f} ms  min {min(times[name]) * 1000:6.1f} ms  {med / peer:4.2f}x")
+        print(f"{label:40s} median {med * 1000:6.1f} ms  min {min(times[name]) * 1000:6.1f} ms  {med / base:5.2f}x {of}")
     print(f"watch -n 1 gputui status, {calls} calls in {wall:.0f} s: the service {service_pct:.2f} % of a core, "
           f"each command {1000 * children / calls:.0f} ms of CPU ({100 * children / wall:.1f} % of a core), "
           f"{new_conns} new SSH connections")

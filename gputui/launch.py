@@ -22,23 +22,27 @@ def main() -> None:
 
 
 def status_through_service(argv: list[str]) -> int | None:
-    """``gputui status [--json | --short] [--config PATH]`` answered by the session service (its exit status),
-    or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is then
-    started for the next command, and this one goes on directly)."""
+    """``gputui status [--json | --short]`` or ``gputui jobs [HOST] [--json]`` (each with ``--config PATH``
+    anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
+    ``GPUTUI_DIRECT=1``, or no service to answer (one is then started for the next command, and this one goes
+    on directly)."""
     import os
 
-    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] != "status":
+    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs"):
         return None
-    form, config, words = "text", None, iter(argv[1:])
+    form, config, host, words = "text", None, None, iter(argv[1:])
+    flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
     for word in words:
-        if word in ("--json", "--short") and form == "text":
+        if word in flags and form == "text":
             form = word[2:]
         elif word == "--config" and config is None:
             config = next(words, None)
             if config is None:
                 return None
+        elif argv[0] == "jobs" and host is None and word and not word.startswith("-"):
+            host = word
         else:
-            return None  # --direct, --help, anything else: the CLI reads it
+            return None  # --direct, --help, --series, anything else: the CLI reads it
     from .service import client
 
-    return client.status(config, form)
+    return client.answer(config, {"op": argv[0], "form": form, "host": host})

@@ -88,6 +88,21 @@ def test_status_is_answered_over_the_kept_connection(served: SshHome, proxy: Fau
     wait_for(lambda: not sock.exists() and not service_pids(served), what="the service to stop")
 
 
+def test_jobs_are_answered_over_the_kept_connection_too(served: SshHome, proxy: FaultProxy) -> None:
+    warm(served)
+    job = served.cli("run", "box", "--", "python3", "-c", "print('hi')", timeout=120).stdout.strip()
+    assert served.cli("status", timeout=120).returncode == 0  # the service connects
+    accepted = proxy.accepted
+    listed = wait_for(lambda: (r := served.cli("jobs", "--json", timeout=120)).returncode == 0
+                      and [j["state"] for j in json.loads(r.stdout)] == ["succeeded"] and r, what="the job's end")
+    one = served.cli("jobs", "box", timeout=120)
+    assert one.returncode == 0 and f"{job} " in one.stdout and proxy.accepted == accepted  # no new connection
+    direct = served.cli("jobs", "--json", "--direct", timeout=120)
+    assert [j["id"] for j in json.loads(listed.stdout)] == [j["id"] for j in json.loads(direct.stdout)] == [job]
+    unknown = served.cli("jobs", "nosuchhost", timeout=60)
+    assert unknown.returncode == 2 and "unknown host 'nosuchhost'" in unknown.stderr  # said by the command itself
+
+
 def test_errors_reach_the_command_unchanged_and_a_config_edit_is_followed(
     served: SshHome, proxy: FaultProxy, tmp_path: Path
 ) -> None:

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ..core import jsonout, safetext
@@ -364,10 +365,16 @@ async def cmd_jobs(args: argparse.Namespace) -> int:
         jobs, errors = await collect_jobs(fleet, host_names(fleet.config, args.host))
         jobs = job_group.merge_parts(jobs)  # a job over several hosts is one line
         series = await _series(fleet, [(j.host, j.id) for j in jobs]) if args.series else {}
+    return show_jobs(jobs, errors, args.json, series if args.series else None)
+
+
+def show_jobs(jobs: list[M.Job], errors: Mapping[str, object], as_json: bool, series: dict[Any, Any] | None = None) -> int:
+    """Print the jobs (a table, or JSON with each job's ``series`` where asked) and each host's error; the exit
+    status."""
     status = hosts_status(errors)
-    if args.json:
+    if as_json:
         out = [j.to_json() for j in jobs]
-        if args.series:  # null where the host could not say
+        if series is not None:  # null where the host could not say
             for j, item in zip(jobs, out, strict=True):
                 item["series"] = series[(j.host, j.id)].to_json() if (j.host, j.id) in series else None
         print(jsonout.dumps(out))
@@ -580,6 +587,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     j.add_argument(
         "--series", action="store_true", help="with --json: each job's metric series (kept on the host)"
     )
+    j.add_argument("--direct", action="store_true",
+                   help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
     j.set_defaults(func=cmd_jobs)
 
     hi = sub.add_parser(

@@ -1,11 +1,12 @@
 """The command's side of the session service (stdlib only: no asyncio, no asyncssh): answer ``gputui status``
-from the service of this config file and environment, or say the command must go on directly, starting a
+(and ``gputui jobs``) from the service of this config file and environment, or say the command must go on directly, starting a
 service for the next command when there is none."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,14 +78,14 @@ def start(config: Path, explicit: bool) -> None:
         pass
 
 
-def status(explicit: str | None, form: str) -> int | None:
-    """``gputui status`` through the service: print its answer and return the exit status; None when the
-    command must go on directly (a service is then started for the next command)."""
+def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
+    """A command (``status``, ``jobs``) through the service: print its answer and return the exit status; None
+    when the command must go on directly (a service is then started for the next command)."""
     config = config_path(explicit)
     named = bool(explicit or os.environ.get("GPUTUI_CONFIG"))
     if named and not config.is_file():
         return None  # the command says what is wrong with the path
-    reply = ask(config, {"op": "status", "form": form})
+    reply = ask(config, {**request, "columns": shutil.get_terminal_size().columns})
     if reply is None or not isinstance(reply.get("rc"), int):
         start(config, named)
         return None

@@ -1,9 +1,9 @@
 """The session service's process: ``python -m gputui.service.server CONFIG [--default]`` (started by a command,
 detached). It holds the fleet of one config file, connected on first use and kept while commands come, and
-answers ``gputui status`` over a Unix socket: one JSON request line, one JSON answer, per connection.
+answers ``gputui status`` and ``gputui jobs`` over a Unix socket: one JSON request line, one JSON answer, per connection.
 
 Trust: the socket is 0600 in a 0700 dir of the user's (``address.runtime_dir``), every peer's uid is checked
-(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``: the service reaches the
+(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status`` or ``jobs``: the service reaches the
 hosts of its config and nothing else, with the direct command's own code (host key checks included), and its
 answer is that code's output and exit status, byte for byte. It exits when no command came for
 ``service_idle_minutes`` (closing every connection), when asked (``gputui service stop``), and after its
@@ -88,18 +88,19 @@ class Service:
         return await asyncio.shield(self.probing)
 
     async def _probe(self, fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
-        async def look(s: HostSession) -> None:
-            await s.ensure_connected()  # the job list and the metrics stream come with a connect
+        async def look(s: HostSession) -> None:  # connected first (the job list and the metrics stream with it)
             if time.time() - s.snapshot.updated_at > STALE_S:
                 await s.sample()
 
-        results = await gather_hosts(fleet, list(fleet.sessions), look, connect=False)
+        results = await gather_hosts(fleet, list(fleet.sessions), look)
         await fleet.look_down(LOOK_EVERY_S)
         return {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}, dict(results)
 
     # --- requests -------------------------------------------------------------------------------------------
     async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
+        width = request.get("columns")
+        columns = width if isinstance(width, int) and not isinstance(width, bool) and 20 <= width <= 1000 else 80
         if request.get("build") != self.build:
             self.retiring = True  # a command of another build: it goes direct; this service ends after its requests
             return {"direct": "another build"}
@@ -110,16 +111,47 @@ class Service:
                 return {"direct": "the config does not load"}
             from gputui.cli.fleet import show_status
 
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):  # no await inside
-                rc = show_status(snaps, results, str(request["form"]))
-            return {"out": out.getvalue(), "err": err.getvalue(), "rc": int(rc)}
+            return self.printed(columns, show_status, snaps, results, str(request["form"]))
+        if op == "jobs" and isinstance(request.get("host"), (str, type(None))) and request.get("form") in FORMS:
+            return await self.jobs(request.get("host"), request["form"] == "json", columns)
         if op == "info":
             return self.info()
         if op == "stop":
             self.stop.set()
             return {"stopped": True}
         return {"direct": f"unknown op {str(op)[:40]!r}"}
+
+    async def jobs(self, host: str | None, as_json: bool, columns: int) -> dict[str, Any]:
+        """``gputui jobs [HOST] [--json]`` over the kept links; an unknown host is the command's to say."""
+        from gputui.cli.common import CliError, host_names
+        from gputui.cli.jobs import show_jobs
+        from gputui.core.jobs import group as job_group
+        from gputui.core.jobs.usecases import collect_jobs
+
+        try:
+            fleet = await self.current_fleet()
+            names = host_names(fleet.config, host)
+        except (cfg.ConfigError, CliError):
+            return {"direct": "the command says what is wrong"}
+        jobs, errors = await collect_jobs(fleet, names)
+        return self.printed(columns, show_jobs, job_group.merge_parts(jobs), errors, as_json)
+
+    @staticmethod
+    def printed(columns: int, show: Any, *args: Any) -> dict[str, Any]:
+        """What ``show`` prints, as the command would print it on its terminal (``columns`` wide), and its exit
+        status. Nothing awaits in here: no other request's output or width can mix in."""
+        out, err = io.StringIO(), io.StringIO()
+        before = os.environ.get("COLUMNS")
+        os.environ["COLUMNS"] = str(columns)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                rc = show(*args)
+        finally:
+            if before is None:
+                os.environ.pop("COLUMNS", None)
+            else:
+                os.environ["COLUMNS"] = before
+        return {"out": out.getvalue(), "err": err.getvalue(), "rc": int(rc)}
 
     def info(self) -> dict[str, Any]:
         sessions = self.fleet.sessions if self.fleet is not None else {}

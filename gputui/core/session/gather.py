@@ -33,7 +33,8 @@ async def gather_hosts(
 ) -> dict[str, Outcome[T]]:
     """``action`` on each named host, concurrently; {name: value or error}, in the order of ``names``.
 
-    ``connect`` starts each session first (the CLI); the app's sessions are already kept connected.
+    ``connect`` connects each session first where it is not (the CLI, the session service); the app's sessions
+    are already kept connected.
     Connects are gated by the transport itself; ``limit`` caps how many actions run at once (e.g. probes that
     load each host).
     """
@@ -41,7 +42,7 @@ async def gather_hosts(
 
     async def run(session: HostSession) -> T:
         if connect:
-            await session.start()
+            await session.ensure_connected()  # a long-lived fleet's link that is up is kept (the session service)
         return await action(session)
 
     async def one(name: str) -> Outcome[T]:
