@@ -151,8 +151,9 @@ def compare_rows(runs: Sequence[Run]) -> list[Row]:
         ),
         row("cost", [_num(rec.get("cost"), ".2f") for rec in recs]),
         row("wasted", [_num(rec.get("cost_idle_or_throttled"), ".2f") for rec in recs]),
-        row("narrow PCIe", [_num(rec.get("cost_narrow_link"), ".2f") for rec in recs]),
-        row("GPU kWh", [_num(rec.get("energy_kwh"), ".3f") for rec in recs]),
+        *[row(name, [_num(rec.get(key), spec) for rec in recs])  # only where a run has it (newer records)
+          for name, key, spec in (("narrow PCIe", "cost_narrow_link", ".2f"), ("GPU kWh", "energy_kwh", ".3f"))
+          if any(isinstance(rec.get(key), (int, float)) for rec in recs)],
         *([row("XIDs", [", ".join(f"GPU {f['gpu']}: {f['xid'] or f['kind']}" for f in rec["gpu_faults"]) or "-"
                         for rec in recs])] if any(rec.get("gpu_faults") for rec in recs) else []),
     ]
