@@ -153,3 +153,19 @@ def test_the_runs_record_has_the_xids_of_its_gpus(tmp_path: Path) -> None:
 def test_each_xid_says_what_it_means_and_what_to_do(xid: int, words: str) -> None:
     meaning, fix = fault_watch.describe("xid", xid)
     assert meaning == words and fix
+
+
+def test_the_doctor_names_a_gpus_recent_xid_and_what_to_do(tmp_path: Path) -> None:
+    """A GPU that reported an XID and still answers warns with it (the newest, how long ago, what to do); one
+    that fell off the bus fails, naming the XID the driver reported; the others say nothing of XIDs."""
+    from remote_agent.host import doctor
+
+    double, sampler, _ = fell_off_the_bus(tmp_path)
+    double.xid(1, 13)
+    wire = sampler.sample(lambda pid: None)
+    sampler.close()
+    checks = {c["id"]: c for c in doctor.gpu_checks(sampler.facts(), wire, {"nvidia_pci": 4, "module": "550"})}
+    assert checks["gpu.1"]["status"] == "warn" and checks["gpu.1"]["detail"].startswith("XID 13 (")
+    assert " 0 min ago" in checks["gpu.1"]["detail"] and checks["gpu.1"]["fix"]
+    assert checks["gpu.2"]["status"] == "fail" and "the driver reported XID 79 (GPU has fallen off the bus)" in checks["gpu.2"]["detail"]
+    assert [checks[f"gpu.{i}"]["detail"] for i in (0, 3)] == ["persistence mode off"] * 2  # (as recorded)

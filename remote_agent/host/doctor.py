@@ -271,14 +271,33 @@ def _cuda_check(facts: Dict[str, Any]) -> P.DoctorCheck:
     )
 
 
+def _fault_text(faults: List[Any], now: float) -> Tuple[str, str]:
+    """(what, fix) of a GPU's driver faults of the last day: the newest named, how long ago, how many."""
+    last = faults[-1]
+    what = "XID %s" % last.get("xid") if last.get("xid") is not None else str(last.get("kind"))
+    if last.get("meaning"):
+        what += " (%s)" % last["meaning"]
+    t = last.get("t")
+    if isinstance(t, (int, float)):
+        what += " %d min ago" % max(0, (now - t) // 60)
+    if len(faults) > 1:
+        what += " (%d faults in the last day)" % len(faults)
+    return what, str(last.get("fix") or "See NVIDIA's Xid catalog for this XID and `sudo dmesg | grep -i xid`.")
+
+
 def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
-    """One GPU's state: a lost GPU, ECC errors or a failed row remap fail; a remap pending, a narrow PCIe link,
-    persistence off, throttling or heat warn."""
+    """One GPU's state: a lost GPU, ECC errors or a failed row remap fail; a driver fault (XID) of the last day,
+    a remap pending, a narrow PCIe link, persistence off, throttling or heat warn."""
     idx = g.get("index")
     cid, title = "gpu.%s" % idx, "GPU %s: %s" % (idx, g.get("name") or "?")
+    faults = [f for f in g.get("faults") or [] if isinstance(f, dict)]
     if g.get("state") == P.GPU_LOST:
-        return check(cid, title, FAIL, "lost: %s" % g.get("error"), g.get("fix") or "")
+        after = "; the driver reported %s" % _fault_text(faults, time.time())[0] if faults else ""
+        return check(cid, title, FAIL, "lost: %s%s" % (g.get("error"), after), g.get("fix") or "")
     problems: List[Tuple[str, str, str]] = []  # (status, detail, fix)
+    if faults:
+        what, fix = _fault_text(faults, time.time())
+        problems.append((WARN, what, fix))
     ecc = g.get("ecc_errors_uncorrected")
     if isinstance(ecc, int) and ecc > 0:
         problems.append(
