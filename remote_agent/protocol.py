@@ -722,6 +722,63 @@ class DoctorResult(TypedDict):
     t: float
 
 
+class FilesListArgs(TypedDict, total=False):
+    """``files.list``: the files under ``base`` (default ``~``) matching the glob ``patterns``."""
+
+    base: str
+    patterns: List[str]
+
+
+class FilesReadArgs(TypedDict, total=False):
+    """``files.read``: at most ``max_bytes`` (default and most ``FILE_CHUNK_BYTES``) of ``path`` from ``offset``."""
+
+    path: str
+    offset: int
+    max_bytes: int
+
+
+class FilesHashArgs(TypedDict):
+    """``files.hash``: the sha256 of ``path``."""
+
+    path: str
+
+
+class FilesCommit(TypedDict, total=False):
+    """The last chunk of a ``files.write``: the whole file's sha256, its mode and mtime."""
+
+    sha256: str
+    mode: int
+    mtime_ns: int
+
+
+class FilesWriteArgs(TypedDict, total=False):
+    """``files.write``: one chunk of the file ``rel`` in the sync ``target``, into its part file ``part``
+    (``truncate``: the first chunk, which creates it); ``commit`` with the last chunk puts it in place."""
+
+    target: str
+    rel: str
+    part: str
+    b64: str
+    offset: int
+    truncate: bool
+    commit: FilesCommit
+
+
+class FilesManifestArgs(TypedDict, total=False):
+    """``files.manifest``: the target's entries after ``after``; ``expect``: the client's tree hash."""
+
+    target: str
+    after: str
+    expect: str
+
+
+class FilesDeleteArgs(TypedDict, total=False):
+    """``files.delete``: the files ``rels`` that sync wrote into ``target`` (and nothing else)."""
+
+    target: str
+    rels: List[str]
+
+
 class PingResult(TypedDict):
     t: float
 
@@ -766,13 +823,13 @@ OPS: Dict[str, Op] = {
     OP_RELEASE_CHECK: Op(ReleaseCheckArgs, ReleaseCheckResult),
     OP_RELEASE_PROVIDER: Op(ReleaseProviderArgs, ReleaseProviderResult),
     OP_RELEASE_INSTANCE: Op(ReleaseInstanceArgs, ReleaseInstanceResult),
-    # files.*: checked field by field by the agent (remote_agent/files.py) and the client (gputui/core/files/wire.py)
-    OP_FILES_LIST: Op(None, Dict[str, Any]),
-    OP_FILES_READ: Op(None, Dict[str, Any]),
-    OP_FILES_HASH: Op(None, Dict[str, Any]),
-    OP_FILES_WRITE: Op(None, Dict[str, Any]),
-    OP_FILES_MANIFEST: Op(None, Dict[str, Any]),
-    OP_FILES_DELETE: Op(None, Dict[str, Any]),
+    # files.*: the answers are checked field by field by the client (gputui/core/files/wire.py)
+    OP_FILES_LIST: Op(FilesListArgs, Dict[str, Any]),
+    OP_FILES_READ: Op(FilesReadArgs, Dict[str, Any]),
+    OP_FILES_HASH: Op(FilesHashArgs, Dict[str, Any]),
+    OP_FILES_WRITE: Op(FilesWriteArgs, Dict[str, Any]),
+    OP_FILES_MANIFEST: Op(FilesManifestArgs, Dict[str, Any]),
+    OP_FILES_DELETE: Op(FilesDeleteArgs, Dict[str, Any]),
 }
 #: Each op's args schema (the ops that have one).
 OP_ARGS: Dict[str, Any] = {name: op.args for name, op in OPS.items() if op.args is not None}

@@ -220,6 +220,10 @@ def test_bad_job_requests_are_refused(agent: AgentProc, args: dict, message: str
         ("metrics.subscribe", {"interval": "fast"}, "interval must be a number or null, not a string"),
         ("watchdog.configure", {"config": []}, "config must be an object, not a list"),
         ("queue.move", {"job": "1", "to": "top"}, "to must be an integer, not a string"),
+        ("files.delete", {"target": "~/t", "rels": "a.py"}, "rels must be a list, not a string"),
+        ("files.write", {"target": "~/t", "rel": "a", "commit": {"mode": "0644"}}, "commit.mode must be an integer, not a string"),
+        ("files.list", {"patterns": [1]}, "patterns[0] must be a string, not an integer"),
+        ("files.read", {"path": "/etc/hostname", "offset": "0"}, "offset must be an integer, not a string"),
     ],
 )
 def test_a_wrong_typed_field_is_bad_args_naming_it(agent: AgentProc, op: str, args: dict, message: str) -> None:
