@@ -31,6 +31,7 @@ from typing import (
     get_type_hints,
 )
 
+# --- limits and names ---------------------------------------------------------------------------------------------
 PROTOCOL_VERSION = 1
 
 #: Longest frame either side accepts; longer input is rejected as malformed, never buffered unbounded.
@@ -784,6 +785,31 @@ class PingResult(TypedDict):
 
 
 # Each event's data.
+class Hello(TypedDict):
+    protocol: int
+    build: str
+    host: HostFacts
+
+
+class _LogBase(TypedDict):
+    job: str
+    offset: int
+
+
+class LogData(_LogBase, total=False):
+    b64: str  # required: the bytes from offset on
+    reset: str  # "truncated", "replaced" or "deleted": the log starts again at offset 0 ...
+    lost_from: int  # ... and what was past this offset is gone
+    error: str  # the log cannot be read now (b64 is empty)
+
+
+class LogEndData(_LogBase, total=False):
+    job_state: Optional[JobState]  # required: None when the follow failed (error says why)
+    exit_code: Optional[int]
+    error: str
+
+
+# --- the op table -------------------------------------------------------------------------------------------------
 class Op(NamedTuple):
     """What one op takes and answers: its args' TypedDict (None: no args) and its result's type."""
 
@@ -835,30 +861,7 @@ OPS: Dict[str, Op] = {
 OP_ARGS: Dict[str, Any] = {name: op.args for name, op in OPS.items() if op.args is not None}
 
 
-class Hello(TypedDict):
-    protocol: int
-    build: str
-    host: HostFacts
-
-
-class _LogBase(TypedDict):
-    job: str
-    offset: int
-
-
-class LogData(_LogBase, total=False):
-    b64: str  # required: the bytes from offset on
-    reset: str  # "truncated", "replaced" or "deleted": the log starts again at offset 0 ...
-    lost_from: int  # ... and what was past this offset is gone
-    error: str  # the log cannot be read now (b64 is empty)
-
-
-class LogEndData(_LogBase, total=False):
-    job_state: Optional[JobState]  # required: None when the follow failed (error says why)
-    exit_code: Optional[int]
-    error: str
-
-
+# --- the codec ----------------------------------------------------------------------------------------------------
 class ProtocolError(ValueError):
     """A frame that does not follow the protocol."""
 
@@ -925,6 +928,31 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def request(req_id: int, op: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    return {"id": req_id, "op": op, "args": args or {}}
+
+
+def reply_ok(req_id: Any, result: Any = None) -> Dict[str, Any]:
+    return {"id": req_id, "ok": True, "result": result}
+
+
+def reply_error(req_id: Any, code: str, message: str) -> Dict[str, Any]:
+    return {"id": req_id, "ok": False, "error": {"code": code, "message": message}}
+
+
+def event(name: str, data: Any = None) -> Dict[str, Any]:
+    return {"event": name, "data": data}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+# --- argument checks ----------------------------------------------------------------------------------------------
 def number_arg(args: Dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
     """``args[key]`` as a finite number within [lo, hi] (``default`` when absent); ValueError otherwise."""
     value = args.get(key)
@@ -1007,27 +1035,3 @@ def int_arg(args: Dict[str, Any], key: str, default: int, lo: int = 0, hi: int =
     if number != int(number):
         raise ValueError("%s must be a whole number, not %s" % (key, str(args.get(key))[:40]))
     return int(number)
-
-
-def request(req_id: int, op: str, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    return {"id": req_id, "op": op, "args": args or {}}
-
-
-def reply_ok(req_id: Any, result: Any = None) -> Dict[str, Any]:
-    return {"id": req_id, "ok": True, "result": result}
-
-
-def reply_error(req_id: Any, code: str, message: str) -> Dict[str, Any]:
-    return {"id": req_id, "ok": False, "error": {"code": code, "message": message}}
-
-
-def event(name: str, data: Any = None) -> Dict[str, Any]:
-    return {"event": name, "data": data}
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def unb64(text: str) -> bytes:
-    return base64.b64decode(text.encode("ascii"), validate=True)
