@@ -22,13 +22,13 @@ def main() -> None:
 
 
 def status_through_service(argv: list[str]) -> int | None:
-    """``gputui status [--json | --short]`` or ``gputui jobs [HOST] [--json]`` (each with ``--config PATH``
-    anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
+    """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST]
+    [--json]`` (each with ``--config PATH`` anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
     ``GPUTUI_DIRECT=1``, or no service to answer (one is then started for the next command, and this one goes
     on directly)."""
     import os
 
-    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs"):
+    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history"):
         return None
     form, config, host, words = "text", None, None, iter(argv[1:])
     flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
@@ -39,7 +39,7 @@ def status_through_service(argv: list[str]) -> int | None:
             config = next(words, None)
             if config is None:
                 return None
-        elif argv[0] == "jobs" and host is None and word and not word.startswith("-"):
+        elif argv[0] != "status" and host is None and word and not word.startswith("-"):
             host = word
         else:
             return None  # --direct, --help, --series, anything else: the CLI reads it

@@ -88,7 +88,7 @@ def test_status_is_answered_over_the_kept_connection(served: SshHome, proxy: Fau
     wait_for(lambda: not sock.exists() and not service_pids(served), what="the service to stop")
 
 
-def test_jobs_are_answered_over_the_kept_connection_too(served: SshHome, proxy: FaultProxy) -> None:
+def test_jobs_and_history_are_answered_over_the_kept_connection_too(served: SshHome, proxy: FaultProxy) -> None:
     warm(served)
     job = served.cli("run", "box", "--", "python3", "-c", "print('hi')", timeout=120).stdout.strip()
     assert served.cli("status", timeout=120).returncode == 0  # the service connects
@@ -99,6 +99,13 @@ def test_jobs_are_answered_over_the_kept_connection_too(served: SshHome, proxy: 
     assert one.returncode == 0 and f"{job} " in one.stdout and proxy.accepted == accepted  # no new connection
     direct = served.cli("jobs", "--json", "--direct", timeout=120)
     assert [j["id"] for j in json.loads(listed.stdout)] == [j["id"] for j in json.loads(direct.stdout)] == [job]
+    accepted = proxy.accepted  # (the direct command's connection counted)
+    history = served.cli("history", "--json", timeout=120)
+    assert history.returncode == 0 and proxy.accepted == accepted, history.stderr
+    ran = json.loads(history.stdout)
+    assert [(r["id"], r["state"]) for r in ran] == [(job, "succeeded")] == [
+        (r["id"], r["state"]) for r in json.loads(served.cli("history", "--json", "--direct", timeout=120).stdout)]
+    assert served.cli("history", "box", timeout=120).stdout == served.cli("history", "box", "--direct", timeout=120).stdout
     unknown = served.cli("jobs", "nosuchhost", timeout=60)
     assert unknown.returncode == 2 and "unknown host 'nosuchhost'" in unknown.stderr  # said by the command itself
 

@@ -392,8 +392,13 @@ async def cmd_history(args: argparse.Namespace) -> int:
             for r in records:
                 got = series.get((r["host"], r["id"]))
                 r["series"] = got.to_json() if got is not None else None
+    return show_history(records, errors, args.json)
+
+
+def show_history(records: list[dict[str, Any]], errors: Mapping[str, object], as_json: bool) -> int:
+    """Print the finished runs (a table, or JSON) and each host's error; the exit status."""
     status = hosts_status(errors)
-    if args.json:
+    if as_json:
         print(jsonout.dumps(records))
     else:
         print_history(records)
@@ -596,6 +601,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     hi.add_argument("host", nargs="?")
     hi.add_argument("--json", action="store_true")
+    hi.add_argument("--direct", action="store_true",
+                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
     hi.add_argument(
         "--series", action="store_true", help="with --json: each run's metric series (kept on the host)"
     )

@@ -1,5 +1,5 @@
 """The command's side of the session service (stdlib only: no asyncio, no asyncssh): answer ``gputui status``
-(and ``gputui jobs``) from the service of this config file and environment, or say the command must go on directly, starting a
+(and ``jobs``, ``history``) from the service of this config file and environment, or say the command must go on directly, starting a
 service for the next command when there is none."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def start(config: Path, explicit: bool) -> None:
 
 
 def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
-    """A command (``status``, ``jobs``) through the service: print its answer and return the exit status; None
+    """A command (``status``, ``jobs``, ``history``) through the service: print its answer and return the exit status; None
     when the command must go on directly (a service is then started for the next command)."""
     config = config_path(explicit)
     named = bool(explicit or os.environ.get("GPUTUI_CONFIG"))

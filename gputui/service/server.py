@@ -1,9 +1,9 @@
 """The session service's process: ``python -m gputui.service.server CONFIG [--default]`` (started by a command,
 detached). It holds the fleet of one config file, connected on first use and kept while commands come, and
-answers ``gputui status`` and ``gputui jobs`` over a Unix socket: one JSON request line, one JSON answer, per connection.
+answers ``gputui status``, ``jobs`` and ``history`` over a Unix socket: one JSON request line, one JSON answer, per connection.
 
 Trust: the socket is 0600 in a 0700 dir of the user's (``address.runtime_dir``), every peer's uid is checked
-(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status`` or ``jobs``: the service reaches the
+(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs`` or ``history``: the service reaches the
 hosts of its config and nothing else, with the direct command's own code (host key checks included), and its
 answer is that code's output and exit status, byte for byte. It exits when no command came for
 ``service_idle_minutes`` (closing every connection), when asked (``gputui service stop``), and after its
@@ -112,8 +112,8 @@ class Service:
             from gputui.cli.fleet import show_status
 
             return self.printed(columns, show_status, snaps, results, str(request["form"]))
-        if op == "jobs" and isinstance(request.get("host"), (str, type(None))) and request.get("form") in FORMS:
-            return await self.jobs(request.get("host"), request["form"] == "json", columns)
+        if op in ("jobs", "history") and isinstance(request.get("host"), (str, type(None))) and request.get("form") in FORMS:
+            return await self.jobs(op, request.get("host"), request["form"] == "json", columns)
         if op == "info":
             return self.info()
         if op == "stop":
@@ -121,18 +121,22 @@ class Service:
             return {"stopped": True}
         return {"direct": f"unknown op {str(op)[:40]!r}"}
 
-    async def jobs(self, host: str | None, as_json: bool, columns: int) -> dict[str, Any]:
-        """``gputui jobs [HOST] [--json]`` over the kept links; an unknown host is the command's to say."""
+    async def jobs(self, op: str, host: str | None, as_json: bool, columns: int) -> dict[str, Any]:
+        """``gputui jobs`` or ``gputui history`` (``[HOST] [--json]``) over the kept links; an unknown host is the
+        command's to say."""
         from gputui.cli.common import CliError, host_names
-        from gputui.cli.jobs import show_jobs
+        from gputui.cli.jobs import show_history, show_jobs
         from gputui.core.jobs import group as job_group
-        from gputui.core.jobs.usecases import collect_jobs
+        from gputui.core.jobs.usecases import collect_history, collect_jobs
 
         try:
             fleet = await self.current_fleet()
             names = host_names(fleet.config, host)
         except (cfg.ConfigError, CliError):
             return {"direct": "the command says what is wrong"}
+        if op == "history":
+            records, errors = await collect_history(fleet, fleet.config, names)
+            return self.printed(columns, show_history, records, errors, as_json)
         jobs, errors = await collect_jobs(fleet, names)
         return self.printed(columns, show_jobs, job_group.merge_parts(jobs), errors, as_json)
 
