@@ -9,7 +9,6 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import provider_standin as standin
 import pytest
@@ -430,9 +429,7 @@ async def test_the_apps_start_key_asks_first_then_starts_and_reconnects(
     """``S`` on a host whose provider says stopped: a confirmation naming the instance and its rate; a cancel
     starts nothing; a yes starts it (the real core, the provider played by the stand-in), says so and has the
     session reconnect at once. On a host that is not stopped it says so and asks nothing."""
-    import time
-
-    from textual.pilot import Pilot
+    from test_ui_app import until
     from ui_fixtures import static_factory
 
     from gputui.core.config import file as cfg
@@ -456,35 +453,29 @@ async def test_the_apps_start_key_asks_first_then_starts_and_reconnects(
     session = Reconnects()
     app = GpuTuiApp(config, source_factory=static_factory(snaps, session), state_path=home.root / "ui.json")
 
-    async def until(pilot: Pilot[None], predicate: Any, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            await pilot.pause(0.05)
-
     def said(text: str) -> bool:
         return any(text in n.message for n in app._notifications)
 
     async with app.run_test(size=(160, 48)) as pilot:
-        await until(pilot, lambda: app.hosts["box"].instance is not None, "the snapshots")
+        await until(pilot, lambda: app.hosts["box"].instance is not None, what="the snapshots")
         await pilot.press("S")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         body = app.screen.body  # type: ignore[attr-defined]
         assert body.startswith("Start box?") and f"runpod {POD} (stopped)" in body and "0.74 USD/h" in body
         await pilot.press("n")
-        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), "the cancel")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="the cancel")
         assert writes(api) == [] and session.asked == 0
         await pilot.press("S")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), "the confirmation")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         await pilot.press("y")
-        await until(pilot, lambda: said("box started: reconnecting"), "the start")
+        await until(pilot, lambda: said("box started: reconnecting"), what="the start")
         assert said("runpod accepted the start") and said(f"waiting for SSH at 127.0.0.1:{sshd.port}")  # type: ignore[attr-defined]
         assert writes(api) == [f"POST /runpod/pods/{POD}/start"] and session.asked == 1
 
         await pilot.press("down")
-        await until(pilot, lambda: app.selected_host == "up", "the other host")
+        await until(pilot, lambda: app.selected_host == "up", what="the other host")
         await pilot.press("S")
-        await until(pilot, lambda: said("gputui does not know which RunPod pod or vast.ai instance up is"), "why not")
+        await until(pilot, lambda: said("gputui does not know which RunPod pod or vast.ai instance up is"), what="why not")
         assert not isinstance(app.screen, ConfirmScreen) and writes(api) == [f"POST /runpod/pods/{POD}/start"]
 
 
