@@ -184,7 +184,8 @@ class Service:
             except Exception as exc:  # anything unexpected: the command goes direct, the service goes on
                 log.exception("request %s failed", str(request.get("op"))[:40])
                 reply = {"direct": f"the service failed: {type(exc).__name__}"}
-            self.served += "rc" in reply  # the statuses it answered
+            if "rc" in reply:  # a command answered (not info, stop, or "go direct")
+                self.served += 1
             writer.write(json.dumps(reply).encode() + b"\n")
             with contextlib.suppress(ConnectionError):
                 await writer.drain()

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..jobs import image
+from ..jobs.usage import narrow_link
 from . import container
 from .stats import GIB, MIB, read_text
 
@@ -317,7 +318,7 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
                          "Reset the GPU (`sudo nvidia-smi -r -i %s`) or reboot the host to apply the remap; see "
                          "`nvidia-smi -q -d ROW_REMAPPER`." % idx))
     width, widest = g.get("pcie_width"), g.get("pcie_width_max")
-    if isinstance(width, int) and isinstance(widest, int) and 0 < width < widest:
+    if narrow_link(g):
         problems.append((WARN, "PCIe link x%d of x%d" % (width, widest),
                          "The link trained at fewer lanes than the GPU and the host allow: every transfer to the GPU "
                          "is slower (a reseat or another slot, on a rented host: another host)."))

@@ -3,7 +3,7 @@
 import os
 import stat
 import time
-from typing import Dict, Iterable, Iterator, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 #: The most of one /proc or /sys file read: theirs are small; a bigger one is not what it claims to be.
 READ_LIMIT = 1024 * 1024
@@ -68,6 +68,7 @@ class ProcessUse:
     def read(self, pids: Iterable[int]) -> Dict[int, Tuple[Optional[float], Optional[float]]]:
         """``{pid: (cpu_percent, rss_mib)}`` for each pid; readings of pids not asked for again are dropped."""
         now, out, seen = time.monotonic(), {}, {}
+        uptime: List[Optional[float]] = []  # /proc/uptime, read once, when a pid's first reading needs it
         for pid in pids:
             text = read_text("%s/%d/stat" % (self.proc, pid), 4096)
             try:
@@ -81,17 +82,24 @@ class ProcessUse:
             if last is not None and last[2] == start and now > last[1]:
                 share = (cpu - last[0]) / (now - last[1])
             else:
-                share = _since_start(cpu, start / self._ticks, self.proc)
+                if not uptime:
+                    uptime.append(_uptime(self.proc))
+                share = _since_start(cpu, start / self._ticks, uptime[0])
             seen[pid] = (cpu, now, start)
             out[pid] = (None if share is None else round(max(share, 0.0) * 100.0, 1), round(rss * self._page_mib, 1))
         self._last = seen
         return out
 
 
-def _since_start(cpu: float, started: float, proc: str) -> Optional[float]:
-    """The CPU share of a process over its life (``started``: seconds after boot)."""
+def _uptime(proc: str) -> Optional[float]:
     try:
-        uptime = float((read_text(proc + "/uptime", 256) or "").split()[0])
+        return float((read_text(proc + "/uptime", 256) or "").split()[0])
     except (IndexError, ValueError):
         return None
-    return cpu / (uptime - started) if uptime - started > 0.5 else None
+
+
+def _since_start(cpu: float, started: float, uptime: Optional[float]) -> Optional[float]:
+    """The CPU share of a process over its life (``started``: seconds after boot)."""
+    if uptime is None or uptime - started <= 0.5:
+        return None
+    return cpu / (uptime - started)
