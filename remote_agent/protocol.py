@@ -161,6 +161,9 @@ class GpuProcess(TypedDict):
     # one core; its first reading: its average since it started), resident memory
     cpu_percent: Optional[float]
     rss_mib: Optional[float]
+    # the processes its main thread started (PyTorch's DataLoader workers) and their CPU % together
+    children: Optional[int]
+    children_cpu_percent: Optional[float]
 
 
 class Container(TypedDict):
@@ -190,7 +193,19 @@ class Gpu(TypedDict):
     pstate: Optional[str]  # "P0" .. "P15"
     ecc_errors_uncorrected: Optional[int]  # volatile, since the driver loaded
     throttle_reasons: Optional[List[str]]  # short names: gpu_idle, sw_power_cap, hw_thermal, ...
+    # NVML only: how long the driver has slowed the clocks for heat since it loaded (its thermal violation
+    # counter), and the share of the last ``thermal_window_s`` so slowed: THROTTLE_WINDOW_S, or the span of the
+    # agent's readings when shorter (None until they span a minute)
+    thermal_violation_ms: Optional[float]
+    thermal_slowdown_percent: Optional[float]
+    thermal_window_s: Optional[float]
     persistence_mode: Optional[bool]
+    # clocks at most, and the application clock (graphics) set now and by default: one set below its default
+    # caps the GPU (``nvidia-smi -rac`` resets it), read once a minute with the settings
+    sm_clock_max_mhz: Optional[float]
+    mem_clock_max_mhz: Optional[float]
+    app_clock_mhz: Optional[float]
+    app_clock_default_mhz: Optional[float]
     # the PCIe link, read once a minute with the settings: its generation drops when the GPU idles, by design
     pcie_gen: Optional[int]
     pcie_gen_max: Optional[int]
@@ -200,6 +215,11 @@ class Gpu(TypedDict):
     # (applied at the next GPU reset) or one that failed (no spare row left)
     remap_pending: Optional[bool]
     remap_failed: Optional[bool]
+    # memory pages retired after ECC errors (GPUs before Ampere), single- and double-bit, and whether a
+    # retirement waits for the next reboot or driver reload
+    retired_pages_single: Optional[int]
+    retired_pages_double: Optional[int]
+    retired_pages_pending: Optional[bool]
     processes: List[GpuProcess]
     # "ok", or "lost": the driver cannot reach this GPU (its handle or a read failed with "GPU is lost",
     # "Unknown Error", ...); the other GPUs keep reporting. ``error``: the driver's words; ``fix``: what to do.
@@ -223,6 +243,8 @@ class GpuFault(TypedDict):
 
 #: Clock-event reasons that slow the GPU you pay for (heat, hardware); ``sw_power_cap`` at full load is normal.
 HW_THROTTLE = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+#: ``thermal_slowdown_percent`` is the share of this many seconds (a GPU card's "14 % of the last 10 min").
+THROTTLE_WINDOW_S = 600.0
 #: Below this utilisation a GPU counts as idle in a run's record (the hosts' default ``idle_util_percent``).
 IDLE_UTIL_PERCENT = 5.0
 

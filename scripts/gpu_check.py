@@ -78,13 +78,32 @@ def compare(report: Report, source: str, gpus: list[dict[str, Any]]) -> None:
                 good = abs(ours - number) <= max(absolute, relative * abs(number))
             elif key == "persistence_mode":
                 good = ours == {"Enabled": True, "Disabled": False}.get(str(theirs))
-            elif key in ("remap_pending", "remap_failed"):
+            elif key in ("remap_pending", "remap_failed", "retired_pages_pending"):
                 good = ours == {"Yes": True, "No": False}.get(str(theirs))
             elif isinstance(ours, (int, float)) or ours is None:
                 good = ours == number
             else:
                 good = str(ours) == theirs
             report.say("ok" if good else "MISMATCH", f"{source} GPU {g.get('index')} {key}: {ours} vs nvidia-smi {theirs}")
+
+
+def thermal_counter(report: Report, gpus: list[dict[str, Any]]) -> None:
+    """The agent's thermal violation counter (NVML's ``nvmlDeviceGetViolationStatus(THERMAL)``, ms) against
+    nvidia-smi's ``clocks_event_reasons_counters.sw_thermal_slowdown`` (us, drivers 535 and later): the same
+    counter, as tests/fixtures/gpu/README.md assumes? Read a moment apart, so within 5 s."""
+    field = "clocks_event_reasons_counters.sw_thermal_slowdown"
+    try:
+        rows = {r["index"]: r for r in smi_csv(["index", field])}
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        report.say("skip", f"thermal counter: nvidia-smi has no {field} ({exc})")
+        return
+    for g in gpus:
+        ours, theirs = g.get("thermal_violation_ms"), smi.number(smi.value(rows.get(str(g.get("index")), {}).get(field, "")))
+        if not isinstance(ours, (int, float)) or not isinstance(theirs, (int, float)):
+            report.say("skip", f"thermal counter GPU {g.get('index')}: {ours} ms vs nvidia-smi {theirs} us")
+            continue
+        good = abs(ours * 1000 - theirs) <= 5e6
+        report.say("ok" if good else "MISMATCH", f"thermal counter GPU {g.get('index')}: {ours} ms vs nvidia-smi {theirs} us")
 
 
 def raw_nvml() -> dict[str, Any]:
@@ -112,6 +131,10 @@ def raw_nvml() -> dict[str, Any]:
             g["ecc_uncorrected_aggregate"] = get(nvml_lib.nvmlDeviceGetTotalEccErrors, h, 1, 1)
             g["remapped_rows"] = get(nvml_lib.nvmlDeviceGetRemappedRows, h)
             g["retired_pages_pending"] = get(nvml_lib.nvmlDeviceGetRetiredPagesPendingStatus, h)
+            g["retired_pages"] = {cause: get(nvml_lib.nvmlDeviceGetRetiredPages, h, code)
+                                  for cause, code in (("single_bit", 0), ("double_bit", 1))}
+            g["app_clocks"] = {"now": get(nvml_lib.nvmlDeviceGetApplicationsClock, h, 0),
+                               "default": get(nvml_lib.nvmlDeviceGetDefaultApplicationsClock, h, 0)}
             g["pcie"] = {"gen": get(nvml_lib.nvmlDeviceGetCurrPcieLinkGeneration, h),
                          "gen_max": get(nvml_lib.nvmlDeviceGetMaxPcieLinkGeneration, h),
                          "width": get(nvml_lib.nvmlDeviceGetCurrPcieLinkWidth, h),
@@ -168,6 +191,7 @@ def main() -> int:
                            "sample": nvml.sample(lambda pid: None)}
     if nvml.gpu_source == "nvml":
         compare(report, "nvml", report.data["nvml"]["sample"]["gpus"])
+        thermal_counter(report, report.data["nvml"]["sample"]["gpus"])
         watcher = nvml.faults  # the XID event set the agent holds (opened by the first sample)
         heard = sorted(watcher.uuids) if watcher is not None else []
         report.data["xid_event_set"] = {"gpus": heard, "why_not": watcher.why if watcher is not None else "none"}

@@ -139,7 +139,7 @@ def test_h100_under_load_is_ok(tmp_path: Path) -> None:
     )
     assert checks["gpu.0"] == doctor.check(
         "gpu.0", "GPU 0: NVIDIA H100 80GB HBM3", "ok",
-        "P0, 59 C, 632 W of 700 W, persistence on, no ECC errors, PCIe x16 gen5 (max gen5), not throttled",
+        "P0, 59 C, 632 W of 700 W, persistence on, no ECC errors, PCIe x16 gen5 (max gen5), SM clock 1980 of 1980 MHz, not throttled",
     )
 
 

@@ -185,3 +185,102 @@ def test_a_run_has_the_energy_its_gpus_drew(tmp_path: Path) -> None:
     assert record["energy_kwh"] == pytest.approx(23_000.0 / 3.6e6)
     [kwh] = [r for r in compare_rows([Run(record, {}), Run(dict(record, energy_kwh=None), {})]) if r.field == "GPU kWh"]
     assert kwh.cells == ("0.006", "-")
+
+
+def _h100_load() -> str:
+    from fake_nvidia_smi import sections
+
+    return sections((FIXTURES / "h100-80gb-hbm3_590.48.01_capture.txt").read_text())["load :: query (-q)"]
+
+
+def test_a_gpu_slowed_for_heat_says_how_much_of_the_last_minutes_and_the_run_what_it_cost(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """The H100 under load read every 6 s for 20 minutes: cool for the first 10, then its driver's thermal
+    violation counter (``Clocks Event Reasons Counters``, written in as it grows) slowed for heat 14 % of the
+    time at 87 C, with no clock-event reason active at the instant of the last reading. The card's problem, the
+    short status, the doctor and the run's record all say it; the first minute says nothing (too short to judge)."""
+    from gputui.core.jobs.compare import Run, compare_rows
+    from gputui.core.jobs.records import run_record
+    from remote_agent.host import doctor
+    from remote_agent.jobs.usage import UsageRecorder
+    from remote_agent.metrics import sampler as metrics
+
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.gpu_nvml.time, "monotonic", lambda: clock[0])
+    load = _h100_load()
+    nv = NvmlDouble(load)
+    sampler = MetricsSampler(str(tmp_path), nvml=nv)
+    recorder = UsageRecorder(str(tmp_path / "jobs" / "7"), 1, "0", "nvidia-smi")
+    seen = {}
+    try:
+        for k in range(201):
+            elapsed = 6.0 * k
+            clock[0] = 1000.0 + elapsed
+            slowed_us = max(0, round((elapsed - 600.0) * 0.14 * 1e6))
+            text = _fault(load, 0, r"^( +SW Thermal Slowdown +): 0 us$", rf"\1: {slowed_us} us")
+            if slowed_us:
+                text = _fault(text, 0, r"^( +GPU Current Temp +): \d+ C$", r"\1: 87 C")
+            nv.feed(text)
+            wire = dict(sampler.sample(lambda pid: None), t=elapsed)
+            recorder.add(wire)
+            seen[elapsed] = wire["gpus"][0]
+    finally:
+        sampler.close()
+    assert (seen[30.0]["thermal_slowdown_percent"], seen[30.0]["thermal_window_s"]) == (None, None)
+    assert (seen[600.0]["thermal_slowdown_percent"], seen[600.0]["thermal_window_s"]) == (0.0, 600.0)
+    last = seen[1200.0]
+    assert last["thermal_violation_ms"] == 84_000.0 and last["throttle_reasons"] == []
+    assert last["thermal_slowdown_percent"] == pytest.approx(14.0, abs=0.2) and 600 <= last["thermal_window_s"] < 612
+    gpu = M.GpuSample.from_wire(last)
+    assert gpu.problems == ["throttled: thermal slowdown at 87°C, 14% of the last 10 min"]
+    snap = M.HostSnapshot("h100", state=M.CONNECTED, metrics=M.MetricsSample.from_wire(wire))
+    assert "· GPU 0 throttled ·" in status_line(snap)
+    [check] = [c for c in doctor.gpu_checks(sampler.facts(), wire, {}) if c["id"] == "gpu.0"]
+    assert (check["status"], check["detail"]) == ("warn", "87 C; throttled: sw_thermal (slowed for heat 14% of the last 10 min)")
+    usage = recorder.usage
+    assert usage["thermal_slowdown_s"] == pytest.approx(84.0) and usage["throttled_samples"] == 100
+    job = M.Job("h100", "7", "train", "succeeded", ("python", "train.py"), exit_code=0, started_at=0.0,
+                ended_at=1200.0, record={"usage": usage, "price_per_hour": 12.0})  # type: ignore[typeddict-unknown-key]
+    record = run_record(job, None, "USD")
+    assert record["thermal_slowdown_s"] == pytest.approx(84.0)
+    assert record["throttled_fraction"] == pytest.approx(100 / 201)
+    [heat] = [r for r in compare_rows([Run(record, {}), Run(dict(record, thermal_slowdown_s=None), {})])
+              if r.field == "heat slowdown"]
+    assert heat.cells == ("1m24s", "-")
+
+
+def test_retired_pages_and_a_capped_application_clock_are_named(tmp_path: Path) -> None:
+    """The 8x A100 recording with, written in as ``nvidia-smi -q`` prints them: GPU 2's application clock set to
+    765 of its default 1095 MHz, GPU 4 with 3 pages retired and one retirement pending, GPU 6 with 62 retired
+    (the driver retires at most 64). Every surface names them; the other GPUs stay quiet."""
+    from remote_agent.host import doctor
+
+    text = _fault(A100_X8, 2, r"^( +Graphics +): 1095 MHz$", r"\1: 765 MHz")  # the first: Applications Clocks
+    text = _fault(text, 4, r"^( +Single Bit ECC +): N/A$", r"\1: 2")
+    text = _fault(text, 4, r"^( +Double Bit ECC +): N/A$", r"\1: 1")
+    text = _fault(text, 4, r"^( +Pending Page Blacklist +): N/A$", r"\1: Yes")
+    text = _fault(text, 6, r"^( +Single Bit ECC +): N/A$", r"\1: 40")
+    text = _fault(text, 6, r"^( +Double Bit ECC +): N/A$", r"\1: 22")
+    text = _fault(text, 6, r"^( +Pending Page Blacklist +): N/A$", r"\1: No")
+    sampler = MetricsSampler(str(tmp_path), nvml=NvmlDouble(text))
+    try:
+        wire = sampler.sample(lambda pid: None)
+        checks = {c["id"]: c for c in doctor.gpu_checks(sampler.facts(), wire, {})}
+    finally:
+        sampler.close()
+    gpus = wire["gpus"]
+    assert (gpus[2]["app_clock_mhz"], gpus[2]["app_clock_default_mhz"], gpus[2]["sm_clock_max_mhz"]) == (765, 1095, 1410)
+    assert (gpus[4]["retired_pages_single"], gpus[4]["retired_pages_double"], gpus[4]["retired_pages_pending"]) == (2, 1, True)
+    problems = {g["index"]: M.GpuSample.from_wire(g).problems for g in gpus}
+    assert problems[2] == ["clocks: application clock set to 765 of its default 1095 MHz (`sudo nvidia-smi -rac` "
+                           "resets it; on a rented host ask the provider)"]
+    assert problems[4] == ["memory: a page retirement waits for a reboot (reboot the host to apply)"]
+    assert problems[6] == ["memory: 62 pages retired after ECC errors, of the 64 the driver can retire (ask the "
+                           "provider for another instance)"]
+    assert all(problems[i] == [] for i in (0, 1, 3, 5, 7))
+    snap = M.HostSnapshot("a100", state=M.CONNECTED, metrics=M.MetricsSample.from_wire(wire))
+    assert status_line(snap).startswith("a100 up · GPU 4,6 memory · GPU 2 clocks · 8 GPU ")
+    assert checks["gpu.2"]["detail"] == "application clock 765 of its default 1095 MHz; persistence mode off"
+    assert "nvidia-smi -rac" in checks["gpu.2"]["fix"]
+    assert checks["gpu.4"]["detail"].startswith("a memory page retirement waits for a reboot")
+    assert (checks["gpu.6"]["status"], checks["gpu.4"]["status"]) == ("fail", "warn")

@@ -748,9 +748,15 @@ def test_low_gpu_util_hint() -> None:
     procs = [{"pid": 1, "job": "7", "cpu_percent": 99.6}, {"pid": 2, "job": "8", "cpu_percent": 100.0}]
     (starved,) = hints_from_metrics(True, low, [{"index": 0, "processes": procs}], job="7")
     assert starved.line.endswith("; the job's process at 100% of a CPU core")
-    procs[0]["cpu_percent"] = 35.0  # the other job's busy process is not this job's bottleneck
+    procs[0]["children"] = 0  # the agent saw it start no process: the data is loaded in the main process
+    (alone,) = hints_from_metrics(True, low, [{"index": 0, "processes": procs}], job="7")
+    assert alone.line.endswith("; the job's process at 100% of a CPU core, with no worker processes")
+    procs[0].update(cpu_percent=35.0, children=4, children_cpu_percent=395.0)  # 4 DataLoader workers, all busy
+    (workers,) = hints_from_metrics(True, low, [{"index": 0, "processes": procs}], job="7")
+    assert workers.line.endswith("; its 4 worker processes at 395% of a core together")
+    procs[0].update(children_cpu_percent=20.0)  # the other job's busy process is not this job's bottleneck
     (fed,) = hints_from_metrics(True, low, [{"index": 0, "processes": procs}], job="7")
-    assert "CPU core" not in fed.line
+    assert "CPU core" not in fed.line and "worker" not in fed.line
 
 
 def test_throttle_hints() -> None:

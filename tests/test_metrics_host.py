@@ -2,11 +2,13 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import pynvml
+from conftest import wait_for
 
 from remote_agent.host.procfs import ProcessUse
 from remote_agent.host.stats import HostStats, nearest_existing, process_name
@@ -60,15 +62,48 @@ def test_process_name_and_owner_from_this_process(tmp_path):
     with open("/proc/self/comm") as f:
         comm = f.read().strip()
     assert process_name(me) == comm
-    p = MetricsSampler._process({"pid": me, "mem_mib": 12}, {me: "job-3"}.get, ProcessUse().read([me]))
+    p = MetricsSampler._process({"pid": me, "mem_mib": 12}, {me: "job-3"}.get, ProcessUse().read([me]), [])
     cpu, rss = p.pop("cpu_percent"), p.pop("rss_mib")
-    assert p == {"pid": me, "mem_mib": 12, "job": "job-3", "name": comm, "hidden": False, "inferred": False}
+    assert p == {"pid": me, "mem_mib": 12, "job": "job-3", "name": comm, "hidden": False, "inferred": False,
+                 "children": 0, "children_cpu_percent": 0.0}
     assert isinstance(cpu, float) and cpu >= 0 and isinstance(rss, float) and rss > 10  # a python with pytest
 
     def broken(pid):
         raise KeyError(pid)
 
-    assert MetricsSampler._process({"pid": me, "mem_mib": None}, broken, {})["job"] is None
+    assert MetricsSampler._process({"pid": me, "mem_mib": None}, broken, {}, [])["job"] is None
+
+
+def test_a_gpu_processs_workers_and_their_cpu_are_counted(tmp_path):
+    """A training process that loads its data in 3 worker processes (as PyTorch's DataLoader starts them): its
+    GPU process entry counts them and their CPU together, so a GPU left idle by busy workers shows why."""
+    from remote_agent.host.procfs import children
+
+    ready = tmp_path / "ready"
+    code = ("import os, sys, time\n"
+            "for _ in range(3):\n"
+            "    if os.fork() == 0:\n"
+            "        while True: pass\n"
+            "open(sys.argv[1], 'w').close()\n"
+            "time.sleep(120)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", code, str(ready)], start_new_session=True)
+    try:
+        wait_for(ready.exists, what="the trainer's workers")
+        kids = children(trainer.pid)
+        assert len(kids) == 3 and trainer.pid not in kids
+        use = ProcessUse()
+        use.read([trainer.pid, *kids])
+
+        def entry() -> dict:
+            return MetricsSampler._process({"pid": trainer.pid, "mem_mib": 100}, lambda pid: "7",
+                                           use.read([trainer.pid, *kids]), kids)
+
+        p = wait_for(lambda: (p := entry())["children_cpu_percent"] > 0 and p, what="the workers' CPU")
+        assert p["children"] == 3 and p["cpu_percent"] < p["children_cpu_percent"]  # the workers do the work
+        assert children(2**22 + 1) == []  # a pid not there: none
+    finally:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
 
 
 def test_a_gpu_processs_cpu_share_and_memory_are_read_from_proc(tmp_path):

@@ -11,6 +11,7 @@ import pynvml
 import pytest
 
 from remote_agent import protocol as P
+from remote_agent.host.procfs import ProcessUse
 from remote_agent.metrics import sampler as metrics
 from remote_agent.metrics.sampler import MetricsSampler
 
@@ -37,8 +38,12 @@ A100_GPUS = [
 
 
 @pytest.fixture(autouse=True)
-def no_local_proc_names(monkeypatch):
+def no_local_proc_names(monkeypatch, tmp_path):
+    """The recorded pids mean nothing on this machine: don't let its /proc answer for them (a process of this
+    machine may have the same pid)."""
     monkeypatch.setattr(metrics, "process_name", lambda pid: None)
+    monkeypatch.setattr(metrics, "ProcessUse", lambda: ProcessUse(str(tmp_path / "no-proc")))
+    monkeypatch.setattr(metrics, "children", lambda pid: [])
 
 
 def test_eight_a100s_exact_values_and_fan_not_supported(tmp_path):
@@ -67,6 +72,11 @@ def test_eight_a100s_exact_values_and_fan_not_supported(tmp_path):
             "persistence_mode": False,
             "pcie_gen": 4, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # "GPU Link Info"
             "remap_pending": False, "remap_failed": False,  # "Remapped Rows"
+            "sm_clock_max_mhz": 1410, "mem_clock_max_mhz": 1215,  # "Max Clocks"
+            "app_clock_mhz": 1095, "app_clock_default_mhz": 1095,  # "(Default) Applications Clocks/Graphics"
+            "retired_pages_single": None, "retired_pages_double": None,  # "Retired Pages": N/A (Ampere remaps rows)
+            "retired_pages_pending": None,
+            "thermal_violation_ms": None, "thermal_slowdown_percent": None, "thermal_window_s": None,  # 460: no counters
             "processes": [],
             "faults": [],
             **HEALTHY,
@@ -100,11 +110,11 @@ def test_h100_under_load_processes_and_owner(tmp_path):
     assert (g["throttle_reasons"], g["persistence_mode"], g["ecc_errors_uncorrected"]) == ([], True, 0)
     assert g["processes"] == [
         {"pid": 11327, "mem_mib": 2566, "job": "job-a", "name": None, "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None},
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None},
         {"pid": 11328, "mem_mib": 1542, "job": "job-a", "name": None, "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None},
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None},
         {"pid": 11345, "mem_mib": 15690, "job": None, "name": None, "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None},
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None},
     ]
     assert s.facts()["cuda_version"] == "13.1"
 
@@ -200,7 +210,7 @@ def test_real_pynvml_without_a_gpu(tmp_path):
     assert facts["gpu_error"].startswith("no NVIDIA driver: nvidia-smi not found and NVML unavailable (")
 
 
-def test_a_1hz_sampler_makes_at_most_5_nvml_calls_per_gpu_per_second(tmp_path, monkeypatch):
+def test_a_1hz_sampler_makes_at_most_6_nvml_calls_per_gpu_per_second(tmp_path, monkeypatch):
     """Fast fields every second, slow ones every few seconds, settings (power limit...) once a minute."""
     clock = [1000.0]
     monkeypatch.setattr(metrics.gpu_nvml.time, "monotonic", lambda: clock[0])
@@ -215,7 +225,7 @@ def test_a_1hz_sampler_makes_at_most_5_nvml_calls_per_gpu_per_second(tmp_path, m
     waits = nv.calls.pop("nvmlEventSetWait")  # the XID event set: one read for every GPU, every 5 s
     assert waits == seconds // 5
     per_gpu_per_s = sum(nv.calls.values()) / 8 / seconds
-    assert per_gpu_per_s <= 5.0, nv.calls
+    assert per_gpu_per_s <= 6.0, nv.calls
     assert nv.calls["nvmlDeviceGetEnforcedPowerLimit"] == 8 * seconds // 60
     assert [g["power_limit_w"] for g in out["gpus"]] == [400.0] * 8  # cached settings still in every sample
 

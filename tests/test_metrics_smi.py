@@ -15,6 +15,7 @@ import pytest
 
 from remote_agent import protocol as P
 from remote_agent.host import doctor
+from remote_agent.host.procfs import ProcessUse
 from remote_agent.metrics import sampler as metrics
 from remote_agent.metrics import smi
 from remote_agent.metrics.nvml import THROTTLE_BITS
@@ -27,6 +28,7 @@ MISMATCH = FIXTURES / "nvidia-smi_driver-library-mismatch_570.txt"
 A100_Q = FIXTURES / "a100-sxm4-40gb-x8_460.32.03_nvidia-smi-q.txt"
 H100_UUID = "GPU-00000000-0000-0000-0000-000000000000"  # masked by the recorder
 HEALTHY = {"state": "ok", "error": None, "fix": None, "faults": []}
+NVML_ONLY = dict.fromkeys(smi.NVML_ONLY)  # the thermal violation counter: not on this path
 
 
 def sections(text: str) -> dict[str, str]:
@@ -62,9 +64,12 @@ class NoNvml:
 
 
 @pytest.fixture(autouse=True)
-def no_local_proc_names(monkeypatch):
-    """The recorded pids mean nothing on this machine: don't let /proc answer for them."""
+def no_local_proc_names(monkeypatch, tmp_path):
+    """The recorded pids mean nothing on this machine: don't let its /proc answer for them (a process of this
+    machine may have the same pid)."""
     monkeypatch.setattr(metrics, "process_name", lambda pid: None)
+    monkeypatch.setattr(metrics, "ProcessUse", lambda: ProcessUse(str(tmp_path / "no-proc")))
+    monkeypatch.setattr(metrics, "children", lambda pid: [])
 
 
 def test_h100_under_load_exact_values(tmp_path, monkeypatch):
@@ -94,14 +99,18 @@ def test_h100_under_load_exact_values(tmp_path, monkeypatch):
             "throttle_reasons": [],
             "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16,
             "remap_pending": False, "remap_failed": False,
+            "sm_clock_max_mhz": 1980, "mem_clock_max_mhz": 2619,
+            "app_clock_mhz": None, "app_clock_default_mhz": None,  # "[Requested functionality has been deprecated]"
+            "retired_pages_single": None, "retired_pages_double": None, "retired_pages_pending": None,  # "[N/A]"
+            **NVML_ONLY,
             **HEALTHY,
             "processes": [
                 {"pid": 11327, "mem_mib": 2566, "job": None, "name": "memhog", "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None},
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None},
                 {"pid": 11328, "mem_mib": 1542, "job": None, "name": "memhog", "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None},
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None},
                 {"pid": 11345, "mem_mib": 15690, "job": "job-7", "name": "gpu_burn", "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None},
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None},
             ],
         }
     ]
@@ -160,9 +169,13 @@ def test_consumer_card_fan_and_missing_ecc(tmp_path):
             "throttle_reasons": ["gpu_idle"],
             "pcie_gen": 1, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # idle: the link slows down
             "remap_pending": None, "remap_failed": None,  # "[N/A]" on GeForce
+            "sm_clock_max_mhz": 3165, "mem_clock_max_mhz": 11501,
+            "app_clock_mhz": None, "app_clock_default_mhz": None,  # "[Requested functionality has been deprecated]"
+            "retired_pages_single": None, "retired_pages_double": None, "retired_pages_pending": None,  # "[N/A]"
+            **NVML_ONLY,
             **HEALTHY,
             "processes": [{"pid": 2165, "mem_mib": 25, "job": "job-1", "name": "kwin_wayland", "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None}],
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None}],
         }
     ]
 
@@ -212,6 +225,10 @@ CORPUS_FIELDS = {
     "throttle_reasons": "clocks_event_reasons.active", "pcie_gen": "pcie.link.gen.current",
     "pcie_gen_max": "pcie.link.gen.max", "pcie_width": "pcie.link.width.current", "pcie_width_max": "pcie.link.width.max",
     "remap_pending": "remapped_rows.pending", "remap_failed": "remapped_rows.failure",
+    "sm_clock_max_mhz": "clocks.max.sm", "mem_clock_max_mhz": "clocks.max.memory",
+    "app_clock_mhz": "clocks.applications.graphics", "app_clock_default_mhz": "clocks.default_applications.graphics",
+    "retired_pages_single": "retired_pages.single_bit_ecc.count", "retired_pages_double": "retired_pages.double_bit.count",
+    "retired_pages_pending": "retired_pages.pending",
 }
 
 
@@ -228,7 +245,7 @@ def expected_reading(cell: str, key: str) -> object:
         return None
     if key == "persistence_mode":
         return {"Enabled": True, "Disabled": False}[cell]
-    if key in ("remap_pending", "remap_failed"):
+    if key in ("remap_pending", "remap_failed", "retired_pages_pending"):
         return {"Yes": True, "No": False}[cell]
     if key == "throttle_reasons":
         return [name for bit, name in THROTTLE_BITS if int(cell, 16) & bit]
@@ -251,10 +268,10 @@ def test_corpus_every_field_of_every_capture(tmp_path, capture, state):
         want["processes"] = [
             {"pid": int(a["pid"]), "mem_mib": expected_reading(a["used_gpu_memory"], "mem"),
              "name": re.split(r"[/\\]", a["process_name"])[-1], "job": None, "hidden": False, "inferred": False,
-             "cpu_percent": None, "rss_mib": None}
+             "cpu_percent": None, "rss_mib": None, "children": None, "children_cpu_percent": None}
             for a in apps if a["gpu_uuid"] == row["uuid"]
         ]
-        assert gpu == want | HEALTHY
+        assert gpu == want | NVML_ONLY | HEALTHY
     facts = s.facts()
     driver = capture.stem.rsplit("__", 1)[1]
     assert (facts["driver_version"], facts["cuda_version"]) == (driver, CORPUS_CUDA[driver])
@@ -326,7 +343,8 @@ def test_rows_of_a_lost_gpu_and_the_error_on_stderr(tmp_path, monkeypatch):
         (0, "ok", None), (1, "lost", "GPU is lost"), (2, "ok", None), (3, "ok", None)
     ]
     # Only GPU 1's own failure: a single "[Unknown Error]" field of a live GPU is just that field.
-    row = "0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, 0x1, 4, 4, 16, 16, No, No"
+    row = ("0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, "
+           "0x1, 4, 4, 16, 16, No, No, 1410, 1215, 1095, 1095, [N/A], [N/A], [N/A]")
     [g] = smi.parse_gpus(row)
     assert (g["state"], g["util_percent"], g["mem_total_mib"]) == ("ok", None, 40536)
     # The handle error may come on stderr, after every row: it takes the index no row has; control

@@ -32,6 +32,10 @@ DISK_WARN_GIB, DISK_FAIL_GIB = 10.0, 1.0
 MEM_WARN_FRACTION, MEM_WARN_MIB = 0.10, 2048
 SHM_WARN_MIB = 1024
 HOT_C = 85
+#: Slowed for heat this share of the last minutes (the driver's counter): throttled, even if not at this instant.
+THERMAL_SHARE_PCT = 5.0
+#: The driver retires at most 64 memory pages (GPUs before Ampere); this many leaves little to spare.
+RETIRED_PAGES_LIMIT = 60
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 600.0
 PROBE_MARK = "GPUTUI-DOCTOR "
@@ -317,6 +321,20 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
         problems.append((WARN, "memory rows wait to be remapped",
                          "Reset the GPU (`sudo nvidia-smi -r -i %s`) or reboot the host to apply the remap; see "
                          "`nvidia-smi -q -d ROW_REMAPPER`." % idx))
+    retired = sum(n for n in (g.get("retired_pages_single"), g.get("retired_pages_double")) if isinstance(n, int))
+    if retired >= RETIRED_PAGES_LIMIT:
+        problems.append((FAIL, "%d memory pages retired after ECC errors" % retired,
+                         "The driver retires at most 64 pages: this GPU's memory has little left to spare. Ask the "
+                         "provider for another host."))
+    elif g.get("retired_pages_pending") is True:
+        problems.append((WARN, "a memory page retirement waits for a reboot",
+                         "Reboot the host (or reload the driver) to retire the page; see "
+                         "`nvidia-smi -q -d PAGE_RETIREMENT`."))
+    app, default = g.get("app_clock_mhz"), g.get("app_clock_default_mhz")
+    if isinstance(app, (int, float)) and isinstance(default, (int, float)) and 0 < app < default:
+        problems.append((WARN, "application clock %g of its default %g MHz" % (app, default),
+                         "The clocks were capped by a setting: `sudo nvidia-smi -rac` resets them (on a rented "
+                         "host, ask the provider)."))
     width, widest = g.get("pcie_width"), g.get("pcie_width_max")
     if narrow_link(g):
         problems.append((WARN, "PCIe link x%d of x%d" % (width, widest),
@@ -332,13 +350,20 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
             )
         )
     reasons = [r for r in g.get("throttle_reasons") or [] if r != "gpu_idle"]
+    share, window = g.get("thermal_slowdown_percent"), g.get("thermal_window_s")
+    recent = isinstance(share, (int, float)) and isinstance(window, (int, float)) and share >= THERMAL_SHARE_PCT
+    if recent and "sw_thermal" not in reasons:
+        reasons.append("sw_thermal")
     if reasons:
         fixes = []
         for r in reasons:
             fix = THROTTLE_FIX.get(r, "see `nvidia-smi -q -d PERFORMANCE`")
             if fix not in fixes:
                 fixes.append(fix)
-        problems.append((WARN, "throttled: " + ", ".join(reasons), "Throttling: " + "; ".join(fixes) + "."))
+        what = "throttled: " + ", ".join(reasons)
+        if recent:
+            what += " (slowed for heat %.0f%% of the last %.0f min)" % (share, window / 60)
+        problems.append((WARN, what, "Throttling: " + "; ".join(fixes) + "."))
     if g.get("persistence_mode") is False:
         problems.append(
             (
@@ -365,7 +390,11 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
     if isinstance(widest, int) and width == widest:
         gen, top = g.get("pcie_gen"), g.get("pcie_gen_max")
         parts.append("PCIe x%d" % width + (" gen%d (max gen%d)" % (gen, top) if gen and top else ""))
-    parts.append("idle" if g.get("throttle_reasons") == ["gpu_idle"] else "not throttled")
+    idle = g.get("throttle_reasons") == ["gpu_idle"]
+    sm, top = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
+    if not idle and isinstance(sm, (int, float)) and isinstance(top, (int, float)) and top > 0:
+        parts.append("SM clock %g of %g MHz" % (sm, top))  # (an idle GPU lowers its clocks, by design)
+    parts.append("idle" if idle else "not throttled")
     return check(cid, title, OK, ", ".join(p for p in parts if p))
 
 

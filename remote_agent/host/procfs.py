@@ -54,6 +54,17 @@ def ancestors(pid: int, limit: int = 64, proc: str = "/proc") -> Iterator[int]:
             return
 
 
+#: At most this many children are listed per process (DataLoader workers: a few dozen at most).
+MAX_CHILDREN = 256
+
+
+def children(pid: int, proc: str = "/proc") -> List[int]:
+    """The processes ``pid``'s main thread started (its ``children`` list, Linux 3.5+): PyTorch's DataLoader
+    workers of a training process. At most MAX_CHILDREN; [] where the kernel does not list them."""
+    words = (read_text("%s/%d/task/%d/children" % (proc, pid, pid), 65536) or "").split()
+    return [int(w) for w in words[:MAX_CHILDREN] if w.isdigit()]
+
+
 class ProcessUse:
     """CPU % and resident memory of processes from ``/proc/PID/stat``. CPU % is over the time since the previous
     reading of that pid (the same process: its start time is checked); a pid's first reading gives its average

@@ -5,7 +5,9 @@ utilisation of the GPUs the job was given (all of them when it was not restricte
 samples of those GPUs found them all idle (below ``IDLE_UTIL_PERCENT``) or one of them throttled by heat or
 hardware: the share of the run's cost paid for nothing (gputui history); and how many busy samples ran over a
 PCIe link with lanes missing (``narrow_link_samples``: paid for a slower machine than listed); the energy the
-GPUs drew (``energy_j``, from their power readings). In a pod, where NVML's
+GPUs drew (``energy_j``, from their power readings); how long the driver slowed them for heat
+(``thermal_slowdown_s``, from NVML's thermal violation counter: a busy sample after it grew counts as throttled
+too, even when no reason was active at the instant of the sample). In a pod, where NVML's
 pids are not in this /proc, the job's GPU processes are inferred as the agent does (container.py), and
 ``gpu_mem_inferred`` says so.
 
@@ -59,6 +61,7 @@ class UsageRecorder(threading.Thread):
         self._util_n = 0
         self.started = time.time()
         self._power_at: Optional[Tuple[float, float]] = None  # the last sample's (time, summed watts)
+        self._thermal_at: Optional[Tuple[float, Dict[Any, float]]] = None  # (time, {GPU: violation ms})
 
     def _mine(self, gpu: Dict[str, Any]) -> bool:
         return (
@@ -69,6 +72,7 @@ class UsageRecorder(threading.Thread):
         self._faults([g for g in sample.get("gpus") or [] if self._mine(g)])
         mine = [g for g in sample.get("gpus") or [] if self._mine(g) and g.get("state") != P.GPU_LOST]
         self._energy(sample.get("t"), [g.get("power_w") for g in mine])
+        slowed = self._thermal(sample.get("t"), mine)
         if mine:  # idle, or slowed by heat or hardware: paid for nothing (a GPU both: counted as idle)
             u = self.usage
             u["gpu_samples"] = u.get("gpu_samples", 0) + 1
@@ -76,7 +80,7 @@ class UsageRecorder(threading.Thread):
             if all(isinstance(x, (int, float)) and x < P.IDLE_UTIL_PERCENT for x in utils):
                 u["idle_samples"] = u.get("idle_samples", 0) + 1
             else:
-                if any(r in P.HW_THROTTLE for g in mine for r in g.get("throttle_reasons") or ()):
+                if slowed or any(r in P.HW_THROTTLE for g in mine for r in g.get("throttle_reasons") or ()):
                     u["throttled_samples"] = u.get("throttled_samples", 0) + 1
                 if any(narrow_link(g) for g in mine):  # busy over a link with lanes missing: transfers slower
                     u["narrow_link_samples"] = u.get("narrow_link_samples", 0) + 1
@@ -106,6 +110,23 @@ class UsageRecorder(threading.Thread):
         last, self._power_at = self._power_at, now
         if last is not None and 0 < now[0] - last[0] <= ENERGY_GAP_S:
             self.usage["energy_j"] = self.usage.get("energy_j", 0.0) + (last[1] + now[1]) / 2 * (now[0] - last[0])
+
+    def _thermal(self, t: Any, gpus: List[Dict[str, Any]]) -> bool:
+        """Add the time the driver slowed the job's GPUs for heat since the previous sample (the most any one GPU
+        was slowed, at most the time between the samples) to ``thermal_slowdown_s``; whether it grew."""
+        now = {g.get("index"): float(v) for g in gpus
+               if isinstance(v := g.get("thermal_violation_ms"), (int, float)) and not isinstance(v, bool) and v >= 0}
+        if not now or not isinstance(t, (int, float)):
+            self._thermal_at = None
+            return False
+        last, self._thermal_at = self._thermal_at, (float(t), now)
+        if last is None or not 0 < t - last[0] <= ENERGY_GAP_S:
+            return False
+        grew = max((now[i] - last[1][i] for i in now if i in last[1]), default=0.0) / 1000.0
+        if grew <= 0:  # no growth, or a counter that went back (the driver reloaded)
+            return False
+        self.usage["thermal_slowdown_s"] = self.usage.get("thermal_slowdown_s", 0.0) + min(grew, t - last[0])
+        return True
 
     def _faults(self, gpus: List[Dict[str, Any]]) -> None:
         """The driver's XIDs on this job's GPUs since it started, kept in its record (``faults``, at most 20)."""

@@ -1,16 +1,18 @@
 """GPU readings through NVML (pynvml), one long-lived context per sampler.
 
 Every field is queried on its own: NotSupported (fan speed on H100/T4) or any other NVML error makes that
-one field None. Three tiers keep a 1 Hz sampler under 5 NVML calls per GPU per second: fast fields
+one field None. Three tiers keep a 1 Hz sampler under 6 NVML calls per GPU per second: fast fields
 (utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
-throttle reasons, fan: 5 calls) at most every ``slow_interval`` seconds, settings (power limit, persistence
-mode, ECC count, memory clock, the PCIe link, remapped rows: 9 calls) at most every SETTINGS_INTERVAL_S.
+throttle reasons, fan, the thermal violation counter: 6 calls) at most every ``slow_interval`` seconds,
+settings (power limit, persistence mode, ECC count, memory clock, the PCIe link, remapped rows, clocks at most,
+application clocks, retired pages: 16 calls) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
+import collections
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 
@@ -73,6 +75,46 @@ def _remaps(rows: Any) -> Dict[str, Optional[bool]]:
     if not isinstance(rows, (tuple, list)) or len(rows) < 4:
         return {"remap_pending": None, "remap_failed": None}
     return {"remap_pending": bool(rows[2]), "remap_failed": bool(rows[3])}
+
+
+def _count(pages: Any) -> Optional[int]:
+    """How many pages nvmlDeviceGetRetiredPages listed (None where the GPU cannot say)."""
+    return len(pages) if isinstance(pages, (list, tuple)) else None
+
+
+def _ns_to_ms(violation: Any) -> Optional[float]:
+    """A violation counter (nvmlDeviceGetViolationStatus's ``violationTime``, ns) in ms."""
+    ns = getattr(violation, "violationTime", None)
+    return ns / 1e6 if isinstance(ns, int) and ns >= 0 else None
+
+
+class ThermalWindow:
+    """The share of the last ``P.THROTTLE_WINDOW_S`` seconds a GPU's clocks were slowed for heat, from readings
+    of its thermal violation counter: (monotonic time, ms since the driver loaded), at most one per second kept."""
+
+    #: Readings spanning less than this give no share (a few seconds say nothing about the last minutes).
+    MIN_SPAN_S = 60.0
+
+    def __init__(self) -> None:
+        self.readings: Deque[Tuple[float, float]] = collections.deque(maxlen=int(P.THROTTLE_WINDOW_S) + 2)
+
+    def add(self, now: float, violation_ms: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
+        """Keep this reading; (percent of the window so slowed, the window in seconds: THROTTLE_WINDOW_S, or the
+        span of the readings kept when shorter), or (None, None) before they span MIN_SPAN_S."""
+        if violation_ms is None:
+            self.readings.clear()
+            return None, None
+        if self.readings and (violation_ms < self.readings[-1][1] or now < self.readings[-1][0]):
+            self.readings.clear()  # the counter went back: the driver was reloaded
+        if not self.readings or now - self.readings[-1][0] >= 1.0:
+            self.readings.append((now, violation_ms))
+        while len(self.readings) > 2 and now - self.readings[1][0] >= P.THROTTLE_WINDOW_S:
+            self.readings.popleft()
+        t0, v0 = self.readings[0]
+        if now - t0 < self.MIN_SPAN_S:
+            return None, None
+        share = min(max((violation_ms - v0) / 1000.0 / (now - t0), 0.0), 1.0)
+        return round(share * 100.0, 1), round(now - t0, 1)
 
 
 def _text(value: Any) -> str:
@@ -141,10 +183,16 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(
-        self, nvml: Any = None, slow_interval: float = SLOW_INTERVAL_S, only: Optional[List[str]] = None
+        self,
+        nvml: Any = None,
+        slow_interval: float = SLOW_INTERVAL_S,
+        only: Optional[List[str]] = None,
+        clock: Optional[Callable[[], float]] = None,
     ) -> None:
-        """``only``: read just these GPUs (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them)."""
+        """``only``: read just these GPUs (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them); ``clock``: the
+        monotonic clock (time.monotonic)."""
         self.nvml = load_nvml(nvml)
+        self.clock = clock or time.monotonic
         self.slow_interval = slow_interval
         self.settings_interval = (
             SETTINGS_INTERVAL_S if slow_interval > 0 else 0.0
@@ -183,6 +231,7 @@ class NvmlSource:
         self._slow_at: List[Optional[float]] = [None for _ in self.handles]
         self._settings: List[Dict[str, Any]] = [{} for _ in self.handles]
         self._settings_at: List[Optional[float]] = [None for _ in self.handles]
+        self._thermal = [ThermalWindow() for _ in self.handles]
         self._facts: Optional[P.GpuFacts] = None
 
     def _is_one_of(self, index: int, handle: Any, names: "set[str]") -> bool:
@@ -242,16 +291,21 @@ class NvmlSource:
         value = self._call(name, *args)
         return _text(value) if value is not None else None
 
-    def _read_slow(self, h: Any) -> Dict[str, Any]:
-        """The fields of ``protocol.Gpu`` read every few seconds only."""
+    def _read_slow(self, i: int, h: Any, now: float) -> Dict[str, Any]:
+        """The fields of ``protocol.Gpu`` read every few seconds only (GPU ``i``, handle ``h``)."""
         nv = self.nvml
         pstate = self._call("nvmlDeviceGetPerformanceState", h)
+        thermal = _ns_to_ms(self._call("nvmlDeviceGetViolationStatus", h, getattr(nv, "NVML_PERF_POLICY_THERMAL", 1)))
+        share, window = self._thermal[i].add(now, thermal)
         return {
             "temp_c": self._call("nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0)),
             "fan_percent": self._call("nvmlDeviceGetFanSpeed", h),
             "sm_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
             "pstate": "P{}".format(pstate) if pstate is not None and 0 <= pstate <= 15 else None,
             "throttle_reasons": throttle_names(self._call(self._reasons_fn, h)),
+            "thermal_violation_ms": thermal,
+            "thermal_slowdown_percent": share,
+            "thermal_window_s": window,
         }
 
     def _read_settings(self, h: Any) -> Dict[str, Any]:
@@ -259,6 +313,7 @@ class NvmlSource:
         nv = self.nvml
         limit = self._call("nvmlDeviceGetEnforcedPowerLimit", h)
         persistence = self._call("nvmlDeviceGetPersistenceMode", h)
+        pending = self._call("nvmlDeviceGetRetiredPagesPendingStatus", h)
         return {
             "power_limit_w": limit / 1000.0 if limit is not None else None,
             "mem_clock_mhz": self._call("nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2)),
@@ -274,6 +329,15 @@ class NvmlSource:
             "pcie_width": self._call("nvmlDeviceGetCurrPcieLinkWidth", h),
             "pcie_width_max": self._call("nvmlDeviceGetMaxPcieLinkWidth", h),
             **_remaps(self._call("nvmlDeviceGetRemappedRows", h)),
+            "sm_clock_max_mhz": self._call("nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
+            "mem_clock_max_mhz": self._call("nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2)),
+            "app_clock_mhz": self._call("nvmlDeviceGetApplicationsClock", h, getattr(nv, "NVML_CLOCK_GRAPHICS", 0)),
+            "app_clock_default_mhz": self._call(
+                "nvmlDeviceGetDefaultApplicationsClock", h, getattr(nv, "NVML_CLOCK_GRAPHICS", 0)
+            ),
+            "retired_pages_single": _count(self._call("nvmlDeviceGetRetiredPages", h, 0)),  # multiple single-bit errors
+            "retired_pages_double": _count(self._call("nvmlDeviceGetRetiredPages", h, 1)),  # a double-bit error
+            "retired_pages_pending": bool(pending) if pending is not None else None,
         }
 
     @staticmethod
@@ -288,7 +352,7 @@ class NvmlSource:
         """One ``protocol.Gpu`` per GPU, but processes carry pid and mem_mib only (the sampler adds the rest);
         a GPU whose handle failed, or whose reads say it is gone, is reported ``lost``."""
         facts = self.facts()["gpus"]
-        now = time.monotonic()
+        now = self.clock()
         out = []
         for i, h in enumerate(self.handles):
             index = self.indices[i]
@@ -300,7 +364,7 @@ class NvmlSource:
             mem = self._call("nvmlDeviceGetMemoryInfo", h)
             power = self._call("nvmlDeviceGetPowerUsage", h)
             if self._due(self._slow_at, i, now, self.slow_interval):
-                self._slow[i] = self._read_slow(h)
+                self._slow[i] = self._read_slow(i, h, now)
             if self._due(self._settings_at, i, now, self.settings_interval):
                 self._settings[i] = self._read_settings(h)
             gpu: Dict[str, Any] = {

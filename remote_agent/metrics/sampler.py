@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol as P
 from ..host.container import HiddenAttribution, Owners
-from ..host.procfs import ProcessUse
+from ..host.procfs import ProcessUse, children
 from ..host.stats import HostStats, process_name
 from . import nvml as gpu_nvml
 from . import smi as gpu_smi
@@ -100,9 +100,11 @@ class MetricsSampler:
                 self._faults_at = time.monotonic()
                 self.faults.poll(0)
             recent = self.faults.recent(t)
-        use = self.use.read(p["pid"] for g in gpus for p in g.get("processes") or [])
+        pids = {p["pid"] for g in gpus for p in g.get("processes") or []}
+        kids = {pid: children(pid) for pid in pids}
+        use = self.use.read(pids.union(*kids.values()))
         for g in gpus:
-            g["processes"] = [self._process(p, owner_of, use) for p in g.get("processes") or []]
+            g["processes"] = [self._process(p, owner_of, use, kids[p["pid"]]) for p in g.get("processes") or []]
             g["faults"] = [{"t": f["t"], "kind": f["kind"], "xid": f.get("xid"), "meaning": f.get("meaning"),
                             "fix": f.get("fix")} for f in recent.get(g.get("index"), [])]
         if isinstance(owner_of, Owners):
@@ -110,8 +112,8 @@ class MetricsSampler:
         return {"t": t, "host": host, "gpus": gpus, "gpu_source": self.gpu_source, "gpu_error": error}
 
     @staticmethod
-    def _process(p: Dict[str, Any], owner_of: OwnerOf, use: Dict[int, Tuple[Optional[float], Optional[float]]]
-                 ) -> P.GpuProcess:
+    def _process(p: Dict[str, Any], owner_of: OwnerOf, use: Dict[int, Tuple[Optional[float], Optional[float]]],
+                 kids: List[int]) -> P.GpuProcess:
         pid = p["pid"]
         try:
             job = owner_of(pid)
@@ -127,6 +129,8 @@ class MetricsSampler:
             "inferred": False,
             "cpu_percent": cpu,
             "rss_mib": rss,
+            "children": len(kids) if cpu is not None else None,
+            "children_cpu_percent": round(sum(use[k][0] or 0.0 for k in kids), 1) if cpu is not None else None,
         }
 
     def close(self) -> None:

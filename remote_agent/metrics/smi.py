@@ -41,7 +41,17 @@ GPU_FIELDS = (
     ("pcie.link.width.max", "pcie_width_max"),
     ("remapped_rows.pending", "remap_pending"),
     ("remapped_rows.failure", "remap_failed"),
+    ("clocks.max.sm", "sm_clock_max_mhz"),
+    ("clocks.max.memory", "mem_clock_max_mhz"),
+    ("clocks.applications.graphics", "app_clock_mhz"),
+    ("clocks.default_applications.graphics", "app_clock_default_mhz"),
+    ("retired_pages.single_bit_ecc.count", "retired_pages_single"),
+    ("retired_pages.double_bit.count", "retired_pages_double"),
+    ("retired_pages.pending", "retired_pages_pending"),
 )
+#: ``protocol.Gpu`` keys only NVML gives (the thermal violation counter): None on this path.
+NVML_ONLY = ("thermal_violation_ms", "thermal_slowdown_percent", "thermal_window_s")
+_YES_NO = ("remap_pending", "remap_failed", "retired_pages_pending")
 # process_name last: it is the one column that may itself contain ", ".
 APP_FIELDS = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")
 CSV_FORMAT = "--format=csv,noheader,nounits"
@@ -144,7 +154,7 @@ def parse_gpus(text: str) -> List[Dict[str, Any]]:
                 row[key] = v
             elif key == "persistence_mode":
                 row[key] = {"Enabled": True, "Disabled": False}.get(v or "")
-            elif key in ("remap_pending", "remap_failed"):
+            elif key in _YES_NO:
                 row[key] = {"Yes": True, "No": False}.get(v or "")
             elif key == "throttle_reasons":
                 mask = None
@@ -272,6 +282,7 @@ class SmiSource:
             apps = {}
         for g in gpus:
             g.pop("driver_version", None)
+            g.update(dict.fromkeys(NVML_ONLY))
             g["processes"] = apps.get(g["uuid"] or "", [])
         return gpus
 

@@ -66,9 +66,7 @@ def hints_from_metrics(
         med = statistics.median(util)
         if med < low_util_pct:
             evidence = f"median GPU util {med:.0f}% over {len(util)} samples"
-            busiest = max((c for c in _job_cpu(gpus, job) if c is not None), default=None)
-            if busiest is not None and busiest >= CPU_BOUND_PCT:
-                evidence += f"; the job's process at {busiest:.0f}% of a CPU core"
+            evidence += _loader_evidence(gpus, job)
             hints.append(
                 Hint(
                     "low_gpu_util",
@@ -97,13 +95,22 @@ def hints_from_metrics(
     return hints
 
 
-def _job_cpu(gpus: Iterable[Any], job: str | None) -> Iterable[float | None]:
-    """The CPU % of the job's processes on its GPUs (every process there when the job is not named)."""
-    for gpu in gpus:
-        for p in _get(gpu, "processes") or ():
-            if job is None or _proc(p, "job") == job:
-                cpu = _proc(p, "cpu_percent")
-                yield float(cpu) if isinstance(cpu, (int, float)) and not isinstance(cpu, bool) else None
+def _loader_evidence(gpus: Iterable[Any], job: str | None) -> str:
+    """What the CPU says of a GPU left waiting, from the job's busiest process on its GPUs (any process there when
+    the job is not named): ``; the job's process at 100% of a CPU core, with no worker processes`` (the data is
+    loaded in the main process) or ``; its 4 worker processes at 390% of a core together``; "" when neither."""
+    mine = [p for gpu in gpus for p in _get(gpu, "processes") or () if job is None or _proc(p, "job") == job]
+    busiest = max(mine, key=lambda p: _number(_proc(p, "cpu_percent")) or 0.0, default=None)
+    if busiest is None:
+        return ""
+    cpu, kids = _number(_proc(busiest, "cpu_percent")), _proc(busiest, "children")
+    kids_cpu = _number(_proc(busiest, "children_cpu_percent"))
+    out = ""
+    if cpu is not None and cpu >= CPU_BOUND_PCT:
+        out = f"; the job's process at {cpu:.0f}% of a CPU core" + (", with no worker processes" if kids == 0 else "")
+    if isinstance(kids, int) and kids > 0 and kids_cpu is not None and kids_cpu >= CPU_BOUND_PCT:
+        out += f"; its {kids} worker process{'es' if kids != 1 else ''} at {kids_cpu:.0f}% of a core together"
+    return out
 
 
 def _throttle_hints(gpus: Iterable[Any]) -> list[Hint]:
@@ -148,27 +155,35 @@ PROBLEM_REASONS = {"hw_thermal": "thermal slowdown (hardware)", "sw_thermal": "t
                    "hw_power_brake": "power brake", "hw_slowdown": "hardware slowdown"}
 
 
+#: A GPU slowed for heat this share of the last 10 minutes (its driver's counter) is a problem even when it is
+#: not slowed at this instant.
+THERMAL_SHARE_PCT = 5.0
+#: Retired memory pages (GPUs before Ampere): the driver retires at most 64; this many leaves little to spare.
+RETIRED_PAGES_LIMIT = 60
+
+
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def gpu_problems(gpu: Any) -> list[str]:
     """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
-    ``PCIe``, ``memory``, ``ECC``, ``XID``); empty when nothing is known to be: lost, clocks slowed by heat or
-    hardware (with the temperature), a PCIe link narrower than the GPU and host allow, memory rows waiting to be
-    remapped or a remap that failed, uncorrected ECC errors since the driver loaded, the driver's XIDs of the last
-    day (the newest, how long ago, what to do)."""
+    ``PCIe``, ``memory``, ``ECC``, ``clocks``, ``XID``); empty when nothing is known to be: lost, clocks slowed
+    by heat or hardware (with the temperature, and the share of the last 10 minutes), a PCIe link narrower than
+    the GPU and host allow, memory rows waiting to be remapped or a remap that failed, memory pages retired or
+    waiting to be, uncorrected ECC errors since the driver loaded, an application clock set below its default,
+    the driver's XIDs of the last day (the newest, how long ago, what to do)."""
     faults = _fault_lines(gpu)
     if _get(gpu, "state") == "lost":
         return ["lost", *faults]
     out = faults
-    reasons = _reasons(gpu, tuple(PROBLEM_REASONS))
-    if len(reasons) > 1 and "hw_slowdown" in reasons:
-        reasons.remove("hw_slowdown")
-    if reasons:
-        temp = _get(gpu, "temp_c")
-        at = f" at {temp:.0f}°C" if isinstance(temp, (int, float)) and not isinstance(temp, bool) else ""
-        out.append("throttled: " + ", ".join(PROBLEM_REASONS[r] for r in reasons) + at)
+    throttled = _throttled(gpu)
+    if throttled:
+        out.append(throttled)
     width, widest = _get(gpu, "pcie_width"), _get(gpu, "pcie_width_max")
     if _count(width) and _count(widest) and width < widest:  # (its generation drops at idle by design: not judged)
         gen, top = _get(gpu, "pcie_gen"), _get(gpu, "pcie_gen_max")
@@ -179,11 +194,38 @@ def gpu_problems(gpu: Any) -> list[str]:
         out.append("memory: a row remap failed, no spare row is left (ask the provider for another instance)")
     elif _get(gpu, "remap_pending") is True:
         out.append("memory: rows wait to be remapped (reset the GPU or reboot the host to apply)")
+    retired = sum(n for n in (_get(gpu, "retired_pages_single"), _get(gpu, "retired_pages_double")) if _count(n))
+    if retired >= RETIRED_PAGES_LIMIT:
+        out.append(f"memory: {retired} pages retired after ECC errors, of the 64 the driver can retire (ask the "
+                   "provider for another instance)")
+    elif _get(gpu, "retired_pages_pending") is True:
+        out.append("memory: a page retirement waits for a reboot (reboot the host to apply)")
     ecc = _get(gpu, "ecc_errors_uncorrected")
     if _count(ecc):
         out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "
                    "after that: ask for another instance)")
+    app, default = _number(_get(gpu, "app_clock_mhz")), _number(_get(gpu, "app_clock_default_mhz"))
+    if app is not None and default is not None and 0 < app < default:
+        out.append(f"clocks: application clock set to {app:.0f} of its default {default:.0f} MHz (`sudo nvidia-smi "
+                   "-rac` resets it; on a rented host ask the provider)")
     return out
+
+
+def _throttled(gpu: Any) -> str | None:
+    """``throttled: thermal slowdown (hardware) at 91°C, 14% of the last 10 min``: clock-event reasons that slow
+    the GPU now, and the share of the last minutes its driver slowed it for heat (when THERMAL_SHARE_PCT or more)."""
+    reasons = _reasons(gpu, tuple(PROBLEM_REASONS))
+    if len(reasons) > 1 and "hw_slowdown" in reasons:
+        reasons.remove("hw_slowdown")
+    share, window = _number(_get(gpu, "thermal_slowdown_percent")), _number(_get(gpu, "thermal_window_s"))
+    recent = f"{share:.0f}% of the last {window / 60:.0f} min" if share is not None and window is not None and \
+        share >= THERMAL_SHARE_PCT else None
+    if not reasons and not recent:
+        return None
+    temp = _number(_get(gpu, "temp_c"))
+    what = (", ".join(PROBLEM_REASONS[r] for r in reasons) or "thermal slowdown") + \
+        (f" at {temp:.0f}°C" if temp is not None else "")
+    return "throttled: " + what + (f", {recent}" if recent else "")
 
 
 def _fault_lines(gpu: Any, now: float | None = None) -> list[str]:

@@ -154,6 +154,8 @@ def compare_rows(runs: Sequence[Run]) -> list[Row]:
         *[row(name, [_num(rec.get(key), spec) for rec in recs])  # only where a run has it (newer records)
           for name, key, spec in (("narrow PCIe", "cost_narrow_link", ".2f"), ("GPU kWh", "energy_kwh", ".3f"))
           if any(isinstance(rec.get(key), (int, float)) for rec in recs)],
+        *([row("heat slowdown", ["-" if not isinstance(v := rec.get("thermal_slowdown_s"), (int, float)) else duration(v)
+                                 for rec in recs])] if any(rec.get("thermal_slowdown_s") for rec in recs) else []),
         *([row("XIDs", [", ".join(f"GPU {f['gpu']}: {f['xid'] or f['kind']}" for f in rec["gpu_faults"]) or "-"
                         for rec in recs])] if any(rec.get("gpu_faults") for rec in recs) else []),
     ]

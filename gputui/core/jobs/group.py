@@ -259,6 +259,8 @@ def merge_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         lead = dict(mine[0], cost=sum(costs) if costs else None, group=dict(group, parts=parts),
                     gpu_faults=faults, **{key: sum(v) if v else None for key, v in summed.items()})
         lead["ended_at"] = max((x["ended_at"] for x in mine if x.get("ended_at") is not None), default=None)
+        lead["thermal_slowdown_s"] = max((x["thermal_slowdown_s"] for x in mine if x.get("thermal_slowdown_s") is not None),
+                                         default=None)  # the parts ran at the same time: the longest
         out.append(lead)
     return out
 

@@ -107,6 +107,10 @@ def _kwh(joules: Any) -> float | None:
     return None
 
 
+def _seconds(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1e10 else None
+
+
 def wasted(usage: dict[str, Any], cost: float | None) -> dict[str, Any]:
     """The share of a run's GPU samples that found its GPUs idle or throttled by heat or hardware, and what that
     share of its cost came to; and the same for its busy samples over a PCIe link with lanes missing (a slower
@@ -171,6 +175,7 @@ def run_record(job: Job, insights: JobInsights | None, currency: str) -> dict[st
         **wasted(usage, price * duration / 3600.0 if price is not None and duration is not None else None),
         "gpu_faults": run_faults(usage),  # the driver's XIDs on its GPUs while it ran
         "energy_kwh": _kwh(usage.get("energy_j")),  # what its GPUs drew, from their power readings
+        "thermal_slowdown_s": _seconds(usage.get("thermal_slowdown_s")),  # the driver slowed its GPUs for heat
         "currency": currency,
         "metrics": dict(insights.metrics) if insights else {},
         "hints": [h.to_json() for h in insights.hints] if insights else [],

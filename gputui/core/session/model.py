@@ -45,6 +45,8 @@ class GpuProcess:
     inferred: bool = False  # job matched by its GPUs, not by /proc (a pid from another PID namespace)
     cpu_percent: float | None = None  # of one core, since the agent's previous reading
     rss_mib: float | None = None  # resident memory (host RAM)
+    children: int | None = None  # the processes it started (DataLoader workers), and their CPU % together
+    children_cpu_percent: float | None = None
 
 
 def _finite(value: Any) -> float | None:
@@ -106,13 +108,23 @@ class GpuSample:
     pstate: str | None = None
     ecc_errors_uncorrected: int | None = None
     throttle_reasons: tuple[str, ...] | None = None
+    thermal_violation_ms: float | None = None  # NVML's thermal violation counter, since the driver loaded
+    thermal_slowdown_percent: float | None = None  # of the last thermal_window_s, clocks slowed for heat (NVML)
+    thermal_window_s: float | None = None  # 10 min, or less when the agent has read for less
     persistence_mode: bool | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_max_mhz: float | None = None
+    app_clock_mhz: float | None = None  # the application (graphics) clock set now, and its default
+    app_clock_default_mhz: float | None = None
     pcie_gen: int | None = None  # the PCIe link now and at most (its generation drops when the GPU idles)
     pcie_gen_max: int | None = None
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     remap_pending: bool | None = None  # memory rows: a remap waits for a GPU reset; one failed (no spare left)
     remap_failed: bool | None = None
+    retired_pages_single: int | None = None  # memory pages retired after ECC errors (before Ampere)
+    retired_pages_double: int | None = None
+    retired_pages_pending: bool | None = None  # a retirement waits for a reboot
     processes: tuple[GpuProcess, ...] = ()
     state: str = P.GPU_OK  # "lost": the driver cannot reach this GPU; ``error`` has its words, ``fix`` what to do
     error: str | None = None
@@ -150,6 +162,8 @@ class GpuSample:
                 inferred=bool(p.get("inferred")),
                 cpu_percent=_finite(p.get("cpu_percent")),
                 rss_mib=_finite(p.get("rss_mib")),
+                children=kids if isinstance(kids := p.get("children"), int) and not isinstance(kids, bool) else None,
+                children_cpu_percent=_finite(p.get("children_cpu_percent")),
             )
             for p in d.get("processes") or ()
         )

@@ -323,7 +323,7 @@ def proc_job(p: M.GpuProcess, names: dict[str, str]) -> str:
 class ProcsTable(KeyedTable):
     """Processes on the selected host's GPUs, with the gputui job that owns each."""
 
-    RIGHT = frozenset({"gpu", "pid", "mem", "cpu", "rss"})
+    RIGHT = frozenset({"gpu", "pid", "mem", "cpu", "workers", "rss"})
 
     COLUMNS = (
         ("gpu", "GPU", 3),
@@ -331,6 +331,7 @@ class ProcsTable(KeyedTable):
         ("job", "Job", 14),
         ("mem", "GPU mem", 8),
         ("cpu", "CPU", 5),  # of one core: a process at 100 % feeding a GPU at 30 % is the data loader's bottleneck
+        ("workers", "Workers", 10),  # the processes it started (DataLoader workers) and their CPU together
         ("rss", "RAM", 8),
         ("name", "Process", 18),
     )
@@ -352,9 +353,17 @@ class ProcsTable(KeyedTable):
                                 fmt.gib(p.mem_mib) + " GiB" if p.mem_mib is not None else "-", justify="right"
                             ),
                             Text("-" if p.cpu_percent is None else f"{p.cpu_percent:.0f}%", justify="right"),
+                            Text(_workers(p), justify="right"),
                             Text("-" if p.rss_mib is None else fmt.gib(p.rss_mib) + " GiB", justify="right"),
                             Text(safetext.clean(p.name or "-", limit=200), no_wrap=True, overflow="ellipsis"),
                         ),
                     )
                 )
         self.sync(rows)
+
+
+def _workers(p: M.GpuProcess) -> str:
+    """``4 at 390%``: the processes a GPU process started and their CPU together; ``0`` for none; ``-`` unknown."""
+    if not p.children:
+        return "-" if p.children is None else "0"
+    return f"{p.children} at {p.children_cpu_percent:.0f}%" if p.children_cpu_percent is not None else str(p.children)
