@@ -192,6 +192,7 @@ class Gpu(TypedDict):
     mem_clock_mhz: Optional[float]
     pstate: Optional[str]  # "P0" .. "P15"
     ecc_errors_uncorrected: Optional[int]  # volatile, since the driver loaded
+    ecc_errors_uncorrected_aggregate: Optional[int]  # over the GPU's life (read with the settings)
     throttle_reasons: Optional[List[str]]  # short names: gpu_idle, sw_power_cap, hw_thermal, ...
     # NVML only: how long the driver has slowed the clocks for heat since it loaded (its thermal violation
     # counter), and the share of the last ``thermal_window_s`` so slowed: THROTTLE_WINDOW_S, or the span of the

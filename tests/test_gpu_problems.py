@@ -252,7 +252,8 @@ def test_a_gpu_slowed_for_heat_says_how_much_of_the_last_minutes_and_the_run_wha
 def test_retired_pages_and_a_capped_application_clock_are_named(tmp_path: Path) -> None:
     """The 8x A100 recording with, written in as ``nvidia-smi -q`` prints them: GPU 2's application clock set to
     765 of its default 1095 MHz, GPU 4 with 3 pages retired and one retirement pending, GPU 6 with 62 retired
-    (the driver retires at most 64). Every surface names them; the other GPUs stay quiet."""
+    (the driver retires at most 64), GPU 3 with 4 uncorrected ECC errors in its life but none since the driver
+    loaded. Every surface names them; the other GPUs stay quiet."""
     from remote_agent.host import doctor
 
     text = _fault(A100_X8, 2, r"^( +Graphics +): 1095 MHz$", r"\1: 765 MHz")  # the first: Applications Clocks
@@ -262,6 +263,8 @@ def test_retired_pages_and_a_capped_application_clock_are_named(tmp_path: Path) 
     text = _fault(text, 6, r"^( +Single Bit ECC +): N/A$", r"\1: 40")
     text = _fault(text, 6, r"^( +Double Bit ECC +): N/A$", r"\1: 22")
     text = _fault(text, 6, r"^( +Pending Page Blacklist +): N/A$", r"\1: No")
+    text = _fault(text, 3, r"^( +Aggregate\n(?: +[SD]RAM \w+ +: \d+\n){3} +DRAM Uncorrectable +): 0$",
+                  r"\1: 4")  # 4 in its life (Volatile, since the driver loaded: still 0)
     sampler = MetricsSampler(str(tmp_path), nvml=NvmlDouble(text))
     try:
         wire = sampler.sample(lambda pid: None)
@@ -277,9 +280,12 @@ def test_retired_pages_and_a_capped_application_clock_are_named(tmp_path: Path) 
     assert problems[4] == ["memory: a page retirement waits for a reboot (reboot the host to apply)"]
     assert problems[6] == ["memory: 62 pages retired after ECC errors, of the 64 the driver can retire (ask the "
                            "provider for another instance)"]
-    assert all(problems[i] == [] for i in (0, 1, 3, 5, 7))
+    assert problems[3] == ["ECC: 4 uncorrected errors in the GPU's life, none since the driver loaded (memory that "
+                           "failed before: if they come back, ask for another instance)"]
+    assert all(problems[i] == [] for i in (0, 1, 5, 7))
     snap = M.HostSnapshot("a100", state=M.CONNECTED, metrics=M.MetricsSample.from_wire(wire))
-    assert status_line(snap).startswith("a100 up · GPU 4,6 memory · GPU 2 clocks · 8 GPU ")
+    assert status_line(snap).startswith("a100 up · GPU 4,6 memory · GPU 3 ECC · GPU 2 clocks · 8 GPU ")
+    assert checks["gpu.3"]["detail"] == "4 uncorrected ECC errors in the GPU's life; persistence mode off"
     assert checks["gpu.2"]["detail"] == "application clock 765 of its default 1095 MHz; persistence mode off"
     assert "nvidia-smi -rac" in checks["gpu.2"]["fix"]
     assert checks["gpu.4"]["detail"].startswith("a memory page retirement waits for a reboot")

@@ -95,7 +95,7 @@ def test_h100_under_load_exact_values(tmp_path, monkeypatch):
             "mem_clock_mhz": 2619,
             "pstate": "P0",
             "persistence_mode": True,
-            "ecc_errors_uncorrected": 0,
+            "ecc_errors_uncorrected": 0, "ecc_errors_uncorrected_aggregate": 0,
             "throttle_reasons": [],
             "pcie_gen": 5, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16,
             "remap_pending": False, "remap_failed": False,
@@ -165,7 +165,7 @@ def test_consumer_card_fan_and_missing_ecc(tmp_path):
             "mem_clock_mhz": 405,
             "pstate": "P8",
             "persistence_mode": False,
-            "ecc_errors_uncorrected": None,  # "[N/A]" on GeForce
+            "ecc_errors_uncorrected": None, "ecc_errors_uncorrected_aggregate": None,  # "[N/A]" on GeForce
             "throttle_reasons": ["gpu_idle"],
             "pcie_gen": 1, "pcie_gen_max": 4, "pcie_width": 16, "pcie_width_max": 16,  # idle: the link slows down
             "remap_pending": None, "remap_failed": None,  # "[N/A]" on GeForce
@@ -222,6 +222,7 @@ CORPUS_FIELDS = {
     "power_w": "power.draw", "power_limit_w": "power.limit", "fan_percent": "fan.speed",
     "sm_clock_mhz": "clocks.current.sm", "mem_clock_mhz": "clocks.current.memory", "pstate": "pstate",
     "persistence_mode": "persistence_mode", "ecc_errors_uncorrected": "ecc.errors.uncorrected.volatile.total",
+    "ecc_errors_uncorrected_aggregate": "ecc.errors.uncorrected.aggregate.total",
     "throttle_reasons": "clocks_event_reasons.active", "pcie_gen": "pcie.link.gen.current",
     "pcie_gen_max": "pcie.link.gen.max", "pcie_width": "pcie.link.width.current", "pcie_width_max": "pcie.link.width.max",
     "remap_pending": "remapped_rows.pending", "remap_failed": "remapped_rows.failure",
@@ -343,7 +344,7 @@ def test_rows_of_a_lost_gpu_and_the_error_on_stderr(tmp_path, monkeypatch):
         (0, "ok", None), (1, "lost", "GPU is lost"), (2, "ok", None), (3, "ok", None)
     ]
     # Only GPU 1's own failure: a single "[Unknown Error]" field of a live GPU is just that field.
-    row = ("0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, "
+    row = ("0, GPU-1, A100, 460.32.03, [Unknown Error], 0, 40536, 41, 55.63, 400.00, [N/A], 210, 1215, P0, Disabled, 0, 0, "
            "0x1, 4, 4, 16, 16, No, No, 1410, 1215, 1095, 1095, [N/A], [N/A], [N/A]")
     [g] = smi.parse_gpus(row)
     assert (g["state"], g["util_percent"], g["mem_total_mib"]) == ("ok", None, 40536)

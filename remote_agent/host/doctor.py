@@ -314,6 +314,11 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
                 % idx,
             )
         )
+    life = g.get("ecc_errors_uncorrected_aggregate")
+    if not (isinstance(ecc, int) and ecc > 0) and isinstance(life, int) and life > 0:
+        problems.append((WARN, "%d uncorrected ECC error%s in the GPU's life" % (life, "" if life == 1 else "s"),
+                         "None since the driver loaded, but this GPU's memory failed before: watch "
+                         "`nvidia-smi -q -d ECC`; if they come back, ask for another host."))
     if g.get("remap_failed") is True:
         problems.append((FAIL, "a memory row remap failed (no spare row left)",
                          "This GPU's memory cannot repair itself any more: ask the provider for another host."))

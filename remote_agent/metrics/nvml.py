@@ -5,7 +5,7 @@ one field None. Three tiers keep a 1 Hz sampler under 6 NVML calls per GPU per s
 (utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
 throttle reasons, fan, the thermal violation counter: 6 calls) at most every ``slow_interval`` seconds,
 settings (power limit, persistence mode, ECC count, memory clock, the PCIe link, remapped rows, clocks at most,
-application clocks, retired pages: 16 calls) at most every SETTINGS_INTERVAL_S.
+application clocks, retired pages, lifetime ECC: 17 calls) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
@@ -322,6 +322,12 @@ class NvmlSource:
                 h,
                 getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                 getattr(nv, "NVML_VOLATILE_ECC", 0),
+            ),
+            "ecc_errors_uncorrected_aggregate": self._call(
+                "nvmlDeviceGetTotalEccErrors",
+                h,
+                getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                getattr(nv, "NVML_AGGREGATE_ECC", 1),
             ),
             "persistence_mode": bool(persistence) if persistence is not None else None,
             "pcie_gen": self._call("nvmlDeviceGetCurrPcieLinkGeneration", h),

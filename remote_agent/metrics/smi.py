@@ -34,6 +34,7 @@ GPU_FIELDS = (
     ("pstate", "pstate"),
     ("persistence_mode", "persistence_mode"),
     ("ecc.errors.uncorrected.volatile.total", "ecc_errors_uncorrected"),
+    ("ecc.errors.uncorrected.aggregate.total", "ecc_errors_uncorrected_aggregate"),
     ("clocks_throttle_reasons.active", "throttle_reasons"),
     ("pcie.link.gen.current", "pcie_gen"),
     ("pcie.link.gen.max", "pcie_gen_max"),

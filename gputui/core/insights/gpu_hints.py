@@ -200,10 +200,13 @@ def gpu_problems(gpu: Any) -> list[str]:
                    "provider for another instance)")
     elif _get(gpu, "retired_pages_pending") is True:
         out.append("memory: a page retirement waits for a reboot (reboot the host to apply)")
-    ecc = _get(gpu, "ecc_errors_uncorrected")
+    ecc, life = _get(gpu, "ecc_errors_uncorrected"), _get(gpu, "ecc_errors_uncorrected_aggregate")
     if _count(ecc):
         out.append(f"ECC: {ecc} uncorrected error{'s' if ecc != 1 else ''} since the driver loaded (reboot; again "
                    "after that: ask for another instance)")
+    elif _count(life):
+        out.append(f"ECC: {life} uncorrected error{'s' if life != 1 else ''} in the GPU's life, none since the driver "
+                   "loaded (memory that failed before: if they come back, ask for another instance)")
     app, default = _number(_get(gpu, "app_clock_mhz")), _number(_get(gpu, "app_clock_default_mhz"))
     if app is not None and default is not None and 0 < app < default:
         out.append(f"clocks: application clock set to {app:.0f} of its default {default:.0f} MHz (`sudo nvidia-smi "

@@ -107,6 +107,7 @@ class GpuSample:
     mem_clock_mhz: float | None = None
     pstate: str | None = None
     ecc_errors_uncorrected: int | None = None
+    ecc_errors_uncorrected_aggregate: int | None = None  # over the GPU's life
     throttle_reasons: tuple[str, ...] | None = None
     thermal_violation_ms: float | None = None  # NVML's thermal violation counter, since the driver loaded
     thermal_slowdown_percent: float | None = None  # of the last thermal_window_s, clocks slowed for heat (NVML)
