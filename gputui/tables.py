@@ -178,7 +178,7 @@ def status_line(s: M.HostSnapshot) -> str:
     lost = [g for g in gpus if g.lost]
     if lost:
         parts.append(f"GPU {','.join(str(g.index) for g in lost)} LOST")
-    for kind in ("XID", "throttled", "PCIe", "memory", "ECC", "clocks"):  # the GPU you pay for, slowed or failing
+    for kind in ("XID", "throttled", "PCIe", "NVLink", "memory", "ECC", "clocks"):  # the GPU you pay for, slowed or failing
         hit = [g for g in gpus if not g.lost and any(p.startswith(kind + ":") for p in g.problems)]
         if hit:
             parts.append(f"GPU {','.join(str(g.index) for g in hit)} {kind}")

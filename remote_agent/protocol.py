@@ -212,6 +212,9 @@ class Gpu(TypedDict):
     pcie_gen_max: Optional[int]
     pcie_width: Optional[int]
     pcie_width_max: Optional[int]
+    # NVML only: the NVLink links the GPU has and how many are up (None: no NVLink), read with the settings
+    nvlink_links: Optional[int]
+    nvlink_active: Optional[int]
     # memory rows remapped after uncorrectable errors (Ampere and newer), read with the settings: a remap pending
     # (applied at the next GPU reset) or one that failed (no spare row left)
     remap_pending: Optional[bool]

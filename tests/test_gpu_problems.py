@@ -290,3 +290,41 @@ def test_retired_pages_and_a_capped_application_clock_are_named(tmp_path: Path) 
     assert "nvidia-smi -rac" in checks["gpu.2"]["fix"]
     assert checks["gpu.4"]["detail"].startswith("a memory page retirement waits for a reboot")
     assert (checks["gpu.6"]["status"], checks["gpu.4"]["status"]) == ("fail", "warn")
+
+
+def test_an_nvlink_link_down_is_named_and_all_up_is_not(tmp_path: Path) -> None:
+    """The H200 under load with its ``nvidia-smi nvlink -s`` (18 links at 26.562 GB/s), as recorded, then with
+    link 2 down as real reports print it (``Link 2: <inactive>``): the GPU's problem, the short status and the
+    doctor say how many links are up; all up is said only by a well GPU's doctor line."""
+    from fake_nvidia_smi import sections
+
+    from remote_agent.host import doctor
+
+    capture = sections((FIXTURES / "h200_590.48.01_capture.txt").read_text())
+    q, links = capture["load :: query (-q)"], capture["capabilities :: nvlink -s"]
+    down = re.sub(r"(?m)^(\s+Link 2): 26\.562 GB/s$", r"\1: <inactive>", links)
+    readings = {}
+    for name, text in (("up", links), ("down", down)):
+        sampler = MetricsSampler(str(tmp_path), nvml=NvmlDouble(q, nvlink=text))
+        try:
+            wire = sampler.sample(lambda pid: None)
+            [check] = [c for c in doctor.gpu_checks(sampler.facts(), wire, {}) if c["id"] == "gpu.0"]
+        finally:
+            sampler.close()
+        readings[name] = (wire, check)
+    up, up_check = readings["up"]
+    assert (up["gpus"][0]["nvlink_links"], up["gpus"][0]["nvlink_active"]) == (18, 18)
+    assert M.GpuSample.from_wire(up["gpus"][0]).problems == [] and "NVLink 18 links up" in up_check["detail"]
+    wire, check = readings["down"]
+    gpu = M.GpuSample.from_wire(wire["gpus"][0])
+    assert (gpu.nvlink_links, gpu.nvlink_active) == (18, 17)
+    assert gpu.problems == ["NVLink: 17 of 18 links up (traffic between the GPUs, all-reduce, is slower: ask the "
+                            "provider for another instance)"]
+    snap = M.HostSnapshot("h200", state=M.CONNECTED, metrics=M.MetricsSample.from_wire(wire))
+    assert status_line(snap).startswith("h200 up · GPU 0 NVLink · 1 GPU ")
+    assert (check["status"], check["detail"]) == ("warn", "NVLink 17 of 18 links up")
+    no_nvlink = MetricsSampler(str(tmp_path), nvml=NvmlDouble(q))  # a GPU without NVLink: nothing, not 0 of 0
+    try:
+        assert no_nvlink.sample(lambda pid: None)["gpus"][0]["nvlink_links"] is None
+    finally:
+        no_nvlink.close()

@@ -77,6 +77,7 @@ def test_eight_a100s_exact_values_and_fan_not_supported(tmp_path):
             "retired_pages_single": None, "retired_pages_double": None,  # "Retired Pages": N/A (Ampere remaps rows)
             "retired_pages_pending": None,
             "thermal_violation_ms": None, "thermal_slowdown_percent": None, "thermal_window_s": None,  # 460: no counters
+            "nvlink_links": None, "nvlink_active": None,  # no `nvlink -s` recorded for these
             "processes": [],
             "faults": [],
             **HEALTHY,

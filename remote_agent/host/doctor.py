@@ -345,6 +345,11 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
         problems.append((WARN, "PCIe link x%d of x%d" % (width, widest),
                          "The link trained at fewer lanes than the GPU and the host allow: every transfer to the GPU "
                          "is slower (a reseat or another slot, on a rented host: another host)."))
+    links, up = g.get("nvlink_links"), g.get("nvlink_active")
+    if isinstance(links, int) and isinstance(up, int) and 0 < up < links:  # (none up: no bridge, or no peer)
+        problems.append((WARN, "NVLink %d of %d links up" % (up, links),
+                         "Links between the GPUs are down: all-reduce and other GPU-to-GPU traffic is slower. See "
+                         "`nvidia-smi nvlink -s`; on a rented host, ask for another one."))
     temp = g.get("temp_c")
     if isinstance(temp, (int, float)) and temp >= HOT_C:
         problems.append(
@@ -395,6 +400,8 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
     if isinstance(widest, int) and width == widest:
         gen, top = g.get("pcie_gen"), g.get("pcie_gen_max")
         parts.append("PCIe x%d" % width + (" gen%d (max gen%d)" % (gen, top) if gen and top else ""))
+    if isinstance(links, int) and links > 0 and up == links:
+        parts.append("NVLink %d links up" % links)
     idle = g.get("throttle_reasons") == ["gpu_idle"]
     sm, top = g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")
     if not idle and isinstance(sm, (int, float)) and isinstance(top, (int, float)) and top > 0:

@@ -5,7 +5,7 @@ one field None. Three tiers keep a 1 Hz sampler under 6 NVML calls per GPU per s
 (utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
 throttle reasons, fan, the thermal violation counter: 6 calls) at most every ``slow_interval`` seconds,
 settings (power limit, persistence mode, ECC count, memory clock, the PCIe link, remapped rows, clocks at most,
-application clocks, retired pages, lifetime ECC: 17 calls) at most every SETTINGS_INTERVAL_S.
+application clocks, retired pages, lifetime ECC: 17 calls, and one per NVLink link plus one) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
@@ -51,6 +51,8 @@ NO_ACCESS_FIX = (
     "This user or container cannot open this GPU: check access to /dev/nvidia* (or the container's GPU "
     "mapping); if that is right, reboot the host or ask the provider for another instance."
 )
+#: NVLink links read per GPU at most (NVML_NVLINK_MAX_LINKS is 18 up to Hopper, 36 from Blackwell).
+MAX_NVLINKS = 36
 #: The driver's words about a lost GPU are cut to this many characters.
 MAX_ERROR_CHARS = 300
 
@@ -335,6 +337,7 @@ class NvmlSource:
             "pcie_width": self._call("nvmlDeviceGetCurrPcieLinkWidth", h),
             "pcie_width_max": self._call("nvmlDeviceGetMaxPcieLinkWidth", h),
             **_remaps(self._call("nvmlDeviceGetRemappedRows", h)),
+            **self._nvlinks(h),
             "sm_clock_max_mhz": self._call("nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1)),
             "mem_clock_max_mhz": self._call("nvmlDeviceGetMaxClockInfo", h, getattr(nv, "NVML_CLOCK_MEM", 2)),
             "app_clock_mhz": self._call("nvmlDeviceGetApplicationsClock", h, getattr(nv, "NVML_CLOCK_GRAPHICS", 0)),
@@ -345,6 +348,19 @@ class NvmlSource:
             "retired_pages_double": _count(self._call("nvmlDeviceGetRetiredPages", h, 1)),  # a double-bit error
             "retired_pages_pending": bool(pending) if pending is not None else None,
         }
+
+    def _nvlinks(self, h: Any) -> Dict[str, Optional[int]]:
+        """``nvlink_links`` (the links NVML answers for, in order) and ``nvlink_active`` (those up); None for both
+        on a GPU without NVLink. One call where there is none."""
+        states = []
+        for link in range(min(int(getattr(self.nvml, "NVML_NVLINK_MAX_LINKS", 18)), MAX_NVLINKS)):
+            state = self._call("nvmlDeviceGetNvLinkState", h, link)
+            if state is None:  # past the GPU's last link (or no NVLink at all)
+                break
+            states.append(bool(state))
+        if not states:
+            return {"nvlink_links": None, "nvlink_active": None}
+        return {"nvlink_links": len(states), "nvlink_active": sum(states)}
 
     @staticmethod
     def _due(at: List[Optional[float]], i: int, now: float, every: float) -> bool:

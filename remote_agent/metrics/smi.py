@@ -51,7 +51,7 @@ GPU_FIELDS = (
     ("retired_pages.pending", "retired_pages_pending"),
 )
 #: ``protocol.Gpu`` keys only NVML gives (the thermal violation counter): None on this path.
-NVML_ONLY = ("thermal_violation_ms", "thermal_slowdown_percent", "thermal_window_s")
+NVML_ONLY = ("thermal_violation_ms", "thermal_slowdown_percent", "thermal_window_s", "nvlink_links", "nvlink_active")
 _YES_NO = ("remap_pending", "remap_failed", "retired_pages_pending")
 # process_name last: it is the one column that may itself contain ", ".
 APP_FIELDS = ("gpu_uuid", "pid", "used_gpu_memory", "process_name")

@@ -172,9 +172,9 @@ def _number(value: Any) -> float | None:
 
 def gpu_problems(gpu: Any) -> list[str]:
     """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
-    ``PCIe``, ``memory``, ``ECC``, ``clocks``, ``XID``); empty when nothing is known to be: lost, clocks slowed
-    by heat or hardware (with the temperature, and the share of the last 10 minutes), a PCIe link narrower than
-    the GPU and host allow, memory rows waiting to be remapped or a remap that failed, memory pages retired or
+    ``PCIe``, ``NVLink``, ``memory``, ``ECC``, ``clocks``, ``XID``); empty when nothing is known to be: lost, clocks
+    slowed by heat or hardware (with the temperature, and the share of the last 10 minutes), a PCIe link narrower
+    than the GPU and host allow, NVLink links down beside others up, memory rows waiting to be remapped or a remap that failed, memory pages retired or
     waiting to be, uncorrected ECC errors since the driver loaded, an application clock set below its default,
     the driver's XIDs of the last day (the newest, how long ago, what to do)."""
     faults = _fault_lines(gpu)
@@ -190,6 +190,10 @@ def gpu_problems(gpu: Any) -> list[str]:
         gens = f", gen{gen} of gen{top}" if _count(gen) and _count(top) else ""
         out.append(f"PCIe: link x{width} of x{widest}{gens} (every transfer to the GPU is slower: ask the provider for "
                    "another instance)")
+    links, up = _get(gpu, "nvlink_links"), _get(gpu, "nvlink_active")
+    if _count(links) and _count(up) and up < links:  # (none up: a card without its bridge looks the same)
+        out.append(f"NVLink: {up} of {links} links up (traffic between the GPUs, all-reduce, is slower: ask the "
+                   "provider for another instance)")
     if _get(gpu, "remap_failed") is True:
         out.append("memory: a row remap failed, no spare row is left (ask the provider for another instance)")
     elif _get(gpu, "remap_pending") is True:

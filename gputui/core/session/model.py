@@ -121,6 +121,8 @@ class GpuSample:
     pcie_gen_max: int | None = None
     pcie_width: int | None = None
     pcie_width_max: int | None = None
+    nvlink_links: int | None = None  # NVLink: the GPU's links and how many are up (None: no NVLink)
+    nvlink_active: int | None = None
     remap_pending: bool | None = None  # memory rows: a remap waits for a GPU reset; one failed (no spare left)
     remap_failed: bool | None = None
     retired_pages_single: int | None = None  # memory pages retired after ECC errors (before Ampere)
