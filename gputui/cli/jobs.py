@@ -429,7 +429,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     write = out.write
 
     async def body(s: HostSession) -> int:
-        offset = 0
+        offset = args.offset  # past 0 where the session service wrote the bytes before it (client.stream_logs)
         if args.tail is not None:  # the reply's bytes are the tail's first: written, not asked for again
             offset, data, _ = await s.read_log(args.job, tail_lines=args.tail)
             write(data)
@@ -597,7 +597,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lg.add_argument(
         "--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
     )
-    lg.set_defaults(func=cmd_logs)
+    lg.add_argument("--direct", action="store_true",
+                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    lg.set_defaults(func=cmd_logs, offset=0)
 
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
     k.add_argument("host")
