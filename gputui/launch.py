@@ -4,6 +4,7 @@ modules of its commands (the first frame waits for neither); anything else is :f
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 
 def main() -> None:
@@ -21,15 +22,54 @@ def main() -> None:
     cli_main()
 
 
+def logs_through_service(argv: list[str]) -> int | None:
+    """``gputui logs [-f] [--tail N] HOST JOB`` (with ``--config PATH`` anywhere) answered by the session
+    service, or None (another command line: the CLI reads it). Where the service goes away mid-stream, the
+    command goes on directly from the first byte it has not written."""
+    follow, tail, config, words = False, None, None, iter(argv[1:])
+    names: list[str] = []
+    for word in words:
+        if word in ("-f", "--follow") and not follow:
+            follow = True
+        elif word == "--tail" and tail is None:
+            value = next(words, "")
+            if not value.isdigit() or int(value) > 10_000_000:
+                return None  # the CLI says what is wrong with it
+            tail = int(value)
+        elif word == "--config" and config is None:
+            config = next(words, None)
+            if config is None:
+                return None
+        elif word and not word.startswith("-") and len(names) < 2:
+            names.append(word)
+        else:
+            return None  # --direct, --rank, --help, anything else
+    if len(names) != 2:
+        return None
+    host, job = names
+
+    def go_on(offset: int) -> NoReturn:
+        from .cli import main as cli_main
+
+        cli_main(["logs", host, job, *(["-f"] if follow else []), *(["--config", config] if config else [])],
+                 offset=offset)
+
+    from .service import client
+
+    return client.logs(config, {"op": "logs", "host": host, "job": job, "tail": tail, "follow": follow}, go_on)
+
+
 def status_through_service(argv: list[str]) -> int | None:
-    """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST]
-    [--json]`` (each with ``--config PATH`` anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
+    """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]``, ``gputui history [HOST]
+    [--json]`` or ``gputui logs`` (each with ``--config PATH`` anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
     ``GPUTUI_DIRECT=1``, or no service to answer (one is then started for the next command, and this one goes
     on directly)."""
     import os
 
-    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history"):
+    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", "logs"):
         return None
+    if argv[0] == "logs":
+        return logs_through_service(argv)
     form, config, host, words = "text", None, None, iter(argv[1:])
     flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
     for word in words:

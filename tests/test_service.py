@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -193,3 +195,170 @@ def test_the_commands_side_is_light() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert res.stdout.strip() == str(sorted(["gputui", "gputui.launch", "gputui.service", "gputui.service.address",
                                              "gputui.service.client"]))
+
+
+# --- gputui logs through the service --------------------------------------------------------------------------
+BIG_LINE = 3 * 1024 * 1024  # one line over 1 MiB, beside bytes that are not UTF-8
+
+
+def run_job(home: SshHome, code: str) -> str:
+    res = home.cli("run", "box", "--", "python3", "-c", code, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def log_file(home: SshHome, job: str) -> Path:
+    return home.remote_job_dir(job) / "output.log"
+
+
+def served_logs(home: SshHome, job: str) -> subprocess.CompletedProcess[bytes]:
+    return home.cli_bytes("logs", "box", job, timeout=120)
+
+
+def test_logs_come_through_the_kept_connection_byte_for_byte(served: SshHome, proxy: FaultProxy) -> None:
+    """``logs``, ``logs --tail N`` and ``logs -f`` through a warm service: the log file's bytes exactly (not
+    UTF-8, a 3 MiB line), the job's exit status, no new SSH connection; an unknown job and an unknown host are
+    said as the direct command says them."""
+    warm(served)
+    code = ("import sys; w = sys.stdout.buffer.write; w(b'caf\\xe9 \\xff\\xfe\\x1b[31m red\\r\\n'); "
+            f"w(b'x' * {BIG_LINE} + b'\\n'); w(b'last line, no end'); sys.exit(3)")
+    job = run_job(served, code)
+    assert served.cli("status", timeout=120).returncode == 0  # the service connects
+    accepted = proxy.accepted
+    followed = served.cli_bytes("logs", "-f", "box", job, timeout=120)
+    assert followed.returncode == 3, followed.stderr  # the job's exit status
+    data = log_file(served, job).read_bytes()
+    assert len(data) > BIG_LINE and followed.stdout == data
+    plain = served_logs(served, job)
+    tail = served.cli_bytes("logs", "--tail", "2", "box", job, timeout=120)
+    assert (plain.returncode, plain.stdout) == (0, data) and proxy.accepted == accepted  # the kept connection
+    direct_tail = served.cli_bytes("logs", "--tail", "2", "box", job, "--direct", timeout=120)
+    assert tail.stdout == direct_tail.stdout == data[data.index(b"x"):] and tail.returncode == 0
+    assert info(served)["requests"] == 4  # type: ignore[index]  # the status and the three logs
+    unknown = served.cli("logs", "box", "999999", timeout=60)
+    direct = served.cli("logs", "box", "999999", "--direct", timeout=60)
+    assert (unknown.returncode, unknown.stderr, unknown.stdout) == (direct.returncode, direct.stderr, direct.stdout)
+    assert unknown.returncode == 5 and "no job" in unknown.stderr
+    nohost = served.cli("logs", "nosuchhost", job, timeout=60)
+    assert nohost.returncode == 2 and "unknown host 'nosuchhost'" in nohost.stderr  # said by the command itself
+
+
+def test_a_service_killed_mid_follow_costs_the_follower_no_byte(served: SshHome, proxy: FaultProxy) -> None:
+    """kill -9 of the service while ``logs -f`` reads through it: the command goes on directly from the
+    first byte it had not written; its output is the log file's bytes, none missing, none twice."""
+    warm(served)
+    go = served.root / "go"
+    code = ("import os, sys, time\nfor i in range(4000):\n"
+            "    sys.stdout.write(f'line {i:05d} ' + 'y' * (i % 97) + '\\n'); sys.stdout.flush()\n"
+            f"    if i == 1999:\n        while not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+            "sys.exit(7)")
+    job = run_job(served, code)
+    pid = int(info(served)["pid"])  # type: ignore[arg-type, index]
+    out = served.root / "followed.out"
+    with out.open("wb") as sink:
+        follower = subprocess.Popen([sys.executable, "-m", "gputui", "logs", "-f", "box", job], env=served.env,
+                                    stdout=sink, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: b"line 01999" in out.read_bytes(), timeout=120, what="the first half through the service")
+            assert info(served)["streams"] == 1  # type: ignore[index]
+            os.kill(pid, signal.SIGKILL)
+            go.touch()  # the second half is written once the service is gone
+            _, err = follower.communicate(timeout=180)
+        finally:
+            follower.kill()
+    assert follower.returncode == 7, err
+    data = log_file(served, job).read_bytes()
+    assert data.count(b"\n") == 4000 and out.read_bytes() == data
+
+
+def test_a_stalled_client_stalls_no_one_and_holds_bounded_memory(served: SshHome, proxy: FaultProxy) -> None:
+    """A client that asks for a 64 MB log and never reads: beside it a ``status`` and a ``logs -f`` complete,
+    the service's memory stays bounded, and a client that goes away mid-follow leaves no work behind."""
+    warm(served)
+    job = run_job(served, "import sys\nfor i in range(64):\n    sys.stdout.write(('z' * 1023 + '\\n') * 1024)")
+    small = run_job(served, "print('small one')")
+    assert served.cli("logs", "-f", "box", job, timeout=120).returncode == 0
+    started = info(served)
+    assert started is not None
+    pid, page = int(started["pid"]), os.sysconf("SC_PAGE_SIZE")  # type: ignore[call-overload]
+
+    def rss() -> int:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+
+    before = rss()
+    [sock_path] = (Path(served.env["XDG_RUNTIME_DIR"]) / "gputui").glob("*.sock")
+    stalled = socket.socket(socket.AF_UNIX)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(str(sock_path))
+    request = {"op": "logs", "host": "box", "job": job, "tail": None, "follow": True, "build": started["build"]}
+    stalled.sendall(json.dumps(request).encode() + b"\n")
+    try:
+        wait_for(lambda: info(served)["streams"] == 1, what="the stalled stream")  # type: ignore[index]
+        status = served.cli("status", "--json", timeout=120)
+        assert status.returncode == 0 and [h[1] for h in hosts(status)] == ["connected"]
+        live = served.cli_bytes("logs", "-f", "box", small, timeout=120)
+        assert (live.returncode, live.stdout) == (0, log_file(served, small).read_bytes()) and b"small one" in live.stdout
+        assert info(served)["streams"] == 1  # type: ignore[index]  # the stalled one, held back
+        assert rss() - before < 32 * 1024 * 1024  # the 64 MB log was not read ahead for it
+    finally:
+        stalled.close()
+    wait_for(lambda: info(served)["streams"] == 0, what="the dropped client's follow to end")  # type: ignore[index]
+
+
+def read_stream(sock: socket.socket) -> tuple[bytes, dict[str, object]]:
+    """A ``logs`` answer read whole off a raw socket: the log's bytes and the last frame's reply."""
+    sock.settimeout(120)
+    buf, data = b"", bytearray()
+
+    def take(n: int) -> bytes:
+        nonlocal buf
+        while len(buf) < n:
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the stream ended without its last frame"
+            buf += chunk
+        out, buf = buf[:n], buf[n:]
+        return out
+
+    while not buf.startswith(b"{") or b"\n" not in buf:
+        buf += sock.recv(1 << 16)
+    header, _, buf = buf.partition(b"\n")
+    assert json.loads(header) == {"offset": 0}
+    while True:
+        kind, size = struct.unpack(">cI", take(5))
+        payload = take(size)
+        if kind == b"e":
+            return bytes(data), json.loads(payload)
+        if kind == b"d":
+            data += payload
+
+
+def test_a_follower_that_stops_reading_is_held_back_then_given_every_byte(served: SshHome, proxy: FaultProxy) -> None:
+    """A ``logs -f`` client that reads nothing while its job writes 48 MB: the service stops the host's follow
+    (its memory stays bounded, other commands are answered), and once the client reads again it gets every
+    byte in order and the job's exit status."""
+    warm(served)
+    go = served.root / "go"
+    code = (f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+            "for i in range(48):\n    sys.stdout.write((f'{i:04d}' + 'w' * 1019 + '\\n') * 1024); sys.stdout.flush()\nsys.exit(4)")
+    job = run_job(served, code)
+    assert served.cli("jobs", "box", timeout=120).returncode == 0  # the service connects (its memory grows then)
+    started = info(served)
+    assert started is not None
+    pid, page = int(started["pid"]), os.sysconf("SC_PAGE_SIZE")  # type: ignore[call-overload]
+    before = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+    [sock_path] = (Path(served.env["XDG_RUNTIME_DIR"]) / "gputui").glob("*.sock")
+    with socket.socket(socket.AF_UNIX) as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(str(sock_path))
+        request = {"op": "logs", "host": "box", "job": job, "tail": None, "follow": True, "build": started["build"]}
+        stalled.sendall(json.dumps(request).encode() + b"\n")
+        wait_for(lambda: info(served)["streams"] == 1, what="the follow")  # type: ignore[index]
+        go.touch()
+        wait_for(lambda: (r := served.cli("jobs", "box", "--json", timeout=120)).returncode == 0
+                 and [j["state"] for j in json.loads(r.stdout) if j["id"] == job] == ["failed"], timeout=120,
+                 what="the job's end")  # answered by the service meanwhile
+        grown = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page - before
+        assert info(served)["streams"] == 1 and grown < 24 * 1024 * 1024, grown  # type: ignore[index]
+        data, reply = read_stream(stalled)
+    assert reply == {"out": "", "err": "", "rc": 4} and data == log_file(served, job).read_bytes()
+    assert len(data) == 48 * 1024 * 1024 + data.count(b"\r")

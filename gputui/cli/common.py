@@ -98,15 +98,23 @@ async def with_session(
     session = Fleet(cfg.load(args.config)).session(host)
     await session.start()
     try:
-        return await body(session)
+        with job_errors(host):
+            return await body(session)
+    finally:
+        await session.close()
+
+
+@contextlib.contextmanager
+def job_errors(host: str) -> Iterator[None]:
+    """A job id ``host`` lacks becomes a CliError of exit status 5 naming the host and where its job ids are."""
+    try:
+        yield
     except AgentError as exc:
         if exc.code != "not_found":
             raise
-        said = str(exc).replace(" on this host", f" on {host}", 1)  # which host; and where the job ids are
+        said = str(exc).replace(" on this host", f" on {host}", 1)
         hint = f"; gputui jobs {host} lists its jobs" if said.startswith("no job ") else ""
         raise CliError(said + hint, ExitStatus.NOT_FOUND) from None
-    finally:
-        await session.close()
 
 
 def ask(question: str) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import contextlib
 import datetime
 import os
@@ -406,27 +405,6 @@ def show_history(records: list[dict[str, Any]], errors: Mapping[str, object], as
 
 
 # --- one job ----------------------------------------------------------------------------------------------------
-class LogOutput:
-    """Where ``logs`` writes the job's output. A pipe or a file gets the bytes as written (one write each: no
-    decoding, no copying); a terminal gets them as text whose control characters but line ends and ``\\r`` are
-    shown escaped (``\\x1b[31m``; a tab becomes a space): a host's bytes never drive the terminal."""
-
-    def __init__(self, stream: Any) -> None:
-        self._out = stream.buffer
-        self._encoding = stream.encoding or "utf-8"
-        self._text = codecs.getincrementaldecoder("utf-8")("backslashreplace") if stream.isatty() else None
-
-    def write(self, data: bytes, final: bool = False) -> None:
-        if self._text is not None:  # a UTF-8 sequence cut between two chunks waits for its end
-            text = self._text.decode(data, final)
-            data = "\r".join(safetext.clean(part, multiline=True) for part in text.split("\r")).encode(
-                self._encoding, "backslashreplace"
-            )
-        if data:
-            self._out.write(data)
-            self._out.flush()
-
-
 async def _part_of(args: argparse.Namespace) -> tuple[str, str]:
     """``--rank N``: the host and job id of that part of the job over several hosts ``args.job``."""
     async with open_fleet(args) as fleet:
@@ -447,11 +425,11 @@ async def _part_of(args: argparse.Namespace) -> tuple[str, str]:
 async def cmd_logs(args: argparse.Namespace) -> int:
     if args.rank:
         args.host, args.job = await _part_of(args)
-    out = LogOutput(sys.stdout)
+    out = safetext.LogOutput(sys.stdout)
     write = out.write
 
     async def body(s: HostSession) -> int:
-        offset = 0
+        offset = args.offset  # past 0 where the session service wrote the bytes before it (client.stream_logs)
         if args.tail is not None:  # the reply's bytes are the tail's first: written, not asked for again
             offset, data, _ = await s.read_log(args.job, tail_lines=args.tail)
             write(data)
@@ -619,7 +597,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lg.add_argument(
         "--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
     )
-    lg.set_defaults(func=cmd_logs)
+    lg.add_argument("--direct", action="store_true",
+                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    lg.set_defaults(func=cmd_logs, offset=0)
 
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
     k.add_argument("host")

@@ -10,7 +10,7 @@ import os
 import re
 import select
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__, appstart
 from ..core import safetext
@@ -84,11 +84,12 @@ def _document(parser: argparse.ArgumentParser, summary: str | None) -> None:
                 action.help = "one host (default: every host)"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run one command; a reader that goes away (``gputui status --json | head``) ends it quietly."""
+def main(argv: list[str] | None = None, **preset: Any) -> NoReturn:
+    """Run one command; a reader that goes away (``gputui status --json | head``) ends it quietly. ``preset``:
+    values set on the parsed command line (``offset``: a ``logs`` the session service began, gone on here)."""
     try:
         try:
-            _main(argv)
+            _main(argv, preset)
             code: Any = ExitStatus.OK
         except SystemExit as exc:
             code = exc.code
@@ -144,9 +145,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _main(argv: list[str] | None = None) -> None:
+def _main(argv: list[str] | None, preset: dict[str, Any]) -> None:
     try:
         args = _parse(sys.argv[1:] if argv is None else argv)
+        vars(args).update(preset)
         safetext.guard_terminal()  # host text printed to a terminal is data: no raw control characters
         code = asyncio.run(args.func(args))
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ lone surrogates left by invalid UTF-8. :func:`clean` turns each of those into a 
 
 from __future__ import annotations
 
+import codecs
 import re
 import sys
 from typing import Any, TextIO
@@ -75,3 +76,24 @@ def guard_terminal() -> None:
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, TerminalGuard) and stream.isatty():
             setattr(sys, name, TerminalGuard(stream))
+
+
+class LogOutput:
+    """Where ``logs`` writes the job's output. A pipe or a file gets the bytes as written (one write each: no
+    decoding, no copying); a terminal gets them as text whose control characters but line ends and ``\\r`` are
+    shown escaped (``\\x1b[31m``; a tab becomes a space): a host's bytes never drive the terminal."""
+
+    def __init__(self, stream: Any) -> None:
+        self._out = stream.buffer
+        self._encoding = stream.encoding or "utf-8"
+        self._text = codecs.getincrementaldecoder("utf-8")("backslashreplace") if stream.isatty() else None
+
+    def write(self, data: bytes, final: bool = False) -> None:
+        if self._text is not None:  # a UTF-8 sequence cut between two chunks waits for its end
+            text = self._text.decode(data, final)
+            data = "\r".join(clean(part, multiline=True) for part in text.split("\r")).encode(
+                self._encoding, "backslashreplace"
+            )
+        if data:
+            self._out.write(data)
+            self._out.flush()

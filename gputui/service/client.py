@@ -1,6 +1,6 @@
 """The command's side of the session service (stdlib only: no asyncio, no asyncssh): answer ``gputui status``
-(and ``jobs``, ``history``) from the service of this config file and environment, or say the command must go on directly, starting a
-service for the next command when there is none."""
+(and ``jobs``, ``history``, ``logs``) from the service of this config file and environment, or say the command
+must go on directly, starting a service for the next command when there is none."""
 
 from __future__ import annotations
 
@@ -8,16 +8,23 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .address import UnsafeDir, build_id, peer_uid, runtime_dir, socket_path
 
 CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 300.0  # a status of hosts that do not answer waits as long as a direct one would
 MAX_REPLY = 64 * 1024 * 1024
+MAX_HEADER = 64 * 1024
+#: A ``logs`` answer after its JSON header line: frames of a kind byte and a payload's length, then the payload.
+FRAME = struct.Struct(">cI")
+DATA, GAP, KEEPALIVE, END = b"d", b"g", b"k", b"e"  # log bytes; a gap's message; alive; the final JSON reply
+SILENT_S = 90.0  # a service that sends no frame (data or keepalive) for this long is gone: go on directly
 
 
 def config_path(explicit: str | None) -> Path:
@@ -33,18 +40,10 @@ def config_path(explicit: str | None) -> Path:
 def ask(config: Path, request: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, Any] | None:
     """The service's answer to ``request``; None when there is none to ask or it cannot answer (no service,
     one of another build, a socket that is not this user's, a broken answer)."""
-    try:
-        path = socket_path(config)
-    except (OSError, UnsafeDir):
+    sock = connect(config)
+    if sock is None:
         return None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(CONNECT_TIMEOUT_S)
-        try:
-            sock.connect(str(path))
-        except OSError:  # none running (or a stale socket a new service will replace)
-            return None
-        if peer_uid(sock) != os.getuid():
-            return None
+    with sock:
         sock.settimeout(timeout_s)
         try:
             sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
@@ -59,6 +58,25 @@ def ask(config: Path, request: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_
         except (OSError, ValueError):
             return None
     return reply if isinstance(reply, dict) and "direct" not in reply else None
+
+
+def connect(config: Path) -> socket.socket | None:
+    """A connection to the service of ``config``, checked to be this user's; None where there is none."""
+    try:
+        path = socket_path(config)
+    except (OSError, UnsafeDir):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(str(path))
+    except OSError:  # none running (or a stale socket a new service will replace)
+        sock.close()
+        return None
+    if peer_uid(sock) != os.getuid():
+        sock.close()
+        return None
+    return sock
 
 
 def start(config: Path, explicit: bool) -> None:
@@ -78,17 +96,156 @@ def start(config: Path, explicit: bool) -> None:
         pass
 
 
-def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
-    """A command (``status``, ``jobs``, ``history``) through the service: print its answer and return the exit status; None
-    when the command must go on directly (a service is then started for the next command)."""
+def usable(explicit: str | None) -> tuple[Path, bool] | None:
+    """The config file a command reads and whether it was named; None when the command says what is wrong."""
     config = config_path(explicit)
     named = bool(explicit or os.environ.get("GPUTUI_CONFIG"))
-    if named and not config.is_file():
-        return None  # the command says what is wrong with the path
-    reply = ask(config, {**request, "columns": shutil.get_terminal_size().columns})
-    if reply is None or not isinstance(reply.get("rc"), int):
-        start(config, named)
-        return None
+    return None if named and not config.is_file() else (config, named)
+
+
+def printed(reply: dict[str, Any]) -> int:
+    """Write a command's answer (``out``, ``err``) and return its exit status ``rc``."""
     sys.stderr.write(str(reply.get("err") or ""))
     sys.stdout.write(str(reply.get("out") or ""))
     return int(reply["rc"])
+
+
+def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
+    """A command (``status``, ``jobs``, ``history``) through the service: print its answer and return the exit status; None
+    when the command must go on directly (a service is then started for the next command)."""
+    found = usable(explicit)
+    if found is None:
+        return None
+    reply = ask(found[0], {**request, "columns": shutil.get_terminal_size().columns})
+    if reply is None or not isinstance(reply.get("rc"), int):
+        start(*found)
+        return None
+    return printed(reply)
+
+
+def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], int]) -> int | None:
+    """``gputui logs`` through the service: the log's bytes on stdout as they come, then the exit status; None
+    when the command must go on directly (a service is then started for the next command). Where the service
+    goes away mid-stream (or says to), ``go_on(offset)`` is the command, directly from the first byte not
+    written yet: no byte is lost or written twice."""
+    found = usable(explicit)
+    sock = connect(found[0]) if found is not None else None
+    if found is None or sock is None:
+        if found is not None:
+            start(*found)
+        return None
+    with sock:
+        sock.settimeout(REPLY_TIMEOUT_S)
+        stream = LogReader(sock)
+        try:
+            sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
+            header = json.loads(stream.line())
+        except (OSError, ValueError, EOFError):
+            header = None
+        if not isinstance(header, dict) or "direct" in header:
+            start(*found)
+            return None
+        if isinstance(header.get("rc"), int):
+            return printed(header)  # said before any byte (an unknown job, a host that does not answer)
+        offset = header.get("offset")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            return None
+        out = LogWriter(sys.stdout, offset)
+        try:
+            reply = stream.copy(out)
+        except BrokenPipeError:
+            return out.closed()
+    if reply is not None and isinstance(reply.get("rc"), int):
+        return printed(reply)
+    start(*found)  # the service died or gave up: a new one for the next command
+    return go_on(out.offset)
+
+
+class LogReader:
+    """The frames of a ``logs`` answer, read from the service's socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def _fill(self, n: int) -> None:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise EOFError("the service closed the stream")
+            self.buf += chunk
+
+    def line(self) -> bytes:
+        while b"\n" not in self.buf:
+            if len(self.buf) > MAX_HEADER:
+                raise ValueError("no header line")
+            self._fill(len(self.buf) + 1)
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+    def take(self, n: int) -> bytes:
+        self._fill(n)
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def copy(self, out: LogWriter) -> dict[str, Any] | None:
+        """Write every frame's bytes to ``out`` until the last frame: its reply, or None where the stream
+        broke or the service says to go on directly."""
+        self.sock.settimeout(SILENT_S)
+        try:
+            while True:
+                kind, size = FRAME.unpack(self.take(FRAME.size))
+                if kind == DATA:
+                    self._pass(size, out)
+                elif kind == END:
+                    out.finish()
+                    reply = json.loads(self.take(size))
+                    return reply if isinstance(reply, dict) and "direct" not in reply else None
+                elif kind == GAP:
+                    message = self.take(size).decode("utf-8", "replace")
+                    print(f"\ngputui: --- {message} ---", file=sys.stderr)
+                else:
+                    self.take(size)  # KEEPALIVE
+        except BrokenPipeError:  # stdout's: the caller's
+            raise
+        except (OSError, ValueError, EOFError):
+            return None
+
+    def _pass(self, size: int, out: LogWriter) -> None:
+        """``size`` bytes of log to ``out`` as they arrive (no frame is held whole)."""
+        while size:
+            if not self.buf:
+                self._fill(1)
+            data, self.buf = self.buf[:size], self.buf[size:]
+            out.write(data)
+            size -= len(data)
+
+
+class LogWriter:
+    """Where the log's bytes go (``safetext.LogOutput``'s rules: raw to a pipe or file; on a terminal made
+    safe, imported then only), and the log offset of the next byte to write."""
+
+    def __init__(self, stream: Any, offset: int) -> None:
+        self.offset = offset
+        self.raw: BinaryIO | None = None if stream.isatty() else stream.buffer
+        self.text: Any = None
+        if self.raw is None:
+            from gputui.core.safetext import LogOutput
+
+            self.text = LogOutput(stream)
+
+    def write(self, data: bytes) -> None:
+        if self.raw is not None:
+            self.raw.write(data)
+            self.raw.flush()
+        else:
+            self.text.write(data)
+        self.offset += len(data)
+
+    def finish(self) -> None:
+        if self.text is not None:
+            self.text.write(b"", final=True)  # a UTF-8 sequence the log ends inside
+
+    def closed(self) -> int:
+        """The reader of stdout went away: exit as the command does then (141, nothing left to flush)."""
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

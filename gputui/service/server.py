@@ -1,9 +1,12 @@
 """The session service's process: ``python -m gputui.service.server CONFIG [--default]`` (started by a command,
 detached). It holds the fleet of one config file, connected on first use and kept while commands come, and
-answers ``gputui status``, ``jobs`` and ``history`` over a Unix socket: one JSON request line, one JSON answer, per connection.
+answers ``gputui status``, ``jobs``, ``history`` and ``logs`` over a Unix socket: one JSON request line, one JSON
+answer, per connection; a ``logs`` answer is a JSON header line, then frames (``client.FRAME``) of the log's bytes,
+the last one the exit status. A client is sent at most ``FLOW_HIGH`` bytes more than it has taken.
 
 Trust: the socket is 0600 in a 0700 dir of the user's (``address.runtime_dir``), every peer's uid is checked
-(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs`` or ``history``: the service reaches the
+(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs``, ``history`` or ``logs``
+(a host of the config and a job): the service reaches the
 hosts of its config and nothing else, with the direct command's own code (host key checks included), and its
 answer is that code's output and exit status, byte for byte. It exits when no command came for
 ``service_idle_minutes`` (closing every connection), when asked (``gputui service stop``), and after its
@@ -25,12 +28,14 @@ from typing import Any
 
 from gputui.core import paths
 from gputui.core.config import file as cfg
+from gputui.core.errors import GputuiError, Unreachable
 from gputui.core.hosts.fleet import Fleet
 from gputui.core.session import model as M
 from gputui.core.session.gather import gather_hosts
 from gputui.core.session.host import HostSession
 
 from .address import build_id, lock_path, peer_uid, socket_path
+from .client import DATA, END, FRAME, GAP, KEEPALIVE
 
 log = logging.getLogger("gputui.service")
 MAX_REQUEST = 64 * 1024
@@ -40,6 +45,10 @@ METRICS_S = 1.0  # each host streams its metrics this often while the service ho
 STALE_S = 3.0  # a host whose snapshot is older than this is sampled afresh before the answer
 LOG_MAX_BYTES = 1024 * 1024
 FORMS = ("json", "short", "text")
+FLOW_HIGH = 4 * 1024 * 1024  # a client's bytes not yet taken that the service holds at most (plus one chunk)
+STALL_S = 300.0  # a client that takes nothing for this long is let go (it goes on directly from its offset)
+KEEPALIVE_S = 20.0  # a follow with nothing to say tells its client it is alive this often
+MAX_TAIL = 10_000_000  # as ``gputui logs --tail``
 
 
 class Service:
@@ -50,6 +59,8 @@ class Service:
         self.last_used = time.monotonic()
         self.served = 0
         self.busy = 0
+        self.following: set[tuple[str, str]] = set()  # (host, job) of the logs followed now (one client each)
+        self.streams = 0  # logs being sent now
         self.stop = asyncio.Event()
         self.retiring = False
         self.fleet: Fleet | None = None
@@ -97,7 +108,9 @@ class Service:
         return {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}, dict(results)
 
     # --- requests -------------------------------------------------------------------------------------------
-    async def answer(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def answer(self, request: dict[str, Any], reader: asyncio.StreamReader | None = None,
+                     writer: asyncio.StreamWriter | None = None) -> dict[str, Any] | None:
+        """The reply to ``request``; None where it was sent as a stream (``logs``) on ``writer``."""
         op = request.get("op")
         width = request.get("columns")
         columns = width if isinstance(width, int) and not isinstance(width, bool) and 20 <= width <= 1000 else 80
@@ -114,6 +127,8 @@ class Service:
             return self.printed(columns, show_status, snaps, results, str(request["form"]))
         if op in ("jobs", "history") and isinstance(request.get("host"), (str, type(None))) and request.get("form") in FORMS:
             return await self.jobs(op, request.get("host"), request["form"] == "json", columns)
+        if op == "logs" and reader is not None and writer is not None:
+            return await self.logs(request, reader, writer)
         if op == "info":
             return self.info()
         if op == "stop":
@@ -157,13 +172,116 @@ class Service:
                 os.environ["COLUMNS"] = before
         return {"out": out.getvalue(), "err": err.getvalue(), "rc": int(rc)}
 
+    async def logs(
+        self, request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> dict[str, Any] | None:
+        """``gputui logs HOST JOB [--tail N] [-f]`` as ``cmd_logs`` does it, its bytes sent as frames at the pace
+        the client takes them; an error before the first byte is the one-line reply, a host link lost on the
+        way tells the client to go on directly from its offset. None once sent."""
+        from gputui.cli.common import job_errors
+
+        host, job, tail, follow = request.get("host"), request.get("job"), request.get("tail"), request.get("follow")
+        if not (isinstance(host, str) and isinstance(job, str) and isinstance(follow, bool) and (tail is None or (
+                isinstance(tail, int) and not isinstance(tail, bool) and 0 <= tail <= MAX_TAIL))):
+            return {"direct": "a logs request the command reads itself"}
+        if follow and (host, job) in self.following:
+            return {"direct": "another command follows this log"}  # a host follows a job's log once per link
+        try:
+            session = (await self.current_fleet()).session(host)
+        except cfg.ConfigError:
+            return {"direct": "the command says what is wrong"}
+        stream = LogStream(reader, writer)
+        offset, first = 0, b""
+        try:
+            with job_errors(host):
+                await session.ensure_connected()
+                if tail is not None:
+                    offset, first, _ = await session.read_log(job, tail_lines=tail)
+        except GputuiError as exc:
+            return {"out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
+        self.streams += 1
+        if follow:
+            self.following.add((host, job))
+        try:
+            stream.start(offset, first)
+            with job_errors(host):
+                if follow:
+                    reply = await self.follow(session, job, offset + len(first), stream)
+                else:
+                    await session.copy_log(job, offset + len(first), stream.data, stream.pace)
+                    reply = {"out": "", "err": "", "rc": 0}
+        except GputuiError as exc:
+            reply = {"direct": "the host's link was lost"} if isinstance(exc, Unreachable) else {
+                "out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
+        except ConnectionError:  # the client went away, or took nothing for STALL_S
+            reply = None
+        finally:
+            self.streams -= 1
+            self.following.discard((host, job))
+        stream.end(reply)
+        return None
+
+    async def follow(self, session: HostSession, job: str, offset: int, stream: LogStream) -> dict[str, Any] | None:
+        """``logs -f``: the log from ``offset`` until the job ends (its exit status as ``job_exit`` says it). A
+        client that has not taken ``FLOW_HIGH`` bytes stops the host's follow until it has (the agent channel is
+        every request's: it is never left unread); one that goes away ends it."""
+        from gputui.cli.common import job_exit
+
+        stream.may_drop = True
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        gone: asyncio.Future[Any] = asyncio.ensure_future(stream.reader.read(1))  # b"" once the client left
+
+        def end(info: dict[str, Any]) -> None:
+            if not done.done():
+                done.set_result(info)
+
+        try:
+            while True:
+                link = session.link
+                if link is None:
+                    return {"direct": "the host's link was lost"}
+                ended: asyncio.Future[Any] = asyncio.ensure_future(link.closed.wait())
+                following = await session.follow_log(
+                    job, offset, stream.data, end, stream.gap, stream.pace)
+                try:
+                    while not (done.done() or gone.done() or ended.done()):
+                        if stream.full.is_set():
+                            if following.catchup is None:
+                                break  # paused below
+                            stream.full.clear()  # the catch-up paces itself
+                        filled: asyncio.Future[Any] = asyncio.ensure_future(stream.full.wait())
+                        try:
+                            woke, _ = await asyncio.wait({done, gone, ended, filled}, timeout=KEEPALIVE_S,
+                                                         return_when=asyncio.FIRST_COMPLETED)
+                        finally:
+                            filled.cancel()
+                        if not woke:
+                            stream.keepalive()
+                finally:
+                    ended.cancel()
+                    await session.unfollow_log(job)  # no-op once it ended
+                    lost, stream.dropped = stream.dropped, 0
+                    offset = following.cursor - lost
+                if done.done() and not lost:
+                    return self.printed(80, job_exit, done.result())
+                if done.done():  # the end came after bytes not sent yet: it comes again after them
+                    done = asyncio.get_running_loop().create_future()
+                if gone.done():
+                    return None
+                if link.closed.is_set():
+                    return {"direct": "the host's link was lost"}
+                await stream.pace()  # the client takes what it has (or is let go), then the follow goes on
+        finally:
+            gone.cancel()
+
     def info(self) -> dict[str, Any]:
         sessions = self.fleet.sessions if self.fleet is not None else {}
         rss = None
         with contextlib.suppress(OSError, ValueError, IndexError):
             rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
         return {"pid": os.getpid(), "config": str(self.config), "build": self.build, "started": self.started,
-                "requests": self.served, "clients": self.busy - 1, "rss_mib": rss, "idle_minutes": self.idle_s / 60.0,
+                "requests": self.served, "clients": self.busy - 1, "streams": self.streams, "rss_mib": rss,
+                "idle_minutes": self.idle_s / 60.0,
                 "hosts": {name: ("connected" if s.connected else s.snapshot.state) for name, s in sessions.items()}}
 
     async def serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -180,21 +298,24 @@ class Service:
             if not isinstance(request, dict):
                 return
             try:
-                reply = await self.answer(request)
+                reply = await self.answer(request, reader, writer)
             except Exception as exc:  # anything unexpected: the command goes direct, the service goes on
                 log.exception("request %s failed", str(request.get("op"))[:40])
                 reply = {"direct": f"the service failed: {type(exc).__name__}"}
-            if "rc" in reply:  # a command answered (not info, stop, or "go direct")
+            if reply is None or "rc" in reply:  # a command answered (not info, stop, or "go direct")
                 self.served += 1
+            if reply is None or writer.is_closing():
+                return
             writer.write(json.dumps(reply).encode() + b"\n")
             with contextlib.suppress(ConnectionError):
                 await writer.drain()
         finally:
             self.busy -= 1
             self.last_used = time.monotonic()
-            writer.close()
+            writer.close()  # what is still buffered goes first
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await asyncio.wait_for(writer.wait_closed(), STALL_S)
+            writer.transport.abort()  # a client that never took it is cut off (nothing to do once closed)
 
     async def run(self) -> None:
         path = socket_path(self.config)
@@ -222,6 +343,61 @@ class Service:
                     path.unlink()
             if self.fleet is not None:
                 await self.fleet.close()
+
+
+class LogStream:
+    """One ``logs`` reply as it goes to its client: the header line, then ``FRAME``s; ``full`` once the client
+    has ``FLOW_HIGH`` bytes or more not yet taken. A follow's chunks that come while it has twice that are
+    dropped and counted (``dropped``): the follow is stopped and goes on from the first of them."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.full = asyncio.Event()
+        self.dropped = 0
+        self.may_drop = False  # a follow's (it resumes from an offset); never a copy's (paced chunk by chunk)
+        writer.transport.set_write_buffer_limits(high=FLOW_HIGH)
+
+    def start(self, offset: int, first: bytes) -> None:
+        """The header (the log's offset of the first byte sent), and the first bytes (``--tail``'s)."""
+        self.writer.write(json.dumps({"offset": offset}).encode() + b"\n")
+        if first:
+            self.data(first)
+
+    def _frame(self, kind: bytes, payload: bytes) -> None:
+        if not self.writer.is_closing():  # a client gone: nothing piles up for it
+            self.writer.writelines([FRAME.pack(kind, len(payload)), payload])
+            if self.writer.transport.get_write_buffer_size() >= FLOW_HIGH:
+                self.full.set()
+
+    def data(self, chunk: bytes) -> None:
+        if self.may_drop and (self.dropped or self.writer.transport.get_write_buffer_size() >= 2 * FLOW_HIGH):
+            self.dropped += len(chunk)  # sent again after the pause: the agent pushed it faster than it is taken
+        else:
+            self._frame(DATA, chunk)
+
+    def gap(self, message: str) -> None:
+        self._frame(GAP, message.encode())
+
+    def keepalive(self) -> None:
+        if not self.full.is_set():
+            self._frame(KEEPALIVE, b"")
+
+    def end(self, reply: dict[str, Any] | None) -> None:
+        """The last frame: the exit status and stderr, or ``direct`` (the client goes on itself)."""
+        if reply is not None:
+            self._frame(END, json.dumps(reply).encode())
+
+    async def pace(self) -> None:
+        """Return once the client holds less than ``FLOW_HIGH`` bytes not taken; ConnectionError when it went
+        away or took nothing for ``STALL_S`` (it is let go: it goes on directly from its offset)."""
+        if self.writer.is_closing():
+            raise ConnectionResetError("the command went away")
+        try:
+            await asyncio.wait_for(self.writer.drain(), STALL_S)
+        except asyncio.TimeoutError:
+            self.writer.transport.abort()
+            raise ConnectionResetError(f"the command took nothing for {STALL_S:g} s") from None
+        self.full.clear()
 
 
 def _log_to_file() -> None:

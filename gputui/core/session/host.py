@@ -71,6 +71,7 @@ class LogFollow:
     catchup: asyncio.Task[None] | None = None  # a raw-stream catch-up runs; the agent does not follow yet
     starting: bool = False  # _start_follow is asking the agent about this follow
     stream_failures: int = 0  # raw streams in a row that brought no byte
+    pace: Callable[[], Awaitable[None]] | None = None  # awaited after each raw-stream chunk: the reader's flow control
 
 
 class _HeardReader:
@@ -557,11 +558,14 @@ class HostSession:
         res = await self.request(P.OP_LOGS_READ, job=job, offset=offset, tail_lines=tail_lines)
         return int(res["offset"]), P.unb64(res["b64"]), int(res["size"])
 
-    async def copy_log(self, job: str, offset: int, on_data: Callable[[bytes], None]) -> int:
+    async def copy_log(
+        self, job: str, offset: int, on_data: Callable[[bytes], None], pace: Callable[[], Awaitable[None]] | None = None
+    ) -> int:
         """Every byte of the job's log from ``offset`` to its end, handed to ``on_data`` in order; returns the
         offset reached. Each read also says the log's size: far from the end the rest comes as a raw stream
-        (as a follow's catch-up does), so a short log costs one request and a long one no extra round trip."""
-        copy = LogFollow(job, offset, on_data, lambda _msg: None, lambda _info: None)
+        (as a follow's catch-up does), so a short log costs one request and a long one no extra round trip.
+        ``pace`` is awaited after each chunk: nothing more is read from the host until it returns."""
+        copy = LogFollow(job, offset, on_data, lambda _msg: None, lambda _info: None, pace=pace)
         streams = type(self.transport).open_agent_stream is not Transport.open_agent_stream
         while True:
             res = await self.request(P.OP_LOGS_READ, job=job, offset=copy.cursor)
@@ -569,6 +573,8 @@ class HostSession:
             if data:
                 copy.cursor += len(data)
                 on_data(data)
+                if pace is not None:
+                    await pace()
             far = path and size - copy.cursor >= CATCHUP_MIN_BYTES and copy.stream_failures < CATCHUP_TRIES
             if streams and far:
                 await self._catch_up(copy, str(path), size)
@@ -616,15 +622,17 @@ class HostSession:
         on_data: Callable[[bytes], None],
         on_end: Callable[[dict[str, Any]], None],
         on_gap: Callable[[str], None] = lambda _msg: None,
+        pace: Callable[[], Awaitable[None]] | None = None,
     ) -> LogFollow:
         """Stream the job's log from ``offset``; resumes from the cursor after every reconnect.
 
         Far behind the log's end, the bytes come first as a raw stream on a channel of their own (see
-        ``_catch_up``), then the agent follows the log from there on its channel.
+        ``_catch_up``, which awaits ``pace`` after each chunk), then the agent follows the log from there on
+        its channel.
         """
         if job in self._follows:
             await self.unfollow_log(job)
-        follow = LogFollow(job, offset, on_data, on_gap, on_end)
+        follow = LogFollow(job, offset, on_data, on_gap, on_end, pace=pace)
         self._follows[job] = follow
         try:
             await self._start_follow(await self._linked(30.0), follow)
@@ -698,6 +706,8 @@ class HostSession:
                     data = data[: size - follow.cursor]
                     follow.cursor += len(data)
                     follow.on_data(data)
+                    if follow.pace is not None:
+                        await follow.pace()
             finally:
                 await channel.close()
         except Exception as exc:  # link lost (OSError, asyncssh errors), no channel: the follow goes on
