@@ -1,7 +1,9 @@
 """`gputui status --json` answered by the session service (warm: its connection and agent kept) beside the
 same command run directly and beside OpenSSH's `ssh HOST nvidia-smi --query-gpu=... --format=csv`, and `gputui
-jobs --json` (the SSH host, served and direct) beside `python3 -c pass`, over one loopback sshd, interleaved; then `watch -n 1 gputui status` for a while: the service's CPU, each command's own
-CPU, and the SSH connections the sshd accepted after the first.
+jobs --json` (the SSH host, and the local host of a config-less HOME: served and direct) beside `python3 -c pass`,
+over one loopback sshd, interleaved; `status --json` with the service cold (none running: the command goes
+direct and starts one) beside the same command direct; then `watch -n 1 gputui status` for a while: the
+service's CPU, each command's own CPU, and the SSH connections the sshd accepted after the first.
 
     python bench/service_status.py [--runs 11] [--watch-s 60]
 
@@ -36,6 +38,16 @@ def accepted(log: Path) -> int:
     return log.read_text(errors="replace").count("Accepted publickey")
 
 
+def wait_service(env: dict[str, str], up: bool) -> dict | None:
+    """``gputui service --json`` once a service is up (its info), or None once none answers (``up`` False)."""
+    for _ in range(600):
+        res = subprocess.run([*GPUTUI, "service", "--json"], env=env, capture_output=True, text=True)
+        if res.stdout.startswith("{") == up:
+            return json.loads(res.stdout) if up else None
+        time.sleep(0.05)
+    raise SystemExit(f"the session service did not {'come up' if up else 'go'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=11)
@@ -47,25 +59,37 @@ def main() -> None:
         status = [*GPUTUI, "status", "--json"]
         subprocess.run(status, env=box.env, capture_output=True, check=True)  # deploys the agent
         subprocess.run(status, env=served_env, capture_output=True, check=True)  # starts the service
-        info = None
-        for _ in range(600):
-            res = subprocess.run([*GPUTUI, "service", "--json"], env=served_env, capture_output=True, text=True)
-            if res.stdout.startswith("{"):
-                info = json.loads(res.stdout)
-                break
-            time.sleep(0.05)
-        if info is None:
-            raise SystemExit("no session service came up")
+        info = wait_service(served_env, True)
+        assert info is not None
         subprocess.run(status, env=served_env, capture_output=True, check=True)  # it connects: warm from here
+        local_home = box.root / "local-home"  # no config: the fleet is this machine
+        local_home.mkdir()
+        local_env = {**served_env, "HOME": str(local_home)}
+        local_direct = {**local_env, "GPUTUI_DIRECT": "1"}
+        jobs = [*GPUTUI, "jobs", "--json"]
+        subprocess.run(jobs, env=local_env, capture_output=True, check=True)  # starts the local host's service
+        wait_service(local_env, True)
+        subprocess.run(jobs, env=local_env, capture_output=True, check=True)  # warm
+        cold: list[float] = []
+        for _ in range(args.runs):  # none running: the command goes direct and starts one for the next
+            wait_service(local_env, True)  # (the one the last run started, when it ended)
+            subprocess.run([*GPUTUI, "service", "stop"], env=local_env, capture_output=True)
+            wait_service(local_env, False)
+            t = time.perf_counter()
+            subprocess.run(jobs, env=local_env, stdout=subprocess.DEVNULL, check=True)
+            cold.append(time.perf_counter() - t)
+        wait_service(local_env, True)
+        subprocess.run(jobs, env=local_env, capture_output=True, check=True)  # warm again
         fields = ",".join(f for f, _ in GPU_FIELDS)
         peer_argv = [*box.ssh, "nvidia-smi", f"--query-gpu={fields}", CSV_FORMAT]
         times: dict[str, list[float]] = {"served": [], "direct": [], "peer": [], "jobs": [], "jobs direct": [],
-                                         "python": []}
-        jobs = [*GPUTUI, "jobs", "--json"]
+                                         "local jobs": [], "local jobs direct": [], "python": [], "cold": cold}
         for _ in range(args.runs):
             for name, argv, env in (("served", status, served_env), ("direct", status, box.env),
                                     ("peer", peer_argv, box.env), ("jobs", jobs, served_env),
-                                    ("jobs direct", jobs, box.env), ("python", [sys.executable, "-c", "pass"], box.env)):
+                                    ("jobs direct", jobs, box.env), ("local jobs", jobs, local_env),
+                                    ("local jobs direct", jobs, local_direct),
+                                    ("python", [sys.executable, "-c", "pass"], box.env)):
                 t = time.perf_counter()
                 subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, check=True)
                 times[name].append(time.perf_counter() - t)
@@ -85,7 +109,9 @@ def main() -> None:
         service_pct = 100 * (cpu_s(pid) - before_cpu) / wall
         new_conns = accepted(log) - before_conn
         subprocess.run([*GPUTUI, "service", "stop"], env=served_env, capture_output=True)
+        subprocess.run([*GPUTUI, "service", "stop"], env=local_env, capture_output=True)
     peer = statistics.median(times["peer"])
+    local_direct_s = statistics.median(times["local jobs direct"])
     print(f"one SSH host (loopback sshd, H100 stand-in), {args.runs} runs each, interleaved, "
           f"load average {os.getloadavg()[0]:.1f}")
     python = statistics.median(times["python"])
@@ -95,6 +121,9 @@ def main() -> None:
         ("peer", "ssh HOST nvidia-smi --query-gpu", peer, "ssh nvidia-smi"),
         ("jobs", "gputui jobs --json (session service)", python, "python3 -c pass"),
         ("jobs direct", "gputui jobs --json --direct", python, "python3 -c pass"),
+        ("local jobs", "local host: gputui jobs --json (service)", python, "python3 -c pass"),
+        ("local jobs direct", "local host: gputui jobs --json --direct", python, "python3 -c pass"),
+        ("cold", "local host: jobs --json, service cold", local_direct_s, "the same, --direct"),
         ("python", "python3 -c pass", python, "python3 -c pass"),
     ):
         med = statistics.median(times[name])

@@ -4,6 +4,7 @@ must go on directly, starting a service for the next command when there is none.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -80,8 +81,18 @@ def connect(config: Path) -> socket.socket | None:
 
 
 def start(config: Path, explicit: bool) -> None:
-    """Start a service for ``config`` in the background (detached; it exits on its own when idle). A second one
-    started at the same time finds the first's lock and exits."""
+    """Start a service for ``config`` in the background once this command ends (so that its start takes no CPU
+    from the command, which goes on directly), detached; it exits on its own when idle. A second one started at
+    the same time finds the first's lock and exits."""
+    if not _starting:
+        _starting.append(config)
+        atexit.register(_start_now, config, explicit)
+
+
+_starting: list[Path] = []  # the service this command starts when it ends (at most one)
+
+
+def _start_now(config: Path, explicit: bool) -> None:
     try:
         runtime_dir()
     except (OSError, UnsafeDir):
