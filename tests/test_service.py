@@ -131,6 +131,28 @@ def test_errors_reach_the_command_unchanged_and_a_config_edit_is_followed(
     assert bad.returncode == 2  # the command said it itself, directly, as always
 
 
+def test_a_config_edit_reconnects_only_the_hosts_it_changed(served: SshHome, proxy: FaultProxy) -> None:
+    """A host added to the config connects; the host the edit left alone keeps its connection (counted at the
+    proxy); a host whose settings changed connects anew; a host removed is no longer shown."""
+    warm(served)
+    assert served.cli("status", timeout=120).returncode == 0  # box connected
+    before = proxy.accepted
+    box = served.root / ".config" / "gputui" / "config.toml"
+    text = box.read_text()
+    served.write_config(text + text.replace("[hosts.box]", "[hosts.other]"))  # the same machine, as another host
+    both = served.cli("status", "--json", timeout=120)
+    assert [(h[0], h[1]) for h in hosts(both)] == [("box", "connected"), ("other", "connected")], both.stderr
+    assert proxy.accepted == before + 1  # other's; box kept its link
+    changed = text.replace("[hosts.box]", "[hosts.box]\nidle_util_percent = 7")
+    served.write_config(changed + text.replace("[hosts.box]", "[hosts.other]"))  # box connects anew, other not
+    again = served.cli("status", "--json", timeout=120)
+    assert [h[1] for h in hosts(again)] == ["connected", "connected"] and proxy.accepted == before + 2
+    served.write_config(changed)  # other removed
+    alone = served.cli("status", "--json", timeout=120)
+    assert [(h[0], h[1]) for h in hosts(alone)] == [("box", "connected")] and proxy.accepted == before + 2
+    assert info(served)["hosts"] == {"box": "connected"}  # type: ignore[index]
+
+
 def test_a_killed_service_costs_a_command_nothing_and_another_build_is_never_used(served: SshHome) -> None:
     """kill -9: the next status answers directly and starts a new service. A command of another build (here
     an edited checkout) never talks to the old service: it answers directly and the old one exits."""

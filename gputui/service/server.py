@@ -77,16 +77,18 @@ class Service:
         return st.st_ino, st.st_size, st.st_mtime_ns
 
     async def current_fleet(self) -> Fleet:
-        """The fleet of the config as it is now (built again, its connections with it, after an edit); a
-        config that does not load raises ``ConfigError`` (the command then says it, directly)."""
+        """The fleet of the config as it is now (after an edit, the hosts it changed connect again; the others
+        keep their link); a config that does not load raises ``ConfigError`` (the command then says it, directly)."""
         stamp = self._stamp()
         if self.fleet is not None and stamp == self.stamp:
             return self.fleet
         config = cfg.load(None if self.default else str(self.config))
-        if self.fleet is not None:
-            log.info("config changed: connecting again")
-            await self.fleet.close()
-        self.fleet, self.stamp = Fleet(config, metrics_interval=METRICS_S), stamp
+        if self.fleet is None:
+            self.fleet = Fleet(config, metrics_interval=METRICS_S)
+        else:
+            added, removed = await self.fleet.reconfigure(config)  # the hosts the edit did not change keep their link
+            log.info("config changed: hosts started %s, closed %s", added, removed)
+        self.stamp = stamp
         self.idle_s = config.service_idle_minutes * 60.0
         return self.fleet
 

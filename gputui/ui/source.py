@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -47,42 +46,11 @@ class LocalFirst(Protocol):
 SourceFactory = Callable[[OnChange], FleetSource]
 
 
-class LiveFleet(Fleet):
-    """A Fleet whose hosts can change while it runs: hosts added start their link, hosts removed are closed
-    (only the link: nothing on the host is touched), hosts whose table changed restart with the new one."""
-
-    def __init__(self, config: Config, on_change: OnChange, metrics_interval: float | None = None) -> None:
-        super().__init__(config, on_change=on_change, metrics_interval=metrics_interval, defer_ssh=True)
-        self._running = False
-
-    def _changed(self, snap: M.HostSnapshot) -> None:
-        if snap.name in self.config.hosts and snap.name in self.sessions:  # a removed host's last word: dropped
-            super()._changed(snap)
-
-    def run_in_background(self) -> None:
-        self._running = True
-        super().run_in_background()
-
-    async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]:
-        """Follow ``config``: (hosts added or restarted, hosts removed or restarted)."""
-        old = self.config.hosts
-        gone = [n for n in old if n not in config.hosts or old[n] != config.hosts[n]]
-        new = [n for n in config.hosts if n not in old or old[n] != config.hosts[n]]
-        closing = [s for s in map(self.forget, gone) if s is not None]
-        self.config = config
-        await asyncio.gather(*(s.close() for s in closing), return_exceptions=True)
-        for name in new:
-            session = self.sessions[name] = self.new_session(name, config.hosts[name])
-            if self._running:
-                session.run_in_background()
-        return new, gone
-
-
 def fleet_factory(config: Config, metrics_interval: float = METRICS_INTERVAL_S) -> SourceFactory:
     """A factory that builds the real Fleet, publishing snapshots to the app's callback."""
 
     def make(on_change: OnChange) -> FleetSource:
-        return LiveFleet(config, on_change=on_change, metrics_interval=metrics_interval)
+        return Fleet(config, on_change=on_change, metrics_interval=metrics_interval, defer_ssh=True)
 
     return make
 

@@ -125,6 +125,8 @@ class Fleet:
                 self.provider_prices[host.name] = price
 
     def _changed(self, snap: M.HostSnapshot) -> None:
+        if snap.name not in self.config.hosts or snap.name not in self.sessions:
+            return  # the last word of a host the config no longer has (``reconfigure``): dropped
         enriched = self.with_cost(snap)
         self.ledger.save()
         if self._on_change is not None:
@@ -236,6 +238,28 @@ class Fleet:
         self.sessions[name] = session
         if self._loader is not None and not self._closed:
             session.run_in_background()
+
+    async def reconfigure(self, config: Config) -> tuple[list[str], list[str]]:
+        """Follow ``config`` without touching the hosts it did not change: a host added gets a session (started
+        where the fleet runs), a host removed is closed (its link only: nothing on the host is touched), a host
+        whose settings changed (every SSH host, where the ssh_config file to read changed) restarts with the new
+        ones. Returns (hosts added or restarted, hosts removed or restarted)."""
+        old = self.config
+
+        def changed(name: str) -> bool:
+            host = config.hosts[name]
+            return old.hosts[name] != host or (host.transport != "local" and old.ssh_config != config.ssh_config)
+
+        gone = [n for n in old.hosts if n not in config.hosts or changed(n)]
+        new = [n for n in config.hosts if n not in old.hosts or changed(n)]
+        closing = [s for s in map(self.forget, gone) if s is not None]
+        self.config = config
+        await asyncio.gather(*(s.close() for s in closing), return_exceptions=True)
+        for name in new:
+            session = self.sessions[name] = self.new_session(name, config.hosts[name])
+            if self._looker is not None and not self._closed:  # the fleet runs: so does the new session
+                session.run_in_background()
+        return new, gone
 
     def forget(self, name: str) -> HostSession | None:
         """Take ``name`` out of the fleet: its session (to close), None when it had none yet."""
