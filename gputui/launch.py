@@ -59,6 +59,45 @@ def logs_through_service(argv: list[str]) -> int | None:
     return client.logs(config, {"op": "logs", "host": host, "job": job, "tail": tail, "follow": follow}, go_on)
 
 
+def kill_through_service(argv: list[str]) -> int | None:
+    """``gputui kill HOST JOB [--grace S]`` with ``--yes`` (or no terminal to ask on) answered by the session
+    service, or None: a kill to confirm on the terminal, or another command line (the CLI reads it). Where the
+    service goes away once asked, the command goes on directly from what the host says of the job."""
+    yes, grace, config, words = not sys.stdin.isatty(), 10.0, None, iter(argv[1:])
+    names: list[str] = []
+    for word in words:
+        if word in ("-y", "--yes"):
+            yes = True
+        elif word in ("--grace", "--config"):
+            value = next(words, None)
+            if value is None:
+                return None
+            if word == "--config":
+                config = value
+                continue
+            try:
+                grace = float(value)
+            except ValueError:
+                return None  # the CLI says what is wrong with it
+        elif word and not word.startswith("-") and len(names) < 2:
+            names.append(word)
+        else:
+            return None  # --direct, --help, anything else
+    if len(names) != 2 or not yes or not 0 <= grace <= 3600:  # (the agent's MAX_KILL_GRACE_S)
+        return None
+    host, job = names
+
+    def go_on(asked_at: float) -> NoReturn:
+        from .cli import main as cli_main
+
+        cli_main(["kill", host, job, "--yes", "--grace", repr(grace), *(["--config", config] if config else [])],
+                 after_service=asked_at)
+
+    from .service import client
+
+    return client.act(config, {"op": "kill", "host": host, "job": job, "grace": grace}, 3 * grace + 60, go_on)
+
+
 def status_through_service(argv: list[str]) -> int | None:
     """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]``, ``gputui history [HOST]
     [--json]`` or ``gputui logs`` (each with ``--config PATH`` anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
@@ -66,10 +105,12 @@ def status_through_service(argv: list[str]) -> int | None:
     on directly)."""
     import os
 
-    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", "logs"):
+    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", "logs", "kill"):
         return None
     if argv[0] == "logs":
         return logs_through_service(argv)
+    if argv[0] == "kill":
+        return kill_through_service(argv)
     form, config, host, words = "text", None, None, iter(argv[1:])
     flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
     for word in words:

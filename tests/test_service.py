@@ -384,3 +384,61 @@ def test_a_follower_that_stops_reading_is_held_back_then_given_every_byte(served
         data, reply = read_stream(stalled)
     assert reply == {"out": "", "err": "", "rc": 4} and data == log_file(served, job).read_bytes()
     assert len(data) == 48 * 1024 * 1024 + data.count(b"\r")
+
+
+SIGNALS = """import os, pathlib, signal, sys, time
+seen = pathlib.Path({seen!r})
+def note(name):
+    with seen.open("a") as f:
+        f.write(name + "\\n")
+def on_int(*_):
+    note("INT")  # and go on: only a later signal ends it
+def on_term(*_):
+    note("TERM")
+    sys.exit(143)
+signal.signal(signal.SIGINT, on_int)
+signal.signal(signal.SIGTERM, on_term)
+note("up")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_kill_through_the_kept_connection_says_what_the_direct_command_says(served: SshHome, proxy: FaultProxy) -> None:
+    """``kill --yes`` (or with no terminal to ask on) through a warm service: the same words and exit status
+    as the direct command, and no new connection; a job not running and an unknown job: the same errors."""
+    warm(served)
+    job = run_job(served, "import time; time.sleep(300)")
+    assert served.cli("status", timeout=120).returncode == 0
+    before = proxy.accepted
+    killed = served.cli("kill", "box", job, "--yes", "--grace", "5", timeout=120)
+    assert (killed.returncode, killed.stdout, killed.stderr) == (0, f"job {job} on box: killed (exit 130)\n", "")
+    assert proxy.accepted == before  # the service's link: no new connection
+    again, again_direct = (served.cli("kill", "box", job, *more, timeout=120) for more in ((), ("--direct",)))
+    assert (again.returncode, again.stderr) == (again_direct.returncode, again_direct.stderr) == (
+        1, f"gputui: job {job} is not running (killed)\n")
+    unknown, unknown_direct = (served.cli("kill", "box", "999", *more, timeout=120) for more in ((), ("--direct",)))
+    assert (unknown.returncode, unknown.stderr) == (unknown_direct.returncode, unknown_direct.stderr)
+    assert unknown.returncode == 5 and "no job '999' on box" in unknown.stderr
+
+
+def test_a_service_killed_mid_kill_neither_repeats_it_nor_loses_it(served: SshHome, proxy: FaultProxy) -> None:
+    """kill -9 of the service while it kills a job that shrugs off SIGINT: the command goes on directly, the
+    kill goes on from where it was (SIGTERM: the job never gets a second SIGINT) and the command says truly
+    how the job ended."""
+    warm(served)
+    seen = served.root / "signals.txt"
+    job = run_job(served, SIGNALS.format(seen=str(seen)))
+    wait_for(lambda: seen.exists() and "up" in seen.read_text(), timeout=120, what="the job's handlers")
+    pid = int(info(served)["pid"])  # type: ignore[arg-type, index]
+    command = subprocess.Popen([sys.executable, "-m", "gputui", "kill", "box", job, "--yes", "--grace", "60"],
+                               env=served.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                               text=True)
+    try:
+        wait_for(lambda: "INT" in seen.read_text(), timeout=120, what="the service's SIGINT")
+        os.kill(pid, signal.SIGKILL)
+        out, err = command.communicate(timeout=120)  # well before the 60 s grace would have passed twice
+    finally:
+        command.kill()
+    assert (command.returncode, out) == (0, f"job {job} on box: killed (exit 143)\n"), err
+    assert seen.read_text().splitlines() == ["up", "INT", "TERM"]  # one SIGINT, then the kill went on

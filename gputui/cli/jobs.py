@@ -462,18 +462,29 @@ async def cmd_logs(args: argparse.Namespace) -> int:
 async def cmd_kill(args: argparse.Namespace) -> int:
     async def body(s: HostSession) -> int:
         job = await s.get_job(args.job)
+        asked = args.after_service  # when the session service was asked this kill, if it was and went away
+        if asked is not None and job.state == M.JOB_KILLED and (job.ended_at or 0.0) >= asked - CLOCK_SKEW_S:
+            print(kill_line(args.host, job))  # its kill ended as the service went: said as it would have
+            return ExitStatus.OK
         if not args.yes and sys.stdin.isatty():  # the question names the job: a mistyped id shows
             await _confirm_kill(args, job)
         if job_group.group_of(job) is not None:
             return await _kill_group(args, job)
-        job = await s.kill_job(args.job, args.grace)
-        if job.state == M.JOB_KILLED and job.started_at is None:
-            print(f"job {job.id} on {args.host}: removed from the queue (it never started)")
-        else:
-            print(f"job {job.id} on {args.host}: {job.state} (exit {job.exit_code})")
+        print(kill_line(args.host, await s.kill_job(args.job, args.grace)))
         return ExitStatus.OK
 
     return await with_session(args, args.host, body)
+
+
+#: How far a host's clock may be behind this machine's when a job's end is compared with a request's time.
+CLOCK_SKEW_S = 60.0
+
+
+def kill_line(host: str, job: M.Job) -> str:
+    """What ``kill`` says of the job it killed: its end state and exit status, or that it left the queue."""
+    if job.state == M.JOB_KILLED and job.started_at is None:
+        return f"job {job.id} on {host}: removed from the queue (it never started)"
+    return f"job {job.id} on {host}: {job.state} (exit {job.exit_code})"
 
 
 async def _kill_group(args: argparse.Namespace, job: M.Job) -> int:
@@ -607,7 +618,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k.add_argument("--grace", type=bounded(0, MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
                    help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    k.set_defaults(func=cmd_kill)
+    k.add_argument("--direct", action="store_true",
+                   help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    k.set_defaults(func=cmd_kill, after_service=None)
 
     qu = sub.add_parser("queue", help="the host's queued jobs: position and what each waits for; reorder")
     qu.add_argument("host")

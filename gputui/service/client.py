@@ -1,5 +1,5 @@
 """The command's side of the session service (stdlib only: no asyncio, no asyncssh): answer ``gputui status``
-(and ``jobs``, ``history``, ``logs``) from the service of this config file and environment, or say the command
+(and ``jobs``, ``history``, ``logs``, ``kill``) from the service of this config file and environment, or say the command
 must go on directly, starting a service for the next command when there is none."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,17 +49,27 @@ def ask(config: Path, request: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_
         sock.settimeout(timeout_s)
         try:
             sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
-            chunks, size = [], 0
-            while size <= MAX_REPLY:
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            reply = json.loads(b"".join(chunks)) if size <= MAX_REPLY else None
-        except (OSError, ValueError):
+        except OSError:
             return None
-    return reply if isinstance(reply, dict) and "direct" not in reply else None
+        reply = _reply(sock)
+    return reply if reply is not None and "direct" not in reply else None
+
+
+def _reply(sock: socket.socket) -> dict[str, Any] | None:
+    """The service's one JSON answer on ``sock`` (read to its end); None when none came whole (it went away,
+    took too long, or sent something else)."""
+    chunks, size = [], 0
+    try:
+        while size <= MAX_REPLY:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        reply = json.loads(b"".join(chunks)) if size <= MAX_REPLY else None
+    except (OSError, ValueError):
+        return None
+    return reply if isinstance(reply, dict) else None
 
 
 def connect(config: Path) -> socket.socket | None:
@@ -170,6 +181,31 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
         return printed(reply)
     start(*found)  # the service died or gave up: a new one for the next command
     return go_on(out.offset)
+
+
+def act(explicit: str | None, request: dict[str, Any], timeout_s: float, go_on: Callable[[float], int]) -> int | None:
+    """An action (``kill``) through the service: its answer printed and its exit status; None when the command
+    must go on directly (nothing was asked of the service, or it declined). Where the service goes away once
+    asked, ``go_on(asked_at)`` is the command, directly: it finds out what the service did before doing
+    anything (a kill under way goes on from where it was, never starting over)."""
+    found = usable(explicit)
+    sock = connect(found[0]) if found is not None else None
+    if found is None or sock is None:
+        if found is not None:
+            start(*found)
+        return None
+    asked_at = time.time()
+    with sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
+        except OSError:
+            return None  # not asked whole: the service acts on a whole line only
+        reply = _reply(sock)
+    if reply is not None and isinstance(reply.get("rc"), int):
+        return printed(reply)
+    start(*found)  # for the next command (this one's service declined, or went away)
+    return None if reply is not None else go_on(asked_at)
 
 
 class LogReader:

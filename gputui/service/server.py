@@ -1,12 +1,12 @@
 """The session service's process: ``python -m gputui.service.server CONFIG [--default]`` (started by a command,
 detached). It holds the fleet of one config file, connected on first use and kept while commands come, and
-answers ``gputui status``, ``jobs``, ``history`` and ``logs`` over a Unix socket: one JSON request line, one JSON
+answers ``gputui status``, ``jobs``, ``history``, ``logs`` and ``kill -y`` over a Unix socket: one JSON request line, one JSON
 answer, per connection; a ``logs`` answer is a JSON header line, then frames (``client.FRAME``) of the log's bytes,
 the last one the exit status. A client is sent at most ``FLOW_HIGH`` bytes more than it has taken.
 
 Trust: the socket is 0600 in a 0700 dir of the user's (``address.runtime_dir``), every peer's uid is checked
-(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs``, ``history`` or ``logs``
-(a host of the config and a job): the service reaches the
+(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs``, ``history``, ``logs``
+or ``kill`` (a host of the config and a job): the service reaches the
 hosts of its config and nothing else, with the direct command's own code (host key checks included), and its
 answer is that code's output and exit status, byte for byte. It exits when no command came for
 ``service_idle_minutes`` (closing every connection), when asked (``gputui service stop``), and after its
@@ -131,6 +131,8 @@ class Service:
             return await self.jobs(op, request.get("host"), request["form"] == "json", columns)
         if op == "logs" and reader is not None and writer is not None:
             return await self.logs(request, reader, writer)
+        if op == "kill":
+            return await self.kill(request)
         if op == "info":
             return self.info()
         if op == "stop":
@@ -173,6 +175,32 @@ class Service:
             else:
                 os.environ["COLUMNS"] = before
         return {"out": out.getvalue(), "err": err.getvalue(), "rc": int(rc)}
+
+    async def kill(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``gputui kill HOST JOB --yes [--grace S]`` as ``cmd_kill`` does it, carried out to its end even when the
+        command goes away meanwhile; a job over several hosts is the command's to kill."""
+        from gputui.cli.common import job_errors
+        from gputui.cli.jobs import kill_line
+        from gputui.core.jobs import group as job_group
+        from gputui.core.session.host import MAX_KILL_GRACE_S
+
+        host, job, grace = request.get("host"), request.get("job"), request.get("grace")
+        if not (isinstance(host, str) and isinstance(job, str) and isinstance(grace, (int, float))
+                and not isinstance(grace, bool) and 0 <= grace <= MAX_KILL_GRACE_S):
+            return {"direct": "a kill request the command reads itself"}
+        try:
+            session = (await self.current_fleet()).session(host)
+        except cfg.ConfigError:
+            return {"direct": "the command says what is wrong"}
+        try:
+            with job_errors(host):
+                await session.ensure_connected()
+                if job_group.group_of(await session.get_job(job)) is not None:
+                    return {"direct": "a job over several hosts"}
+                killed = await session.kill_job(job, float(grace))
+        except GputuiError as exc:
+            return {"out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
+        return {"out": kill_line(host, killed) + "\n", "err": "", "rc": 0}
 
     async def logs(
         self, request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -537,7 +537,9 @@ class JobStore:
     def kill(
         self, job_id: str, grace_s: float = 10.0, on_done: Optional[Callable[[Dict], None]] = None
     ) -> Dict:
-        """SIGINT the job's process group, then SIGTERM, then SIGKILL, each after ``grace_s``.
+        """SIGINT the job's process group, then SIGTERM, then SIGKILL, each after ``grace_s``. A kill asked
+        again while the job still runs (another client's kill under way, or one whose client went away mid-way)
+        goes on from SIGTERM: the job is never sent a second SIGINT.
 
         Blocks until the job is gone (call it from a worker thread); returns the final record.
         """
@@ -547,8 +549,10 @@ class JobStore:
             return self._kill_slurm(job_id, path, info, grace_s)
         if info["state"] != RUNNING:
             raise JobError("job %s is not running (%s)" % (job_id, info["state"]), "bad_args")
+        again = os.path.exists(os.path.join(path, "kill.json"))
         with self.queue_locked():  # from now on no pick or relaunch of the queue starts it
-            write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
+            if not again:
+                write_json(os.path.join(path, "kill.json"), {"asked_at": time.time(), "grace_s": grace_s})
             if info.get("restart_pending") and restart_policy.end_pending(path, "killed while waiting to restart"):
                 return self.describe(job_id)
         if info.get("restart_pending"):  # its next attempt is being launched: its pid.json is the old one's
@@ -558,7 +562,7 @@ class JobStore:
             # a job in an image: each signal to its container (the engine's CLI on a terminal passes none on),
             # to the CLI only while no container exists yet (its image being pulled or built)
             container = (read_json(os.path.join(path, "job.json")) or {}).get("container")
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            for sig in (signal.SIGTERM, signal.SIGKILL) if again else (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
                 if not (container and self._signal_container(job_id, path, container, sig)):
                     try:
                         os.killpg(pgid, sig)
