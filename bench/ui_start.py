@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 FIRST_FRAME = re.compile("Host")
 HOST_UP = re.compile("local +● (up|idle)")
+BOX_UP = re.compile(r"\bbox +● (up|idle)")  # the SSH host's row live, over the app's own connection
 SSH_CONNECTING = {name: re.compile(rf"\b{name} +◌ connecting") for name in ("box", "hung")}
 ESCAPE = re.compile(rb"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|[()][0-9A-B]|[=>78])")
 FRAME_PAUSE_S = 0.01
@@ -200,6 +201,37 @@ class Series:
         return text + (f"  {self.median_ms(mark) / peer.median_ms(peer_mark):4.2f}x the minimal app" if peer else "")
 
 
+SERVED_ASKS = """
+import statistics, sys, time
+from pathlib import Path
+from gputui.service import client
+config = client.config_path(None)
+took = []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter()
+    reply = client.ask(config, {"op": "status", "form": "json", "host": None, "columns": 160})
+    took.append(time.perf_counter() - t)
+    assert reply is not None and reply.get("rc") is not None, reply
+print(statistics.median(took) * 1000, min(took) * 1000)
+"""
+
+
+def served_status_ms(env: dict[str, str], runs: int) -> tuple[float, float]:
+    """(median, min) ms of a warm session service's ``status --json`` answer for ``env``'s config, asked from a
+    running python: a first status starts the service (when it ends), a second warms it."""
+    subprocess.run([*gputui_argv(), "status", "--json"], env=env, capture_output=True)
+    deadline = time.monotonic() + 30
+    while not subprocess.run([*gputui_argv(), "service", "--json"], env=env, capture_output=True,
+                             text=True).stdout.startswith("{"):
+        if time.monotonic() > deadline:
+            raise SystemExit("no session service came up")
+    subprocess.run([*gputui_argv(), "status", "--json"], env=env, capture_output=True)  # it connects: warm
+    out = subprocess.run([sys.executable, "-c", SERVED_ASKS, str(runs)], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    subprocess.run([*gputui_argv(), "service", "stop"], env=env, capture_output=True)
+    return float(out[0]), float(out[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=9)
@@ -218,13 +250,15 @@ def main() -> None:
             series.append(Series(f"{name}, local-only config", gputui_argv(), marks, clean_env(env, home, tree)))
             if ssh is not None:
                 ssh_env = clean_env(env, ssh, tree)
-                series.append(Series(f"{name}, local + 2 SSH hosts", gputui_argv(), marks, ssh_env, ssh=True))
+                series.append(Series(f"{name}, local + 2 SSH hosts", gputui_argv(), {**marks, "box up": BOX_UP},
+                                     ssh_env, ssh=True))
         for s in series:
             s.run(record=False)  # warm-up: bytecode written, agent unpacked
         order = random.Random(31)
         for _ in range(args.runs):  # every app once a round, in a shuffled order: no app always follows another
             for s in order.sample(series, len(series)):
                 s.run()
+        served = None if ssh is None else served_status_ms(clean_env(env, ssh), args.runs)
     print(minimal.line("launch -> first frame", "frame"))
     print(minimal.line("CPU to the first frame", "cpu"))
     for s in series[1:]:
@@ -233,7 +267,11 @@ def main() -> None:
         print(s.line("CPU to the first frame", "cpu", minimal, "cpu"))
     for s in series:
         if s.ssh:
+            print(s.line("launch -> box (SSH) shown up", "box up", minimal))
             print(f"first frames showing box and hung '◌ connecting', {s.name}: {s.connecting} of {args.runs}")
+    if served is not None:
+        print(f"a warm session service's answer to status --json for the same config, asked from a running "
+              f"python (what the app would wait after its first frame): median {served[0]:.0f} ms, min {served[1]:.0f} ms")
     print(f"runs: {args.runs} each, interleaved; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

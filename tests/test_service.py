@@ -5,6 +5,7 @@ GPUTUI_DIRECT=1 (tests/conftest.py); these take it away."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -151,6 +152,38 @@ def test_a_config_edit_reconnects_only_the_hosts_it_changed(served: SshHome, pro
     alone = served.cli("status", "--json", timeout=120)
     assert [(h[0], h[1]) for h in hosts(alone)] == [("box", "connected")] and proxy.accepted == before + 2
     assert info(served)["hosts"] == {"box": "connected"}  # type: ignore[index]
+
+
+def test_a_host_that_never_answers_costs_later_answers_no_connect_timeout(served: SshHome, proxy: FaultProxy) -> None:
+    """A host whose port takes the connection and never speaks: the first status waits for its connect timeout
+    and says so, as a direct one; the next ones say the same at once (no new connection to it: it is tried again
+    in the background, at most every RETRY_CONNECT_S), while box answers over its kept link."""
+    warm(served)
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        config = served.root / ".config" / "gputui" / "config.toml"
+        config.write_text(config.read_text() + f'[hosts.hung]\nhost = "127.0.0.1"\nport = {hung.getsockname()[1]}\n'
+                          'connect_timeout = 2\n')
+        first = served.cli("status", timeout=120)
+        tried: list[socket.socket] = []
+        hung.setblocking(False)
+
+        def take() -> int:  # the connections made to it so far
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    tried.append(hung.accept()[0])
+            return len(tried)
+
+        before = take()
+        later = served.cli("status", timeout=120)
+        direct = served.cli("status", "--direct", timeout=120)
+        assert take() == before + 1  # the direct command's: the service's answer made none
+        for conn in tried:
+            conn.close()
+    assert later.returncode == first.returncode == direct.returncode != 0
+    assert "hung" in later.stderr and later.stderr == first.stderr
+    assert "box" in later.stdout and "connected" in served.cli("status", "--json", timeout=120).stdout
 
 
 def test_a_killed_service_costs_a_command_nothing_and_another_build_is_never_used(served: SshHome) -> None:

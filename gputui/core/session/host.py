@@ -28,6 +28,7 @@ PING_EVERY_S = 5.0
 CLUSTER_EVERY_S = 10.0
 SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
 MAX_KILL_GRACE_S = P.MAX_KILL_GRACE_S  # the agent refuses a longer grace between kill signals
+RETRY_CONNECT_S = 10.0  # ``ensure_connected``: a host whose connect failed is tried again at most this often
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
 #: A follow this far behind the log's end catches up over a raw stream (the agent's ``cat`` on a channel of
@@ -141,6 +142,8 @@ class HostSession:
         self._connected = asyncio.Event()
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Task[None] | None = None  # ``ensure_connected``'s connect, while it runs
+        self._connect_failed: tuple[float, BaseException] | None = None  # (monotonic time, error) of its last failure
         self._wake = asyncio.Event()  # set: the next reconnect now, not after its backoff (``reconnect_now``)
         self._pinger: asyncio.Task[None] | None = None
         self._stream_rx = 0.0  # loop time when a stream channel (catch-up, pull, sync) last brought bytes
@@ -318,11 +321,31 @@ class HostSession:
         return self.link is not None and not self.link.closed.is_set()
 
     async def ensure_connected(self) -> None:
-        """``start`` unless the link is up; a link that dropped is let go first (a long-lived caller that does
-        not keep the host connected in the background: the session service)."""
-        if not self.connected:
+        """``start`` unless the link is up, for a caller that does not keep the host connected in the background
+        (a command; the session service, long-lived): a link that dropped is let go first. Once a connect
+        failed, the host is tried again at most every ``RETRY_CONNECT_S``, in the background, and its last
+        error is raised at once meanwhile: a host that does not answer costs each later request nothing (not a
+        connect timeout), and says why as before."""
+        if self.connected:
+            return
+        failed = self._connect_failed
+        if self._connecting is None or self._connecting.done():
+            if failed is not None and time.monotonic() - failed[0] < RETRY_CONNECT_S:
+                raise failed[1].with_traceback(None)
+            self._connecting = asyncio.ensure_future(self._connect_again())
+            self._connecting.add_done_callback(lambda t: t.cancelled() or t.exception())  # said by its callers
+        if failed is not None:
+            raise failed[1].with_traceback(None)  # the new try goes on without this caller
+        await asyncio.shield(self._connecting)
+
+    async def _connect_again(self) -> None:
+        try:
             await self._drop_link()
             await self.start()
+        except Exception as exc:
+            self._connect_failed = (time.monotonic(), exc)
+            raise
+        self._connect_failed = None
 
     async def start(self) -> None:
         """Connect once; raise HostError / HostUnavailable with a user-facing message on failure."""
@@ -397,6 +420,10 @@ class HostSession:
 
     async def close(self) -> None:
         self._closing = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._connecting
         if self._runner is not None:
             while not self._runner.done():  # again if need be: on Python < 3.12 wait_for can lose a cancel
                 self._runner.cancel()
