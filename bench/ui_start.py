@@ -216,19 +216,23 @@ print(statistics.median(took) * 1000, min(took) * 1000)
 """
 
 
-def served_status_ms(env: dict[str, str], runs: int) -> tuple[float, float]:
-    """(median, min) ms of a warm session service's ``status --json`` answer for ``env``'s config, asked from a
-    running python: a first status starts the service (when it ends), a second warms it."""
+def warm_service(env: dict[str, str]) -> None:
+    """A session service for ``env``'s config, its hosts connected: a first status starts it (when it ends), a
+    second connects them."""
     subprocess.run([*gputui_argv(), "status", "--json"], env=env, capture_output=True)
     deadline = time.monotonic() + 30
     while not subprocess.run([*gputui_argv(), "service", "--json"], env=env, capture_output=True,
                              text=True).stdout.startswith("{"):
         if time.monotonic() > deadline:
             raise SystemExit("no session service came up")
-    subprocess.run([*gputui_argv(), "status", "--json"], env=env, capture_output=True)  # it connects: warm
+    subprocess.run([*gputui_argv(), "status", "--json"], env=env, capture_output=True)
+
+
+def served_status_ms(env: dict[str, str], runs: int) -> tuple[float, float]:
+    """(median, min) ms of the warm session service's ``status --json`` answer for ``env``'s config, asked from a
+    running python."""
     out = subprocess.run([sys.executable, "-c", SERVED_ASKS, str(runs)], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    subprocess.run([*gputui_argv(), "service", "stop"], env=env, capture_output=True)
     return float(out[0]), float(out[1])
 
 
@@ -252,13 +256,21 @@ def main() -> None:
                 ssh_env = clean_env(env, ssh, tree)
                 series.append(Series(f"{name}, local + 2 SSH hosts", gputui_argv(), {**marks, "box up": BOX_UP},
                                      ssh_env, ssh=True))
+                if tree == ROOT:  # the same, a session service of that config running (its own runtime dir)
+                    served_env = {**ssh_env, "XDG_RUNTIME_DIR": stack.enter_context(tempfile.TemporaryDirectory())}
+                    stack.callback(subprocess.run, [*gputui_argv(), "service", "stop"], env=served_env,
+                                   capture_output=True)
+                    warm_service(served_env)
+                    series.append(Series(f"{name}, local + 2 SSH hosts, service warm", gputui_argv(),
+                                         {**marks, "box up": BOX_UP}, served_env, ssh=True))
         for s in series:
             s.run(record=False)  # warm-up: bytecode written, agent unpacked
         order = random.Random(31)
         for _ in range(args.runs):  # every app once a round, in a shuffled order: no app always follows another
             for s in order.sample(series, len(series)):
                 s.run()
-        served = None if ssh is None else served_status_ms(clean_env(env, ssh), args.runs)
+        warm = [s for s in series if s.name.endswith("service warm")]
+        served = served_status_ms(warm[0].env, args.runs) if warm else None
     print(minimal.line("launch -> first frame", "frame"))
     print(minimal.line("CPU to the first frame", "cpu"))
     for s in series[1:]:

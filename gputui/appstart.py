@@ -29,9 +29,14 @@ def run_app(config_path: str | None) -> int:
         print(f"gputui: {exc}", file=sys.stderr)
         return ExitStatus.USAGE
     start_local_agents(config)
+    seeds = []
+    if any(h.transport != "local" for h in config.hosts.values()):  # (local hosts are up in milliseconds anyway)
+        from .service import client
+
+        seeds = client.seed(config_path)
     from .ui import run
 
-    return run(config)
+    return run(config, seeds)
 
 
 def start_local_agents(config: Config) -> None:

@@ -22,6 +22,8 @@ import pytest
 from conftest import ROOT, SshHome, wait_for
 from faultproxy import FaultProxy
 
+from gputui.core.session import model as M
+
 
 @pytest.fixture
 def served(ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path) -> Iterator[SshHome]:
@@ -475,3 +477,52 @@ def test_a_service_killed_mid_kill_neither_repeats_it_nor_loses_it(served: SshHo
         command.kill()
     assert (command.returncode, out) == (0, f"job {job} on box: killed (exit 143)\n"), err
     assert seen.read_text().splitlines() == ["up", "INT", "TERM"]  # one SIGINT, then the kill went on
+
+
+SEEDS = "import json; from gputui.service import client; print(json.dumps(client.seed(None)))"
+
+
+async def test_the_apps_first_frame_shows_the_hosts_a_running_service_has(
+    served: SshHome, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    """With a session service running, the app's first frame shows box up with its job, as the service has it,
+    while the app's own link to box is still held at connect (the proxy holds it); once that link is up, the
+    app's own snapshot takes over. With no service running there is nothing to show but ``connecting``."""
+    from test_ui_app import until
+    from ui_fixtures import screen_text
+
+    from gputui.core.config import file as cfg
+    from gputui.ui.app import GpuTuiApp
+
+    warm(served)
+    job = run_job(served, "import time; time.sleep(300)")
+    wait_for(lambda: f'"id": "{job}"' in served.cli("status", "--json", timeout=120).stdout, what="the job listed")
+    seeds = json.loads(subprocess.run([sys.executable, "-c", SEEDS], env=served.env, capture_output=True, text=True,
+                                      check=True).stdout)
+    assert [(h["name"], h["state"]) for h in seeds] == [("box", "connected")]
+
+    class FirstFrame(GpuTuiApp):
+        CSS_PATH = str(ROOT / "gputui" / "ui" / "gputui.tcss")  # relative paths follow the subclass
+        first_frame = ""
+
+        def on_ready(self) -> None:
+            self.first_frame = screen_text(self)
+            super().on_ready()
+
+    proxy.blackhole()  # the app's own connect to box waits in the proxy's backlog until restore()
+    config = cfg.load(str(served.root / ".config" / "gputui" / "config.toml"))
+    app = FirstFrame(config, state_path=tmp_path / "ui.json", seeds=seeds)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.first_frame, what="the first frame")
+        box = next(line for line in app.first_frame.splitlines() if line.strip(" │┃").startswith("box "))
+        assert "● " in box and "connecting" not in box, app.first_frame
+        assert app.hosts["box"].state == M.CONNECTED and [j.id for j in app.hosts["box"].jobs] == [job]
+        await until(pilot, lambda: app.source.session("box").snapshot.state == M.CONNECTING, what="its own connect")
+        assert app.hosts["box"].state == M.CONNECTED  # the seed stays while the app's own link is held
+        proxy.restore()
+        shown = []  # every box the app showed from here: never without its job
+        await until(pilot, lambda: shown.append(app.hosts["box"]) or ("box" not in app._seeded
+                    and app.hosts["box"].facts.get("agent_pid")), what="the app's own link to take over")
+        assert all([j.id for j in snap.jobs] == [job] for snap in shown)
+    assert json.loads(subprocess.run([sys.executable, "-c", SEEDS], env={**served.env, "GPUTUI_DIRECT": "1"},
+                                     capture_output=True, text=True, check=True).stdout) == []

@@ -784,7 +784,7 @@ def test_cli_without_a_subcommand_starts_the_app_on_a_terminal(monkeypatch: pyte
     import gputui.ui as ui
 
     started: list[cfg.Config] = []
-    monkeypatch.setattr(ui, "run", lambda config: started.append(config) or 0)
+    monkeypatch.setattr(ui, "run", lambda config, seeds=None: started.append(config) or 0)
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     monkeypatch.delenv("GPUTUI_CONFIG", raising=False)

@@ -169,7 +169,7 @@ def test_the_app_launch_starts_the_local_agent_before_the_app_loads(
     path = home.write_config(local_table(home.state_dir))
     under_way: list[bool] = []
 
-    def run(config: cfg.Config) -> int:  # where the app's modules would load
+    def run(config: cfg.Config, seeds: object = None) -> int:  # where the app's modules would load
         under_way.append(bool(agentproc._starting) or bool(agentproc._started))
         return 0
 

@@ -183,6 +183,23 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
     return go_on(out.offset)
 
 
+#: The app's first frame waits at most this long for a running service's hosts (none running: no wait at all).
+SEED_TIMEOUT_S = 0.3
+
+
+def seed(explicit: str | None) -> list[Any]:
+    """The hosts of ``gputui status --json`` as a running session service has them now, for the app to show
+    before its own links are up; [] where no service runs or it does not answer within SEED_TIMEOUT_S (the app
+    goes on as without it; no service is started for it)."""
+    found = usable(explicit) if not os.environ.get("GPUTUI_DIRECT") else None
+    reply = ask(found[0], {"op": "status", "form": "json", "host": None, "columns": 80}, SEED_TIMEOUT_S) if found else None
+    try:
+        hosts = json.loads(str(reply.get("out"))).get("hosts") if reply is not None else None
+    except (ValueError, AttributeError):
+        return []
+    return hosts if isinstance(hosts, list) else []
+
+
 def act(explicit: str | None, request: dict[str, Any], timeout_s: float, go_on: Callable[[float], int]) -> int | None:
     """An action (``kill``) through the service: its answer printed and its exit status; None when the command
     must go on directly (nothing was asked of the service, or it declined). Where the service goes away once

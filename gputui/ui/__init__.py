@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gputui.core.config.file import Config
 
 
-def run(config: Config) -> int:
-    """Run the app over ``config``'s hosts until the user quits; returns the exit status."""
+def run(config: Config, seeds: list[Any] | None = None) -> int:
+    """Run the app over ``config``'s hosts until the user quits; returns the exit status. ``seeds``: the hosts
+    as a running session service has them (``gputui status --json``'s), shown until the app's own links are up."""
     from .app import GpuTuiApp
 
-    GpuTuiApp(config).run()
+    GpuTuiApp(config, seeds=seeds or ()).run()
     return 0

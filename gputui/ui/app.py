@@ -90,6 +90,7 @@ class GpuTuiApp(App[None]):
         theme_dirs: Iterable[Path] | None = None,
         kill_grace_s: float = KILL_GRACE_S,
         log_max_lines: int = 5000,
+        seeds: Iterable[Any] = (),
     ) -> None:
         super().__init__()
         self.config = config if config is not None else cfg.Config(path=None, hosts={})
@@ -100,6 +101,7 @@ class GpuTuiApp(App[None]):
         self.kill_grace_s, self.log_max_lines = kill_grace_s, log_max_lines
         self.source: FleetSource = (source_factory or fleet_factory(self.config))(self._on_snapshot)
         self.hosts: dict[str, M.HostSnapshot] = {s.name: s for s in self.source.snapshots()}
+        self._seeded = self._seed(seeds)
         self.host_order: list[str] = list(self.hosts)
         self.selected_host: str | None = self.host_order[0] if self.host_order else None
         self.selected_job: str | None = None
@@ -286,6 +288,7 @@ class GpuTuiApp(App[None]):
         self.config = config
         for name in removed:
             self.hosts.pop(name, None)
+            self._seeded.discard(name)  # a host restarted with new settings: its own link from now on
             self._pending.pop(name, None)
             self._rows.pop(name, None)
             if name not in config.hosts and name in self.host_order:
@@ -309,11 +312,27 @@ class GpuTuiApp(App[None]):
             self.notify("config reloaded: " + "; ".join(x for x in said if x), title="config", timeout=NOTIFY_S)
 
     # --- the snapshot path ------------------------------------------------------------------------------------
+    def _seed(self, seeds: Iterable[Any]) -> set[str]:
+        """Show the connected hosts of a running session service (``seeds``: its ``status --json`` hosts) until
+        the app's own link to each is up: the first frame has their GPUs and jobs instead of ``connecting``."""
+        seeded = set()
+        for raw in seeds:
+            snap = M.HostSnapshot.from_status_json(raw, self.clock())
+            if snap is not None and snap.name in self.hosts and self.hosts[snap.name].state != M.CONNECTED:
+                self.hosts[snap.name] = snap
+                seeded.add(snap.name)
+        return seeded
+
     def _on_snapshot(self, snap: M.HostSnapshot) -> None:
         """Called by the core for every change; a newer snapshot replaces an unapplied older one. A change of
-        state (up, down, reconnecting) is applied at once, without waiting out ``FLUSH_S``."""
+        state (up, down, reconnecting) is applied at once, without waiting out ``FLUSH_S``. A host shown as the
+        session service had it stays so until the app's own link to it has its jobs and readings (or fails)."""
         if self._shutting_down:
             return
+        if snap.name in self._seeded:
+            if snap.state == M.CONNECTING or (snap.state == M.CONNECTED and snap.metrics is None):
+                return  # the app's own link is not all there yet (its jobs and readings come after its hello)
+            self._seeded.discard(snap.name)
         last = self._pending.get(snap.name) or self.hosts.get(snap.name)
         self._pending[snap.name] = snap
         if last is None or last.state != snap.state:

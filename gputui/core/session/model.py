@@ -6,10 +6,11 @@ them in. Nothing here does I/O.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -389,6 +390,39 @@ class HostSnapshot:
     @property
     def gpus(self) -> tuple[GpuSample, ...]:
         return self.metrics.gpus if self.metrics else ()
+
+    @classmethod
+    def from_status_json(cls, d: Any, now: float) -> HostSnapshot | None:
+        """A connected host of ``gputui status --json`` (``to_json``'s form, as the session service prints it)
+        as a snapshot to show until the app's own link is up: its GPUs, host readings, jobs and cost; None for
+        anything else. A part of the wrong shape is left out, never an error."""
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str) or d.get("state") != CONNECTED:
+            return None
+
+        def parts(key: str, make: Callable[[Any], Any]) -> tuple[Any, ...]:
+            found = d.get(key)
+            out = []
+            for item in found if isinstance(found, list) else ():
+                with contextlib.suppress(TypeError, ValueError, KeyError, AttributeError):
+                    out.append(make(item))
+            return tuple(out)
+
+        gpus = parts("gpus", GpuSample.from_wire)
+        jobs = parts("jobs", lambda j: Job.from_wire(d["name"], cast(P.JobRecord, {**j, "argv": j.get("command")})))
+        host = d.get("host") if isinstance(d.get("host"), dict) else {}
+        cost = None
+        with contextlib.suppress(TypeError, ValueError):
+            raw = d.get("cost")
+            if isinstance(raw, dict):
+                known = {k: raw[k] for k in CostInfo.__dataclass_fields__ if k in raw}
+                cost = CostInfo(**{**known, "reasons": tuple(known.get("reasons") or ())})
+        with contextlib.suppress(TypeError, ValueError):
+            metrics = MetricsSample(0, now, HostStats.from_wire(cast(P.HostReading, host)), gpus,
+                                    gpu_source=d.get("gpu_source"), gpu_error=d.get("gpu_error"))
+            facts = {k: d[k] for k in ("hostname", "tmux_socket", "container") if d.get(k) is not None}
+            return cls(d["name"], CONNECTED, facts=cast(P.HostFacts, facts), metrics=metrics, jobs=jobs,
+                       updated_at=now, cost=cost)
+        return None
 
     def to_json(self) -> dict[str, Any]:
         m = self.metrics
