@@ -22,6 +22,7 @@ as an installed one does). No asserts: loopback numbers are noisy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -29,6 +30,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,6 +63,18 @@ def ended_job(box: Box, src: Path) -> tuple[str, Path]:
     if len(logs) != 1:
         raise SystemExit(f"job {job} ({state}): its log is not under {box.root / 'remote'}")
     return job, logs[0]
+
+
+@contextlib.contextmanager
+def ended_log_box(mb: int) -> Iterator[tuple[Box, str, Path]]:
+    """bench/sshbox.py's box with an ended job whose log is about ``mb`` MB of training-log lines: (the box, the
+    job's id, its log on the host)."""
+    with ssh_box() as box:
+        box.env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui runs from its .pyc, as here
+        src = box.root / "train.log"
+        write_log(src, mb)
+        job, log = ended_job(box, src)
+        yield box, job, log
 
 
 class Clock:
@@ -105,11 +119,7 @@ def main() -> None:
         ("pull ", "ssh cat > file (2)"),
         ("logs --tail 0 (connect)", "ssh true (connect)"),
     ]
-    with ssh_box() as box:
-        box.env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui runs from its .pyc, as here
-        src = box.root / "train.log"
-        write_log(src, args.mb)
-        job, log = ended_job(box, src)
+    with ended_log_box(args.mb) as (box, job, log):
         size = log.stat().st_size
         out, pulled = box.root / "out.bin", box.root / "pulled"
         g, ssh = [*GPUTUI], box.ssh

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from logs_cli import Clock, ended_job, write_log  # noqa: E402
-from sshbox import GPUTUI, Box, ssh_box  # noqa: E402
+from logs_cli import Clock, ended_log_box  # noqa: E402
+from sshbox import GPUTUI, Box  # noqa: E402
 
 
 def warm_service(box: Box, env: dict[str, str]) -> dict[str, object]:
@@ -44,11 +44,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     labels = ["served", "direct", "ssh cat", "served -f"]
-    with ssh_box() as box:
-        box.env.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed gputui runs from its .pyc, as here
-        src = box.root / "train.log"
-        write_log(src, args.mb)
-        job, log = ended_job(box, src)
+    with ended_log_box(args.mb) as (box, job, log):
         size = log.stat().st_size
         direct_env = dict(box.env)
         served_env = {k: v for k, v in box.env.items() if k != "GPUTUI_DIRECT"}

@@ -145,17 +145,27 @@ def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
     return printed(reply)
 
 
-def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], int]) -> int | None:
-    """``gputui logs`` through the service: the log's bytes on stdout as they come, then the exit status; None
-    when the command must go on directly (a service is then started for the next command). Where the service
-    goes away mid-stream (or says to), ``go_on(offset)`` is the command, directly from the first byte not
-    written yet: no byte is lost or written twice."""
+def _open(explicit: str | None) -> tuple[tuple[Path, bool], socket.socket] | None:
+    """The config a command reads (``usable``) and a connection to its service; None where there is none (a
+    service is then started for the next command, where the config can be used)."""
     found = usable(explicit)
     sock = connect(found[0]) if found is not None else None
     if found is None or sock is None:
         if found is not None:
             start(*found)
         return None
+    return found, sock
+
+
+def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], int]) -> int | None:
+    """``gputui logs`` through the service: the log's bytes on stdout as they come, then the exit status; None
+    when the command must go on directly (a service is then started for the next command). Where the service
+    goes away mid-stream (or says to), ``go_on(offset)`` is the command, directly from the first byte not
+    written yet: no byte is lost or written twice."""
+    opened = _open(explicit)
+    if opened is None:
+        return None
+    found, sock = opened
     with sock:
         sock.settimeout(REPLY_TIMEOUT_S)
         stream = LogReader(sock)
@@ -205,12 +215,10 @@ def act(explicit: str | None, request: dict[str, Any], timeout_s: float, go_on: 
     must go on directly (nothing was asked of the service, or it declined). Where the service goes away once
     asked, ``go_on(asked_at)`` is the command, directly: it finds out what the service did before doing
     anything (a kill under way goes on from where it was, never starting over)."""
-    found = usable(explicit)
-    sock = connect(found[0]) if found is not None else None
-    if found is None or sock is None:
-        if found is not None:
-            start(*found)
+    opened = _open(explicit)
+    if opened is None:
         return None
+    found, sock = opened
     asked_at = time.time()
     with sock:
         sock.settimeout(timeout_s)

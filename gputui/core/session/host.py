@@ -422,8 +422,7 @@ class HostSession:
         self._closing = True
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
-            with contextlib.suppress(BaseException):
-                await self._connecting
+            await asyncio.wait({self._connecting}, timeout=1.0)  # (its error, if any, is its callers')
         if self._runner is not None:
             while not self._runner.done():  # again if need be: on Python < 3.12 wait_for can lose a cancel
                 self._runner.cancel()
