@@ -99,10 +99,10 @@ def kill_through_service(argv: list[str]) -> int | None:
 
 
 def status_through_service(argv: list[str]) -> int | None:
-    """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]``, ``gputui history [HOST]
-    [--json]`` or ``gputui logs`` (each with ``--config PATH`` anywhere) answered by the session service (its exit status), or None: another command line, ``--direct`` /
-    ``GPUTUI_DIRECT=1``, or no service to answer (one is then started for the next command, and this one goes
-    on directly)."""
+    """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST] [--json]``
+    (each with ``--config PATH`` anywhere; ``logs`` and ``kill``: above) answered by the session service (its exit
+    status), or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is
+    then started for the next command, and this one goes on directly)."""
     import os
 
     if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", "logs", "kill"):

@@ -249,6 +249,11 @@ class GpuFault(TypedDict):
 HW_THROTTLE = ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
 #: ``thermal_slowdown_percent`` is the share of this many seconds (a GPU card's "14 % of the last 10 min").
 THROTTLE_WINDOW_S = 600.0
+#: A GPU slowed for heat this share of that window (its driver's counter) is throttled, even when it is not at the
+#: instant of the reading.
+THERMAL_SHARE_PCT = 5.0
+#: Retired memory pages (GPUs before Ampere): the driver retires at most 64; this many leaves little to spare.
+RETIRED_PAGES_LIMIT = 60
 #: Below this utilisation a GPU counts as idle in a run's record (the hosts' default ``idle_util_percent``).
 IDLE_UTIL_PERCENT = 5.0
 

@@ -117,6 +117,12 @@ def job_errors(host: str) -> Iterator[None]:
         raise CliError(said + hint, ExitStatus.NOT_FOUND) from None
 
 
+def add_direct(parser: argparse.ArgumentParser) -> None:
+    """``--direct`` on a command the session service answers (gputui/launch.py reads the flag itself)."""
+    parser.add_argument("--direct", action="store_true",
+                        help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+
+
 def ask(question: str) -> bool:
     """A yes/no question on the terminal; only y or yes is a yes."""
     return input(question).strip().lower() in ("y", "yes")

@@ -18,7 +18,7 @@ from ..core.session import model as M
 from ..core.session.gather import gather_hosts
 from ..core.session.host import HostSession
 from ..tables import print_cost, print_status, status_line
-from .common import CliError, ask, host_names, hosts_status, open_fleet
+from .common import CliError, add_direct, ask, host_names, hosts_status, open_fleet
 
 
 async def probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
@@ -158,8 +158,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--short", action="store_true",
                        help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")
-    st.add_argument("--direct", action="store_true",
-                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    add_direct(st)
     st.set_defaults(func=cmd_status)
 
     tr = sub.add_parser("trust", help="show an SSH host's key; add it to known_hosts (asks first)")

@@ -32,7 +32,17 @@ from ..core.jobs.usecases import (
 from ..core.session import model as M
 from ..core.session.host import MAX_KILL_GRACE_S, HostSession
 from ..tables import print_history, print_jobs, print_queue, queue_gpus
-from .common import CliError, ask_async, bounded, host_names, hosts_status, job_exit, open_fleet, with_session
+from .common import (
+    CliError,
+    add_direct,
+    ask_async,
+    bounded,
+    host_names,
+    hosts_status,
+    job_exit,
+    open_fleet,
+    with_session,
+)
 from .files import sync_tree
 
 USAGE = ExitStatus.USAGE
@@ -429,7 +439,7 @@ async def cmd_logs(args: argparse.Namespace) -> int:
     write = out.write
 
     async def body(s: HostSession) -> int:
-        offset = args.offset  # past 0 where the session service wrote the bytes before it (client.stream_logs)
+        offset = args.offset  # past 0 where the session service wrote the bytes before it (service.client.logs)
         if args.tail is not None:  # the reply's bytes are the tail's first: written, not asked for again
             offset, data, _ = await s.read_log(args.job, tail_lines=args.tail)
             write(data)
@@ -581,8 +591,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     j.add_argument(
         "--series", action="store_true", help="with --json: each job's metric series (kept on the host)"
     )
-    j.add_argument("--direct", action="store_true",
-                   help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    add_direct(j)
     j.set_defaults(func=cmd_jobs)
 
     hi = sub.add_parser(
@@ -590,8 +599,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     hi.add_argument("host", nargs="?")
     hi.add_argument("--json", action="store_true")
-    hi.add_argument("--direct", action="store_true",
-                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    add_direct(hi)
     hi.add_argument(
         "--series", action="store_true", help="with --json: each run's metric series (kept on the host)"
     )
@@ -608,8 +616,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lg.add_argument(
         "--tail", type=bounded(0, 10_000_000, integer=True), metavar="N", help="start at the last N lines"
     )
-    lg.add_argument("--direct", action="store_true",
-                    help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    add_direct(lg)
     lg.set_defaults(func=cmd_logs, offset=0)
 
     k = sub.add_parser("kill", help="stop a job: SIGINT, then SIGTERM, then SIGKILL")
@@ -618,8 +625,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     k.add_argument("--grace", type=bounded(0, MAX_KILL_GRACE_S, unit=" seconds"), default=10.0, metavar="S",
                    help=f"seconds between signals, 0 to {MAX_KILL_GRACE_S:g} (default 10)")
     k.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
-    k.add_argument("--direct", action="store_true",
-                   help="connect from this command, not through the session service (also: GPUTUI_DIRECT=1)")
+    add_direct(k)
     k.set_defaults(func=cmd_kill, after_service=None)
 
     qu = sub.add_parser("queue", help="the host's queued jobs: position and what each waits for; reorder")

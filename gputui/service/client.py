@@ -48,11 +48,16 @@ def ask(config: Path, request: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_
     with sock:
         sock.settimeout(timeout_s)
         try:
-            sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
+            _send(sock, request)
         except OSError:
             return None
         reply = _reply(sock)
     return reply if reply is not None and "direct" not in reply else None
+
+
+def _send(sock: socket.socket, request: dict[str, Any]) -> None:
+    """``request`` as the one JSON line the service reads, with this command's build."""
+    sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
 
 
 def _reply(sock: socket.socket) -> dict[str, Any] | None:
@@ -170,7 +175,7 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
         sock.settimeout(REPLY_TIMEOUT_S)
         stream = LogReader(sock)
         try:
-            sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
+            _send(sock, request)
             header = json.loads(stream.line())
         except (OSError, ValueError, EOFError):
             header = None
@@ -223,7 +228,7 @@ def act(explicit: str | None, request: dict[str, Any], timeout_s: float, go_on: 
     with sock:
         sock.settimeout(timeout_s)
         try:
-            sock.sendall(json.dumps({**request, "build": build_id()}).encode() + b"\n")
+            _send(sock, request)
         except OSError:
             return None  # not asked whole: the service acts on a whole line only
         reply = _reply(sock)

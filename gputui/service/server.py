@@ -199,7 +199,7 @@ class Service:
                     return {"direct": "a job over several hosts"}
                 killed = await session.kill_job(job, float(grace))
         except GputuiError as exc:
-            return {"out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
+            return said(exc)
         return {"out": kill_line(host, killed) + "\n", "err": "", "rc": 0}
 
     async def logs(
@@ -228,7 +228,7 @@ class Service:
                 if tail is not None:
                     offset, first, _ = await session.read_log(job, tail_lines=tail)
         except GputuiError as exc:
-            return {"out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
+            return said(exc)
         self.streams += 1
         if follow:
             self.following.add((host, job))
@@ -241,8 +241,7 @@ class Service:
                     await session.copy_log(job, offset + len(first), stream.data, stream.pace)
                     reply = {"out": "", "err": "", "rc": 0}
         except GputuiError as exc:
-            reply = {"direct": "the host's link was lost"} if isinstance(exc, Unreachable) else {
-                "out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
+            reply = {"direct": "the host's link was lost"} if isinstance(exc, Unreachable) else said(exc)
         except ConnectionError:  # the client went away, or took nothing for STALL_S
             reply = None
         finally:
@@ -373,6 +372,11 @@ class Service:
                     path.unlink()
             if self.fleet is not None:
                 await self.fleet.close()
+
+
+def said(exc: GputuiError) -> dict[str, Any]:
+    """The reply of a command that failed with ``exc``: what the direct command prints and its exit status."""
+    return {"out": "", "err": f"gputui: {exc}\n", "rc": int(exc.status)}
 
 
 class LogStream:

@@ -32,10 +32,6 @@ DISK_WARN_GIB, DISK_FAIL_GIB = 10.0, 1.0
 MEM_WARN_FRACTION, MEM_WARN_MIB = 0.10, 2048
 SHM_WARN_MIB = 1024
 HOT_C = 85
-#: Slowed for heat this share of the last minutes (the driver's counter): throttled, even if not at this instant.
-THERMAL_SHARE_PCT = 5.0
-#: The driver retires at most 64 memory pages (GPUs before Ampere); this many leaves little to spare.
-RETIRED_PAGES_LIMIT = 60
 DEFAULT_TIMEOUT_S = 60.0
 MAX_TIMEOUT_S = 600.0
 PROBE_MARK = "GPUTUI-DOCTOR "
@@ -327,7 +323,7 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
                          "Reset the GPU (`sudo nvidia-smi -r -i %s`) or reboot the host to apply the remap; see "
                          "`nvidia-smi -q -d ROW_REMAPPER`." % idx))
     retired = sum(n for n in (g.get("retired_pages_single"), g.get("retired_pages_double")) if isinstance(n, int))
-    if retired >= RETIRED_PAGES_LIMIT:
+    if retired >= P.RETIRED_PAGES_LIMIT:
         problems.append((FAIL, "%d memory pages retired after ECC errors" % retired,
                          "The driver retires at most 64 pages: this GPU's memory has little left to spare. Ask the "
                          "provider for another host."))
@@ -361,7 +357,7 @@ def _gpu_check(g: P.Gpu) -> P.DoctorCheck:
         )
     reasons = [r for r in g.get("throttle_reasons") or [] if r != "gpu_idle"]
     share, window = g.get("thermal_slowdown_percent"), g.get("thermal_window_s")
-    recent = isinstance(share, (int, float)) and isinstance(window, (int, float)) and share >= THERMAL_SHARE_PCT
+    recent = isinstance(share, (int, float)) and isinstance(window, (int, float)) and share >= P.THERMAL_SHARE_PCT
     if recent and "sw_thermal" not in reasons:
         reasons.append("sw_thermal")
     if reasons:

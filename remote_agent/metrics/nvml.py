@@ -4,8 +4,8 @@ Every field is queried on its own: NotSupported (fan speed on H100/T4) or any ot
 one field None. Three tiers keep a 1 Hz sampler under 6 NVML calls per GPU per second: fast fields
 (utilisation, memory, power, processes: 4 calls) on every call, slow ones (temperature, SM clock, pstate,
 throttle reasons, fan, the thermal violation counter: 6 calls) at most every ``slow_interval`` seconds,
-settings (power limit, persistence mode, ECC count, memory clock, the PCIe link, remapped rows, clocks at most,
-application clocks, retired pages, lifetime ECC: 17 calls, and one per NVLink link plus one) at most every SETTINGS_INTERVAL_S.
+settings (power limit, persistence mode, ECC counts, memory clock, the PCIe link, remapped rows, clocks at most,
+application clocks, retired pages: 17 calls, and one per NVLink link plus one) at most every SETTINGS_INTERVAL_S.
 Stdlib only apart from pynvml, which is imported lazily; Python 3.8+.
 """
 
@@ -185,16 +185,10 @@ class NvmlSource:
     name = "nvml"
 
     def __init__(
-        self,
-        nvml: Any = None,
-        slow_interval: float = SLOW_INTERVAL_S,
-        only: Optional[List[str]] = None,
-        clock: Optional[Callable[[], float]] = None,
+        self, nvml: Any = None, slow_interval: float = SLOW_INTERVAL_S, only: Optional[List[str]] = None
     ) -> None:
-        """``only``: read just these GPUs (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them); ``clock``: the
-        monotonic clock (time.monotonic)."""
+        """``only``: read just these GPUs (indices or UUIDs, as CUDA_VISIBLE_DEVICES names them)."""
         self.nvml = load_nvml(nvml)
-        self.clock = clock or time.monotonic
         self.slow_interval = slow_interval
         self.settings_interval = (
             SETTINGS_INTERVAL_S if slow_interval > 0 else 0.0
@@ -374,7 +368,7 @@ class NvmlSource:
         """One ``protocol.Gpu`` per GPU, but processes carry pid and mem_mib only (the sampler adds the rest);
         a GPU whose handle failed, or whose reads say it is gone, is reported ``lost``."""
         facts = self.facts()["gpus"]
-        now = self.clock()
+        now = time.monotonic()
         out = []
         for i, h in enumerate(self.handles):
             index = self.indices[i]

@@ -155,13 +155,6 @@ PROBLEM_REASONS = {"hw_thermal": "thermal slowdown (hardware)", "sw_thermal": "t
                    "hw_power_brake": "power brake", "hw_slowdown": "hardware slowdown"}
 
 
-#: A GPU slowed for heat this share of the last 10 minutes (its driver's counter) is a problem even when it is
-#: not slowed at this instant.
-THERMAL_SHARE_PCT = 5.0
-#: Retired memory pages (GPUs before Ampere): the driver retires at most 64; this many leaves little to spare.
-RETIRED_PAGES_LIMIT = 60
-
-
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
@@ -174,9 +167,10 @@ def gpu_problems(gpu: Any) -> list[str]:
     """What is wrong with a GPU now, a few words each, each ``KIND: details`` (KIND: ``lost``, ``throttled``,
     ``PCIe``, ``NVLink``, ``memory``, ``ECC``, ``clocks``, ``XID``); empty when nothing is known to be: lost, clocks
     slowed by heat or hardware (with the temperature, and the share of the last 10 minutes), a PCIe link narrower
-    than the GPU and host allow, NVLink links down beside others up, memory rows waiting to be remapped or a remap that failed, memory pages retired or
-    waiting to be, uncorrected ECC errors since the driver loaded, an application clock set below its default,
-    the driver's XIDs of the last day (the newest, how long ago, what to do)."""
+    than the GPU and host allow, NVLink links down beside others up, memory rows waiting to be remapped or a
+    remap that failed, memory pages retired or waiting to be, uncorrected ECC errors (since the driver loaded, or
+    in the GPU's life), an application clock set below its default, the driver's XIDs of the last day (the
+    newest, how long ago, what to do)."""
     faults = _fault_lines(gpu)
     if _get(gpu, "state") == "lost":
         return ["lost", *faults]
@@ -199,7 +193,7 @@ def gpu_problems(gpu: Any) -> list[str]:
     elif _get(gpu, "remap_pending") is True:
         out.append("memory: rows wait to be remapped (reset the GPU or reboot the host to apply)")
     retired = sum(n for n in (_get(gpu, "retired_pages_single"), _get(gpu, "retired_pages_double")) if _count(n))
-    if retired >= RETIRED_PAGES_LIMIT:
+    if retired >= P.RETIRED_PAGES_LIMIT:
         out.append(f"memory: {retired} pages retired after ECC errors, of the 64 the driver can retire (ask the "
                    "provider for another instance)")
     elif _get(gpu, "retired_pages_pending") is True:
@@ -220,13 +214,14 @@ def gpu_problems(gpu: Any) -> list[str]:
 
 def _throttled(gpu: Any) -> str | None:
     """``throttled: thermal slowdown (hardware) at 91°C, 14% of the last 10 min``: clock-event reasons that slow
-    the GPU now, and the share of the last minutes its driver slowed it for heat (when THERMAL_SHARE_PCT or more)."""
+    the GPU now, and the share of the last minutes its driver slowed it for heat (when P.THERMAL_SHARE_PCT or
+    more)."""
     reasons = _reasons(gpu, tuple(PROBLEM_REASONS))
     if len(reasons) > 1 and "hw_slowdown" in reasons:
         reasons.remove("hw_slowdown")
     share, window = _number(_get(gpu, "thermal_slowdown_percent")), _number(_get(gpu, "thermal_window_s"))
     recent = f"{share:.0f}% of the last {window / 60:.0f} min" if share is not None and window is not None and \
-        share >= THERMAL_SHARE_PCT else None
+        share >= P.THERMAL_SHARE_PCT else None
     if not reasons and not recent:
         return None
     temp = _number(_get(gpu, "temp_c"))
