@@ -116,6 +116,33 @@ def test_non_finite_prices_never_reach_the_ledger(tmp_path: Path) -> None:
     assert led.intervals("h") == [] and cost.Ledger(tmp_path / "ledger.json").notice is None
 
 
+def test_a_release_another_process_saved_is_never_undone_by_a_longer_lived_ledger(tmp_path: Path) -> None:
+    """The app or the session service keeps its ledger for hours while commands save theirs: each save takes
+    in what the others saved, so a command's release stays released, and each process's own decisions and
+    observations of other hosts are kept too."""
+    path = tmp_path / "ledger.json"
+    service = cost.Ledger(path)  # long-lived: watches both hosts
+    for now in (1 * H, 2 * H):
+        service.observe("a", now=now, price=2.0, boot_id="ba", start=0.0)
+        service.observe("b", now=now, price=1.0, boot_id="bb", start=0.0)
+    service.save(force=True)
+    command = cost.Ledger(path)  # ``gputui release a``: closes a's interval and marks it released
+    command.close("a", 3 * H, boot_id="ba")
+    command.save(force=True)
+    service.observe("a", now=3.5 * H, price=2.0, boot_id="ba", start=0.0)  # still shutting down: not billed
+    service.observe("b", now=4 * H, price=1.0, boot_id="bb", start=0.0)
+    service.close("b", 4 * H, boot_id="bb")  # the service's own release of b
+    other = cost.Ledger(path)  # meanwhile another command saw b up (its view is older than the service's release)
+    other.observe("b", now=3.9 * H, price=1.0, boot_id="bb", start=0.0)
+    other.save(force=True)
+    service.save(force=True)
+    after = cost.Ledger(path)
+    assert after.released_since("a", 3 * H) and after.spent("a", now=10 * H, live=True) == pytest.approx(6.0)
+    assert after.released_since("b", 4 * H) and after.spent("b", now=10 * H, live=True) == pytest.approx(4.0)
+    service.merge_saved()  # the service's own view (what ``status`` answers from) has a's release too
+    assert service.released("a") and service.spent("a", now=10 * H, live=True) == pytest.approx(6.0)
+
+
 def test_price_from_gpu_models() -> None:
     gpus = tuple(M.GpuSample(index=i, name="NVIDIA H100 80GB HBM3") for i in range(8))
     prices = {"H100": 2.0, "H100 80GB HBM3": 2.49}

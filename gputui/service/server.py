@@ -80,6 +80,8 @@ class Service:
         """The fleet of the config as it is now (after an edit, the hosts it changed connect again; the others
         keep their link); a config that does not load raises ``ConfigError`` (the command then says it, directly)."""
         stamp = self._stamp()
+        if self.fleet is not None:
+            self.fleet.ledger.merge_saved()  # a release (or start) a command saved meanwhile
         if self.fleet is not None and stamp == self.stamp:
             return self.fleet
         config = cfg.load(None if self.default else str(self.config))

@@ -10,6 +10,7 @@ was closed, bounded by what the host itself reports.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import math
 import os
@@ -73,7 +74,8 @@ class Interval:
 
 
 class Ledger:
-    """Billed intervals per host, persisted atomically as JSON."""
+    """Billed intervals per host, persisted atomically as JSON. Several processes keep one (the app, a command,
+    the session service): each save first takes in what the others saved since (``merge_saved``)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or paths.state_dir() / "ledger.json"
@@ -82,12 +84,40 @@ class Ledger:
         self._dirty = False
         self._writable = True
         self.notice: str | None = None  # said once: a bad ledger was set aside
+        self._file: tuple[int, int, int] | None = None  # the file as this process last read or wrote it
+        self._synced: dict[str, Any] = {}  # each host's entry as the file had it then
+        self._decided: set[str] = set()  # hosts this process closed, started or saw stopped since then
         try:
-            self.hosts = _parse_ledger(json.loads(self.path.read_bytes()))
+            self.hosts = self._read()
         except FileNotFoundError:
             pass
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             self._set_aside(exc)
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        """The file's hosts, remembered as this process's view of the file."""
+        with open(self.path, "rb") as f:
+            stamp, raw = _stamp(os.fstat(f.fileno())), json.loads(f.read())
+        hosts = _parse_ledger(raw)
+        self._file, self._synced = stamp, raw.get("hosts", {})
+        return hosts
+
+    def merge_saved(self) -> None:
+        """Take in what another process saved since this one last read or wrote the file: a host whose entry it
+        changed, and this process decided nothing about since (a release, a start, a stop), is taken as the
+        file has it. So a release a command saved is never undone by the longer-lived view of the app or the
+        session service; their own observations of a host are made again at its next sample."""
+        try:
+            if _stamp(os.stat(self.path)) == self._file:
+                return
+            synced = self._synced
+            for name, entry in self._read().items():
+                if synced.get(name) != self._synced.get(name) and name not in self._decided:
+                    self.hosts[name] = entry
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass  # unreadable now: this process's view is saved over it (set aside only at the start)
 
     def _set_aside(self, why: Exception) -> None:
         """Keep a ledger we cannot read as ``ledger.json.bad-<time>`` and start a new one."""
@@ -102,6 +132,11 @@ class Ledger:
 
     def _host(self, name: str) -> dict[str, Any]:
         return self.hosts.setdefault(name, {"intervals": [], "released_at": None, "released_boot_id": None})
+
+    def released_since(self, name: str, since: float) -> bool:
+        """Whether the host was marked released at ``since`` or later."""
+        at = self._host(name)["released_at"]
+        return at is not None and at >= since
 
     def intervals(self, name: str) -> list[Interval]:
         return list(self._host(name)["intervals"])
@@ -143,6 +178,7 @@ class Ledger:
         unknown, counted as 0): the running interval ended when the host was last seen, a stopped one runs
         from there until the host is seen up again (``observe``) or started (``started``)."""
         price = rate if rate is not None and math.isfinite(rate) and rate >= 0 else 0.0
+        self._decided.add(name)
         ivs: list[Interval] = self._host(name)["intervals"]
         last = ivs[-1] if ivs and ivs[-1].end is None else None
         if last is not None and last.kind == STOPPED and last.price == price:
@@ -155,6 +191,7 @@ class Ledger:
     def gone(self, name: str, now: float) -> None:
         """The provider says the host's instance no longer bills (terminated): an open interval ends, a
         running one when the host was last seen."""
+        self._decided.add(name)
         ivs: list[Interval] = self._host(name)["intervals"]
         last = ivs[-1] if ivs and ivs[-1].end is None else None
         if last is not None:
@@ -164,6 +201,7 @@ class Ledger:
     def started(self, name: str, now: float) -> None:
         """``gputui start`` started the host's instance: its stopped time ends, and a release it had is over (a
         pod started again keeps its boot id: without this its new run would never be billed)."""
+        self._decided.add(name)
         h = self._host(name)
         ivs: list[Interval] = h["intervals"]
         if ivs and ivs[-1].end is None and ivs[-1].kind == STOPPED:
@@ -172,6 +210,7 @@ class Ledger:
         self._dirty = True
 
     def close(self, name: str, now: float, boot_id: str | None = None, released: bool = True) -> None:
+        self._decided.add(name)
         h = self._host(name)
         ivs: list[Interval] = h["intervals"]
         if ivs and ivs[-1].end is None:
@@ -208,10 +247,21 @@ class Ledger:
         return days
 
     def save(self, force: bool = False) -> None:
-        """Write atomically; between forced saves at most once a minute."""
+        """Write atomically, after taking in what others saved (``merge_saved``, under a lock that every saver
+        takes); between forced saves at most once a minute."""
         now = time.time()
-        if not self._dirty or (not force and now - self._saved_at < SAVE_EVERY_S):
+        if not self._dirty or (not force and now - self._saved_at < SAVE_EVERY_S) or not self._writable:
             return
+        paths.make_dirs(self.path.parent)
+        lock = os.open(self.path.with_name(self.path.name + ".lock"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.merge_saved()
+            self._write(now)
+        finally:
+            os.close(lock)
+
+    def _write(self, now: float) -> None:
         data = {
             "hosts": {
                 name: {
@@ -222,10 +272,14 @@ class Ledger:
                 for name, h in self.hosts.items()
             }
         }
-        if not self._writable:
-            return
-        paths.write_atomic(self.path, json.dumps(data, indent=1, allow_nan=False).encode())
+        encoded = json.dumps(data, indent=1, allow_nan=False)
+        paths.write_atomic(self.path, encoded.encode())
         self._saved_at, self._dirty = now, False
+        self._file, self._synced, self._decided = _stamp(os.stat(self.path)), json.loads(encoded)["hosts"], set()
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _parse_ledger(data: Any) -> dict[str, dict[str, Any]]:
