@@ -98,19 +98,55 @@ def kill_through_service(argv: list[str]) -> int | None:
     return client.act(config, {"op": "kill", "host": host, "job": job, "grace": grace}, 3 * grace + 60, go_on)
 
 
+def release_through_service(argv: list[str]) -> int | None:
+    """``gputui release HOST --yes [--force] [--no-pull]`` answered by the session service, or None: a release
+    to confirm on the terminal, one that pulls artifacts, or another command line (the CLI reads it). Where the
+    service goes away once asked, the command says what the ledger shows of it and never asks again."""
+    yes, force, pull, config, words = False, False, None, None, iter(argv[1:])
+    names: list[str] = []
+    for word in words:
+        if word in ("-y", "--yes"):
+            yes = True
+        elif word == "--force":
+            force = True
+        elif word == "--no-pull":
+            pull = False
+        elif word == "--config" and config is None:
+            config = next(words, None)
+            if config is None:
+                return None
+        elif word and not word.startswith("-") and not names:
+            names.append(word)
+        else:
+            return None  # --pull, --check, --direct, --help, anything else
+    if len(names) != 1 or not yes:
+        return None
+    host = names[0]
+
+    def go_on(asked_at: float) -> NoReturn:
+        from .cli import main as cli_main
+
+        cli_main(["release", host, "--yes", *(["--config", config] if config else [])], after_service=asked_at)
+
+    from .service import client
+
+    return client.act(config, {"op": "release", "host": host, "force": force, "pull": pull}, RELEASE_WAIT_S, go_on)
+
+
+RELEASE_WAIT_S = 2 * 86400.0  # a release waits for its commands (release_timeout: at most a day each)
+
+
 def status_through_service(argv: list[str]) -> int | None:
     """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST] [--json]``
-    (each with ``--config PATH`` anywhere; ``logs`` and ``kill``: above) answered by the session service (its exit
-    status), or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is
+    (each with ``--config PATH`` anywhere; ``logs``, ``kill``, ``release``: above) answered by the session
+    service (its exit status), or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is
     then started for the next command, and this one goes on directly)."""
     import os
 
-    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", "logs", "kill"):
+    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", *ACTIONS):
         return None
-    if argv[0] == "logs":
-        return logs_through_service(argv)
-    if argv[0] == "kill":
-        return kill_through_service(argv)
+    if argv[0] in ACTIONS:
+        return ACTIONS[argv[0]](argv)
     form, config, host, words = "text", None, None, iter(argv[1:])
     flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
     for word in words:
@@ -127,3 +163,6 @@ def status_through_service(argv: list[str]) -> int | None:
     from .service import client
 
     return client.answer(config, {"op": argv[0], "form": form, "host": host})
+
+
+ACTIONS = {"logs": logs_through_service, "kill": kill_through_service, "release": release_through_service}

@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pytest
 from conftest import ROOT, SshHome, wait_for
 from faultproxy import FaultProxy
 
+from gputui.core.money.cost import Ledger
 from gputui.core.session import model as M
 
 
@@ -477,6 +479,57 @@ def test_a_service_killed_mid_kill_neither_repeats_it_nor_loses_it(served: SshHo
         command.kill()
     assert (command.returncode, out) == (0, f"job {job} on box: killed (exit 143)\n"), err
     assert seen.read_text().splitlines() == ["up", "INT", "TERM"]  # one SIGINT, then the kill went on
+
+
+def release_config(home: SshHome, proxy: FaultProxy, script: str) -> Path:
+    """``box`` released by ``sh -c SCRIPT`` run here (``$RUNS``: a file it may note each run in)."""
+    runs = home.root / "release-runs.txt"
+    home.configure(port=proxy.port, release=["sh", "-c", script.replace("$RUNS", str(runs))])
+    return runs
+
+
+def test_release_through_the_kept_connection_says_what_the_direct_command_says(
+    served: SshHome, proxy: FaultProxy
+) -> None:
+    """``release --yes`` through a warm service: refused while a job runs with the direct command's words and
+    exit status, then (``--force``) released once, confirmed in the ledger, with no new connection."""
+    runs = release_config(served, proxy, "echo run >> $RUNS; echo instance stopped")
+    warm(served)
+    job = run_job(served, "import time; time.sleep(300)")
+    assert served.cli("status", timeout=120).returncode == 0
+    before = proxy.accepted
+    refused, refused_direct = (served.cli("release", "box", "--yes", *more, timeout=120) for more in ((), ("--direct",)))
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        refused_direct.returncode, refused_direct.stdout, refused_direct.stderr)
+    assert refused.returncode == 1 and f"has running jobs: {job} " in refused.stderr and not runs.exists()
+    released = served.cli("release", "box", "-y", "--force", "--no-pull", timeout=120)
+    assert released.returncode == 0, released.stderr
+    assert released.stdout.splitlines()[1:] == ["  instance stopped", "box: released (confirmed: client command exited 0)"]
+    assert proxy.accepted == before + 1  # the refused direct command's own; the service's link for the rest
+    assert runs.read_text() == "run\n"
+    ledger = json.loads((served.root / ".local/state/gputui/ledger.json").read_text())
+    assert ledger["hosts"]["box"]["released_at"] is not None
+
+
+def test_a_service_killed_mid_release_never_asks_again_and_says_so(served: SshHome, proxy: FaultProxy) -> None:
+    """kill -9 of the service while its release command runs (the command kills it): the command does not
+    release again, and says loudly that the release is not confirmed; where the service had marked it
+    released before it went, the command says released."""
+    runs = release_config(served, proxy, "echo run >> $RUNS; kill -9 $PPID")
+    warm(served)
+    res = served.cli("release", "box", "--yes", timeout=120)
+    assert res.returncode == 1 and res.stdout == ""
+    assert "the session service stopped while it released box, and the release is NOT confirmed" in res.stderr
+    assert "was not asked again" in res.stderr and runs.read_text() == "run\n"
+    asked = time.time()
+    ledger = Ledger(served.root / ".local/state/gputui/ledger.json")
+    ledger.close("box", asked + 0.5)
+    ledger.save(force=True)
+    said = subprocess.run([sys.executable, "-c", "from gputui.cli.release import after_service; import sys; "
+                           f"sys.exit(after_service('box', {asked!r}))"], env=served.env, capture_output=True,
+                          text=True, timeout=60)
+    assert (said.returncode, said.stdout) == (0, "box: released (confirmed by the session service, which stopped "
+                                              "before it could say how)\n"), said.stderr
 
 
 SEEDS = "import json; from gputui.service import client; print(json.dumps(client.seed(None)))"

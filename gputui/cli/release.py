@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ..core import safetext
 from ..core.config import file as cfg
@@ -15,10 +17,15 @@ from ..core.money import autostop
 from ..core.money.cost import Ledger
 from ..core.money.release import ReleaseError, ReleaseRequest, check_configured, check_release, release_host
 from ..core.session.host import HostSession
-from .common import CliError, ask, bounded, open_fleet, progress_printer, with_session
+from .common import CliError, add_direct, ask, bounded, open_fleet, progress_printer, with_session
+
+if TYPE_CHECKING:
+    from ..core.hosts.fleet import Fleet
 
 
-async def _artifacts_first(args: argparse.Namespace, session: HostSession, host: cfg.HostConfig) -> None:
+async def _artifacts_first(
+    args: argparse.Namespace, session: HostSession, host: cfg.HostConfig, warn: Callable[[str], None]
+) -> None:
     """Before a release: the artifacts changed on the host since the last pull, pulled when asked (--pull, or
     yes on a terminal); a CliError (not released) when some would be lost and nobody said so."""
     from ..core.files.artifacts import check, pull_artifacts
@@ -30,7 +37,7 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     found = await check(session, host)
     if not found.at_risk:
         return
-    print(f"gputui: {args.host}: {safetext.clean(found.summary(), limit=2000)}", file=sys.stderr)
+    warn(f"gputui: {args.host}: {safetext.clean(found.summary(), limit=2000)}")
     if args.pull is None:
         if args.yes or not sys.stdin.isatty():
             raise CliError(
@@ -52,7 +59,7 @@ async def _artifacts_first(args: argparse.Namespace, session: HostSession, host:
     if kept:
         raise CliError(f"not released: {kept[0].target} here is newer than the host's {kept[0].rel} "
                        "(move it away, or --no-pull)")
-    print(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/", file=sys.stderr)
+    warn(f"gputui: pulled {len(outcomes)} artifact files to {args.to}/{args.host}/")
 
 
 async def cmd_release_check(args: argparse.Namespace) -> int:
@@ -76,40 +83,72 @@ async def cmd_release_check(args: argparse.Namespace) -> int:
 async def cmd_release(args: argparse.Namespace) -> int:
     if args.check:
         return await cmd_release_check(args)
+    if args.after_service is not None:
+        return after_service(args.host, args.after_service)
     async with open_fleet(args) as fleet:
-        host = fleet.config.host(args.host)
-        try:
-            check_configured(host)
-        except ReleaseError as exc:
-            raise CliError(str(exc), ExitStatus.USAGE) from None
-        session, started = fleet.session(args.host), False
-        if not host.release and not host.release_remote and host.provider != "lambda":
-            await session.start()  # is there a provider to release through? Asked before anything else
-            started = True
-            found = await session.release_check(**autostop.release_settings(host, autostop.api_urls(fleet.config)))
-            if found.get("via") == "none":
-                raise CliError(
-                    f"no release command for {args.host}: set release (run here, e.g. a provider CLI) or "
-                    "release_remote (run on the host) in its [hosts.NAME] table; no RunPod or vast.ai instance "
-                    f"was found on the host ({safetext.clean(str(found.get('detail')), limit=300)})", ExitStatus.USAGE,
-                )
-        if not args.yes and not sys.stdin.isatty():
-            raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
-        if not started:
-            await session.start()
-        await _artifacts_first(args, session, host)
-        if not args.yes and not ask(
-            f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
-        ):
-            raise CliError("not released")
-        result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force),
-                                    autostop.api_urls(fleet.config))
-    for step in result.steps:
-        print(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
-        if step.output:
-            print("  " + safetext.clean(step.output, multiline=True, limit=4000).replace("\n", "\n  "))
-    print(f"{args.host}: released (confirmed: {safetext.clean(result.how, limit=300) or 'commands exited 0'})")
+        lines = await release(args, fleet, lambda s: s.start(), lambda line: print(line, file=sys.stderr))
+    print("\n".join(lines))
     return ExitStatus.OK
+
+
+async def release(
+    args: argparse.Namespace, fleet: Fleet, connect: Callable[[HostSession], Awaitable[None]],
+    warn: Callable[[str], None],
+) -> list[str]:
+    """Release ``args.host`` of ``fleet`` (``connect`` links its session) as ``gputui release`` does: asked on
+    the terminal unless ``args.yes``, its artifacts first; the lines it prints, or a GputuiError (not released).
+    Shared by the command and the session service (which is asked only ``--yes`` releases that pull nothing)."""
+    host = fleet.config.host(args.host)
+    try:
+        check_configured(host)
+    except ReleaseError as exc:
+        raise CliError(str(exc), ExitStatus.USAGE) from None
+    session, started = fleet.session(args.host), False
+    if not host.release and not host.release_remote and host.provider != "lambda":
+        await connect(session)  # is there a provider to release through? Asked before anything else
+        started = True
+        found = await session.release_check(**autostop.release_settings(host, autostop.api_urls(fleet.config)))
+        if found.get("via") == "none":
+            raise CliError(
+                f"no release command for {args.host}: set release (run here, e.g. a provider CLI) or "
+                "release_remote (run on the host) in its [hosts.NAME] table; no RunPod or vast.ai instance "
+                f"was found on the host ({safetext.clean(str(found.get('detail')), limit=300)})", ExitStatus.USAGE,
+            )
+    if not args.yes and not sys.stdin.isatty():
+        raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
+    if not started:
+        await connect(session)
+    await _artifacts_first(args, session, host, warn)
+    if not args.yes and not ask(
+        f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
+    ):
+        raise CliError("not released")
+    result = await release_host(session, host, fleet.ledger, ReleaseRequest(args.host, force=args.force),
+                                autostop.api_urls(fleet.config))
+    lines = []
+    for step in result.steps:
+        lines.append(f"[{step.where}] {' '.join(step.argv)} -> exit {step.exit_code}")
+        if step.output:
+            lines.append("  " + safetext.clean(step.output, multiline=True, limit=4000).replace("\n", "\n  "))
+    lines.append(f"{args.host}: released (confirmed: {safetext.clean(result.how, limit=300) or 'commands exited 0'})")
+    return lines
+
+
+#: What to do about a release that may or may not have happened.
+UNCONFIRMED = ("see whether the host still answers (gputui status) and look at the instance in its provider's "
+               "console; gputui release HOST asks again")
+
+
+def after_service(host: str, asked_at: float) -> int:
+    """``release HOST --yes`` whose session service went away once asked: never asked again here (it may be
+    under way or done); said as done where the service marked it released, else loudly as not known."""
+    if Ledger().released_since(host, asked_at - 1.0):
+        print(f"{host}: released (confirmed by the session service, which stopped before it could say how)")
+        return ExitStatus.OK
+    raise CliError(
+        f"{host}: the session service stopped while it released {host}, and the release is NOT confirmed: it may "
+        f"be under way, done or not begun, and was not asked again: {UNCONFIRMED}"
+    )
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
@@ -191,7 +230,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp.add_argument("--no-pull", action="store_false", dest="pull", help="release without pulling artifacts")
     rl.add_argument("--to", default=ARTIFACTS_DEST, metavar="DIR",
                     help=f"where --pull puts them: DIR/HOST/JOB/PATH (default: ./{ARTIFACTS_DEST})")
-    rl.set_defaults(func=cmd_release)
+    add_direct(rl)
+    rl.set_defaults(func=cmd_release, after_service=None)
 
     st = sub.add_parser("start", help="start a stopped RunPod pod or vast.ai instance again (with your key here)")
     st.add_argument("host")

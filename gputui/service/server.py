@@ -14,6 +14,7 @@ last request once a command of another build came. A lock held for its whole lif
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import fcntl
@@ -28,7 +29,7 @@ from typing import Any
 
 from gputui.core import paths
 from gputui.core.config import file as cfg
-from gputui.core.errors import GputuiError, Unreachable
+from gputui.core.errors import ExitStatus, GputuiError, Unreachable
 from gputui.core.hosts.fleet import Fleet
 from gputui.core.session import model as M
 from gputui.core.session.gather import gather_hosts
@@ -66,6 +67,7 @@ class Service:
         self.fleet: Fleet | None = None
         self.stamp: tuple[int, int, int] | None = None  # the config file as the fleet was built from it
         self.probing: asyncio.Task[Any] | None = None
+        self.releasing: dict[str, asyncio.Lock] = {}  # per host: its releases one after the other
         self.idle_s = 600.0
 
     # --- the fleet ------------------------------------------------------------------------------------------
@@ -135,6 +137,8 @@ class Service:
             return await self.logs(request, reader, writer)
         if op == "kill":
             return await self.kill(request)
+        if op == "release":
+            return await self.release(request)
         if op == "info":
             return self.info()
         if op == "stop":
@@ -203,6 +207,33 @@ class Service:
         except GputuiError as exc:
             return said(exc)
         return {"out": kill_line(host, killed) + "\n", "err": "", "rc": 0}
+
+    async def release(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``gputui release HOST --yes [--force] [--no-pull]`` as ``cmd_release`` does it, carried out to its end
+        even when the command goes away meanwhile; releases of one host are carried out one after the other.
+        Once begun it is never handed back to the command (which would ask again): an unexpected failure is
+        said as the release's failure."""
+        from gputui.cli.release import UNCONFIRMED, release
+
+        host, force, pull = request.get("host"), request.get("force"), request.get("pull")
+        if not (isinstance(host, str) and isinstance(force, bool) and (pull is None or pull is False)):
+            return {"direct": "a release request the command reads itself"}  # --pull pulls into its own dir
+        try:
+            fleet = await self.current_fleet()
+        except cfg.ConfigError:
+            return {"direct": "the command says what is wrong"}
+        warned: list[str] = []
+        args = argparse.Namespace(host=host, yes=True, force=force, pull=pull)
+        async with self.releasing.setdefault(host, asyncio.Lock()):
+            try:
+                lines = await release(args, fleet, HostSession.ensure_connected, warned.append)
+            except GputuiError as exc:
+                return {**said(exc), "err": "".join(f"{line}\n" for line in warned) + f"gputui: {exc}\n"}
+            except Exception as exc:
+                log.exception("release of %s failed", host)
+                return {"out": "", "err": f"gputui: {host}: the release failed in the session service "
+                        f"({type(exc).__name__}); it is NOT confirmed: {UNCONFIRMED}\n", "rc": ExitStatus.FAILED}
+        return {"out": "".join(f"{line}\n" for line in lines), "err": "".join(f"{line}\n" for line in warned), "rc": 0}
 
     async def logs(
         self, request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
