@@ -8,7 +8,6 @@ import os
 import socket
 import stat
 import struct
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent  # holds gputui/ and remote_agent/
@@ -22,7 +21,12 @@ def runtime_dir() -> Path:
     """``$XDG_RUNTIME_DIR/gputui``, else ``TMPDIR/gputui-UID``: made 0700, and refused unless it is a real dir
     of this user's that no one else can enter (another user must never place or reach a socket there)."""
     base = os.environ.get("XDG_RUNTIME_DIR")
-    path = Path(base) / "gputui" if base else Path(tempfile.gettempdir()) / f"gputui-{os.getuid()}"
+    if base:
+        path = Path(base) / "gputui"
+    else:
+        import tempfile  # only here: the command's light side
+
+        path = Path(tempfile.gettempdir()) / f"gputui-{os.getuid()}"
     try:
         path.mkdir(mode=0o700)
     except FileExistsError:

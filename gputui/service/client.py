@@ -7,15 +7,11 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import shutil
 import socket
 import struct
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
 
 from .address import UnsafeDir, build_id, peer_uid, runtime_dir, socket_path
 
@@ -27,6 +23,10 @@ MAX_HEADER = 64 * 1024
 FRAME = struct.Struct(">cI")
 DATA, GAP, KEEPALIVE, END = b"d", b"g", b"k", b"e"  # log bytes; a gap's message; alive; the final JSON reply
 SILENT_S = 90.0  # a service that sends no frame (data or keepalive) for this long is gone: go on directly
+TYPE_CHECKING = False  # (typing.TYPE_CHECKING: a command's light side never imports typing)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, BinaryIO
 
 
 def config_path(explicit: str | None) -> Path:
@@ -109,6 +109,8 @@ _starting: list[Path] = []  # the service this command starts when it ends (at m
 
 
 def _start_now(config: Path, explicit: bool) -> None:
+    import subprocess
+
     try:
         runtime_dir()
     except (OSError, UnsafeDir):
@@ -143,11 +145,24 @@ def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
     found = usable(explicit)
     if found is None:
         return None
-    reply = ask(found[0], {**request, "columns": shutil.get_terminal_size().columns})
+    reply = ask(found[0], {**request, "columns": columns()})
     if reply is None or not isinstance(reply.get("rc"), int):
         start(*found)
         return None
     return printed(reply)
+
+
+def columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` says it (``$COLUMNS``, stdout's terminal, else 80)."""
+    try:
+        if int(os.environ["COLUMNS"]) > 0:
+            return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
 
 
 def _open(explicit: str | None) -> tuple[tuple[Path, bool], socket.socket] | None:
