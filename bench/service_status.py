@@ -3,7 +3,8 @@ same command run directly and beside OpenSSH's `ssh HOST nvidia-smi --query-gpu=
 jobs --json` (the SSH host, and the local host of a config-less HOME: served and direct) beside `python3 -c pass`,
 over one loopback sshd, interleaved; `status --json` with the service cold (none running: the command goes
 direct and starts one) beside the same command direct; then `watch -n 1 gputui status` for a while: the
-service's CPU, each command's own CPU, and the SSH connections the sshd accepted after the first.
+service's CPU, each command's own CPU, and the SSH connections the sshd accepted after the first; then
+`gputui status --watch 1` (one process keeping its connection) for as long: its CPU and new connections.
 
     python bench/service_status.py [--runs 11] [--watch-s 60]
 
@@ -19,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -110,6 +112,16 @@ def main() -> None:
         new_conns = accepted(log) - before_conn
         subprocess.run([*GPUTUI, "service", "stop"], env=served_env, capture_output=True)
         subprocess.run([*GPUTUI, "service", "stop"], env=local_env, capture_output=True)
+        watcher = subprocess.Popen([*GPUTUI, "status", "--watch", "1"], env=box.env, stdout=subprocess.PIPE)
+        assert watcher.stdout is not None
+        watcher.stdout.readline()  # its first round is out: connected
+        threading.Thread(target=watcher.stdout.read, daemon=True).start()  # the rest, read as it comes
+        before_cpu, before_conn, start = cpu_s(watcher.pid), accepted(log), time.monotonic()
+        time.sleep(args.watch_s)
+        own_pct = 100 * (cpu_s(watcher.pid) - before_cpu) / (time.monotonic() - start)
+        own_conns = accepted(log) - before_conn
+        watcher.terminate()
+        watcher.wait()
     peer = statistics.median(times["peer"])
     local_direct_s = statistics.median(times["local jobs direct"])
     print(f"one SSH host (loopback sshd, H100 stand-in), {args.runs} runs each, interleaved, "
@@ -131,6 +143,8 @@ def main() -> None:
     print(f"watch -n 1 gputui status, {calls} calls in {wall:.0f} s: the service {service_pct:.2f} % of a core, "
           f"each command {1000 * children / calls:.0f} ms of CPU ({100 * children / wall:.1f} % of a core), "
           f"{new_conns} new SSH connections")
+    print(f"gputui status --watch 1 for {args.watch_s:.0f} s: {own_pct:.2f} % of a core, {own_conns} new SSH connections "
+          "after its first round")
 
 
 if __name__ == "__main__":

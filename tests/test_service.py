@@ -481,6 +481,30 @@ def test_a_service_killed_mid_kill_neither_repeats_it_nor_loses_it(served: SshHo
     assert seen.read_text().splitlines() == ["up", "INT", "TERM"]  # one SIGINT, then the kill went on
 
 
+def test_status_watch_keeps_its_one_connection_round_after_round(ssh_home: SshHome, proxy: FaultProxy) -> None:
+    """``status --watch S`` (no service): one process, one connection for every round; to a pipe ``--json`` is
+    one line per round, each the whole status; a job started meanwhile shows in a later round."""
+    ssh_home.configure(port=proxy.port)
+    watcher = subprocess.Popen([sys.executable, "-m", "gputui", "status", "--watch", "0.2", "--json"], env=ssh_home.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watcher.stdout is not None
+    try:
+        first = json.loads(watcher.stdout.readline())
+        assert [(h["name"], h["state"], len(h["jobs"])) for h in first["hosts"]] == [("box", "connected", 0)]
+        connections = proxy.accepted
+        job = run_job(ssh_home, "import time; time.sleep(300)")
+        after_run = proxy.accepted  # ``run``'s own
+        for _ in range(600):  # rounds 0.2 s apart: at most two minutes
+            if [j["id"] for j in json.loads(watcher.stdout.readline())["hosts"][0]["jobs"]] == [job]:
+                break
+        else:
+            raise AssertionError(f"job {job} never showed")
+        assert proxy.accepted == after_run == connections + 1
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=60)
+
+
 def release_config(home: SshHome, proxy: FaultProxy, script: str) -> Path:
     """``box`` released by ``sh -c SCRIPT`` run here (``$RUNS``: a file it may note each run in)."""
     runs = home.root / "release-runs.txt"

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import datetime
+import io
 import sys
 import time
 
@@ -18,11 +21,12 @@ from ..core.session import model as M
 from ..core.session.gather import gather_hosts
 from ..core.session.host import HostSession
 from ..tables import print_cost, print_status, status_line
-from .common import CliError, add_direct, ask, host_names, hosts_status, open_fleet
+from .common import CliError, add_direct, ask, bounded, host_names, hosts_status, open_fleet
 
 
-async def probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
-    """Connect to each host, take one sample and the job list; (snapshots with cost, each host's outcome)."""
+async def probe_fleet(fleet: Fleet, look_every_s: float = 0.0) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
+    """Connect to each host, take one sample and the job list; (snapshots with cost, each host's outcome). The
+    providers of hosts that do not answer are asked at most every ``look_every_s``."""
 
     async def probe(s: HostSession) -> None:
         await s.sample()
@@ -31,7 +35,7 @@ async def probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str
             await s.cluster_info()
 
     results = await gather_hosts(fleet, list(fleet.sessions), probe)
-    await fleet.look_down()  # a host that does not answer: stopped? preempted? (its provider, with your key)
+    await fleet.look_down(look_every_s)  # a host that does not answer: stopped? preempted? (its provider, with your key)
     snaps = {name: fleet.with_cost(fleet.sessions[name].snapshot) for name in results}
     return snaps, dict(results)
 
@@ -39,8 +43,8 @@ async def probe_fleet(fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str
 def show_status(snaps: dict[str, M.HostSnapshot], results: dict[str, object], form: str) -> int:
     """Print the status (``form``: ``json``, ``short`` or ``text``) and each host's error; the exit status."""
     status = hosts_status(results)
-    if form == "json":
-        print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}))
+    if form in ("json", "json-line"):
+        print(jsonout.dumps({"hosts": [s.to_json() for s in snaps.values()]}, indent=2 if form == "json" else None))
     elif form == "short":
         print("\n".join(status_line(s) for s in snaps.values()))
     else:
@@ -53,9 +57,37 @@ def status_form(args: argparse.Namespace) -> str:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    if args.watch is not None:
+        return await watch_status(args)
     async with open_fleet(args) as fleet:
         snaps, results = await probe_fleet(fleet)
     return show_status(snaps, results, status_form(args))
+
+
+#: A host that does not answer: its provider is asked what became of it at most this often while watching.
+WATCH_LOOK_EVERY_S = 60.0
+
+
+async def watch_status(args: argparse.Namespace) -> int:
+    """``status --watch S``: the status again every S seconds from this one process, which keeps each host's
+    connection between rounds (a host that does not answer is tried again at most every 10 s): what
+    ``watch -n S gputui status`` shows, without a Python start per round. On a terminal each round replaces
+    the last under a heading; to a pipe the rounds follow one another (``--json``: one line each)."""
+    form, tty = status_form(args), sys.stdout.isatty()
+    async with open_fleet(args) as fleet:
+        while True:
+            snaps, results = await probe_fleet(fleet, WATCH_LOOK_EVERY_S)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out if tty else sys.stderr):
+                show_status(snaps, results, "json-line" if form == "json" and not tty else form)  # errors stay on screen
+            if tty:
+                heading = f"Every {args.watch:g} s: gputui status{' --' + form if form != 'text' else ''}"
+                out = io.StringIO(f"\x1b[H\x1b[2J{heading}   {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n{out.getvalue()}")
+            elif form == "text":
+                out.write("\n")  # a blank line between rounds
+            sys.stdout.write(out.getvalue())
+            sys.stdout.flush()
+            await asyncio.sleep(args.watch)
 
 
 async def cmd_cost(args: argparse.Namespace) -> int:
@@ -158,6 +190,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--short", action="store_true",
                        help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")
+    st.add_argument("--watch", type=bounded(0.2, 86400, unit=" s"), metavar="S", nargs="?", const=2.0,
+                    help="show it again every S seconds (default 2), keeping the hosts' connections between rounds "
+                    "(far lighter than watch -n S gputui status); --json to a pipe: one line per round")
     add_direct(st)
     st.set_defaults(func=cmd_status)
 
