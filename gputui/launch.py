@@ -98,7 +98,7 @@ def kill_through_service(argv: list[str]) -> int | None:
 
     from .service import client
 
-    return client.act(config, {"op": "kill", "host": host, "job": job, "grace": grace}, 3 * grace + 60, go_on)
+    return client.act(config, {"op": "kill", "host": host, "job": job, "grace": grace}, go_on)
 
 
 def release_through_service(argv: list[str]) -> int | None:
@@ -133,10 +133,7 @@ def release_through_service(argv: list[str]) -> int | None:
 
     from .service import client
 
-    return client.act(config, {"op": "release", "host": host, "force": force, "pull": pull}, RELEASE_WAIT_S, go_on)
-
-
-RELEASE_WAIT_S = 2 * 86400.0  # a release waits for its commands (release_timeout: at most a day each)
+    return client.act(config, {"op": "release", "host": host, "force": force, "pull": pull}, go_on)
 
 
 def status_through_service(argv: list[str]) -> int | None:

@@ -25,6 +25,7 @@ from faultproxy import FaultProxy
 
 from gputui.core.money.cost import Ledger
 from gputui.core.session import model as M
+from gputui.service import client
 
 
 @pytest.fixture
@@ -554,6 +555,29 @@ def test_a_service_killed_mid_release_never_asks_again_and_says_so(served: SshHo
                           text=True, timeout=60)
     assert (said.returncode, said.stdout) == (0, "box: released (confirmed by the session service, which stopped "
                                               "before it could say how)\n"), said.stderr
+
+
+def test_a_stuck_service_costs_a_command_a_bounded_wait_and_a_slow_answer_none(
+    served: SshHome, proxy: FaultProxy
+) -> None:
+    """A service at work says so while it works: a release whose command takes longer than the command's
+    patience for a silent service is answered by the service all the same. A stuck one (stopped) says nothing:
+    the command answers directly after that bound, as it would have without a service."""
+    runs = release_config(served, proxy, f"sleep {client.QUIET_S + 2:g}; echo run >> $RUNS")
+    warm(served)
+    assert served.cli("status", timeout=120).returncode == 0  # the service connects
+    before = proxy.accepted
+    slow = served.cli("release", "box", "--yes", timeout=120)
+    assert (slow.returncode, slow.stdout.splitlines()[-1:]) == (0, ["box: released (confirmed: client command exited 0)"])
+    assert runs.read_text() == "run\n" and proxy.accepted == before  # the service's answer, over its link
+    pid = int(info(served)["pid"])  # type: ignore[arg-type, index]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status = served.cli("status", "--json", timeout=120)
+        assert status.returncode == 0 and [h[:2] for h in hosts(status)] == [("box", "connected")]
+        assert proxy.accepted == before + 1  # answered directly
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 SEEDS = "import json; from gputui.service import client; print(json.dumps(client.seed(None)))"

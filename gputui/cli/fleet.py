@@ -148,7 +148,7 @@ async def cmd_service(args: argparse.Namespace) -> int:
     from ..service import client
 
     config = client.config_path(args.config)
-    info = client.ask(config, {"op": "info" if args.action == "status" else "stop"}, timeout_s=10.0)
+    info = client.ask(config, {"op": "info" if args.action == "status" else "stop"})
     if info is None:
         print(f"no session service runs for {config}" + (": nothing to stop" if args.action == "stop" else ""))
         return ExitStatus.OK

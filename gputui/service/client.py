@@ -16,7 +16,9 @@ from pathlib import Path
 from .address import UnsafeDir, build_id, peer_uid, runtime_dir, socket_path
 
 CONNECT_TIMEOUT_S = 2.0
-REPLY_TIMEOUT_S = 300.0  # a status of hosts that do not answer waits as long as a direct one would
+#: A service that sends nothing for this long before its answer is stuck (stopped, its loop blocked): the command
+#: goes on directly. A service at work says so with a newline (``server.TICK_S``) until its answer is ready.
+QUIET_S = 10.0
 MAX_REPLY = 64 * 1024 * 1024
 MAX_HEADER = 64 * 1024
 #: A ``logs`` answer after its JSON header line: frames of a kind byte and a payload's length, then the payload.
@@ -39,14 +41,14 @@ def config_path(explicit: str | None) -> Path:
     return Path(base) / "gputui" / "config.toml"
 
 
-def ask(config: Path, request: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, Any] | None:
+def ask(config: Path, request: dict[str, Any], quiet_s: float = QUIET_S) -> dict[str, Any] | None:
     """The service's answer to ``request``; None when there is none to ask or it cannot answer (no service,
-    one of another build, a socket that is not this user's, a broken answer)."""
+    one of another build, a socket that is not this user's, a broken answer, nothing from it for ``quiet_s``)."""
     sock = connect(config)
     if sock is None:
         return None
     with sock:
-        sock.settimeout(timeout_s)
+        sock.settimeout(quiet_s)
         try:
             _send(sock, request)
         except OSError:
@@ -61,8 +63,8 @@ def _send(sock: socket.socket, request: dict[str, Any]) -> None:
 
 
 def _reply(sock: socket.socket) -> dict[str, Any] | None:
-    """The service's one JSON answer on ``sock`` (read to its end); None when none came whole (it went away,
-    took too long, or sent something else)."""
+    """The service's one JSON answer on ``sock`` (read to its end; the newlines it sends while at work are
+    JSON's whitespace); None when none came whole (it went away, went quiet, or sent something else)."""
     chunks, size = [], 0
     try:
         while size <= MAX_REPLY:
@@ -187,7 +189,7 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
         return None
     found, sock = opened
     with sock:
-        sock.settimeout(REPLY_TIMEOUT_S)
+        sock.settimeout(QUIET_S)
         stream = LogReader(sock)
         try:
             _send(sock, request)
@@ -230,18 +232,19 @@ def seed(explicit: str | None) -> list[Any]:
     return hosts if isinstance(hosts, list) else []
 
 
-def act(explicit: str | None, request: dict[str, Any], timeout_s: float, go_on: Callable[[float], int]) -> int | None:
-    """An action (``kill``) through the service: its answer printed and its exit status; None when the command
-    must go on directly (nothing was asked of the service, or it declined). Where the service goes away once
-    asked, ``go_on(asked_at)`` is the command, directly: it finds out what the service did before doing
-    anything (a kill under way goes on from where it was, never starting over)."""
+def act(explicit: str | None, request: dict[str, Any], go_on: Callable[[float], int]) -> int | None:
+    """An action (``kill``, ``release``) through the service: its answer printed and its exit status; None when
+    the command must go on directly (nothing was asked of the service, or it declined). Where the service goes
+    away (or quiet) once asked, ``go_on(asked_at)`` is the command, directly: it finds out what the service did
+    before doing anything (a kill under way goes on from where it was, never starting over; a release is never
+    asked again)."""
     opened = _open(explicit)
     if opened is None:
         return None
     found, sock = opened
     asked_at = time.time()
     with sock:
-        sock.settimeout(timeout_s)
+        sock.settimeout(QUIET_S)
         try:
             _send(sock, request)
         except OSError:
@@ -267,11 +270,12 @@ class LogReader:
             self.buf += chunk
 
     def line(self) -> bytes:
-        while b"\n" not in self.buf:
+        """The header line (after the newlines the service sends while at work)."""
+        while not self.buf.lstrip(b"\n") or b"\n" not in self.buf.lstrip(b"\n"):
             if len(self.buf) > MAX_HEADER:
                 raise ValueError("no header line")
             self._fill(len(self.buf) + 1)
-        line, _, self.buf = self.buf.partition(b"\n")
+        line, _, self.buf = self.buf.lstrip(b"\n").partition(b"\n")
         return line
 
     def take(self, n: int) -> bytes:

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ FORMS = ("json", "short", "text")
 FLOW_HIGH = 4 * 1024 * 1024  # a client's bytes not yet taken that the service holds at most (plus one chunk)
 STALL_S = 300.0  # a client that takes nothing for this long is let go (it goes on directly from its offset)
 KEEPALIVE_S = 20.0  # a follow with nothing to say tells its client it is alive this often
+TICK_S = 1.0  # until its answer (or a log's header) is ready, a client is sent a newline this often (client.QUIET_S)
 MAX_TAIL = 10_000_000  # as ``gputui logs --tail``
 
 
@@ -115,8 +117,10 @@ class Service:
 
     # --- requests -------------------------------------------------------------------------------------------
     async def answer(self, request: dict[str, Any], reader: asyncio.StreamReader | None = None,
-                     writer: asyncio.StreamWriter | None = None) -> dict[str, Any] | None:
-        """The reply to ``request``; None where it was sent as a stream (``logs``) on ``writer``."""
+                     writer: asyncio.StreamWriter | None = None,
+                     begun: Callable[[], None] | None = None) -> dict[str, Any] | None:
+        """The reply to ``request``; None where it was sent as a stream (``logs``) on ``writer``, calling
+        ``begun()`` before its first byte."""
         op = request.get("op")
         width = request.get("columns")
         columns = width if isinstance(width, int) and not isinstance(width, bool) and 20 <= width <= 1000 else 80
@@ -134,7 +138,7 @@ class Service:
         if op in ("jobs", "history") and isinstance(request.get("host"), (str, type(None))) and request.get("form") in FORMS:
             return await self.jobs(op, request.get("host"), request["form"] == "json", columns)
         if op == "logs" and reader is not None and writer is not None:
-            return await self.logs(request, reader, writer)
+            return await self.logs(request, reader, writer, begun or (lambda: None))
         if op == "kill":
             return await self.kill(request)
         if op == "release":
@@ -236,7 +240,8 @@ class Service:
         return {"out": "".join(f"{line}\n" for line in lines), "err": "".join(f"{line}\n" for line in warned), "rc": 0}
 
     async def logs(
-        self, request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, request: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+        begun: Callable[[], None],
     ) -> dict[str, Any] | None:
         """``gputui logs HOST JOB [--tail N] [-f]`` as ``cmd_logs`` does it, its bytes sent as frames at the pace
         the client takes them; an error before the first byte is the one-line reply, a host link lost on the
@@ -266,6 +271,7 @@ class Service:
         if follow:
             self.following.add((host, job))
         try:
+            begun()
             stream.start(offset, first)
             with job_errors(host):
                 if follow:
@@ -359,11 +365,14 @@ class Service:
                 return
             if not isinstance(request, dict):
                 return
+            ticking = asyncio.ensure_future(tick(writer))
             try:
-                reply = await self.answer(request, reader, writer)
+                reply = await self.answer(request, reader, writer, ticking.cancel)
             except Exception as exc:  # anything unexpected: the command goes direct, the service goes on
                 log.exception("request %s failed", str(request.get("op"))[:40])
                 reply = {"direct": f"the service failed: {type(exc).__name__}"}
+            finally:
+                ticking.cancel()
             if reply is None or "rc" in reply:  # a command answered (not info, stop, or "go direct")
                 self.served += 1
             if reply is None or writer.is_closing():
@@ -405,6 +414,13 @@ class Service:
                     path.unlink()
             if self.fleet is not None:
                 await self.fleet.close()
+
+
+async def tick(writer: asyncio.StreamWriter) -> None:
+    """A newline every ``TICK_S`` (whitespace before the JSON answer): the service is at work, not stuck."""
+    while not writer.is_closing():
+        await asyncio.sleep(TICK_S)
+        writer.write(b"\n")
 
 
 def said(exc: GputuiError) -> dict[str, Any]:
