@@ -15,6 +15,8 @@ UTIL_BUSY, UTIL_IDLE = 60.0, 15.0
 
 @dataclass(frozen=True)
 class Palette:
+    """The colours the app draws with, taken from the theme."""
+
     ok: str = "#6CB37E"
     warm: str = "#E0A84E"
     hot: str = "#D9675F"

@@ -20,7 +20,6 @@ from typing import Any
 
 from gputui.core import paths
 from gputui.core.errors import UsageError
-from remote_agent.jobs.restart import parse_policy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -124,6 +123,8 @@ class HostConfig:
 
 @dataclass(frozen=True)
 class Budget:
+    """``[budget]``: the fleet's daily and monthly spend limits."""
+
     daily: float | None = None
     monthly: float | None = None
     warn_fraction: float = 0.8
@@ -139,6 +140,8 @@ class ProviderSettings:
 
 @dataclass(frozen=True)
 class Config:
+    """The whole config: its file, its hosts and the tables beside them."""
+
     path: Path | None
     hosts: dict[str, HostConfig]
     ssh_config: str | None = None
@@ -402,10 +405,13 @@ def parse(text: str, path: Path) -> Config:
         if values.get("container_engine", "auto") not in CONTAINER_ENGINES:
             raise fail(f"hosts.{name}", "container_engine",
                        f"{values['container_engine']!r}: use one of {', '.join(CONTAINER_ENGINES)}")
-        try:
-            parse_policy(values.get("restart", "no"))
-        except ValueError as exc:
-            raise fail(f"hosts.{name}", "restart", str(exc)) from None
+        if "restart" in values:  # (the policy's parser loads only for a config that sets one: the default is "no")
+            from remote_agent.jobs.restart import parse_policy
+
+            try:
+                parse_policy(values["restart"])
+            except ValueError as exc:
+                raise fail(f"hosts.{name}", "restart", str(exc)) from None
         if "port" in values and not 0 < values["port"] < 65536:
             raise fail(f"hosts.{name}", "port", "must be between 1 and 65535")
         if values.get("currency") is not None and not _CURRENCY.match(values["currency"]):

@@ -58,6 +58,8 @@ RUNNING, STOPPED = "running", "stopped"  # Interval.kind: compute billed, or onl
 
 @dataclass
 class Interval:
+    """A stretch of rented time at one price (``end`` None: still running)."""
+
     start: float
     end: float | None
     price: float

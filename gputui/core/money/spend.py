@@ -16,6 +16,8 @@ from gputui.core.session import model as M
 
 @dataclass(frozen=True)
 class BudgetAlert:
+    """A budget period near or over its limit."""
+
     period: str  # "daily" or "monthly"
     level: str  # "warn" or "exceeded"
     spent: float
@@ -62,6 +64,8 @@ class Spend:
 
 @dataclass(frozen=True)
 class FleetSpend:
+    """What the fleet spends, per currency, and the budget's alerts."""
+
     by_currency: tuple[Spend, ...]  # the budget's currency first, then the others by name
     alerts: tuple[BudgetAlert, ...]
     budget_currency: str

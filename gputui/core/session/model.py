@@ -38,6 +38,8 @@ CLOSED = "closed"
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A process on a GPU, and the gputui job it belongs to if any."""
+
     pid: int
     mem_mib: float | None = None
     job: str | None = None  # id of the gputui job owning the pid, if any
@@ -181,6 +183,8 @@ class GpuSample:
 
 @dataclass(frozen=True)
 class HostStats:
+    """The host's own readings: CPU, load, memory, disk, uptime."""
+
     cpu_percent: float | None = None
     cpu_count: float | None = None  # the container's CPU quota when it has one
     load1: float | None = None
@@ -238,6 +242,8 @@ def _slurm_reason(d: P.JobRecord) -> str | None:
 
 @dataclass(frozen=True)
 class Job:
+    """A job on a host, as its agent lists it."""
+
     host: str
     id: str
     name: str

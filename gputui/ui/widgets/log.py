@@ -252,16 +252,14 @@ def hints_text(hints: list[Hint], pal: Palette) -> Text:
 
 
 class LogPane(Vertical):
-    """Title (job, follow state, search), insights and hints, the view, and the search box."""
+    """Title (job, follow state, search), insights and hints, the view, and the search box (mounted at the
+    first ``/``: the first frame never shows it, and styling an Input costs the start-up)."""
 
     def compose(self):
         yield TextBox(id="log-title")
         yield TextBox(id="log-insights")
         yield TextBox(id="log-hints")
         yield LogView(id="log-view")
-        search = PlainInput(placeholder="search: Enter to find, Esc to close", id="log-search")
-        search.display = False  # until /: hidden before it mounts, so nothing is laid out twice
-        yield search
 
     @property
     def view(self) -> LogView:
@@ -302,9 +300,13 @@ class LogPane(Vertical):
         set_display(hint_box, bool(hints))
 
     def open_search(self) -> None:
-        box = self.query_one("#log-search", Input)
-        box.display = True
-        box.value = self.view.term
+        box = next(self.query("#log-search").results(Input), None)
+        if box is None:  # in the DOM at once; the focus below is queued, so it lands once the box is mounted
+            box = PlainInput(self.view.term, placeholder="search: Enter to find, Esc to close", id="log-search")
+            self.mount(box)
+        else:
+            box.display = True
+            box.value = self.view.term
         box.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -318,6 +320,6 @@ class LogPane(Vertical):
         self.view.focus()
 
     def on_key(self, event) -> None:
-        if event.key == "escape" and self.query_one("#log-search", Input).has_focus:
+        if event.key == "escape" and any(box.has_focus for box in self.query("#log-search")):
             event.stop()
             self.close_search()
