@@ -148,7 +148,7 @@ async def test_a_bad_file_listing_is_a_clear_error_on_every_path(root: Path, cas
         assert not found.unpulled and len(found.problems) == 1 and said in found.problems[0], found.problems
         args = argparse.Namespace(pull=True, yes=True, to=str(root / "dest"), host="evil")
         with pytest.raises(CliError, match="not released: evil's artifacts could not all be checked"):
-            await _artifacts_first(args, session, host)
+            await _artifacts_first(args, session, host, print)
     finally:
         await session.close()
     assert not (root / "dest").exists()

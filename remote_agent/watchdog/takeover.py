@@ -216,8 +216,8 @@ def hold(state_dir: str, lock: Any) -> bool:
     it, and record this one as the owner; False when another watchdog keeps it."""
     if not _locked(lock) and not _take_over(state_dir, lock):
         return False
+    _clear_stop(state_dir, None)  # first: whoever reads this process as the owner finds no stop request left
     write_json(os.path.join(state_dir, OWNER), {"pid": os.getpid(), "build": build_id(), "revision": REVISION})
-    _clear_stop(state_dir, None)
     return True
 
 
