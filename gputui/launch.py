@@ -139,8 +139,8 @@ def release_through_service(argv: list[str]) -> int | None:
 def status_through_service(argv: list[str]) -> int | None:
     """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST] [--json]``
     (each with ``--config PATH`` anywhere; ``logs``, ``kill``, ``release``: above) answered by the session
-    service (its exit status), or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is
-    then started for the next command, and this one goes on directly)."""
+    service (its exit status), or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no
+    service to answer (one is then started for the next command, and this one goes on directly)."""
     import os
 
     if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", *ACTIONS):
