@@ -147,11 +147,13 @@ def status_through_service(argv: list[str]) -> int | None:
         return None
     if argv[0] in ACTIONS:
         return ACTIONS[argv[0]](argv)
-    form, config, host, words = "text", None, None, iter(argv[1:])
+    form, config, host, now, words = "text", None, None, False, iter(argv[1:])
     flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
     for word in words:
         if word in flags and form == "text":
             form = word[2:]
+        elif word == "--now" and argv[0] == "status":
+            now = True
         elif word == "--config" and config is None:
             config = next(words, None)
             if config is None:
@@ -162,7 +164,7 @@ def status_through_service(argv: list[str]) -> int | None:
             return None  # --direct, --help, --series, anything else: the CLI reads it
     from .service import client
 
-    return client.answer(config, {"op": argv[0], "form": form, "host": host})
+    return client.answer(config, {"op": argv[0], "form": form, "host": host, **({"now": True} if now else {})})
 
 
 ACTIONS = {"logs": logs_through_service, "kill": kill_through_service, "release": release_through_service}

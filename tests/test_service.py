@@ -506,6 +506,28 @@ def test_status_watch_keeps_its_one_connection_round_after_round(ssh_home: SshHo
         watcher.wait(timeout=60)
 
 
+def test_status_now_answers_at_once_with_what_the_service_has(served: SshHome, proxy: FaultProxy) -> None:
+    """``status --now`` (a shell prompt's): with no service, nothing on stdout, exit 3, and a service starts;
+    then box as the service has it this moment, never waiting on its connect (held at the proxy: box reads
+    connecting, where a waiting answer would say its connect's error), up once its link is; ``--direct``
+    with it is a usage error."""
+    first = served.cli("status", "--short", "--now", timeout=120)
+    assert (first.returncode, first.stdout) == (3, "") and "one is starting" in first.stderr
+    wait_for(lambda: info(served), timeout=60, what="the service --now started")
+    proxy.blackhole()  # the service's connect to box waits in the proxy's backlog until restore()
+    try:
+        held = served.cli("status", "--short", "--now", timeout=120)
+        assert (held.returncode, held.stdout, held.stderr) == (0, "box connecting\n", "")
+        again = served.cli("status", "--json", "--now", timeout=120)
+        assert [h[:2] for h in hosts(again)] == [("box", "connecting")]
+    finally:
+        proxy.restore()
+    wait_for(lambda: served.cli("status", "--short", "--now", timeout=120).stdout.startswith("box up · "),
+             timeout=120, what="box up in a --now answer")
+    direct = served.cli("status", "--now", "--direct", timeout=120)
+    assert direct.returncode == 2 and "--now answers from the session service" in direct.stderr
+
+
 def release_config(home: SshHome, proxy: FaultProxy, script: str) -> Path:
     """``box`` released by ``sh -c SCRIPT`` run here (``$RUNS``: a file it may note each run in)."""
     runs = home.root / "release-runs.txt"

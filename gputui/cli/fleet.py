@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime
 import io
+import os
 import sys
 import time
 
@@ -57,11 +58,28 @@ def status_form(args: argparse.Namespace) -> str:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    if args.now:
+        return status_not_now(args)
     if args.watch is not None:
         return await watch_status(args)
     async with open_fleet(args) as fleet:
         snaps, results = await probe_fleet(fleet)
     return show_status(snaps, results, status_form(args))
+
+
+def status_not_now(args: argparse.Namespace) -> int:
+    """``status --now`` that no session service answered (it answers that form itself): none is to be used, or
+    none runs yet (one is started as this command ends: the next ``--now`` gets an answer)."""
+    from ..service import client
+
+    if args.direct or os.environ.get("GPUTUI_DIRECT"):
+        raise CliError("--now answers from the session service, which --direct and GPUTUI_DIRECT=1 turn off",
+                       ExitStatus.USAGE)
+    found = client.usable(args.config)
+    if found is not None:
+        client.start(*found)
+    raise CliError("no session service answered yet; one is starting: ask again in a moment (or without --now, "
+                   "which connects from this command)", ExitStatus.UNREACHABLE)
 
 
 #: A host that does not answer: its provider is asked what became of it at most this often while watching.
@@ -190,7 +208,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--short", action="store_true",
                        help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")
-    st.add_argument("--watch", type=bounded(0.2, 86400, unit=" s"), metavar="S", nargs="?", const=2.0,
+    live = st.add_mutually_exclusive_group()
+    live.add_argument("--now", action="store_true",
+                    help="answer at once with what the session service has, waiting on no host (for a shell prompt "
+                    "or a tmux status line); with none running yet: nothing, exit 3, and one starts")
+    live.add_argument("--watch", type=bounded(0.2, 86400, unit=" s"), metavar="S", nargs="?", const=2.0,
                     help="show it again every S seconds (default 2), keeping the hosts' connections between rounds "
                     "(far lighter than watch -n S gputui status); --json to a pipe: one line per round")
     add_direct(st)

@@ -106,6 +106,18 @@ class Service:
             self.probing = asyncio.ensure_future(self._probe(await self.current_fleet()))
         return await asyncio.shield(self.probing)
 
+    async def as_it_is(self) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
+        """``status --now``: every host as the service has it this moment (its metrics stream keeps a connected
+        one live), waiting on none; a probe is started for the next answer. A host whose last connect failed is
+        said with its error, as ``probe`` would."""
+        fleet = await self.current_fleet()
+        if self.probing is None or self.probing.done():
+            self.probing = asyncio.ensure_future(self._probe(fleet))
+            self.probing.add_done_callback(lambda t: t.cancelled() or t.exception())  # said by the next probe
+        snaps = {name: fleet.with_cost(s.snapshot) for name, s in fleet.sessions.items()}
+        return snaps, {name: Unreachable(s.error or "no answer") if s.state == M.ERROR else None
+                       for name, s in snaps.items()}
+
     async def _probe(self, fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
         async def look(s: HostSession) -> None:  # connected first (the job list and the metrics stream with it)
             if time.time() - s.snapshot.updated_at > STALE_S:
@@ -129,7 +141,7 @@ class Service:
             return {"direct": "another build"}
         if op == "status" and request.get("form") in FORMS:
             try:
-                snaps, results = await self.probe()
+                snaps, results = await (self.as_it_is() if request.get("now") is True else self.probe())
             except cfg.ConfigError:
                 return {"direct": "the config does not load"}
             from gputui.cli.fleet import show_status
