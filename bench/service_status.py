@@ -1,10 +1,11 @@
 """`gputui status --json` answered by the session service (warm: its connection and agent kept) beside the
 same command run directly and beside OpenSSH's `ssh HOST nvidia-smi --query-gpu=... --format=csv`, and `gputui
 jobs --json` (the SSH host, and the local host of a config-less HOME: served and direct) beside `python3 -c pass`,
-over one loopback sshd, interleaved; `status --json` with the service cold (none running: the command goes
-direct and starts one) beside the same command direct; then `watch -n 1 gputui status` for a while: the
-service's CPU, each command's own CPU, and the SSH connections the sshd accepted after the first; then
-`gputui status --watch 1` (one process keeping its connection) for as long: its CPU and new connections.
+over one loopback sshd, interleaved; `jobs --json` of the local host with the service cold (none running: the
+command goes direct and starts one) beside the same command direct run just before it, with no service either;
+then `watch -n 1 gputui status` for a while: the service's CPU, each command's own CPU, and the SSH connections
+the sshd accepted after the first; then `gputui status --watch 1` (one process keeping its connection) for as
+long: its CPU and new connections.
 
     python bench/service_status.py [--runs 11] [--watch-s 60]
 
@@ -73,13 +74,15 @@ def main() -> None:
         wait_service(local_env, True)
         subprocess.run(jobs, env=local_env, capture_output=True, check=True)  # warm
         cold: list[float] = []
+        cold_direct: list[float] = []  # the same command --direct, each beside a cold run (same moment's load)
         for _ in range(args.runs):  # none running: the command goes direct and starts one for the next
             wait_service(local_env, True)  # (the one the last run started, when it ended)
             subprocess.run([*GPUTUI, "service", "stop"], env=local_env, capture_output=True)
             wait_service(local_env, False)
-            t = time.perf_counter()
-            subprocess.run(jobs, env=local_env, stdout=subprocess.DEVNULL, check=True)
-            cold.append(time.perf_counter() - t)
+            for took, env in ((cold_direct, local_direct), (cold, local_env)):  # (the cold one starts one as it ends)
+                t = time.perf_counter()
+                subprocess.run(jobs, env=env, stdout=subprocess.DEVNULL, check=True)
+                took.append(time.perf_counter() - t)
         wait_service(local_env, True)
         subprocess.run(jobs, env=local_env, capture_output=True, check=True)  # warm again
         fields = ",".join(f for f, _ in GPU_FIELDS)
@@ -123,7 +126,7 @@ def main() -> None:
         watcher.terminate()
         watcher.wait()
     peer = statistics.median(times["peer"])
-    local_direct_s = statistics.median(times["local jobs direct"])
+    cold_direct_s = statistics.median(cold_direct)
     print(f"one SSH host (loopback sshd, H100 stand-in), {args.runs} runs each, interleaved, "
           f"load average {os.getloadavg()[0]:.1f}")
     python = statistics.median(times["python"])
@@ -135,7 +138,7 @@ def main() -> None:
         ("jobs direct", "gputui jobs --json --direct", python, "python3 -c pass"),
         ("local jobs", "local host: gputui jobs --json (service)", python, "python3 -c pass"),
         ("local jobs direct", "local host: gputui jobs --json --direct", python, "python3 -c pass"),
-        ("cold", "local host: jobs --json, service cold", local_direct_s, "the same, --direct"),
+        ("cold", "local host: jobs --json, service cold", cold_direct_s, "the same, --direct, beside it"),
         ("python", "python3 -c pass", python, "python3 -c pass"),
     ):
         med = statistics.median(times[name])
