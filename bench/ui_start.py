@@ -256,13 +256,12 @@ def main() -> None:
                 ssh_env = clean_env(env, ssh, tree)
                 series.append(Series(f"{name}, local + 2 SSH hosts", gputui_argv(), {**marks, "box up": BOX_UP},
                                      ssh_env, ssh=True))
-                if tree == ROOT:  # the same, a session service of that config running (its own runtime dir)
-                    served_env = {**ssh_env, "XDG_RUNTIME_DIR": stack.enter_context(tempfile.TemporaryDirectory())}
-                    stack.callback(subprocess.run, [*gputui_argv(), "service", "stop"], env=served_env,
-                                   capture_output=True)
-                    warm_service(served_env)
-                    series.append(Series(f"{name}, local + 2 SSH hosts, service warm", gputui_argv(),
-                                         {**marks, "box up": BOX_UP}, served_env, ssh=True))
+                # the same, a session service of that config and tree running (its own runtime dir)
+                served_env = {**ssh_env, "XDG_RUNTIME_DIR": stack.enter_context(tempfile.TemporaryDirectory())}
+                stack.callback(subprocess.run, [*gputui_argv(), "service", "stop"], env=served_env, capture_output=True)
+                warm_service(served_env)
+                series.append(Series(f"{name}, local + 2 SSH hosts, service warm", gputui_argv(),
+                                     {**marks, "box up": BOX_UP}, served_env, ssh=True))
         for s in series:
             s.run(record=False)  # warm-up: bytecode written, agent unpacked
         order = random.Random(31)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .core.errors import ExitStatus
 
 if TYPE_CHECKING:
-    from .core.config.file import Config
+    from .core.config.file import HostConfig
 
 
 def run_app(config_path: str | None) -> int:
@@ -28,22 +28,24 @@ def run_app(config_path: str | None) -> int:
         gc.enable()
         print(f"gputui: {exc}", file=sys.stderr)
         return ExitStatus.USAGE
-    start_local_agents(config)
     seeds = []
     if any(h.transport != "local" for h in config.hosts.values()):  # (local hosts are up in milliseconds anyway)
         from .service import client
 
         seeds = client.seed(config_path)
+    up = {h.get("name") for h in seeds if isinstance(h, dict) and h.get("state") == "connected"}
+    start_local_agents([h for h in config.hosts.values() if h.name not in up])  # a seeded one's: after the first frame
     from .ui import run
 
     return run(config, seeds)
 
 
-def start_local_agents(config: Config) -> None:
-    """Start the agent of each local host of ``config`` now, in a thread, for the app's fleet to take when its
+def start_local_agents(hosts: list[HostConfig]) -> None:
+    """Start the agent of each local host of ``hosts`` now, in a thread, for the app's fleet to take when its
     links start: the agent's own start-up (python, imports, host facts: ~120 ms) and the check of its build
-    run beside the app's imports and first frame instead of after them. Whatever goes wrong here, the fleet
-    starts its agents itself."""
+    run beside the app's imports and first frame instead of after them. A host the session service's seed
+    shows up needs no such haste: the first frame has it, and its agent's start would only share the CPU with
+    that frame. Whatever goes wrong here, the fleet starts its agents itself."""
     from .core.deploy import agentproc
 
-    agentproc.start_local_soon(config.hosts.values())
+    agentproc.start_local_soon(hosts)

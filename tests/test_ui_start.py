@@ -187,12 +187,53 @@ def test_the_app_launch_starts_the_local_agent_before_the_app_loads(
 
 async def test_the_app_adopts_the_local_agent_started_with_it(home: Home, tmp_path: Path) -> None:
     config = cfg.parse(local_table(home.state_dir), home.root / "config.toml")
-    appstart.start_local_agents(config)
+    appstart.start_local_agents(list(config.hosts.values()))
     early = agentproc._started[local_argv(home.state_dir)]
     app = GpuTuiApp(config, state_path=tmp_path / "ui.json")
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.hosts["local"].state == M.CONNECTED, what="local up")
         assert local_argv(home.state_dir) not in agentproc._started and early.poll() is None  # taken, serving
+
+
+async def test_a_local_host_the_service_shows_starts_its_agent_after_the_first_frame(
+    home: Home, hung: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the session service's seed showing the local host up, the launch starts no local agent early and
+    the app starts its link after the first frame (the frame has the host already; the agent's start would only
+    share the CPU with it); the app's own link to it then takes over."""
+    path = home.write_config(local_table(home.state_dir) + ssh_table("hung", host="127.0.0.1", port=hung))
+    direct = subprocess.run([sys.executable, "-m", "gputui", "status", "--json", "--config", str(path)],
+                            env=home.env, capture_output=True, text=True, timeout=120)
+    seeds = [h for h in json.loads(direct.stdout)["hosts"] if h["name"] == "local"]  # as the service has it
+    assert [h["state"] for h in seeds] == [M.CONNECTED]
+    from gputui.service import client
+
+    monkeypatch.setattr(client, "seed", lambda config_path: seeds)
+    launched: list[object] = []
+    monkeypatch.setattr(ui, "run", lambda config, seeds=None: launched.append(seeds) or 0)
+    try:
+        assert appstart.run_app(str(path)) == 0
+    finally:
+        import gc
+
+        gc.enable()
+    assert launched == [seeds] and local_argv(home.state_dir) not in agentproc._started and not agentproc._starting
+
+    started_at_first_frame: list[bool] = []
+
+    class FirstFrame(GpuTuiApp):
+        CSS_PATH = str(ROOT / "gputui" / "ui" / "gputui.tcss")
+
+        def on_ready(self) -> None:
+            started_at_first_frame.append(self.source.session("local")._runner is not None)
+            super().on_ready()
+
+    app = FirstFrame(cfg.load(str(path)), state_path=tmp_path / "ui.json", seeds=seeds)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: started_at_first_frame, what="the first frame")
+        assert started_at_first_frame == [False] and app.hosts["local"].state == M.CONNECTED  # the seed
+        await until(pilot, lambda: "local" not in app._seeded and app.hosts["local"].facts.get("agent_pid"),
+                    what="the app's own link to take over")
 
 
 def test_the_build_an_early_start_checked_is_not_checked_again_before_its_agent_is_taken(

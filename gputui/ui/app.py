@@ -235,7 +235,7 @@ class GpuTuiApp(App[None]):
         # The local hosts' links start now (their agents started with the app: gputui.appstart), so that the
         # agent's hello is read while the first frame is drawn; the rest once the first frame is out (the SSH
         # stack loads in a thread then, which would share the CPU with the first frame).
-        if isinstance(self.source, LocalFirst):
+        if isinstance(self.source, LocalFirst) and not self._locals_seeded():
             self.source.start_local()
         self.call_after_refresh(self.source.run_in_background)
         if self._watch is not None and isinstance(self.source, Reconfigurable):
@@ -322,6 +322,12 @@ class GpuTuiApp(App[None]):
                 self.hosts[snap.name] = snap
                 seeded.add(snap.name)
         return seeded
+
+    def _locals_seeded(self) -> bool:
+        """Whether the first frame shows every local host as the session service has it (their links then
+        start with the others, after it)."""
+        local = [n for n, h in self.config.hosts.items() if h.transport == "local"]
+        return bool(local) and all(n in self._seeded for n in local)
 
     def _on_snapshot(self, snap: M.HostSnapshot) -> None:
         """Called by the core for every change; a newer snapshot replaces an unapplied older one. A change of
