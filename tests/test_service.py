@@ -584,7 +584,8 @@ def test_a_stuck_service_costs_a_command_a_bounded_wait_and_a_slow_answer_none(
 ) -> None:
     """A service at work says so while it works: a release whose command takes longer than the command's
     patience for a silent service is answered by the service all the same. A stuck one (stopped) says nothing:
-    the command answers directly after that bound, as it would have without a service."""
+    the command answers directly after that bound, saying why it paused; ``gputui service`` names its pid and
+    ``gputui service stop`` ends it."""
     runs = release_config(served, proxy, f"sleep {client.QUIET_S + 2:g}; echo run >> $RUNS")
     warm(served)
     assert served.cli("status", timeout=120).returncode == 0  # the service connects
@@ -597,9 +598,16 @@ def test_a_stuck_service_costs_a_command_a_bounded_wait_and_a_slow_answer_none(
     try:
         status = served.cli("status", "--json", timeout=120)
         assert status.returncode == 0 and [h[:2] for h in hosts(status)] == [("box", "connected")]
-        assert proxy.accepted == before + 1  # answered directly
+        assert proxy.accepted == before + 1  # answered directly, saying why it paused
+        assert f"the session service (pid {pid}) said nothing for {client.QUIET_S:g} s" in status.stderr
+        shown = served.cli("service", timeout=120)
+        assert shown.returncode == 1 and f"(pid {pid}) takes connections but said nothing" in shown.stderr
+        stopped = served.cli("service", "stop", timeout=120)
+        assert stopped.returncode == 0 and f"(pid {pid}) did not answer: ended it" in stopped.stdout
+        assert pid not in service_pids(served)
     finally:
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 SEEDS = "import json; from gputui.service import client; print(json.dumps(client.seed(None)))"

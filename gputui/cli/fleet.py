@@ -10,6 +10,7 @@ import io
 import os
 import sys
 import time
+from pathlib import Path
 
 from ..core import jsonout
 from ..core.config import file as cfg
@@ -167,6 +168,14 @@ async def cmd_service(args: argparse.Namespace) -> int:
 
     config = client.config_path(args.config)
     info = client.ask(config, {"op": "info" if args.action == "status" else "stop"})
+    if info is None and client.quiet:
+        pid = client.quiet[0]
+        if args.action == "status":
+            raise CliError(f"the session service for {config} (pid {pid}) takes connections but said nothing for "
+                           f"{client.QUIET_S:g} s (stopped, or stuck): gputui service stop ends it")
+        await end_service(pid)
+        print(f"session service for {config} (pid {pid}) did not answer: ended it")
+        return ExitStatus.OK
     if info is None:
         print(f"no session service runs for {config}" + (": nothing to stop" if args.action == "stop" else ""))
         return ExitStatus.OK
@@ -181,6 +190,34 @@ async def cmd_service(args: argparse.Namespace) -> int:
               f"{info.get('requests')} requests, {info.get('rss_mib')} MiB, build {info.get('build')}; exits after "
               f"{info.get('idle_minutes'):g} min without a command\nhosts: {hosts}")
     return ExitStatus.OK
+
+
+#: A stuck service asked to end (SIGTERM) is killed when it has not gone within this long.
+END_WAIT_S = 3.0
+
+
+async def end_service(pid: int) -> None:
+    """End the session service ``pid`` that does not answer (the peer of its own socket, so this user's):
+    SIGTERM, with SIGCONT for a stopped one, then SIGKILL if it has not gone within ``END_WAIT_S``. A pid
+    whose command line is not the service's is left alone."""
+    import signal
+
+    def alive() -> bool:
+        try:
+            return b"gputui.service.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+
+    if not alive():
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + END_WAIT_S
+        while alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if alive():
+            os.kill(pid, signal.SIGKILL)
 
 
 async def cmd_trust(args: argparse.Namespace) -> int:

@@ -75,9 +75,16 @@ def build_id() -> str:
 def peer_uid(sock: socket.socket | None) -> int | None:
     """The uid of the process at the other end of a Unix socket (SO_PEERCRED); None where it cannot be told
     (not Linux): no service is used then."""
+    cred = peer_cred(sock)
+    return cred[1] if cred is not None else None
+
+
+def peer_cred(sock: socket.socket | None) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end of a Unix socket (SO_PEERCRED); None where it cannot be told."""
     if sock is None:
         return None
     try:
-        return int(struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1])
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     except (AttributeError, OSError):
         return None
+    return int(pid), int(uid)

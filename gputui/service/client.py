@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .address import UnsafeDir, build_id, peer_uid, runtime_dir, socket_path
+from .address import UnsafeDir, build_id, peer_cred, peer_uid, runtime_dir, socket_path
 
 CONNECT_TIMEOUT_S = 2.0
 #: A service that sends nothing for this long before its answer is stuck (stopped, its loop blocked): the command
@@ -74,9 +74,29 @@ def _reply(sock: socket.socket) -> dict[str, Any] | None:
             chunks.append(chunk)
             size += len(chunk)
         reply = json.loads(b"".join(chunks)) if size <= MAX_REPLY else None
+    except TimeoutError:
+        _went_quiet(sock)
+        return None
     except (OSError, ValueError):
         return None
     return reply if isinstance(reply, dict) else None
+
+
+#: The pid of a service this command found taking connections but saying nothing for ``QUIET_S`` (stuck).
+quiet: list[int] = []
+
+
+def _went_quiet(sock: socket.socket) -> None:
+    cred = peer_cred(sock)
+    if cred is not None:
+        quiet.append(cred[0])
+
+
+def _say_quiet() -> None:
+    """Where the command goes on directly after a service went quiet: why it paused, and what to do."""
+    if quiet:
+        print(f"gputui: the session service (pid {quiet[0]}) said nothing for {QUIET_S:g} s: going on without it "
+              "(gputui service stop ends it)", file=sys.stderr)
 
 
 def connect(config: Path) -> socket.socket | None:
@@ -150,6 +170,7 @@ def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
     reply = ask(found[0], {**request, "columns": columns()})
     if reply is None or not isinstance(reply.get("rc"), int):
         start(*found)
+        _say_quiet()
         return None
     return printed(reply)
 
@@ -194,10 +215,14 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
         try:
             _send(sock, request)
             header = json.loads(stream.line())
+        except TimeoutError:
+            _went_quiet(sock)
+            header = None
         except (OSError, ValueError, EOFError):
             header = None
         if not isinstance(header, dict) or "direct" in header:
             start(*found)
+            _say_quiet()
             return None
         if isinstance(header.get("rc"), int):
             return printed(header)  # said before any byte (an unknown job, a host that does not answer)
@@ -253,6 +278,7 @@ def act(explicit: str | None, request: dict[str, Any], go_on: Callable[[float], 
     if reply is not None and isinstance(reply.get("rc"), int):
         return printed(reply)
     start(*found)  # for the next command (this one's service declined, or went away)
+    _say_quiet()
     return None if reply is not None else go_on(asked_at)
 
 
