@@ -4,7 +4,8 @@ launch -> the local host shown up; with a local-only config and with SSH hosts i
 Run: python bench/ui_start.py [--runs 9] [--no-ssh]. Each run starts a fresh process on a pseudo-terminal
 (160x48) and reads what it draws (escape sequences stripped): the first frame is the first output that shows
 the table's "Host" column header (both apps have one), up to the first 10 ms pause in the output; the local
-host is shown up when its row reads "● up" or "● idle"; the CPU to the first frame is what the app's main
+host is shown up when its row reads "● up" or "● idle"; every pane is drawn when the GPU processes table's
+title shows (for an app that would draw the hosts first and its other panes after: one tried that); the CPU to the first frame is what the app's main
 thread ran until the bench read the frame, which a loaded machine barely moves. gputui runs as users start it, the `gputui` script
 pip installed beside this python (else `python3 -m gputui`), importing this tree (PYTHONPATH), with its
 bytecode cached and its agent unpacked (a warm-up run of each does that), over two configs:
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 FIRST_FRAME = re.compile("Host")
 HOST_UP = re.compile("local +● (up|idle)")
+PANES = re.compile("GPU processes")  # the host's pane drawn
 BOX_UP = re.compile(r"\bbox +● (up|idle)")  # the SSH host's row live, over the app's own connection
 SSH_CONNECTING = {name: re.compile(rf"\b{name} +◌ connecting") for name in ("box", "hung")}
 ESCAPE = re.compile(rb"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|[()][0-9A-B]|[=>78])")
@@ -246,7 +248,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home, contextlib.ExitStack() as stack:
         env = clean_env(dict(os.environ), home)
         minimal = Series("minimal Textual app", [sys.executable, "-c", MINIMAL_APP], {"frame": FIRST_FRAME}, env)
-        marks = {"frame": FIRST_FRAME, "up": HOST_UP}
+        marks = {"frame": FIRST_FRAME, "up": HOST_UP, "panes": PANES}
         ssh = None if args.no_ssh else stack.enter_context(ssh_home())
         series = [minimal]
         for tree in [ROOT, *(p.resolve() for p in args.peer)]:
@@ -275,6 +277,7 @@ def main() -> None:
     for s in series[1:]:
         print(s.line("launch -> first frame", "frame", minimal))
         print(s.line("launch -> local host shown up", "up", minimal))
+        print(s.line("launch -> every pane drawn", "panes", minimal))
         print(s.line("CPU to the first frame", "cpu", minimal, "cpu"))
     for s in series:
         if s.ssh:
