@@ -1,16 +1,17 @@
 """The session service's process: ``python -m gputui.service.server CONFIG [--default]`` (started by a command,
 detached). It holds the fleet of one config file, connected on first use and kept while commands come, and
-answers ``gputui status``, ``jobs``, ``history``, ``logs`` and ``kill -y`` over a Unix socket: one JSON request line, one JSON
-answer, per connection; a ``logs`` answer is a JSON header line, then frames (``client.FRAME``) of the log's bytes,
-the last one the exit status. A client is sent at most ``FLOW_HIGH`` bytes more than it has taken.
+answers ``gputui status``, ``jobs``, ``history``, ``logs``, ``kill -y`` and ``release -y`` over a Unix socket: one
+JSON request line, one JSON answer, per connection, with a newline every ``TICK_S`` before it while at work; a
+``logs`` answer is a JSON header line, then frames (``client.FRAME``) of the log's bytes, the last one the exit
+status. A client is sent at most ``FLOW_HIGH`` bytes more than it has taken.
 
 Trust: the socket is 0600 in a 0700 dir of the user's (``address.runtime_dir``), every peer's uid is checked
-(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs``, ``history``, ``logs``
-or ``kill`` (a host of the config and a job): the service reaches the
-hosts of its config and nothing else, with the direct command's own code (host key checks included), and its
-answer is that code's output and exit status, byte for byte. It exits when no command came for
-``service_idle_minutes`` (closing every connection), when asked (``gputui service stop``), and after its
-last request once a command of another build came. A lock held for its whole life keeps it one per key."""
+(SO_PEERCRED), and no TCP port is opened. A request names only a form of ``status``, ``jobs``, ``history``,
+``logs``, ``kill`` or ``release`` (a host of the config and a job): the service reaches the hosts of its config
+and nothing else, with the direct command's own code (host key checks included), and its answer is that code's
+output and exit status, byte for byte. It exits when no command came for ``service_idle_minutes`` (closing
+every connection), when asked (``gputui service stop``), and after its last request once a command of another
+build came. A lock held for its whole life keeps it one per key."""
 
 from __future__ import annotations
 
@@ -248,7 +249,7 @@ class Service:
             except Exception as exc:
                 log.exception("release of %s failed", host)
                 return {"out": "", "err": f"gputui: {host}: the release failed in the session service "
-                        f"({type(exc).__name__}); it is NOT confirmed: {UNCONFIRMED}\n", "rc": ExitStatus.FAILED}
+                        f"({type(exc).__name__}); it is NOT confirmed: {UNCONFIRMED}\n", "rc": int(ExitStatus.FAILED)}
         return {"out": "".join(f"{line}\n" for line in lines), "err": "".join(f"{line}\n" for line in warned), "rc": 0}
 
     async def logs(
