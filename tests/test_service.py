@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pty
+import select
 import shutil
 import signal
 import socket
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SshHome, wait_for
+from conftest import ROOT, Home, SshHome, wait_for
 from faultproxy import FaultProxy
 
 from gputui.core.money.cost import Ledger
@@ -504,6 +506,33 @@ def test_status_watch_keeps_its_one_connection_round_after_round(ssh_home: SshHo
     finally:
         watcher.terminate()
         watcher.wait(timeout=60)
+
+
+def test_status_watch_on_a_terminal_redraws_in_place_and_host_text_stays_data(home: Home) -> None:
+    """On a terminal each round is drawn over the last from the top (its own cursor-home, clear-line and
+    clear-below sequences: they must reach the terminal raw), while a host's text in it stays escaped: the
+    local host's nvidia-smi answers with an escape sequence, shown as ``\\x1b``."""
+    tools = home.root / "hostile-bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text('#!/bin/sh\nprintf "\\033[31mEVIL\\n" >&2\nexit 9\n')
+    (tools / "nvidia-smi").chmod(0o755)
+    main, sub = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gputui", "status", "--watch", "0.2"],
+                            env={**home.env, "PATH": f"{tools}:{home.env['PATH']}"}, stdin=sub, stdout=sub, stderr=sub)
+    os.close(sub)
+    out = b""
+    try:
+        while out.count(b"Every 0.2 s: gputui status") < 3:
+            ready, _, _ = select.select([main], [], [], 60)
+            assert ready, out.decode(errors="replace")
+            out += os.read(main, 65536)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        os.close(main)
+    rounds = out.split(b"\x1b[H")[1:]
+    assert len(rounds) >= 2 and all(r.endswith(b"\x1b[J") for r in rounds[:-1]), out
+    assert b"nvidia-smi failed (exit 9): \\x1b[31mEVIL" in out and b"\x1b[31m" not in out
 
 
 def test_status_now_answers_at_once_with_what_the_service_has(served: SshHome, proxy: FaultProxy) -> None:

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..core import jsonout
+from ..core import jsonout, safetext
 from ..core.config import file as cfg
 from ..core.errors import ExitStatus
 from ..core.hosts import doctor as host_doctor
@@ -99,13 +99,16 @@ async def watch_status(args: argparse.Namespace) -> int:
             out = io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out if tty else sys.stderr):
                 show_status(snaps, results, "json-line" if form == "json" and not tty else form)  # errors stay on screen
-            if tty:
+            if tty:  # drawn over the last round from the top, each line and then the rest cleared: no flicker
                 heading = f"Every {args.watch:g} s: gputui status{' --' + form if form != 'text' else ''}"
-                out = io.StringIO(f"\x1b[H\x1b[2J{heading}   {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n{out.getvalue()}")
-            elif form == "text":
-                out.write("\n")  # a blank line between rounds
-            sys.stdout.write(out.getvalue())
-            sys.stdout.flush()
+                text = safetext.clean(f"{heading}   {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n{out.getvalue()}",
+                                      multiline=True)  # a host's text is data: only our own sequences drive it
+                screen = sys.stdout.stream if isinstance(sys.stdout, safetext.TerminalGuard) else sys.stdout
+                screen.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
+                screen.flush()
+            else:
+                sys.stdout.write(out.getvalue() + ("\n" if form == "text" else ""))  # a blank line between rounds
+                sys.stdout.flush()
             await asyncio.sleep(args.watch)
 
 
