@@ -164,7 +164,7 @@ def status_through_service(argv: list[str]) -> int | None:
             return None  # --direct, --help, --series, anything else: the CLI reads it
     from .service import client
 
-    return client.answer(config, {"op": argv[0], "form": form, "host": host, **({"now": True} if now else {})})
+    return client.answer(config, {"op": argv[0], "form": form, "host": host, "now": now})
 
 
 ACTIONS = {"logs": logs_through_service, "kill": kill_through_service, "release": release_through_service}

@@ -250,11 +250,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="one line per host (state, GPUs, jobs, price, idle): for a tmux status line or a prompt")
     live = st.add_mutually_exclusive_group()
     live.add_argument("--now", action="store_true",
-                    help="answer at once with what the session service has, waiting on no host (for a shell prompt "
-                    "or a tmux status line); with none running yet: nothing, exit 3, and one starts")
+                      help="answer at once with what the session service has, waiting on no host (for a shell "
+                      "prompt or a tmux status line); with none running yet: nothing, exit 3, and one starts")
     live.add_argument("--watch", type=bounded(0.2, 86400, unit=" s"), metavar="S", nargs="?", const=2.0,
-                    help="show it again every S seconds (default 2), keeping the hosts' connections between rounds "
-                    "(far lighter than watch -n S gputui status); --json to a pipe: one line per round")
+                      help="show it again every S seconds (default 2), keeping the hosts' connections between "
+                      "rounds (far lighter than watch -n S gputui status); --json to a pipe: one line per round")
     add_direct(st)
     st.set_defaults(func=cmd_status)
 
@@ -277,7 +277,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="seconds the torch probe may take (default 60)")
     dr.set_defaults(func=cmd_doctor)
 
-    sv = sub.add_parser("service", help="the session service that keeps connections warm for status: show or stop it")
+    sv = sub.add_parser("service", help="the session service that keeps connections warm for status, jobs, "
+                        "history, logs, kill -y and release -y: show or stop it")
     sv.add_argument("action", nargs="?", choices=("status", "stop"), default="status",
                     help="status (default): what it holds; stop: close its connections and end it")
     sv.add_argument("--json", action="store_true")

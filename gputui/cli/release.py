@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..core import safetext
@@ -86,27 +86,23 @@ async def cmd_release(args: argparse.Namespace) -> int:
     if args.after_service is not None:
         return after_service(args.host, args.after_service)
     async with open_fleet(args) as fleet:
-        lines = await release(args, fleet, lambda s: s.start(), lambda line: print(line, file=sys.stderr))
+        lines = await release(args, fleet, lambda line: print(line, file=sys.stderr))
     print("\n".join(lines))
     return ExitStatus.OK
 
 
-async def release(
-    args: argparse.Namespace, fleet: Fleet, connect: Callable[[HostSession], Awaitable[None]],
-    warn: Callable[[str], None],
-) -> list[str]:
-    """Release ``args.host`` of ``fleet`` (``connect`` links its session) as ``gputui release`` does: asked on
-    the terminal unless ``args.yes``, its artifacts first; the lines it prints, or a GputuiError (not released).
-    Shared by the command and the session service (which is asked only ``--yes`` releases that pull nothing)."""
+async def release(args: argparse.Namespace, fleet: Fleet, warn: Callable[[str], None]) -> list[str]:
+    """Release ``args.host`` of ``fleet`` (its link made, or kept where it is up) as ``gputui release`` does:
+    asked on the terminal unless ``args.yes``, its artifacts first; the lines it prints, or a GputuiError (not
+    released). Shared by the command and the session service (asked only ``--yes`` releases that pull nothing)."""
     host = fleet.config.host(args.host)
     try:
         check_configured(host)
     except ReleaseError as exc:
         raise CliError(str(exc), ExitStatus.USAGE) from None
-    session, started = fleet.session(args.host), False
+    session = fleet.session(args.host)
     if not host.release and not host.release_remote and host.provider != "lambda":
-        await connect(session)  # is there a provider to release through? Asked before anything else
-        started = True
+        await session.ensure_connected()  # is there a provider to release through? Asked before anything else
         found = await session.release_check(**autostop.release_settings(host, autostop.api_urls(fleet.config)))
         if found.get("via") == "none":
             raise CliError(
@@ -116,8 +112,7 @@ async def release(
             )
     if not args.yes and not sys.stdin.isatty():
         raise CliError(f"releasing {args.host} needs confirmation: run on a terminal or pass --yes", ExitStatus.USAGE)
-    if not started:
-        await connect(session)
+    await session.ensure_connected()
     await _artifacts_first(args, session, host, warn)
     if not args.yes and not ask(
         f"Release {args.host}? This stops billing by stopping or terminating the instance. [y/N] "
@@ -142,7 +137,7 @@ UNCONFIRMED = ("see whether the host still answers (gputui status) and look at t
 def after_service(host: str, asked_at: float) -> int:
     """``release HOST --yes`` whose session service went away once asked: never asked again here (it may be
     under way or done); said as done where the service marked it released, else loudly as not known."""
-    if Ledger().released_since(host, asked_at - 1.0):
+    if Ledger().released_since(host, asked_at):  # (marked by the service, on this machine's clock)
         print(f"{host}: released (confirmed by the session service, which stopped before it could say how)")
         return ExitStatus.OK
     raise CliError(

@@ -243,7 +243,7 @@ class Service:
         args = argparse.Namespace(host=host, yes=True, force=force, pull=pull)
         async with self.releasing.setdefault(host, asyncio.Lock()):
             try:
-                lines = await release(args, fleet, HostSession.ensure_connected, warned.append)
+                lines = await release(args, fleet, warned.append)
             except GputuiError as exc:
                 return {**said(exc), "err": "".join(f"{line}\n" for line in warned) + f"gputui: {exc}\n"}
             except Exception as exc:
