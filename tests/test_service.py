@@ -249,6 +249,72 @@ def test_another_user_gets_no_answer(served: SshHome) -> None:
     assert info(served) is not None  # and it still serves its user
 
 
+PLANTED = """import socket, sys
+listener = socket.socket(fileno=int(sys.argv[1]))
+listener.listen(4)  # the peer a client sees is whoever listens: this user, not the one who made the socket
+print("listening", flush=True)
+while True:
+    conn, _ = listener.accept()
+    conn.settimeout(20)
+    conn.sendall(b'{"rc": 0, "out": "FORGED", "err": ""}\\n')  # a whole answer, as a service's ends
+    conn.shutdown(socket.SHUT_WR)
+    got = b""
+    try:
+        while chunk := conn.recv(65536):
+            got += chunk
+    except OSError:
+        pass
+    print(len(got), flush=True)
+    conn.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's dir or socket needs root")
+def test_a_dir_or_socket_another_user_planted_is_never_used(served: SshHome) -> None:
+    """A runtime dir of another user's: every command answers directly, says why, and writes nothing there;
+    ``gputui service`` names the problem. A socket where another user listens (made by root in the user's own
+    dir): the command sends it nothing, answers directly and says why; the next service takes the place."""
+    runtime = Path(served.env["XDG_RUNTIME_DIR"]) / "gputui"
+    runtime.mkdir(mode=0o700)
+    os.chown(runtime, 65534, 65534)
+    res = served.cli("status", "--json", timeout=120)
+    assert res.returncode == 0 and [h[1] for h in hosts(res)] == ["connected"], res.stderr
+    assert f"{runtime} is not a private dir of yours (owner uid 65534" in res.stderr
+    refused = served.cli("service", timeout=30)
+    assert refused.returncode == 1 and "not a private dir of yours" in refused.stderr
+    assert list(runtime.iterdir()) == [] and service_pids(served) == []
+    os.chown(runtime, os.getuid(), os.getgid())
+
+    first = warm(served)  # where its socket is
+    [path] = runtime.glob("*.sock")
+    os.kill(int(first["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    wait_for(lambda: service_pids(served) == [], timeout=30, what="the service to die")
+    path.unlink()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    path.chmod(0o666)
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", PLANTED]
+    planted = subprocess.Popen([*as_nobody, str(sock.fileno())], pass_fds=[sock.fileno()], stdout=subprocess.PIPE,
+                               text=True)
+    sock.close()
+    try:
+        assert planted.stdout is not None and planted.stdout.readline() == "listening\n"
+        res = served.cli("status", "--json", timeout=120)
+        assert res.returncode == 0 and "FORGED" not in res.stdout, res.stdout
+        assert [h[1] for h in hosts(res)] == ["connected"]
+        assert f"{path} is served by uid 65534, not you: nothing was sent to it" in res.stderr
+        def real() -> dict[str, object] | None:  # (the planted one refused: exit 1, until the new service binds)
+            res = served.cli("service", "--json", timeout=30)
+            return json.loads(res.stdout) if res.returncode == 0 and res.stdout.startswith("{") else None
+
+        started = wait_for(real, timeout=60, what="a service of this user's in the planted one's place")
+        assert started["pid"] in service_pids(served)
+    finally:
+        planted.kill()
+    received = planted.communicate(timeout=30)[0].split()
+    assert received and set(received) == {"0"}, received  # it was reached, and sent nothing
+
+
 def test_the_commands_side_is_light() -> None:
     """Talking to the service imports no asyncio, no asyncssh, no Rich or Textual: the gputui modules the light
     path loads are the launcher and gputui/service's address and client alone."""

@@ -179,6 +179,8 @@ async def cmd_service(args: argparse.Namespace) -> int:
         await end_service(pid)
         print(f"session service for {config} (pid {pid}) did not answer: ended it")
         return ExitStatus.OK
+    if info is None and client.refused:
+        raise CliError(client.refused[0])
     if info is None:
         print(f"no session service runs for {config}" + (": nothing to stop" if args.action == "stop" else ""))
         return ExitStatus.OK

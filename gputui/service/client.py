@@ -92,18 +92,28 @@ def _went_quiet(sock: socket.socket) -> None:
         quiet.append(cred[0])
 
 
-def _say_quiet() -> None:
-    """Where the command goes on directly after a service went quiet: why it paused, and what to do."""
+#: Why no service could be used that the user must hear of: a runtime dir or a socket that is not theirs.
+refused: list[str] = []
+
+
+def _say_why() -> None:
+    """Where the command goes on directly after a service went quiet, or where a dir or socket that is not the
+    user's was refused: say why, and what to do."""
     if quiet:
         print(f"gputui: the session service (pid {quiet[0]}) said nothing for {QUIET_S:g} s: going on without it "
               "(gputui service stop ends it)", file=sys.stderr)
+    for reason in refused[:1]:
+        print(f"gputui: {reason}", file=sys.stderr)
 
 
 def connect(config: Path) -> socket.socket | None:
     """A connection to the service of ``config``, checked to be this user's; None where there is none."""
     try:
         path = socket_path(config)
-    except (OSError, UnsafeDir):
+    except UnsafeDir as exc:
+        refused.append(f"{exc}: no session service is used (make it 0700 and yours, or remove it)")
+        return None
+    except OSError:
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)
@@ -112,8 +122,11 @@ def connect(config: Path) -> socket.socket | None:
     except OSError:  # none running (or a stale socket a new service will replace)
         sock.close()
         return None
-    if peer_uid(sock) != os.getuid():
+    uid = peer_uid(sock)
+    if uid != os.getuid():  # (None: not Linux, where the peer cannot be told: no service is used)
         sock.close()
+        if uid is not None:
+            refused.append(f"{path} is served by uid {uid}, not you: nothing was sent to it")
         return None
     return sock
 
@@ -170,7 +183,7 @@ def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
     reply = ask(found[0], {**request, "columns": columns()})
     if reply is None or not isinstance(reply.get("rc"), int):
         start(*found)
-        _say_quiet()
+        _say_why()
         return None
     return printed(reply)
 
@@ -196,6 +209,7 @@ def _open(explicit: str | None) -> tuple[tuple[Path, bool], socket.socket] | Non
     if found is None or sock is None:
         if found is not None:
             start(*found)
+            _say_why()
         return None
     return found, sock
 
@@ -222,7 +236,7 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
             header = None
         if not isinstance(header, dict) or "direct" in header:
             start(*found)
-            _say_quiet()
+            _say_why()
             return None
         if isinstance(header.get("rc"), int):
             return printed(header)  # said before any byte (an unknown job, a host that does not answer)
@@ -278,7 +292,7 @@ def act(explicit: str | None, request: dict[str, Any], go_on: Callable[[float], 
     if reply is not None and isinstance(reply.get("rc"), int):
         return printed(reply)
     start(*found)  # for the next command (this one's service declined, or went away)
-    _say_quiet()
+    _say_why()
     return None if reply is not None else go_on(asked_at)
 
 
