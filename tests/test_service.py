@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pty
 import select
@@ -752,3 +753,26 @@ async def test_the_apps_first_frame_shows_the_hosts_a_running_service_has(
         assert all([j.id for j in snap.jobs] == [job] for snap in shown)
     assert json.loads(subprocess.run([sys.executable, "-c", SEEDS], env={**served.env, "GPUTUI_DIRECT": "1"},
                                      capture_output=True, text=True, check=True).stdout) == []
+
+
+def test_the_services_log_stays_bounded_and_holds_no_terminal_sequence(tmp_path: Path) -> None:
+    """A service up for weeks: its log rotates at LOG_MAX_BYTES (one older file kept); a record quoting a host's
+    escape sequence is written escaped."""
+    from gputui.service import server
+
+    handler = server.log_handler(tmp_path / "service.log")
+    logger = logging.getLogger("test-service-log")
+    logger.propagate, logger.level = False, logging.INFO
+    logger.addHandler(handler)
+    try:
+        logger.error("host said %s", "\x1b]52;c;cm0gLXJm\x07\x1b[31mEVIL\r")
+        for _ in range(3 * server.LOG_MAX_BYTES // 100):
+            logger.info("%s", "x" * 100)
+        logger.error("host said %s", "\x1b[2J")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["service.log", "service.log.1"]
+    assert all(p.stat().st_size <= server.LOG_MAX_BYTES for p in tmp_path.iterdir())
+    text = (tmp_path / "service.log").read_bytes()
+    assert b"\x1b" not in text and b"\r" not in text and b"host said \\x1b[2J" in text

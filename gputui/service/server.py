@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gputui.core import paths
+from gputui.core import paths, safetext
 from gputui.core.config import file as cfg
 from gputui.core.errors import ExitStatus, GputuiError, Unreachable
 from gputui.core.hosts.fleet import Fleet
@@ -499,13 +499,23 @@ class LogStream:
 def _log_to_file() -> None:
     state = paths.state_dir()
     paths.make_dirs(state)
-    file = state / "service.log"
-    with contextlib.suppress(OSError):
-        if file.stat().st_size > LOG_MAX_BYTES:
-            file.replace(file.with_suffix(".log.1"))
-    handler = logging.FileHandler(file)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler(state / "service.log")])
+
+
+def log_handler(file: Path) -> logging.Handler:
+    """The service's log: at most ``LOG_MAX_BYTES`` and one older file beside it however long the service runs
+    (a prompt that asks every few seconds keeps it up for weeks), each record's text cleaned of anything a
+    terminal would act on (an error may quote a host)."""
+    from logging.handlers import RotatingFileHandler
+
+    handler = RotatingFileHandler(file, maxBytes=LOG_MAX_BYTES, backupCount=1)
+    handler.setFormatter(_CleanFormatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    return handler
+
+
+class _CleanFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return safetext.clean(super().format(record), multiline=True)
 
 
 def main(argv: list[str]) -> int:
