@@ -100,16 +100,16 @@ async def watch_status(args: argparse.Namespace) -> int:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out if tty else sys.stderr):
                 show_status(snaps, results, "json-line" if form == "json" and not tty else form)  # errors stay on screen
             if tty:  # drawn over the last round from the top, each line and then the rest cleared: no flicker
-                heading = f"Every {args.watch:g} s: gputui status{' --' + form if form != 'text' else ''}"
-                text = safetext.clean(f"{heading}   {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n{out.getvalue()}",
-                                      multiline=True)  # a host's text is data: only our own sequences drive it
-                screen = sys.stdout.stream if isinstance(sys.stdout, safetext.TerminalGuard) else sys.stdout
-                screen.write("\x1b[H" + text.replace("\n", "\x1b[K\n") + "\x1b[J")
-                screen.flush()
+                safetext.redraw(sys.stdout, f"{watch_heading(args.watch, form)}\n\n{out.getvalue()}")
             else:
                 sys.stdout.write(out.getvalue() + ("\n" if form == "text" else ""))  # a blank line between rounds
                 sys.stdout.flush()
             await asyncio.sleep(args.watch)
+
+
+def watch_heading(every: float, form: str) -> str:
+    """The heading of a ``status --watch`` round on a terminal (the direct one's and the service's)."""
+    return f"Every {every:g} s: gputui status{' --' + form if form != 'text' else ''}   {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
 async def cmd_cost(args: argparse.Namespace) -> int:

@@ -78,6 +78,15 @@ def guard_terminal() -> None:
             setattr(sys, name, TerminalGuard(stream))
 
 
+def redraw(stream: Any, text: str) -> None:
+    """Draw ``text`` over what the terminal ``stream`` shows (a ``--watch`` round): from its top, each line then
+    the rest of that line cleared, then everything below: no flicker. The text is cleaned first: only these
+    sequences of ours drive the terminal (through a :class:`TerminalGuard`, to the terminal it guards)."""
+    screen = stream.stream if isinstance(stream, TerminalGuard) else stream
+    screen.write("\x1b[H" + clean(text, multiline=True).replace("\n", "\x1b[K\n") + "\x1b[J")
+    screen.flush()
+
+
 class LogOutput:
     """Where ``logs`` writes the job's output. A pipe or a file gets the bytes as written (one write each: no
     decoding, no copying); a terminal gets them as text whose control characters but line ends and ``\\r`` are
