@@ -32,7 +32,7 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any, dict[str, Any
 def read(argv: list[str], monkeypatch: pytest.MonkeyPatch, calls: list[Any], tty: bool = True) -> Any:
     """What the service is asked for ``gputui ARGV`` (stdin a terminal or not), or None: the full CLI reads it."""
     monkeypatch.setattr(sys.stdin, "isatty", lambda: tty)
-    rc = launch.status_through_service(argv)
+    rc = launch.through_service(argv)
     assert (rc is None) == (not calls) and len(calls) <= 1
     return calls[0] if calls else None
 
@@ -133,11 +133,31 @@ def test_a_line_is_served_as_before_or_left_to_the_cli(
     (["jobs", ""], None), (["logs", "h", ""], None), (["logs", "a b", "j"], logs("a b")),
     (["logs", "h", "j", "--tail", ""], None), (["logs", "h", "j", "--tail", " 5"], None),
     (["logs", "h", "j", "--tail", "\u0663"], logs(tail=3)),  # an Arabic-Indic 3: int() reads it, as argparse does
+    (["logs", "h", "j", "--tail", "\u00b2"], None),  # a superscript 2: a digit int() cannot read (it used to raise)
     (["kill", "h", "j", "-y", "--grace", " 5 "], kill(grace=5.0)), (["release", "", "--yes"], None),
 ])
 def test_odd_words(argv: list[str], expected: Any, asked: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Empty words and words with spaces (a shell's quoting) are read as they are."""
     assert read(argv, monkeypatch, asked) == expected
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["w"], {}), (["w", "a"], None), (["w", "--json"], {"form": "json"}), (["w", "--json", "--json"], None),
+    (["w", "--now", "--now"], {"now": True}), (["w", "-n", "3"], {"n": 3}), (["w", "-n"], None),
+    (["w", "-n", "x"], None), (["w", "-n", "3", "-n", "4"], None), (["w", "--config", "-n"], {"config": "-n"}),
+])
+def test_read_line_without_names(argv: list[str], expected: Any) -> None:
+    flags = {"--json": ("form", "json"), "--now": ("now", True), "-n": ("n", int), **launch.CONFIG}
+    assert launch.read_line(argv, flags, (), again=("now",)) == expected
+
+
+@pytest.mark.parametrize(("argv", "least", "expected"), [
+    (["w", "a", "b"], None, {"x": "a", "y": "b"}), (["w", "a"], None, None), (["w", "a"], 1, {"x": "a"}),
+    (["w"], 1, None), (["w"], 0, {}), (["w", "a", "b", "c"], 0, None), (["w", "a", "-", "b"], None, None),
+    (["w", "a", "--", "b"], None, None), (["w", "", "a", "b"], None, None),
+])
+def test_read_line_names(argv: list[str], least: int | None, expected: Any) -> None:
+    assert launch.read_line(argv, {}, ("x", "y"), least) == expected
 
 
 @pytest.mark.parametrize(("line", "expected"), [
@@ -180,7 +200,7 @@ def test_where_the_service_goes_away_the_cli_goes_on(
     monkeypatch.setattr(client, "act", lambda config, request, go_on_at: go_on_at(go_on))
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True)
     monkeypatch.delenv("GPUTUI_DIRECT", raising=False)
-    launch.status_through_service(line.split())
+    launch.through_service(line.split())
     assert ran == [(argv, kwargs)]
 
 
@@ -189,7 +209,7 @@ def test_reading_a_line_imports_nothing() -> None:
     lines = [line.split() for line, _ in LINES]
     code = ("import sys; import gputui.launch as launch; from gputui.service import client; "
             "client.answer = client.logs = client.act = lambda *a: None; before = set(sys.modules); "
-            f"[launch.status_through_service(argv) for argv in {lines!r}]; "
+            f"[launch.through_service(argv) for argv in {lines!r}]; "
             "print(sorted(set(sys.modules) - before), "
             "[m for m in ('argparse', 'typing', 'shutil', 'subprocess', 'tempfile') if m in sys.modules])")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
