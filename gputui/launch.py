@@ -7,17 +7,17 @@ import sys
 
 TYPE_CHECKING = False  # (typing.TYPE_CHECKING: importing typing costs the served command a third of its start)
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 
 def main() -> None:
-    """Open the app for bare ``gputui`` on a terminal; answer ``status`` from the session service where one
-    runs (gputui/service/); else run the CLI."""
+    """Open the app for bare ``gputui`` on a terminal; answer ``status``, ``jobs``, ``history``, ``logs``,
+    ``kill``, ``release`` from the session service where one runs (gputui/service/); else run the CLI."""
     if not sys.argv[1:] and sys.stdin.isatty() and sys.stdout.isatty():
         from .appstart import run_app
 
         sys.exit(run_app(None))
-    served = status_through_service(sys.argv[1:])
+    served = through_service(sys.argv[1:])
     if served is not None:
         sys.exit(served)
     from .cli import main as cli_main
@@ -25,146 +25,128 @@ def main() -> None:
     cli_main()
 
 
-def logs_through_service(argv: list[str]) -> int | None:
-    """``gputui logs [-f] [--tail N] HOST JOB`` (with ``--config PATH`` anywhere) answered by the session
-    service, or None (another command line: the CLI reads it). Where the service goes away mid-stream, the
-    command goes on directly from the first byte it has not written."""
-    follow, tail, config, words = False, None, None, iter(argv[1:])
-    names: list[str] = []
+def read_line(argv: list[str], flags: dict[str, tuple[str, object]], names: tuple[str, ...], least: int | None = None,
+              again: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """A command's line (``argv``, its word first) as {key: value}, or None where it holds anything else (the
+    CLI reads it, and says what is wrong with it).
+
+    ``flags``: each flag's key, and the value it sets, or a function that reads the next word as its value (a
+    ValueError: None). A key is given once, or any number of times where ``again`` names it (the last wins).
+    ``names``: the keys of the words that are no flag (none starts with "-"), in order: all of them, or at
+    least ``least``."""
+    read: dict[str, Any] = {}
+    words, given = iter(argv[1:]), 0
     for word in words:
-        if word in ("-f", "--follow") and not follow:
-            follow = True
-        elif word == "--tail" and tail is None:
-            value = next(words, "")
-            if not value.isdigit() or int(value) > 10_000_000:
-                return None  # the CLI says what is wrong with it
-            tail = int(value)
-        elif word == "--config" and config is None:
-            config = next(words, None)
-            if config is None:
+        if word in flags:
+            key, value = flags[word]
+            if key in read and key not in again:
                 return None
-        elif word and not word.startswith("-") and len(names) < 2:
-            names.append(word)
+            if callable(value):  # a flag with a value: the next word
+                try:
+                    value = value(next(words))
+                except (StopIteration, ValueError):
+                    return None
+            read[key] = value
+        elif word and not word.startswith("-") and given < len(names):
+            read[names[given]], given = word, given + 1
         else:
-            return None  # --direct, --rank, --help, anything else
-    if len(names) != 2:
-        return None
-    host, job = names
-
-    def go_on(offset: int) -> NoReturn:
-        from .cli import main as cli_main
-
-        cli_main(["logs", host, job, *(["-f"] if follow else []), *(["--config", config] if config else [])],
-                 offset=offset)
-
-    from .service import client
-
-    return client.logs(config, {"op": "logs", "host": host, "job": job, "tail": tail, "follow": follow}, go_on)
+            return None  # --direct, --help, --config=PATH, --, an extra word: anything else
+    return read if given >= (len(names) if least is None else least) else None
 
 
-def kill_through_service(argv: list[str]) -> int | None:
-    """``gputui kill HOST JOB [--grace S]`` with ``--yes`` (or no terminal to ask on) answered by the session
-    service, or None: a kill to confirm on the terminal, or another command line (the CLI reads it). Where the
-    service goes away once asked, the command goes on directly from what the host says of the job."""
-    yes, grace, config, words = not sys.stdin.isatty(), 10.0, None, iter(argv[1:])
-    names: list[str] = []
-    for word in words:
-        if word in ("-y", "--yes"):
-            yes = True
-        elif word in ("--grace", "--config"):
-            value = next(words, None)
-            if value is None:
-                return None
-            if word == "--config":
-                config = value
-                continue
-            try:
-                grace = float(value)
-            except ValueError:
-                return None  # the CLI says what is wrong with it
-        elif word and not word.startswith("-") and len(names) < 2:
-            names.append(word)
-        else:
-            return None  # --direct, --help, anything else
-    if len(names) != 2 or not yes or not 0 <= grace <= 3600:  # (the agent's MAX_KILL_GRACE_S)
-        return None
-    host, job = names
-
-    def go_on(asked_at: float) -> NoReturn:
-        from .cli import main as cli_main
-
-        cli_main(["kill", host, job, "--yes", "--grace", repr(grace), *(["--config", config] if config else [])],
-                 after_service=asked_at)
-
-    from .service import client
-
-    return client.act(config, {"op": "kill", "host": host, "job": job, "grace": grace}, go_on)
+def tail_lines(text: str) -> int:
+    """``--tail``'s N: a whole number up to 10,000,000 (else a ValueError)."""
+    if not text.isdigit() or int(text) > 10_000_000:
+        raise ValueError(text)
+    return int(text)
 
 
-def release_through_service(argv: list[str]) -> int | None:
-    """``gputui release HOST --yes [--force] [--no-pull]`` answered by the session service, or None: a release
-    to confirm on the terminal, one that pulls artifacts, or another command line (the CLI reads it). Where the
-    service goes away once asked, the command says what the ledger shows of it and never asks again."""
-    yes, force, pull, config, words = False, False, None, None, iter(argv[1:])
-    names: list[str] = []
-    for word in words:
-        if word in ("-y", "--yes"):
-            yes = True
-        elif word == "--force":
-            force = True
-        elif word == "--no-pull":
-            pull = False
-        elif word == "--config" and config is None:
-            config = next(words, None)
-            if config is None:
-                return None
-        elif word and not word.startswith("-") and not names:
-            names.append(word)
-        else:
-            return None  # --pull, --check, --direct, --help, anything else
-    if len(names) != 1 or not yes:
-        return None
-    host = names[0]
+CONFIG: dict[str, tuple[str, object]] = {"--config": ("config", str)}
+YES: dict[str, tuple[str, object]] = {"-y": ("yes", True), "--yes": ("yes", True)}
+LOGS = {"-f": ("follow", True), "--follow": ("follow", True), "--tail": ("tail", tail_lines), **CONFIG}
+KILL = {"--grace": ("grace", float), **YES, **CONFIG}
+RELEASE = {"--force": ("force", True), "--no-pull": ("pull", False), **YES, **CONFIG}
+STATUS = {"--json": ("form", "json"), "--short": ("form", "short"), "--now": ("now", True), **CONFIG}
+JOBS = {"--json": ("form", "json"), **CONFIG}  # and history
 
-    def go_on(asked_at: float) -> NoReturn:
-        from .cli import main as cli_main
 
-        cli_main(["release", host, "--yes", *(["--config", config] if config else [])], after_service=asked_at)
+def through_service(argv: list[str]) -> int | None:
+    """``gputui ARGV`` answered by the session service (its exit status), or None: another command line,
+    ``--direct`` / ``GPUTUI_DIRECT=1``, or no service to answer (one is then started for the next command,
+    and this one goes on directly)."""
+    import os
 
-    from .service import client
-
-    return client.act(config, {"op": "release", "host": host, "force": force, "pull": pull}, go_on)
+    command = COMMANDS.get(argv[0]) if argv and not os.environ.get("GPUTUI_DIRECT") else None
+    return command(argv) if command is not None else None
 
 
 def status_through_service(argv: list[str]) -> int | None:
-    """``gputui status [--json | --short]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST] [--json]``
-    (each with ``--config PATH`` anywhere; ``logs``, ``kill``, ``release``: above) answered by the session
-    service (its exit status), or None: another command line, ``--direct`` / ``GPUTUI_DIRECT=1``, or no
-    service to answer (one is then started for the next command, and this one goes on directly)."""
-    import os
-
-    if os.environ.get("GPUTUI_DIRECT") or not argv or argv[0] not in ("status", "jobs", "history", *ACTIONS):
+    """``gputui status [--json | --short] [--now]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST]
+    [--json]``, each with ``--config PATH`` anywhere."""
+    if argv[0] == "status":
+        read = read_line(argv, STATUS, (), again=("now",))
+    else:
+        read = read_line(argv, JOBS, ("host",), least=0)
+    if read is None:
         return None
-    if argv[0] in ACTIONS:
-        return ACTIONS[argv[0]](argv)
-    form, config, host, now, words = "text", None, None, False, iter(argv[1:])
-    flags = ("--json", "--short") if argv[0] == "status" else ("--json",)
-    for word in words:
-        if word in flags and form == "text":
-            form = word[2:]
-        elif word == "--now" and argv[0] == "status":
-            now = True
-        elif word == "--config" and config is None:
-            config = next(words, None)
-            if config is None:
-                return None
-        elif argv[0] != "status" and host is None and word and not word.startswith("-"):
-            host = word
-        else:
-            return None  # --direct, --help, --series, anything else: the CLI reads it
     from .service import client
 
-    return client.answer(config, {"op": argv[0], "form": form, "host": host, "now": now})
+    request = {"op": argv[0], "form": read.get("form", "text"), "host": read.get("host"), "now": read.get("now", False)}
+    return client.answer(read.get("config"), request)
 
 
-ACTIONS = {"logs": logs_through_service, "kill": kill_through_service, "release": release_through_service}
+def logs_through_service(argv: list[str]) -> int | None:
+    """``gputui logs [-f] [--tail N] HOST JOB`` (with ``--config PATH`` anywhere). Where the service goes
+    away mid-stream, the command goes on directly from the first byte it has not written."""
+    read = read_line(argv, LOGS, ("host", "job"))
+    if read is None:
+        return None
+    host, job, follow, config = read["host"], read["job"], read.get("follow", False), read.get("config")
+
+    from .service import client
+
+    request = {"op": "logs", "host": host, "job": job, "tail": read.get("tail"), "follow": follow}
+    return client.logs(config, request, lambda offset: go_on(
+        ["logs", host, job, *(["-f"] if follow else [])], config, offset=offset))
+
+
+def kill_through_service(argv: list[str]) -> int | None:
+    """``gputui kill HOST JOB [--grace S]`` with ``--yes`` or no terminal to ask on (to confirm on the terminal:
+    None). Where the service goes away once asked, the command goes on directly from what the host says of the
+    job."""
+    read = read_line(argv, KILL, ("host", "job"), again=("yes", "grace", "config"))
+    if read is None or not (read.get("yes") or not sys.stdin.isatty()):
+        return None
+    host, job, grace, config = read["host"], read["job"], read.get("grace", 10.0), read.get("config")
+    if not 0 <= grace <= 3600:  # (the agent's MAX_KILL_GRACE_S)
+        return None
+    from .service import client
+
+    return client.act(config, {"op": "kill", "host": host, "job": job, "grace": grace}, lambda asked_at: go_on(
+        ["kill", host, job, "--yes", "--grace", repr(grace)], config, after_service=asked_at))
+
+
+def release_through_service(argv: list[str]) -> int | None:
+    """``gputui release HOST --yes [--force] [--no-pull]`` (to confirm on the terminal, or one that pulls
+    artifacts: None). Where the service goes away once asked, the command says what the ledger shows of it and
+    never asks again."""
+    read = read_line(argv, RELEASE, ("host",), again=("yes", "force", "pull"))
+    if read is None or not read.get("yes"):
+        return None
+    host, config = read["host"], read.get("config")
+    from .service import client
+
+    request = {"op": "release", "host": host, "force": read.get("force", False), "pull": read.get("pull")}
+    return client.act(config, request, lambda asked_at: go_on(
+        ["release", host, "--yes"], config, after_service=asked_at))
+
+
+def go_on(argv: list[str], config: str | None, **preset: float) -> NoReturn:
+    """The full CLI, running ``argv`` (with ``--config``) directly where the service left off (``preset``)."""
+    from .cli import main as cli_main
+
+    cli_main([*argv, *(["--config", config] if config else [])], **preset)
+
+
+COMMANDS = {"status": status_through_service, "jobs": status_through_service, "history": status_through_service,
+            "logs": logs_through_service, "kill": kill_through_service, "release": release_through_service}
