@@ -81,18 +81,40 @@ def through_service(argv: list[str]) -> int | None:
 
 
 def status_through_service(argv: list[str]) -> int | None:
-    """``gputui status [--json | --short] [--now]``, ``gputui jobs [HOST] [--json]`` or ``gputui history [HOST]
-    [--json]``, each with ``--config PATH`` anywhere."""
+    """``gputui status [--json | --short] [--now | --watch [S]]``, ``gputui jobs [HOST] [--json]`` or ``gputui
+    history [HOST] [--json]``, each with ``--config PATH`` anywhere."""
+    every = None
+    if argv[0] == "status" and "--watch" in argv:
+        argv, every = without_watch(argv)
     if argv[0] == "status":
         read = read_line(argv, STATUS, (), again=("now",))
     else:
         read = read_line(argv, JOBS, ("host",), least=0)
-    if read is None:
-        return None
+    if read is None or (every is not None and read.get("now")):
+        return None  # (--watch with --now: the CLI says they do not go together)
     from .service import client
 
-    request = {"op": argv[0], "form": read.get("form", "text"), "host": read.get("host"), "now": read.get("now", False)}
-    return client.answer(read.get("config"), request)
+    form, config = read.get("form", "text"), read.get("config")
+    request = {"op": argv[0], "form": form, "host": read.get("host"), "now": read.get("now", False)}
+    if every is None:
+        return client.answer(config, request)
+    if form == "json" and not sys.stdout.isatty():
+        request["form"] = "json-line"  # one line a round
+    return client.watch(config, request, every, lambda: go_on(
+        ["status", "--watch", repr(every), *([f"--{form}"] if form != "text" else [])], config))
+
+
+def without_watch(argv: list[str]) -> tuple[list[str], float | None]:
+    """``status``'s line without its ``--watch [S]``, and S (2 where none is given); the line as is where
+    ``--watch`` is given twice or S is not a number of seconds from 0.2 to 86,400 (the CLI says so)."""
+    at = argv.index("--watch")
+    value = argv[at + 1] if at + 1 < len(argv) and not argv[at + 1].startswith("-") else None
+    try:
+        every = 2.0 if value is None else float(value)
+    except ValueError:
+        return argv, None
+    rest = argv[:at] + argv[at + (1 if value is None else 2):]
+    return (rest, every) if 0.2 <= every <= 86400 and "--watch" not in rest else (argv, None)
 
 
 def logs_through_service(argv: list[str]) -> int | None:

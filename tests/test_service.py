@@ -46,7 +46,7 @@ def served(ssh_home: SshHome, proxy: FaultProxy, tmp_path: Path) -> Iterator[Ssh
     shutil.rmtree(runtime, ignore_errors=True)
 
 
-def service_pids(home: SshHome) -> list[int]:
+def service_pids(home: Home) -> list[int]:
     """The services started for this test's config (found by their command line)."""
     config = str((home.root / ".config" / "gputui" / "config.toml").resolve())
     pids = []
@@ -77,6 +77,11 @@ def hosts(res: subprocess.CompletedProcess[str]) -> list[tuple[str, str, list[st
     return [(h["name"], h["state"], sorted(h)) for h in json.loads(res.stdout)["hosts"]]
 
 
+def readings(res: subprocess.CompletedProcess[str]) -> list[tuple[bool, bool]]:
+    """Whether each host's status has its host readings (CPU, memory) and GPU readings or why there are none."""
+    return [(bool(h["host"]), bool(h["gpus"]) or h["gpu_error"] is not None) for h in json.loads(res.stdout)["hosts"]]
+
+
 def test_status_is_answered_over_the_kept_connection(served: SshHome, proxy: FaultProxy) -> None:
     """After the first status, every status is the service's: one SSH connection in all, the same answer a
     direct command gives (fields and states), the same exit status; the socket is 0600 in a 0700 dir."""
@@ -89,6 +94,7 @@ def test_status_is_answered_over_the_kept_connection(served: SshHome, proxy: Fau
     direct = served.cli("status", "--json", "--direct", timeout=120)
     assert proxy.accepted == accepted + 2 and hosts(direct) == hosts(answers[-1]) == hosts(answers[0])
     assert [h[1] for h in hosts(direct)] == ["connected"]
+    assert readings(direct) == readings(answers[0]) == readings(answers[-1]) == [(True, True)]  # the first too
     short = served.cli("status", "--short", timeout=120)
     assert short.returncode == 0 and short.stdout.startswith("box up") and proxy.accepted == accepted + 2
     now = info(served)
@@ -257,10 +263,10 @@ print("listening", flush=True)
 while True:
     conn, _ = listener.accept()
     conn.settimeout(20)
-    conn.sendall(b'{"rc": 0, "out": "FORGED", "err": ""}\\n')  # a whole answer, as a service's ends
-    conn.shutdown(socket.SHUT_WR)
     got = b""
-    try:
+    try:  # (a client that checks who listens has hung up already)
+        conn.sendall(b'{"rc": 0, "out": "FORGED", "err": ""}\\n')  # a whole answer, as a service's ends
+        conn.shutdown(socket.SHUT_WR)
         while chunk := conn.recv(65536):
             got += chunk
     except OSError:
@@ -310,10 +316,10 @@ def test_a_dir_or_socket_another_user_planted_is_never_used(served: SshHome) -> 
 
         started = wait_for(real, timeout=60, what="a service of this user's in the planted one's place")
         assert started["pid"] in service_pids(served)
+        assert select.select([planted.stdout], [], [], 60)[0] and planted.stdout.readline() == "0\n"  # reached, sent nothing
     finally:
         planted.kill()
-    received = planted.communicate(timeout=30)[0].split()
-    assert received and set(received) == {"0"}, received  # it was reached, and sent nothing
+    assert set(planted.communicate(timeout=30)[0].split()) <= {"0"}  # (and the CLI's tries before the new service)
 
 
 def test_the_commands_side_is_light() -> None:
@@ -575,17 +581,48 @@ def test_status_watch_keeps_its_one_connection_round_after_round(ssh_home: SshHo
         watcher.wait(timeout=60)
 
 
-def test_status_watch_on_a_terminal_redraws_in_place_and_host_text_stays_data(home: Home) -> None:
+def test_status_watch_is_served_without_a_connection_and_goes_on_directly(served: SshHome, proxy: FaultProxy) -> None:
+    """``status --watch S`` where a service runs: every round is its answer (no connection of the watcher's
+    own); the service killed, the watcher goes on directly (one connection, kept) without a gap in its rounds."""
+    started = warm(served)
+    served.cli("status", timeout=120)  # the service's one connection
+    accepted = proxy.accepted
+    watcher = subprocess.Popen([sys.executable, "-m", "gputui", "status", "--watch", "0.2", "--json"], env=served.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watcher.stdout is not None
+    try:
+        for _ in range(3):
+            assert [(h["name"], h["state"]) for h in json.loads(watcher.stdout.readline())["hosts"]] == [("box", "connected")]
+        assert proxy.accepted == accepted
+        os.kill(int(started["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+        for _ in range(3):
+            assert [(h["name"], h["state"]) for h in json.loads(watcher.stdout.readline())["hosts"]] == [("box", "connected")]
+        assert proxy.accepted == accepted + 1  # the watcher's own, from the service's death on
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=60)
+
+
+@pytest.mark.parametrize("through_service", [False, True], ids=["direct", "served"])
+def test_status_watch_on_a_terminal_redraws_in_place_and_host_text_stays_data(home: Home, through_service: bool) -> None:
     """On a terminal each round is drawn over the last from the top (its own cursor-home, clear-line and
     clear-below sequences: they must reach the terminal raw), while a host's text in it stays escaped: the
-    local host's nvidia-smi answers with an escape sequence, shown as ``\\x1b``."""
+    local host's nvidia-smi answers with an escape sequence, shown as ``\\x1b``. The same where the session
+    service answers the rounds."""
     tools = home.root / "hostile-bin"
     tools.mkdir()
     (tools / "nvidia-smi").write_text('#!/bin/sh\nprintf "\\033[31mEVIL\\n" >&2\nexit 9\n')
     (tools / "nvidia-smi").chmod(0o755)
+    home.env["PATH"] = f"{tools}:{home.env['PATH']}"
+    if through_service:
+        home.env.pop("GPUTUI_DIRECT")
+        home.env["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="gputui-test-run-", dir="/tmp")  # (a socket's path is short)
+        assert home.cli("status", timeout=120).returncode == 0  # it starts one
+        wait_for(lambda: home.cli("service", "--json", timeout=30).stdout.startswith("{"), timeout=60,
+                 what="the service")
     main, sub = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "gputui", "status", "--watch", "0.2"],
-                            env={**home.env, "PATH": f"{tools}:{home.env['PATH']}"}, stdin=sub, stdout=sub, stderr=sub)
+    proc = subprocess.Popen([sys.executable, "-m", "gputui", "status", "--watch", "0.2"], env=home.env,
+                            stdin=sub, stdout=sub, stderr=sub)
     os.close(sub)
     out = b""
     try:
@@ -597,9 +634,16 @@ def test_status_watch_on_a_terminal_redraws_in_place_and_host_text_stays_data(ho
         proc.terminate()
         proc.wait(timeout=60)
         os.close(main)
+        said = home.cli("service", "--json", timeout=30).stdout
+        answered = json.loads(said)["requests"] if said.startswith("{") else None
+        for pid in service_pids(home):
+            os.kill(pid, signal.SIGKILL)
+        if through_service:
+            shutil.rmtree(home.env["XDG_RUNTIME_DIR"], ignore_errors=True)
     rounds = out.split(b"\x1b[H")[1:]
     assert len(rounds) >= 2 and all(r.endswith(b"\x1b[J") for r in rounds[:-1]), out
     assert b"nvidia-smi failed (exit 9): \\x1b[31mEVIL" in out and b"\x1b[31m" not in out
+    assert (answered is None) if not through_service else answered >= 3, answered  # (every round the service's)
 
 
 def test_status_now_answers_at_once_with_what_the_service_has(served: SshHome, proxy: FaultProxy) -> None:

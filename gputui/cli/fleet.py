@@ -92,6 +92,8 @@ async def watch_status(args: argparse.Namespace) -> int:
     connection between rounds (a host that does not answer is tried again at most every 10 s): what
     ``watch -n S gputui status`` shows, without a Python start per round. On a terminal each round replaces
     the last under a heading; to a pipe the rounds follow one another (``--json``: one line each)."""
+    from ..service import client
+
     form, tty = status_form(args), sys.stdout.isatty()
     async with open_fleet(args) as fleet:
         while True:
@@ -100,16 +102,11 @@ async def watch_status(args: argparse.Namespace) -> int:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out if tty else sys.stderr):
                 show_status(snaps, results, "json-line" if form == "json" and not tty else form)  # errors stay on screen
             if tty:  # drawn over the last round from the top, each line and then the rest cleared: no flicker
-                safetext.redraw(sys.stdout, f"{watch_heading(args.watch, form)}\n\n{out.getvalue()}")
+                safetext.redraw(sys.stdout, f"{client.watch_heading(args.watch, form)}\n\n{out.getvalue()}")
             else:
                 sys.stdout.write(out.getvalue() + ("\n" if form == "text" else ""))  # a blank line between rounds
                 sys.stdout.flush()
             await asyncio.sleep(args.watch)
-
-
-def watch_heading(every: float, form: str) -> str:
-    """The heading of a ``status --watch`` round on a terminal (the direct one's and the service's)."""
-    return f"Every {every:g} s: gputui status{' --' + form if form != 'text' else ''}   {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
 async def cmd_cost(args: argparse.Namespace) -> int:

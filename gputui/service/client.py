@@ -188,6 +188,46 @@ def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
     return printed(reply)
 
 
+def watch(explicit: str | None, request: dict[str, Any], every: float, go_on: Callable[[], int]) -> int | None:
+    """``status --watch S`` through the service: its answer to ``request`` every ``every`` seconds, drawn over the
+    last round on a terminal (errors included, under :func:`watch_heading`), else one round after another; None
+    where no service answers the first round (the command watches directly; a service is started for the next
+    command). Where the service stops answering later, ``go_on()`` watches directly from then on. Ctrl-C ends it
+    (exit 130, as the CLI's)."""
+    from gputui.core import safetext
+
+    tty, first = sys.stdout.isatty(), True
+    try:
+        while True:
+            found = usable(explicit)
+            reply = ask(found[0], {**request, "columns": columns()}) if found is not None else None
+            if reply is None or not isinstance(reply.get("rc"), int):
+                if not first:
+                    return go_on()
+                if found is not None:
+                    start(*found)
+                    _say_why()
+                return None
+            first = False
+            if tty:
+                text = f"{reply.get('out') or ''}{reply.get('err') or ''}"
+                safetext.redraw(sys.stdout, f"{watch_heading(every, request['form'])}\n\n{text}")
+            else:
+                printed(reply)
+                sys.stdout.write("\n" if request["form"] == "text" else "")  # a blank line between rounds
+                sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def watch_heading(every: float, form: str) -> str:
+    """The heading of a ``status --watch`` round on a terminal (the service's and the direct one's)."""
+    return f"Every {every:g} s: gputui status{' --' + form if form != 'text' else ''}   {time.strftime('%Y-%m-%d %H:%M:%S')}"
+
+
 def columns() -> int:
     """The terminal's width as ``shutil.get_terminal_size`` says it (``$COLUMNS``, stdout's terminal, else 80)."""
     try:
@@ -247,7 +287,7 @@ def logs(explicit: str | None, request: dict[str, Any], go_on: Callable[[int], i
         try:
             reply = stream.copy(out)
         except BrokenPipeError:
-            return out.closed()
+            return reader_gone()
     if reply is not None and isinstance(reply.get("rc"), int):
         return printed(reply)
     start(*found)  # the service died or gave up: a new one for the next command
@@ -381,7 +421,8 @@ class LogWriter:
         if self.text is not None:
             self.text.write(b"", final=True)  # a UTF-8 sequence the log ends inside
 
-    def closed(self) -> int:
-        """The reader of stdout went away: exit as the command does then (141, nothing left to flush)."""
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+
+def reader_gone() -> int:
+    """The reader of stdout went away: exit as the command does then (141, nothing left to flush)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 141

@@ -48,6 +48,7 @@ METRICS_S = 1.0  # each host streams its metrics this often while the service ho
 STALE_S = 3.0  # a host whose snapshot is older than this is sampled afresh before the answer
 LOG_MAX_BYTES = 1024 * 1024
 FORMS = ("json", "short", "text")
+STATUS_FORMS = (*FORMS, "json-line")  # (json-line: a status --watch round to a pipe)
 FLOW_HIGH = 4 * 1024 * 1024  # a client's bytes not yet taken that the service holds at most (plus one chunk)
 STALL_S = 300.0  # a client that takes nothing for this long is let go (it goes on directly from its offset)
 KEEPALIVE_S = 20.0  # a follow with nothing to say tells its client it is alive this often
@@ -121,8 +122,11 @@ class Service:
 
     async def _probe(self, fleet: Fleet) -> tuple[dict[str, M.HostSnapshot], dict[str, object]]:
         async def look(s: HostSession) -> None:  # connected first (the job list and the metrics stream with it)
-            if time.time() - s.snapshot.updated_at > STALE_S:
+            snap = s.snapshot  # (just connected: the stream's first sample may not have come yet)
+            if snap.metrics is None or time.time() - snap.updated_at > STALE_S:
                 await s.sample()
+            if s.scheduler == "slurm" and snap.cluster is None:
+                await s.cluster_info()  # (then kept fresh with the metrics)
 
         results = await gather_hosts(fleet, list(fleet.sessions), look)
         await fleet.look_down(LOOK_EVERY_S)
@@ -140,7 +144,7 @@ class Service:
         if request.get("build") != self.build:
             self.retiring = True  # a command of another build: it goes direct; this service ends after its requests
             return {"direct": "another build"}
-        if op == "status" and request.get("form") in FORMS:
+        if op == "status" and request.get("form") in STATUS_FORMS:
             try:
                 snaps, results = await (self.as_it_is() if request.get("now") is True else self.probe())
             except cfg.ConfigError:
