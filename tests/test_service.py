@@ -686,3 +686,63 @@ async def test_the_apps_first_frame_shows_the_hosts_a_running_service_has(
         assert all([j.id for j in snap.jobs] == [job] for snap in shown)
     assert json.loads(subprocess.run([sys.executable, "-c", SEEDS], env={**served.env, "GPUTUI_DIRECT": "1"},
                                      capture_output=True, text=True, check=True).stdout) == []
+
+
+# --- logs through the service: a client that takes nothing, a log that shrinks, a log that grows ---------------
+
+
+def test_a_log_truncated_under_a_served_follow_reads_as_under_a_direct_one(served: SshHome, proxy: FaultProxy) -> None:
+    """The job's log truncated on the host twice while ``logs -f`` follows it through the service and ``logs -f
+    --direct`` beside it: both say each gap (the same words) and go on from the log's new start; the service
+    killed just after the second, the served command goes on directly from the new log's start (not from the
+    old offset: that would say the gap again and print the new bytes twice, or skip them once the log grew past
+    it). Both print the same bytes, all the user can still get, none twice, and end with the job's exit status."""
+    warm(served)
+    go = [served.root / f"go{i}" for i in (1, 2)]
+    code = ("import os, sys, time\n"
+            "def part(name, n, then):\n"
+            "    sys.stdout.write(''.join(f'{name} {i:04d}\\n' for i in range(n))); sys.stdout.flush()\n"
+            "    while not os.path.exists(then): time.sleep(0.02)\n"
+            f"part('first', 400, {str(go[0])!r}); part('second', 30, {str(go[1])!r})\n"
+            "print('third and last'); sys.exit(6)")
+    job = run_job(served, code)
+    log = log_file(served, job)
+    first = wait_for(lambda: (d := log.read_bytes()).endswith(b"first 0399\r\n") and d, timeout=120, what="part one")
+    outs = {way: served.root / f"{way}.out" for way in ("served", "direct")}
+    errs = {way: served.root / f"{way}.err" for way in ("served", "direct")}
+    procs = {}
+    for way, more in (("served", ()), ("direct", ("--direct",))):
+        with outs[way].open("wb") as out, errs[way].open("wb") as err:
+            procs[way] = subprocess.Popen([sys.executable, "-m", "gputui", "logs", "-f", "box", job, *more],
+                                          env=served.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+
+    def truncated(times: int) -> None:
+        os.truncate(log, 0)
+        wait_for(lambda: all(e.read_bytes().count(b"log truncated") == times for e in errs.values()), timeout=120,
+                 what=f"gap {times}")
+
+    try:
+        wait_for(lambda: all(o.read_bytes() == first for o in outs.values()), timeout=120, what="part one followed")
+        assert info(served)["streams"] == 1  # type: ignore[index]  # the served one is the service's
+        truncated(1)
+        go[0].touch()
+        second = wait_for(lambda: (d := log.read_bytes()).endswith(b"second 0029\r\n") and d, timeout=120,
+                          what="part two")
+        wait_for(lambda: all(o.read_bytes() == first + second for o in outs.values()), timeout=120,
+                 what="part two followed")
+        assert info(served)["streams"] == 1 and second.count(b"\n") == 30  # type: ignore[index]  # still served
+        truncated(2)
+        os.kill(int(info(served)["pid"]), signal.SIGKILL)  # type: ignore[arg-type, index]
+        go[1].touch()
+        for proc in procs.values():
+            proc.wait(timeout=180)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    assert log.read_bytes() == b"third and last\r\n"
+    assert [p.returncode for p in procs.values()] == [6, 6], [e.read_bytes() for e in errs.values()]
+    assert outs["served"].read_bytes() == outs["direct"].read_bytes() == first + second + log.read_bytes()
+    said = {way: e.read_bytes() for way, e in errs.items()}
+    assert said["served"] == said["direct"] == b"".join(
+        b"\ngputui: --- log truncated: bytes from %d on are gone; restarting at 0 ---\n" % n
+        for n in (len(first), len(second)))
