@@ -689,6 +689,70 @@ async def test_the_apps_first_frame_shows_the_hosts_a_running_service_has(
 
 
 # --- logs through the service: a client that takes nothing, a log that shrinks, a log that grows ---------------
+#: The service of ``gputui.service.server`` (the same code, so the same build) with a short ``STALL_S``: the test's
+#: own start of it, as ``client._start_now`` starts one (the commands find it by its config and environment).
+SHORT_STALL = ("import sys; from gputui.service import server; server.STALL_S = float(sys.argv[1]); "
+               "sys.exit(server.main(sys.argv[2:]))")
+
+
+@contextlib.contextmanager
+def service_letting_go_after(home: SshHome, stall_s: float) -> Iterator[int]:
+    """A session service for ``home``'s config that lets a client go after ``stall_s`` of taking nothing; its pid."""
+    config = str((home.root / ".config" / "gputui" / "config.toml").resolve())
+    proc = subprocess.Popen([sys.executable, "-c", SHORT_STALL, str(stall_s), config, "--default"], env=home.env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    try:
+        wait_for(lambda: (i := info(home)) and i["pid"] == proc.pid, timeout=60, what="the test's service")
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_a_client_that_takes_nothing_is_let_go_and_goes_on_directly_without_a_byte_lost(
+    served: SshHome, proxy: FaultProxy
+) -> None:
+    """A ``logs -f`` and a ``logs`` whose stdout nobody reads (a full pipe) while the log is 24 MiB: the service
+    lets both go once they took nothing for STALL_S (here 2 s, the test's own service), answering others all the
+    while; read again, each command goes on directly from its offset: the log file's bytes exactly, no byte
+    lost or twice, and the job's exit status."""
+    go = served.root / "go"
+    code = (f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+            "for i in range(24):\n    sys.stdout.write((f'{i:04d}' + 'v' * 1019 + '\\n') * 1024); sys.stdout.flush()\n"
+            "sys.exit(4)")
+    with service_letting_go_after(served, 2.0) as pid:
+        job = run_job(served, code)
+        assert served.cli("jobs", "box", timeout=120).returncode == 0  # the service connects
+        command = [sys.executable, "-m", "gputui", "logs"]
+        follower = subprocess.Popen([*command, "-f", "box", job], env=served.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: info(served)["streams"] == 1, what="the follow")  # type: ignore[index]
+            go.touch()
+            wait_for(lambda: (r := served.cli("jobs", "box", "--json", timeout=120)).returncode == 0
+                     and [j["state"] for j in json.loads(r.stdout) if j["id"] == job] == ["failed"], timeout=120,
+                     what="the job's end")
+            copier = subprocess.Popen([*command, "box", job], env=served.env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            try:
+                wait_for(lambda: info(served)["streams"] == 0, timeout=120, what="both clients let go")  # type: ignore[index]
+                assert follower.poll() is None and copier.poll() is None  # both still held by their full pipe
+                accepted, requests = proxy.accepted, info(served)["requests"]  # type: ignore[index]
+                status = served.cli("status", "--json", timeout=120)  # the service answers on, over its link
+                assert status.returncode == 0 and [h[1] for h in hosts(status)] == ["connected"], status.stderr
+                assert proxy.accepted == accepted and info(served)["requests"] == requests + 1  # type: ignore[index]
+                copied, copy_err = copier.communicate(timeout=180)
+            finally:
+                copier.kill()
+            followed, follow_err = follower.communicate(timeout=180)
+        finally:
+            follower.kill()
+        data = log_file(served, job).read_bytes()
+        assert len(data) == 24 * 1024 * 1024 + data.count(b"\r")
+        assert (follower.returncode, copier.returncode) == (4, 0), (follow_err, copy_err)
+        assert followed == data and copied == data
+        assert info(served)["pid"] == pid  # type: ignore[index]  # the same service throughout
 
 
 def test_a_log_truncated_under_a_served_follow_reads_as_under_a_direct_one(served: SshHome, proxy: FaultProxy) -> None:
