@@ -810,3 +810,30 @@ def test_a_log_truncated_under_a_served_follow_reads_as_under_a_direct_one(serve
     assert said["served"] == said["direct"] == b"".join(
         b"\ngputui: --- log truncated: bytes from %d on are gone; restarting at 0 ---\n" % n
         for n in (len(first), len(second)))
+
+
+def test_a_served_logs_of_a_growing_log_ends_at_a_byte_the_log_had(served: SshHome, proxy: FaultProxy) -> None:
+    """``logs`` (no -f) of a 6 MiB log the job goes on writing to, through the service and directly: each prints
+    the log's first bytes up to a point it had reached, exactly (nothing twice, no part of a chunk again), and
+    exits 0 while the job still runs."""
+    warm(served)
+    stop = served.root / "stop"
+    code = ("import os, sys, time\nsys.stdout.write(''.join(f'{i:07d} ' + 'g' * 1015 + '\\n' for i in range(6144)))\n"
+            f"i = 0\nwhile not os.path.exists({str(stop)!r}):\n"
+            "    i += 1; sys.stdout.write(f'more {i:07d}\\n'); sys.stdout.flush(); time.sleep(0.002)")
+    job = run_job(served, code)
+    log = log_file(served, job)
+    wait_for(lambda: b"more 0000001" in log.read_bytes(), timeout=120, what="the log to grow")
+    assert served.cli("status", timeout=120).returncode == 0  # the service connects
+    accepted, requests = proxy.accepted, info(served)["requests"]  # type: ignore[index]
+    copied = served_logs(served, job)
+    assert proxy.accepted == accepted and info(served)["requests"] == requests + 1  # type: ignore[index]
+    direct = served.cli_bytes("logs", "box", job, "--direct", timeout=120)
+    stop.touch()
+    wait_for(lambda: (r := served.cli("jobs", "box", "--json", timeout=120)).returncode == 0
+             and [j["state"] for j in json.loads(r.stdout) if j["id"] == job] == ["succeeded"], timeout=120,
+             what="the job's end")
+    data = log.read_bytes()
+    for res in (copied, direct):
+        assert res.returncode == 0, res.stderr
+        assert len(res.stdout) > 6 * 1024 * 1024 and res.stdout == data[:len(res.stdout)]
