@@ -820,3 +820,154 @@ def test_the_services_log_stays_bounded_and_holds_no_terminal_sequence(tmp_path:
     assert all(p.stat().st_size <= server.LOG_MAX_BYTES for p in tmp_path.iterdir())
     text = (tmp_path / "service.log").read_bytes()
     assert b"\x1b" not in text and b"\r" not in text and b"host said \\x1b[2J" in text
+
+
+# --- logs through the service: a client that takes nothing, a log that shrinks, a log that grows ---------------
+#: The service of ``gputui.service.server`` (the same code, so the same build) with a short ``STALL_S``: the test's
+#: own start of it, as ``client._start_now`` starts one (the commands find it by its config and environment).
+SHORT_STALL = ("import sys; from gputui.service import server; server.STALL_S = float(sys.argv[1]); "
+               "sys.exit(server.main(sys.argv[2:]))")
+
+
+@contextlib.contextmanager
+def service_letting_go_after(home: SshHome, stall_s: float) -> Iterator[int]:
+    """A session service for ``home``'s config that lets a client go after ``stall_s`` of taking nothing; its pid."""
+    config = str((home.root / ".config" / "gputui" / "config.toml").resolve())
+    proc = subprocess.Popen([sys.executable, "-c", SHORT_STALL, str(stall_s), config, "--default"], env=home.env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, cwd="/")
+    try:
+        wait_for(lambda: (i := info(home)) and i["pid"] == proc.pid, timeout=60, what="the test's service")
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+def test_a_client_that_takes_nothing_is_let_go_and_goes_on_directly_without_a_byte_lost(
+    served: SshHome, proxy: FaultProxy
+) -> None:
+    """A ``logs -f`` and a ``logs`` whose stdout nobody reads (a full pipe) while the log is 24 MiB: the service
+    lets both go once they took nothing for STALL_S (here 2 s, the test's own service), answering others all the
+    while; read again, each command goes on directly from its offset: the log file's bytes exactly, no byte
+    lost or twice, and the job's exit status."""
+    go = served.root / "go"
+    code = (f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+            "for i in range(24):\n    sys.stdout.write((f'{i:04d}' + 'v' * 1019 + '\\n') * 1024); sys.stdout.flush()\n"
+            "sys.exit(4)")
+    with service_letting_go_after(served, 2.0) as pid:
+        job = run_job(served, code)
+        assert served.cli("jobs", "box", timeout=120).returncode == 0  # the service connects
+        command = [sys.executable, "-m", "gputui", "logs"]
+        follower = subprocess.Popen([*command, "-f", "box", job], env=served.env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: info(served)["streams"] == 1, what="the follow")  # type: ignore[index]
+            go.touch()
+            wait_for(lambda: (r := served.cli("jobs", "box", "--json", timeout=120)).returncode == 0
+                     and [j["state"] for j in json.loads(r.stdout) if j["id"] == job] == ["failed"], timeout=120,
+                     what="the job's end")
+            copier = subprocess.Popen([*command, "box", job], env=served.env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            try:
+                wait_for(lambda: info(served)["streams"] == 0, timeout=120, what="both clients let go")  # type: ignore[index]
+                assert follower.poll() is None and copier.poll() is None  # both still held by their full pipe
+                accepted, requests = proxy.accepted, info(served)["requests"]  # type: ignore[index]
+                status = served.cli("status", "--json", timeout=120)  # the service answers on, over its link
+                assert status.returncode == 0 and [h[1] for h in hosts(status)] == ["connected"], status.stderr
+                assert proxy.accepted == accepted and info(served)["requests"] == requests + 1  # type: ignore[index]
+                copied, copy_err = copier.communicate(timeout=180)
+            finally:
+                copier.kill()
+            followed, follow_err = follower.communicate(timeout=180)
+        finally:
+            follower.kill()
+        data = log_file(served, job).read_bytes()
+        assert len(data) == 24 * 1024 * 1024 + data.count(b"\r")
+        assert (follower.returncode, copier.returncode) == (4, 0), (follow_err, copy_err)
+        assert followed == data and copied == data
+        assert info(served)["pid"] == pid  # type: ignore[index]  # the same service throughout
+
+
+def test_a_log_truncated_under_a_served_follow_reads_as_under_a_direct_one(served: SshHome, proxy: FaultProxy) -> None:
+    """The job's log truncated on the host twice while ``logs -f`` follows it through the service and ``logs -f
+    --direct`` beside it: both say each gap (the same words) and go on from the log's new start; the service
+    killed just after the second, the served command goes on directly from the new log's start (not from the
+    old offset: that would say the gap again and print the new bytes twice, or skip them once the log grew past
+    it). Both print the same bytes, all the user can still get, none twice, and end with the job's exit status."""
+    warm(served)
+    go = [served.root / f"go{i}" for i in (1, 2)]
+    code = ("import os, sys, time\n"
+            "def part(name, n, then):\n"
+            "    sys.stdout.write(''.join(f'{name} {i:04d}\\n' for i in range(n))); sys.stdout.flush()\n"
+            "    while not os.path.exists(then): time.sleep(0.02)\n"
+            f"part('first', 400, {str(go[0])!r}); part('second', 30, {str(go[1])!r})\n"
+            "print('third and last'); sys.exit(6)")
+    job = run_job(served, code)
+    log = log_file(served, job)
+    first = wait_for(lambda: (d := log.read_bytes()).endswith(b"first 0399\r\n") and d, timeout=120, what="part one")
+    outs = {way: served.root / f"{way}.out" for way in ("served", "direct")}
+    errs = {way: served.root / f"{way}.err" for way in ("served", "direct")}
+    procs = {}
+    for way, more in (("served", ()), ("direct", ("--direct",))):
+        with outs[way].open("wb") as out, errs[way].open("wb") as err:
+            procs[way] = subprocess.Popen([sys.executable, "-m", "gputui", "logs", "-f", "box", job, *more],
+                                          env=served.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+
+    def truncated(times: int) -> None:
+        os.truncate(log, 0)
+        wait_for(lambda: all(e.read_bytes().count(b"log truncated") == times for e in errs.values()), timeout=120,
+                 what=f"gap {times}")
+
+    try:
+        wait_for(lambda: all(o.read_bytes() == first for o in outs.values()), timeout=120, what="part one followed")
+        assert info(served)["streams"] == 1  # type: ignore[index]  # the served one is the service's
+        truncated(1)
+        go[0].touch()
+        second = wait_for(lambda: (d := log.read_bytes()).endswith(b"second 0029\r\n") and d, timeout=120,
+                          what="part two")
+        wait_for(lambda: all(o.read_bytes() == first + second for o in outs.values()), timeout=120,
+                 what="part two followed")
+        assert info(served)["streams"] == 1 and second.count(b"\n") == 30  # type: ignore[index]  # still served
+        truncated(2)
+        os.kill(int(info(served)["pid"]), signal.SIGKILL)  # type: ignore[arg-type, index]
+        go[1].touch()
+        for proc in procs.values():
+            proc.wait(timeout=180)
+    finally:
+        for proc in procs.values():
+            proc.kill()
+    assert log.read_bytes() == b"third and last\r\n"
+    assert [p.returncode for p in procs.values()] == [6, 6], [e.read_bytes() for e in errs.values()]
+    assert outs["served"].read_bytes() == outs["direct"].read_bytes() == first + second + log.read_bytes()
+    said = {way: e.read_bytes() for way, e in errs.items()}
+    assert said["served"] == said["direct"] == b"".join(
+        b"\ngputui: --- log truncated: bytes from %d on are gone; restarting at 0 ---\n" % n
+        for n in (len(first), len(second)))
+
+
+def test_a_served_logs_of_a_growing_log_ends_at_a_byte_the_log_had(served: SshHome, proxy: FaultProxy) -> None:
+    """``logs`` (no -f) of a 6 MiB log the job goes on writing to, through the service and directly: each prints
+    the log's first bytes up to a point it had reached, exactly (nothing twice, no part of a chunk again), and
+    exits 0 while the job still runs."""
+    warm(served)
+    stop = served.root / "stop"
+    code = ("import os, sys, time\nsys.stdout.write(''.join(f'{i:07d} ' + 'g' * 1015 + '\\n' for i in range(6144)))\n"
+            f"i = 0\nwhile not os.path.exists({str(stop)!r}):\n"
+            "    i += 1; sys.stdout.write(f'more {i:07d}\\n'); sys.stdout.flush(); time.sleep(0.002)")
+    job = run_job(served, code)
+    log = log_file(served, job)
+    wait_for(lambda: b"more 0000001" in log.read_bytes(), timeout=120, what="the log to grow")
+    assert served.cli("status", timeout=120).returncode == 0  # the service connects
+    accepted, requests = proxy.accepted, info(served)["requests"]  # type: ignore[index]
+    copied = served_logs(served, job)
+    assert proxy.accepted == accepted and info(served)["requests"] == requests + 1  # type: ignore[index]
+    direct = served.cli_bytes("logs", "box", job, "--direct", timeout=120)
+    stop.touch()
+    wait_for(lambda: (r := served.cli("jobs", "box", "--json", timeout=120)).returncode == 0
+             and [j["state"] for j in json.loads(r.stdout) if j["id"] == job] == ["succeeded"], timeout=120,
+             what="the job's end")
+    data = log.read_bytes()
+    for res in (copied, direct):
+        assert res.returncode == 0, res.stderr
+        assert len(res.stdout) > 6 * 1024 * 1024 and res.stdout == data[:len(res.stdout)]

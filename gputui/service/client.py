@@ -24,6 +24,7 @@ MAX_HEADER = 64 * 1024
 #: A ``logs`` answer after its JSON header line: frames of a kind byte and a payload's length, then the payload.
 FRAME = struct.Struct(">cI")
 DATA, GAP, KEEPALIVE, END = b"d", b"g", b"k", b"e"  # log bytes; a gap's message; alive; the final JSON reply
+SEEK = b"s"  # the log's offset of the next bytes, in ASCII digits: they do not follow the last (a log reset)
 SILENT_S = 90.0  # a service that sends no frame (data or keepalive) for this long is gone: go on directly
 TYPE_CHECKING = False  # (typing.TYPE_CHECKING: a command's light side never imports typing)
 if TYPE_CHECKING:
@@ -379,6 +380,11 @@ class LogReader:
                 elif kind == GAP:
                     message = self.take(size).decode("utf-8", "replace")
                     print(f"\ngputui: --- {message} ---", file=sys.stderr)
+                elif kind == SEEK:
+                    at = self.take(size)
+                    if not (at.isdigit() and at.isascii()):
+                        raise ValueError("a broken stream")
+                    out.offset = int(at)
                 else:
                     self.take(size)  # KEEPALIVE
         except BrokenPipeError:  # stdout's: the caller's

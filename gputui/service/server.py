@@ -38,7 +38,7 @@ from gputui.core.session.gather import gather_hosts
 from gputui.core.session.host import HostSession
 
 from .address import build_id, lock_path, peer_uid, socket_path
-from .client import DATA, END, FRAME, GAP, KEEPALIVE
+from .client import DATA, END, FRAME, GAP, KEEPALIVE, SEEK
 
 log = logging.getLogger("gputui.service")
 MAX_REQUEST = 64 * 1024
@@ -320,14 +320,20 @@ class Service:
             if not done.done():
                 done.set_result(info)
 
+        def data(chunk: bytes) -> None:  # the follow's cursor is the chunk's end: the client is told any jump
+            at = session.log_cursor(job)
+            stream.data(chunk, None if at is None else at - len(chunk))
+
+        def gap(message: str) -> None:  # after a reset the cursor is the log's new start already
+            stream.gap(message, session.log_cursor(job))
+
         try:
             while True:
                 link = session.link
                 if link is None:
                     return {"direct": "the host's link was lost"}
                 ended: asyncio.Future[Any] = asyncio.ensure_future(link.closed.wait())
-                following = await session.follow_log(
-                    job, offset, stream.data, end, stream.gap, stream.pace)
+                following = await session.follow_log(job, offset, data, end, gap, stream.pace)
                 try:
                     while not (done.done() or gone.done() or ended.done()):
                         if stream.full.is_set():
@@ -345,9 +351,9 @@ class Service:
                 finally:
                     ended.cancel()
                     await session.unfollow_log(job)  # no-op once it ended
-                    lost, stream.dropped = stream.dropped, 0
-                    offset = following.cursor - lost
-                if done.done() and not lost:
+                    dropped, stream.dropping = stream.dropping, False
+                    offset = stream.offset  # the first byte the client did not get: the follow goes on there
+                if done.done() and not dropped:
                     return self.printed(80, job_exit, done.result())
                 if done.done():  # the end came after bytes not sent yet: it comes again after them
                     done = asyncio.get_running_loop().create_future()
@@ -447,19 +453,23 @@ def said(exc: GputuiError) -> dict[str, Any]:
 
 class LogStream:
     """One ``logs`` reply as it goes to its client: the header line, then ``FRAME``s; ``full`` once the client
-    has ``FLOW_HIGH`` bytes or more not yet taken. A follow's chunks that come while it has twice that are
-    dropped and counted (``dropped``): the follow is stopped and goes on from the first of them."""
+    has ``FLOW_HIGH`` bytes or more not yet taken. ``offset`` is the log's offset of the next byte the client
+    gets: where the log's bytes jump (a reset, a gap), a ``SEEK`` frame tells the client the new one. A follow's
+    chunks (and gaps) that come while it has twice ``FLOW_HIGH`` are dropped (``dropping``): the follow is
+    stopped and goes on from ``offset``."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
         self.full = asyncio.Event()
-        self.dropped = 0
+        self.offset = 0
+        self.dropping = False
         self.may_drop = False  # a follow's (it resumes from an offset); never a copy's (paced chunk by chunk)
         writer.transport.set_write_buffer_limits(high=FLOW_HIGH)
 
     def start(self, offset: int, first: bytes) -> None:
         """The header (the log's offset of the first byte sent), and the first bytes (``--tail``'s)."""
         self.writer.write(json.dumps({"offset": offset}).encode() + b"\n")
+        self.offset = offset
         if first:
             self.data(first)
 
@@ -469,14 +479,31 @@ class LogStream:
             if self.writer.transport.get_write_buffer_size() >= FLOW_HIGH:
                 self.full.set()
 
-    def data(self, chunk: bytes) -> None:
-        if self.may_drop and (self.dropped or self.writer.transport.get_write_buffer_size() >= 2 * FLOW_HIGH):
-            self.dropped += len(chunk)  # sent again after the pause: the agent pushed it faster than it is taken
-        else:
-            self._frame(DATA, chunk)
+    def _dropped(self) -> bool:
+        """Whether what comes now is dropped, to come again after the pause (the agent pushed it faster than
+        the client takes it)."""
+        if self.may_drop and not self.dropping and self.writer.transport.get_write_buffer_size() >= 2 * FLOW_HIGH:
+            self.dropping = True
+        return self.dropping
 
-    def gap(self, message: str) -> None:
-        self._frame(GAP, message.encode())
+    def _seek(self, at: int | None) -> None:
+        if at is not None and at != self.offset:
+            self._frame(SEEK, str(at).encode())
+            self.offset = at
+
+    def data(self, chunk: bytes, at: int | None = None) -> None:
+        """``chunk`` of the log, from its offset ``at`` (None: the next byte's)."""
+        if not self._dropped():
+            self._seek(at)
+            self._frame(DATA, chunk)
+            self.offset += len(chunk)
+
+    def gap(self, message: str, at: int | None = None) -> None:
+        """A gap's message, the log going on at ``at`` after it (None: not known yet). One that comes while the
+        follow's bytes are dropped is too: the follow, gone on from ``offset``, finds it again."""
+        if not self._dropped():
+            self._frame(GAP, message.encode())
+            self._seek(at)
 
     def keepalive(self) -> None:
         if not self.full.is_set():

@@ -207,10 +207,10 @@ class HostSession:
             follow.on_gap(f"log unreadable: {data['error']}")
             return
         if data.get("reset"):
+            follow.cursor = offset  # first: the gap's handler may ask where the follow goes on (``log_cursor``)
             follow.on_gap(
                 f"log {data['reset']}: bytes from {data.get('lost_from')} on are gone; restarting at 0"
             )
-            follow.cursor = offset
             return
         chunk = P.unb64(data.get("b64", ""))
         if offset > follow.cursor:
@@ -789,6 +789,12 @@ class HostSession:
 
     async def cancel_autostop(self) -> None:
         await self.request(P.OP_WATCHDOG_CANCEL)
+
+    def log_cursor(self, job: str) -> int | None:
+        """The log offset the follow of ``job`` has reached: in its ``on_data``, the end of the chunk handed; in
+        its ``on_gap``, where it goes on (0 after a reset). None where no follow of it runs."""
+        follow = self._follows.get(job)
+        return follow.cursor if follow is not None else None
 
     async def unfollow_log(self, job: str) -> None:
         follow = self._follows.pop(job, None)
