@@ -4,8 +4,9 @@ jobs --json` (the SSH host, and the local host of a config-less HOME: served and
 over one loopback sshd, interleaved; `jobs --json` of the local host with the service cold (none running: the
 command goes direct and starts one) beside the same command direct run just before it, with no service either;
 then `watch -n 1 gputui status` for a while: the service's CPU, each command's own CPU, and the SSH connections
-the sshd accepted after the first; then `gputui status --watch 1` (one process keeping its connection) for as
-long: its CPU and new connections.
+the sshd accepted after the first; then `gputui status --watch 1` for as long, served (each round the service's
+answer: the watcher's CPU and the service's) and with no service (one process keeping its connection): its CPU
+and new connections.
 
     python bench/service_status.py [--runs 11] [--watch-s 60]
 
@@ -113,18 +114,10 @@ def main() -> None:
         wall = time.monotonic() - start
         service_pct = 100 * (cpu_s(pid) - before_cpu) / wall
         new_conns = accepted(log) - before_conn
+        served_watch = status_watch(served_env, log, args.watch_s, pid)
         subprocess.run([*GPUTUI, "service", "stop"], env=served_env, capture_output=True)
         subprocess.run([*GPUTUI, "service", "stop"], env=local_env, capture_output=True)
-        watcher = subprocess.Popen([*GPUTUI, "status", "--watch", "1"], env=box.env, stdout=subprocess.PIPE)
-        assert watcher.stdout is not None
-        watcher.stdout.readline()  # its first round is out: connected
-        threading.Thread(target=watcher.stdout.read, daemon=True).start()  # the rest, read as it comes
-        before_cpu, before_conn, start = cpu_s(watcher.pid), accepted(log), time.monotonic()
-        time.sleep(args.watch_s)
-        own_pct = 100 * (cpu_s(watcher.pid) - before_cpu) / (time.monotonic() - start)
-        own_conns = accepted(log) - before_conn
-        watcher.terminate()
-        watcher.wait()
+        own_pct, own_conns, _ = status_watch(box.env, log, args.watch_s)
     peer = statistics.median(times["peer"])
     cold_direct_s = statistics.median(cold_direct)
     print(f"one SSH host (loopback sshd, H100 stand-in), {args.runs} runs each, interleaved, "
@@ -146,8 +139,28 @@ def main() -> None:
     print(f"watch -n 1 gputui status, {calls} calls in {wall:.0f} s: the service {service_pct:.2f} % of a core, "
           f"each command {1000 * children / calls:.0f} ms of CPU ({100 * children / wall:.1f} % of a core), "
           f"{new_conns} new SSH connections")
-    print(f"gputui status --watch 1 for {args.watch_s:.0f} s: {own_pct:.2f} % of a core, {own_conns} new SSH connections "
-          "after its first round")
+    print(f"gputui status --watch 1 for {args.watch_s:.0f} s, no service: {own_pct:.2f} % of a core, {own_conns} new SSH "
+          "connections after its first round")
+    print(f"gputui status --watch 1 for {args.watch_s:.0f} s, served: the watcher {served_watch[0]:.2f} % of a core, the "
+          f"service {served_watch[2]:.2f} %, {served_watch[1]} new SSH connections")
+
+
+def status_watch(env: dict[str, str], log: Path, seconds: float, service: int | None = None) -> tuple[float, int, float]:
+    """``gputui status --watch 1`` for ``seconds`` after its first round: its CPU and the service's (% of a core),
+    and the SSH connections the sshd accepted meanwhile."""
+    watcher = subprocess.Popen([*GPUTUI, "status", "--watch", "1"], env=env, stdout=subprocess.PIPE)
+    assert watcher.stdout is not None
+    watcher.stdout.readline()  # its first round is out: connected
+    threading.Thread(target=watcher.stdout.read, daemon=True).start()  # the rest, read as it comes
+    before = cpu_s(watcher.pid), cpu_s(service) if service else 0.0, accepted(log), time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - before[3]
+    own_pct = 100 * (cpu_s(watcher.pid) - before[0]) / wall
+    service_pct = 100 * (cpu_s(service) - before[1]) / wall if service else 0.0
+    conns = accepted(log) - before[2]
+    watcher.terminate()
+    watcher.wait()
+    return own_pct, conns, service_pct
 
 
 if __name__ == "__main__":
