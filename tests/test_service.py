@@ -971,3 +971,18 @@ def test_a_served_logs_of_a_growing_log_ends_at_a_byte_the_log_had(served: SshHo
     for res in (copied, direct):
         assert res.returncode == 0, res.stderr
         assert len(res.stdout) > 6 * 1024 * 1024 and res.stdout == data[:len(res.stdout)]
+
+
+def test_a_host_key_trusted_meanwhile_is_used_by_the_next_answer(served: SshHome, proxy: FaultProxy) -> None:
+    """An unknown host key: the service's answer refuses it as a direct command does (its fingerprint, exit 4);
+    ``gputui trust box --yes`` meanwhile: the very next answer connects, not one after a retry's wait."""
+    served.configure(port=proxy.port, known_hosts=None)
+    first = served.cli("status", "--json", timeout=120)  # direct: it starts the service
+    wait_for(lambda: info(served), timeout=60, what="the service")
+    res = served.cli("status", "--json", timeout=120)
+    assert (res.returncode, res.stderr) == (first.returncode, first.stderr) and res.returncode == 4, res.stderr
+    assert served.sshd.fingerprint() in res.stderr and info(served)["requests"] == 1  # type: ignore[index]
+    served.cli("trust", "box", "--yes", check=True, timeout=120)
+    res = served.cli("status", "--json", timeout=120)
+    assert res.returncode == 0 and [h[1] for h in hosts(res)] == ["connected"], res.stderr
+    assert info(served)["requests"] == 2  # type: ignore[index]

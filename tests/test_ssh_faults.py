@@ -236,6 +236,24 @@ async def test_refusal_is_an_error_state_without_retries(ssh_home: SshHome, prox
     await s.close()
 
 
+async def test_an_unknown_host_key_waits_for_trust_then_connects(ssh_home: SshHome, proxy: FaultProxy) -> None:
+    """The app's host with a key not trusted yet: an error state, not retried while known_hosts is as it was;
+    ``gputui trust box --yes`` in another terminal, and the host connects without the app's restart."""
+    ssh_home.known_hosts.write_text("")
+    s = session(ssh_home, port=proxy.port)
+    runner = s.run_in_background()
+    try:
+        await until(lambda: s.snapshot.state == M.ERROR, what="the host key refused")
+        assert "unknown host key" in (s.snapshot.error or "") and not runner.done() and proxy.accepted == 1
+        trusted = await asyncio.create_subprocess_exec(sys.executable, "-m", "gputui", "trust", "box", "--yes",
+                                                       env=ssh_home.env, stdout=subprocess.DEVNULL)
+        assert await trusted.wait() == 0
+        await until(lambda: s.snapshot.state == M.CONNECTED, what="connected once trusted")
+        assert proxy.accepted == 3  # the first try, trust's own, the one after it
+    finally:
+        await s.close()
+
+
 async def test_unreachable_host_retries_with_backoff(ssh_home: SshHome) -> None:
     s = session(ssh_home, port=free_port())
     s.run_in_background()

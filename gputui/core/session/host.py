@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from gputui.core.session import model as M
 from gputui.core.session.metrics_history import MetricsHistory, MetricsRing
-from gputui.core.transport.base import AgentChannel, HostError, HostUnavailable, Transport
+from gputui.core.transport.base import (
+    AgentChannel,
+    FileStates,
+    HostError,
+    HostUnavailable,
+    Transport,
+    fix_files,
+)
 from gputui.core.transport.link import AgentError, ByteReader, Link, LinkClosed, RequestTimeout
 from remote_agent import protocol as P
 
@@ -29,6 +36,7 @@ CLUSTER_EVERY_S = 10.0
 SILENCE_S = 15.0  # nothing at all from the agent this long (it heartbeats every second): it hangs
 MAX_KILL_GRACE_S = P.MAX_KILL_GRACE_S  # the agent refuses a longer grace between kill signals
 RETRY_CONNECT_S = 10.0  # ``ensure_connected``: a host whose connect failed is tried again at most this often
+FIX_LOOK_S = 2.0  # a host refused for a file of the user's (known_hosts): how often the app looks at it
 #: Connect failures worth another try; HostError (auth, host key, missing python3/tmux) is not one.
 RETRYABLE = (HostUnavailable, LinkClosed, AgentError, OSError, asyncio.TimeoutError)
 #: A follow this far behind the log's end catches up over a raw stream (the agent's ``cat`` on a channel of
@@ -143,7 +151,8 @@ class HostSession:
         self._closing = False
         self._runner: asyncio.Task[None] | None = None
         self._connecting: asyncio.Task[None] | None = None  # ``ensure_connected``'s connect, while it runs
-        self._connect_failed: tuple[float, BaseException] | None = None  # (monotonic time, error) of its last failure
+        # (monotonic time, error, the state of the files that may fix it) of its last failure
+        self._connect_failed: tuple[float, BaseException, FileStates] | None = None
         self._wake = asyncio.Event()  # set: the next reconnect now, not after its backoff (``reconnect_now``)
         self._pinger: asyncio.Task[None] | None = None
         self._stream_rx = 0.0  # loop time when a stream channel (catch-up, pull, sync) last brought bytes
@@ -325,10 +334,13 @@ class HostSession:
         (a command; the session service, long-lived): a link that dropped is let go first. Once a connect
         failed, the host is tried again at most every ``RETRY_CONNECT_S``, in the background, and its last
         error is raised at once meanwhile: a host that does not answer costs each later request nothing (not a
-        connect timeout), and says why as before."""
+        connect timeout), and says why as before. A failure whose fix is a file of the user's (``fixed_by``:
+        ``gputui trust`` writing known_hosts) is tried again by the first request after that file changed."""
         if self.connected:
             return
         failed = self._connect_failed
+        if failed is not None and fix_files(failed[1]) != failed[2]:
+            failed = None  # the user may have fixed it (gputui trust): this caller waits for the new try
         if self._connecting is None or self._connecting.done():
             if failed is not None and time.monotonic() - failed[0] < RETRY_CONNECT_S:
                 raise failed[1].with_traceback(None)
@@ -343,7 +355,7 @@ class HostSession:
             await self._drop_link()
             await self.start()
         except Exception as exc:
-            self._connect_failed = (time.monotonic(), exc)
+            self._connect_failed = (time.monotonic(), exc, fix_files(exc))
             raise
         self._connect_failed = None
 
@@ -374,11 +386,21 @@ class HostSession:
         else:
             self._wake.set()
 
-    async def _pause(self, delay: float) -> None:
-        """The backoff's sleep, cut short by ``reconnect_now`` (also one asked while the last attempt ran)."""
-        with contextlib.suppress(asyncio.TimeoutError):
+    async def _pause(self, delay: float) -> bool:
+        """The backoff's sleep, cut short by ``reconnect_now`` (also one asked while the last attempt ran):
+        whether it was."""
+        try:
             await asyncio.wait_for(self._wake.wait(), delay)
+        except asyncio.TimeoutError:
+            return False
         self._wake.clear()
+        return True
+
+    async def _until_changed(self, exc: HostError) -> None:
+        """Until a file of ``exc.fixed_by`` changes (looked at every ``FIX_LOOK_S``), or ``reconnect_now``."""
+        states = fix_files(exc)
+        while not self._closing and fix_files(exc) == states and not await self._pause(FIX_LOOK_S):
+            pass
 
     async def _run(self) -> None:
         backoff = Backoff()
@@ -390,7 +412,10 @@ class HostSession:
                     backoff.reset()
                 except HostError as exc:
                     self._publish(state=M.ERROR, error=str(exc), detail=None)
-                    return  # auth / host key / missing python: retrying would only hammer the host
+                    if not exc.fixed_by:
+                        return  # auth / missing python: retrying would only hammer the host
+                    await self._until_changed(exc)  # an unknown host key: until gputui trust (or another edit)
+                    continue
                 except Exception as exc:
                     if not isinstance(exc, RETRYABLE):  # a bug must not end reconnecting silently
                         log.exception("%s: unexpected error while connecting; retrying", self.name)

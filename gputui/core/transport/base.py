@@ -24,16 +24,36 @@ class HostUnavailable(Unreachable, ConnectionError):
 
 
 class HostError(GputuiError, RuntimeError):
-    """A failure that retrying will not fix (auth, unknown host key, missing python3): the user must act."""
+    """A failure that retrying will not fix (auth, unknown host key, missing python3): the user must act.
+    ``fixed_by``: the user's files whose change may be that act (the known_hosts files ``gputui trust`` writes)."""
 
-    def __init__(self, message: str, kind: str = "error") -> None:
+    def __init__(self, message: str, kind: str = "error", fixed_by: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.kind = kind  # e.g. "auth", "host_key", "missing_python", "config", "disk_full"
+        self.fixed_by = fixed_by
 
     @property
     def status(self) -> ExitStatus:  # type: ignore[override]
         """4 (the host refused us); a config problem is a usage error, a full disk a failure (free space)."""
         return {"config": ExitStatus.USAGE, "disk_full": ExitStatus.FAILED}.get(self.kind, ExitStatus.REFUSED)
+
+
+#: Each file's (inode, modification time, size) at one moment, None where there is none.
+FileStates = tuple[tuple[int, int, int] | None, ...]
+
+
+def fix_files(exc: BaseException) -> FileStates:
+    """The state now of the files whose change may fix ``exc`` (a HostError's ``fixed_by``; none for others):
+    compared with an earlier state, whether the user may have acted since."""
+    states: list[tuple[int, int, int] | None] = []
+    for path in exc.fixed_by if isinstance(exc, HostError) else ():
+        try:
+            st = Path(path).expanduser().stat()
+        except OSError:
+            states.append(None)
+        else:
+            states.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(states)
 
 
 @dataclass

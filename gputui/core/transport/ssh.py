@@ -398,7 +398,7 @@ class SSHTransport(Transport):
                     return HostError(
                         f"jump host {pattern}: host key not trusted ({reason}); it is checked against "
                         f"{' or '.join(files)}: connect once with `ssh` to check and add it",
-                        "host_key",
+                        "host_key", tuple(files),
                     )
 
                 conn = await self._dial(kw, kh.load(files) if verify else None, _Client(), last, unknown, "jump host ")
@@ -460,9 +460,9 @@ class SSHTransport(Transport):
             raise HostUnavailable(f"cannot connect to {where}: {exc or type(exc).__name__}") from None
 
     def _host_key_error(self, target: Target, client: _Client, reason: str) -> HostError:
-        fix = f"gputui trust {self.cfg.name}"
+        fix, files = f"gputui trust {self.cfg.name}", tuple(target.known_hosts)  # (trusting it edits one of them)
         if client.presented is None:  # e.g. a revoked key: asyncssh refused it before asking us
-            return HostError(f"host key of {target.pattern} rejected: {reason}", "host_key")
+            return HostError(f"host key of {target.pattern} rejected: {reason}", "host_key", files)
         name, addr, port, key = client.presented
         for path in target.known_hosts:
             old = kh.trusted_keys([path], name, addr, port)
@@ -473,12 +473,12 @@ class SSHTransport(Transport):
                     "Someone may be intercepting the connection, or the host was reinstalled; not connecting. "
                     f"If the change is expected: ssh-keygen -R {shlex.quote(target.pattern)} -f "
                     f"{shlex.quote(path)} && {fix}",
-                    "host_key",
+                    "host_key", files,
                 )
         return HostError(
             f"unknown host key for {target.pattern}: the server presents {kh.describe(key)}, which is not in "
             f"{' or '.join(target.known_hosts)}. If that is the host's key, run: {fix}",
-            "host_key",
+            "host_key", files,
         )
 
     async def _run(self, conn: asyncssh.SSHClientConnection, script: str, data: bytes | None = None) -> _Ran:
