@@ -513,15 +513,16 @@ async def test_a_session_reconnects_at_once_when_asked_where_its_instance_came_b
     finally:
         await session.close()
 
-    unknown = ssh_home.root / "known_hosts.empty"
-    unknown.write_text("")
-    conf = HostConfig(name="box", **ssh_home.host_settings(known_hosts=str(unknown)))
+    key = ssh_home.root / "id_box"
+    key.write_bytes(ssh_home.sshd.keys["stranger"].read_bytes())
+    key.chmod(0o600)
+    conf = HostConfig(name="box", **ssh_home.host_settings(identity_file=str(key)))
     session = session_module.HostSession("box", SSHTransport(conf))
     task = session.run_in_background()
     try:
-        await asyncio.wait_for(asyncio.shield(task), 60)  # an unknown host key: given up on, not retried
-        assert session.snapshot.state == M.ERROR and "unknown host key" in (session.snapshot.error or "")
-        unknown.write_text(ssh_home.known_hosts.read_text())  # the user trusted it meanwhile
+        await asyncio.wait_for(asyncio.shield(task), 60)  # a refused key: given up on, not retried
+        assert session.snapshot.state == M.ERROR and "authentication failed" in (session.snapshot.error or "")
+        key.write_bytes(ssh_home.sshd.keys["ok"].read_bytes())  # the user fixed it meanwhile
         session.reconnect_now()
         await session.wait_connected(timeout=60)
     finally:

@@ -25,6 +25,8 @@ def asked(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any, dict[str, Any
     monkeypatch.setattr(client, "answer", lambda config, request: calls.append(("answer", config, request)) or 0)
     monkeypatch.setattr(client, "logs", lambda config, request, go_on: calls.append(("logs", config, request)) or 0)
     monkeypatch.setattr(client, "act", lambda config, request, go_on: calls.append(("act", config, request)) or 0)
+    monkeypatch.setattr(client, "watch", lambda config, request, every, go_on: calls.append(
+        ("watch", config, {**request, "every": every})) or 0)
     monkeypatch.delenv("GPUTUI_DIRECT", raising=False)
     return calls
 
@@ -40,6 +42,11 @@ def read(argv: list[str], monkeypatch: pytest.MonkeyPatch, calls: list[Any], tty
 def status(op: str = "status", form: str = "text", host: str | None = None, now: bool = False,
            config: str | None = None) -> tuple[str, Any, dict[str, Any]]:
     return ("answer", config, {"op": op, "form": form, "host": host, "now": now})
+
+
+def watch(every: float = 2.0, form: str = "text", config: str | None = None) -> tuple[str, Any, dict[str, Any]]:
+    """``status --watch``'s request (stdout is not a terminal here: ``--json`` asks one line a round)."""
+    return ("watch", config, {"op": "status", "form": form, "host": None, "now": False, "every": every})
 
 
 def logs(host: str = "h", job: str = "j", tail: int | None = None, follow: bool = False,
@@ -73,6 +80,13 @@ LINES: list[tuple[str, Any]] = [
     ("status --config c", status(config="c")), ("status --json --config c", status(form="json", config="c")),
     ("status --config --json", status(config="--json")), ("status --config --config", status(config="--config")),
     ("status --config", None), ("status --config a --config b", None), ("status --config=c", None),
+    # status --watch [S]: S from 0.2 to 86400, 2 without one; not with --now
+    ("status --watch", watch()), ("status --watch 5", watch(5.0)), ("status --watch 0.2 --short", watch(0.2, "short")),
+    ("status --json --watch 1", watch(1.0, "json-line")), ("status --watch --config c", watch(config="c")),
+    ("status --watch 86400", watch(86400.0)), ("status --watch 0.1", None), ("status --watch 86401", None),
+    ("status --watch nan", None), ("status --watch x", None), ("status --watch --watch", None),
+    ("status --watch 1 --watch 2", None), ("status --watch 5 --now", None), ("status --now --watch", None),
+    ("status --watch=5", None), ("status --watch 5 5", None), ("status --watch -1", None),
     # jobs / history [HOST] [--json]
     ("jobs", status("jobs")), ("history", status("history")), ("jobs h", status("jobs", host="h")),
     ("jobs --json h", status("jobs", form="json", host="h")),
@@ -208,7 +222,7 @@ def test_reading_a_line_imports_nothing() -> None:
     """The light path reads every command's line without loading a module (argparse, typing and the like)."""
     lines = [line.split() for line, _ in LINES]
     code = ("import sys; import gputui.launch as launch; from gputui.service import client; "
-            "client.answer = client.logs = client.act = lambda *a: None; before = set(sys.modules); "
+            "client.answer = client.logs = client.act = client.watch = lambda *a: None; before = set(sys.modules); "
             f"[launch.through_service(argv) for argv in {lines!r}]; "
             "print(sorted(set(sys.modules) - before), "
             "[m for m in ('argparse', 'typing', 'shutil', 'subprocess', 'tempfile') if m in sys.modules])")
