@@ -88,10 +88,11 @@ WATCH_LOOK_EVERY_S = 60.0
 
 
 async def watch_status(args: argparse.Namespace) -> int:
-    """``status --watch S``: the status again every S seconds from this one process, which keeps each host's
-    connection between rounds (a host that does not answer is tried again at most every 10 s): what
-    ``watch -n S gputui status`` shows, without a Python start per round. On a terminal each round replaces
-    the last under a heading; to a pipe the rounds follow one another (``--json``: one line each)."""
+    """``status --watch S`` where no session service answers (client.watch): the status again every S seconds
+    from this one process, which keeps each host's connection between rounds (a host that does not answer is
+    tried again at most every 10 s): what ``watch -n S gputui status`` shows, without a Python start per round.
+    On a terminal each round replaces the last under a heading; to a pipe the rounds follow one another
+    (``--json``: one line each)."""
     from ..service import client
 
     form, tty = status_form(args), sys.stdout.isatty()
@@ -252,8 +253,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="answer at once with what the session service has, waiting on no host (for a shell "
                       "prompt or a tmux status line); with none running yet: nothing, exit 3, and one starts")
     live.add_argument("--watch", type=bounded(0.2, 86400, unit=" s"), metavar="S", nargs="?", const=2.0,
-                      help="show it again every S seconds (default 2), keeping the hosts' connections between "
-                      "rounds (far lighter than watch -n S gputui status); --json to a pipe: one line per round")
+                      help="show it again every S seconds (default 2): each round the session service's answer, "
+                      "or, with none, from this process keeping the hosts' connections (far lighter than watch -n S "
+                      "gputui status); --json to a pipe: one line per round")
     add_direct(st)
     st.set_defaults(func=cmd_status)
 
