@@ -61,7 +61,17 @@ def lock_path(config: Path) -> Path:
 
 def build_id() -> str:
     """This install of gputui: each source file's path, size and modification time (a new version, or an edit
-    of a checkout, is another build). A command never talks to a service of another build."""
+    of a checkout, is another build). A command never talks to a service of another build. Read once per
+    process: the build a process runs is the one it started as (a ``--watch`` asks every round)."""
+    if not _build:
+        _build.append(_read_build())
+    return _build[0]
+
+
+_build: list[str] = []
+
+
+def _read_build() -> str:
     digest = hashlib.sha256()
     for package in ("gputui", "remote_agent"):
         for folder, dirs, files in os.walk(ROOT / package):
