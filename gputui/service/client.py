@@ -178,6 +178,13 @@ def printed(reply: dict[str, Any]) -> int:
 def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
     """A command (``status``, ``jobs``, ``history``) through the service: print its answer and return the exit status; None
     when the command must go on directly (a service is then started for the next command)."""
+    reply = _answered(explicit, request)
+    return printed(reply) if reply is not None else None
+
+
+def _answered(explicit: str | None, request: dict[str, Any]) -> dict[str, Any] | None:
+    """The service's answer to a command's ``request`` (for this terminal's width); None where the command must
+    go on directly (a service is then started for the next command, and why none answered said where it must)."""
     found = usable(explicit)
     if found is None:
         return None
@@ -186,7 +193,7 @@ def answer(explicit: str | None, request: dict[str, Any]) -> int | None:
         start(*found)
         _say_why()
         return None
-    return printed(reply)
+    return reply
 
 
 def watch(explicit: str | None, request: dict[str, Any], every: float, go_on: Callable[[], int]) -> int | None:
@@ -200,15 +207,9 @@ def watch(explicit: str | None, request: dict[str, Any], every: float, go_on: Ca
     tty, first = sys.stdout.isatty(), True
     try:
         while True:
-            found = usable(explicit)
-            reply = ask(found[0], {**request, "columns": columns()}) if found is not None else None
-            if reply is None or not isinstance(reply.get("rc"), int):
-                if not first:
-                    return go_on()
-                if found is not None:
-                    start(*found)
-                    _say_why()
-                return None
+            reply = _answered(explicit, request)
+            if reply is None:
+                return None if first else go_on()
             first = False
             if tty:
                 text = f"{reply.get('out') or ''}{reply.get('err') or ''}"
